@@ -1,0 +1,211 @@
+//! Map keys, values and constants shared by the kernel programs and the agent.
+//!
+//! Every type is `#[repr(C)]`, derives `bytemuck::{Pod, Zeroable}` (so the compiler
+//! rejects hidden padding) and has its size asserted. Fields in network byte order end
+//! in `_be`. No `bool`, `enum` or `Option` crosses the kernel boundary.
+#![no_std]
+
+use bytemuck::{Pod, Zeroable};
+use core::mem::size_of;
+
+/// Version of the map layout. Map names carry it, so an agent never reads maps
+/// written with another layout.
+pub const MAP_LAYOUT_VERSION: u32 = 1;
+
+/// Protocol numbers as they appear in the IPv4 header.
+pub const PROTO_TCP: u8 = 6;
+pub const PROTO_UDP: u8 = 17;
+
+/// Capacity defaults. The agent may size maps differently at load time.
+pub mod capacity {
+    /// Frontends (VIP:port:proto). 64k covers the largest clusters we target.
+    pub const SERVICES: u32 = 65_536;
+    /// Distinct backends (ip:port:proto) across all services.
+    pub const BACKENDS: u32 = 262_144;
+    /// Backend slots across all services (sum of backends per frontend).
+    pub const SLOTS: u32 = 1_048_576;
+    /// Tracked flows; LRU, so the oldest idle flows are evicted when full.
+    pub const CONNTRACK: u32 = 262_144;
+}
+
+/// Key of the `SERVICES` hash map: one frontend.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Pod, Zeroable)]
+pub struct ServiceKey {
+    pub addr_be: u32,
+    pub port_be: u16,
+    pub proto: u8,
+    pub _pad: u8,
+}
+const _: () = assert!(size_of::<ServiceKey>() == 8);
+
+/// Value of the `SERVICES` map: the frontend's id and how many slots it publishes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct ServiceValue {
+    /// Stable id of the frontend; slots are keyed by it.
+    pub id: u32,
+    /// Number of valid slots, `0..count`. Zero means no backend.
+    pub count: u32,
+    /// Reserved for per-service flags (affinity, traffic policy); zero today.
+    pub flags: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<ServiceValue>() == 16);
+
+/// Key of the `SLOTS` hash map: slot `slot` of frontend `service_id`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Pod, Zeroable)]
+pub struct SlotKey {
+    pub service_id: u32,
+    pub slot: u32,
+}
+const _: () = assert!(size_of::<SlotKey>() == 8);
+
+/// Value of the `BACKENDS` hash map (keyed by backend id, a `u32`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Pod, Zeroable)]
+pub struct Backend {
+    pub addr_be: u32,
+    pub port_be: u16,
+    pub proto: u8,
+    pub _pad: u8,
+}
+const _: () = assert!(size_of::<Backend>() == 8);
+
+/// Key of the conntrack map: a flow as the packet carries it.
+/// Forward entries are keyed client → VIP; reverse entries backend → client.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct FlowKey {
+    pub src_be: u32,
+    pub dst_be: u32,
+    pub sport_be: u16,
+    pub dport_be: u16,
+    pub proto: u8,
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(size_of::<FlowKey>() == 16);
+
+/// Value of the conntrack map: the address and port to write into the packet.
+/// Forward entries hold the backend (destination rewrite); reverse entries hold the
+/// frontend (source rewrite).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct NatTarget {
+    pub addr_be: u32,
+    pub port_be: u16,
+    /// `CT_FORWARD` or `CT_REVERSE`.
+    pub dir: u16,
+    /// Id of the frontend the flow belongs to, for `list` and `trace`.
+    pub service_id: u32,
+    /// Id of the backend the flow was given.
+    pub backend_id: u32,
+}
+const _: () = assert!(size_of::<NatTarget>() == 16);
+
+/// A forward conntrack entry: client → frontend, rewrite the destination.
+pub const CT_FORWARD: u16 = 0;
+/// A reverse conntrack entry: backend → client, rewrite the source.
+pub const CT_REVERSE: u16 = 1;
+
+/// Slots of the per-CPU `STATS` array: every exit of a program is counted once,
+/// by verdict and reason.
+pub mod stat {
+    /// Not IPv4 (the agent handles IPv4 only today): passed untouched.
+    pub const PASS_NOT_IPV4: u32 = 0;
+    /// IPv4 but neither TCP nor UDP: passed untouched.
+    pub const PASS_NOT_L4: u32 = 1;
+    /// A non-first fragment carries no ports: passed untouched.
+    pub const PASS_FRAGMENT: u32 = 2;
+    /// Destination is not a frontend and the flow is not a reply: passed.
+    pub const PASS_NO_SERVICE: u32 = 3;
+    /// First packet of a flow: backend chosen, conntrack written, DNAT.
+    pub const DNAT_NEW: u32 = 4;
+    /// Later packet of a tracked flow: DNAT to the tracked backend.
+    pub const DNAT_ESTABLISHED: u32 = 5;
+    /// Reply from a backend: source rewritten back to the frontend.
+    pub const REVNAT: u32 = 6;
+    /// Frontend with no backend: dropped.
+    pub const DROP_NO_BACKEND: u32 = 7;
+    /// Truncated or malformed header: dropped.
+    pub const DROP_MALFORMED: u32 = 8;
+    /// A slot or backend entry the service published is missing (the agent is mid
+    /// update or a map is inconsistent): dropped rather than sent untranslated.
+    pub const DROP_MISSING_BACKEND: u32 = 9;
+    /// A rewrite helper failed: dropped.
+    pub const DROP_REWRITE: u32 = 10;
+    /// Conntrack insert failed: dropped.
+    pub const DROP_CONNTRACK: u32 = 11;
+    /// Number of slots.
+    pub const COUNT: u32 = 12;
+
+    /// Names, indexed by slot, as `list` and metrics print them.
+    pub const NAMES: [&str; COUNT as usize] = [
+        "pass_not_ipv4",
+        "pass_not_l4",
+        "pass_fragment",
+        "pass_no_service",
+        "dnat_new",
+        "dnat_established",
+        "revnat",
+        "drop_no_backend",
+        "drop_malformed",
+        "drop_missing_backend",
+        "drop_rewrite",
+        "drop_conntrack",
+    ];
+}
+
+/// Names of the maps in the object file. The layout version is part of the pinned
+/// name (see the agent's pinning code), never of the section name.
+pub mod map_name {
+    pub const SERVICES: &str = "SERVICES";
+    pub const SLOTS: &str = "SLOTS";
+    pub const BACKENDS: &str = "BACKENDS";
+    pub const CONNTRACK: &str = "CONNTRACK";
+    pub const STATS: &str = "STATS";
+}
+
+/// Flow hash used to pick a slot for a new flow. Deterministic, so `trace` and tests
+/// can predict the choice; well mixed over client ports. Shared by kernel and user
+/// space so both compute the same slot.
+#[inline(always)]
+pub fn flow_hash(src_be: u32, dst_be: u32, sport_be: u16, dport_be: u16, proto: u8) -> u32 {
+    let mut h: u32 = 0x9e37_79b9 ^ (proto as u32);
+    h = mix(h, src_be);
+    h = mix(h, dst_be);
+    h = mix(h, ((sport_be as u32) << 16) | dport_be as u32);
+    // Final avalanche (murmur3 fmix32).
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x85eb_ca6b);
+    h ^= h >> 13;
+    h = h.wrapping_mul(0xc2b2_ae35);
+    h ^= h >> 16;
+    h
+}
+
+#[inline(always)]
+fn mix(h: u32, k: u32) -> u32 {
+    let k = k
+        .wrapping_mul(0xcc9e_2d51)
+        .rotate_left(15)
+        .wrapping_mul(0x1b87_3593);
+    (h ^ k)
+        .rotate_left(13)
+        .wrapping_mul(5)
+        .wrapping_add(0xe654_6b64)
+}
+
+#[cfg(feature = "user")]
+mod user {
+    use super::*;
+    // SAFETY: every type is `#[repr(C)]` and `bytemuck::Pod`: no padding, any bit
+    // pattern valid.
+    unsafe impl aya::Pod for ServiceKey {}
+    unsafe impl aya::Pod for ServiceValue {}
+    unsafe impl aya::Pod for SlotKey {}
+    unsafe impl aya::Pod for Backend {}
+    unsafe impl aya::Pod for FlowKey {}
+    unsafe impl aya::Pod for NatTarget {}
+}

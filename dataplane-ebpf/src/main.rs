@@ -1,0 +1,34 @@
+//! sliceway's kernel programs: ClusterIP load balancing at TC.
+//!
+//! `sliceway_tc` runs at TC ingress of the pod-facing interfaces of a node. For a
+//! packet to a frontend (VIP:port:proto) it picks a backend, remembers the choice in
+//! conntrack and rewrites the destination (DNAT); for a reply from a backend it
+//! rewrites the source back to the frontend (reverse NAT). Every exit is counted in
+//! `STATS` by verdict and reason.
+#![cfg_attr(target_arch = "bpf", no_std)]
+#![cfg_attr(target_arch = "bpf", no_main)]
+
+#[cfg(target_arch = "bpf")]
+mod maps;
+#[cfg(target_arch = "bpf")]
+mod nat;
+#[cfg(target_arch = "bpf")]
+mod packet;
+#[cfg(target_arch = "bpf")]
+mod tc;
+
+#[cfg(target_arch = "bpf")]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    // The verifier rejects any path that could panic, so this is never reached.
+    loop {}
+}
+
+#[cfg(target_arch = "bpf")]
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
+
+/// The crate only means something for the BPF target; a host build is empty.
+#[cfg(not(target_arch = "bpf"))]
+fn main() {}

@@ -1,0 +1,43 @@
+//! The maps. Only the agent's map writer writes `SERVICES`, `SLOTS` and `BACKENDS`;
+//! the programs write only `CONNTRACK` and `STATS`. Capacities here are defaults, the
+//! agent resizes them at load time.
+
+use aya_ebpf::{
+    macros::map,
+    maps::{HashMap, LruHashMap, PerCpuArray},
+};
+use dataplane_common::{
+    capacity, stat, Backend, FlowKey, NatTarget, ServiceKey, ServiceValue, SlotKey,
+};
+
+/// Frontends: (VIP, port, proto) → (id, slot count). Written by the agent.
+#[map]
+pub static SERVICES: HashMap<ServiceKey, ServiceValue> =
+    HashMap::with_max_entries(capacity::SERVICES, 0);
+
+/// Backend slots: (service id, slot) → backend id. Written by the agent.
+#[map]
+pub static SLOTS: HashMap<SlotKey, u32> = HashMap::with_max_entries(capacity::SLOTS, 0);
+
+/// Backends: backend id → (ip, port, proto). Written by the agent.
+#[map]
+pub static BACKENDS: HashMap<u32, Backend> = HashMap::with_max_entries(capacity::BACKENDS, 0);
+
+/// Conntrack: flow → NAT target, forward and reverse entries. Written per new flow by
+/// the program; LRU so idle flows age out when full.
+#[map]
+pub static CONNTRACK: LruHashMap<FlowKey, NatTarget> =
+    LruHashMap::with_max_entries(capacity::CONNTRACK, 0);
+
+/// Exit counters, indexed by `stat::*`. Written by the program.
+#[map]
+pub static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stat::COUNT, 0);
+
+/// Counts one exit.
+#[inline(always)]
+pub fn count(reason: u32) {
+    if let Some(p) = STATS.get_ptr_mut(reason) {
+        // SAFETY: a per-CPU slot, only this CPU writes it while we run.
+        unsafe { *p += 1 };
+    }
+}

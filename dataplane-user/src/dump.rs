@@ -1,0 +1,128 @@
+//! Map state in memory, and its text dump.
+//!
+//! `MemoryMaps` implements the writer's `MapOps` without a kernel: tests and golden
+//! dumps use it, and it records every operation so tests can check write order and
+//! counts. The dump is the form golden files are kept in.
+
+use std::{collections::BTreeMap, convert::Infallible, fmt::Write as _};
+
+use dataplane_common::{Backend, ServiceKey, ServiceValue, SlotKey};
+
+use crate::{
+    compiler::{backend_addr, frontend_addr, proto_name},
+    writer::{MapOps, MapWriter},
+};
+
+/// One recorded map operation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    PutBackend(u32),
+    DelBackend(u32),
+    PutSlot(SlotKey),
+    DelSlot(SlotKey),
+    PutService(ServiceKey),
+    DelService(ServiceKey),
+}
+
+/// The three service maps, in memory.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryMaps {
+    pub services: BTreeMap<ServiceKey, ServiceValue>,
+    pub slots: BTreeMap<SlotKey, u32>,
+    pub backends: BTreeMap<u32, Backend>,
+    pub ops: Vec<Op>,
+}
+
+impl MapOps for MemoryMaps {
+    type Error = Infallible;
+    fn put_backend(&mut self, id: u32, backend: &Backend) -> Result<(), Infallible> {
+        self.ops.push(Op::PutBackend(id));
+        self.backends.insert(id, *backend);
+        Ok(())
+    }
+    fn del_backend(&mut self, id: u32) -> Result<(), Infallible> {
+        self.ops.push(Op::DelBackend(id));
+        self.backends.remove(&id);
+        Ok(())
+    }
+    fn put_slot(&mut self, key: &SlotKey, backend_id: u32) -> Result<(), Infallible> {
+        self.ops.push(Op::PutSlot(*key));
+        self.slots.insert(*key, backend_id);
+        Ok(())
+    }
+    fn del_slot(&mut self, key: &SlotKey) -> Result<(), Infallible> {
+        self.ops.push(Op::DelSlot(*key));
+        self.slots.remove(key);
+        Ok(())
+    }
+    fn put_service(&mut self, key: &ServiceKey, value: &ServiceValue) -> Result<(), Infallible> {
+        self.ops.push(Op::PutService(*key));
+        self.services.insert(*key, *value);
+        Ok(())
+    }
+    fn del_service(&mut self, key: &ServiceKey) -> Result<(), Infallible> {
+        self.ops.push(Op::DelService(*key));
+        self.services.remove(key);
+        Ok(())
+    }
+}
+
+impl MemoryMaps {
+    /// Whether every published slot points at an existing backend: what a packet
+    /// would find at this instant.
+    pub fn consistent(&self) -> Result<(), String> {
+        for (key, value) in &self.services {
+            for slot in 0..value.count {
+                let k = SlotKey {
+                    service_id: value.id,
+                    slot,
+                };
+                let backend = self
+                    .slots
+                    .get(&k)
+                    .ok_or_else(|| format!("{} slot {slot} missing", frontend_addr(key)))?;
+                if !self.backends.contains_key(backend) {
+                    return Err(format!(
+                        "{} slot {slot} points at missing backend {backend}",
+                        frontend_addr(key)
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The maps as text, one entry a line, sorted by key. Service names come from the
+    /// writer's mirror, as comments.
+    pub fn dump(&self, writer: &MapWriter) -> String {
+        let mut out = String::new();
+        out.push_str("SERVICES\n");
+        for (key, value) in &self.services {
+            let name = writer
+                .programmed()
+                .get(key)
+                .map(|p| p.service.to_string())
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "  {} => id={} count={}  # {name}",
+                frontend_addr(key),
+                value.id,
+                value.count
+            );
+        }
+        out.push_str("SLOTS\n");
+        for (key, backend) in &self.slots {
+            let _ = writeln!(
+                out,
+                "  service={} slot={} => backend={backend}",
+                key.service_id, key.slot
+            );
+        }
+        out.push_str("BACKENDS\n");
+        for (id, b) in &self.backends {
+            let _ = writeln!(out, "  {id} => {}/{}", backend_addr(b), proto_name(b.proto));
+        }
+        out
+    }
+}

@@ -1,0 +1,10 @@
+//! The sliceway node agent as a library: sources, the compiler, the map writer, the
+//! kernel edge and the agent loop. The `sliceway-agent` binary is a thin CLI over it.
+
+pub mod agent;
+pub mod compiler;
+pub mod dump;
+pub mod kernel;
+pub mod local;
+pub mod packet;
+pub mod writer;

@@ -1,0 +1,206 @@
+//! Crafting and checking IPv4 TCP/UDP packets, for `trace` and for program tests.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+use dataplane_common::{PROTO_TCP, PROTO_UDP};
+
+/// TCP flags.
+pub const TCP_SYN: u8 = 0x02;
+pub const TCP_ACK: u8 = 0x10;
+
+/// What to put in a crafted packet.
+#[derive(Clone, Debug)]
+pub struct PacketSpec {
+    pub src: SocketAddrV4,
+    pub dst: SocketAddrV4,
+    pub proto: u8,
+    /// TCP flags (ignored for UDP).
+    pub tcp_flags: u8,
+    pub payload: Vec<u8>,
+    /// Length of IPv4 options to add (a multiple of 4, at most 40), filled with NOPs.
+    pub ip_options: usize,
+}
+
+impl PacketSpec {
+    pub fn tcp(src: SocketAddrV4, dst: SocketAddrV4, flags: u8) -> Self {
+        Self {
+            src,
+            dst,
+            proto: PROTO_TCP,
+            tcp_flags: flags,
+            payload: Vec::new(),
+            ip_options: 0,
+        }
+    }
+    pub fn udp(src: SocketAddrV4, dst: SocketAddrV4, payload: &[u8]) -> Self {
+        Self {
+            src,
+            dst,
+            proto: PROTO_UDP,
+            tcp_flags: 0,
+            payload: payload.to_vec(),
+            ip_options: 0,
+        }
+    }
+}
+
+/// Builds Ethernet + IPv4 + TCP/UDP with correct checksums.
+pub fn build(spec: &PacketSpec) -> Vec<u8> {
+    let ihl = 20 + spec.ip_options;
+    let l4_len = if spec.proto == PROTO_TCP { 20 } else { 8 } + spec.payload.len();
+    let mut p = Vec::with_capacity(14 + ihl + l4_len);
+    p.extend_from_slice(&[0x02, 0, 0, 0, 0, 2]); // dst MAC
+    p.extend_from_slice(&[0x02, 0, 0, 0, 0, 1]); // src MAC
+    p.extend_from_slice(&0x0800u16.to_be_bytes());
+    let ip_start = p.len();
+    p.push(0x40 | (ihl / 4) as u8);
+    p.push(0);
+    p.extend_from_slice(&((ihl + l4_len) as u16).to_be_bytes());
+    p.extend_from_slice(&[0x12, 0x34, 0x40, 0x00]); // id, DF
+    p.push(64);
+    p.push(spec.proto);
+    p.extend_from_slice(&[0, 0]);
+    p.extend_from_slice(&spec.src.ip().octets());
+    p.extend_from_slice(&spec.dst.ip().octets());
+    p.extend(std::iter::repeat_n(1u8, spec.ip_options)); // NOP options
+    let csum = checksum(&p[ip_start..ip_start + ihl], 0);
+    p[ip_start + 10..ip_start + 12].copy_from_slice(&csum.to_be_bytes());
+    let l4_start = p.len();
+    p.extend_from_slice(&spec.src.port().to_be_bytes());
+    p.extend_from_slice(&spec.dst.port().to_be_bytes());
+    let csum_off = if spec.proto == PROTO_TCP {
+        p.extend_from_slice(&1000u32.to_be_bytes()); // seq
+        p.extend_from_slice(
+            &(if spec.tcp_flags & TCP_ACK != 0 {
+                2000u32
+            } else {
+                0
+            })
+            .to_be_bytes(),
+        );
+        p.push(5 << 4);
+        p.push(spec.tcp_flags);
+        p.extend_from_slice(&64240u16.to_be_bytes());
+        p.extend_from_slice(&[0, 0, 0, 0]);
+        16
+    } else {
+        p.extend_from_slice(&(l4_len as u16).to_be_bytes());
+        p.extend_from_slice(&[0, 0]);
+        6
+    };
+    p.extend_from_slice(&spec.payload);
+    let csum = l4_checksum(&p[ip_start..]);
+    let csum = if spec.proto == PROTO_UDP && csum == 0 {
+        0xffff
+    } else {
+        csum
+    };
+    p[l4_start + csum_off..l4_start + csum_off + 2].copy_from_slice(&csum.to_be_bytes());
+    p
+}
+
+/// The fields of a parsed packet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Parsed {
+    pub src: SocketAddrV4,
+    pub dst: SocketAddrV4,
+    pub proto: u8,
+    pub ip_csum_ok: bool,
+    pub l4_csum_ok: bool,
+}
+
+/// Parses Ethernet + IPv4 + TCP/UDP and verifies both checksums.
+pub fn parse(p: &[u8]) -> Option<Parsed> {
+    if p.len() < 14 + 20 || u16::from_be_bytes([p[12], p[13]]) != 0x0800 {
+        return None;
+    }
+    let ip = &p[14..];
+    let ihl = ((ip[0] & 0x0f) as usize) * 4;
+    let total = u16::from_be_bytes([ip[2], ip[3]]) as usize;
+    if ihl < 20 || ip.len() < total || total < ihl + 8 {
+        return None;
+    }
+    let ip = &ip[..total];
+    let proto = ip[9];
+    let src_ip = Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]);
+    let dst_ip = Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]);
+    let l4 = &ip[ihl..];
+    let sport = u16::from_be_bytes([l4[0], l4[1]]);
+    let dport = u16::from_be_bytes([l4[2], l4[3]]);
+    let udp_no_csum = proto == PROTO_UDP && l4[6] == 0 && l4[7] == 0;
+    Some(Parsed {
+        src: SocketAddrV4::new(src_ip, sport),
+        dst: SocketAddrV4::new(dst_ip, dport),
+        proto,
+        ip_csum_ok: checksum(&ip[..ihl], 0) == 0,
+        l4_csum_ok: udp_no_csum || l4_checksum(ip) == 0,
+    })
+}
+
+/// The L4 checksum over pseudo-header and segment of an IPv4 packet (starting at the
+/// IP header). Over a packet with a correct checksum in place, the result is zero.
+fn l4_checksum(ip: &[u8]) -> u16 {
+    let ihl = ((ip[0] & 0x0f) as usize) * 4;
+    let total = u16::from_be_bytes([ip[2], ip[3]]) as usize;
+    let seg = &ip[ihl..total];
+    let mut pseudo = Vec::with_capacity(12);
+    pseudo.extend_from_slice(&ip[12..20]);
+    pseudo.push(0);
+    pseudo.push(ip[9]);
+    pseudo.extend_from_slice(&(seg.len() as u16).to_be_bytes());
+    checksum(seg, sum(&pseudo))
+}
+
+fn sum(data: &[u8]) -> u32 {
+    let mut s = 0u32;
+    for chunk in data.chunks(2) {
+        let word = if chunk.len() == 2 {
+            u16::from_be_bytes([chunk[0], chunk[1]])
+        } else {
+            u16::from_be_bytes([chunk[0], 0])
+        };
+        s += word as u32;
+    }
+    s
+}
+
+/// Internet checksum (RFC 1071) of `data`, starting from a partial sum.
+pub fn checksum(data: &[u8], initial: u32) -> u16 {
+    let mut s = initial as u64 + sum(data) as u64;
+    while s >> 16 != 0 {
+        s = (s & 0xffff) + (s >> 16);
+    }
+    !(s as u16)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn built_packets_verify() {
+        let src = "10.0.1.2:40000".parse().unwrap();
+        let dst = "10.96.0.10:80".parse().unwrap();
+        for spec in [
+            PacketSpec::tcp(src, dst, TCP_SYN),
+            PacketSpec::udp(src, dst, b"hello"),
+        ] {
+            let parsed = parse(&build(&spec)).unwrap();
+            assert_eq!(
+                (parsed.src, parsed.dst, parsed.proto),
+                (src, dst, spec.proto)
+            );
+            assert!(parsed.ip_csum_ok && parsed.l4_csum_ok);
+        }
+    }
+
+    #[test]
+    fn a_flipped_bit_fails_the_checksum() {
+        let src = "10.0.1.2:40000".parse().unwrap();
+        let dst = "10.96.0.10:80".parse().unwrap();
+        let mut p = build(&PacketSpec::udp(src, dst, b"hello"));
+        let last = p.len() - 1;
+        p[last] ^= 1;
+        assert!(!parse(&p).unwrap().l4_csum_ok);
+    }
+}

@@ -1,0 +1,420 @@
+//! The map writer: the only code that writes the service maps.
+//!
+//! It keeps a mirror of what the kernel holds and, given the desired frontends,
+//! writes only the difference, in an order that never shows a packet a half-written
+//! Service: for each frontend its new backends first, then its slots, then the service
+//! entry that publishes the slot count; stale slots after that; removed frontends and
+//! orphan backends last.
+//!
+//! Slots move as little as possible: a backend that stays keeps its slot, a removed
+//! backend's slot is filled by a new backend or by the frontend's last slot, so adding
+//! or removing one endpoint costs a handful of map writes whatever the cluster size.
+
+use std::collections::{BTreeMap, HashMap};
+
+use dataplane_common::{Backend, ServiceKey, ServiceValue, SlotKey};
+
+use crate::compiler::{Frontend, ServicePortName};
+
+/// The map operations the writer issues. Implemented by the kernel maps and by the
+/// in-memory recorder the tests use.
+pub trait MapOps {
+    type Error: std::fmt::Display;
+    fn put_backend(&mut self, id: u32, backend: &Backend) -> Result<(), Self::Error>;
+    fn del_backend(&mut self, id: u32) -> Result<(), Self::Error>;
+    fn put_slot(&mut self, key: &SlotKey, backend_id: u32) -> Result<(), Self::Error>;
+    fn del_slot(&mut self, key: &SlotKey) -> Result<(), Self::Error>;
+    fn put_service(&mut self, key: &ServiceKey, value: &ServiceValue) -> Result<(), Self::Error>;
+    fn del_service(&mut self, key: &ServiceKey) -> Result<(), Self::Error>;
+}
+
+/// Map capacities the writer must stay within.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub services: u32,
+    pub backends: u32,
+    pub slots: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        use dataplane_common::capacity;
+        Self {
+            services: capacity::SERVICES,
+            backends: capacity::BACKENDS,
+            slots: capacity::SLOTS,
+        }
+    }
+}
+
+/// A frontend as the kernel holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Programmed {
+    pub id: u32,
+    pub service: ServicePortName,
+    /// Backend id per slot.
+    pub slots: Vec<u32>,
+}
+
+/// What one `apply` did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ApplyReport {
+    pub map_writes: usize,
+    pub map_deletes: usize,
+    /// Frontends that kept their previous state, and why.
+    pub rejected: Vec<(ServicePortName, String)>,
+    /// Map operations that failed.
+    pub errors: Vec<String>,
+}
+
+/// Ids handed out from 0 upward, reusing freed ones.
+#[derive(Clone, Debug, Default)]
+struct IdAllocator {
+    next: u32,
+    free: Vec<u32>,
+}
+
+impl IdAllocator {
+    fn take(&mut self) -> u32 {
+        self.free.pop().unwrap_or_else(|| {
+            self.next += 1;
+            self.next - 1
+        })
+    }
+    fn give_back(&mut self, id: u32) {
+        self.free.push(id);
+    }
+}
+
+/// The writer and its mirror of the kernel state.
+#[derive(Debug, Default)]
+pub struct MapWriter {
+    limits: Limits,
+    frontends: BTreeMap<ServiceKey, Programmed>,
+    /// backend → (id, number of slots referring to it)
+    backends: HashMap<Backend, (u32, u32)>,
+    backend_by_id: HashMap<u32, Backend>,
+    service_ids: IdAllocator,
+    backend_ids: IdAllocator,
+    slot_count: u64,
+}
+
+impl MapWriter {
+    pub fn new(limits: Limits) -> Self {
+        Self {
+            limits,
+            ..Default::default()
+        }
+    }
+
+    /// What the kernel holds, as far as the writer knows.
+    pub fn programmed(&self) -> &BTreeMap<ServiceKey, Programmed> {
+        &self.frontends
+    }
+
+    pub fn backend(&self, id: u32) -> Option<&Backend> {
+        self.backend_by_id.get(&id)
+    }
+
+    pub fn backend_count(&self) -> usize {
+        self.backends.len()
+    }
+
+    pub fn slot_count(&self) -> u64 {
+        self.slot_count
+    }
+
+    /// Brings the maps to `desired`, writing only what differs.
+    pub fn apply<M: MapOps>(
+        &mut self,
+        desired: &BTreeMap<ServiceKey, Frontend>,
+        maps: &mut M,
+    ) -> ApplyReport {
+        let mut report = ApplyReport::default();
+        for (key, frontend) in desired {
+            if let Err(reason) = self.apply_frontend(key, frontend, maps, &mut report) {
+                report.rejected.push((frontend.service.clone(), reason));
+            }
+        }
+        let removed: Vec<ServiceKey> = self
+            .frontends
+            .keys()
+            .filter(|k| !desired.contains_key(k))
+            .copied()
+            .collect();
+        let mut orphans = Vec::new();
+        for key in removed {
+            self.remove_frontend(&key, maps, &mut report, &mut orphans);
+        }
+        self.collect_orphans(orphans, maps, &mut report);
+        report
+    }
+
+    fn apply_frontend<M: MapOps>(
+        &mut self,
+        key: &ServiceKey,
+        frontend: &Frontend,
+        maps: &mut M,
+        report: &mut ApplyReport,
+    ) -> Result<(), String> {
+        let old = self.frontends.get(key);
+        if old.is_some_and(|o| {
+            o.service == frontend.service
+                && o.slots.len() == frontend.backends.len()
+                && same_set(&o.slots, &frontend.backends, &self.backend_by_id)
+        }) {
+            return Ok(());
+        }
+        // Capacity check before any write: a frontend that does not fit keeps its
+        // previous state and touches nothing.
+        let new_backends = frontend
+            .backends
+            .iter()
+            .filter(|b| !self.backends.contains_key(b))
+            .count() as u64;
+        let old_slots = old.map_or(0, |o| o.slots.len()) as u64;
+        if old.is_none() && self.frontends.len() as u64 >= self.limits.services as u64 {
+            return Err(format!(
+                "the services map is full ({} entries)",
+                self.limits.services
+            ));
+        }
+        if self.backends.len() as u64 + new_backends > self.limits.backends as u64 {
+            return Err(format!(
+                "the backends map is full ({} entries)",
+                self.limits.backends
+            ));
+        }
+        if self.slot_count - old_slots + frontend.backends.len() as u64 > self.limits.slots as u64 {
+            return Err(format!(
+                "the slots map is full ({} entries)",
+                self.limits.slots
+            ));
+        }
+
+        // 1. Backends first.
+        let mut wanted: Vec<u32> = Vec::with_capacity(frontend.backends.len());
+        let mut written = Vec::new();
+        for b in &frontend.backends {
+            let id = match self.backends.get(b) {
+                Some((id, _)) => *id,
+                None => {
+                    let id = self.backend_ids.take();
+                    if let Err(e) = maps.put_backend(id, b) {
+                        self.backend_ids.give_back(id);
+                        report.errors.push(format!("writing backend {id}: {e}"));
+                        // Nothing refers to the backends written so far: take them back.
+                        self.collect_orphans(written, maps, report);
+                        return Err(format!("could not write a backend: {e}"));
+                    }
+                    written.push(id);
+                    report.map_writes += 1;
+                    self.backends.insert(*b, (id, 0));
+                    self.backend_by_id.insert(id, *b);
+                    id
+                }
+            };
+            wanted.push(id);
+        }
+
+        // 2. Slots: keep what stays, fill holes, append the rest.
+        let (id, old_slots) = match old {
+            Some(o) => (o.id, o.slots.clone()),
+            None => (self.service_ids.take(), Vec::new()),
+        };
+        let new_slots = place(&old_slots, &wanted);
+        for (i, backend_id) in new_slots.iter().enumerate() {
+            if old_slots.get(i) != Some(backend_id) {
+                let slot = SlotKey {
+                    service_id: id,
+                    slot: i as u32,
+                };
+                if let Err(e) = maps.put_slot(&slot, *backend_id) {
+                    report
+                        .errors
+                        .push(format!("writing slot {i} of {}: {e}", frontend.service));
+                }
+                report.map_writes += 1;
+            }
+        }
+        for b in &new_slots {
+            self.backends
+                .get_mut(&self.backend_by_id[b])
+                .expect("just written")
+                .1 += 1;
+        }
+
+        // 3. The service entry publishes the new slot count.
+        if old_slots.len() != new_slots.len() || old.is_none() {
+            let value = ServiceValue {
+                id,
+                count: new_slots.len() as u32,
+                flags: 0,
+                _pad: 0,
+            };
+            if let Err(e) = maps.put_service(key, &value) {
+                report
+                    .errors
+                    .push(format!("writing service {}: {e}", frontend.service));
+            }
+            report.map_writes += 1;
+        }
+
+        // 4. Stale slots beyond the new count.
+        for i in new_slots.len()..old_slots.len() {
+            if let Err(e) = maps.del_slot(&SlotKey {
+                service_id: id,
+                slot: i as u32,
+            }) {
+                report
+                    .errors
+                    .push(format!("deleting slot {i} of {}: {e}", frontend.service));
+            }
+            report.map_deletes += 1;
+        }
+        let mut orphans = Vec::new();
+        for b in &old_slots {
+            self.release_backend(*b, &mut orphans);
+        }
+        self.slot_count = self.slot_count - old_slots.len() as u64 + new_slots.len() as u64;
+        self.frontends.insert(
+            *key,
+            Programmed {
+                id,
+                service: frontend.service.clone(),
+                slots: new_slots,
+            },
+        );
+        self.collect_orphans(orphans, maps, report);
+        Ok(())
+    }
+
+    fn remove_frontend<M: MapOps>(
+        &mut self,
+        key: &ServiceKey,
+        maps: &mut M,
+        report: &mut ApplyReport,
+        orphans: &mut Vec<u32>,
+    ) {
+        let Some(old) = self.frontends.remove(key) else {
+            return;
+        };
+        // The service entry goes first, so no packet follows it to a deleted slot.
+        if let Err(e) = maps.del_service(key) {
+            report
+                .errors
+                .push(format!("deleting service {}: {e}", old.service));
+        }
+        report.map_deletes += 1;
+        for i in 0..old.slots.len() {
+            if let Err(e) = maps.del_slot(&SlotKey {
+                service_id: old.id,
+                slot: i as u32,
+            }) {
+                report
+                    .errors
+                    .push(format!("deleting slot {i} of {}: {e}", old.service));
+            }
+            report.map_deletes += 1;
+        }
+        for b in &old.slots {
+            self.release_backend(*b, orphans);
+        }
+        self.slot_count -= old.slots.len() as u64;
+        self.service_ids.give_back(old.id);
+    }
+
+    fn release_backend(&mut self, id: u32, orphans: &mut Vec<u32>) {
+        let backend = self.backend_by_id[&id];
+        let entry = self
+            .backends
+            .get_mut(&backend)
+            .expect("mirror is consistent");
+        entry.1 -= 1;
+        if entry.1 == 0 {
+            orphans.push(id);
+        }
+    }
+
+    /// Deletes backends nothing refers to any more (last, after every slot moved off).
+    fn collect_orphans<M: MapOps>(
+        &mut self,
+        orphans: Vec<u32>,
+        maps: &mut M,
+        report: &mut ApplyReport,
+    ) {
+        for id in orphans {
+            let backend = self.backend_by_id[&id];
+            if self.backends[&backend].1 != 0 {
+                continue; // picked up again by another frontend
+            }
+            if let Err(e) = maps.del_backend(id) {
+                report.errors.push(format!("deleting backend {id}: {e}"));
+            }
+            report.map_deletes += 1;
+            self.backends.remove(&backend);
+            self.backend_by_id.remove(&id);
+            self.backend_ids.give_back(id);
+        }
+    }
+}
+
+fn same_set(slots: &[u32], backends: &[Backend], by_id: &HashMap<u32, Backend>) -> bool {
+    let mut have: Vec<Backend> = slots.iter().map(|id| by_id[id]).collect();
+    have.sort();
+    have == backends
+}
+
+/// New slot layout: backends that stay keep their slot; holes left by removed backends
+/// are filled by new backends, then by moving the last slot in; new backends left over
+/// are appended.
+fn place(old: &[u32], wanted: &[u32]) -> Vec<u32> {
+    let wanted_set: std::collections::HashSet<u32> = wanted.iter().copied().collect();
+    let mut slots: Vec<Option<u32>> = old
+        .iter()
+        .map(|b| wanted_set.contains(b).then_some(*b))
+        .collect();
+    let kept: std::collections::HashSet<u32> = slots.iter().flatten().copied().collect();
+    let mut fresh = wanted.iter().copied().filter(|b| !kept.contains(b));
+    for slot in slots.iter_mut() {
+        if slot.is_none() {
+            *slot = fresh.next();
+        }
+    }
+    // Remaining holes: move the tail in.
+    let mut i = 0;
+    while i < slots.len() {
+        if slots[i].is_none() {
+            let last = slots.pop().expect("non-empty");
+            if i < slots.len() {
+                slots[i] = last;
+            }
+            continue;
+        }
+        i += 1;
+    }
+    let mut out: Vec<u32> = slots.into_iter().flatten().collect();
+    out.extend(fresh);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn place_keeps_survivors_in_their_slots() {
+        assert_eq!(place(&[], &[1, 2, 3]), vec![1, 2, 3]);
+        assert_eq!(place(&[1, 2, 3], &[1, 2, 3]), vec![1, 2, 3]);
+        // 2 removed: the tail moves into its slot.
+        assert_eq!(place(&[1, 2, 3], &[1, 3]), vec![1, 3]);
+        // 2 replaced by 4: 4 takes the hole.
+        assert_eq!(place(&[1, 2, 3], &[1, 3, 4]), vec![1, 4, 3]);
+        // added at the end.
+        assert_eq!(place(&[1, 2], &[1, 2, 5]), vec![1, 2, 5]);
+        // several holes, tail holes too.
+        assert_eq!(place(&[1, 2, 3, 4, 5], &[1, 5]), vec![1, 5]);
+        assert_eq!(place(&[1, 2, 3, 4, 5], &[2, 4]), vec![4, 2]);
+        assert_eq!(place(&[1, 2, 3], &[]), Vec::<u32>::new());
+    }
+}

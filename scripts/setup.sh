@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Installs what building and testing sliceway needs, idempotently and quietly when
+# everything is already present: Debian packages for the node lab, the nightly
+# toolchain's rust-src for the kernel crate, and a pinned bpf-linker built against the
+# nightly's own libLLVM (bpf-linker's LLVM must match the nightly's major version).
+set -euo pipefail
+
+BPF_LINKER_VERSION=0.13.0
+TOOLS_DIR="${SLICEWAY_TOOLS:-${CARGO_HOME:-$HOME/.cargo}}"
+APT_PACKAGES=(iproute2 iptables nftables conntrack ethtool tcpdump bpftool procps)
+
+say() { printf 'setup: %s\n' "$*" >&2; }
+
+# --- Debian packages -------------------------------------------------------------
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    say "missing Debian packages ${missing[*]}; run this script as root to install them"
+    exit 1
+  fi
+  say "installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# --- nightly toolchain with rust-src ----------------------------------------------
+if ! rustup run nightly rustc --version >/dev/null 2>&1; then
+  say "installing the nightly toolchain"
+  rustup toolchain install nightly --profile minimal >/dev/null
+fi
+if ! rustup component list --toolchain nightly --installed 2>/dev/null | grep -q '^rust-src'; then
+  say "adding rust-src to the nightly toolchain"
+  rustup component add rust-src --toolchain nightly >/dev/null
+fi
+
+# --- bpf-linker, linked against the nightly's libLLVM ------------------------------
+llvm_major=$(rustc +nightly -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')
+linker="$TOOLS_DIR/bin/bpf-linker"
+stamp="$TOOLS_DIR/bin/.bpf-linker-llvm"
+if [ -x "$linker" ] && "$linker" --version 2>/dev/null | grep -qF "$BPF_LINKER_VERSION" \
+   && [ "$(cat "$stamp" 2>/dev/null)" = "$llvm_major" ]; then
+  exit 0
+fi
+sysroot=$(rustc +nightly --print sysroot)
+libllvm=$(ls "$sysroot"/lib/libLLVM.so.* 2>/dev/null | head -n 1)
+if [ -z "$libllvm" ]; then
+  say "no libLLVM in $sysroot/lib: cannot build bpf-linker against the nightly's LLVM"
+  exit 1
+fi
+prefix=$(mktemp -d)
+trap 'rm -rf "$prefix"' EXIT
+mkdir -p "$prefix/lib"
+ln -s "$libllvm" "$prefix/lib/libLLVM.so"
+ln -s "$libllvm" "$prefix/lib/$(basename "$libllvm")"
+say "building bpf-linker $BPF_LINKER_VERSION against LLVM $llvm_major (about a minute)"
+# The rpath lets the linker find the nightly's libLLVM at run time.
+LLVM_PREFIX="$prefix" RUSTFLAGS="-C link-arg=-Wl,-rpath,$sysroot/lib" cargo install --quiet --force "bpf-linker@$BPF_LINKER_VERSION" \
+  --no-default-features --features "llvm-$llvm_major" --root "$TOOLS_DIR" --locked 2>&1 | tail -n 20 >&2
+echo "$llvm_major" > "$stamp"
