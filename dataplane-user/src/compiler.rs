@@ -120,7 +120,7 @@ pub fn compile(services: &[Service], slices: &[EndpointSlice], opts: &Options) -
     let endpoints = merge_slices(slices, opts, &mut out);
 
     let mut services: Vec<&Service> = services.iter().collect();
-    services.sort_by(|a, b| object_key(a).cmp(&object_key(b)));
+    services.sort_by_key(|s| object_key(s));
     for svc in services {
         compile_service(svc, &endpoints, opts, &mut out);
     }

@@ -1,1 +1,348 @@
-//! placeholder
+//! The node lab: a Kubernetes node built from network namespaces, for end-to-end
+//! tests and the demo.
+//!
+//! ```text
+//!   client pod ──veth── node ──veth── backend pods (3, each answering with its name)
+//!   (ns PREFIX-c1)      (ns PREFIX-node: the agent attaches here, on v*)
+//! ```
+//!
+//! Every namespace carries a prefix unique to the process, and no namespace has a
+//! link to the root namespace: test traffic cannot leave the lab. Namespaces are
+//! deleted on drop, on panic too; leftovers of killed runs are removed at start.
+//! Namespaces are entered with `setns` (threads) or `nsenter --net` (processes),
+//! never `ip netns exec`, which remounts `/sys` and hides `/sys/fs/bpf`.
+
+pub mod netns;
+pub mod servers;
+
+use std::{
+    fs,
+    io::{BufRead, BufReader},
+    net::{Ipv4Addr, SocketAddrV4},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+
+pub use netns::{in_netns, Netns};
+pub use servers::{BackendServers, Reply};
+
+/// Port the backend servers listen on (TCP and UDP).
+pub const BACKEND_PORT: u16 = 8080;
+
+/// A pod: its namespace, its address, and the node-side interface it hangs off.
+#[derive(Debug, Clone)]
+pub struct Pod {
+    pub name: String,
+    pub ns: String,
+    pub ip: Ipv4Addr,
+    pub node_iface: String,
+}
+
+/// A node with one client pod and `n` backend pods.
+pub struct Lab {
+    pub prefix: String,
+    pub node: Netns,
+    pub client: Pod,
+    pub backends: Vec<Pod>,
+    pods: Vec<Netns>,
+    pub manifests: PathBuf,
+    servers: Option<BackendServers>,
+}
+
+/// Prefix of every namespace a lab makes.
+pub const NS_PREFIX: &str = "slw";
+
+impl Lab {
+    /// Builds the namespaces, links and addresses, and starts a server in each backend.
+    pub fn new(backends: usize) -> Result<Self> {
+        netns::remove_stale(NS_PREFIX);
+        static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let prefix = format!("{NS_PREFIX}-{}-{n}", std::process::id());
+        let node = Netns::create(&format!("{prefix}-node"))?;
+        let manifests = std::env::temp_dir().join(format!("{prefix}-manifests"));
+        let _ = fs::remove_dir_all(&manifests);
+        fs::create_dir_all(&manifests)?;
+        let mut lab = Lab {
+            prefix: prefix.clone(),
+            node,
+            client: Pod {
+                name: String::new(),
+                ns: String::new(),
+                ip: Ipv4Addr::UNSPECIFIED,
+                node_iface: String::new(),
+            },
+            backends: Vec::new(),
+            pods: Vec::new(),
+            manifests,
+            servers: None,
+        };
+        node_sysctls(&lab.node.name)?;
+        lab.client = lab.add_pod("client", 1)?;
+        for i in 0..backends {
+            let pod = lab.add_pod(&format!("backend-{}", i + 1), 11 + i as u8)?;
+            lab.backends.push(pod);
+        }
+        lab.servers = Some(BackendServers::start(&lab.backends, BACKEND_PORT)?);
+        Ok(lab)
+    }
+
+    /// A pod namespace linked to the node by a veth pair; pod address 10.244.N.2/24,
+    /// node side 10.244.N.1/24, default route via the node.
+    fn add_pod(&mut self, name: &str, subnet: u8) -> Result<Pod> {
+        let ns = Netns::create(&format!("{}-{name}", self.prefix))?;
+        let node_iface = format!("v{subnet}");
+        let pod_ip = Ipv4Addr::new(10, 244, subnet, 2);
+        let node_ip = Ipv4Addr::new(10, 244, subnet, 1);
+        // Both ends are created directly inside their namespaces.
+        netns::ip(&[
+            "link",
+            "add",
+            &node_iface,
+            "netns",
+            &self.node.name,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            &ns.name,
+        ])?;
+        self.node.run(
+            "ip",
+            &["addr", "add", &format!("{node_ip}/24"), "dev", &node_iface],
+        )?;
+        self.node.run("ip", &["link", "set", &node_iface, "up"])?;
+        // veth's TX checksum offload would hide checksum bugs: compute them in full.
+        self.node
+            .run("ethtool", &["-K", &node_iface, "tx", "off"])?;
+        ns.run(
+            "ip",
+            &["addr", "add", &format!("{pod_ip}/24"), "dev", "eth0"],
+        )?;
+        ns.run("ip", &["link", "set", "lo", "up"])?;
+        ns.run("ip", &["link", "set", "eth0", "up"])?;
+        ns.run(
+            "ip",
+            &["route", "add", "default", "via", &node_ip.to_string()],
+        )?;
+        ns.run("ethtool", &["-K", "eth0", "tx", "off"])?;
+        let pod = Pod {
+            name: name.to_string(),
+            ns: ns.name.clone(),
+            ip: pod_ip,
+            node_iface,
+        };
+        self.pods.push(ns);
+        Ok(pod)
+    }
+
+    /// Node-side interfaces of all pods: where the agent attaches.
+    pub fn pod_interfaces(&self) -> Vec<String> {
+        std::iter::once(&self.client)
+            .chain(&self.backends)
+            .map(|p| p.node_iface.clone())
+            .collect()
+    }
+
+    /// Writes a manifest file into the lab's manifest directory (atomically).
+    pub fn write_manifest(&self, file: &str, yaml: &str) -> Result<()> {
+        let tmp = self.manifests.join(format!(".{file}.tmp"));
+        fs::write(&tmp, yaml)?;
+        fs::rename(&tmp, self.manifests.join(file))?;
+        Ok(())
+    }
+
+    pub fn remove_manifest(&self, file: &str) -> Result<()> {
+        fs::remove_file(self.manifests.join(file))?;
+        Ok(())
+    }
+
+    /// Starts the agent in the node namespace, on the pods' interfaces, and waits for
+    /// its first sync.
+    pub fn start_agent(&self) -> Result<Agent> {
+        let agent = Agent::start(&self.node.name, &self.manifests, &self.pod_interfaces())?;
+        agent.wait_for_sync(1, Duration::from_secs(20))?;
+        Ok(agent)
+    }
+
+    /// One TCP request from the client pod: the answering backend.
+    pub fn tcp_request(&self, vip: SocketAddrV4) -> Result<Reply> {
+        in_netns(&self.client.ns, move || {
+            servers::tcp_request(vip, Duration::from_secs(2))
+        })?
+    }
+
+    /// One UDP request from the client pod: the answering backend.
+    pub fn udp_request(&self, vip: SocketAddrV4) -> Result<Reply> {
+        in_netns(&self.client.ns, move || {
+            servers::udp_request(vip, Duration::from_secs(1))
+        })?
+    }
+
+    /// A TCP transfer of `bytes` from a backend to the client through `vip`; checks
+    /// every byte and returns the backend.
+    pub fn tcp_stream(&self, vip: SocketAddrV4, bytes: usize) -> Result<Reply> {
+        in_netns(&self.client.ns, move || {
+            servers::tcp_stream(vip, bytes, Duration::from_secs(20))
+        })?
+    }
+
+    /// A Service with one TCP and one UDP port and an EndpointSlice for `backends`
+    /// (by index into `self.backends`), as ordinary Kubernetes YAML.
+    pub fn service_yaml(&self, name: &str, vip: Ipv4Addr, port: u16, backends: &[usize]) -> String {
+        let mut eps = String::new();
+        for &i in backends {
+            let pod = &self.backends[i];
+            eps.push_str(&format!(
+                "  - addresses: [\"{}\"]\n    conditions: {{ready: true}}\n    nodeName: node-1\n    targetRef: {{kind: Pod, namespace: default, name: {}}}\n",
+                pod.ip, pod.name
+            ));
+        }
+        if backends.is_empty() {
+            eps.push_str("  []\n");
+        }
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  type: ClusterIP\n  clusterIP: {vip}\n  clusterIPs: [{vip}]\n  selector: {{app: {name}}}\n  ports:\n  - {{name: http, port: {port}, protocol: TCP, targetPort: {BACKEND_PORT}}}\n  - {{name: dns, port: {port}, protocol: UDP, targetPort: {BACKEND_PORT}}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-abcde\n  namespace: default\n  labels:\n    kubernetes.io/service-name: {name}\n    endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io\naddressType: IPv4\nports:\n- {{name: http, port: {BACKEND_PORT}, protocol: TCP}}\n- {{name: dns, port: {BACKEND_PORT}, protocol: UDP}}\nendpoints:\n{eps}"
+        )
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        self.servers.take();
+        self.pods.clear();
+        let _ = fs::remove_dir_all(&self.manifests);
+    }
+}
+
+fn node_sysctls(ns: &str) -> Result<()> {
+    for (key, value) in [
+        ("net.ipv4.ip_forward", "1"),
+        // Replies are reverse-NATed to the VIP before routing; the VIP has no route on
+        // the node, so strict reverse-path filtering would drop them.
+        ("net.ipv4.conf.all.rp_filter", "0"),
+        ("net.ipv4.conf.default.rp_filter", "0"),
+    ] {
+        netns::nsenter(ns, "sysctl", &["-qw", &format!("{key}={value}")])?;
+    }
+    Ok(())
+}
+
+/// Path of a binary of this workspace, built by `cargo build --bins`.
+pub fn workspace_binary(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    // target/debug/deps/<test> or target/debug/<bin>
+    for dir in exe.ancestors().skip(1).take(3) {
+        let candidate = dir.join(name);
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    bail!(
+        "binary {name} not found next to {}: run `cargo build --bins` (cargo xtask test does)",
+        exe.display()
+    )
+}
+
+/// A running `sliceway-agent`, its log captured. Stopped on drop.
+pub struct Agent {
+    child: Child,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Agent {
+    pub fn start(node_ns: &str, manifests: &Path, interfaces: &[String]) -> Result<Self> {
+        let bin = workspace_binary("sliceway-agent")?;
+        let mut child = Command::new("nsenter")
+            .arg(format!("--net=/var/run/netns/{node_ns}"))
+            .arg(bin)
+            .args(["run", "--manifests"])
+            .arg(manifests)
+            .arg("--interfaces")
+            .arg(interfaces.join(","))
+            .args(["--node", "node-1", "--poll-interval-ms", "100"])
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting sliceway-agent")?;
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let stderr = child.stderr.take().expect("piped");
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if std::env::var_os("SLICEWAY_AGENT_LOG").is_some() {
+                    eprintln!("agent: {line}");
+                }
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Ok(Self { child, log })
+    }
+
+    /// The log so far.
+    pub fn log(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Number of syncs the agent has logged.
+    pub fn syncs(&self) -> u64 {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|l| l.split("sync=").nth(1))
+            .filter_map(|rest| rest.split_whitespace().next()?.parse().ok())
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Waits until the agent logged sync number `n`.
+    pub fn wait_for_sync(&self, n: u64, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if self.syncs() >= n {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        bail!(
+            "the agent did not reach sync {n} within {timeout:?}; its log:\n{}",
+            self.log().join("\n")
+        )
+    }
+
+    /// Whether a log line contains `needle`.
+    pub fn logged(&self, needle: &str) -> bool {
+        self.log.lock().unwrap().iter().any(|l| l.contains(needle))
+    }
+
+    pub fn stop(&mut self) {
+        // SIGTERM first, so the agent exits cleanly.
+        // SAFETY: plain syscall on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -1,2 +1,170 @@
-//! placeholder
-fn main() {}
+//! `cargo xtask`: set-up, kernel object build, lint, tests and the demo.
+//!
+//! Kept free of the project's own crates so it builds before the eBPF toolchain is
+//! set up; everything else runs as cargo or the set-up script.
+
+use std::{
+    env,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask", about = "sliceway's build and test tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what building and testing need (idempotent; quiet when all is there).
+    Setup,
+    /// Build the kernel object (nightly, bpfel-unknown-none, bpf-linker).
+    BuildEbpf,
+    /// fmt check and clippy with -D warnings, the eBPF crate on its own target.
+    Lint,
+    /// Everything: set-up, lint, unit, program and node-lab tests.
+    Test,
+    /// Set up, build, and show traffic to a ClusterIP spread over three backends.
+    Demo,
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let root = workspace_root();
+    env::set_current_dir(&root)?;
+    match cli.task {
+        Task::Setup => setup(&root),
+        Task::BuildEbpf => {
+            setup(&root)?;
+            build_ebpf()
+        }
+        Task::Lint => {
+            setup(&root)?;
+            build_ebpf()?;
+            lint()
+        }
+        Task::Test => {
+            setup(&root)?;
+            build_ebpf()?;
+            lint()?;
+            test()
+        }
+        Task::Demo => {
+            setup(&root)?;
+            build_ebpf()?;
+            demo()
+        }
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    let shown = format!("{cmd:?}");
+    let status = cmd
+        .status()
+        .with_context(|| format!("could not start {shown}"))?;
+    if !status.success() {
+        bail!("{shown} failed ({status})");
+    }
+    Ok(())
+}
+
+fn cargo() -> Command {
+    Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+/// The nightly cargo, with the outer cargo's environment removed.
+fn nightly_cargo() -> Command {
+    let mut cmd = Command::new("cargo");
+    for (key, _) in env::vars_os() {
+        let key = key.to_string_lossy().into_owned();
+        if key.starts_with("CARGO") || key.starts_with("RUSTC") || key == "RUSTUP_TOOLCHAIN" {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.arg("+nightly");
+    cmd
+}
+
+fn setup(root: &Path) -> Result<()> {
+    run(Command::new("bash").arg(root.join("scripts/setup.sh")))
+}
+
+/// Same build as the agent's build script, so the agent's build finds it up to date.
+fn build_ebpf() -> Result<()> {
+    run(nightly_cargo()
+        .args(["build", "--package", "dataplane-ebpf", "--release"])
+        .args(["-Z", "build-std=core", "--target", "bpfel-unknown-none"])
+        .env("CARGO_TARGET_DIR", "target/ebpf")
+        .env("RUSTFLAGS", "-C debuginfo=2 -C link-arg=--btf"))?;
+    println!("kernel object: target/ebpf/bpfel-unknown-none/release/sliceway");
+    Ok(())
+}
+
+fn lint() -> Result<()> {
+    run(cargo().args(["fmt", "--all", "--check"]))?;
+    run(cargo().args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    run(nightly_cargo()
+        .args(["clippy", "--package", "dataplane-ebpf", "--release"])
+        .args(["-Z", "build-std=core", "--target", "bpfel-unknown-none"])
+        .env("CARGO_TARGET_DIR", "target/ebpf")
+        .args(["--", "-D", "warnings"]))
+}
+
+fn require_root(what: &str) -> Result<()> {
+    // SAFETY: getuid has no preconditions.
+    if unsafe { libc_getuid() } != 0 {
+        bail!("{what} needs root (BPF programs, network namespaces): run it as root");
+    }
+    Ok(())
+}
+
+extern "C" {
+    #[link_name = "getuid"]
+    fn libc_getuid() -> u32;
+}
+
+fn test() -> Result<()> {
+    require_root("`cargo xtask test` (program and node-lab tests)")?;
+    // Binaries the node-lab tests start.
+    run(cargo().args([
+        "build",
+        "--bins",
+        "--package",
+        "dataplane-user",
+        "--package",
+        "tests",
+    ]))?;
+    run(cargo().args(["test", "--workspace", "--no-fail-fast"]))
+}
+
+fn demo() -> Result<()> {
+    require_root("the demo (it attaches BPF programs in network namespaces)")?;
+    run(cargo().args([
+        "build",
+        "--bins",
+        "--package",
+        "dataplane-user",
+        "--package",
+        "tests",
+    ]))?;
+    run(&mut Command::new("target/debug/sliceway-demo"))
+}

@@ -1,0 +1,188 @@
+//! Backend servers and the client side of the lab's tiny protocol.
+//!
+//! Each backend answers on TCP and UDP with `NAME IP`. Over TCP, a request line
+//! `hello` gets that line back; `stream N` gets the line followed by N bytes of a
+//! known pattern, so the client can check that a long transfer arrived intact.
+
+use std::{
+    io::{BufRead, BufReader, Read, Write},
+    net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream, UdpSocket},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use anyhow::{bail, Context, Result};
+
+use crate::{in_netns, Pod};
+
+/// Who answered.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Reply {
+    pub backend: String,
+    pub addr: Ipv4Addr,
+}
+
+/// The servers of all backends; stopped on drop.
+pub struct BackendServers {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+/// Byte `i` of a stream.
+fn pattern(i: usize) -> u8 {
+    (i.wrapping_mul(31) ^ (i >> 8)) as u8
+}
+
+impl BackendServers {
+    pub fn start(pods: &[Pod], port: u16) -> Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut threads = Vec::new();
+        for pod in pods {
+            let ident = format!("{} {}\n", pod.name, pod.ip);
+            let (tcp, udp) = in_netns(&pod.ns, move || -> Result<(TcpListener, UdpSocket)> {
+                let tcp = TcpListener::bind(("0.0.0.0", port))?;
+                tcp.set_nonblocking(true)?;
+                let udp = UdpSocket::bind(("0.0.0.0", port))?;
+                udp.set_read_timeout(Some(Duration::from_millis(100)))?;
+                Ok((tcp, udp))
+            })??;
+            let (s, id) = (stop.clone(), ident.clone());
+            threads.push(std::thread::spawn(move || serve_tcp(tcp, id, s)));
+            let s = stop.clone();
+            threads.push(std::thread::spawn(move || serve_udp(udp, ident, s)));
+        }
+        Ok(Self { stop, threads })
+    }
+}
+
+impl Drop for BackendServers {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn serve_tcp(listener: TcpListener, ident: String, stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::SeqCst) {
+        match listener.accept() {
+            Ok((conn, _)) => {
+                let ident = ident.clone();
+                std::thread::spawn(move || {
+                    let _ = handle_tcp(conn, &ident);
+                });
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(5))
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+}
+
+fn handle_tcp(conn: TcpStream, ident: &str) -> std::io::Result<()> {
+    conn.set_nonblocking(false)?;
+    conn.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut reader = BufReader::new(conn.try_clone()?);
+    let mut line = String::new();
+    reader.read_line(&mut line)?;
+    let mut conn = conn;
+    conn.write_all(ident.as_bytes())?;
+    if let Some(n) = line
+        .trim()
+        .strip_prefix("stream ")
+        .and_then(|n| n.parse::<usize>().ok())
+    {
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut sent = 0;
+        while sent < n {
+            let len = buf.len().min(n - sent);
+            for (j, b) in buf[..len].iter_mut().enumerate() {
+                *b = pattern(sent + j);
+            }
+            conn.write_all(&buf[..len])?;
+            sent += len;
+        }
+    }
+    conn.flush()
+}
+
+fn serve_udp(socket: UdpSocket, ident: String, stop: Arc<AtomicBool>) {
+    let mut buf = [0u8; 1500];
+    while !stop.load(Ordering::SeqCst) {
+        if let Ok((_, peer)) = socket.recv_from(&mut buf) {
+            let _ = socket.send_to(ident.as_bytes(), peer);
+        }
+    }
+}
+
+fn parse_ident(line: &str) -> Result<Reply> {
+    let mut parts = line.split_whitespace();
+    let (Some(name), Some(addr)) = (parts.next(), parts.next()) else {
+        bail!("unexpected answer {line:?}")
+    };
+    Ok(Reply {
+        backend: name.to_string(),
+        addr: addr.parse()?,
+    })
+}
+
+/// Connects, sends `hello`, reads the answer.
+pub fn tcp_request(to: SocketAddrV4, timeout: Duration) -> Result<Reply> {
+    let conn = TcpStream::connect_timeout(&to.into(), timeout)
+        .with_context(|| format!("connecting to {to}"))?;
+    conn.set_read_timeout(Some(timeout))?;
+    (&conn).write_all(b"hello\n")?;
+    let mut line = String::new();
+    BufReader::new(&conn)
+        .read_line(&mut line)
+        .with_context(|| format!("reading from {to}"))?;
+    parse_ident(&line)
+}
+
+/// Sends one datagram, reads the answer.
+pub fn udp_request(to: SocketAddrV4, timeout: Duration) -> Result<Reply> {
+    let socket = UdpSocket::bind(("0.0.0.0", 0))?;
+    socket.set_read_timeout(Some(timeout))?;
+    socket.connect(to)?;
+    socket.send(b"hello")?;
+    let mut buf = [0u8; 1500];
+    let n = socket
+        .recv(&mut buf)
+        .with_context(|| format!("no UDP answer from {to}"))?;
+    parse_ident(std::str::from_utf8(&buf[..n])?)
+}
+
+/// Asks for `bytes` bytes and checks each of them.
+pub fn tcp_stream(to: SocketAddrV4, bytes: usize, timeout: Duration) -> Result<Reply> {
+    let conn = TcpStream::connect_timeout(&to.into(), Duration::from_secs(2))?;
+    conn.set_read_timeout(Some(timeout))?;
+    (&conn).write_all(format!("stream {bytes}\n").as_bytes())?;
+    let mut reader = BufReader::new(&conn);
+    let mut line = String::new();
+    reader.read_line(&mut line)?;
+    let reply = parse_ident(&line)?;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut got = 0;
+    while got < bytes {
+        let n = reader.read(&mut buf)?;
+        if n == 0 {
+            bail!(
+                "stream from {} ended after {got} of {bytes} bytes",
+                reply.backend
+            );
+        }
+        for (j, b) in buf[..n].iter().enumerate() {
+            if *b != pattern(got + j) {
+                bail!("byte {} from {} is wrong", got + j, reply.backend);
+            }
+        }
+        got += n;
+    }
+    Ok(reply)
+}

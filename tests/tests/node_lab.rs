@@ -1,0 +1,121 @@
+//! Node-lab tests: real TCP and UDP through the attached TC program, in network
+//! namespaces. Need root (CI runs as root).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{Ipv4Addr, SocketAddrV4},
+    time::Duration,
+};
+
+use sliceway_lab::Lab;
+
+const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+const PORT: u16 = 80;
+
+fn vip() -> SocketAddrV4 {
+    SocketAddrV4::new(VIP, PORT)
+}
+
+#[test]
+fn tcp_and_udp_through_the_vip_reach_every_backend() {
+    let lab = Lab::new(3).unwrap();
+    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1, 2]))
+        .unwrap();
+    // Control: without the agent the VIP exists nowhere.
+    assert!(lab.tcp_request(vip()).is_err());
+    let _agent = lab.start_agent().unwrap();
+
+    let mut tcp = BTreeMap::new();
+    let mut udp = BTreeMap::new();
+    for _ in 0..60 {
+        let r = lab.tcp_request(vip()).unwrap();
+        *tcp.entry(r.backend).or_insert(0) += 1;
+        let r = lab.udp_request(vip()).unwrap();
+        *udp.entry(r.backend).or_insert(0) += 1;
+    }
+    let all: BTreeSet<String> = lab.backends.iter().map(|b| b.name.clone()).collect();
+    assert_eq!(
+        tcp.keys().cloned().collect::<BTreeSet<_>>(),
+        all,
+        "TCP spread: {tcp:?}"
+    );
+    assert_eq!(
+        udp.keys().cloned().collect::<BTreeSet<_>>(),
+        all,
+        "UDP spread: {udp:?}"
+    );
+}
+
+#[test]
+fn a_long_tcp_transfer_keeps_its_backend_and_arrives_intact() {
+    let lab = Lab::new(3).unwrap();
+    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1, 2]))
+        .unwrap();
+    let _agent = lab.start_agent().unwrap();
+    // 32 MiB: thousands of segments, every one DNATed / reverse-NATed with checksums
+    // the receiver verifies (TX offload is off in the lab).
+    let reply = lab.tcp_stream(vip(), 32 << 20).unwrap();
+    assert!(lab.backends.iter().any(|b| b.name == reply.backend));
+}
+
+#[test]
+fn removing_an_endpoint_from_the_yaml_stops_new_flows_to_it() {
+    let lab = Lab::new(3).unwrap();
+    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1, 2]))
+        .unwrap();
+    let agent = lab.start_agent().unwrap();
+    let before = agent.syncs();
+    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 2]))
+        .unwrap();
+    agent
+        .wait_for_sync(before + 1, Duration::from_secs(5))
+        .unwrap();
+
+    let removed = &lab.backends[1].name;
+    let mut seen = BTreeSet::new();
+    for _ in 0..40 {
+        seen.insert(lab.tcp_request(vip()).unwrap().backend);
+        seen.insert(lab.udp_request(vip()).unwrap().backend);
+    }
+    assert!(
+        !seen.contains(removed),
+        "{removed} still got new flows: {seen:?}"
+    );
+    assert_eq!(seen.len(), 2, "both remaining backends serve: {seen:?}");
+}
+
+#[test]
+fn a_service_without_endpoints_is_not_reachable() {
+    let lab = Lab::new(3).unwrap();
+    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0]))
+        .unwrap();
+    lab.write_manifest(
+        "empty.yaml",
+        &lab.service_yaml("empty", Ipv4Addr::new(10, 96, 0, 20), PORT, &[]),
+    )
+    .unwrap();
+    let _agent = lab.start_agent().unwrap();
+    let empty = SocketAddrV4::new(Ipv4Addr::new(10, 96, 0, 20), PORT);
+    assert!(lab.tcp_request(empty).is_err());
+    assert!(lab.udp_request(empty).is_err());
+    // The other Service still works.
+    assert_eq!(
+        lab.tcp_request(vip()).unwrap().backend,
+        lab.backends[0].name
+    );
+}
+
+#[test]
+fn a_broken_manifest_is_reported_and_the_rest_still_works() {
+    let lab = Lab::new(3).unwrap();
+    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1, 2]))
+        .unwrap();
+    lab.write_manifest(
+        "broken.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: x\n",
+    )
+    .unwrap();
+    let agent = lab.start_agent().unwrap();
+    assert!(agent.logged("broken.yaml"), "log: {:#?}", agent.log());
+    lab.tcp_request(vip()).unwrap();
+}
