@@ -18,7 +18,13 @@ pub enum End {
 
 /// Rewrites one end of `flow` to `addr_be:port_be`, fixing IP and L4 checksums.
 #[inline(always)]
-pub fn rewrite(ctx: &TcContext, flow: &Flow, end: End, addr_be: u32, port_be: u16) -> Result<(), ()> {
+pub fn rewrite(
+    ctx: &TcContext,
+    flow: &Flow,
+    end: End,
+    addr_be: u32,
+    port_be: u16,
+) -> Result<(), ()> {
     let (ip_off, port_off, old_addr, old_port) = match end {
         End::Source => (IP_SRC_OFF, flow.l4_off, flow.src_be, flow.sport_be),
         End::Destination => (IP_DST_OFF, flow.l4_off + 2, flow.dst_be, flow.dport_be),

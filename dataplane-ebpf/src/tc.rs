@@ -49,10 +49,10 @@ fn try_sliceway_tc(ctx: &TcContext) -> Result<Exit, Exit> {
         _pad: [0; 3],
     };
     // SAFETY: map values are plain data; the reference does not outlive this call.
-    if let Some(service) = unsafe { SERVICES.get(&service_key) } {
+    if let Some(service) = unsafe { SERVICES.get(service_key) } {
         let (service_id, count) = (service.id, service.count);
         // A tracked flow keeps its backend through endpoint churn.
-        if let Some(ct) = unsafe { CONNTRACK.get(&flow_key) } {
+        if let Some(ct) = unsafe { CONNTRACK.get(flow_key) } {
             let ct = *ct;
             if ct.dir == CT_FORWARD && keep_tracked(&flow, &ct) {
                 rewrite(ctx, &flow, End::Destination, ct.addr_be, ct.port_be)
@@ -64,16 +64,22 @@ fn try_sliceway_tc(ctx: &TcContext) -> Result<Exit, Exit> {
             // Never let a packet reach the VIP untranslated.
             return Ok((DROP, stat::DROP_NO_BACKEND));
         }
-        let hash = flow_hash(flow.src_be, flow.dst_be, flow.sport_be, flow.dport_be, flow.proto);
+        let hash = flow_hash(
+            flow.src_be,
+            flow.dst_be,
+            flow.sport_be,
+            flow.dport_be,
+            flow.proto,
+        );
         let slot = SlotKey {
             service_id,
             slot: hash % count,
         };
-        let backend_id = match unsafe { SLOTS.get(&slot) } {
+        let backend_id = match unsafe { SLOTS.get(slot) } {
             Some(id) => *id,
             None => return Ok((DROP, stat::DROP_MISSING_BACKEND)),
         };
-        let backend = match unsafe { BACKENDS.get(&backend_id) } {
+        let backend = match unsafe { BACKENDS.get(backend_id) } {
             Some(b) => *b,
             None => return Ok((DROP, stat::DROP_MISSING_BACKEND)),
         };
@@ -101,16 +107,22 @@ fn try_sliceway_tc(ctx: &TcContext) -> Result<Exit, Exit> {
         };
         // Reverse first: a reply can only exist once the forward packet went out.
         CONNTRACK
-            .insert(&reverse_key, &reverse, 0)
+            .insert(reverse_key, reverse, 0)
             .map_err(|_| (DROP, stat::DROP_CONNTRACK))?;
         CONNTRACK
-            .insert(&flow_key, &forward, 0)
+            .insert(flow_key, forward, 0)
             .map_err(|_| (DROP, stat::DROP_CONNTRACK))?;
-        rewrite(ctx, &flow, End::Destination, backend.addr_be, backend.port_be)
-            .map_err(|_| (DROP, stat::DROP_REWRITE))?;
+        rewrite(
+            ctx,
+            &flow,
+            End::Destination,
+            backend.addr_be,
+            backend.port_be,
+        )
+        .map_err(|_| (DROP, stat::DROP_REWRITE))?;
         return Ok((PASS, stat::DNAT_NEW));
     }
-    if let Some(ct) = unsafe { CONNTRACK.get(&flow_key) } {
+    if let Some(ct) = unsafe { CONNTRACK.get(flow_key) } {
         let ct = *ct;
         if ct.dir == CT_REVERSE {
             rewrite(ctx, &flow, End::Source, ct.addr_be, ct.port_be)
@@ -130,7 +142,7 @@ fn keep_tracked(flow: &Flow, ct: &NatTarget) -> bool {
     if flow.proto == PROTO_TCP {
         return !flow.syn_only;
     }
-    match unsafe { BACKENDS.get(&ct.backend_id) } {
+    match unsafe { BACKENDS.get(ct.backend_id) } {
         Some(b) => b.addr_be == ct.addr_be && b.port_be == ct.port_be,
         None => false,
     }
