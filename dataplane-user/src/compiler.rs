@@ -47,7 +47,12 @@ pub struct ServicePortName {
 
 impl fmt::Display for ServicePortName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}:{}", self.namespace, self.name, self.port)
+        // As kube-proxy prints it: no colon for an unnamed port.
+        if self.port.is_empty() {
+            write!(f, "{}/{}", self.namespace, self.name)
+        } else {
+            write!(f, "{}/{}:{}", self.namespace, self.name, self.port)
+        }
     }
 }
 

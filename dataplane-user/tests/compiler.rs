@@ -1,0 +1,320 @@
+//! Compiler and map-writer tests: golden map dumps for the manifests in `testdata/`,
+//! and the writer's ordering and incremental-cost guarantees. No kernel needed.
+//!
+//! Golden files are written by the code, never by hand: run with `UPDATE_GOLDEN=1` to
+//! regenerate them after a deliberate change, and review the diff.
+
+use std::{collections::BTreeMap, convert::Infallible, fmt::Write as _, fs, path::Path};
+
+use dataplane_common::{Backend, ServiceKey, ServiceValue, SlotKey, PROTO_TCP};
+use sliceway_agent::{
+    compiler::{compile, Frontend, Options, ServicePortName},
+    dump::{MemoryMaps, Op},
+    local::parse_file,
+    writer::{Limits, MapOps, MapWriter},
+};
+
+fn golden(case: &str, opts: &Options) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let input = dir.join("testdata").join(format!("{case}.yaml"));
+    let (objects, problems) = parse_file(&input, &fs::read_to_string(&input).unwrap());
+    assert!(problems.is_empty(), "{problems:?}");
+    let objects = objects.unwrap();
+    let compiled = compile(&objects.services, &objects.slices, opts);
+    let mut writer = MapWriter::new(Limits::default());
+    let mut maps = MemoryMaps::default();
+    let report = writer.apply(&compiled.frontends, &mut maps);
+    assert!(report.errors.is_empty() && report.rejected.is_empty());
+    maps.consistent().unwrap();
+
+    let mut got = String::new();
+    writeln!(
+        got,
+        "# golden map dump of testdata/{case}.yaml (UPDATE_GOLDEN=1 to regenerate)"
+    )
+    .unwrap();
+    got.push_str(&maps.dump(&writer));
+    got.push_str("SKIPPED\n");
+    for s in &compiled.skipped {
+        writeln!(got, "  {}: {}", s.object, s.reason).unwrap();
+    }
+    writeln!(got, "IGNORED\n  {:?}", compiled.ignored).unwrap();
+
+    let path = dir.join("golden").join(format!("{case}.txt"));
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        fs::write(&path, &got).unwrap();
+    }
+    let want = fs::read_to_string(&path)
+        .unwrap_or_else(|_| panic!("{} missing: run with UPDATE_GOLDEN=1", path.display()));
+    assert_eq!(
+        got, want,
+        "golden dump of {case} differs; if the change is deliberate, UPDATE_GOLDEN=1"
+    );
+}
+
+#[test]
+fn golden_basic() {
+    golden("basic", &Options::default());
+}
+
+#[test]
+fn golden_policy() {
+    golden(
+        "policy",
+        &Options {
+            node_name: Some("node-1".into()),
+            proxy_name: None,
+        },
+    );
+}
+
+#[test]
+fn golden_policy_as_the_named_proxy() {
+    golden(
+        "policy-named",
+        &Options {
+            node_name: Some("node-1".into()),
+            proxy_name: Some("other-proxy".into()),
+        },
+    );
+}
+
+// ---------------------------------------------------------------------------------
+// Writer guarantees.
+
+/// Checks after every single map operation that each published slot points at an
+/// existing backend: what a packet arriving at that instant would see.
+#[derive(Default)]
+struct Checked {
+    inner: MemoryMaps,
+    ops: usize,
+}
+
+impl Checked {
+    fn check(&mut self) {
+        self.ops += 1;
+        if let Err(e) = self.inner.consistent() {
+            panic!(
+                "after operation {} ({:?}): {e}",
+                self.ops,
+                self.inner.ops.last()
+            );
+        }
+    }
+}
+
+impl MapOps for Checked {
+    type Error = Infallible;
+    fn put_backend(&mut self, id: u32, b: &Backend) -> Result<(), Infallible> {
+        self.inner.put_backend(id, b)?;
+        self.check();
+        Ok(())
+    }
+    fn del_backend(&mut self, id: u32) -> Result<(), Infallible> {
+        self.inner.del_backend(id)?;
+        self.check();
+        Ok(())
+    }
+    fn put_slot(&mut self, k: &SlotKey, b: u32) -> Result<(), Infallible> {
+        self.inner.put_slot(k, b)?;
+        self.check();
+        Ok(())
+    }
+    fn del_slot(&mut self, k: &SlotKey) -> Result<(), Infallible> {
+        self.inner.del_slot(k)?;
+        self.check();
+        Ok(())
+    }
+    fn put_service(&mut self, k: &ServiceKey, v: &ServiceValue) -> Result<(), Infallible> {
+        self.inner.put_service(k, v)?;
+        self.check();
+        Ok(())
+    }
+    fn del_service(&mut self, k: &ServiceKey) -> Result<(), Infallible> {
+        self.inner.del_service(k)?;
+        self.check();
+        Ok(())
+    }
+}
+
+fn key(i: u32) -> ServiceKey {
+    ServiceKey {
+        addr_be: (0x0a60_0000 + i).to_be(),
+        port_be: 80u16.to_be(),
+        proto: PROTO_TCP,
+        _pad: 0,
+    }
+}
+
+fn backend(i: u32) -> Backend {
+    Backend {
+        addr_be: (0x0af4_0000 + i).to_be(),
+        port_be: 8080u16.to_be(),
+        proto: PROTO_TCP,
+        _pad: 0,
+    }
+}
+
+fn frontend(name: u32, backends: impl IntoIterator<Item = u32>) -> Frontend {
+    let mut backends: Vec<Backend> = backends.into_iter().map(backend).collect();
+    backends.sort();
+    backends.dedup();
+    Frontend {
+        service: ServicePortName {
+            namespace: "default".into(),
+            name: format!("svc-{name}"),
+            port: "http".into(),
+        },
+        backends,
+    }
+}
+
+/// Expected map content for `desired`, independent of ids: frontend → backend set.
+fn resolve(maps: &MemoryMaps) -> BTreeMap<ServiceKey, Vec<Backend>> {
+    maps.services
+        .iter()
+        .map(|(k, v)| {
+            let mut b: Vec<Backend> = (0..v.count)
+                .map(|s| {
+                    maps.backends[&maps.slots[&SlotKey {
+                        service_id: v.id,
+                        slot: s,
+                    }]]
+                })
+                .collect();
+            b.sort();
+            (*k, b)
+        })
+        .collect()
+}
+
+#[test]
+fn no_packet_ever_sees_a_half_written_service_while_backends_flip() {
+    // A deterministic pseudo-random walk over backend sets of three services that
+    // share backends; the check runs after every single map operation.
+    let mut writer = MapWriter::new(Limits::default());
+    let mut maps = Checked::default();
+    let mut seed = 0x2545_f491_u32;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 17;
+        seed ^= seed << 5;
+        seed
+    };
+    for round in 0..500 {
+        let mut desired = BTreeMap::new();
+        for s in 0..3 {
+            if next() % 7 == 0 {
+                continue; // the service disappears this round
+            }
+            let n = next() % 6;
+            desired.insert(key(s), frontend(s, (0..n).map(|_| next() % 8)));
+        }
+        writer.apply(&desired, &mut maps);
+        let want: BTreeMap<ServiceKey, Vec<Backend>> = desired
+            .iter()
+            .map(|(k, f)| (*k, f.backends.clone()))
+            .collect();
+        assert_eq!(resolve(&maps.inner), want, "round {round}");
+        // No orphan backends or stale slots left behind.
+        let used: std::collections::BTreeSet<u32> = maps.inner.slots.values().copied().collect();
+        assert_eq!(
+            used.len(),
+            maps.inner.backends.len(),
+            "round {round}: orphan backends"
+        );
+        let slots: usize = maps.inner.services.values().map(|v| v.count as usize).sum();
+        assert_eq!(slots, maps.inner.slots.len(), "round {round}: stale slots");
+    }
+}
+
+#[test]
+fn one_endpoint_change_in_ten_thousand_services_costs_a_handful_of_writes() {
+    let mut writer = MapWriter::new(Limits::default());
+    let mut maps = MemoryMaps::default();
+    let mut desired: BTreeMap<ServiceKey, Frontend> = (0..10_000)
+        .map(|s| (key(s), frontend(s, (0..10).map(|b| s * 10 + b))))
+        .collect();
+    writer.apply(&desired, &mut maps);
+    assert_eq!(maps.services.len(), 10_000);
+
+    // Remove one endpoint of one service.
+    desired.insert(
+        key(4242),
+        frontend(4242, (0..10).filter(|b| *b != 3).map(|b| 42420 + b)),
+    );
+    maps.ops.clear();
+    let report = writer.apply(&desired, &mut maps);
+    assert!(
+        report.map_writes + report.map_deletes <= 5,
+        "{report:?} {:?}",
+        maps.ops
+    );
+    assert_eq!(resolve(&maps)[&key(4242)], desired[&key(4242)].backends);
+    assert_eq!(
+        maps.ops
+            .iter()
+            .filter(|op| matches!(op, Op::DelBackend(_)))
+            .count(),
+        1,
+        "{:?}",
+        maps.ops
+    );
+
+    // Add one back.
+    desired.insert(key(4242), frontend(4242, (0..10).map(|b| 42420 + b)));
+    maps.ops.clear();
+    let report = writer.apply(&desired, &mut maps);
+    assert!(
+        report.map_writes + report.map_deletes <= 5,
+        "{report:?} {:?}",
+        maps.ops
+    );
+    assert_eq!(
+        resolve(&maps)[&key(4242)],
+        frontend(4242, (0..10).map(|b| 42420 + b)).backends
+    );
+
+    // Nothing changed: nothing written.
+    maps.ops.clear();
+    let report = writer.apply(&desired, &mut maps);
+    assert_eq!((report.map_writes, report.map_deletes), (0, 0));
+}
+
+#[test]
+fn a_service_that_does_not_fit_keeps_its_previous_state_and_others_are_untouched() {
+    let limits = Limits {
+        services: 10,
+        backends: 6,
+        slots: 100,
+    };
+    let mut writer = MapWriter::new(limits);
+    let mut maps = MemoryMaps::default();
+    let mut desired = BTreeMap::new();
+    desired.insert(key(1), frontend(1, [1, 2]));
+    desired.insert(key(2), frontend(2, [3]));
+    let report = writer.apply(&desired, &mut maps);
+    assert!(report.rejected.is_empty());
+
+    // Service 1 grows beyond the backends map; service 2 changes and fits.
+    desired.insert(key(1), frontend(1, [1, 2, 10, 11, 12, 13, 14]));
+    desired.insert(key(2), frontend(2, [4]));
+    let report = writer.apply(&desired, &mut maps);
+    assert_eq!(report.rejected.len(), 1, "{report:?}");
+    assert_eq!(report.rejected[0].0.name, "svc-1");
+    assert!(
+        report.rejected[0].1.contains("backends map is full"),
+        "{report:?}"
+    );
+    let now = resolve(&maps);
+    assert_eq!(
+        now[&key(1)],
+        frontend(1, [1, 2]).backends,
+        "previous state kept"
+    );
+    assert_eq!(
+        now[&key(2)],
+        frontend(2, [4]).backends,
+        "other service updated"
+    );
+}
