@@ -14,9 +14,10 @@ use sliceway_agent::{
     writer::{Limits, MapOps, MapWriter},
 };
 
-fn golden(case: &str, opts: &Options) {
+/// Compiles `testdata/{input}.yaml` and compares the dump with `golden/{case}.txt`.
+fn golden(case: &str, input: &str, opts: &Options) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
-    let input = dir.join("testdata").join(format!("{case}.yaml"));
+    let input = dir.join("testdata").join(format!("{input}.yaml"));
     let (objects, problems) = parse_file(&input, &fs::read_to_string(&input).unwrap());
     assert!(problems.is_empty(), "{problems:?}");
     let objects = objects.unwrap();
@@ -54,7 +55,7 @@ fn golden(case: &str, opts: &Options) {
 
 #[test]
 fn golden_basic() {
-    golden("basic", &Options::default());
+    golden("basic", "basic", &Options::default());
 }
 
 #[test]
