@@ -62,6 +62,7 @@ fn golden_basic() {
 fn golden_policy() {
     golden(
         "policy",
+        "policy",
         &Options {
             node_name: Some("node-1".into()),
             proxy_name: None,
@@ -73,6 +74,7 @@ fn golden_policy() {
 fn golden_policy_as_the_named_proxy() {
     golden(
         "policy-named",
+        "policy",
         &Options {
             node_name: Some("node-1".into()),
             proxy_name: Some("other-proxy".into()),
