@@ -29,9 +29,10 @@ fn golden(case: &str, input: &str, opts: &Options) {
     maps.consistent().unwrap();
 
     let mut got = String::new();
+    let name = input.file_name().unwrap().to_string_lossy();
     writeln!(
         got,
-        "# golden map dump of testdata/{case}.yaml (UPDATE_GOLDEN=1 to regenerate)"
+        "# golden map dump of testdata/{name} (UPDATE_GOLDEN=1 to regenerate)"
     )
     .unwrap();
     got.push_str(&maps.dump(&writer));

@@ -1,0 +1,454 @@
+//! The Kubernetes API source of the node agent: Services, EndpointSlices and the
+//! agent's own Node, kept in kube-rs reflector stores.
+//!
+//! Each kind is followed by a kube-rs `watcher` (list, then watch from the list's
+//! resourceVersion, re-watch from the last resourceVersion seen when a watch ends,
+//! relist on `410 Gone`) feeding a reflector store. Errors are logged and retried
+//! with the watcher's default backoff; the source never ends on its own.
+//!
+//! The watches carry kube-proxy's filters as server-side selectors
+//! (<https://github.com/kubernetes/kubernetes/blob/master/cmd/kube-proxy/app/server.go>,
+//! `labelSelector.Add(*noProxyName, *noHeadlessEndpoints)`):
+//! Services and EndpointSlices with
+//! `!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless`. With a
+//! service proxy name configured, sliceway is an alternative proxy in the sense of
+//! KEP-2447 and watches only the objects labelled with that name instead
+//! (`service.kubernetes.io/service-proxy-name=<name>,!service.kubernetes.io/headless`).
+//! The own Node is watched with the field selector `metadata.name=<node>`.
+//!
+//! Nothing may be written to the maps before every store has been filled once
+//! ([`KubeSource::wait_synced`]): a restarted agent that synced on a partial cache
+//! would shrink Services to the first slices seen. After that, [`KubeSource::next_batch`]
+//! turns a burst of changes into one sync.
+//!
+//! ```text
+//! watcher ─► backoff ─► strip managedFields ─► reflector store ─► change counter
+//!                                                   │                  │
+//!                       snapshot() ◄────────────────┘   next_batch() ◄─┘
+//! ```
+
+use std::{fmt::Debug, future::Future, hash::Hash, sync::Arc, time::Duration};
+
+use futures::{future::FutureExt as _, stream, Stream, StreamExt as _};
+use k8s_openapi::api::{
+    core::v1::{Node, Service},
+    discovery::v1::EndpointSlice,
+};
+use kube::{
+    runtime::{
+        reflector::{self, Lookup, Store},
+        watcher, WatchStreamExt as _,
+    },
+    Api, Client, Resource, ResourceExt as _,
+};
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use crate::{
+    compiler::{LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME},
+    local::Objects,
+};
+
+/// How long [`KubeSource::next_batch`] keeps absorbing changes when the caller has no
+/// opinion: short enough to be unnoticeable, long enough to merge the slice updates of
+/// one rollout step.
+pub const DEFAULT_BATCH_DELAY: Duration = Duration::from_millis(100);
+
+/// What the source needs to know to build its watches.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KubeSourceConfig {
+    /// The agent's own Node. Without one no Node is watched and the node store stays
+    /// empty (and counts as synced).
+    pub node_name: Option<String>,
+    /// The `service.kubernetes.io/service-proxy-name` value that means "sliceway". With
+    /// one, only objects carrying it are watched; without, only unlabelled ones.
+    pub proxy_name: Option<String>,
+}
+
+impl KubeSourceConfig {
+    /// Checks the names that go into selectors, so that neither can widen or break one.
+    pub fn validate(&self) -> Result<(), Error> {
+        if let Some(name) = &self.proxy_name {
+            check_label_value(name).map_err(|why| Error::InvalidProxyName(name.clone(), why))?;
+        }
+        if let Some(node) = &self.node_name {
+            check_subdomain(node).map_err(|why| Error::InvalidNodeName(node.clone(), why))?;
+        }
+        Ok(())
+    }
+
+    /// The label selector of the Service and EndpointSlice watches (kube-proxy's).
+    pub fn label_selector(&self) -> String {
+        match &self.proxy_name {
+            None => format!("!{LABEL_SERVICE_PROXY_NAME},!{LABEL_HEADLESS}"),
+            Some(name) => format!("{LABEL_SERVICE_PROXY_NAME}={name},!{LABEL_HEADLESS}"),
+        }
+    }
+
+    /// The field selector of the Node watch, if a node name is set.
+    pub fn node_field_selector(&self) -> Option<String> {
+        self.node_name
+            .as_ref()
+            .map(|node| format!("metadata.name={node}"))
+    }
+}
+
+/// Why the source cannot start or cannot go on.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("service proxy name {0:?} is not a valid label value: {1}")]
+    InvalidProxyName(String, &'static str),
+    #[error("node name {0:?} is not a valid object name: {1}")]
+    InvalidNodeName(String, &'static str),
+    /// The reflector streams ended (their task was stopped or panicked).
+    #[error("the Kubernetes watches stopped")]
+    Stopped,
+}
+
+/// Changes absorbed by one [`KubeSource::next_batch`] or [`KubeSource::changed`] call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Batch {
+    /// Store changes (an object applied or deleted, a relist completed) since the
+    /// previous call; at least 1.
+    pub changes: u64,
+}
+
+/// The reader side: stores, readiness and change notifications. The writer side is
+/// the future returned by [`KubeSource::new`] (or the task of [`KubeSource::start`]).
+#[derive(Debug)]
+pub struct KubeSource {
+    services: Store<Service>,
+    slices: Store<EndpointSlice>,
+    node: Store<Node>,
+    changes: watch::Receiver<u64>,
+    seen: u64,
+}
+
+impl KubeSource {
+    /// Builds the watches and returns the source with the future that drives them.
+    /// The future never completes; spawn it or select on it next to a shutdown signal.
+    pub fn new(
+        client: Client,
+        cfg: &KubeSourceConfig,
+    ) -> Result<(Self, impl Future<Output = ()> + Send + 'static), Error> {
+        cfg.validate()?;
+        let labels = cfg.label_selector();
+        let services = watcher(
+            Api::<Service>::all(client.clone()),
+            watcher::Config::default().labels(&labels),
+        );
+        let slices = watcher(
+            Api::<EndpointSlice>::all(client.clone()),
+            watcher::Config::default().labels(&labels),
+        );
+        let node = match cfg.node_field_selector() {
+            Some(fields) => watcher(
+                Api::<Node>::all(client),
+                watcher::Config::default().fields(&fields),
+            )
+            .boxed(),
+            None => synced_empty().boxed(),
+        };
+        info!(labels = %labels, node = ?cfg.node_name, "watching the Kubernetes API");
+        Ok(Self::from_streams(services, slices, node))
+    }
+
+    /// [`KubeSource::new`], with the driving future spawned on the current tokio
+    /// runtime. Aborting the handle stops the watches; the source then reports
+    /// [`Error::Stopped`].
+    pub fn start(
+        client: Client,
+        cfg: &KubeSourceConfig,
+    ) -> Result<(Self, tokio::task::JoinHandle<()>), Error> {
+        let (source, run) = Self::new(client, cfg)?;
+        Ok((source, tokio::spawn(run)))
+    }
+
+    /// The source over arbitrary watcher event streams, one per kind. `new` passes
+    /// kube-rs watchers; tests can pass scripted events. Each stream goes through the
+    /// default backoff and a reflector store; errors are logged and the stream polled
+    /// again.
+    pub fn from_streams<S, E, N>(
+        services: S,
+        slices: E,
+        node: N,
+    ) -> (Self, impl Future<Output = ()> + Send + 'static)
+    where
+        S: Stream<Item = watcher::Result<watcher::Event<Service>>> + Send + 'static,
+        E: Stream<Item = watcher::Result<watcher::Event<EndpointSlice>>> + Send + 'static,
+        N: Stream<Item = watcher::Result<watcher::Event<Node>>> + Send + 'static,
+    {
+        let (tx, rx) = watch::channel(0u64);
+        let tx = Arc::new(tx);
+        let (services_store, services_writer) = reflector::store();
+        let (slices_store, slices_writer) = reflector::store();
+        let (node_store, node_writer) = reflector::store();
+        let run = {
+            let a = reflect("Service", services, services_writer, tx.clone());
+            let b = reflect("EndpointSlice", slices, slices_writer, tx.clone());
+            let c = reflect("Node", node, node_writer, tx);
+            async move {
+                futures::join!(a, b, c);
+            }
+        };
+        let source = Self {
+            services: services_store,
+            slices: slices_store,
+            node: node_store,
+            changes: rx,
+            seen: 0,
+        };
+        (source, run)
+    }
+
+    /// Waits until every store has been filled by a complete list once. Changes up to
+    /// this point count as seen: the next [`snapshot`](Self::snapshot) has them.
+    pub async fn wait_synced(&mut self) -> Result<(), Error> {
+        let (a, b, c) = futures::join!(
+            self.services.wait_until_ready(),
+            self.slices.wait_until_ready(),
+            self.node.wait_until_ready(),
+        );
+        a.and(b).and(c).map_err(|_| Error::Stopped)?;
+        self.seen = *self.changes.borrow_and_update();
+        info!(
+            services = self.services.len(),
+            slices = self.slices.len(),
+            nodes = self.node.len(),
+            "Kubernetes caches synced"
+        );
+        Ok(())
+    }
+
+    /// Whether every store has been filled once (does not wait).
+    pub fn is_synced(&self) -> bool {
+        [
+            self.services.wait_until_ready().now_or_never(),
+            self.slices.wait_until_ready().now_or_never(),
+            self.node.wait_until_ready().now_or_never(),
+        ]
+        .into_iter()
+        .all(|ready| matches!(ready, Some(Ok(()))))
+    }
+
+    /// Resolves at the next store change after the previous call (or after
+    /// [`wait_synced`](Self::wait_synced)); at once if one happened meanwhile.
+    pub async fn changed(&mut self) -> Result<Batch, Error> {
+        self.changes.changed().await.map_err(|_| Error::Stopped)?;
+        Ok(self.mark_seen())
+    }
+
+    /// Waits for a change, then keeps absorbing changes for `delay`, so a burst of
+    /// updates becomes one sync. The window is fixed, not extended by each change: a
+    /// steady stream of updates still yields a batch every `delay`.
+    pub async fn next_batch(&mut self, delay: Duration) -> Result<Batch, Error> {
+        self.changes.changed().await.map_err(|_| Error::Stopped)?;
+        tokio::time::sleep(delay).await;
+        Ok(self.mark_seen())
+    }
+
+    fn mark_seen(&mut self) -> Batch {
+        let now = *self.changes.borrow_and_update();
+        let changes = now - self.seen;
+        self.seen = now;
+        Batch { changes }
+    }
+
+    /// The objects in the stores now, sorted by namespace and name, in the shape the
+    /// compiler takes.
+    pub fn snapshot(&self) -> Objects {
+        Objects {
+            services: sorted(&self.services),
+            slices: sorted(&self.slices),
+            nodes: sorted(&self.node),
+        }
+    }
+
+    /// The Service store (reader side).
+    pub fn services(&self) -> &Store<Service> {
+        &self.services
+    }
+
+    /// The EndpointSlice store (reader side).
+    pub fn slices(&self) -> &Store<EndpointSlice> {
+        &self.slices
+    }
+
+    /// The own-Node store (reader side): empty or one Node.
+    pub fn node(&self) -> &Store<Node> {
+        &self.node
+    }
+}
+
+/// Drives one kind: events through the backoff into the store, each store change
+/// counted. Returns only if `events` ends, which a kube-rs watcher never does.
+async fn reflect<K, S>(
+    kind: &'static str,
+    events: S,
+    writer: reflector::store::Writer<K>,
+    changes: Arc<watch::Sender<u64>>,
+) where
+    K: Resource + Lookup + Clone + Debug + Send + Sync + 'static,
+    <K as Lookup>::DynamicType: Eq + Hash + Clone + Default,
+    S: Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static,
+{
+    let events = events
+        .default_backoff()
+        // Nobody reads managedFields here; they are often the bulk of an object.
+        .modify(|obj: &mut K| obj.managed_fields_mut().clear())
+        .reflect(writer);
+    futures::pin_mut!(events);
+    let mut failing = false;
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(event) => {
+                if failing {
+                    info!(kind, "watch recovered");
+                    failing = false;
+                }
+                if changes_store(&event) {
+                    debug!(kind, %event, "store changed");
+                    changes.send_modify(|n| *n += 1);
+                }
+            }
+            Err(e) => {
+                failing = true;
+                match &e {
+                    // Expected now and then: the watch fell behind compaction and the
+                    // watcher relists.
+                    watcher::Error::WatchError(status) if status.code == 410 => {
+                        info!(kind, "watch expired, relisting: {e}")
+                    }
+                    _ => warn!(kind, "watch failed, retrying with backoff: {e}"),
+                }
+            }
+        }
+    }
+    warn!(kind, "watch stream ended; no more updates of this kind");
+}
+
+/// Whether applying `event` to a store changed what the store holds.
+fn changes_store<K>(event: &watcher::Event<K>) -> bool {
+    matches!(
+        event,
+        watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone
+    )
+}
+
+/// A stream that fills a store with nothing once and then stays quiet.
+fn synced_empty<K: Send + 'static>(
+) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static {
+    stream::iter([Ok(watcher::Event::Init), Ok(watcher::Event::InitDone)]).chain(stream::pending())
+}
+
+fn sorted<K>(store: &Store<K>) -> Vec<K>
+where
+    K: Resource + Lookup + Clone + 'static,
+    <K as Lookup>::DynamicType: Eq + Hash + Clone,
+{
+    let mut all: Vec<K> = store.state().iter().map(|o| (**o).clone()).collect();
+    all.sort_by(|a, b| {
+        (a.meta().namespace.as_deref(), a.meta().name.as_deref())
+            .cmp(&(b.meta().namespace.as_deref(), b.meta().name.as_deref()))
+    });
+    all
+}
+
+/// A label value: at most 63 characters, alphanumerics, `-`, `_` and `.`, beginning
+/// and ending with an alphanumeric (apimachinery `IsValidLabelValue`; empty is valid
+/// there but names nothing here).
+fn check_label_value(v: &str) -> Result<(), &'static str> {
+    if v.is_empty() {
+        return Err("empty");
+    }
+    if v.len() > 63 {
+        return Err("longer than 63 characters");
+    }
+    if !v
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    {
+        return Err("only letters, digits, '-', '_' and '.' are allowed");
+    }
+    if !v.starts_with(|c: char| c.is_ascii_alphanumeric())
+        || !v.ends_with(|c: char| c.is_ascii_alphanumeric())
+    {
+        return Err("must begin and end with a letter or digit");
+    }
+    Ok(())
+}
+
+/// A DNS-1123 subdomain, what Node names are (apimachinery `IsDNS1123Subdomain`).
+fn check_subdomain(v: &str) -> Result<(), &'static str> {
+    if v.is_empty() {
+        return Err("empty");
+    }
+    if v.len() > 253 {
+        return Err("longer than 253 characters");
+    }
+    for label in v.split('.') {
+        let ok = !label.is_empty()
+            && label
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            && !label.starts_with('-')
+            && !label.ends_with('-');
+        if !ok {
+            return Err("lowercase letters, digits, '-' and '.', each part beginning and ending with a letter or digit");
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selectors_follow_kube_proxy() {
+        let cfg = KubeSourceConfig::default();
+        assert_eq!(
+            cfg.label_selector(),
+            "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless"
+        );
+        assert_eq!(cfg.node_field_selector(), None);
+        let cfg = KubeSourceConfig {
+            node_name: Some("node-1".into()),
+            proxy_name: Some("sliceway".into()),
+        };
+        assert_eq!(
+            cfg.label_selector(),
+            "service.kubernetes.io/service-proxy-name=sliceway,!service.kubernetes.io/headless"
+        );
+        assert_eq!(cfg.node_field_selector().as_deref(), Some("metadata.name=node-1"));
+    }
+
+    #[test]
+    fn names_that_would_bend_a_selector_are_refused() {
+        for bad in ["a,b", "x=y", "", "-a", "a b", &"a".repeat(64)] {
+            let cfg = KubeSourceConfig {
+                proxy_name: Some(bad.to_string()),
+                ..Default::default()
+            };
+            assert!(
+                matches!(cfg.validate(), Err(Error::InvalidProxyName(..))),
+                "{bad:?}"
+            );
+        }
+        for bad in ["Node", "a,metadata.name=b", "", "a..b", "-a"] {
+            let cfg = KubeSourceConfig {
+                node_name: Some(bad.to_string()),
+                ..Default::default()
+            };
+            assert!(
+                matches!(cfg.validate(), Err(Error::InvalidNodeName(..))),
+                "{bad:?}"
+            );
+        }
+        let good = KubeSourceConfig {
+            node_name: Some("ip-10-0-0-1.eu-west-1.compute.internal".into()),
+            proxy_name: Some("sliceway_v1.2".into()),
+        };
+        assert!(good.validate().is_ok());
+    }
+}
