@@ -104,6 +104,41 @@ pub struct NatTarget {
 }
 const _: () = assert!(size_of::<NatTarget>() == 16);
 
+/// Bytes of a frontend's name kept in the `SERVICE_NAMES` map.
+pub const SERVICE_NAME_LEN: usize = 124;
+
+/// Value of the `SERVICE_NAMES` hash map (keyed by frontend id): the Service port's
+/// name, `namespace/name:port`, so that `list` and a restarted agent can tell which
+/// Service a frontend belongs to. Longer names are cut at `SERVICE_NAME_LEN` bytes.
+/// The programs never read it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct ServiceName {
+    pub len: u32,
+    pub bytes: [u8; SERVICE_NAME_LEN],
+}
+const _: () = assert!(size_of::<ServiceName>() == 128);
+
+impl ServiceName {
+    pub fn new(name: &str) -> Self {
+        let mut bytes = [0u8; SERVICE_NAME_LEN];
+        let mut len = name.len().min(SERVICE_NAME_LEN);
+        while !name.is_char_boundary(len) {
+            len -= 1;
+        }
+        bytes[..len].copy_from_slice(&name.as_bytes()[..len]);
+        Self {
+            len: len as u32,
+            bytes,
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        let len = (self.len as usize).min(SERVICE_NAME_LEN);
+        core::str::from_utf8(&self.bytes[..len]).unwrap_or("?")
+    }
+}
+
 /// A forward conntrack entry: client → frontend, rewrite the destination.
 pub const CT_FORWARD: u16 = 0;
 /// A reverse conntrack entry: backend → client, rewrite the source.
@@ -165,6 +200,10 @@ pub mod map_name {
     pub const BACKENDS: &str = "BACKENDS";
     pub const CONNTRACK: &str = "CONNTRACK";
     pub const STATS: &str = "STATS";
+    pub const SERVICE_NAMES: &str = "SERVICE_NAMES";
+
+    /// Every map, in the order the agent pins them.
+    pub const ALL: [&str; 6] = [SERVICES, SLOTS, BACKENDS, CONNTRACK, STATS, SERVICE_NAMES];
 }
 
 /// Flow hash used to pick a slot for a new flow. Deterministic, so `trace` and tests
@@ -208,4 +247,5 @@ mod user {
     unsafe impl aya::Pod for Backend {}
     unsafe impl aya::Pod for FlowKey {}
     unsafe impl aya::Pod for NatTarget {}
+    unsafe impl aya::Pod for ServiceName {}
 }

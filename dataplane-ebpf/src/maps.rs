@@ -7,7 +7,7 @@ use aya_ebpf::{
     maps::{HashMap, LruHashMap, PerCpuArray},
 };
 use dataplane_common::{
-    capacity, stat, Backend, FlowKey, NatTarget, ServiceKey, ServiceValue, SlotKey,
+    capacity, stat, Backend, FlowKey, NatTarget, ServiceKey, ServiceName, ServiceValue, SlotKey,
 };
 
 /// Frontends: (VIP, port, proto) → (id, slot count). Written by the agent.
@@ -28,6 +28,12 @@ pub static BACKENDS: HashMap<u32, Backend> = HashMap::with_max_entries(capacity:
 #[map]
 pub static CONNTRACK: LruHashMap<FlowKey, NatTarget> =
     LruHashMap::with_max_entries(capacity::CONNTRACK, 0);
+
+/// Frontend id → Service port name. Written by the agent for `list` and restarts;
+/// never read by the programs.
+#[map]
+pub static SERVICE_NAMES: HashMap<u32, ServiceName> =
+    HashMap::with_max_entries(capacity::SERVICES, 0);
 
 /// Exit counters, indexed by `stat::*`. Written by the program.
 #[map]

@@ -8,7 +8,7 @@ use tracing::{info, warn};
 
 use crate::{
     compiler::{self, Skipped},
-    kernel::{Capacities, Datapath},
+    kernel::{Attached, Capacities, Datapath, PinDir},
     local::ManifestDir,
     writer::MapWriter,
 };
@@ -22,6 +22,9 @@ pub struct Settings {
     pub capacities: Capacities,
     /// How often the manifest directory is checked for changes.
     pub poll: Duration,
+    /// Where maps and links are pinned; `None` keeps them private to this process
+    /// (programs detach when it exits).
+    pub pins: Option<PinDir>,
 }
 
 /// Per-sync state that outlives one sync.
@@ -70,15 +73,36 @@ pub async fn run_local(
     settings: Settings,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let mut dp = Datapath::load(&settings.capacities).context("loading the datapath")?;
+    let mut dp = Datapath::load(&settings.capacities, settings.pins.as_ref())
+        .context("loading the datapath")?;
+    // Adopt what an earlier run left in pinned maps: the first sync then writes only
+    // the difference and flushes nothing (conntrack included).
+    let writer = match &settings.pins {
+        Some(pins) => {
+            let state = dp.maps.state();
+            info!(
+                dir = %pins.dir().display(),
+                frontends = state.services.len(),
+                backends = state.backends.len(),
+                "adopted pinned maps"
+            );
+            MapWriter::restore(dp.limits(), state)
+        }
+        None => MapWriter::new(dp.limits()),
+    };
     for iface in &settings.interfaces {
-        dp.attach(iface)
+        let how = dp
+            .attach(iface)
             .with_context(|| format!("attaching to {iface}"))?;
-        info!(interface = %iface, "attached");
+        match how {
+            Attached::NewPinned => info!(interface = %iface, "attached (pinned link)"),
+            Attached::Replaced => info!(interface = %iface, "took over the pinned link"),
+            Attached::Unpinned => info!(interface = %iface, "attached (until the agent exits)"),
+        }
     }
     let mut dir = ManifestDir::new(&settings.manifests);
     let mut syncer = Syncer {
-        writer: MapWriter::new(settings.capacities.limits),
+        writer,
         reported: BTreeSet::new(),
         syncs: 0,
     };

@@ -45,6 +45,28 @@ pub struct ServicePortName {
     pub port: String,
 }
 
+impl ServicePortName {
+    /// Parses the `Display` form back (names read from the kernel's maps).
+    pub fn parse(s: &str) -> Self {
+        let (namespace, rest) = s.split_once('/').unwrap_or(("", s));
+        let (name, port) = rest.split_once(':').unwrap_or((rest, ""));
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+            port: port.into(),
+        }
+    }
+
+    /// The name of a frontend found in the maps without one.
+    pub fn unknown() -> Self {
+        Self {
+            namespace: String::new(),
+            name: "?".into(),
+            port: String::new(),
+        }
+    }
+}
+
 impl fmt::Display for ServicePortName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // As kube-proxy prints it: no colon for an unnamed port.

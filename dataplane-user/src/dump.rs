@@ -6,11 +6,11 @@
 
 use std::{collections::BTreeMap, convert::Infallible, fmt::Write as _};
 
-use dataplane_common::{Backend, ServiceKey, ServiceValue, SlotKey};
+use dataplane_common::{Backend, ServiceKey, ServiceName, ServiceValue, SlotKey};
 
 use crate::{
     compiler::{backend_addr, frontend_addr, proto_name},
-    writer::{MapOps, MapWriter},
+    writer::MapOps,
 };
 
 /// One recorded map operation.
@@ -22,6 +22,8 @@ pub enum Op {
     DelSlot(SlotKey),
     PutService(ServiceKey),
     DelService(ServiceKey),
+    PutName(u32),
+    DelName(u32),
 }
 
 /// The three service maps, in memory.
@@ -30,6 +32,7 @@ pub struct MemoryMaps {
     pub services: BTreeMap<ServiceKey, ServiceValue>,
     pub slots: BTreeMap<SlotKey, u32>,
     pub backends: BTreeMap<u32, Backend>,
+    pub names: BTreeMap<u32, String>,
     pub ops: Vec<Op>,
 }
 
@@ -65,6 +68,16 @@ impl MapOps for MemoryMaps {
         self.services.remove(key);
         Ok(())
     }
+    fn put_name(&mut self, id: u32, name: &ServiceName) -> Result<(), Infallible> {
+        self.ops.push(Op::PutName(id));
+        self.names.insert(id, name.as_str().to_string());
+        Ok(())
+    }
+    fn del_name(&mut self, id: u32) -> Result<(), Infallible> {
+        self.ops.push(Op::DelName(id));
+        self.names.remove(&id);
+        Ok(())
+    }
 }
 
 impl MemoryMaps {
@@ -92,17 +105,23 @@ impl MemoryMaps {
         Ok(())
     }
 
-    /// The maps as text, one entry a line, sorted by key. Service names come from the
-    /// writer's mirror, as comments.
-    pub fn dump(&self, writer: &MapWriter) -> String {
+    /// What the maps hold, as the writer reads it back after a restart.
+    pub fn state(&self) -> crate::writer::KernelState {
+        crate::writer::KernelState {
+            services: self.services.iter().map(|(k, v)| (*k, *v)).collect(),
+            slots: self.slots.iter().map(|(k, v)| (*k, *v)).collect(),
+            backends: self.backends.iter().map(|(k, v)| (*k, *v)).collect(),
+            names: self.names.iter().map(|(k, v)| (*k, v.clone())).collect(),
+        }
+    }
+
+    /// The maps as text, one entry a line, sorted by key; the name from the names map
+    /// as a comment.
+    pub fn dump(&self) -> String {
         let mut out = String::new();
         out.push_str("SERVICES\n");
         for (key, value) in &self.services {
-            let name = writer
-                .programmed()
-                .get(key)
-                .map(|p| p.service.to_string())
-                .unwrap_or_default();
+            let name = self.names.get(&value.id).cloned().unwrap_or_default();
             let _ = writeln!(
                 out,
                 "  {} => id={} count={}  # {name}",

@@ -1,16 +1,27 @@
 //! The kernel edge: loads the embedded object, sizes and exposes its maps, attaches
 //! the TC program, and runs packets through it with BPF_PROG_TEST_RUN.
 
+use std::{
+    mem::size_of,
+    path::{Path, PathBuf},
+};
+
 use aya::{
-    maps::{HashMap as BpfHashMap, MapData, MapError, PerCpuArray},
-    programs::{tc, SchedClassifier, TcAttachType, TestRun, TestRunOptions},
+    maps::{HashMap as BpfHashMap, MapData, MapError, MapInfo, PerCpuArray},
+    programs::{
+        links::{FdLink, PinnedLink},
+        tc::{self, SchedClassifierLink, TcAttachOptions},
+        LinkOrder, SchedClassifier, TcAttachType, TestRun, TestRunOptions,
+    },
+    util::KernelVersion,
     Ebpf, EbpfLoader,
 };
 use dataplane_common::{
-    map_name, stat, Backend, FlowKey, NatTarget, ServiceKey, ServiceValue, SlotKey,
+    map_name, stat, Backend, FlowKey, NatTarget, ServiceKey, ServiceName, ServiceValue, SlotKey,
+    MAP_LAYOUT_VERSION,
 };
 
-use crate::writer::{Limits, MapOps};
+use crate::writer::{KernelState, Limits, MapOps};
 
 /// The kernel object, built by `cargo xtask build-ebpf` (or this crate's build script).
 static OBJECT: &[u8] = aya::include_bytes_aligned!(env!("SLICEWAY_EBPF_OBJECT"));
@@ -37,6 +48,20 @@ pub enum KernelError {
         iface: String,
         source: aya::programs::ProgramError,
     },
+    #[error("pinning under {path}: {reason}")]
+    Pin { path: PathBuf, reason: String },
+    #[error(
+        "the map pinned at {path} has key size {key} and value size {value}, but this agent's \
+         layout v{MAP_LAYOUT_VERSION} needs {want_key} and {want_value}: it was written by an \
+         incompatible build; run `sliceway-agent cleanup` (this drops conntrack) and start again"
+    )]
+    Layout {
+        path: PathBuf,
+        key: u32,
+        value: u32,
+        want_key: u32,
+        want_value: u32,
+    },
 }
 
 /// Map sizes chosen at load time.
@@ -60,6 +85,125 @@ pub struct KernelMaps {
     services: BpfHashMap<MapData, ServiceKey, ServiceValue>,
     slots: BpfHashMap<MapData, SlotKey, u32>,
     backends: BpfHashMap<MapData, u32, Backend>,
+    names: BpfHashMap<MapData, u32, ServiceName>,
+}
+
+impl KernelMaps {
+    /// Reads the maps back, for a restarted agent's writer and for `list`.
+    pub fn state(&self) -> KernelState {
+        KernelState {
+            services: self.services.iter().filter_map(Result::ok).collect(),
+            slots: self.slots.iter().filter_map(Result::ok).collect(),
+            backends: self.backends.iter().filter_map(Result::ok).collect(),
+            names: self
+                .names
+                .iter()
+                .filter_map(Result::ok)
+                .map(|(id, n)| (id, n.as_str().to_string()))
+                .collect(),
+        }
+    }
+}
+
+/// Where the maps and links of one agent are pinned: `BASE/v<layout>/`. The layout
+/// version in the path means an agent never opens maps of another layout.
+#[derive(Clone, Debug)]
+pub struct PinDir {
+    pub base: PathBuf,
+}
+
+impl PinDir {
+    pub fn new(base: impl Into<PathBuf>) -> Self {
+        Self { base: base.into() }
+    }
+    pub fn dir(&self) -> PathBuf {
+        self.base.join(format!("v{MAP_LAYOUT_VERSION}"))
+    }
+    pub fn map(&self, name: &str) -> PathBuf {
+        self.dir().join(name)
+    }
+    pub fn link(&self, iface: &str) -> PathBuf {
+        self.dir().join(format!("link-{iface}"))
+    }
+    /// Layout directories of other versions found under the base.
+    pub fn other_layouts(&self) -> Vec<PathBuf> {
+        let mine = self.dir();
+        std::fs::read_dir(&self.base)
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| {
+                p != &mine
+                    && p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with('v'))
+            })
+            .collect()
+    }
+}
+
+/// Key and value sizes of each map, to check pinned maps against.
+fn expected_sizes(name: &str) -> (usize, usize) {
+    match name {
+        map_name::SERVICES => (size_of::<ServiceKey>(), size_of::<ServiceValue>()),
+        map_name::SLOTS => (size_of::<SlotKey>(), size_of::<u32>()),
+        map_name::BACKENDS => (size_of::<u32>(), size_of::<Backend>()),
+        map_name::CONNTRACK => (size_of::<FlowKey>(), size_of::<NatTarget>()),
+        map_name::STATS => (size_of::<u32>(), size_of::<u64>()),
+        map_name::SERVICE_NAMES => (size_of::<u32>(), size_of::<ServiceName>()),
+        _ => (0, 0),
+    }
+}
+
+/// Makes sure a bpffs is mounted at `dir`'s mount point (`/sys/fs/bpf` is not mounted
+/// on every host) and that `dir` exists.
+fn prepare_bpffs(dir: &Path) -> Result<(), KernelError> {
+    let pin_err = |reason: String| KernelError::Pin {
+        path: dir.to_path_buf(),
+        reason,
+    };
+    let root = Path::new("/sys/fs/bpf");
+    if dir.starts_with(root) && !is_bpffs(root) {
+        let src = c"bpf";
+        let target = c"/sys/fs/bpf";
+        // SAFETY: valid NUL-terminated strings; mounting bpffs has no other inputs.
+        let ret = unsafe {
+            libc::mount(
+                src.as_ptr(),
+                target.as_ptr(),
+                src.as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        if ret != 0 {
+            return Err(pin_err(format!(
+                "mounting bpffs at /sys/fs/bpf: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        tracing::info!("mounted bpffs at /sys/fs/bpf");
+    }
+    std::fs::create_dir_all(dir).map_err(|e| pin_err(e.to_string()))
+}
+
+fn is_bpffs(path: &Path) -> bool {
+    const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    // SAFETY: statfs fills the zeroed struct; the path is NUL-terminated.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == BPF_FS_MAGIC }
+}
+
+/// Removes every pinned map and link under `base`: programs detach, maps and
+/// conntrack go away. For uninstalling, or after a layout change.
+pub fn cleanup(base: &Path) -> std::io::Result<()> {
+    match std::fs::remove_dir_all(base) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
 }
 
 /// A loaded datapath: programs and maps, private to this process.
@@ -68,6 +212,20 @@ pub struct Datapath {
     pub maps: KernelMaps,
     conntrack: BpfHashMap<MapData, FlowKey, NatTarget>,
     stats: PerCpuArray<MapData, u64>,
+    pins: Option<PinDir>,
+    limits: Limits,
+}
+
+/// How `attach` attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attached {
+    /// A new link, pinned: it outlives the agent.
+    NewPinned,
+    /// A pinned link of an earlier run now runs this agent's program (atomic swap, no
+    /// packet sees no program).
+    Replaced,
+    /// Attached for the life of this process only (no pinning, or no tcx).
+    Unpinned,
 }
 
 fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, KernelError>
@@ -80,15 +238,98 @@ where
 
 impl Datapath {
     /// Loads the object with maps of the given sizes and loads (not attaches) the TC
-    /// program.
-    pub fn load(caps: &Capacities) -> Result<Self, KernelError> {
+    /// program. With `pins`, maps are pinned there, and maps already pinned by an
+    /// earlier run are adopted as they are (contents, conntrack and capacity).
+    pub fn load(caps: &Capacities, pins: Option<&PinDir>) -> Result<Self, KernelError> {
+        Self::load_with(caps, pins, &map_name::ALL)
+    }
+
+    /// Loads the programs over the service maps pinned by a running agent, with private
+    /// conntrack and counters, for `trace` against live state. Nothing is attached.
+    pub fn load_over_pinned_services(pins: &PinDir) -> Result<Self, KernelError> {
+        for name in [
+            map_name::SERVICES,
+            map_name::SLOTS,
+            map_name::BACKENDS,
+            map_name::SERVICE_NAMES,
+        ] {
+            if !pins.map(name).exists() {
+                return Err(KernelError::Pin {
+                    path: pins.map(name),
+                    reason: "no pinned map: is an agent running with this --bpffs-dir?".into(),
+                });
+            }
+        }
+        let caps = Capacities {
+            conntrack: 1024,
+            ..Capacities::default()
+        };
+        Self::load_with(
+            &caps,
+            Some(pins),
+            &[
+                map_name::SERVICES,
+                map_name::SLOTS,
+                map_name::BACKENDS,
+                map_name::SERVICE_NAMES,
+            ],
+        )
+    }
+
+    fn load_with(
+        caps: &Capacities,
+        pins: Option<&PinDir>,
+        pinned: &[&'static str],
+    ) -> Result<Self, KernelError> {
         raise_memlock();
-        let mut ebpf = EbpfLoader::new()
+        let mut limits = caps.limits;
+        let mut loader = EbpfLoader::new();
+        loader
             .map_max_entries(map_name::SERVICES, caps.limits.services)
+            .map_max_entries(map_name::SERVICE_NAMES, caps.limits.services)
             .map_max_entries(map_name::SLOTS, caps.limits.slots)
             .map_max_entries(map_name::BACKENDS, caps.limits.backends)
-            .map_max_entries(map_name::CONNTRACK, caps.conntrack)
-            .load(OBJECT)?;
+            .map_max_entries(map_name::CONNTRACK, caps.conntrack);
+        let pin_paths: Vec<(&str, PathBuf)> = pins
+            .map(|p| pinned.iter().map(|n| (*n, p.map(n))).collect())
+            .unwrap_or_default();
+        if let Some(pins) = pins {
+            prepare_bpffs(&pins.dir())?;
+            for old in pins.other_layouts() {
+                tracing::warn!(
+                    path = %old.display(),
+                    "maps of another layout version are pinned here; this agent uses v{MAP_LAYOUT_VERSION} \
+                     and ignores them (remove them with `sliceway-agent cleanup` once no program uses them)"
+                );
+            }
+            for (name, path) in &pin_paths {
+                if let Ok(info) = MapInfo::from_pin(path) {
+                    let (k, v) = expected_sizes(name);
+                    if (info.key_size() as usize, info.value_size() as usize) != (k, v) {
+                        return Err(KernelError::Layout {
+                            path: path.clone(),
+                            key: info.key_size(),
+                            value: info.value_size(),
+                            want_key: k as u32,
+                            want_value: v as u32,
+                        });
+                    }
+                    tracing::info!(
+                        map = name,
+                        entries = info.max_entries(),
+                        "adopting pinned map"
+                    );
+                    match *name {
+                        map_name::SERVICES => limits.services = info.max_entries(),
+                        map_name::SLOTS => limits.slots = info.max_entries(),
+                        map_name::BACKENDS => limits.backends = info.max_entries(),
+                        _ => {}
+                    }
+                }
+                loader.map_pin_path(name, path.as_path());
+            }
+        }
+        let mut ebpf = loader.load(OBJECT)?;
         // Kernel-side logging exists only in a debug build of the object.
         if let Err(e) = aya_log::EbpfLogger::init(&mut ebpf) {
             tracing::debug!("no kernel-side logging: {e}");
@@ -102,6 +343,7 @@ impl Datapath {
             services: take(&mut ebpf, map_name::SERVICES)?,
             slots: take(&mut ebpf, map_name::SLOTS)?,
             backends: take(&mut ebpf, map_name::BACKENDS)?,
+            names: take(&mut ebpf, map_name::SERVICE_NAMES)?,
         };
         let conntrack = take(&mut ebpf, map_name::CONNTRACK)?;
         let stats = take(&mut ebpf, map_name::STATS)?;
@@ -110,7 +352,15 @@ impl Datapath {
             maps,
             conntrack,
             stats,
+            pins: pins.cloned(),
+            limits,
         })
+    }
+
+    /// Capacities of the maps as loaded (an adopted pinned map keeps the capacity it
+    /// was created with).
+    pub fn limits(&self) -> Limits {
+        self.limits
     }
 
     fn program(&self) -> &SchedClassifier {
@@ -120,24 +370,54 @@ impl Datapath {
             .expect("loaded in Datapath::load")
     }
 
-    /// Attaches the TC program at ingress of `iface` (tcx on kernels that have it,
-    /// clsact otherwise). It stays attached while this `Datapath` lives.
-    pub fn attach(&mut self, iface: &str) -> Result<(), KernelError> {
-        // Needed for the netlink attach on kernels before 6.6; harmless otherwise
-        // (fails with EEXIST when the qdisc is there already).
-        let _ = tc::qdisc_add_clsact(iface);
+    /// Attaches the TC program at ingress of `iface`: tcx on kernels that have it
+    /// (6.6+), clsact otherwise. With pinning and tcx the link is pinned and outlives
+    /// the agent; a link pinned by an earlier run is taken over atomically.
+    pub fn attach(&mut self, iface: &str) -> Result<Attached, KernelError> {
+        let attach_err = |source| KernelError::Attach {
+            iface: iface.to_string(),
+            source,
+        };
+        let tcx = KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0));
+        let link_pin = self.pins.as_ref().filter(|_| tcx).map(|p| p.link(iface));
         let program: &mut SchedClassifier = self
             .ebpf
             .program_mut(TC_PROGRAM)
             .ok_or(KernelError::MissingMap(TC_PROGRAM))?
             .try_into()?;
-        program
-            .attach(iface, TcAttachType::Ingress)
-            .map_err(|source| KernelError::Attach {
-                iface: iface.to_string(),
-                source,
-            })?;
-        Ok(())
+        let Some(link_pin) = link_pin else {
+            // Needed for the netlink attach before 6.6 (EEXIST when already there).
+            let _ = tc::qdisc_add_clsact(iface);
+            program
+                .attach(iface, TcAttachType::Ingress)
+                .map_err(attach_err)?;
+            return Ok(Attached::Unpinned);
+        };
+        let pin_err = |reason: String| KernelError::Pin {
+            path: link_pin.clone(),
+            reason,
+        };
+        match PinnedLink::from_pin(&link_pin) {
+            Ok(old) => {
+                let link = SchedClassifierLink::try_from(FdLink::from(old))
+                    .map_err(|e| pin_err(format!("taking over the pinned link: {e}")))?;
+                program.attach_to_link(link).map_err(attach_err)?;
+                Ok(Attached::Replaced)
+            }
+            Err(_) => {
+                let id = program
+                    .attach_with_options(
+                        iface,
+                        TcAttachType::Ingress,
+                        TcAttachOptions::TcxOrder(LinkOrder::default()),
+                    )
+                    .map_err(attach_err)?;
+                let link = program.take_link(id).map_err(attach_err)?;
+                let fd_link = FdLink::try_from(link).map_err(|e| pin_err(e.to_string()))?;
+                fd_link.pin(&link_pin).map_err(|e| pin_err(e.to_string()))?;
+                Ok(Attached::NewPinned)
+            }
+        }
     }
 
     /// Runs one packet (starting at the Ethernet header) through the TC program.
@@ -222,6 +502,12 @@ impl MapOps for KernelMaps {
     }
     fn del_service(&mut self, key: &ServiceKey) -> Result<(), MapError> {
         ignore_missing(self.services.remove(key))
+    }
+    fn put_name(&mut self, id: u32, name: &ServiceName) -> Result<(), MapError> {
+        self.names.insert(id, name, 0)
+    }
+    fn del_name(&mut self, id: u32) -> Result<(), MapError> {
+        ignore_missing(self.names.remove(&id))
     }
 }
 

@@ -27,7 +27,7 @@
 //!                       snapshot() ◄────────────────┘   next_batch() ◄─┘
 //! ```
 
-use std::{fmt::Debug, future::Future, hash::Hash, sync::Arc, time::Duration};
+use std::{fmt::Debug, future::Future, sync::Arc, time::Duration};
 
 use futures::{future::FutureExt as _, stream, Stream, StreamExt as _};
 use k8s_openapi::api::{
@@ -36,7 +36,7 @@ use k8s_openapi::api::{
 };
 use kube::{
     runtime::{
-        reflector::{self, Lookup, Store},
+        reflector::{self, Store},
         watcher, WatchStreamExt as _,
     },
     Api, Client, Resource, ResourceExt as _,
@@ -288,8 +288,7 @@ async fn reflect<K, S>(
     writer: reflector::store::Writer<K>,
     changes: Arc<watch::Sender<u64>>,
 ) where
-    K: Resource + Lookup + Clone + Debug + Send + Sync + 'static,
-    <K as Lookup>::DynamicType: Eq + Hash + Clone + Default,
+    K: Resource<DynamicType = ()> + Clone + Debug + Send + Sync + 'static,
     S: Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static,
 {
     let events = events
@@ -343,8 +342,7 @@ fn synced_empty<K: Send + 'static>(
 
 fn sorted<K>(store: &Store<K>) -> Vec<K>
 where
-    K: Resource + Lookup + Clone + 'static,
-    <K as Lookup>::DynamicType: Eq + Hash + Clone,
+    K: Resource<DynamicType = ()> + Clone + 'static,
 {
     let mut all: Vec<K> = store.state().iter().map(|o| (**o).clone()).collect();
     all.sort_by(|a, b| {
@@ -420,7 +418,10 @@ mod tests {
             cfg.label_selector(),
             "service.kubernetes.io/service-proxy-name=sliceway,!service.kubernetes.io/headless"
         );
-        assert_eq!(cfg.node_field_selector().as_deref(), Some("metadata.name=node-1"));
+        assert_eq!(
+            cfg.node_field_selector().as_deref(),
+            Some("metadata.name=node-1")
+        );
     }
 
     #[test]

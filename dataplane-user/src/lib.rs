@@ -4,7 +4,9 @@
 pub mod agent;
 pub mod compiler;
 pub mod dump;
+pub mod inspect;
 pub mod kernel;
+pub mod kube_source;
 pub mod local;
 pub mod packet;
 pub mod writer;

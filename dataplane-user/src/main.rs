@@ -3,7 +3,12 @@
 use std::{path::PathBuf, time::Duration};
 
 use clap::{Parser, Subcommand};
-use sliceway_agent::{agent, compiler, kernel::Capacities, writer::Limits};
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+use dataplane_common::{PROTO_TCP, PROTO_UDP};
+use sliceway_agent::{
+    agent, compiler, inspect, kernel, kernel::Capacities, kernel::PinDir, local, writer::Limits,
+};
 
 #[derive(Parser)]
 #[command(
@@ -20,6 +25,59 @@ struct Cli {
 enum Command {
     /// Program the datapath and keep it in sync.
     Run(RunArgs),
+    /// Show what the kernel holds: frontends, backends, counters (from pinned maps).
+    List {
+        #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
+        bpffs_dir: PathBuf,
+        #[arg(short, long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Where would this packet go, and why? Runs one crafted packet through the
+    /// programs (BPF_PROG_TEST_RUN); nothing is attached and no traffic is sent.
+    Trace(TraceArgs),
+    /// Remove all pinned maps and links: programs detach, conntrack is dropped.
+    Cleanup {
+        #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
+        bpffs_dir: PathBuf,
+    },
+}
+
+const DEFAULT_BPFFS_DIR: &str = "/sys/fs/bpf/sliceway";
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Output {
+    Table,
+    Json,
+    Yaml,
+}
+
+#[derive(clap::Args)]
+struct TraceArgs {
+    /// Compile this manifest directory with private maps; without it, trace against
+    /// the live pinned maps.
+    #[arg(long)]
+    manifests: Option<PathBuf>,
+    /// Source address, IP or IP:PORT.
+    #[arg(long)]
+    src: String,
+    /// Destination IP:PORT.
+    #[arg(long)]
+    dst: std::net::SocketAddrV4,
+    #[arg(long, value_enum, default_value_t = Proto::Tcp)]
+    proto: Proto,
+    /// This node's name (for internalTrafficPolicy: Local).
+    #[arg(long, env = "NODE_NAME")]
+    node: Option<String>,
+    #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
+    bpffs_dir: PathBuf,
+    #[arg(short, long, value_enum, default_value_t = Output::Json)]
+    output: Output,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Proto {
+    Tcp,
+    Udp,
 }
 
 #[derive(clap::Args)]
@@ -52,6 +110,12 @@ struct RunArgs {
     /// Capacity of the conntrack map (LRU).
     #[arg(long, default_value_t = Capacities::default().conntrack)]
     max_conntrack: u32,
+    /// bpffs directory for pinned maps and links (kept across restarts).
+    #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
+    bpffs_dir: PathBuf,
+    /// Do not pin: maps are private and programs detach when the agent exits.
+    #[arg(long)]
+    no_pin: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -80,11 +144,71 @@ fn main() -> anyhow::Result<()> {
                     conntrack: args.max_conntrack,
                 },
                 poll: Duration::from_millis(args.poll_interval_ms),
+                pins: (!args.no_pin).then(|| PinDir::new(args.bpffs_dir)),
             };
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
             rt.block_on(agent::run_local(settings, shutdown_signal()))
+        }
+        Command::List { bpffs_dir, output } => {
+            let listing = inspect::list(&PinDir::new(bpffs_dir))?;
+            match output {
+                Output::Table => print!("{}", inspect::render_table(&listing)),
+                Output::Json => println!("{}", serde_json::to_string_pretty(&listing)?),
+                Output::Yaml => print!("{}", serde_yaml_ng::to_string(&listing)?),
+            }
+            Ok(())
+        }
+        Command::Trace(args) => {
+            let src = match args.src.parse::<SocketAddrV4>() {
+                Ok(s) => s,
+                Err(_) => inspect::default_src(args.src.parse::<Ipv4Addr>().map_err(|_| {
+                    anyhow::anyhow!("--src {:?} is neither IP nor IP:PORT", args.src)
+                })?),
+            };
+            let proto = match args.proto {
+                Proto::Tcp => PROTO_TCP,
+                Proto::Udp => PROTO_UDP,
+            };
+            let trace = match &args.manifests {
+                Some(dir) => {
+                    let (objects, problems) = local::load_dir(dir)?;
+                    for p in problems {
+                        tracing::warn!(file = %p.file.display(), "{}", p.reason);
+                    }
+                    let opts = compiler::Options {
+                        node_name: args.node,
+                        proxy_name: None,
+                    };
+                    inspect::trace(&objects, &opts, src, args.dst, proto)?
+                }
+                None => {
+                    let dp = inspect::live_datapath(&PinDir::new(&args.bpffs_dir))?;
+                    inspect::run_trace(&dp, src, args.dst, proto)?
+                }
+            };
+            match args.output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&trace)?),
+                Output::Yaml => print!("{}", serde_yaml_ng::to_string(&trace)?),
+                Output::Table => println!(
+                    "verdict {} ({}); service {}; backend {}; candidates [{}]",
+                    trace.verdict,
+                    trace.reason,
+                    trace.service.as_deref().unwrap_or("-"),
+                    trace.backend.as_deref().unwrap_or("-"),
+                    trace.candidates.join(", ")
+                ),
+            }
+            Ok(())
+        }
+        Command::Cleanup { bpffs_dir } => {
+            kernel::cleanup(&bpffs_dir)?;
+            println!(
+                "removed pinned maps and links under {}",
+                bpffs_dir.display()
+            );
+            Ok(())
         }
     }
 }

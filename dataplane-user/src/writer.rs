@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use dataplane_common::{Backend, ServiceKey, ServiceValue, SlotKey};
+use dataplane_common::{Backend, ServiceKey, ServiceName, ServiceValue, SlotKey};
 
 use crate::compiler::{Frontend, ServicePortName};
 
@@ -26,6 +26,17 @@ pub trait MapOps {
     fn del_slot(&mut self, key: &SlotKey) -> Result<(), Self::Error>;
     fn put_service(&mut self, key: &ServiceKey, value: &ServiceValue) -> Result<(), Self::Error>;
     fn del_service(&mut self, key: &ServiceKey) -> Result<(), Self::Error>;
+    fn put_name(&mut self, id: u32, name: &ServiceName) -> Result<(), Self::Error>;
+    fn del_name(&mut self, id: u32) -> Result<(), Self::Error>;
+}
+
+/// The service maps as read back from the kernel (pinned maps of an earlier run).
+#[derive(Clone, Debug, Default)]
+pub struct KernelState {
+    pub services: Vec<(ServiceKey, ServiceValue)>,
+    pub slots: Vec<(SlotKey, u32)>,
+    pub backends: Vec<(u32, Backend)>,
+    pub names: Vec<(u32, String)>,
 }
 
 /// Map capacities the writer must stay within.
@@ -75,6 +86,13 @@ struct IdAllocator {
 }
 
 impl IdAllocator {
+    /// An allocator that will not hand out `used`.
+    fn around(used: &std::collections::BTreeSet<u32>) -> Self {
+        let next = used.iter().next_back().map_or(0, |m| m + 1);
+        let free = (0..next).rev().filter(|id| !used.contains(id)).collect();
+        Self { next, free }
+    }
+
     fn take(&mut self) -> u32 {
         self.free.pop().unwrap_or_else(|| {
             self.next += 1;
@@ -97,6 +115,9 @@ pub struct MapWriter {
     service_ids: IdAllocator,
     backend_ids: IdAllocator,
     slot_count: u64,
+    /// Left over in restored maps: deleted at the end of the next `apply`.
+    stale_slots: Vec<SlotKey>,
+    stale_names: Vec<u32>,
 }
 
 impl MapWriter {
@@ -105,6 +126,77 @@ impl MapWriter {
             limits,
             ..Default::default()
         }
+    }
+
+    /// A writer that adopts what an earlier run left in the maps, so the next `apply`
+    /// writes only the difference (and flushes nothing). Entries no published slot
+    /// reaches are deleted by that `apply`.
+    pub fn restore(limits: Limits, state: KernelState) -> Self {
+        let mut w = Self::new(limits);
+        for (id, b) in &state.backends {
+            w.backends.insert(*b, (*id, 0));
+            w.backend_by_id.insert(*id, *b);
+        }
+        let slots: HashMap<SlotKey, u32> = state.slots.iter().copied().collect();
+        let names: HashMap<u32, &str> = state
+            .names
+            .iter()
+            .map(|(id, n)| (*id, n.as_str()))
+            .collect();
+        let mut service_ids = std::collections::BTreeSet::new();
+        let mut published = std::collections::HashSet::new();
+        for (key, value) in &state.services {
+            let mut programmed = Vec::new();
+            for slot in 0..value.count {
+                let k = SlotKey {
+                    service_id: value.id,
+                    slot,
+                };
+                match slots.get(&k) {
+                    Some(b) if w.backend_by_id.contains_key(b) => programmed.push(*b),
+                    // A hole can only come from an interrupted write: republish the
+                    // prefix that is whole; the next apply rewrites the rest.
+                    _ => break,
+                }
+            }
+            for b in &programmed {
+                w.backends.get_mut(&w.backend_by_id[b]).expect("present").1 += 1;
+            }
+            for slot in 0..programmed.len() as u32 {
+                published.insert(SlotKey {
+                    service_id: value.id,
+                    slot,
+                });
+            }
+            w.slot_count += programmed.len() as u64;
+            service_ids.insert(value.id);
+            let service = names
+                .get(&value.id)
+                .map_or_else(ServicePortName::unknown, |n| ServicePortName::parse(n));
+            // A count that does not match the slots found is fixed by the next apply.
+            let mut p = Programmed {
+                id: value.id,
+                service,
+                slots: programmed,
+            };
+            if p.slots.len() != value.count as usize {
+                p.service = ServicePortName::unknown();
+            }
+            w.frontends.insert(*key, p);
+        }
+        w.stale_slots = slots
+            .keys()
+            .filter(|k| !published.contains(k))
+            .copied()
+            .collect();
+        w.stale_names = names
+            .keys()
+            .filter(|id| !service_ids.contains(id))
+            .copied()
+            .collect();
+        w.service_ids = IdAllocator::around(&service_ids);
+        w.backend_ids = IdAllocator::around(&w.backend_by_id.keys().copied().collect());
+        w
     }
 
     /// What the kernel holds, as far as the writer knows.
@@ -146,6 +238,29 @@ impl MapWriter {
         for key in removed {
             self.remove_frontend(&key, maps, &mut report, &mut orphans);
         }
+        for key in std::mem::take(&mut self.stale_slots) {
+            if let Err(e) = maps.del_slot(&key) {
+                report
+                    .errors
+                    .push(format!("deleting stale slot {key:?}: {e}"));
+            }
+            report.map_deletes += 1;
+        }
+        for id in std::mem::take(&mut self.stale_names) {
+            if let Err(e) = maps.del_name(id) {
+                report.errors.push(format!("deleting stale name {id}: {e}"));
+            }
+            report.map_deletes += 1;
+        }
+        // Backends restored from the kernel that nothing refers to.
+        orphans.extend(
+            self.backends
+                .values()
+                .filter(|(_, refs)| *refs == 0)
+                .map(|(id, _)| *id),
+        );
+        orphans.sort_unstable();
+        orphans.dedup();
         self.collect_orphans(orphans, maps, &mut report);
         report
     }
@@ -244,7 +359,16 @@ impl MapWriter {
                 .1 += 1;
         }
 
-        // 3. The service entry publishes the new slot count.
+        // 3. The name (read only by tools), then the service entry that publishes the
+        // new slot count.
+        if old.is_none_or(|o| o.service != frontend.service) {
+            if let Err(e) = maps.put_name(id, &ServiceName::new(&frontend.service.to_string())) {
+                report
+                    .errors
+                    .push(format!("writing the name of {}: {e}", frontend.service));
+            }
+            report.map_writes += 1;
+        }
         if old_slots.len() != new_slots.len() || old.is_none() {
             let value = ServiceValue {
                 id,
@@ -317,6 +441,12 @@ impl MapWriter {
             }
             report.map_deletes += 1;
         }
+        if let Err(e) = maps.del_name(old.id) {
+            report
+                .errors
+                .push(format!("deleting the name of {}: {e}", old.service));
+        }
+        report.map_deletes += 1;
         for b in &old.slots {
             self.release_backend(*b, orphans);
         }

@@ -6,7 +6,7 @@
 
 use std::{collections::BTreeMap, convert::Infallible, fmt::Write as _, fs, path::Path};
 
-use dataplane_common::{Backend, ServiceKey, ServiceValue, SlotKey, PROTO_TCP};
+use dataplane_common::{Backend, ServiceKey, ServiceName, ServiceValue, SlotKey, PROTO_TCP};
 use sliceway_agent::{
     compiler::{compile, Frontend, Options, ServicePortName},
     dump::{MemoryMaps, Op},
@@ -35,7 +35,7 @@ fn golden(case: &str, input: &str, opts: &Options) {
         "# golden map dump of testdata/{name} (UPDATE_GOLDEN=1 to regenerate)"
     )
     .unwrap();
-    got.push_str(&maps.dump(&writer));
+    got.push_str(&maps.dump());
     got.push_str("SKIPPED\n");
     for s in &compiled.skipped {
         writeln!(got, "  {}: {}", s.object, s.reason).unwrap();
@@ -138,6 +138,12 @@ impl MapOps for Checked {
         self.inner.del_service(k)?;
         self.check();
         Ok(())
+    }
+    fn put_name(&mut self, id: u32, name: &ServiceName) -> Result<(), Infallible> {
+        self.inner.put_name(id, name)
+    }
+    fn del_name(&mut self, id: u32) -> Result<(), Infallible> {
+        self.inner.del_name(id)
     }
 }
 
@@ -320,5 +326,61 @@ fn a_service_that_does_not_fit_keeps_its_previous_state_and_others_are_untouched
         now[&key(2)],
         frontend(2, [4]).backends,
         "other service updated"
+    );
+}
+
+#[test]
+fn a_restored_writer_writes_nothing_when_nothing_changed_and_cleans_leftovers() {
+    let mut desired: BTreeMap<ServiceKey, Frontend> = (0..50)
+        .map(|s| (key(s), frontend(s, (0..4).map(|b| s * 4 + b))))
+        .collect();
+    let mut writer = MapWriter::new(Limits::default());
+    let mut maps = MemoryMaps::default();
+    writer.apply(&desired, &mut maps);
+
+    // A restart: a new writer adopts the maps.
+    let mut restored = MapWriter::restore(Limits::default(), maps.state());
+    maps.ops.clear();
+    let report = restored.apply(&desired, &mut maps);
+    assert_eq!(
+        (report.map_writes, report.map_deletes),
+        (0, 0),
+        "{:?}",
+        maps.ops
+    );
+
+    // Leftovers of an interrupted run: an orphan backend and a stale slot.
+    maps.backends.insert(9999, backend(9999));
+    maps.slots.insert(
+        SlotKey {
+            service_id: 3,
+            slot: 77,
+        },
+        0,
+    );
+    let mut restored = MapWriter::restore(Limits::default(), maps.state());
+    desired.remove(&key(7));
+    let report = restored.apply(&desired, &mut maps);
+    assert!(report.errors.is_empty());
+    assert!(!maps.backends.contains_key(&9999));
+    assert!(!maps.slots.contains_key(&SlotKey {
+        service_id: 3,
+        slot: 77
+    }));
+    maps.consistent().unwrap();
+    let want: BTreeMap<ServiceKey, Vec<Backend>> = desired
+        .iter()
+        .map(|(k, f)| (*k, f.backends.clone()))
+        .collect();
+    assert_eq!(resolve(&maps), want);
+    assert_eq!(maps.names.len(), 49);
+
+    // New ids do not collide with adopted ones.
+    desired.insert(key(1000), frontend(1000, [1, 100_000]));
+    restored.apply(&desired, &mut maps);
+    maps.consistent().unwrap();
+    assert_eq!(
+        resolve(&maps)[&key(1000)],
+        frontend(1000, [1, 100_000]).backends
     );
 }

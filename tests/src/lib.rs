@@ -12,6 +12,8 @@
 //! Namespaces are entered with `setns` (threads) or `nsenter --net` (processes),
 //! never `ip netns exec`, which remounts `/sys` and hides `/sys/fs/bpf`.
 
+pub mod apiserver;
+pub mod bench;
 pub mod netns;
 pub mod servers;
 
@@ -50,6 +52,8 @@ pub struct Lab {
     pub backends: Vec<Pod>,
     pods: Vec<Netns>,
     pub manifests: PathBuf,
+    /// bpffs directory the lab's agents pin under; removed on drop.
+    pub bpffs: PathBuf,
     servers: Option<BackendServers>,
 }
 
@@ -79,6 +83,7 @@ impl Lab {
             backends: Vec::new(),
             pods: Vec::new(),
             manifests,
+            bpffs: PathBuf::from(format!("/sys/fs/bpf/{prefix}")),
             servers: None,
         };
         node_sysctls(&lab.node.name)?;
@@ -166,7 +171,12 @@ impl Lab {
     /// Starts the agent in the node namespace, on the pods' interfaces, and waits for
     /// its first sync.
     pub fn start_agent(&self) -> Result<Agent> {
-        let agent = Agent::start(&self.node.name, &self.manifests, &self.pod_interfaces())?;
+        let agent = Agent::start(
+            &self.node.name,
+            &self.manifests,
+            &self.pod_interfaces(),
+            &self.bpffs,
+        )?;
         agent.wait_for_sync(1, Duration::from_secs(20))?;
         Ok(agent)
     }
@@ -216,6 +226,8 @@ impl Lab {
 impl Drop for Lab {
     fn drop(&mut self) {
         self.servers.take();
+        // Unpinning the links detaches the programs; then the namespaces go.
+        let _ = fs::remove_dir_all(&self.bpffs);
         self.pods.clear();
         let _ = fs::remove_dir_all(&self.manifests);
     }
@@ -257,7 +269,12 @@ pub struct Agent {
 }
 
 impl Agent {
-    pub fn start(node_ns: &str, manifests: &Path, interfaces: &[String]) -> Result<Self> {
+    pub fn start(
+        node_ns: &str,
+        manifests: &Path,
+        interfaces: &[String],
+        bpffs: &Path,
+    ) -> Result<Self> {
         let bin = workspace_binary("sliceway-agent")?;
         let mut child = Command::new("nsenter")
             .arg(format!("--net=/var/run/netns/{node_ns}"))
@@ -267,6 +284,8 @@ impl Agent {
             .arg("--interfaces")
             .arg(interfaces.join(","))
             .args(["--node", "node-1", "--poll-interval-ms", "100"])
+            .arg("--bpffs-dir")
+            .arg(bpffs)
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
@@ -323,6 +342,17 @@ impl Agent {
     /// Whether a log line contains `needle`.
     pub fn logged(&self, needle: &str) -> bool {
         self.log.lock().unwrap().iter().any(|l| l.contains(needle))
+    }
+
+    /// The agent's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILL: no chance to clean anything up, as in a crash or an OOM kill.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     pub fn stop(&mut self) {

@@ -2,7 +2,9 @@
 //!
 //! Each backend answers on TCP and UDP with `NAME IP`. Over TCP, a request line
 //! `hello` gets that line back; `stream N` gets the line followed by N bytes of a
-//! known pattern, so the client can check that a long transfer arrived intact.
+//! known pattern, so the client can check that a long transfer arrived intact;
+//! `echo` gets the line and then every further line echoed back, for connections that
+//! stay open.
 
 use std::{
     io::{BufRead, BufReader, Read, Write},
@@ -93,6 +95,16 @@ fn handle_tcp(conn: TcpStream, ident: &str) -> std::io::Result<()> {
     reader.read_line(&mut line)?;
     let mut conn = conn;
     conn.write_all(ident.as_bytes())?;
+    if line.trim() == "echo" {
+        conn.set_read_timeout(Some(Duration::from_secs(60)))?;
+        loop {
+            let mut l = String::new();
+            if reader.read_line(&mut l)? == 0 {
+                return Ok(());
+            }
+            conn.write_all(l.as_bytes())?;
+        }
+    }
     if let Some(n) = line
         .trim()
         .strip_prefix("stream ")
@@ -185,4 +197,39 @@ pub fn tcp_stream(to: SocketAddrV4, bytes: usize, timeout: Duration) -> Result<R
         got += n;
     }
     Ok(reply)
+}
+
+/// A connection that stays open: `echo` mode.
+pub struct EchoConn {
+    conn: TcpStream,
+    reader: BufReader<TcpStream>,
+    pub reply: Reply,
+}
+
+impl EchoConn {
+    pub fn open(to: SocketAddrV4, timeout: Duration) -> Result<Self> {
+        let conn = TcpStream::connect_timeout(&to.into(), timeout)?;
+        conn.set_read_timeout(Some(timeout))?;
+        (&conn).write_all(b"echo\n")?;
+        let mut reader = BufReader::new(conn.try_clone()?);
+        let mut line = String::new();
+        reader.read_line(&mut line)?;
+        let reply = parse_ident(&line)?;
+        Ok(Self {
+            conn,
+            reader,
+            reply,
+        })
+    }
+
+    /// Sends a line and checks it comes back.
+    pub fn roundtrip(&mut self, text: &str) -> Result<()> {
+        self.conn.write_all(format!("{text}\n").as_bytes())?;
+        let mut line = String::new();
+        self.reader.read_line(&mut line)?;
+        if line.trim_end() != text {
+            bail!("echo of {text:?} came back as {line:?}");
+        }
+        Ok(())
+    }
 }

@@ -119,3 +119,89 @@ fn a_broken_manifest_is_reported_and_the_rest_still_works() {
     assert!(agent.logged("broken.yaml"), "log: {:#?}", agent.log());
     lab.tcp_request(vip()).unwrap();
 }
+
+/// Issue 3: a restart of the agent drops nothing. Programs stay attached through
+/// pinned links, maps are pinned and adopted, conntrack is kept.
+#[test]
+fn a_killed_and_restarted_agent_drops_no_connection() {
+    use std::sync::{
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+        Arc,
+    };
+    let lab = Lab::new(3).unwrap();
+    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1, 2]))
+        .unwrap();
+    let mut agent = lab.start_agent().unwrap();
+
+    // An established connection, used across the restart.
+    let mut echo = sliceway_lab::in_netns(&lab.client.ns, || {
+        sliceway_lab::servers::EchoConn::open(vip(), Duration::from_secs(2))
+    })
+    .unwrap()
+    .unwrap();
+    echo.roundtrip("before").unwrap();
+
+    // New connections, continuously, from the client pod.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let load = {
+        let (stop, ok, failed) = (stop.clone(), ok.clone(), failed.clone());
+        let ns = lab.client.ns.clone();
+        std::thread::spawn(move || {
+            sliceway_lab::in_netns(&ns, move || {
+                while !stop.load(Ordering::SeqCst) {
+                    match sliceway_lab::servers::tcp_request(vip(), Duration::from_secs(2)) {
+                        Ok(_) => ok.fetch_add(1, Ordering::SeqCst),
+                        Err(e) => {
+                            eprintln!("connection failed: {e:#}");
+                            failed.fetch_add(1, Ordering::SeqCst)
+                        }
+                    };
+                }
+            })
+            .unwrap()
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    agent.kill();
+    let during_outage = ok.load(Ordering::SeqCst);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        ok.load(Ordering::SeqCst) > during_outage,
+        "connections go on while no agent runs"
+    );
+    let agent = lab.start_agent().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::SeqCst);
+    load.join().unwrap();
+
+    assert_eq!(
+        failed.load(Ordering::SeqCst),
+        0,
+        "{} connections failed",
+        failed.load(Ordering::SeqCst)
+    );
+    assert!(
+        ok.load(Ordering::SeqCst) > 20,
+        "too few connections made: {}",
+        ok.load(Ordering::SeqCst)
+    );
+    // The restarted agent adopted the maps: nothing to rewrite, conntrack kept.
+    assert!(agent.logged("adopted pinned maps"), "{:#?}", agent.log());
+    assert!(
+        agent.logged("took over the pinned link"),
+        "{:#?}",
+        agent.log()
+    );
+    assert!(
+        agent
+            .log()
+            .iter()
+            .any(|l| l.contains("sync=1") && l.contains("writes=0")),
+        "{:#?}",
+        agent.log()
+    );
+    let server = echo.reply.backend.clone();
+    echo.roundtrip("after")
+        .unwrap_or_else(|e| panic!("established connection to {server} broke: {e:#}"));
+}

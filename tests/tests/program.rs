@@ -54,7 +54,7 @@ fn fixture() -> Fixture {
     let compiled = compiler::compile(&objects.services, &objects.slices, &Options::default());
     assert!(compiled.skipped.is_empty(), "{:?}", compiled.skipped);
     let caps = Capacities::default();
-    let mut dp = Datapath::load(&caps).expect("loading the datapath (needs root)");
+    let mut dp = Datapath::load(&caps, None).expect("loading the datapath (needs root)");
     let report = MapWriter::new(caps.limits).apply(&compiled.frontends, &mut dp.maps);
     assert!(
         report.errors.is_empty() && report.rejected.is_empty(),

@@ -12,6 +12,8 @@ use std::{
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 
+mod bench;
+
 #[derive(Parser)]
 #[command(name = "xtask", about = "sliceway's build and test tasks")]
 struct Cli {
@@ -31,6 +33,12 @@ enum Task {
     Test,
     /// Set up, build, and show traffic to a ClusterIP spread over three backends.
     Demo,
+    /// Benchmarks against kube-proxy's iptables and nftables rules; writes target/bench.
+    Bench {
+        /// A run of a few minutes instead of the full one.
+        #[arg(long)]
+        quick: bool,
+    },
 }
 
 fn main() -> Result<()> {
@@ -59,6 +67,7 @@ fn main() -> Result<()> {
             build_ebpf()?;
             demo()
         }
+        Task::Bench { quick } => bench::bench(&root, quick),
     }
 }
 

@@ -20,7 +20,10 @@ fn main() -> Result<()> {
     println!("== building a node lab: 1 client pod, 1 node, 3 backend pods (network namespaces)");
     let lab = Lab::new(3)?;
     for pod in std::iter::once(&lab.client).chain(&lab.backends) {
-        println!("   {:<10} {:<12} on node interface {}", pod.name, pod.ip, pod.node_iface);
+        println!(
+            "   {:<10} {:<12} on node interface {}",
+            pod.name, pod.ip, pod.node_iface
+        );
     }
 
     let yaml = lab.service_yaml("web", VIP, PORT, &[0, 1, 2]);
@@ -30,7 +33,10 @@ fn main() -> Result<()> {
         println!("   {line}");
     }
 
-    println!("\n== starting sliceway-agent in local mode on {}", lab.pod_interfaces().join(","));
+    println!(
+        "\n== starting sliceway-agent in local mode on {}",
+        lab.pod_interfaces().join(",")
+    );
     let agent = lab.start_agent().context("starting the agent")?;
     println!("   agent synced: the Service is in the BPF maps");
 
@@ -38,7 +44,10 @@ fn main() -> Result<()> {
     round(&lab, vip)?;
 
     let removed = &lab.backends[1];
-    println!("\n== removing {} ({}) from the EndpointSlice", removed.name, removed.ip);
+    println!(
+        "\n== removing {} ({}) from the EndpointSlice",
+        removed.name, removed.ip
+    );
     let before = agent.syncs();
     lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 2]))?;
     agent.wait_for_sync(before + 1, Duration::from_secs(5))?;
@@ -62,7 +71,10 @@ fn round(lab: &Lab, vip: SocketAddrV4) -> Result<BTreeMap<String, usize>> {
     let mut counts = BTreeMap::new();
     for i in 1..=REQUESTS {
         let reply = lab.tcp_request(vip)?;
-        println!("   request {i:>2}: answered by {} ({})", reply.backend, reply.addr);
+        println!(
+            "   request {i:>2}: answered by {} ({})",
+            reply.backend, reply.addr
+        );
         *counts.entry(reply.backend).or_insert(0) += 1;
     }
     println!("   summary:");

@@ -1,0 +1,193 @@
+//! Prometheus metrics of the controller and a tiny HTTP endpoint that serves them
+//! (`/metrics`, `/healthz`).
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::plan::Plan;
+use crate::store::Outcome;
+
+type Labels = Vec<(String, String)>;
+
+/// The controller's metrics.
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Arc<Registry>,
+    /// Syncs by controller and result.
+    pub syncs: Family<Labels, Counter>,
+    /// Object writes by kind and operation (create, update, delete).
+    pub changes: Family<Labels, Counter>,
+    /// Desired endpoints per Service.
+    pub endpoints_desired: Family<Labels, Gauge>,
+    /// EndpointSlices per Service.
+    pub slices: Family<Labels, Gauge>,
+    /// Objects or files skipped, by reason.
+    pub skipped: Family<Labels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+impl Metrics {
+    /// Creates and registers the metrics.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("sliceway_controller");
+        let syncs = Family::<Labels, Counter>::default();
+        let changes = Family::<Labels, Counter>::default();
+        let endpoints_desired = Family::<Labels, Gauge>::default();
+        let slices = Family::<Labels, Gauge>::default();
+        let skipped = Family::<Labels, Counter>::default();
+        registry.register(
+            "syncs",
+            "Service syncs by controller and result",
+            syncs.clone(),
+        );
+        registry.register(
+            "changes",
+            "Objects written, by kind and operation",
+            changes.clone(),
+        );
+        registry.register(
+            "endpoints_desired",
+            "Endpoints desired per Service",
+            endpoints_desired.clone(),
+        );
+        registry.register(
+            "endpointslices",
+            "EndpointSlices per Service",
+            slices.clone(),
+        );
+        registry.register(
+            "skipped",
+            "Objects or manifest files skipped, by reason",
+            skipped.clone(),
+        );
+        Metrics {
+            registry: Arc::new(registry),
+            syncs,
+            changes,
+            endpoints_desired,
+            slices,
+            skipped,
+        }
+    }
+
+    /// Counts one sync.
+    pub fn sync(&self, result: &str) {
+        self.syncs
+            .get_or_create(&labels(&[
+                ("controller", "endpointslice"),
+                ("result", result),
+            ]))
+            .inc();
+    }
+
+    /// Counts the writes of an applied plan.
+    pub fn applied(&self, plan: &Plan) {
+        for (op, list) in [
+            ("create", &plan.create),
+            ("update", &plan.update),
+            ("delete", &plan.delete),
+        ] {
+            for obj in list {
+                self.changes
+                    .get_or_create(&labels(&[("kind", obj.kind()), ("operation", op)]))
+                    .inc();
+            }
+        }
+    }
+
+    /// Records the per-Service figures of a pass.
+    pub fn record_pass(&self, outcome: &Outcome, rejected_files: usize) {
+        for ((ns, name), r) in &outcome.services {
+            let l = labels(&[("namespace", ns), ("service", name)]);
+            self.endpoints_desired
+                .get_or_create(&l)
+                .set(r.endpoints_desired as i64);
+            self.slices.get_or_create(&l).set(r.slices as i64);
+        }
+        if rejected_files > 0 {
+            self.skipped
+                .get_or_create(&labels(&[("reason", "unparsable_manifest")]))
+                .inc_by(rejected_files as u64);
+        }
+        if !outcome.retry.is_empty() {
+            self.skipped
+                .get_or_create(&labels(&[("reason", "pod_node_unknown")]))
+                .inc_by(outcome.retry.len() as u64);
+        }
+    }
+
+    /// The metrics in the Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Serves `/metrics` and `/healthz` on the address until the task is dropped.
+pub async fn serve(addr: std::net::SocketAddr, metrics: Metrics) -> crate::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| crate::Error::Io {
+            path: addr.to_string(),
+            source,
+        })?;
+    loop {
+        let Ok((mut sock, _)) = listener.accept().await else {
+            continue;
+        };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 2048];
+            let n = sock.read(&mut buf).await.unwrap_or(0);
+            let req = String::from_utf8_lossy(&buf[..n]);
+            let path = req.split_whitespace().nth(1).unwrap_or("/");
+            let (status, ctype, body) = match path {
+                "/metrics" => (
+                    "200 OK",
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    metrics.render(),
+                ),
+                "/healthz" => ("200 OK", "text/plain", "ok\n".to_string()),
+                _ => ("404 Not Found", "text/plain", "not found\n".to_string()),
+            };
+            let resp = format!(
+                "HTTP/1.1 {status}\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = sock.write_all(resp.as_bytes()).await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_registered_metrics() {
+        let m = Metrics::new();
+        m.sync("ok");
+        let text = m.render();
+        assert!(text.contains("sliceway_controller_syncs_total"), "{text}");
+    }
+}

@@ -1,0 +1,149 @@
+//! Local mode end to end: `plan` over the example manifests, and `run --manifests`
+//! writing EndpointSlice files into a directory and keeping them current.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use controller::local;
+use controller::plan::Object;
+use controller::store;
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/manifests")
+}
+
+#[test]
+fn plan_over_example_manifests() {
+    let mut state = store::State::default();
+    let opts = store::Options {
+        garbage_collect: true,
+        ..Default::default()
+    };
+    let (plan, loaded, _) = local::plan_dir(&examples(), &opts, &mut state).unwrap();
+    assert!(loaded.rejected.is_empty(), "{:?}", loaded.rejected);
+    assert_eq!(plan.create.len(), 2);
+    assert!(plan.update.is_empty() && plan.delete.is_empty());
+    let Object::EndpointSlice(slice) = &plan.create[0] else {
+        panic!("first create is not a slice");
+    };
+    assert_eq!(slice.endpoints.len(), 3);
+    assert_eq!(slice.ports.as_ref().unwrap()[0].port, Some(8080));
+    assert!(slice.metadata.name.as_deref().unwrap().starts_with("web-"));
+    assert_eq!(plan.create[1].kind(), "Endpoints");
+
+    // JSON carries apiVersion and kind, and is stable.
+    let json: serde_json::Value = serde_json::from_str(&plan.to_json().unwrap()).unwrap();
+    assert_eq!(json["create"][0]["apiVersion"], "discovery.k8s.io/v1");
+    assert_eq!(json["create"][0]["kind"], "EndpointSlice");
+    assert_eq!(json["create"][1]["kind"], "Endpoints");
+    let (again, _, _) = local::plan_dir(&examples(), &opts, &mut store::State::default()).unwrap();
+    assert_eq!(plan, again);
+    assert!(plan.to_table().contains("Service default/web"));
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("sliceway-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn unparsable_files_are_reported_and_skipped() {
+    let dir = temp_dir("bad");
+    for f in ["service.yaml", "pods.yaml", "node.yaml"] {
+        std::fs::copy(examples().join(f), dir.join(f)).unwrap();
+    }
+    std::fs::write(
+        dir.join("broken.yaml"),
+        "kind: Service\nmetadata: [unclosed\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("wrong.yml"), "kind: Pod\nspec: 7\n").unwrap();
+    let loaded = local::load_dir(&dir).unwrap();
+    let names: Vec<String> = loaded
+        .rejected
+        .iter()
+        .map(|r| r.path.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, vec!["broken.yaml", "wrong.yml"]);
+    assert_eq!(loaded.snapshot.pods.len(), 3);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_writes_and_follows_the_directory() {
+    let dir = temp_dir("run");
+    for f in ["service.yaml", "pods.yaml", "node.yaml"] {
+        std::fs::copy(examples().join(f), dir.join(f)).unwrap();
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let run_dir = dir.clone();
+    let task = tokio::spawn(async move {
+        let opts = store::Options {
+            garbage_collect: true,
+            ..Default::default()
+        };
+        local::run(
+            &run_dir,
+            &opts,
+            Duration::from_millis(50),
+            Duration::from_millis(200),
+            None,
+            async {
+                let _ = rx.await;
+            },
+        )
+        .await
+    });
+
+    let slice_files = |dir: &Path| -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with("endpointslice-")
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let wait_for = |check: &dyn Fn() -> bool| {
+        let start = std::time::Instant::now();
+        while start.elapsed() < Duration::from_secs(5) {
+            if check() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    };
+    assert!(wait_for(
+        &|| slice_files(&dir).len() == 1 && dir.join("endpoints-default-web.yaml").exists()
+    ));
+    let text = std::fs::read_to_string(&slice_files(&dir)[0]).unwrap();
+    assert!(text.contains("kind: EndpointSlice"), "{text}");
+    assert!(text.contains("10.244.0.12"));
+
+    // Remove a Pod: the slice follows within about a second.
+    let pods = std::fs::read_to_string(dir.join("pods.yaml")).unwrap();
+    let kept: Vec<&str> = pods.split("\n---\n").take(2).collect();
+    std::fs::write(dir.join("pods.yaml"), kept.join("\n---\n")).unwrap();
+    assert!(wait_for(&|| {
+        slice_files(&dir)
+            .first()
+            .and_then(|f| std::fs::read_to_string(f).ok())
+            .is_some_and(|t| !t.contains("10.244.0.12") && t.contains("10.244.0.11"))
+    }));
+
+    // Remove the Service: its slice goes (there is no garbage collector here).
+    std::fs::remove_file(dir.join("service.yaml")).unwrap();
+    assert!(wait_for(&|| slice_files(&dir).is_empty()));
+
+    tx.send(()).unwrap();
+    task.await.unwrap().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}

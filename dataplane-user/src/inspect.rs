@@ -1,0 +1,252 @@
+//! `list` and `trace`: what the kernel holds, and where a packet would go.
+
+use std::{
+    collections::BTreeMap,
+    net::{Ipv4Addr, SocketAddrV4},
+};
+
+use aya::maps::{HashMap as BpfHashMap, Map, MapData, PerCpuArray};
+use dataplane_common::{
+    map_name, stat, Backend, ServiceKey, ServiceName, ServiceValue, SlotKey, PROTO_TCP,
+};
+use serde::Serialize;
+
+use crate::{
+    compiler::{self, backend_addr, frontend_addr},
+    kernel::{Capacities, Datapath, KernelError, PinDir, TC_ACT_SHOT},
+    local::Objects,
+    packet::{self, PacketSpec, TCP_SYN},
+    writer::{KernelState, MapWriter},
+};
+
+/// One frontend as `list` shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct ListedFrontend {
+    pub frontend: String,
+    pub service: String,
+    pub backends: Vec<String>,
+}
+
+/// What `list` prints.
+#[derive(Clone, Debug, Serialize)]
+pub struct Listing {
+    pub frontends: Vec<ListedFrontend>,
+    /// Datapath exit counters by reason, summed over CPUs.
+    pub counters: BTreeMap<String, u64>,
+    pub conntrack_entries: usize,
+}
+
+fn open_pinned<T: TryFrom<Map, Error = aya::maps::MapError>>(
+    pins: &PinDir,
+    name: &'static str,
+) -> Result<T, KernelError> {
+    let path = pins.map(name);
+    let data = MapData::from_pin(&path).map_err(|source| KernelError::Map { name, source })?;
+    let map = match name {
+        map_name::STATS => Map::PerCpuArray(data),
+        map_name::CONNTRACK => Map::LruHashMap(data),
+        _ => Map::HashMap(data),
+    };
+    T::try_from(map).map_err(|source| KernelError::Map { name, source })
+}
+
+/// Reads the pinned maps of a running (or stopped) agent.
+pub fn list(pins: &PinDir) -> Result<Listing, KernelError> {
+    let services: BpfHashMap<MapData, ServiceKey, ServiceValue> =
+        open_pinned(pins, map_name::SERVICES)?;
+    let slots: BpfHashMap<MapData, SlotKey, u32> = open_pinned(pins, map_name::SLOTS)?;
+    let backends: BpfHashMap<MapData, u32, Backend> = open_pinned(pins, map_name::BACKENDS)?;
+    let names: BpfHashMap<MapData, u32, ServiceName> = open_pinned(pins, map_name::SERVICE_NAMES)?;
+    let stats: PerCpuArray<MapData, u64> = open_pinned(pins, map_name::STATS)?;
+    let conntrack: BpfHashMap<MapData, dataplane_common::FlowKey, dataplane_common::NatTarget> =
+        open_pinned(pins, map_name::CONNTRACK)?;
+    let state = KernelState {
+        services: services.iter().filter_map(Result::ok).collect(),
+        slots: slots.iter().filter_map(Result::ok).collect(),
+        backends: backends.iter().filter_map(Result::ok).collect(),
+        names: names
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(id, n)| (id, n.as_str().to_string()))
+            .collect(),
+    };
+    let mut counters = BTreeMap::new();
+    for (i, name) in stat::NAMES.iter().enumerate() {
+        let v: u64 = stats
+            .get(&(i as u32), 0)
+            .map(|v| v.iter().sum())
+            .unwrap_or(0);
+        counters.insert(name.to_string(), v);
+    }
+    Ok(Listing {
+        frontends: list_state(&state),
+        counters,
+        conntrack_entries: conntrack.keys().count(),
+    })
+}
+
+/// Frontends of a map state, sorted by address.
+pub fn list_state(state: &KernelState) -> Vec<ListedFrontend> {
+    let slots: BTreeMap<SlotKey, u32> = state.slots.iter().copied().collect();
+    let backends: BTreeMap<u32, Backend> = state.backends.iter().copied().collect();
+    let names: BTreeMap<u32, &str> = state
+        .names
+        .iter()
+        .map(|(id, n)| (*id, n.as_str()))
+        .collect();
+    let mut out: Vec<(ServiceKey, ListedFrontend)> = state
+        .services
+        .iter()
+        .map(|(key, value)| {
+            let backends = (0..value.count)
+                .map(|slot| {
+                    slots
+                        .get(&SlotKey {
+                            service_id: value.id,
+                            slot,
+                        })
+                        .and_then(|id| backends.get(id))
+                        .map_or_else(|| "<missing>".to_string(), backend_addr)
+                })
+                .collect();
+            let service = names.get(&value.id).copied().unwrap_or("?").to_string();
+            (
+                *key,
+                ListedFrontend {
+                    frontend: frontend_addr(key),
+                    service,
+                    backends,
+                },
+            )
+        })
+        .collect();
+    out.sort_by_key(|(k, _)| (u32::from_be(k.addr_be), u16::from_be(k.port_be), k.proto));
+    out.into_iter().map(|(_, f)| f).collect()
+}
+
+/// `list -o table`.
+pub fn render_table(l: &Listing) -> String {
+    let mut s = format!("{:<24} {:<40} BACKENDS\n", "FRONTEND", "SERVICE");
+    for f in &l.frontends {
+        let backends = if f.backends.is_empty() {
+            "(none: new flows dropped)".to_string()
+        } else {
+            f.backends.join(", ")
+        };
+        s.push_str(&format!(
+            "{:<24} {:<40} {}\n",
+            f.frontend, f.service, backends
+        ));
+    }
+    s.push_str(&format!(
+        "\nconntrack entries: {}\ncounters:\n",
+        l.conntrack_entries
+    ));
+    for (name, v) in &l.counters {
+        s.push_str(&format!("  {name:<22} {v}\n"));
+    }
+    s
+}
+
+/// What `trace` prints.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct Trace {
+    /// `dnat`, `drop`, `reject` or `pass`.
+    pub verdict: String,
+    /// `namespace/name:port` of the frontend the packet hit, if any.
+    pub service: Option<String>,
+    /// The backend chosen for this packet, if it was DNATed.
+    pub backend: Option<String>,
+    /// Every backend the maps offer this packet.
+    pub candidates: Vec<String>,
+    /// The datapath's reason for the verdict.
+    pub reason: String,
+}
+
+/// Compiles `objects`, loads the programs with private maps (no attach, no pinning),
+/// and runs one crafted packet through BPF_PROG_TEST_RUN.
+pub fn trace(
+    objects: &Objects,
+    opts: &compiler::Options,
+    src: SocketAddrV4,
+    dst: SocketAddrV4,
+    proto: u8,
+) -> Result<Trace, KernelError> {
+    let compiled = compiler::compile(&objects.services, &objects.slices, opts);
+    let mut dp = Datapath::load(&Capacities::default(), None)?;
+    let mut writer = MapWriter::new(dp.limits());
+    writer.apply(&compiled.frontends, &mut dp.maps);
+    run_trace(&dp, src, dst, proto)
+}
+
+/// Runs one packet through an already filled datapath; reads the frontend and its
+/// candidates back from the maps, so it works on live maps too.
+pub fn run_trace(
+    dp: &Datapath,
+    src: SocketAddrV4,
+    dst: SocketAddrV4,
+    proto: u8,
+) -> Result<Trace, KernelError> {
+    let spec = if proto == PROTO_TCP {
+        PacketSpec::tcp(src, dst, TCP_SYN)
+    } else {
+        PacketSpec::udp(src, dst, b"trace")
+    };
+    let before = dp.stats()?;
+    let out = dp.test_run(&packet::build(&spec))?;
+    let after = dp.stats()?;
+    let reason = (0..stat::COUNT as usize)
+        .find(|i| after[*i] > before[*i])
+        .map_or("unknown", |i| stat::NAMES[i])
+        .to_string();
+    let key = ServiceKey {
+        addr_be: u32::from(*dst.ip()).to_be(),
+        port_be: dst.port().to_be(),
+        proto,
+        _pad: 0,
+    };
+    let state = dp.maps.state();
+    let frontend = state
+        .services
+        .iter()
+        .find(|(k, _)| *k == key)
+        .map(|(k, v)| (*k, *v));
+    let (service, candidates) = match frontend {
+        Some((k, v)) => {
+            let listed = list_state(&KernelState {
+                services: vec![(k, v)],
+                ..state.clone()
+            });
+            let f = listed.into_iter().next().expect("one frontend");
+            (Some(f.service), f.backends)
+        }
+        None => (None, Vec::new()),
+    };
+    let parsed = packet::parse(&out.packet);
+    let (verdict, backend) = if out.verdict == TC_ACT_SHOT {
+        ("drop", None)
+    } else {
+        match parsed {
+            Some(p) if p.dst != dst => ("dnat", Some(p.dst.to_string())),
+            _ => ("pass", None),
+        }
+    };
+    Ok(Trace {
+        verdict: verdict.into(),
+        service,
+        backend,
+        candidates,
+        reason,
+    })
+}
+
+/// Loads the programs over the live pinned service maps (conntrack and counters stay
+/// private, so a trace leaves no flow behind) for `trace` without `--manifests`.
+pub fn live_datapath(pins: &PinDir) -> Result<Datapath, KernelError> {
+    Datapath::load_over_pinned_services(pins)
+}
+
+/// A placeholder address for a client when `--src` has no port.
+pub fn default_src(ip: Ipv4Addr) -> SocketAddrV4 {
+    SocketAddrV4::new(ip, 40000)
+}

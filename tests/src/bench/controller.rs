@@ -1,0 +1,123 @@
+//! Figure 5: the controller's benchmarks, run through the `sliceway-controller`
+//! binary (`bench-rolling-update`, `bench-cold-start`) when it is built next to this
+//! one; reported as not available otherwise.
+
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use serde_json::Value;
+
+use super::{stats::Summary, Config};
+use crate::workspace_binary;
+
+/// Figure 5.
+#[derive(Clone, Debug, Serialize)]
+pub struct Fig5 {
+    pub method: String,
+    /// Why a part is missing, if one is.
+    pub unavailable: Vec<String>,
+    /// The binary's JSON for the rolling update.
+    pub rolling_update: Option<Value>,
+    /// Bytes written with Endpoints over bytes written with EndpointSlices.
+    pub bytes_ratio: Option<f64>,
+    /// Writes with Endpoints over writes with EndpointSlices.
+    pub writes_ratio: Option<f64>,
+    /// The binary's JSON for the cold start (last run).
+    pub cold_start: Option<Value>,
+    /// Cold-start reconcile time over the runs, milliseconds.
+    pub cold_start_ms: Summary,
+}
+
+fn run_json(args: &[String]) -> Result<Value> {
+    let bin = workspace_binary("sliceway-controller")?;
+    let out = Command::new(&bin)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    if !out.status.success() {
+        bail!(
+            "sliceway-controller {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    serde_json::from_slice(&out.stdout).context("sliceway-controller printed no JSON")
+}
+
+fn num(v: &Value, key: &str) -> Option<f64> {
+    v.get(key)?.as_f64()
+}
+
+/// Figure 5.
+pub fn controller(cfg: &Config) -> Fig5 {
+    let mut fig = Fig5 {
+        method: format!(
+            "`sliceway-controller bench-rolling-update --pods {pods} -o json`: a rolling update \
+             of a {pods}-pod Service, pod by pod, reconciled in code with no API server; API \
+             writes and JSON bytes written with EndpointSlices and with Endpoints. \
+             `sliceway-controller bench-cold-start --services {s} --pods {p} -o json`: one \
+             reconcile pass from nothing, {runs} runs, median [min–max].",
+            pods = cfg.fig5_pods,
+            s = cfg.fig5_cold_services,
+            p = cfg.fig5_cold_pods,
+            runs = cfg.rounds.min(3),
+        ),
+        unavailable: Vec::new(),
+        rolling_update: None,
+        bytes_ratio: None,
+        writes_ratio: None,
+        cold_start: None,
+        cold_start_ms: Summary::default(),
+    };
+    match run_json(&[
+        "bench-rolling-update".into(),
+        "--pods".into(),
+        cfg.fig5_pods.to_string(),
+        "-o".into(),
+        "json".into(),
+    ]) {
+        Ok(v) => {
+            let get = |k| num(&v, k);
+            fig.bytes_ratio = match (get("endpoints_bytes"), get("slice_bytes")) {
+                (Some(e), Some(s)) => super::stats::ratio(e, s),
+                _ => None,
+            };
+            fig.writes_ratio = match (get("endpoints_writes"), get("slice_writes")) {
+                (Some(e), Some(s)) => super::stats::ratio(e, s),
+                _ => None,
+            };
+            fig.rolling_update = Some(v);
+        }
+        Err(e) => fig
+            .unavailable
+            .push(format!("rolling update not available: {e:#}")),
+    }
+    let mut ms = Vec::new();
+    for _ in 0..cfg.rounds.min(3) {
+        match run_json(&[
+            "bench-cold-start".into(),
+            "--services".into(),
+            cfg.fig5_cold_services.to_string(),
+            "--pods".into(),
+            cfg.fig5_cold_pods.to_string(),
+            "-o".into(),
+            "json".into(),
+        ]) {
+            Ok(v) => {
+                if let Some(m) = num(&v, "millis") {
+                    ms.push(m);
+                }
+                fig.cold_start = Some(v);
+            }
+            Err(e) => {
+                fig.unavailable
+                    .push(format!("cold start not available: {e:#}"));
+                break;
+            }
+        }
+    }
+    fig.cold_start_ms = Summary::of(&ms);
+    fig
+}

@@ -1,0 +1,331 @@
+//! `cargo xtask bench`: sliceway measured side by side with kube-proxy's iptables and
+//! nftables rules, on the same machine, in the same run.
+//!
+//! Figures: (1) kernel cost per packet through BPF_PROG_TEST_RUN, (2) new-connection
+//! latency through a node lab, (3) programming time, full and for one endpoint
+//! change, (4) the agent's memory, (5) the controller's API writes and cold start.
+//! Each figure says how it was measured; runs are repeated and reported as median
+//! [min–max]; `report` puts each beside the project's targets.
+//!
+//! All traffic stays inside the lab's network namespaces; the baselines' rules are
+//! loaded only into the lab's node namespace.
+
+pub mod controller;
+pub mod kernel_cost;
+pub mod kubeproxy;
+pub mod model;
+pub mod node;
+pub mod plot;
+pub mod report;
+pub mod stats;
+
+use std::{path::Path, time::Instant};
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+use crate::Lab;
+
+/// How long and how large a run is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Tiny sizes, for the smoke test that keeps the harness from rotting.
+    Smoke,
+    /// A few minutes.
+    Quick,
+    /// The full sizes and repetitions.
+    Full,
+}
+
+/// Sizes and repetitions of a run.
+#[derive(Clone, Debug, Serialize)]
+pub struct Config {
+    pub mode: Mode,
+    pub fig1_sizes: Vec<usize>,
+    /// BPF_PROG_TEST_RUN repeat.
+    pub repeat: u32,
+    /// Rounds of figure 1 (and the default elsewhere).
+    pub rounds: usize,
+    /// Distinct tuples of figure 1's cross-check.
+    pub fresh_tuples: usize,
+    pub fig2_sizes: Vec<usize>,
+    pub fig2_connections: usize,
+    pub fig2_rounds: usize,
+    pub fig3_sizes: Vec<usize>,
+    pub fig3_endpoints: usize,
+    pub fig3_rounds: usize,
+    /// Rounds of a baseline load that takes long (`nft -f` of the largest size).
+    pub fig3_slow_rounds: usize,
+    pub fig3_change_size: usize,
+    pub fig3_change_rounds: usize,
+    pub fig4_sizes: Vec<usize>,
+    pub fig4_rounds: usize,
+    pub fig5_pods: usize,
+    pub fig5_cold_services: usize,
+    pub fig5_cold_pods: usize,
+}
+
+impl Config {
+    pub fn new(mode: Mode) -> Self {
+        match mode {
+            Mode::Smoke => Self {
+                mode,
+                fig1_sizes: vec![1, 100],
+                repeat: 1_000,
+                rounds: 2,
+                fresh_tuples: 10,
+                fig2_sizes: vec![10],
+                fig2_connections: 20,
+                fig2_rounds: 2,
+                fig3_sizes: vec![20],
+                fig3_endpoints: 3,
+                fig3_rounds: 2,
+                fig3_slow_rounds: 1,
+                fig3_change_size: 20,
+                fig3_change_rounds: 2,
+                fig4_sizes: vec![20],
+                fig4_rounds: 1,
+                fig5_pods: 50,
+                fig5_cold_services: 10,
+                fig5_cold_pods: 100,
+            },
+            Mode::Quick => Self {
+                mode,
+                fig1_sizes: vec![1, 100, 1_000, 10_000, 100_000],
+                repeat: 100_000,
+                rounds: 5,
+                fresh_tuples: 200,
+                fig2_sizes: vec![100, 1_000, 10_000],
+                fig2_connections: 300,
+                fig2_rounds: 3,
+                fig3_sizes: vec![1_000, 10_000],
+                fig3_endpoints: 10,
+                fig3_rounds: 3,
+                fig3_slow_rounds: 1,
+                fig3_change_size: 10_000,
+                fig3_change_rounds: 5,
+                fig4_sizes: vec![1_000, 10_000],
+                fig4_rounds: 2,
+                fig5_pods: 5_000,
+                fig5_cold_services: 10_000,
+                fig5_cold_pods: 100_000,
+            },
+            Mode::Full => Self {
+                mode,
+                fig1_sizes: vec![1, 100, 1_000, 10_000, 100_000],
+                repeat: 1_000_000,
+                rounds: 11,
+                fresh_tuples: 1_000,
+                fig2_sizes: vec![100, 1_000, 10_000],
+                fig2_connections: 2_000,
+                fig2_rounds: 5,
+                fig3_sizes: vec![1_000, 10_000],
+                fig3_endpoints: 10,
+                fig3_rounds: 5,
+                fig3_slow_rounds: 3,
+                fig3_change_size: 10_000,
+                fig3_change_rounds: 11,
+                fig4_sizes: vec![1_000, 10_000],
+                fig4_rounds: 3,
+                fig5_pods: 5_000,
+                fig5_cold_services: 10_000,
+                fig5_cold_pods: 100_000,
+            },
+        }
+    }
+
+    /// Rounds of a baseline full load: `nft -f` of thousands of Services takes tens of
+    /// seconds, so it is repeated less.
+    pub fn fig3_rounds_for(&self, loader: node::Loader, services: usize) -> usize {
+        if loader == node::Loader::Nft && services >= 5_000 {
+            self.fig3_slow_rounds
+        } else {
+            self.fig3_rounds
+        }
+    }
+}
+
+/// Figure 3: sliceway and the baselines.
+#[derive(Clone, Debug, Serialize)]
+pub struct Fig3 {
+    pub method: String,
+    pub sliceway: Vec<(usize, kernel_cost::SlicewaySync)>,
+    pub baselines: Vec<node::BaselineFull>,
+    pub sliceway_change: Option<kernel_cost::SlicewayChange>,
+    pub baseline_change: Vec<node::BaselineChange>,
+}
+
+/// A figure's result, or why it is missing.
+#[derive(Clone, Debug, Serialize)]
+#[serde(untagged)]
+pub enum Outcome<T> {
+    Done(T),
+    Failed { error: String },
+}
+
+impl<T> Outcome<T> {
+    fn from(r: Result<T>) -> Self {
+        match r {
+            Ok(v) => Outcome::Done(v),
+            Err(e) => Outcome::Failed {
+                error: format!("{e:#}"),
+            },
+        }
+    }
+    pub fn ok(&self) -> Option<&T> {
+        match self {
+            Outcome::Done(v) => Some(v),
+            Outcome::Failed { .. } => None,
+        }
+    }
+}
+
+/// Where and on what the run happened.
+#[derive(Clone, Debug, Serialize)]
+pub struct Environment {
+    pub kernel: String,
+    pub cpus: usize,
+    pub iptables: String,
+    pub nft: String,
+    pub agent_build: String,
+    pub seconds: f64,
+}
+
+/// Everything a run measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub config: Config,
+    pub environment: Environment,
+    pub fig1: Outcome<kernel_cost::Fig1>,
+    pub fig2: Outcome<node::Fig2>,
+    pub fig3: Outcome<Fig3>,
+    pub fig4: Outcome<node::Fig4>,
+    pub fig5: controller::Fig5,
+    pub targets: Vec<report::Target>,
+}
+
+impl Report {
+    /// Whether every figure was measured.
+    pub fn complete(&self) -> bool {
+        self.fig1.ok().is_some()
+            && self.fig2.ok().is_some()
+            && self.fig3.ok().is_some()
+            && self.fig4.ok().is_some()
+    }
+}
+
+fn command_line(program: &str, args: &[&str]) -> String {
+    std::process::Command::new(program)
+        .args(args)
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "not found".into())
+}
+
+fn progress(what: &str) {
+    eprintln!("bench: {what}");
+}
+
+/// Runs every figure and writes `report.md`, `report.json` and the plots into `out`.
+pub fn run(cfg: &Config, out: &Path) -> Result<Report> {
+    let started = Instant::now();
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let environment = Environment {
+        kernel: command_line("uname", &["-r"]),
+        cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        iptables: command_line("iptables-restore", &["--version"]),
+        nft: command_line("nft", &["--version"]),
+        agent_build: if cfg!(debug_assertions) {
+            "debug".into()
+        } else {
+            "release".into()
+        },
+        seconds: 0.0,
+    };
+
+    progress("figure 1: kernel cost per packet (BPF_PROG_TEST_RUN)");
+    let fig1 = Outcome::from(kernel_cost::per_packet(cfg));
+
+    progress("figure 3: sliceway's full and incremental sync (in process)");
+    let sliceway_full: Result<Vec<_>> = cfg
+        .fig3_sizes
+        .iter()
+        .map(|&n| {
+            let services = model::fake_cluster(n, cfg.fig3_endpoints);
+            Ok((n, kernel_cost::full_sync(&services, cfg.fig3_rounds)?))
+        })
+        .collect();
+    let sliceway_change = {
+        let services = model::fake_cluster(cfg.fig3_change_size, cfg.fig3_endpoints);
+        let after = node::with_one_endpoint_changed(&services, cfg.fig3_change_size / 2);
+        kernel_cost::one_endpoint_change(&services, &after, cfg.fig3_change_rounds)
+    };
+
+    progress("building the node lab");
+    let lab = Lab::new(3);
+    let (fig2, fig3, fig4) = match lab {
+        Err(e) => {
+            let err = format!("the node lab could not be built: {e:#}");
+            (
+                Outcome::Failed { error: err.clone() },
+                Outcome::Failed { error: err.clone() },
+                Outcome::Failed { error: err },
+            )
+        }
+        Ok(lab) => {
+            let scratch = node::Scratch::new(&lab.prefix)?;
+            progress("figure 2: new-connection latency (sliceway, iptables, nftables)");
+            let fig2 = Outcome::from(node::connection_latency(&lab, cfg, &scratch));
+            progress("figure 3: the baselines' programming time");
+            let loaders = [
+                node::Loader::IptablesRestore,
+                node::Loader::IptablesLegacyRestore,
+                node::Loader::Nft,
+            ];
+            let baselines = node::baseline_programming(&lab, cfg, &scratch, &loaders);
+            node::flush_node(&lab.node.name, true);
+            let fig3 = Outcome::from((|| {
+                let (baselines, baseline_change) = baselines?;
+                Ok(Fig3 {
+                    method: report::fig3_method(cfg),
+                    sliceway: sliceway_full?,
+                    baselines,
+                    sliceway_change: Some(sliceway_change?),
+                    baseline_change,
+                })
+            })());
+            progress("figure 4: agent memory");
+            let fig4 = Outcome::from(node::agent_memory(&lab, cfg, &scratch));
+            node::flush_node(&lab.node.name, false);
+            (fig2, fig3, fig4)
+        }
+    };
+
+    progress("figure 5: controller");
+    let fig5 = controller::controller(cfg);
+
+    let mut report = Report {
+        config: cfg.clone(),
+        environment: Environment {
+            seconds: started.elapsed().as_secs_f64(),
+            ..environment
+        },
+        fig1,
+        fig2,
+        fig3,
+        fig4,
+        fig5,
+        targets: Vec::new(),
+    };
+    report.targets = report::targets(&report);
+    std::fs::write(
+        out.join("report.json"),
+        serde_json::to_string_pretty(&report)?,
+    )?;
+    let plots = plot::draw_all(&report, out);
+    std::fs::write(out.join("report.md"), report::markdown(&report, &plots))?;
+    Ok(report)
+}

@@ -1,0 +1,729 @@
+//! The node-lab figures: new-connection latency through the node (figure 2), the
+//! baselines' programming time (figure 3) and the agent's memory (figure 4).
+//!
+//! Everything runs inside the lab's namespaces: the agent and every `iptables-restore`,
+//! `nft` and `conntrack` command are started with `nsenter --net` into the lab's node
+//! namespace, whose name is checked to carry the lab prefix first. The root
+//! namespace's rules are never read or written.
+
+use std::{
+    fs,
+    io::{BufRead, BufReader},
+    net::SocketAddrV4,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, ensure, Context, Result};
+use serde::Serialize;
+
+use super::{
+    kubeproxy,
+    model::{self, Svc},
+    stats::{percentile, Rng, Summary},
+    Config,
+};
+use crate::{in_netns, servers, workspace_binary, Lab, NS_PREFIX};
+
+/// The proxies compared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Proxy {
+    Sliceway,
+    Iptables,
+    Nftables,
+}
+
+impl Proxy {
+    pub fn name(self) -> &'static str {
+        match self {
+            Proxy::Sliceway => "sliceway",
+            Proxy::Iptables => "iptables",
+            Proxy::Nftables => "nftables",
+        }
+    }
+}
+
+/// A command run in the lab's node namespace, and nowhere else.
+fn node_command(ns: &str, program: &str) -> Result<Command> {
+    ensure!(
+        ns.starts_with(&format!("{NS_PREFIX}-")),
+        "refusing to run {program} outside a lab namespace ({ns:?})"
+    );
+    let path = format!("/var/run/netns/{ns}");
+    ensure!(Path::new(&path).exists(), "no namespace {ns}");
+    let mut cmd = Command::new("nsenter");
+    cmd.arg(format!("--net={path}")).arg(program);
+    Ok(cmd)
+}
+
+/// Runs `program args < stdin` in the node namespace; returns its wall time.
+fn in_node(ns: &str, program: &str, args: &[&str], stdin: Option<&Path>) -> Result<Duration> {
+    let mut cmd = node_command(ns, program)?;
+    cmd.args(args).stdout(Stdio::null()).stderr(Stdio::piped());
+    match stdin {
+        Some(p) => {
+            cmd.stdin(fs::File::open(p).with_context(|| format!("opening {}", p.display()))?)
+        }
+        None => cmd.stdin(Stdio::null()),
+    };
+    let start = Instant::now();
+    let out = cmd
+        .spawn()
+        .with_context(|| format!("starting {program}"))?
+        .wait_with_output()?;
+    let took = start.elapsed();
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let err: String = err.chars().take(2000).collect();
+        bail!("{program} {args:?} in {ns} failed: {}", err.trim());
+    }
+    Ok(took)
+}
+
+/// Removes every rule and tracked connection from the node namespace (only there).
+pub fn flush_node(ns: &str, legacy_used: bool) {
+    let _ = in_node(ns, "nft", &["flush", "ruleset"], None);
+    if legacy_used {
+        for table in ["nat", "filter"] {
+            let _ = in_node(ns, "iptables-legacy", &["-t", table, "-F"], None);
+            let _ = in_node(ns, "iptables-legacy", &["-t", table, "-X"], None);
+        }
+    }
+    let _ = in_node(ns, "conntrack", &["-F"], None);
+}
+
+/// A scratch directory for rule files and manifests, removed on drop.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    pub fn new(prefix: &str) -> Result<Self> {
+        let dir = std::env::temp_dir().join(format!("{prefix}-bench"));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir)?;
+        Ok(Self(dir))
+    }
+    pub fn file(&self, name: &str, text: &str) -> Result<PathBuf> {
+        let p = self.0.join(name);
+        fs::write(&p, text)?;
+        Ok(p)
+    }
+    /// A fresh, empty manifest directory.
+    pub fn manifests(&self, name: &str) -> Result<PathBuf> {
+        let p = self.0.join(name);
+        let _ = fs::remove_dir_all(&p);
+        fs::create_dir_all(&p)?;
+        Ok(p)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A `sliceway-agent run` in the node namespace, started the way the lab starts it,
+/// with its pid at hand for memory readings. Stopped on drop.
+pub struct AgentProc {
+    child: Child,
+    log: Arc<Mutex<Vec<String>>>,
+    started: Instant,
+}
+
+/// What the agent logged about a sync.
+#[derive(Clone, Copy, Debug)]
+pub struct Synced {
+    /// From the agent's start to the sync's log line.
+    pub since_start: Duration,
+    /// The agent's own measure of the sync (compile + map writes), microseconds.
+    pub micros: u64,
+}
+
+impl AgentProc {
+    pub fn start(lab: &Lab, manifests: &Path) -> Result<Self> {
+        let bin = workspace_binary("sliceway-agent")?;
+        let mut cmd = node_command(&lab.node.name, &bin.to_string_lossy())?;
+        let started = Instant::now();
+        let mut child = cmd
+            .args(["run", "--manifests"])
+            .arg(manifests)
+            .arg("--interfaces")
+            .arg(lab.pod_interfaces().join(","))
+            .args(["--node", "node-1", "--poll-interval-ms", "100"])
+            .args(no_pin_flag(&bin))
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting sliceway-agent")?;
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let stderr = child.stderr.take().expect("piped");
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Ok(Self {
+            child,
+            log,
+            started,
+        })
+    }
+
+    /// Waits for a sync that programmed `frontends` frontends.
+    pub fn wait_synced(&mut self, frontends: usize, timeout: Duration) -> Result<Synced> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            let found = self.log.lock().unwrap().iter().find_map(|l| {
+                (l.contains("synced") && field(l, "frontends") == Some(frontends as u64))
+                    .then(|| field(l, "micros").unwrap_or(0))
+            });
+            if let Some(micros) = found {
+                return Ok(Synced {
+                    since_start: self.started.elapsed(),
+                    micros,
+                });
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                bail!(
+                    "the agent exited ({status}); its log:\n{}",
+                    self.log.lock().unwrap().join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        bail!(
+            "the agent did not program {frontends} frontends within {timeout:?}; its log:\n{}",
+            self.log.lock().unwrap().join("\n")
+        )
+    }
+
+    /// Pid of the agent itself (`nsenter --net` execs it in place).
+    fn pid(&self) -> Result<u32> {
+        let pid = self.child.id();
+        let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if comm.trim() == "nsenter" {
+            let children =
+                fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+            if let Some(c) = children.split_whitespace().next() {
+                return Ok(c.parse()?);
+            }
+            bail!("the agent has not started yet");
+        }
+        Ok(pid)
+    }
+
+    /// Peak and current resident set size, in KiB (`VmHWM`, `VmRSS`).
+    pub fn memory_kib(&self) -> Result<(u64, u64)> {
+        let status = fs::read_to_string(format!("/proc/{}/status", self.pid()?))?;
+        let get = |key: &str| {
+            status
+                .lines()
+                .find(|l| l.starts_with(key))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+                .with_context(|| format!("no {key} in /proc/PID/status"))
+        };
+        Ok((get("VmHWM:")?, get("VmRSS:")?))
+    }
+
+    pub fn stop(&mut self) {
+        // SAFETY: plain syscall on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for AgentProc {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// `--no-pin` when the agent pins by default: its maps must be private and its programs
+/// must detach when it exits, so each proxy starts from a clean node.
+fn no_pin_flag(bin: &Path) -> Vec<&'static str> {
+    let help = Command::new(bin)
+        .args(["run", "--help"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    if help.contains("--no-pin") {
+        vec!["--no-pin"]
+    } else {
+        vec![]
+    }
+}
+
+/// `key=NUMBER` in a log line.
+fn field(line: &str, key: &str) -> Option<u64> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+        .and_then(|v| v.parse().ok())
+}
+
+/// Timeout for a sync of `n` Services (YAML parsing dominates).
+fn sync_timeout(n: usize) -> Duration {
+    Duration::from_secs(30 + (n / 100) as u64)
+}
+
+// ---------------------------------------------------------------- figure 2
+
+/// Port of figure 2's backend servers.
+pub const LATENCY_PORT: u16 = 9090;
+
+/// A server per backend pod that answers as the lab's servers do (`NAME IP`), but
+/// blocks in `accept` and answers on the accepting thread, so its own latency is a few
+/// microseconds (the lab's servers poll `accept` every 5 ms, which would hide the
+/// proxies' differences). Stopped on drop.
+pub struct LatencyServers {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<(String, std::thread::JoinHandle<()>)>,
+}
+
+impl LatencyServers {
+    pub fn start(lab: &Lab) -> Result<Self> {
+        use std::io::Write as _;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut threads = Vec::new();
+        for pod in &lab.backends {
+            let listener = in_netns(&pod.ns, || {
+                std::net::TcpListener::bind(("0.0.0.0", LATENCY_PORT))
+            })??;
+            let ident = format!("{} {}\n", pod.name, pod.ip);
+            let stop = stop.clone();
+            let t = std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let Ok((conn, _)) = listener.accept() else {
+                        continue;
+                    };
+                    let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+                    let mut line = String::new();
+                    if BufReader::new(&conn).read_line(&mut line).is_ok() {
+                        let _ = (&conn).write_all(ident.as_bytes());
+                    }
+                }
+            });
+            threads.push((pod.ns.clone(), t));
+        }
+        Ok(Self { stop, threads })
+    }
+}
+
+impl Drop for LatencyServers {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        for (ns, t) in self.threads.drain(..) {
+            // Wake the blocked accept from inside the pod.
+            let _ = in_netns(&ns, || {
+                std::net::TcpStream::connect(("127.0.0.1", LATENCY_PORT))
+            });
+            let _ = t.join();
+        }
+    }
+}
+
+/// One (size, proxy) cell of figure 2.
+#[derive(Clone, Debug, Serialize)]
+pub struct Fig2Row {
+    pub services: usize,
+    pub proxy: Proxy,
+    pub p50_us: Summary,
+    pub p99_us: Summary,
+    pub connections: usize,
+    pub failed: usize,
+}
+
+/// Figure 2.
+#[derive(Clone, Debug, Serialize)]
+pub struct Fig2 {
+    pub method: String,
+    pub ipvs: String,
+    pub rows: Vec<Fig2Row>,
+}
+
+/// `count` connections from the client pod to Services chosen at random; each is a
+/// TCP connect plus `hello` and its one-line answer. Microseconds, and failures.
+fn latencies(lab: &Lab, services: &[Svc], count: usize, seed: u64) -> Result<(Vec<f64>, usize)> {
+    let targets: Vec<SocketAddrV4> = services
+        .iter()
+        .map(|s| SocketAddrV4::new(s.vip, s.port))
+        .collect();
+    let backends: Vec<_> = lab.backends.iter().map(|b| b.ip).collect();
+    in_netns(&lab.client.ns, move || {
+        let mut rng = Rng::new(seed);
+        let mut out = Vec::with_capacity(count);
+        let mut failed = 0;
+        for _ in 0..count {
+            let to = targets[rng.below(targets.len())];
+            let start = Instant::now();
+            match servers::tcp_request(to, Duration::from_secs(2)) {
+                Ok(reply) if backends.contains(&reply.addr) => {
+                    out.push(start.elapsed().as_secs_f64() * 1e6)
+                }
+                _ => failed += 1,
+            }
+        }
+        (out, failed)
+    })
+}
+
+/// Checks that no VIP answers: nothing of the previous proxy is left.
+fn assert_nothing_answers(lab: &Lab, services: &[Svc]) -> Result<()> {
+    let s = &services[0];
+    let to = SocketAddrV4::new(s.vip, s.port);
+    let r = in_netns(&lab.client.ns, move || {
+        servers::tcp_request(to, Duration::from_millis(300))
+    })?;
+    if let Ok(reply) = r {
+        bail!("{to} answers ({reply:?}) before the proxy is loaded: the node is not clean");
+    }
+    Ok(())
+}
+
+fn measure_latency(lab: &Lab, cfg: &Config, services: &[Svc], proxy: Proxy) -> Result<Fig2Row> {
+    // Warm up (ARP, the backends' accept threads), then measure.
+    let _ = latencies(lab, services, 20, 7)?;
+    let (mut p50, mut p99, mut total, mut failed) = (vec![], vec![], 0, 0);
+    for round in 0..cfg.fig2_rounds {
+        let (l, f) = latencies(lab, services, cfg.fig2_connections, 1000 + round as u64)?;
+        ensure!(
+            f * 100 <= cfg.fig2_connections,
+            "{}: {f} of {} connections failed",
+            proxy.name(),
+            cfg.fig2_connections
+        );
+        p50.push(percentile(&l, 50.0));
+        p99.push(percentile(&l, 99.0));
+        total += l.len() + f;
+        failed += f;
+    }
+    Ok(Fig2Row {
+        services: services.len(),
+        proxy,
+        p50_us: Summary::of(&p50),
+        p99_us: Summary::of(&p99),
+        connections: total,
+        failed,
+    })
+}
+
+/// Figure 2.
+pub fn connection_latency(lab: &Lab, cfg: &Config, scratch: &Scratch) -> Result<Fig2> {
+    let ns = lab.node.name.clone();
+    let _servers = LatencyServers::start(lab)?;
+    let mut rows = Vec::new();
+    for &n in &cfg.fig2_sizes {
+        let services = model::cluster(n, |_| {
+            lab.backends.iter().map(|b| (b.ip, LATENCY_PORT)).collect()
+        });
+        flush_node(&ns, false);
+        assert_nothing_answers(lab, &services)?;
+
+        // sliceway: the real agent, attached to the pods' interfaces.
+        let dir = scratch.manifests(&format!("fig2-{n}"))?;
+        fs::write(dir.join("services.yaml"), model::yaml(&services))?;
+        let mut agent = AgentProc::start(lab, &dir)?;
+        agent.wait_synced(n, sync_timeout(n))?;
+        let row = measure_latency(lab, cfg, &services, Proxy::Sliceway);
+        agent.stop();
+        rows.push(row?);
+        assert_nothing_answers(lab, &services)?;
+
+        // iptables, as kube-proxy loads it.
+        let rules = scratch.file("iptables.rules", &kubeproxy::iptables_full(&services, true))?;
+        in_node(
+            &ns,
+            "iptables-restore",
+            &["--noflush", "--counters"],
+            Some(&rules),
+        )?;
+        let row = measure_latency(lab, cfg, &services, Proxy::Iptables);
+        flush_node(&ns, false);
+        rows.push(row?);
+        assert_nothing_answers(lab, &services)?;
+
+        // nftables, as kube-proxy loads it.
+        let rules = scratch.file("nft.rules", &kubeproxy::nft_full(&services))?;
+        Loader::Nft.load(&ns, &rules)?;
+        let row = measure_latency(lab, cfg, &services, Proxy::Nftables);
+        flush_node(&ns, false);
+        rows.push(row?);
+    }
+    Ok(Fig2 {
+        method: format!(
+            "From the client pod's namespace, through the lab node to the 3 backend pods: each \
+             sample is a TCP connect to a Service chosen at random plus a one-line request and \
+             its one-line answer (wall clock in the client). Every Service has the same 3 \
+             backend pods, each answering from a server that blocks in accept. {conns} connections per round after 20 warm-up connections, \
+             {rounds} rounds; p50 and p99 of each round, median [min–max] over rounds. \
+             sliceway: the sliceway-agent binary attached to the node's pod interfaces; \
+             iptables / nftables: kube-proxy's rules for the same Services loaded into the \
+             node namespace, with the agent stopped (its programs detach when it exits) and \
+             the rules and conntrack flushed between proxies.",
+            conns = cfg.fig2_connections,
+            rounds = cfg.fig2_rounds,
+        ),
+        ipvs: "IPVS is not built into this kernel (no ip_vs module): kube-proxy's IPVS mode \
+               cannot be measured here."
+            .into(),
+        rows,
+    })
+}
+
+// ---------------------------------------------------------------- figure 3
+
+/// A baseline loader.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Loader {
+    /// `iptables-restore` (the distribution's default: the nf_tables backend here).
+    #[serde(rename = "iptables-restore")]
+    IptablesRestore,
+    /// `iptables-legacy-restore` (the x_tables backend).
+    #[serde(rename = "iptables-legacy-restore")]
+    IptablesLegacyRestore,
+    #[serde(rename = "nft -f")]
+    Nft,
+}
+
+impl Loader {
+    pub fn name(self) -> &'static str {
+        match self {
+            Loader::IptablesRestore => "iptables-restore",
+            Loader::IptablesLegacyRestore => "iptables-legacy-restore",
+            Loader::Nft => "nft -f",
+        }
+    }
+
+    fn load(self, ns: &str, file: &Path) -> Result<Duration> {
+        match self {
+            Loader::IptablesRestore => in_node(
+                ns,
+                "iptables-restore",
+                &["--noflush", "--counters"],
+                Some(file),
+            ),
+            Loader::IptablesLegacyRestore => in_node(
+                ns,
+                "iptables-legacy-restore",
+                &["--noflush", "--counters"],
+                Some(file),
+            ),
+            Loader::Nft => in_node(ns, "nft", &["-f", &file.to_string_lossy()], None),
+        }
+    }
+
+    fn full_text(self, services: &[Svc]) -> String {
+        match self {
+            Loader::Nft => kubeproxy::nft_full(services),
+            _ => kubeproxy::iptables_full(services, true),
+        }
+    }
+
+    fn change_text(self, services: &[Svc], changed: usize, stale: &Svc) -> String {
+        match self {
+            Loader::Nft => kubeproxy::nft_partial(services, changed, stale),
+            _ => kubeproxy::iptables_partial(services, changed, stale),
+        }
+    }
+}
+
+/// A baseline's full load at one size.
+#[derive(Clone, Debug, Serialize)]
+pub struct BaselineFull {
+    pub services: usize,
+    pub loader: Loader,
+    pub rules_bytes: usize,
+    pub ms: Summary,
+}
+
+/// A baseline's reprogramming after one endpoint changed.
+#[derive(Clone, Debug, Serialize)]
+pub struct BaselineChange {
+    pub services: usize,
+    pub loader: Loader,
+    /// What is loaded: kube-proxy's partial sync, or a full resync.
+    pub what: String,
+    pub rules_bytes: usize,
+    pub ms: Summary,
+}
+
+/// The same cluster with endpoint 0 of Service `changed` replaced by a new address.
+pub fn with_one_endpoint_changed(services: &[Svc], changed: usize) -> Vec<Svc> {
+    let mut after = services.to_vec();
+    let ep = &mut after[changed].endpoints[0];
+    ep.0 = std::net::Ipv4Addr::new(10, 127, 255, 254);
+    after[changed].endpoints.sort();
+    after
+}
+
+/// Figure 3's baselines: full loads at each size, then the one-endpoint change at
+/// `cfg.fig3_change_size`.
+pub fn baseline_programming(
+    lab: &Lab,
+    cfg: &Config,
+    scratch: &Scratch,
+    loaders: &[Loader],
+) -> Result<(Vec<BaselineFull>, Vec<BaselineChange>)> {
+    let ns = lab.node.name.clone();
+    let mut full = Vec::new();
+    let mut change = Vec::new();
+    let legacy = loaders.contains(&Loader::IptablesLegacyRestore);
+    let mut sizes = cfg.fig3_sizes.clone();
+    if !sizes.contains(&cfg.fig3_change_size) {
+        sizes.push(cfg.fig3_change_size);
+    }
+    for &n in &sizes {
+        let services = model::fake_cluster(n, cfg.fig3_endpoints);
+        for &loader in loaders {
+            let text = loader.full_text(&services);
+            let file = scratch.file("full.rules", &text)?;
+            let rounds = cfg.fig3_rounds_for(loader, n);
+            let mut ms = Vec::new();
+            for _ in 0..rounds {
+                flush_node(&ns, legacy);
+                ms.push(loader.load(&ns, &file)?.as_secs_f64() * 1e3);
+            }
+            if cfg.fig3_sizes.contains(&n) {
+                full.push(BaselineFull {
+                    services: n,
+                    loader,
+                    rules_bytes: text.len(),
+                    ms: Summary::of(&ms),
+                });
+            }
+            if n != cfg.fig3_change_size {
+                continue;
+            }
+            // The rules of `services` are loaded: change one endpoint back and forth.
+            let changed = n / 2;
+            let after = with_one_endpoint_changed(&services, changed);
+            let forward = loader.change_text(&after, changed, &services[changed]);
+            let backward = loader.change_text(&services, changed, &after[changed]);
+            let (f, b) = (
+                scratch.file("fwd.rules", &forward)?,
+                scratch.file("back.rules", &backward)?,
+            );
+            let mut ms = Vec::new();
+            for _ in 0..cfg.fig3_change_rounds {
+                ms.push(loader.load(&ns, &f)?.as_secs_f64() * 1e3);
+                loader.load(&ns, &b)?;
+            }
+            change.push(BaselineChange {
+                services: n,
+                loader,
+                what: match loader {
+                    Loader::Nft => "kube-proxy's transaction for the change (flush and rewrite the Service chain, add the new endpoint chain, delete the stale one)".into(),
+                    _ => "kube-proxy's partial restore (KUBE-SERVICES in full, the changed Service's chains, the stale endpoint chain deleted)".into(),
+                },
+                rules_bytes: forward.len(),
+                ms: Summary::of(&ms),
+            });
+            if loader != Loader::Nft {
+                // A full resync with the change (kube-proxy before 1.27, and its
+                // periodic full syncs since).
+                let text = kubeproxy::iptables_full(&after, false);
+                let back_text = kubeproxy::iptables_full(&services, false);
+                let (f, b) = (
+                    scratch.file("fwd-full.rules", &text)?,
+                    scratch.file("back-full.rules", &back_text)?,
+                );
+                let mut ms = Vec::new();
+                for _ in 0..cfg.fig3_rounds_for(loader, n) {
+                    ms.push(loader.load(&ns, &f)?.as_secs_f64() * 1e3);
+                    loader.load(&ns, &b)?;
+                }
+                change.push(BaselineChange {
+                    services: n,
+                    loader,
+                    what: "a full restore with the change".into(),
+                    rules_bytes: text.len(),
+                    ms: Summary::of(&ms),
+                });
+            }
+        }
+        flush_node(&ns, legacy);
+    }
+    Ok((full, change))
+}
+
+// ---------------------------------------------------------------- figure 4
+
+/// One size of figure 4.
+#[derive(Clone, Debug, Serialize)]
+pub struct Fig4Row {
+    pub services: usize,
+    pub endpoints_per_service: usize,
+    /// Peak resident set size (`VmHWM`), MiB.
+    pub peak_rss_mib: Summary,
+    /// Resident set size after the first sync (`VmRSS`), MiB.
+    pub rss_mib: Summary,
+    /// From the agent's start to its first full sync logged, milliseconds.
+    pub start_to_synced_ms: Summary,
+    /// The agent's own measure of that sync (compile + map writes), milliseconds.
+    pub agent_sync_ms: Summary,
+}
+
+/// Figure 4.
+#[derive(Clone, Debug, Serialize)]
+pub struct Fig4 {
+    pub method: String,
+    pub rows: Vec<Fig4Row>,
+}
+
+/// Figure 4.
+pub fn agent_memory(lab: &Lab, cfg: &Config, scratch: &Scratch) -> Result<Fig4> {
+    flush_node(&lab.node.name, false);
+    let mut rows = Vec::new();
+    for &n in &cfg.fig4_sizes {
+        let services = model::fake_cluster(n, cfg.fig3_endpoints);
+        let dir = scratch.manifests(&format!("fig4-{n}"))?;
+        fs::write(dir.join("services.yaml"), model::yaml(&services))?;
+        let (mut peak, mut rss, mut start, mut sync) = (vec![], vec![], vec![], vec![]);
+        for _ in 0..cfg.fig4_rounds {
+            let mut agent = AgentProc::start(lab, &dir)?;
+            let synced = agent.wait_synced(n, sync_timeout(n))?;
+            // Let the first sync's temporaries go, then read.
+            std::thread::sleep(Duration::from_millis(300));
+            let (hwm, now) = agent.memory_kib()?;
+            agent.stop();
+            peak.push(hwm as f64 / 1024.0);
+            rss.push(now as f64 / 1024.0);
+            start.push(synced.since_start.as_secs_f64() * 1e3);
+            sync.push(synced.micros as f64 / 1e3);
+        }
+        rows.push(Fig4Row {
+            services: n,
+            endpoints_per_service: cfg.fig3_endpoints,
+            peak_rss_mib: Summary::of(&peak),
+            rss_mib: Summary::of(&rss),
+            start_to_synced_ms: Summary::of(&start),
+            agent_sync_ms: Summary::of(&sync),
+        });
+    }
+    Ok(Fig4 {
+        method: format!(
+            "The sliceway-agent binary in the lab node, attached to the pods' interfaces, with \
+             N Services of {} endpoints each as YAML in its manifest directory; VmHWM (peak \
+             resident set) and VmRSS read from /proc/PID/status 300 ms after its first sync; \
+             {} runs, median [min–max]. BPF map memory is kernel memory, charged to the memory \
+             cgroup, not to the RSS.",
+            cfg.fig3_endpoints, cfg.fig4_rounds
+        ),
+        rows,
+    })
+}

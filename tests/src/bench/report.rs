@@ -1,0 +1,443 @@
+//! The report: each figure as a Markdown table with how it was measured, ratios
+//! against the baselines, and the project's targets with hit or miss.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::{
+    node::{Loader, Proxy},
+    stats::{ratio, Summary},
+    Config, Outcome, Report,
+};
+
+/// A target of the project and whether this run met it.
+#[derive(Clone, Debug, Serialize)]
+pub struct Target {
+    pub figure: u8,
+    pub target: String,
+    pub measured: String,
+    /// `Some(true)` met, `Some(false)` missed, `None` not measured in this run.
+    pub met: Option<bool>,
+}
+
+fn target(figure: u8, target: &str, measured: Option<(String, bool)>) -> Target {
+    match measured {
+        Some((m, ok)) => Target {
+            figure,
+            target: target.into(),
+            measured: m,
+            met: Some(ok),
+        },
+        None => Target {
+            figure,
+            target: target.into(),
+            measured: "not measured in this run".into(),
+            met: None,
+        },
+    }
+}
+
+pub fn fig3_method(cfg: &Config) -> String {
+    format!(
+        "N Services with {eps} made-up endpoints each (no traffic). sliceway: in process, \
+         objects already parsed (as the agent's stores hold them), `compiler::compile` + \
+         `MapWriter::apply` into freshly loaded, empty BPF maps — the agent's sync. Baselines: \
+         kube-proxy's rules for the same Services, generated beforehand (generation not \
+         timed), loaded into the emptied lab node namespace: wall time of \
+         `nsenter --net=NODE iptables-restore --noflush --counters < FILE`, \
+         `iptables-legacy-restore` likewise, and `nft -f FILE` (about 1 ms of that is nsenter \
+         and process start). {rounds} rounds ({slow} for `nft -f` of 5,000 Services or \
+         more), median [min–max]. One endpoint change at {change} Services: endpoint 0 of one \
+         Service replaced, back and forth, {crounds} rounds; sliceway's map operations and \
+         time of `MapWriter::apply`, and of what the agent does today on any change \
+         (recompile all + apply); the baselines' kube-proxy sync for that change.",
+        eps = cfg.fig3_endpoints,
+        rounds = cfg.fig3_rounds,
+        slow = cfg.fig3_slow_rounds,
+        change = cfg.fig3_change_size,
+        crounds = cfg.fig3_change_rounds,
+    )
+}
+
+fn fmt_ratio(r: Option<f64>) -> String {
+    r.map_or("–".into(), |r| format!("{r:.2}x"))
+}
+
+/// Compares the report with the project's targets.
+pub fn targets(r: &Report) -> Vec<Target> {
+    let mut out = Vec::new();
+    let fig1 = r.fig1.ok();
+    let largest = fig1.and_then(|f| Some((f.rows.first()?, f.rows.last()?)));
+    out.push(target(
+        1,
+        "per-packet cost flat: 100,000 Services within 1.2x of 1 Service (each path)",
+        largest
+            .filter(|(a, b)| a.services == 1 && b.services == 100_000)
+            .map(|(a, b)| {
+                let rs = [
+                    ratio(b.no_match_ns.median, a.no_match_ns.median),
+                    ratio(b.new_flow_ns.median, a.new_flow_ns.median),
+                    ratio(b.established_ns.median, a.established_ns.median),
+                ];
+                let worst = rs.iter().flatten().cloned().fold(0.0, f64::max);
+                (
+                    format!(
+                        "no match {}, new flow {}, established {}",
+                        fmt_ratio(rs[0]),
+                        fmt_ratio(rs[1]),
+                        fmt_ratio(rs[2])
+                    ),
+                    worst <= 1.2,
+                )
+            }),
+    ));
+    out.push(target(
+        1,
+        "an established-flow packet costs at most 2x the no-match floor (every size)",
+        fig1.filter(|f| !f.rows.is_empty()).map(|f| {
+            let worst = f
+                .rows
+                .iter()
+                .filter_map(|row| ratio(row.established_ns.median, row.no_match_ns.median))
+                .fold(0.0, f64::max);
+            (format!("worst {worst:.2}x"), worst <= 2.0)
+        }),
+    ));
+    let fig2 = r.fig2.ok();
+    let p50 = |n: usize, p: Proxy| {
+        fig2?
+            .rows
+            .iter()
+            .find(|row| row.services == n && row.proxy == p)
+            .map(|row| row.p50_us.median)
+    };
+    let at10k = (
+        p50(10_000, Proxy::Sliceway),
+        p50(10_000, Proxy::Iptables),
+        p50(10_000, Proxy::Nftables),
+    );
+    out.push(target(
+        2,
+        "new-connection latency (p50) at 10,000 Services at most half of iptables'",
+        match at10k {
+            (Some(s), Some(i), _) => Some((
+                format!("{s:.0} µs vs {i:.0} µs: {:.2}x", s / i),
+                s <= i / 2.0,
+            )),
+            _ => None,
+        },
+    ));
+    out.push(target(
+        2,
+        "new-connection latency (p50) at 10,000 Services no worse than nftables'",
+        match at10k {
+            (Some(s), _, Some(n)) => {
+                Some((format!("{s:.0} µs vs {n:.0} µs: {:.2}x", s / n), s <= n))
+            }
+            _ => None,
+        },
+    ));
+    let fig3 = r.fig3.ok();
+    let sliceway10k = fig3.and_then(|f| {
+        f.sliceway
+            .iter()
+            .find(|(n, _)| *n == 10_000)
+            .map(|(_, s)| s.full_ms.median)
+    });
+    let ipt10k = fig3.and_then(|f| {
+        f.baselines
+            .iter()
+            .find(|b| b.services == 10_000 && b.loader == Loader::IptablesRestore)
+            .map(|b| b.ms.median)
+    });
+    out.push(target(
+        3,
+        "full sync of 10,000 Services at least 20x faster than iptables-restore",
+        match (sliceway10k, ipt10k) {
+            (Some(s), Some(i)) => Some((
+                format!("{s:.1} ms vs {i:.1} ms: {:.1}x faster", i / s),
+                i / s >= 20.0,
+            )),
+            _ => None,
+        },
+    ));
+    out.push(target(
+        3,
+        "one endpoint change at 10,000 Services costs at most 5 map writes and 1 ms",
+        fig3.and_then(|f| f.sliceway_change.as_ref())
+            .filter(|c| c.services == 10_000)
+            .map(|c| {
+                (
+                    format!(
+                        "{:.0} map writes+deletes, apply {:.3} ms (recompile all + apply {:.1} ms)",
+                        c.map_ops.max, c.apply_ms.median, c.compile_and_apply_ms.median
+                    ),
+                    c.map_ops.max <= 5.0 && c.apply_ms.median <= 1.0,
+                )
+            }),
+    ));
+    out.push(target(
+        4,
+        "agent peak RSS under 100 MB at 10,000 Services (10 endpoints each)",
+        r.fig4
+            .ok()
+            .and_then(|f| f.rows.iter().find(|row| row.services == 10_000))
+            .map(|row| {
+                let mb = row.peak_rss_mib.max * 1.048_576;
+                (format!("{mb:.1} MB peak (max of runs)"), mb < 100.0)
+            }),
+    ));
+    out.push(target(
+        5,
+        "rolling update of a 5,000-pod Service: at least 50x fewer bytes with EndpointSlices",
+        (r.fig5.rolling_update.is_some() && r.config.fig5_pods == 5_000)
+            .then_some(r.fig5.bytes_ratio)
+            .flatten()
+            .map(|b| (format!("{b:.1}x fewer bytes"), b >= 50.0)),
+    ));
+    out
+}
+
+fn failed<T>(o: &Outcome<T>) -> Option<&str> {
+    match o {
+        Outcome::Failed { error } => Some(error),
+        Outcome::Done(_) => None,
+    }
+}
+
+fn ns(s: &Summary) -> String {
+    s.show(0)
+}
+
+/// The report as Markdown. `plots` are the PNG files written, for links.
+pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
+    let mut m = String::new();
+    let e = &r.environment;
+    let _ = writeln!(m, "# sliceway benchmarks ({:?} run)\n", r.config.mode);
+    let _ = writeln!(
+        m,
+        "Kernel {}, {} CPUs, {}, {}, binaries built as {}; the run took {:.0} s. \
+         Every figure is the median of repeated runs with [min–max].\n",
+        e.kernel, e.cpus, e.iptables, e.nft, e.agent_build, e.seconds
+    );
+
+    let _ = writeln!(m, "## Targets\n");
+    let _ = writeln!(
+        m,
+        "| fig. | target | measured | result |\n|---|---|---|---|"
+    );
+    for t in &r.targets {
+        let result = match t.met {
+            Some(true) => "met",
+            Some(false) => "**MISSED**",
+            None => "not measured",
+        };
+        let _ = writeln!(
+            m,
+            "| {} | {} | {} | {result} |",
+            t.figure, t.target, t.measured
+        );
+    }
+
+    let _ = writeln!(m, "\n## 1. Kernel cost per packet\n");
+    match &r.fig1 {
+        Outcome::Done(f) => {
+            let _ = writeln!(m, "{}\n\n{} {}\n", f.method, f.program, f.xdp);
+            let _ = writeln!(
+                m,
+                "| Services | no match (ns) | new flow (ns) | established (ns) | new flow, fresh tuples, repeat=1 (ns) | no match, repeat=1 (ns) |\n|---:|---:|---:|---:|---:|---:|"
+            );
+            for row in &f.rows {
+                let _ = writeln!(
+                    m,
+                    "| {} | {} | {} | {} | {} | {} |",
+                    row.services,
+                    ns(&row.no_match_ns),
+                    ns(&row.new_flow_ns),
+                    ns(&row.established_ns),
+                    ns(&row.new_flow_fresh_tuples_ns),
+                    ns(&row.no_match_single_run_ns)
+                );
+            }
+            let [a, b, c] = f.ratio_largest_to_smallest;
+            let _ = writeln!(
+                m,
+                "\nLargest over smallest size: no match {}, new flow {}, established {}.",
+                fmt_ratio(a),
+                fmt_ratio(b),
+                fmt_ratio(c)
+            );
+        }
+        other => {
+            let _ = writeln!(m, "Not measured: {}", failed(other).unwrap_or_default());
+        }
+    }
+
+    let _ = writeln!(m, "\n## 2. New-connection latency through the node\n");
+    match &r.fig2 {
+        Outcome::Done(f) => {
+            let _ = writeln!(m, "{}\n\n{}\n", f.method, f.ipvs);
+            let _ = writeln!(
+                m,
+                "| Services | proxy | p50 (µs) | p99 (µs) | p50 vs sliceway | p99 vs sliceway | connections (failed) |\n|---:|---|---:|---:|---:|---:|---:|"
+            );
+            for row in &f.rows {
+                let base = f
+                    .rows
+                    .iter()
+                    .find(|b| b.services == row.services && b.proxy == Proxy::Sliceway);
+                let (r50, r99) = base.map_or((None, None), |b| {
+                    (
+                        ratio(row.p50_us.median, b.p50_us.median),
+                        ratio(row.p99_us.median, b.p99_us.median),
+                    )
+                });
+                let _ = writeln!(
+                    m,
+                    "| {} | {} | {} | {} | {} | {} | {} ({}) |",
+                    row.services,
+                    row.proxy.name(),
+                    row.p50_us.show(0),
+                    row.p99_us.show(0),
+                    fmt_ratio(r50),
+                    fmt_ratio(r99),
+                    row.connections,
+                    row.failed
+                );
+            }
+        }
+        other => {
+            let _ = writeln!(m, "Not measured: {}", failed(other).unwrap_or_default());
+        }
+    }
+
+    let _ = writeln!(m, "\n## 3. Programming time\n");
+    match &r.fig3 {
+        Outcome::Done(f) => {
+            let _ = writeln!(m, "{}\n", f.method);
+            let _ = writeln!(
+                m,
+                "| Services | how | time (ms) | vs sliceway | input |\n|---:|---|---:|---:|---|"
+            );
+            for (n, s) in &f.sliceway {
+                let _ = writeln!(
+                    m,
+                    "| {n} | sliceway full sync (compile + apply) | {} | 1.00x | {} map writes; apply alone {} ms |",
+                    s.full_ms.show(1),
+                    s.full_map_writes,
+                    s.full_apply_ms.show(1)
+                );
+                for b in f.baselines.iter().filter(|b| b.services == *n) {
+                    let _ = writeln!(
+                        m,
+                        "| {n} | {} | {} | {} | {:.1} MB of rules |",
+                        b.loader.name(),
+                        b.ms.show(1),
+                        fmt_ratio(ratio(b.ms.median, s.full_ms.median)),
+                        b.rules_bytes as f64 / 1e6
+                    );
+                }
+            }
+            if let Some(c) = &f.sliceway_change {
+                let _ = writeln!(
+                    m,
+                    "\nOne endpoint changed at {} Services:\n\n| how | time (ms) | vs sliceway apply | what is written |\n|---|---:|---:|---|",
+                    c.services
+                );
+                let _ = writeln!(
+                    m,
+                    "| sliceway incremental (`MapWriter::apply`) | {} | 1.00x | {} map writes+deletes |",
+                    c.apply_ms.show(3),
+                    c.map_ops.show(0)
+                );
+                let _ = writeln!(
+                    m,
+                    "| sliceway agent today (recompile all + apply) | {} | {} | same map writes |",
+                    c.compile_and_apply_ms.show(1),
+                    fmt_ratio(ratio(c.compile_and_apply_ms.median, c.apply_ms.median))
+                );
+                for b in &f.baseline_change {
+                    let _ = writeln!(
+                        m,
+                        "| {}: {} | {} | {} | {:.1} kB of rules |",
+                        b.loader.name(),
+                        b.what,
+                        b.ms.show(1),
+                        fmt_ratio(ratio(b.ms.median, c.apply_ms.median)),
+                        b.rules_bytes as f64 / 1e3
+                    );
+                }
+            }
+        }
+        other => {
+            let _ = writeln!(m, "Not measured: {}", failed(other).unwrap_or_default());
+        }
+    }
+
+    let _ = writeln!(m, "\n## 4. Agent memory\n");
+    match &r.fig4 {
+        Outcome::Done(f) => {
+            let _ = writeln!(m, "{}\n", f.method);
+            let _ = writeln!(
+                m,
+                "| Services | endpoints each | peak RSS (MiB) | RSS after sync (MiB) | start to synced (ms) | agent's sync (ms) |\n|---:|---:|---:|---:|---:|---:|"
+            );
+            for row in &f.rows {
+                let _ = writeln!(
+                    m,
+                    "| {} | {} | {} | {} | {} | {} |",
+                    row.services,
+                    row.endpoints_per_service,
+                    row.peak_rss_mib.show(1),
+                    row.rss_mib.show(1),
+                    row.start_to_synced_ms.show(0),
+                    row.agent_sync_ms.show(1)
+                );
+            }
+        }
+        other => {
+            let _ = writeln!(m, "Not measured: {}", failed(other).unwrap_or_default());
+        }
+    }
+
+    let _ = writeln!(m, "\n## 5. Controller\n");
+    let f = &r.fig5;
+    let _ = writeln!(m, "{}\n", f.method);
+    if let Some(v) = &f.rolling_update {
+        let g = |k: &str| v.get(k).map_or("?".to_string(), |x| x.to_string());
+        let _ = writeln!(
+            m,
+            "| rolling update of {} pods | API writes | bytes written |\n|---|---:|---:|\n| EndpointSlices | {} | {} |\n| Endpoints | {} | {} |\n| Endpoints / EndpointSlices | {} | {} |\n",
+            g("pods"),
+            g("slice_writes"),
+            g("slice_bytes"),
+            g("endpoints_writes"),
+            g("endpoints_bytes"),
+            fmt_ratio(f.writes_ratio),
+            fmt_ratio(f.bytes_ratio)
+        );
+    }
+    if let Some(v) = &f.cold_start {
+        let g = |k: &str| v.get(k).map_or("?".to_string(), |x| x.to_string());
+        let _ = writeln!(
+            m,
+            "Cold start: {} Services, {} pods, {} EndpointSlices reconciled in {} ms.\n",
+            g("services"),
+            g("pods"),
+            g("slices"),
+            f.cold_start_ms.show(1)
+        );
+    }
+    for u in &f.unavailable {
+        let _ = writeln!(m, "- {u}");
+    }
+
+    if !plots.is_empty() {
+        let _ = writeln!(m, "\n## Plots\n");
+        for (file, title) in plots {
+            let _ = writeln!(m, "- [{title}]({file})");
+        }
+    }
+    m
+}

@@ -1,0 +1,56 @@
+//! Smoke test of the benchmark harness: `sliceway-bench --smoke` on tiny sizes must
+//! write the report, its JSON and plots, with every figure measured. Benchmarks are
+//! not tests; this only keeps the harness from rotting. Needs root, like the other
+//! node-lab tests, and the binaries built (`cargo xtask test` builds them).
+
+use std::process::Command;
+
+use sliceway_lab::workspace_binary;
+
+#[test]
+fn bench_smoke_writes_every_figure() {
+    let out = std::env::temp_dir().join(format!("sliceway-bench-smoke-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let bin = workspace_binary("sliceway-bench").unwrap();
+    let run = Command::new(bin)
+        .args(["--smoke", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "sliceway-bench --smoke failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    for heading in [
+        "## Targets",
+        "## 1. Kernel cost per packet",
+        "## 2. New-connection latency through the node",
+        "## 3. Programming time",
+        "## 4. Agent memory",
+        "## 5. Controller",
+    ] {
+        assert!(md.contains(heading), "{heading} missing from:\n{md}");
+    }
+    assert!(!md.contains("Not measured:"), "a figure failed:\n{md}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+    for fig in ["fig1", "fig2", "fig3", "fig4", "fig5", "targets"] {
+        assert!(json.get(fig).is_some(), "{fig} missing from report.json");
+    }
+    for png in [
+        "fig1-per-packet.png",
+        "fig2-connection-latency.png",
+        "fig3-programming-time.png",
+        "fig4-agent-memory.png",
+    ] {
+        let p = out.join(png);
+        // Plots need a TrueType font; without one the report says they were skipped.
+        if md.contains("## Plots") {
+            assert!(p.is_file(), "{png} missing");
+        }
+    }
+    std::fs::remove_dir_all(&out).unwrap();
+}

@@ -1,0 +1,129 @@
+//! `sliceway-agent list` and `trace`, run as a user would. Needs root.
+
+use std::{net::Ipv4Addr, process::Command};
+
+use serde_json::Value;
+use sliceway_lab::{workspace_binary, Lab};
+
+fn agent_cli(args: &[&str]) -> Value {
+    let out = Command::new(workspace_binary("sliceway-agent").unwrap())
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{args:?}: {e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+#[test]
+fn trace_and_list_tell_where_packets_go() {
+    let lab = Lab::new(3).unwrap();
+    lab.write_manifest(
+        "web.yaml",
+        &lab.service_yaml("web", Ipv4Addr::new(10, 96, 0, 10), 80, &[0, 1, 2]),
+    )
+    .unwrap();
+    lab.write_manifest(
+        "empty.yaml",
+        &lab.service_yaml("empty", Ipv4Addr::new(10, 96, 0, 20), 80, &[]),
+    )
+    .unwrap();
+    let dir = lab.manifests.to_str().unwrap();
+    let backends: Vec<String> = lab
+        .backends
+        .iter()
+        .map(|b| format!("{}:8080", b.ip))
+        .collect();
+
+    // Compiled from the manifests, private maps.
+    let t = agent_cli(&[
+        "trace",
+        "--manifests",
+        dir,
+        "--src",
+        "10.244.1.2:40000",
+        "--dst",
+        "10.96.0.10:80",
+        "-o",
+        "json",
+    ]);
+    assert_eq!(t["verdict"], "dnat", "{t}");
+    assert_eq!(t["service"], "default/web:http");
+    let candidates: Vec<String> = t["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap().to_string())
+        .collect();
+    let mut sorted = candidates.clone();
+    sorted.sort();
+    assert_eq!(sorted, backends);
+    assert!(candidates.contains(&t["backend"].as_str().unwrap().to_string()));
+
+    let t = agent_cli(&[
+        "trace",
+        "--manifests",
+        dir,
+        "--src",
+        "10.244.1.2",
+        "--dst",
+        "10.96.0.20:80",
+        "--proto",
+        "udp",
+    ]);
+    assert_eq!(
+        (t["verdict"].as_str(), t["service"].as_str()),
+        (Some("drop"), Some("default/empty:dns")),
+        "{t}"
+    );
+    assert_eq!(t["candidates"], Value::Array(vec![]));
+    assert_eq!(t["reason"], "drop_no_backend");
+
+    let t = agent_cli(&[
+        "trace",
+        "--manifests",
+        dir,
+        "--src",
+        "10.244.1.2",
+        "--dst",
+        "10.244.11.2:8080",
+    ]);
+    assert_eq!(t["verdict"], "pass");
+    assert_eq!(t["service"], Value::Null);
+    assert_eq!(t["backend"], Value::Null);
+
+    // Against a running agent's pinned maps.
+    let _agent = lab.start_agent().unwrap();
+    let bpffs = lab.bpffs.to_str().unwrap();
+    let live = agent_cli(&[
+        "trace",
+        "--bpffs-dir",
+        bpffs,
+        "--src",
+        "10.244.1.2:40000",
+        "--dst",
+        "10.96.0.10:80",
+    ]);
+    assert_eq!(live["verdict"], "dnat", "{live}");
+    assert_eq!(live["service"], "default/web:http");
+
+    let l = agent_cli(&["list", "--bpffs-dir", bpffs, "-o", "json"]);
+    let frontends = l["frontends"].as_array().unwrap();
+    let web = frontends
+        .iter()
+        .find(|f| f["frontend"] == "10.96.0.10:80/TCP")
+        .unwrap_or_else(|| panic!("{l}"));
+    assert_eq!(web["service"], "default/web:http");
+    assert_eq!(web["backends"].as_array().unwrap().len(), 3);
+    let empty = frontends
+        .iter()
+        .find(|f| f["frontend"] == "10.96.0.20:80/UDP")
+        .unwrap();
+    assert_eq!(empty["backends"], Value::Array(vec![]));
+    assert_eq!(frontends.len(), 4);
+    assert!(l["counters"]["dnat_new"].is_u64());
+}

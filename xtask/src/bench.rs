@@ -1,0 +1,31 @@
+//! `cargo xtask bench`: set up, build the kernel object and the release binaries, then
+//! run `sliceway-bench`, which writes `target/bench/report.md`, `report.json` and the
+//! plots, and prints the report.
+
+use std::process::Command;
+
+use anyhow::Result;
+
+use super::{build_ebpf, cargo, require_root, run, setup};
+
+/// Runs the benchmarks; `quick` for a run of a few minutes.
+pub fn bench(root: &std::path::Path, quick: bool) -> Result<()> {
+    setup(root)?;
+    build_ebpf()?;
+    require_root("the benchmarks (BPF programs, network namespaces)")?;
+    run(cargo().args([
+        "build",
+        "--release",
+        "--bins",
+        "--package",
+        "dataplane-user",
+        "--package",
+        "tests",
+    ]))?;
+    let mut cmd = Command::new(root.join("target/release/sliceway-bench"));
+    cmd.arg("--out").arg(root.join("target/bench"));
+    if quick {
+        cmd.arg("--quick");
+    }
+    run(&mut cmd)
+}
