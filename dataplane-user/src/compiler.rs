@@ -108,6 +108,8 @@ impl fmt::Display for ObjectRef {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Skipped {
     pub object: ObjectRef,
+    /// A short, stable name of the reason, for metrics.
+    pub code: &'static str,
     pub reason: String,
 }
 
@@ -232,6 +234,7 @@ fn merge_slices(
         let Some(service) = labels.and_then(|l| l.get(LABEL_SERVICE_NAME)) else {
             out.skipped.push(Skipped {
                 object: me,
+                code: "no_service_label",
                 reason: format!("no {LABEL_SERVICE_NAME} label: it belongs to no Service"),
             });
             continue;
@@ -245,6 +248,7 @@ fn merge_slices(
             other => {
                 out.skipped.push(Skipped {
                     object: me,
+                    code: "address_type",
                     reason: format!("addressType {other} is not supported (IPv4 is)"),
                 });
                 continue;
@@ -259,6 +263,7 @@ fn merge_slices(
                 Err(reason) => {
                     out.skipped.push(Skipped {
                         object: me.clone(),
+                        code: "protocol",
                         reason: format!("port {number}: {reason}"),
                     });
                     continue;
@@ -269,6 +274,7 @@ fn merge_slices(
                 Err(reason) => {
                     out.skipped.push(Skipped {
                         object: me.clone(),
+                        code: "port_range",
                         reason,
                     });
                     continue;
@@ -296,6 +302,7 @@ fn merge_slices(
                     Err(_) => {
                         out.skipped.push(Skipped {
                             object: me.clone(),
+                            code: "bad_endpoint_address",
                             reason: format!("endpoint address {addr:?} is not an IPv4 address"),
                         });
                         continue;
@@ -325,6 +332,7 @@ fn compile_service(
     if me.name.is_empty() {
         out.skipped.push(Skipped {
             object: me,
+            code: "no_name",
             reason: "metadata.name is empty".into(),
         });
         return;
@@ -336,6 +344,7 @@ fn compile_service(
     let Some(spec) = svc.spec.as_ref() else {
         out.skipped.push(Skipped {
             object: me,
+            code: "no_spec",
             reason: "no spec".into(),
         });
         return;
@@ -356,6 +365,7 @@ fn compile_service(
     if cluster_ips.is_empty() {
         out.skipped.push(Skipped {
             object: me,
+            code: "no_cluster_ip",
             reason: "no clusterIP assigned".into(),
         });
         return;
@@ -368,6 +378,7 @@ fn compile_service(
             Err(_) => {
                 out.skipped.push(Skipped {
                     object: me,
+                    code: "bad_cluster_ip",
                     reason: format!("clusterIP {ip:?} is not an IP address"),
                 });
                 return;
@@ -393,6 +404,7 @@ fn compile_service(
             Ok(v4) => vips.push((v4, false)),
             Err(_) => out.skipped.push(Skipped {
                 object: me.clone(),
+                code: "bad_external_ip",
                 reason: format!(
                     "external IP {ip:?} is not an IPv4 address; that frontend is skipped"
                 ),
@@ -411,6 +423,7 @@ fn compile_service(
             Err(reason) => {
                 out.skipped.push(Skipped {
                     object: me.clone(),
+                    code: "bad_port",
                     reason: format!("port {port_name:?}: {reason}; that port is skipped"),
                 });
                 continue;
@@ -419,6 +432,7 @@ fn compile_service(
         if !seen_ports.insert((number, proto)) {
             out.skipped.push(Skipped {
                 object: me.clone(),
+                code: "duplicate_port",
                 reason: format!("port {number} is listed twice; the second is skipped"),
             });
             continue;
@@ -440,6 +454,7 @@ fn compile_service(
             if let Some(existing) = out.frontends.get(&key) {
                 out.skipped.push(Skipped {
                     object: me.clone(),
+                    code: "frontend_conflict",
                     reason: format!(
                         "{vip}:{number}/{} is already the frontend of {}; this one is skipped",
                         proto_name(proto),

@@ -8,5 +8,6 @@ pub mod inspect;
 pub mod kernel;
 pub mod kube_source;
 pub mod local;
+pub mod metrics;
 pub mod packet;
 pub mod writer;

@@ -85,7 +85,19 @@ struct RunArgs {
     /// Directory of Kubernetes YAML (Services, EndpointSlices, Nodes) to take objects
     /// from instead of an API server. Watched for changes.
     #[arg(long)]
-    manifests: PathBuf,
+    manifests: Option<PathBuf>,
+    /// Kubeconfig for the API server (default: in-cluster config, then KUBECONFIG).
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// How long a burst of API changes is collected into one sync, in milliseconds.
+    #[arg(long, default_value_t = 100)]
+    batch_delay_ms: u64,
+    /// Address for /metrics and /healthz (kube-proxy's port; localhost by default).
+    #[arg(long, default_value = "127.0.0.1:10256")]
+    metrics_addr: std::net::SocketAddr,
+    /// Serve no metrics.
+    #[arg(long)]
+    no_metrics: bool,
     /// Interfaces to attach the TC program to (pod-facing interfaces), comma-separated.
     #[arg(long, value_delimiter = ',')]
     interfaces: Vec<String>,
@@ -128,28 +140,40 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => {
-            let settings = agent::Settings {
-                manifests: args.manifests,
-                interfaces: args.interfaces,
-                compiler: compiler::Options {
-                    node_name: args.node,
-                    proxy_name: args.service_proxy_name,
-                },
-                capacities: Capacities {
-                    limits: Limits {
-                        services: args.max_services,
-                        backends: args.max_backends,
-                        slots: args.max_slots,
-                    },
-                    conntrack: args.max_conntrack,
-                },
-                poll: Duration::from_millis(args.poll_interval_ms),
-                pins: (!args.no_pin).then(|| PinDir::new(args.bpffs_dir)),
-            };
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
-            rt.block_on(agent::run_local(settings, shutdown_signal()))
+            rt.block_on(async move {
+                let source = match args.manifests {
+                    Some(dir) => agent::Source::Manifests {
+                        dir,
+                        poll: Duration::from_millis(args.poll_interval_ms),
+                    },
+                    None => agent::Source::Kubernetes {
+                        client: kube_client(args.kubeconfig.as_deref()).await?,
+                        batch: Duration::from_millis(args.batch_delay_ms),
+                    },
+                };
+                let settings = agent::Settings {
+                    source,
+                    interfaces: args.interfaces,
+                    compiler: compiler::Options {
+                        node_name: args.node,
+                        proxy_name: args.service_proxy_name,
+                    },
+                    capacities: Capacities {
+                        limits: Limits {
+                            services: args.max_services,
+                            backends: args.max_backends,
+                            slots: args.max_slots,
+                        },
+                        conntrack: args.max_conntrack,
+                    },
+                    pins: (!args.no_pin).then(|| PinDir::new(args.bpffs_dir)),
+                    metrics_addr: (!args.no_metrics).then_some(args.metrics_addr),
+                };
+                agent::run(settings, shutdown_signal()).await
+            })
         }
         Command::List { bpffs_dir, output } => {
             let listing = inspect::list(&PinDir::new(bpffs_dir))?;
@@ -211,6 +235,22 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// A client for the API server: from `--kubeconfig`, or inferred (in-cluster service
+/// account, then KUBECONFIG / ~/.kube/config).
+async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| anyhow::anyhow!("reading kubeconfig {}: {e}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
+        }
+        None => kube::Config::infer().await.map_err(|e| {
+            anyhow::anyhow!("no API server configuration ({e}); pass --manifests DIR for local mode or --kubeconfig")
+        })?,
+    };
+    Ok(kube::Client::try_from(config)?)
 }
 
 async fn shutdown_signal() {

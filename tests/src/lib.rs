@@ -171,9 +171,13 @@ impl Lab {
     /// Starts the agent in the node namespace, on the pods' interfaces, and waits for
     /// its first sync.
     pub fn start_agent(&self) -> Result<Agent> {
+        let source = [
+            "--manifests".into(),
+            self.manifests.clone().into_os_string(),
+        ];
         let agent = Agent::start(
             &self.node.name,
-            &self.manifests,
+            &source,
             &self.pod_interfaces(),
             &self.bpffs,
         )?;
@@ -269,9 +273,11 @@ pub struct Agent {
 }
 
 impl Agent {
+    /// Starts the agent in `node_ns` with `source` arguments (`--manifests DIR` or
+    /// `--kubeconfig FILE`).
     pub fn start(
         node_ns: &str,
-        manifests: &Path,
+        source: &[std::ffi::OsString],
         interfaces: &[String],
         bpffs: &Path,
     ) -> Result<Self> {
@@ -279,8 +285,8 @@ impl Agent {
         let mut child = Command::new("nsenter")
             .arg(format!("--net=/var/run/netns/{node_ns}"))
             .arg(bin)
-            .args(["run", "--manifests"])
-            .arg(manifests)
+            .arg("run")
+            .args(source)
             .arg("--interfaces")
             .arg(interfaces.join(","))
             .args(["--node", "node-1", "--poll-interval-ms", "100"])

@@ -1,0 +1,195 @@
+//! Prometheus metrics and health, served on `/metrics` and `/healthz` (port 10256 as
+//! kube-proxy, on localhost unless told otherwise).
+
+use std::{
+    collections::BTreeMap,
+    net::SocketAddr,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+};
+
+use prometheus_client::{
+    encoding::text::encode,
+    metrics::{
+        counter::Counter,
+        family::Family,
+        gauge::Gauge,
+        histogram::{exponential_buckets, Histogram},
+    },
+    registry::Registry,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+type Labels = Vec<(String, String)>;
+
+/// The agent's metrics.
+pub struct Metrics {
+    registry: Registry,
+    pub syncs: Counter,
+    pub sync_duration: Histogram,
+    pub skipped: Family<Labels, Gauge>,
+    pub map_entries: Family<Labels, Gauge>,
+    pub map_capacity: Family<Labels, Gauge>,
+    pub datapath_packets: Family<Labels, Gauge>,
+    pub programming_latency: Histogram,
+    pub rejected: Counter,
+    /// Set after the first sync: `/healthz` answers 503 before.
+    pub synced: AtomicBool,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("sliceway");
+        let syncs = Counter::default();
+        registry.register(
+            "syncs",
+            "Syncs of the maps with the desired state",
+            syncs.clone(),
+        );
+        let sync_duration = Histogram::new(exponential_buckets(0.0001, 2.0, 18));
+        registry.register(
+            "sync_duration_seconds",
+            "Time to compile and write one sync",
+            sync_duration.clone(),
+        );
+        let skipped = Family::<Labels, Gauge>::default();
+        registry.register(
+            "objects_skipped",
+            "Objects (or parts) the last sync could not use, by kind and reason",
+            skipped.clone(),
+        );
+        let map_entries = Family::<Labels, Gauge>::default();
+        registry.register(
+            "map_entries",
+            "Entries in each BPF map, as the writer knows them",
+            map_entries.clone(),
+        );
+        let map_capacity = Family::<Labels, Gauge>::default();
+        registry.register(
+            "map_capacity",
+            "Capacity of each BPF map",
+            map_capacity.clone(),
+        );
+        let datapath_packets = Family::<Labels, Gauge>::default();
+        registry.register(
+            "datapath_packets",
+            "Packets seen by the datapath, by verdict and reason (summed over CPUs)",
+            datapath_packets.clone(),
+        );
+        // kube-proxy's network_programming_duration_seconds: from the EndpointSlice's
+        // endpoints.kubernetes.io/last-change-trigger-time to the map write.
+        let programming_latency = Histogram::new(exponential_buckets(0.001, 2.0, 20));
+        registry.register(
+            "network_programming_duration_seconds",
+            "From an endpoint change (last-change-trigger-time) to the map write",
+            programming_latency.clone(),
+        );
+        let rejected = Counter::default();
+        registry.register(
+            "frontends_rejected",
+            "Frontend changes that did not fit the maps",
+            rejected.clone(),
+        );
+        Self {
+            registry,
+            syncs,
+            sync_duration,
+            skipped,
+            map_entries,
+            map_capacity,
+            datapath_packets,
+            programming_latency,
+            rejected,
+            synced: AtomicBool::new(false),
+        }
+    }
+
+    /// Replaces the skipped-object gauges with `counts` (kind, reason) → n.
+    pub fn set_skipped(&self, counts: &BTreeMap<(String, String), i64>) {
+        self.skipped.clear();
+        for ((kind, reason), n) in counts {
+            self.skipped
+                .get_or_create(&vec![
+                    ("kind".into(), kind.clone()),
+                    ("reason".into(), reason.clone()),
+                ])
+                .set(*n);
+        }
+    }
+
+    pub fn set_map(&self, map: &str, entries: u64, capacity: u32) {
+        let labels = vec![("map".to_string(), map.to_string())];
+        self.map_entries.get_or_create(&labels).set(entries as i64);
+        self.map_capacity
+            .get_or_create(&labels)
+            .set(capacity as i64);
+    }
+
+    pub fn set_datapath(&self, name: &str, packets: u64) {
+        self.datapath_packets
+            .get_or_create(&vec![("reason".to_string(), name.to_string())])
+            .set(packets as i64);
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Serves `/metrics` and `/healthz` until the task is dropped.
+pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    tracing::info!(%addr, "serving /metrics and /healthz");
+    loop {
+        let (mut conn, _) = listener.accept().await?;
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            let mut len = 0;
+            // Read the request head (requests have no body here).
+            while len < buf.len() {
+                match conn.read(&mut buf[len..]).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => len += n,
+                }
+                if buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
+                    break;
+                }
+            }
+            let head = String::from_utf8_lossy(&buf[..len]);
+            let path = head.split_whitespace().nth(1).unwrap_or("/");
+            let (status, ctype, body) = match path {
+                "/metrics" => (
+                    "200 OK",
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    metrics.render(),
+                ),
+                "/healthz" if metrics.synced.load(Ordering::SeqCst) => {
+                    ("200 OK", "text/plain", "ok\n".into())
+                }
+                "/healthz" => (
+                    "503 Service Unavailable",
+                    "text/plain",
+                    "not synced yet\n".into(),
+                ),
+                _ => ("404 Not Found", "text/plain", "not found\n".into()),
+            };
+            let response = format!(
+                "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = conn.write_all(response.as_bytes()).await;
+        });
+    }
+}
