@@ -298,3 +298,45 @@ fn fragments_and_truncated_headers_have_named_outcomes() {
     assert_eq!(stat_delta(&f.dp, &before, stat::DROP_MALFORMED), 1);
     assert_eq!(full[14 + 9], PROTO_TCP);
 }
+
+/// A map pinned by a build with another layout is refused with a message, never read.
+#[test]
+fn a_pinned_map_of_another_layout_is_refused() {
+    use sliceway_agent::kernel::{KernelError, PinDir};
+    let base = std::path::PathBuf::from(format!("/sys/fs/bpf/slw-layout-{}", std::process::id()));
+    let pins = PinDir::new(&base);
+    std::fs::create_dir_all(pins.dir()).unwrap();
+    struct Cleanup(std::path::PathBuf);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _cleanup = Cleanup(base.clone());
+    // SERVICES with a 4-byte key instead of the 8-byte ServiceKey.
+    let path = pins.map("SERVICES");
+    let out = std::process::Command::new("bpftool")
+        .args(["map", "create"])
+        .arg(&path)
+        .args([
+            "type", "hash", "key", "4", "value", "16", "entries", "16", "name", "SERVICES",
+        ])
+        .output()
+        .expect("bpftool (installed by the set-up)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    match Datapath::load(&Capacities::default(), Some(&pins)) {
+        Err(e @ KernelError::Layout { .. }) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains("key size 4") && msg.contains("sliceway-agent cleanup"),
+                "{msg}"
+            );
+        }
+        Err(e) => panic!("expected a layout error, got {e}"),
+        Ok(_) => panic!("a map of another layout was adopted"),
+    }
+}
