@@ -7,7 +7,7 @@ set -euo pipefail
 
 BPF_LINKER_VERSION=0.13.0
 TOOLS_DIR="${SLICEWAY_TOOLS:-${CARGO_HOME:-$HOME/.cargo}}"
-APT_PACKAGES=(iproute2 iptables nftables conntrack ethtool tcpdump bpftool procps)
+APT_PACKAGES=(iproute2 iptables nftables conntrack ethtool tcpdump bpftool procps fonts-dejavu-core)
 
 say() { printf 'setup: %s\n' "$*" >&2; }
 

@@ -21,6 +21,8 @@ pub fn bench(root: &std::path::Path, quick: bool) -> Result<()> {
         "dataplane-user",
         "--package",
         "tests",
+        "--package",
+        "controller",
     ]))?;
     let mut cmd = Command::new(root.join("target/release/sliceway-bench"));
     cmd.arg("--out").arg(root.join("target/bench"));

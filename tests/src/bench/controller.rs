@@ -2,7 +2,10 @@
 //! binary (`bench-rolling-update`, `bench-cold-start`) when it is built next to this
 //! one; reported as not available otherwise.
 
-use std::process::Command;
+use std::{
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
@@ -29,13 +32,28 @@ pub struct Fig5 {
     pub cold_start_ms: Summary,
 }
 
-fn run_json(args: &[String]) -> Result<Value> {
+fn run_json(args: &[String], limit: Duration) -> Result<Value> {
     let bin = workspace_binary("sliceway-controller")?;
-    let out = Command::new(&bin)
+    let mut child = Command::new(&bin)
         .args(args)
         .env("RUST_LOG", "warn")
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .with_context(|| format!("starting {}", bin.display()))?;
+    let start = Instant::now();
+    while child.try_wait()?.is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!(
+                "sliceway-controller {} did not finish within {limit:?}",
+                args.join(" ")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output()?;
     if !out.status.success() {
         bail!(
             "sliceway-controller {} failed: {}",
@@ -44,6 +62,15 @@ fn run_json(args: &[String]) -> Result<Value> {
         );
     }
     serde_json::from_slice(&out.stdout).context("sliceway-controller printed no JSON")
+}
+
+/// Longest one controller benchmark may run.
+fn limit(cfg: &Config) -> Duration {
+    Duration::from_secs(match cfg.mode {
+        super::Mode::Smoke => 60,
+        super::Mode::Quick => 120,
+        super::Mode::Full => 1800,
+    })
 }
 
 fn num(v: &Value, key: &str) -> Option<f64> {
@@ -71,13 +98,16 @@ pub fn controller(cfg: &Config) -> Fig5 {
         cold_start: None,
         cold_start_ms: Summary::default(),
     };
-    match run_json(&[
-        "bench-rolling-update".into(),
-        "--pods".into(),
-        cfg.fig5_pods.to_string(),
-        "-o".into(),
-        "json".into(),
-    ]) {
+    match run_json(
+        &[
+            "bench-rolling-update".into(),
+            "--pods".into(),
+            cfg.fig5_pods.to_string(),
+            "-o".into(),
+            "json".into(),
+        ],
+        limit(cfg),
+    ) {
         Ok(v) => {
             let get = |k| num(&v, k);
             fig.bytes_ratio = match (get("endpoints_bytes"), get("slice_bytes")) {
@@ -96,15 +126,18 @@ pub fn controller(cfg: &Config) -> Fig5 {
     }
     let mut ms = Vec::new();
     for _ in 0..cfg.rounds.min(3) {
-        match run_json(&[
-            "bench-cold-start".into(),
-            "--services".into(),
-            cfg.fig5_cold_services.to_string(),
-            "--pods".into(),
-            cfg.fig5_cold_pods.to_string(),
-            "-o".into(),
-            "json".into(),
-        ]) {
+        match run_json(
+            &[
+                "bench-cold-start".into(),
+                "--services".into(),
+                cfg.fig5_cold_services.to_string(),
+                "--pods".into(),
+                cfg.fig5_cold_pods.to_string(),
+                "-o".into(),
+                "json".into(),
+            ],
+            limit(cfg),
+        ) {
             Ok(v) => {
                 if let Some(m) = num(&v, "millis") {
                     ms.push(m);

@@ -135,6 +135,17 @@ impl Config {
         }
     }
 
+    /// Longest a baseline's full load may take before it is killed and reported as a
+    /// lower bound (`iptables-restore` with the nf_tables backend takes many minutes
+    /// for 10,000 Services of 10 endpoints).
+    pub fn fig3_load_limit(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(match self.mode {
+            Mode::Smoke => 60,
+            Mode::Quick => 60,
+            Mode::Full => 1800,
+        })
+    }
+
     /// Rounds of a baseline full load: `nft -f` of thousands of Services takes tens of
     /// seconds, so it is repeated less.
     pub fn fig3_rounds_for(&self, loader: node::Loader, services: usize) -> usize {

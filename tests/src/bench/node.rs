@@ -61,6 +61,18 @@ fn node_command(ns: &str, program: &str) -> Result<Command> {
 
 /// Runs `program args < stdin` in the node namespace; returns its wall time.
 fn in_node(ns: &str, program: &str, args: &[&str], stdin: Option<&Path>) -> Result<Duration> {
+    in_node_limited(ns, program, args, stdin, None)?
+        .context("no time limit was set, yet the command timed out")
+}
+
+/// As `in_node`, killing the command after `limit`: `None` when it did not finish.
+fn in_node_limited(
+    ns: &str,
+    program: &str,
+    args: &[&str],
+    stdin: Option<&Path>,
+    limit: Option<Duration>,
+) -> Result<Option<Duration>> {
     let mut cmd = node_command(ns, program)?;
     cmd.args(args).stdout(Stdio::null()).stderr(Stdio::piped());
     match stdin {
@@ -70,17 +82,26 @@ fn in_node(ns: &str, program: &str, args: &[&str], stdin: Option<&Path>) -> Resu
         None => cmd.stdin(Stdio::null()),
     };
     let start = Instant::now();
-    let out = cmd
-        .spawn()
-        .with_context(|| format!("starting {program}"))?
-        .wait_with_output()?;
+    let mut child = cmd.spawn().with_context(|| format!("starting {program}"))?;
+    if let Some(limit) = limit {
+        while child.try_wait()?.is_none() {
+            if start.elapsed() > limit {
+                // nsenter --net execs the program in place: this is the program.
+                let _ = child.kill();
+                let _ = child.wait();
+                return Ok(None);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    let out = child.wait_with_output()?;
     let took = start.elapsed();
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
         let err: String = err.chars().take(2000).collect();
         bail!("{program} {args:?} in {ns} failed: {}", err.trim());
     }
-    Ok(took)
+    Ok(Some(took))
 }
 
 /// Removes every rule and tracked connection from the node namespace (only there).
@@ -510,20 +531,28 @@ impl Loader {
     }
 
     fn load(self, ns: &str, file: &Path) -> Result<Duration> {
+        self.load_limited(ns, file, None)?
+            .context("no time limit was set, yet the load timed out")
+    }
+
+    /// Loads `file`; `None` when it did not finish within `limit` (it is killed).
+    fn load_limited(
+        self,
+        ns: &str,
+        file: &Path,
+        limit: Option<Duration>,
+    ) -> Result<Option<Duration>> {
+        let restore = ["--noflush", "--counters"];
         match self {
-            Loader::IptablesRestore => in_node(
-                ns,
-                "iptables-restore",
-                &["--noflush", "--counters"],
-                Some(file),
-            ),
-            Loader::IptablesLegacyRestore => in_node(
-                ns,
-                "iptables-legacy-restore",
-                &["--noflush", "--counters"],
-                Some(file),
-            ),
-            Loader::Nft => in_node(ns, "nft", &["-f", &file.to_string_lossy()], None),
+            Loader::IptablesRestore => {
+                in_node_limited(ns, "iptables-restore", &restore, Some(file), limit)
+            }
+            Loader::IptablesLegacyRestore => {
+                in_node_limited(ns, "iptables-legacy-restore", &restore, Some(file), limit)
+            }
+            Loader::Nft => {
+                in_node_limited(ns, "nft", &["-f", &file.to_string_lossy()], None, limit)
+            }
         }
     }
 
@@ -549,6 +578,8 @@ pub struct BaselineFull {
     pub loader: Loader,
     pub rules_bytes: usize,
     pub ms: Summary,
+    /// The load was killed at the time limit: `ms` is a lower bound.
+    pub timed_out: bool,
 }
 
 /// A baseline's reprogramming after one endpoint changed.
@@ -594,9 +625,17 @@ pub fn baseline_programming(
             let file = scratch.file("full.rules", &text)?;
             let rounds = cfg.fig3_rounds_for(loader, n);
             let mut ms = Vec::new();
+            let mut timed_out = false;
             for _ in 0..rounds {
                 flush_node(&ns, legacy);
-                ms.push(loader.load(&ns, &file)?.as_secs_f64() * 1e3);
+                match loader.load_limited(&ns, &file, Some(cfg.fig3_load_limit()))? {
+                    Some(d) => ms.push(d.as_secs_f64() * 1e3),
+                    None => {
+                        timed_out = true;
+                        ms = vec![cfg.fig3_load_limit().as_secs_f64() * 1e3];
+                        break;
+                    }
+                }
             }
             if cfg.fig3_sizes.contains(&n) {
                 full.push(BaselineFull {
@@ -604,9 +643,10 @@ pub fn baseline_programming(
                     loader,
                     rules_bytes: text.len(),
                     ms: Summary::of(&ms),
+                    timed_out,
                 });
             }
-            if n != cfg.fig3_change_size {
+            if n != cfg.fig3_change_size || timed_out {
                 continue;
             }
             // The rules of `services` are loaded: change one endpoint back and forth.
