@@ -355,6 +355,11 @@ impl Agent {
         self.child.id()
     }
 
+    /// How the agent exited, if it did.
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
     /// SIGKILL: no chance to clean anything up, as in a crash or an OOM kill.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
@@ -365,7 +370,7 @@ impl Agent {
         // SIGTERM first, so the agent exits cleanly.
         // SAFETY: plain syscall on our own child's pid.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {
                 return;

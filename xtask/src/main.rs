@@ -151,9 +151,8 @@ extern "C" {
     fn libc_getuid() -> u32;
 }
 
-fn test() -> Result<()> {
-    require_root("`cargo xtask test` (program and node-lab tests)")?;
-    // Binaries the node-lab tests start.
+/// The binaries the node-lab tests and the demo start (debug build).
+fn build_lab_binaries() -> Result<()> {
     run(cargo().args([
         "build",
         "--bins",
@@ -161,19 +160,17 @@ fn test() -> Result<()> {
         "dataplane-user",
         "--package",
         "tests",
-    ]))?;
+    ]))
+}
+
+fn test() -> Result<()> {
+    require_root("`cargo xtask test` (program and node-lab tests)")?;
+    build_lab_binaries()?;
     run(cargo().args(["test", "--workspace", "--no-fail-fast"]))
 }
 
 fn demo() -> Result<()> {
     require_root("the demo (it attaches BPF programs in network namespaces)")?;
-    run(cargo().args([
-        "build",
-        "--bins",
-        "--package",
-        "dataplane-user",
-        "--package",
-        "tests",
-    ]))?;
+    build_lab_binaries()?;
     run(&mut Command::new("target/debug/sliceway-demo"))
 }

@@ -11,8 +11,8 @@ use std::{
     io::{BufRead, BufReader},
     net::SocketAddrV4,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
-    sync::{Arc, Mutex},
+    process::{Command, Stdio},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -25,7 +25,7 @@ use super::{
     stats::{percentile, Rng, Summary},
     Config,
 };
-use crate::{in_netns, servers, workspace_binary, Lab, NS_PREFIX};
+use crate::{in_netns, servers, Agent, Lab, NS_PREFIX};
 
 /// The proxies compared.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -146,11 +146,11 @@ impl Drop for Scratch {
     }
 }
 
-/// A `sliceway-agent run` in the node namespace, started the way the lab starts it,
-/// with its pid at hand for memory readings. Stopped on drop.
+/// A `sliceway-agent run` in the node namespace, started by the lab's `Agent` with
+/// `--no-pin` (its maps stay private and its programs detach when it exits, so each
+/// proxy starts from a clean node), with its start time and memory at hand.
 pub struct AgentProc {
-    child: Child,
-    log: Arc<Mutex<Vec<String>>>,
+    agent: Agent,
     started: Instant,
 }
 
@@ -165,43 +165,21 @@ pub struct Synced {
 
 impl AgentProc {
     pub fn start(lab: &Lab, manifests: &Path) -> Result<Self> {
-        let bin = workspace_binary("sliceway-agent")?;
-        let mut cmd = node_command(&lab.node.name, &bin.to_string_lossy())?;
         let started = Instant::now();
-        let mut child = cmd
-            .args(["run", "--manifests"])
-            .arg(manifests)
-            .arg("--interfaces")
-            .arg(lab.pod_interfaces().join(","))
-            .args(["--node", "node-1", "--poll-interval-ms", "100"])
-            .args(no_pin_flag(&bin))
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("starting sliceway-agent")?;
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let stderr = child.stderr.take().expect("piped");
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                sink.lock().unwrap().push(line);
-            }
-        });
-        Ok(Self {
-            child,
-            log,
-            started,
-        })
+        let source = [
+            "--manifests".into(),
+            manifests.as_os_str().to_owned(),
+            "--no-pin".into(),
+        ];
+        let agent = Agent::start(&lab.node.name, &source, &lab.pod_interfaces(), &lab.bpffs)?;
+        Ok(Self { agent, started })
     }
 
     /// Waits for a sync that programmed `frontends` frontends.
     pub fn wait_synced(&mut self, frontends: usize, timeout: Duration) -> Result<Synced> {
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
-            let found = self.log.lock().unwrap().iter().find_map(|l| {
+            let found = self.agent.log().iter().find_map(|l| {
                 (l.contains("synced") && field(l, "frontends") == Some(frontends as u64))
                     .then(|| field(l, "micros").unwrap_or(0))
             });
@@ -211,38 +189,24 @@ impl AgentProc {
                     micros,
                 });
             }
-            if let Ok(Some(status)) = self.child.try_wait() {
+            if let Some(status) = self.agent.exit_status() {
                 bail!(
                     "the agent exited ({status}); its log:\n{}",
-                    self.log.lock().unwrap().join("\n")
+                    self.agent.log().join("\n")
                 );
             }
             std::thread::sleep(Duration::from_millis(10));
         }
         bail!(
             "the agent did not program {frontends} frontends within {timeout:?}; its log:\n{}",
-            self.log.lock().unwrap().join("\n")
+            self.agent.log().join("\n")
         )
     }
 
-    /// Pid of the agent itself (`nsenter --net` execs it in place).
-    fn pid(&self) -> Result<u32> {
-        let pid = self.child.id();
-        let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-        if comm.trim() == "nsenter" {
-            let children =
-                fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
-            if let Some(c) = children.split_whitespace().next() {
-                return Ok(c.parse()?);
-            }
-            bail!("the agent has not started yet");
-        }
-        Ok(pid)
-    }
-
-    /// Peak and current resident set size, in KiB (`VmHWM`, `VmRSS`).
+    /// Peak and current resident set size, in KiB (`VmHWM`, `VmRSS`). `nsenter --net`
+    /// execs the agent in place, so the child's pid is the agent's.
     pub fn memory_kib(&self) -> Result<(u64, u64)> {
-        let status = fs::read_to_string(format!("/proc/{}/status", self.pid()?))?;
+        let status = fs::read_to_string(format!("/proc/{}/status", self.agent.pid()))?;
         let get = |key: &str| {
             status
                 .lines()
@@ -255,38 +219,7 @@ impl AgentProc {
     }
 
     pub fn stop(&mut self) {
-        // SAFETY: plain syscall on our own child's pid.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for AgentProc {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-/// `--no-pin` when the agent pins by default: its maps must be private and its programs
-/// must detach when it exits, so each proxy starts from a clean node.
-fn no_pin_flag(bin: &Path) -> Vec<&'static str> {
-    let help = Command::new(bin)
-        .args(["run", "--help"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default();
-    if help.contains("--no-pin") {
-        vec!["--no-pin"]
-    } else {
-        vec![]
+        self.agent.stop();
     }
 }
 
