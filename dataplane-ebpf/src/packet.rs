@@ -1,5 +1,5 @@
-//! Bounds-checked packet access and header offsets. Packet memory is read only through
-//! `ptr_at`; writes go through the skb helpers in `nat`.
+//! Bounds-checked packet access and header offsets. Packet memory is reached only
+//! through `ptr_at` and `ptr_at_mut`.
 
 use aya_ebpf::programs::TcContext;
 use core::mem::size_of;
@@ -25,6 +25,13 @@ pub fn ptr_at<T>(ctx: &TcContext, offset: usize) -> Option<*const T> {
         return None;
     }
     Some((start + offset) as *const T)
+}
+
+/// Like [`ptr_at`], for writing. Only `nat` writes, and only after the last helper
+/// call that may move the packet.
+#[inline(always)]
+pub fn ptr_at_mut<T>(ctx: &TcContext, offset: usize) -> Option<*mut T> {
+    ptr_at::<T>(ctx, offset).map(|p| p as *mut T)
 }
 
 /// The fields of an IPv4 TCP/UDP packet the programs decide on, network byte order.

@@ -55,6 +55,8 @@ pub struct Lab {
     /// bpffs directory the lab's agents pin under; removed on drop.
     pub bpffs: PathBuf,
     servers: Option<BackendServers>,
+    /// Whether the pods' interfaces keep veth's TX checksum offload.
+    pod_offload: bool,
 }
 
 /// Prefix of every namespace a lab makes.
@@ -62,7 +64,23 @@ pub const NS_PREFIX: &str = "slw";
 
 impl Lab {
     /// Builds the namespaces, links and addresses, and starts a server in each backend.
+    /// TX checksum offload is off everywhere, so every packet carries a full checksum
+    /// that the receiver verifies.
     pub fn new(backends: usize) -> Result<Self> {
+        Self::build(backends, false)
+    }
+
+    /// Like [`Lab::new`], but the pods send as they do in a cluster: veth's TX
+    /// checksum offload stays on in the pods, so their packets reach the node's
+    /// programs with a partial checksum (only the pseudo-header sum in the L4
+    /// checksum field). The node's interfaces keep offload off, so the kernel
+    /// completes the checksum in software when it forwards a packet, and the
+    /// receiving pod verifies it: a wrong update of the partial checksum is caught.
+    pub fn with_pod_checksum_offload(backends: usize) -> Result<Self> {
+        Self::build(backends, true)
+    }
+
+    fn build(backends: usize, pod_offload: bool) -> Result<Self> {
         netns::remove_stale(NS_PREFIX);
         static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -85,6 +103,7 @@ impl Lab {
             manifests,
             bpffs: PathBuf::from(format!("/sys/fs/bpf/{prefix}")),
             servers: None,
+            pod_offload,
         };
         node_sysctls(&lab.node.name)?;
         lab.client = lab.add_pod("client", 1)?;
@@ -124,6 +143,7 @@ impl Lab {
         )?;
         self.node.run("ip", &["link", "set", &node_iface, "up"])?;
         // veth's TX checksum offload would hide checksum bugs: compute them in full.
+        // (Pods may keep it: see `with_pod_checksum_offload`.)
         self.node
             .run("ethtool", &["-K", &node_iface, "tx", "off"])?;
         ns.run(
@@ -136,7 +156,9 @@ impl Lab {
             "ip",
             &["route", "add", "default", "via", &node_ip.to_string()],
         )?;
-        ns.run("ethtool", &["-K", "eth0", "tx", "off"])?;
+        if !self.pod_offload {
+            ns.run("ethtool", &["-K", "eth0", "tx", "off"])?;
+        }
         let pod = Pod {
             name: name.to_string(),
             ns: ns.name.clone(),

@@ -47,6 +47,22 @@ fn tcp_and_udp_through_the_vip_reach_every_backend() {
 }
 
 #[test]
+fn partial_checksums_from_pods_with_tx_offload_are_rewritten_correctly() {
+    // Pods send with a partial checksum, as in a cluster; the node completes it in
+    // software on the way out and the receiver verifies it.
+    let lab = Lab::with_pod_checksum_offload(3).unwrap();
+    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1, 2]))
+        .unwrap();
+    let _agent = lab.start_agent().unwrap();
+    let reply = lab.tcp_stream(vip(), 4 << 20).unwrap();
+    assert!(lab.backends.iter().any(|b| b.name == reply.backend));
+    for _ in 0..10 {
+        lab.tcp_request(vip()).unwrap();
+        lab.udp_request(vip()).unwrap();
+    }
+}
+
+#[test]
 fn a_long_tcp_transfer_keeps_its_backend_and_arrives_intact() {
     let lab = Lab::new(3).unwrap();
     lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1, 2]))

@@ -8,8 +8,8 @@ use anyhow::Result;
 
 use super::{build_ebpf, cargo, require_root, run, setup};
 
-/// Runs the benchmarks; `quick` for a run of a few minutes.
-pub fn bench(root: &std::path::Path, quick: bool) -> Result<()> {
+/// Runs the benchmarks; `quick` for a run of a few minutes, `only` to pick figures.
+pub fn bench(root: &std::path::Path, quick: bool, only: Option<&str>) -> Result<()> {
     setup(root)?;
     build_ebpf()?;
     require_root("the benchmarks (BPF programs, network namespaces)")?;
@@ -28,6 +28,9 @@ pub fn bench(root: &std::path::Path, quick: bool) -> Result<()> {
     cmd.arg("--out").arg(root.join("target/bench"));
     if quick {
         cmd.arg("--quick");
+    }
+    if let Some(only) = only {
+        cmd.arg("--only").arg(only);
     }
     run(&mut cmd)
 }

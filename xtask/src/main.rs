@@ -38,6 +38,9 @@ enum Task {
         /// A run of a few minutes instead of the full one.
         #[arg(long)]
         quick: bool,
+        /// Only these figures, e.g. `--only 1,3`.
+        #[arg(long)]
+        only: Option<String>,
     },
 }
 
@@ -67,7 +70,7 @@ fn main() -> Result<()> {
             build_ebpf()?;
             demo()
         }
-        Task::Bench { quick } => bench::bench(&root, quick),
+        Task::Bench { quick, only } => bench::bench(&root, quick, only.as_deref()),
     }
 }
 

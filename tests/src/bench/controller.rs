@@ -64,6 +64,21 @@ fn run_json(args: &[String], limit: Duration) -> Result<Value> {
     serde_json::from_slice(&out.stdout).context("sliceway-controller printed no JSON")
 }
 
+impl Fig5 {
+    /// Figure 5 when `--only` left it out.
+    pub fn not_selected() -> Self {
+        Self {
+            method: String::new(),
+            unavailable: vec!["not selected with --only".into()],
+            rolling_update: None,
+            bytes_ratio: None,
+            writes_ratio: None,
+            cold_start: None,
+            cold_start_ms: Summary::default(),
+        }
+    }
+}
+
 /// Longest one controller benchmark may run.
 fn limit(cfg: &Config) -> Duration {
     Duration::from_secs(match cfg.mode {

@@ -42,6 +42,8 @@ pub enum Mode {
 #[derive(Clone, Debug, Serialize)]
 pub struct Config {
     pub mode: Mode,
+    /// The figures to run (1 to 5); the others are reported as not selected.
+    pub figures: Vec<u8>,
     pub fig1_sizes: Vec<usize>,
     /// BPF_PROG_TEST_RUN repeat.
     pub repeat: u32,
@@ -66,11 +68,20 @@ pub struct Config {
     pub fig5_cold_pods: usize,
 }
 
+/// Every figure.
+pub const ALL_FIGURES: [u8; 5] = [1, 2, 3, 4, 5];
+
 impl Config {
+    /// Whether figure `n` is to be run.
+    pub fn runs(&self, n: u8) -> bool {
+        self.figures.contains(&n)
+    }
+
     pub fn new(mode: Mode) -> Self {
         match mode {
             Mode::Smoke => Self {
                 mode,
+                figures: ALL_FIGURES.to_vec(),
                 fig1_sizes: vec![1, 100],
                 repeat: 1_000,
                 rounds: 2,
@@ -92,6 +103,7 @@ impl Config {
             },
             Mode::Quick => Self {
                 mode,
+                figures: ALL_FIGURES.to_vec(),
                 fig1_sizes: vec![1, 100, 1_000, 10_000, 100_000],
                 repeat: 100_000,
                 rounds: 5,
@@ -113,6 +125,7 @@ impl Config {
             },
             Mode::Full => Self {
                 mode,
+                figures: ALL_FIGURES.to_vec(),
                 fig1_sizes: vec![1, 100, 1_000, 10_000, 100_000],
                 repeat: 1_000_000,
                 rounds: 11,
@@ -184,6 +197,11 @@ impl<T> Outcome<T> {
             },
         }
     }
+    fn not_selected() -> Self {
+        Outcome::Failed {
+            error: "not selected with --only".into(),
+        }
+    }
     pub fn ok(&self) -> Option<&T> {
         match self {
             Outcome::Done(v) => Some(v),
@@ -217,12 +235,13 @@ pub struct Report {
 }
 
 impl Report {
-    /// Whether every figure was measured.
+    /// Whether every selected figure was measured.
     pub fn complete(&self) -> bool {
-        self.fig1.ok().is_some()
-            && self.fig2.ok().is_some()
-            && self.fig3.ok().is_some()
-            && self.fig4.ok().is_some()
+        let c = &self.config;
+        (!c.runs(1) || self.fig1.ok().is_some())
+            && (!c.runs(2) || self.fig2.ok().is_some())
+            && (!c.runs(3) || self.fig3.ok().is_some())
+            && (!c.runs(4) || self.fig4.ok().is_some())
     }
 }
 
@@ -257,29 +276,41 @@ pub fn run(cfg: &Config, out: &Path) -> Result<Report> {
         seconds: 0.0,
     };
 
-    progress("figure 1: kernel cost per packet (BPF_PROG_TEST_RUN)");
-    let fig1 = Outcome::from(kernel_cost::per_packet(cfg));
-
-    progress("figure 3: sliceway's full and incremental sync (in process)");
-    let sliceway_full: Result<Vec<_>> = cfg
-        .fig3_sizes
-        .iter()
-        .map(|&n| {
-            let services = model::fake_cluster(n, cfg.fig3_endpoints);
-            Ok((n, kernel_cost::full_sync(&services, cfg.fig3_rounds)?))
-        })
-        .collect();
-    let sliceway_change = {
-        let services = model::fake_cluster(cfg.fig3_change_size, cfg.fig3_endpoints);
-        let after = node::with_one_endpoint_changed(&services, cfg.fig3_change_size / 2);
-        kernel_cost::one_endpoint_change(&services, &after, cfg.fig3_change_rounds)
+    let fig1 = if cfg.runs(1) {
+        progress("figure 1: kernel cost per packet (BPF_PROG_TEST_RUN)");
+        Outcome::from(kernel_cost::per_packet(cfg))
+    } else {
+        Outcome::not_selected()
     };
 
-    progress("building the node lab");
-    let lab = Lab::new(3);
+    // Sliceway's side of figure 3 runs in process, before the lab exists.
+    let sliceway_sync = cfg.runs(3).then(|| {
+        progress("figure 3: sliceway's full and incremental sync (in process)");
+        let full: Result<Vec<_>> = cfg
+            .fig3_sizes
+            .iter()
+            .map(|&n| {
+                let services = model::fake_cluster(n, cfg.fig3_endpoints);
+                Ok((n, kernel_cost::full_sync(&services, cfg.fig3_rounds)?))
+            })
+            .collect();
+        let services = model::fake_cluster(cfg.fig3_change_size, cfg.fig3_endpoints);
+        let after = node::with_one_endpoint_changed(&services, cfg.fig3_change_size / 2);
+        let change = kernel_cost::one_endpoint_change(&services, &after, cfg.fig3_change_rounds);
+        (full, change)
+    });
+
+    let lab = if [2, 3, 4].iter().any(|&n| cfg.runs(n)) {
+        progress("building the node lab");
+        Lab::new(3)
+    } else {
+        Err(anyhow::anyhow!(
+            "no figure that needs it was selected with --only"
+        ))
+    };
     let (fig2, fig3, fig4) = match lab {
         Err(e) => {
-            let err = format!("the node lab could not be built: {e:#}");
+            let err = format!("the node lab was not built: {e:#}");
             (
                 Outcome::Failed { error: err.clone() },
                 Outcome::Failed { error: err.clone() },
@@ -288,35 +319,52 @@ pub fn run(cfg: &Config, out: &Path) -> Result<Report> {
         }
         Ok(lab) => {
             let scratch = node::Scratch::new(&lab.prefix)?;
-            progress("figure 2: new-connection latency (sliceway, iptables, nftables)");
-            let fig2 = Outcome::from(node::connection_latency(&lab, cfg, &scratch));
-            progress("figure 3: the baselines' programming time");
-            let loaders = [
-                node::Loader::IptablesRestore,
-                node::Loader::IptablesLegacyRestore,
-                node::Loader::Nft,
-            ];
-            let baselines = node::baseline_programming(&lab, cfg, &scratch, &loaders);
-            node::flush_node(&lab.node.name, true);
-            let fig3 = Outcome::from((|| {
-                let (baselines, baseline_change) = baselines?;
-                Ok(Fig3 {
-                    method: report::fig3_method(cfg),
-                    sliceway: sliceway_full?,
-                    baselines,
-                    sliceway_change: Some(sliceway_change?),
-                    baseline_change,
-                })
-            })());
-            progress("figure 4: agent memory");
-            let fig4 = Outcome::from(node::agent_memory(&lab, cfg, &scratch));
+            let fig2 = if cfg.runs(2) {
+                progress("figure 2: new-connection latency (sliceway, iptables, nftables)");
+                Outcome::from(node::connection_latency(&lab, cfg, &scratch))
+            } else {
+                Outcome::not_selected()
+            };
+            let fig3 = match sliceway_sync {
+                None => Outcome::not_selected(),
+                Some((sliceway_full, sliceway_change)) => {
+                    progress("figure 3: the baselines' programming time");
+                    let loaders = [
+                        node::Loader::IptablesRestore,
+                        node::Loader::IptablesLegacyRestore,
+                        node::Loader::Nft,
+                    ];
+                    let baselines = node::baseline_programming(&lab, cfg, &scratch, &loaders);
+                    node::flush_node(&lab.node.name, true);
+                    Outcome::from((|| {
+                        let (baselines, baseline_change) = baselines?;
+                        Ok(Fig3 {
+                            method: report::fig3_method(cfg),
+                            sliceway: sliceway_full?,
+                            baselines,
+                            sliceway_change: Some(sliceway_change?),
+                            baseline_change,
+                        })
+                    })())
+                }
+            };
+            let fig4 = if cfg.runs(4) {
+                progress("figure 4: agent memory");
+                Outcome::from(node::agent_memory(&lab, cfg, &scratch))
+            } else {
+                Outcome::not_selected()
+            };
             node::flush_node(&lab.node.name, false);
             (fig2, fig3, fig4)
         }
     };
 
-    progress("figure 5: controller");
-    let fig5 = controller::controller(cfg);
+    let fig5 = if cfg.runs(5) {
+        progress("figure 5: controller");
+        controller::controller(cfg)
+    } else {
+        controller::Fig5::not_selected()
+    };
 
     let mut report = Report {
         config: cfg.clone(),

@@ -20,6 +20,10 @@ struct Cli {
     /// Tiny sizes, for the smoke test: checks the harness, measures nothing useful.
     #[arg(long)]
     smoke: bool,
+    /// Only these figures (1 to 5), e.g. `--only 1,3`; the others are reported as
+    /// not selected.
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u8).range(1..=5))]
+    only: Vec<u8>,
     /// Where the report and plots go.
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
@@ -36,7 +40,11 @@ fn main() -> Result<()> {
         (false, true) => Mode::Quick,
         (false, false) => Mode::Full,
     };
-    let report = bench::run(&Config::new(mode), &cli.out)?;
+    let mut config = Config::new(mode);
+    if !cli.only.is_empty() {
+        config.figures = cli.only;
+    }
+    let report = bench::run(&config, &cli.out)?;
     print!(
         "{}",
         std::fs::read_to_string(cli.out.join("report.md")).unwrap_or_default()
