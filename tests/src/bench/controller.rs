@@ -79,6 +79,14 @@ impl Fig5 {
     }
 }
 
+/// Runs of the cold start: once in a quick run.
+fn cold_start_runs(cfg: &Config) -> usize {
+    match cfg.mode {
+        super::Mode::Quick => 1,
+        _ => cfg.rounds.min(3),
+    }
+}
+
 /// Longest one controller benchmark may run.
 fn limit(cfg: &Config) -> Duration {
     Duration::from_secs(match cfg.mode {
@@ -104,7 +112,7 @@ pub fn controller(cfg: &Config) -> Fig5 {
             pods = cfg.fig5_pods,
             s = cfg.fig5_cold_services,
             p = cfg.fig5_cold_pods,
-            runs = cfg.rounds.min(3),
+            runs = cold_start_runs(cfg),
         ),
         unavailable: Vec::new(),
         rolling_update: None,
@@ -140,7 +148,7 @@ pub fn controller(cfg: &Config) -> Fig5 {
             .push(format!("rolling update not available: {e:#}")),
     }
     let mut ms = Vec::new();
-    for _ in 0..cfg.rounds.min(3) {
+    for _ in 0..cold_start_runs(cfg) {
         match run_json(
             &[
                 "bench-cold-start".into(),

@@ -379,15 +379,17 @@ fn measure_latency(lab: &Lab, cfg: &Config, services: &[Svc], proxy: Proxy) -> R
 /// Figure 2.
 pub fn connection_latency(lab: &Lab, cfg: &Config, scratch: &Scratch) -> Result<Fig2> {
     let ns = lab.node.name.clone();
+    let legacy = cfg.fig2_iptables == Loader::IptablesLegacyRestore;
     let _servers = LatencyServers::start(lab)?;
     let mut rows = Vec::new();
     for &n in &cfg.fig2_sizes {
         let services = model::cluster(n, |_| {
             lab.backends.iter().map(|b| (b.ip, LATENCY_PORT)).collect()
         });
-        flush_node(&ns, false);
+        flush_node(&ns, legacy);
         assert_nothing_answers(lab, &services)?;
 
+        super::progress(&format!("figure 2: {n} Services: sliceway"));
         // sliceway: the real agent, attached to the pods' interfaces.
         let dir = scratch.manifests(&format!("fig2-{n}"))?;
         fs::write(dir.join("services.yaml"), model::yaml(&services))?;
@@ -398,19 +400,16 @@ pub fn connection_latency(lab: &Lab, cfg: &Config, scratch: &Scratch) -> Result<
         rows.push(row?);
         assert_nothing_answers(lab, &services)?;
 
+        super::progress(&format!("figure 2: {n} Services: iptables"));
         // iptables, as kube-proxy loads it.
         let rules = scratch.file("iptables.rules", &kubeproxy::iptables_full(&services, true))?;
-        in_node(
-            &ns,
-            "iptables-restore",
-            &["--noflush", "--counters"],
-            Some(&rules),
-        )?;
+        cfg.fig2_iptables.load(&ns, &rules)?;
         let row = measure_latency(lab, cfg, &services, Proxy::Iptables);
-        flush_node(&ns, false);
+        flush_node(&ns, legacy);
         rows.push(row?);
         assert_nothing_answers(lab, &services)?;
 
+        super::progress(&format!("figure 2: {n} Services: nftables"));
         // nftables, as kube-proxy loads it.
         let rules = scratch.file("nft.rules", &kubeproxy::nft_full(&services))?;
         Loader::Nft.load(&ns, &rules)?;
@@ -427,10 +426,18 @@ pub fn connection_latency(lab: &Lab, cfg: &Config, scratch: &Scratch) -> Result<
              {rounds} rounds; p50 and p99 of each round, median [min–max] over rounds. \
              sliceway: the sliceway-agent binary attached to the node's pod interfaces; \
              iptables / nftables: kube-proxy's rules for the same Services loaded into the \
-             node namespace, with the agent stopped (its programs detach when it exits) and \
-             the rules and conntrack flushed between proxies.",
+             node namespace (iptables rules with `{iptables}`), with the agent stopped (its \
+             programs detach when it exits) and the rules and conntrack flushed between \
+             proxies.{why}",
             conns = cfg.fig2_connections,
             rounds = cfg.fig2_rounds,
+            iptables = cfg.fig2_iptables.name(),
+            why = if legacy {
+                " A quick run uses the legacy (x_tables) backend: `iptables-restore` with the \
+                 nf_tables backend takes minutes to load 10,000 Services."
+            } else {
+                ""
+            },
         ),
         ipvs: "IPVS is not built into this kernel (no ip_vs module): kube-proxy's IPVS mode \
                cannot be measured here."
@@ -554,6 +561,7 @@ pub fn baseline_programming(
     for &n in &sizes {
         let services = model::fake_cluster(n, cfg.fig3_endpoints);
         for &loader in loaders {
+            super::progress(&format!("figure 3: {n} Services: {}", loader.name()));
             let text = loader.full_text(&services);
             let file = scratch.file("full.rules", &text)?;
             let rounds = cfg.fig3_rounds_for(loader, n);

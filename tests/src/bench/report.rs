@@ -47,7 +47,7 @@ pub fn fig3_method(cfg: &Config) -> String {
          timed), loaded into the emptied lab node namespace: wall time of \
          `nsenter --net=NODE iptables-restore --noflush --counters < FILE`, \
          `iptables-legacy-restore` likewise, and `nft -f FILE` (about 1 ms of that is nsenter \
-         and process start). {rounds} rounds ({slow} for `nft -f` of 5,000 Services or \
+         and process start). {rounds} rounds ({slow} for {slow_which} of 5,000 Services or \
          more), median [min–max]; a load still running after {limit} s is killed and reported as \
          a lower bound. One endpoint change at {change} Services: endpoint 0 of one \
          Service replaced, back and forth, {crounds} rounds; sliceway's map operations and \
@@ -56,6 +56,11 @@ pub fn fig3_method(cfg: &Config) -> String {
         eps = cfg.fig3_endpoints,
         rounds = cfg.fig3_rounds,
         slow = cfg.fig3_slow_rounds,
+        slow_which = if cfg.mode == super::Mode::Quick {
+            "every load"
+        } else {
+            "`nft -f`"
+        },
         change = cfg.fig3_change_size,
         crounds = cfg.fig3_change_rounds,
         limit = cfg.fig3_load_limit().as_secs(),
@@ -124,7 +129,11 @@ pub fn targets(r: &Report) -> Vec<Target> {
         "new-connection latency (p50) at 10,000 Services at most half of iptables'",
         match at10k {
             (Some(s), Some(i), _) => Some((
-                format!("{s:.0} µs vs {i:.0} µs: {:.2}x", s / i),
+                format!(
+                    "{s:.0} µs vs {i:.0} µs ({}): {:.2}x",
+                    r.config.fig2_iptables.name(),
+                    s / i
+                ),
                 s <= i / 2.0,
             )),
             _ => None,
