@@ -1,5 +1,6 @@
-//! The agent loop: take objects from a source (a manifest directory, or the API server
-//! through reflectors), compile, write the difference to the maps, publish metrics.
+//! The agent loop: take the objects that changed from a source (a manifest directory,
+//! or the API server through reflectors), recompile the Services they belong to, write
+//! the difference to the maps, publish metrics.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -17,9 +18,9 @@ use crate::{
     compiler::{self, Skipped},
     kernel::{Attached, Capacities, Datapath, PinDir},
     kube_source::{KubeSource, KubeSourceConfig},
-    local::{ManifestDir, Objects},
+    local::ManifestDir,
     metrics::Metrics,
-    writer::MapWriter,
+    writer::{ApplyReport, MapOps, MapWriter},
 };
 
 /// Where objects come from.
@@ -46,9 +47,60 @@ pub struct Settings {
     pub metrics_addr: Option<SocketAddr>,
 }
 
+/// The pure part of a sync: the incremental compiler and the map writer. Objects go
+/// into the compiler as the sources see them change; [`Pipeline::sync`] recompiles the
+/// Services they belong to and writes the frontends that changed.
+#[derive(Debug)]
+pub struct Pipeline {
+    pub compiler: compiler::Incremental,
+    pub writer: MapWriter,
+    /// Whether the writer has done one full apply.
+    applied: bool,
+}
+
+/// What one [`Pipeline::sync`] did.
+#[derive(Debug)]
+pub struct Synced {
+    pub report: ApplyReport,
+    /// Frontends the compile said were added, changed or removed.
+    pub changed: usize,
+    /// Whether every frontend was compared (the first sync), not only the changed ones.
+    pub full: bool,
+}
+
+impl Pipeline {
+    pub fn new(compiler: compiler::Incremental, writer: MapWriter) -> Self {
+        Self {
+            compiler,
+            writer,
+            applied: false,
+        }
+    }
+
+    /// Recompiles what changed and writes it. The first sync compares every frontend
+    /// (a writer that adopted pinned maps brings them to the desired state and cleans
+    /// what an earlier run left); later ones look only at the frontends that changed.
+    pub fn sync<M: MapOps>(&mut self, maps: &mut M) -> Synced {
+        let changed = self.compiler.compile();
+        let full = !self.applied;
+        let report = if full {
+            self.applied = true;
+            self.writer.apply(self.compiler.frontends(), maps)
+        } else {
+            self.writer
+                .apply_changed(self.compiler.frontends(), &changed, maps)
+        };
+        Synced {
+            report,
+            changed: changed.len(),
+            full,
+        }
+    }
+}
+
 /// Per-sync state that outlives one sync.
 struct Syncer {
-    writer: MapWriter,
+    pipeline: Pipeline,
     reported: BTreeSet<Skipped>,
     syncs: u64,
     metrics: Arc<Metrics>,
@@ -56,20 +108,19 @@ struct Syncer {
     triggers: HashMap<(String, String), String>,
 }
 
-const TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
-
 impl Syncer {
-    fn sync(&mut self, objects: &Objects, dp: &mut Datapath, opts: &compiler::Options) {
+    fn sync(&mut self, dp: &mut Datapath) {
         let started = Instant::now();
-        let compiled = compiler::compile(&objects.services, &objects.slices, opts);
+        let synced = self.pipeline.sync(&mut dp.maps);
+        let report = &synced.report;
+        let written = SystemTime::now();
+        let skipped = self.pipeline.compiler.skipped();
         // Say each problem once, not at every sync.
-        let now: BTreeSet<Skipped> = compiled.skipped.iter().cloned().collect();
+        let now: BTreeSet<Skipped> = skipped.iter().cloned().collect();
         for s in now.difference(&self.reported) {
             warn!(object = %s.object, "skipped: {}", s.reason);
         }
         self.reported = now;
-        let report = self.writer.apply(&compiled.frontends, &mut dp.maps);
-        let written = SystemTime::now();
         for (service, reason) in &report.rejected {
             warn!(%service, "kept its previous state: {reason}");
             self.metrics.rejected.inc();
@@ -78,60 +129,57 @@ impl Syncer {
             warn!("map write failed: {e}");
         }
         self.syncs += 1;
-        self.observe(objects, &compiled, dp, written, started.elapsed());
+        self.observe(&skipped, dp, written, started.elapsed());
+        let report = &synced.report;
+        let writer = &self.pipeline.writer;
         info!(
             sync = self.syncs,
-            services = objects.services.len(),
-            slices = objects.slices.len(),
-            frontends = self.writer.programmed().len(),
-            backends = self.writer.backend_count(),
+            services = self.pipeline.compiler.service_count(),
+            slices = self.pipeline.compiler.slice_count(),
+            frontends = writer.programmed().len(),
+            backends = writer.backend_count(),
+            changed = synced.changed,
             writes = report.map_writes,
             deletes = report.map_deletes,
-            skipped = compiled.skipped.len(),
+            skipped = skipped.len(),
             micros = started.elapsed().as_micros() as u64,
             "synced"
         );
     }
 
-    fn observe(
-        &mut self,
-        objects: &Objects,
-        compiled: &compiler::Compiled,
-        dp: &Datapath,
-        written: SystemTime,
-        took: Duration,
-    ) {
+    fn observe(&mut self, skipped: &[Skipped], dp: &Datapath, written: SystemTime, took: Duration) {
         let m = &self.metrics;
         m.syncs.inc();
         m.sync_duration.observe(took.as_secs_f64());
-        let mut skipped: BTreeMap<(String, String), i64> = BTreeMap::new();
-        for s in &compiled.skipped {
-            *skipped
+        let mut counts: BTreeMap<(String, String), i64> = BTreeMap::new();
+        for s in skipped {
+            *counts
                 .entry((s.object.kind.to_string(), s.code.to_string()))
                 .or_default() += 1;
         }
-        let ignored = &compiled.ignored;
+        let ignored = self.pipeline.compiler.ignored();
         for (code, n) in [
             ("other_proxy", ignored.other_proxy),
             ("headless", ignored.headless),
             ("external_name", ignored.external_name),
             ("ipv6", ignored.ipv6),
         ] {
-            skipped.insert(("ignored".into(), code.into()), n as i64);
+            counts.insert(("ignored".into(), code.into()), n as i64);
         }
-        m.set_skipped(&skipped);
+        m.set_skipped(&counts);
         let limits = dp.limits();
+        let writer = &self.pipeline.writer;
         m.set_map(
             map_name::SERVICES,
-            self.writer.programmed().len() as u64,
+            writer.programmed().len() as u64,
             limits.services,
         );
         m.set_map(
             map_name::BACKENDS,
-            self.writer.backend_count() as u64,
+            writer.backend_count() as u64,
             limits.backends,
         );
-        m.set_map(map_name::SLOTS, self.writer.slot_count(), limits.slots);
+        m.set_map(map_name::SLOTS, writer.slot_count(), limits.slots);
         if let Ok(stats) = dp.stats() {
             for (i, v) in stats.iter().enumerate() {
                 m.set_datapath(stat::NAMES[i], *v);
@@ -141,20 +189,8 @@ impl Syncer {
         // trigger time changed, from that time to this write. The first sync only
         // records what it saw (those changes happened before the agent started).
         let first = self.syncs == 1;
-        for slice in &objects.slices {
-            let Some(t) = slice
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(TRIGGER_TIME))
-            else {
-                continue;
-            };
-            let key = (
-                slice.metadata.namespace.clone().unwrap_or_default(),
-                slice.metadata.name.clone().unwrap_or_default(),
-            );
-            if self.triggers.get(&key) == Some(t) {
+        for (key, t) in self.pipeline.compiler.take_trigger_times() {
+            if self.triggers.get(&key) == Some(&t) {
                 continue;
             }
             self.triggers.insert(key, t.clone());
@@ -220,7 +256,10 @@ pub async fn run(
     }
     let (mut dp, writer) = start_datapath(&settings)?;
     let mut syncer = Syncer {
-        writer,
+        pipeline: Pipeline::new(
+            compiler::Incremental::new(settings.compiler.clone()),
+            writer,
+        ),
         reported: BTreeSet::new(),
         syncs: 0,
         metrics,
@@ -231,13 +270,13 @@ pub async fn run(
         Source::Manifests { dir, poll } => {
             let mut manifests = ManifestDir::new(dir);
             loop {
-                match manifests.rescan() {
+                match manifests.rescan(&mut syncer.pipeline.compiler) {
                     Ok(scan) => {
                         for p in &scan.new_problems {
                             warn!(file = %p.file.display(), "{}", p.reason);
                         }
                         if scan.changed || syncer.syncs == 0 {
-                            syncer.sync(&manifests.objects(), &mut dp, &settings.compiler);
+                            syncer.sync(&mut dp);
                         }
                     }
                     Err(e) => {
@@ -264,7 +303,11 @@ pub async fn run(
                 _ = &mut shutdown => { task.abort(); return Ok(()); }
             }
             loop {
-                syncer.sync(&source.snapshot(), &mut dp, &settings.compiler);
+                let mut changes = source.take_changes();
+                // The first sync reads every object; later ones those that changed.
+                changes.relisted |= syncer.syncs == 0;
+                source.feed(&changes, &mut syncer.pipeline.compiler);
+                syncer.sync(&mut dp);
                 tokio::select! {
                     r = source.next_batch(*batch) => { r?; }
                     _ = &mut shutdown => break,

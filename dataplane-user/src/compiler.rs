@@ -1,5 +1,11 @@
 //! The compiler: Services, EndpointSlices and this node's identity in, the desired
-//! frontends with their backends out. A pure function: no kernel, no clock, no I/O.
+//! frontends with their backends out. Pure: no kernel, no clock, no I/O.
+//!
+//! [`compile`] does it all at once. [`Incremental`] holds the objects between syncs
+//! and recompiles only the Services whose Service object or EndpointSlices (by their
+//! `kubernetes.io/service-name` label) changed, with the same result: both share the
+//! per-slice and per-Service steps, and a frontend asked for by two Services goes to
+//! the first in namespace and name order either way.
 //!
 //! Semantics follow kube-proxy where it defines them:
 //! - which objects are used: kube-proxy's informer selectors skip objects labelled
@@ -20,6 +26,8 @@ use std::{
 
 use dataplane_common::{Backend, ServiceKey, PROTO_TCP, PROTO_UDP};
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+
+use crate::model::{Address, Origin, ServiceId, ServiceInfo, SliceId, SliceInfo};
 
 /// Label that hands a Service to a specific proxy (kube-proxy skips these).
 pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
@@ -143,41 +151,126 @@ struct MergedEndpoint {
 /// (port name, protocol) → address → endpoint.
 type PortEndpoints = HashMap<(String, u8), BTreeMap<(Ipv4Addr, u16), MergedEndpoint>>;
 
+/// The slices of one Service: their namespace (`default` when unset) and the
+/// Service's name from their label.
+type EndpointsKey = (String, String);
+
+/// Services compiled together, in order: same namespace and name (empty when unset).
+type GroupKey = (String, String);
+
+/// A frontend a Service asks for. The first Service (in namespace and name order) to
+/// ask for an address gets it; later ones are skipped with a message.
+#[derive(Clone, Debug)]
+struct Claim {
+    key: ServiceKey,
+    frontend: Frontend,
+}
+
+impl Claim {
+    /// The Service asking.
+    fn by(&self) -> ObjectRef {
+        ObjectRef {
+            kind: "Service",
+            namespace: self.frontend.service.namespace.clone(),
+            name: self.frontend.service.name.clone(),
+        }
+    }
+}
+
+/// What compiling some Services gave, before frontend conflicts are settled.
+#[derive(Clone, Debug, Default)]
+struct ServiceOut {
+    claims: Vec<Claim>,
+    skipped: Vec<Skipped>,
+    ignored: Ignored,
+}
+
+impl ServiceOut {
+    fn is_empty(&self) -> bool {
+        self.claims.is_empty() && self.skipped.is_empty() && self.ignored == Ignored::default()
+    }
+}
+
+impl Ignored {
+    fn add(&mut self, o: &Ignored) {
+        self.other_proxy += o.other_proxy;
+        self.headless += o.headless;
+        self.external_name += o.external_name;
+        self.ipv6 += o.ipv6;
+    }
+    fn sub(&mut self, o: &Ignored) {
+        self.other_proxy -= o.other_proxy;
+        self.headless -= o.headless;
+        self.external_name -= o.external_name;
+        self.ipv6 -= o.ipv6;
+    }
+}
+
 /// Compiles Services and EndpointSlices into frontends.
 pub fn compile(services: &[Service], slices: &[EndpointSlice], opts: &Options) -> Compiled {
-    let mut out = Compiled::default();
-    let endpoints = merge_slices(slices, opts, &mut out);
+    let services: Vec<ServiceInfo> = services.iter().map(ServiceInfo::from).collect();
+    let slices: Vec<SliceInfo> = slices.iter().map(SliceInfo::from).collect();
+    compile_model(&services, &slices, opts)
+}
 
-    let mut services: Vec<&Service> = services.iter().collect();
-    services.sort_by_key(|s| object_key(s));
-    for svc in services {
-        compile_service(svc, &endpoints, opts, &mut out);
+/// [`compile`] over the agent's model of the objects.
+pub fn compile_model(services: &[ServiceInfo], slices: &[SliceInfo], opts: &Options) -> Compiled {
+    let mut out = Compiled::default();
+    let mut slices: Vec<&SliceInfo> = slices.iter().collect();
+    slices.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    let mut endpoints: HashMap<EndpointsKey, PortEndpoints> = HashMap::new();
+    for slice in slices {
+        if let Some(key) = classify_slice(slice, opts, &mut out.ignored, &mut out.skipped) {
+            merge_slice(
+                slice,
+                opts,
+                endpoints.entry(key).or_default(),
+                &mut out.skipped,
+            );
+        }
     }
+
+    let mut services: Vec<&ServiceInfo> = services.iter().collect();
+    services.sort_by(|a, b| group_of(a).cmp(&group_of(b)));
+    let mut compiled = ServiceOut::default();
+    for svc in services {
+        compile_service(svc, &endpoints, opts, &mut compiled);
+        for claim in compiled.claims.drain(..) {
+            match out.frontends.get(&claim.key) {
+                Some(existing) => {
+                    out.skipped
+                        .push(conflict(&claim.key, claim.by(), &existing.service))
+                }
+                None => {
+                    out.frontends.insert(claim.key, claim.frontend);
+                }
+            }
+        }
+    }
+    out.skipped.append(&mut compiled.skipped);
+    out.ignored.add(&compiled.ignored);
     out.skipped.sort();
     out
 }
 
-fn object_key(svc: &Service) -> (String, String) {
+/// The compile order of Services: namespace and name, empty when unset.
+fn group_of(svc: &ServiceInfo) -> (&str, &str) {
     (
-        svc.metadata.namespace.clone().unwrap_or_default(),
-        svc.metadata.name.clone().unwrap_or_default(),
+        svc.namespace.as_deref().unwrap_or_default(),
+        svc.name.as_deref().unwrap_or_default(),
     )
 }
 
-fn service_ref(svc: &Service) -> ObjectRef {
+fn service_ref(svc: &ServiceInfo) -> ObjectRef {
     ObjectRef {
         kind: "Service",
-        namespace: svc
-            .metadata
-            .namespace
-            .clone()
-            .unwrap_or_else(|| "default".into()),
-        name: svc.metadata.name.clone().unwrap_or_default(),
+        namespace: svc.namespace.clone().unwrap_or_else(|| "default".into()),
+        name: svc.name.clone().unwrap_or_default(),
     }
 }
 
-fn is_other_proxys(labels: Option<&BTreeMap<String, String>>, opts: &Options) -> bool {
-    match labels.and_then(|l| l.get(LABEL_SERVICE_PROXY_NAME)) {
+fn is_other_proxys(label: Option<&String>, opts: &Options) -> bool {
+    match label {
         None => false,
         Some(v) => opts.proxy_name.as_deref() != Some(v.as_str()),
     }
@@ -201,132 +294,149 @@ fn port_number(p: i32) -> Result<u16, String> {
         .ok_or_else(|| format!("port {p} is out of range 1-65535"))
 }
 
-fn merge_slices(
-    slices: &[EndpointSlice],
+fn slice_ref(slice: &SliceInfo) -> ObjectRef {
+    ObjectRef {
+        kind: "EndpointSlice",
+        namespace: slice.namespace.clone().unwrap_or_else(|| "default".into()),
+        name: slice.name.clone().unwrap_or_default(),
+    }
+}
+
+/// Whether a slice is used, and for which Service: what is not used is counted as
+/// ignored or skipped with a message.
+fn classify_slice(
+    slice: &SliceInfo,
     opts: &Options,
-    out: &mut Compiled,
-) -> HashMap<(String, String), PortEndpoints> {
-    let mut merged: HashMap<(String, String), PortEndpoints> = HashMap::new();
-    let mut slices: Vec<&EndpointSlice> = slices.iter().collect();
-    slices.sort_by(|a, b| {
-        (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name))
-    });
-    for slice in slices {
-        let namespace = slice
-            .metadata
-            .namespace
-            .clone()
-            .unwrap_or_else(|| "default".into());
-        let me = ObjectRef {
-            kind: "EndpointSlice",
-            namespace: namespace.clone(),
-            name: slice.metadata.name.clone().unwrap_or_default(),
-        };
-        let labels = slice.metadata.labels.as_ref();
-        if is_other_proxys(labels, opts) {
-            out.ignored.other_proxy += 1;
-            continue;
+    ignored: &mut Ignored,
+    skipped: &mut Vec<Skipped>,
+) -> Option<EndpointsKey> {
+    if is_other_proxys(slice.proxy_name.as_ref(), opts) {
+        ignored.other_proxy += 1;
+        return None;
+    }
+    if slice.headless {
+        ignored.headless += 1;
+        return None;
+    }
+    let Some(service) = &slice.service_name else {
+        skipped.push(Skipped {
+            object: slice_ref(slice),
+            code: "no_service_label",
+            reason: format!("no {LABEL_SERVICE_NAME} label: it belongs to no Service"),
+        });
+        return None;
+    };
+    match slice.address_type.as_str() {
+        "IPv4" => {}
+        "IPv6" => {
+            ignored.ipv6 += 1;
+            return None;
         }
-        if labels.is_some_and(|l| l.contains_key(LABEL_HEADLESS)) {
-            out.ignored.headless += 1;
-            continue;
-        }
-        let Some(service) = labels.and_then(|l| l.get(LABEL_SERVICE_NAME)) else {
-            out.skipped.push(Skipped {
-                object: me,
-                code: "no_service_label",
-                reason: format!("no {LABEL_SERVICE_NAME} label: it belongs to no Service"),
+        other => {
+            skipped.push(Skipped {
+                object: slice_ref(slice),
+                code: "address_type",
+                reason: format!("addressType {other} is not supported (IPv4 is)"),
             });
-            continue;
-        };
-        match slice.address_type.as_str() {
-            "IPv4" => {}
-            "IPv6" => {
-                out.ignored.ipv6 += 1;
-                continue;
-            }
-            other => {
-                out.skipped.push(Skipped {
-                    object: me,
-                    code: "address_type",
-                    reason: format!("addressType {other} is not supported (IPv4 is)"),
+            return None;
+        }
+    }
+    Some((
+        slice.namespace.clone().unwrap_or_else(|| "default".into()),
+        service.clone(),
+    ))
+}
+
+/// Adds the endpoints of a used slice to its Service's, as kube-proxy's
+/// endpointslicecache merges them (slices in namespace and name order).
+fn merge_slice(
+    slice: &SliceInfo,
+    opts: &Options,
+    by_port: &mut PortEndpoints,
+    skipped: &mut Vec<Skipped>,
+) {
+    for port in &slice.ports {
+        // endpointslicecache: a port without a number is ignored.
+        let Some(number) = port.port else { continue };
+        let proto = match protocol(port.protocol.as_deref()) {
+            Ok(p) => p,
+            Err(reason) => {
+                skipped.push(Skipped {
+                    object: slice_ref(slice),
+                    code: "protocol",
+                    reason: format!("port {number}: {reason}"),
                 });
                 continue;
             }
-        }
-        let by_port = merged.entry((namespace, service.clone())).or_default();
-        for port in slice.ports.iter().flatten() {
-            // endpointslicecache: a port without a number is ignored.
-            let Some(number) = port.port else { continue };
-            let proto = match protocol(port.protocol.as_deref()) {
-                Ok(p) => p,
-                Err(reason) => {
-                    out.skipped.push(Skipped {
-                        object: me.clone(),
-                        code: "protocol",
-                        reason: format!("port {number}: {reason}"),
-                    });
-                    continue;
-                }
-            };
-            let number = match port_number(number) {
-                Ok(n) => n,
-                Err(reason) => {
-                    out.skipped.push(Skipped {
-                        object: me.clone(),
-                        code: "port_range",
-                        reason,
-                    });
-                    continue;
-                }
-            };
-            let addrs = by_port
-                .entry((port.name.clone().unwrap_or_default(), proto))
-                .or_default();
-            for ep in &slice.endpoints {
-                let cond = ep.conditions.as_ref();
-                let ready = cond.and_then(|c| c.ready).unwrap_or(true);
-                let endpoint = MergedEndpoint {
-                    ready,
-                    serving: cond.and_then(|c| c.serving).unwrap_or(ready),
-                    terminating: cond.and_then(|c| c.terminating).unwrap_or(false),
-                    local: opts.node_name.is_some() && ep.node_name == opts.node_name,
-                };
-                // A slice endpoint has one address (the API allows more, only the first
-                // is used, as in kube-proxy).
-                let Some(addr) = ep.addresses.first() else {
-                    continue;
-                };
-                let ip: Ipv4Addr = match addr.parse() {
-                    Ok(ip) => ip,
-                    Err(_) => {
-                        out.skipped.push(Skipped {
-                            object: me.clone(),
-                            code: "bad_endpoint_address",
-                            reason: format!("endpoint address {addr:?} is not an IPv4 address"),
-                        });
-                        continue;
-                    }
-                };
-                addrs
-                    .entry((ip, number))
-                    .and_modify(|seen| {
-                        if seen.terminating && !endpoint.terminating {
-                            *seen = endpoint;
-                        }
-                    })
-                    .or_insert(endpoint);
+        };
+        let number = match port_number(number) {
+            Ok(n) => n,
+            Err(reason) => {
+                skipped.push(Skipped {
+                    object: slice_ref(slice),
+                    code: "port_range",
+                    reason,
+                });
+                continue;
             }
+        };
+        let addrs = by_port.entry((port.name.clone(), proto)).or_default();
+        for ep in &slice.endpoints {
+            let ready = ep.ready.unwrap_or(true);
+            let endpoint = MergedEndpoint {
+                ready,
+                serving: ep.serving.unwrap_or(ready),
+                terminating: ep.terminating.unwrap_or(false),
+                local: opts.node_name.is_some()
+                    && ep.node_name.as_deref() == opts.node_name.as_deref(),
+            };
+            // A slice endpoint has one address (the API allows more, only the first
+            // is used, as in kube-proxy).
+            let Some(addr) = &ep.address else {
+                continue;
+            };
+            let ip: Ipv4Addr = match addr {
+                Address::V4(ip) => *ip,
+                Address::Other(addr) => {
+                    skipped.push(Skipped {
+                        object: slice_ref(slice),
+                        code: "bad_endpoint_address",
+                        reason: format!("endpoint address {addr:?} is not an IPv4 address"),
+                    });
+                    continue;
+                }
+            };
+            addrs
+                .entry((ip, number))
+                .and_modify(|seen| {
+                    if seen.terminating && !endpoint.terminating {
+                        *seen = endpoint;
+                    }
+                })
+                .or_insert(endpoint);
         }
     }
-    merged
+}
+
+/// The message of a Service that asks for another one's frontend.
+fn conflict(key: &ServiceKey, by: ObjectRef, winner: &ServicePortName) -> Skipped {
+    let vip = Ipv4Addr::from(u32::from_be(key.addr_be));
+    let number = u16::from_be(key.port_be);
+    Skipped {
+        object: by,
+        code: "frontend_conflict",
+        reason: format!(
+            "{vip}:{number}/{} is already the frontend of {winner}; this one is skipped",
+            proto_name(key.proto),
+        ),
+    }
 }
 
 fn compile_service(
-    svc: &Service,
-    endpoints: &HashMap<(String, String), PortEndpoints>,
+    svc: &ServiceInfo,
+    endpoints: &HashMap<EndpointsKey, PortEndpoints>,
     opts: &Options,
-    out: &mut Compiled,
+    out: &mut ServiceOut,
 ) {
     let me = service_ref(svc);
     if me.name.is_empty() {
@@ -337,7 +447,7 @@ fn compile_service(
         });
         return;
     }
-    if is_other_proxys(svc.metadata.labels.as_ref(), opts) {
+    if is_other_proxys(svc.proxy_name.as_ref(), opts) {
         out.ignored.other_proxy += 1;
         return;
     }
@@ -349,20 +459,15 @@ fn compile_service(
         });
         return;
     };
-    if spec.type_.as_deref() == Some("ExternalName") {
+    if spec.external_name {
         out.ignored.external_name += 1;
         return;
     }
-    let cluster_ips: Vec<&String> = match (&spec.cluster_ips, &spec.cluster_ip) {
-        (Some(ips), _) if !ips.is_empty() => ips.iter().collect(),
-        (_, Some(ip)) => vec![ip],
-        _ => vec![],
-    };
-    if cluster_ips.iter().any(|ip| ip.as_str() == "None") {
+    if spec.cluster_ips.iter().any(|ip| ip.as_str() == "None") {
         out.ignored.headless += 1;
         return;
     }
-    if cluster_ips.is_empty() {
+    if spec.cluster_ips.is_empty() {
         out.skipped.push(Skipped {
             object: me,
             code: "no_cluster_ip",
@@ -371,7 +476,7 @@ fn compile_service(
         return;
     }
     let mut vips: Vec<(Ipv4Addr, bool)> = Vec::new();
-    for ip in &cluster_ips {
+    for ip in &spec.cluster_ips {
         match ip.parse::<std::net::IpAddr>() {
             Ok(std::net::IpAddr::V4(v4)) => vips.push((v4, true)),
             Ok(std::net::IpAddr::V6(_)) => out.ignored.ipv6 += 1,
@@ -387,19 +492,7 @@ fn compile_service(
     }
     // External IPs and load-balancer ingress IPs reach the same endpoints; they follow
     // externalTrafficPolicy, which only matters for traffic from outside the node.
-    let external = spec
-        .external_ips
-        .iter()
-        .flatten()
-        .map(String::as_str)
-        .chain(
-            svc.status
-                .iter()
-                .filter_map(|s| s.load_balancer.as_ref())
-                .flat_map(|lb| lb.ingress.iter().flatten())
-                .filter_map(|i| i.ip.as_deref()),
-        );
-    for ip in external {
+    for ip in &spec.external_ips {
         match ip.parse::<Ipv4Addr>() {
             Ok(v4) => vips.push((v4, false)),
             Err(_) => out.skipped.push(Skipped {
@@ -411,11 +504,11 @@ fn compile_service(
             }),
         }
     }
-    let internal_local = spec.internal_traffic_policy.as_deref() == Some("Local");
+    let internal_local = spec.internal_local;
     let svc_endpoints = endpoints.get(&(me.namespace.clone(), me.name.clone()));
     let mut seen_ports = BTreeSet::new();
-    for port in spec.ports.iter().flatten() {
-        let port_name = port.name.clone().unwrap_or_default();
+    for port in &spec.ports {
+        let port_name = &port.name;
         let (proto, number) = match protocol(port.protocol.as_deref())
             .and_then(|p| Ok((p, port_number(port.port)?)))
         {
@@ -451,25 +544,323 @@ fn compile_service(
                 proto,
                 _pad: 0,
             };
-            if let Some(existing) = out.frontends.get(&key) {
-                out.skipped.push(Skipped {
-                    object: me.clone(),
-                    code: "frontend_conflict",
-                    reason: format!(
-                        "{vip}:{number}/{} is already the frontend of {}; this one is skipped",
-                        proto_name(proto),
-                        existing.service
-                    ),
-                });
-                continue;
-            }
-            out.frontends.insert(
+            out.claims.push(Claim {
                 key,
-                Frontend {
+                frontend: Frontend {
                     service: name.clone(),
                     backends,
                 },
+            });
+        }
+    }
+}
+
+/// The compiler kept running between syncs. Objects go in one at a time
+/// ([`put_service`](Self::put_service), [`remove_slice`](Self::remove_slice), ...);
+/// [`compile`](Self::compile) then recompiles only the Services whose Service object
+/// or EndpointSlices changed, and says which frontends changed. What it holds is
+/// always what [`compile`](crate::compiler::compile) gives for the same objects.
+#[derive(Debug, Default)]
+pub struct Incremental {
+    opts: Options,
+    services: BTreeMap<ServiceId, ServiceInfo>,
+    slices: BTreeMap<SliceId, SliceEntry>,
+    /// The used slices of each Service, in merge order.
+    slices_of: HashMap<EndpointsKey, Vec<SliceId>>,
+    endpoints: HashMap<EndpointsKey, PortEndpoints>,
+    groups: HashMap<GroupKey, ServiceOut>,
+    /// Who asks for each frontend, first (the owner) first: (group, claim index).
+    claims: HashMap<ServiceKey, Vec<(GroupKey, u32)>>,
+    frontends: BTreeMap<ServiceKey, Frontend>,
+    /// Slices and groups that have something skipped; frontends asked for twice.
+    slices_skipping: BTreeSet<SliceId>,
+    groups_skipping: BTreeSet<GroupKey>,
+    conflicts: BTreeSet<ServiceKey>,
+    ignored: Ignored,
+    dirty_endpoints: BTreeSet<EndpointsKey>,
+    dirty_groups: BTreeSet<GroupKey>,
+    /// Trigger times of the slices put since the last `take_trigger_times`.
+    trigger_times: Vec<((String, String), String)>,
+}
+
+/// A slice and what it gives on its own.
+#[derive(Debug)]
+struct SliceEntry {
+    info: SliceInfo,
+    /// The Service it belongs to, if it is used.
+    used_for: Option<EndpointsKey>,
+    skipped: Vec<Skipped>,
+    ignored: Ignored,
+}
+
+impl Incremental {
+    pub fn new(opts: Options) -> Self {
+        Self {
+            opts,
+            ..Default::default()
+        }
+    }
+
+    pub fn options(&self) -> &Options {
+        &self.opts
+    }
+
+    /// Adds or replaces a Service. Whether anything changed.
+    pub fn put_service(&mut self, origin: Origin, svc: ServiceInfo) -> bool {
+        let id = ServiceId::of(&svc, origin);
+        if self.services.get(&id) == Some(&svc) {
+            return false;
+        }
+        self.dirty_groups
+            .insert((id.namespace.clone(), id.name.clone()));
+        self.services.insert(id, svc);
+        true
+    }
+
+    /// Removes a Service. Whether it was there.
+    pub fn remove_service(&mut self, id: &ServiceId) -> bool {
+        if self.services.remove(id).is_none() {
+            return false;
+        }
+        self.dirty_groups
+            .insert((id.namespace.clone(), id.name.clone()));
+        true
+    }
+
+    /// Adds or replaces an EndpointSlice. Whether anything changed.
+    pub fn put_slice(&mut self, origin: Origin, slice: SliceInfo) -> bool {
+        let id = SliceId::of(&slice, origin);
+        if self.slices.get(&id).is_some_and(|e| e.info == slice) {
+            return false;
+        }
+        self.remove_slice(&id);
+        if let Some(t) = &slice.trigger_time {
+            self.trigger_times.push((
+                (
+                    id.namespace.clone().unwrap_or_default(),
+                    id.name.clone().unwrap_or_default(),
+                ),
+                t.clone(),
+            ));
+        }
+        let mut entry = SliceEntry {
+            info: slice,
+            used_for: None,
+            skipped: Vec::new(),
+            ignored: Ignored::default(),
+        };
+        entry.used_for = classify_slice(
+            &entry.info,
+            &self.opts,
+            &mut entry.ignored,
+            &mut entry.skipped,
+        );
+        if let Some(key) = &entry.used_for {
+            // Run once on its own for the messages; merged with its siblings later.
+            merge_slice(
+                &entry.info,
+                &self.opts,
+                &mut PortEndpoints::default(),
+                &mut entry.skipped,
             );
+            let ids = self.slices_of.entry(key.clone()).or_default();
+            let at = ids.partition_point(|i| *i < id);
+            ids.insert(at, id.clone());
+            self.dirty_endpoints.insert(key.clone());
+        }
+        self.ignored.add(&entry.ignored);
+        if !entry.skipped.is_empty() {
+            self.slices_skipping.insert(id.clone());
+        }
+        self.slices.insert(id, entry);
+        true
+    }
+
+    /// Removes an EndpointSlice. Whether it was there.
+    pub fn remove_slice(&mut self, id: &SliceId) -> bool {
+        let Some(entry) = self.slices.remove(id) else {
+            return false;
+        };
+        self.ignored.sub(&entry.ignored);
+        self.slices_skipping.remove(id);
+        if let Some(key) = entry.used_for {
+            if let Some(ids) = self.slices_of.get_mut(&key) {
+                ids.retain(|i| i != id);
+                if ids.is_empty() {
+                    self.slices_of.remove(&key);
+                }
+            }
+            self.dirty_endpoints.insert(key);
+        }
+        true
+    }
+
+    /// The `last-change-trigger-time` of each slice added or changed since the last
+    /// call, by namespace and name (empty when unset): the agent's programming latency.
+    pub fn take_trigger_times(&mut self) -> Vec<((String, String), String)> {
+        std::mem::take(&mut self.trigger_times)
+    }
+
+    /// The Services held, by identity.
+    pub fn service_ids(&self) -> impl Iterator<Item = &ServiceId> {
+        self.services.keys()
+    }
+
+    /// The EndpointSlices held, by identity.
+    pub fn slice_ids(&self) -> impl Iterator<Item = &SliceId> {
+        self.slices.keys()
+    }
+
+    pub fn service_count(&self) -> usize {
+        self.services.len()
+    }
+
+    pub fn slice_count(&self) -> usize {
+        self.slices.len()
+    }
+
+    /// Recompiles what changed since the last call. Returns the frontends that were
+    /// added, changed or removed.
+    pub fn compile(&mut self) -> BTreeSet<ServiceKey> {
+        for key in std::mem::take(&mut self.dirty_endpoints) {
+            let merged = self.slices_of.get(&key).map(|ids| {
+                let mut merged = PortEndpoints::default();
+                let mut messages = Vec::new(); // kept per slice already
+                for id in ids {
+                    merge_slice(
+                        &self.slices[id].info,
+                        &self.opts,
+                        &mut merged,
+                        &mut messages,
+                    );
+                }
+                merged
+            });
+            let old = match merged {
+                Some(m) => self.endpoints.insert(key.clone(), m),
+                None => self.endpoints.remove(&key),
+            };
+            if old.as_ref() == self.endpoints.get(&key) {
+                continue;
+            }
+            // A Service without a namespace compiles with those of `default` but is
+            // ordered with those of the empty namespace.
+            if key.0 == "default" {
+                self.dirty_groups.insert((String::new(), key.1.clone()));
+            }
+            self.dirty_groups.insert(key);
+        }
+
+        let mut touched = BTreeSet::new();
+        for group in std::mem::take(&mut self.dirty_groups) {
+            if let Some(old) = self.groups.remove(&group) {
+                self.ignored.sub(&old.ignored);
+                self.groups_skipping.remove(&group);
+                for (i, claim) in old.claims.iter().enumerate() {
+                    let at = (group.clone(), i as u32);
+                    if let Some(who) = self.claims.get_mut(&claim.key) {
+                        who.retain(|c| *c != at);
+                        if who.is_empty() {
+                            self.claims.remove(&claim.key);
+                        }
+                    }
+                    touched.insert(claim.key);
+                }
+            }
+            let mut out = ServiceOut::default();
+            let from = ServiceId {
+                namespace: group.0.clone(),
+                name: group.1.clone(),
+                origin: Origin::default(),
+            };
+            for (id, svc) in self.services.range(from..) {
+                if id.namespace != group.0 || id.name != group.1 {
+                    break;
+                }
+                compile_service(svc, &self.endpoints, &self.opts, &mut out);
+            }
+            if out.is_empty() {
+                continue;
+            }
+            self.ignored.add(&out.ignored);
+            if !out.skipped.is_empty() {
+                self.groups_skipping.insert(group.clone());
+            }
+            for (i, claim) in out.claims.iter().enumerate() {
+                let who = self.claims.entry(claim.key).or_default();
+                let at = (group.clone(), i as u32);
+                let pos = who.partition_point(|c| *c < at);
+                who.insert(pos, at);
+                touched.insert(claim.key);
+            }
+            self.groups.insert(group, out);
+        }
+
+        let mut changed = BTreeSet::new();
+        for key in touched {
+            let who = self.claims.get(&key);
+            if who.is_some_and(|w| w.len() > 1) {
+                self.conflicts.insert(key);
+            } else {
+                self.conflicts.remove(&key);
+            }
+            let owner = who
+                .and_then(|w| w.first())
+                .map(|(g, i)| &self.groups[g].claims[*i as usize].frontend);
+            if owner == self.frontends.get(&key) {
+                continue;
+            }
+            match owner {
+                Some(f) => {
+                    self.frontends.insert(key, f.clone());
+                }
+                None => {
+                    self.frontends.remove(&key);
+                }
+            }
+            changed.insert(key);
+        }
+        changed
+    }
+
+    /// The frontends as of the last [`compile`](Self::compile).
+    pub fn frontends(&self) -> &BTreeMap<ServiceKey, Frontend> {
+        &self.frontends
+    }
+
+    /// What could not be used, sorted, as of the last [`compile`](Self::compile) (and
+    /// of the slices put since).
+    pub fn skipped(&self) -> Vec<Skipped> {
+        let mut all = Vec::new();
+        for id in &self.slices_skipping {
+            all.extend(self.slices[id].skipped.iter().cloned());
+        }
+        for group in &self.groups_skipping {
+            all.extend(self.groups[group].skipped.iter().cloned());
+        }
+        for key in &self.conflicts {
+            let who = &self.claims[key];
+            let claim = |(g, i): &(GroupKey, u32)| &self.groups[g].claims[*i as usize];
+            let owner = &claim(&who[0]).frontend.service;
+            for other in &who[1..] {
+                all.push(conflict(key, claim(other).by(), owner));
+            }
+        }
+        all.sort();
+        all
+    }
+
+    /// Objects deliberately left alone, as of the last [`compile`](Self::compile).
+    pub fn ignored(&self) -> &Ignored {
+        &self.ignored
+    }
+
+    /// Everything, in the form [`compile`](crate::compiler::compile) gives.
+    pub fn compiled(&self) -> Compiled {
+        Compiled {
+            frontends: self.frontends.clone(),
+            skipped: self.skipped(),
+            ignored: self.ignored.clone(),
         }
     }
 }

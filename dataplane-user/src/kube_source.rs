@@ -21,13 +21,23 @@
 //! would shrink Services to the first slices seen. After that, [`KubeSource::next_batch`]
 //! turns a burst of changes into one sync.
 //!
+//! Each store change also records which object changed (or that a store was listed
+//! anew), so the agent feeds only those objects to its incremental compiler
+//! ([`KubeSource::take_changes`], [`KubeSource::feed`]).
+//!
 //! ```text
 //! watcher ─► backoff ─► strip managedFields ─► reflector store ─► change counter
-//!                                                   │                  │
-//!                       snapshot() ◄────────────────┘   next_batch() ◄─┘
+//!                                                   │            changed objects
+//!                       snapshot(), feed() ◄────────┘   next_batch() ◄─┘
 //! ```
 
-use std::{fmt::Debug, future::Future, sync::Arc, time::Duration};
+use std::{
+    collections::{BTreeSet, HashSet},
+    fmt::Debug,
+    future::Future,
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
 
 use futures::{future::FutureExt as _, stream, Stream, StreamExt as _};
 use k8s_openapi::api::{
@@ -36,7 +46,7 @@ use k8s_openapi::api::{
 };
 use kube::{
     runtime::{
-        reflector::{self, Store},
+        reflector::{self, ObjectRef, Store},
         watcher, WatchStreamExt as _,
     },
     Api, Client, Resource, ResourceExt as _,
@@ -45,8 +55,9 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::{
-    compiler::{LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME},
+    compiler::{Incremental, LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME},
     local::Objects,
+    model::{Origin, ServiceId, ServiceInfo, SliceId, SliceInfo},
 };
 
 /// How long [`KubeSource::next_batch`] keeps absorbing changes when the caller has no
@@ -113,6 +124,19 @@ pub struct Batch {
     pub changes: u64,
 }
 
+/// Namespace and name of an object.
+pub type ObjectKey = (Option<String>, String);
+
+/// The Services and EndpointSlices changed (applied or deleted) since the last
+/// [`KubeSource::take_changes`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Changes {
+    pub services: BTreeSet<ObjectKey>,
+    pub slices: BTreeSet<ObjectKey>,
+    /// A store was listed (again): any of its objects may have changed.
+    pub relisted: bool,
+}
+
 /// The reader side: stores, readiness and change notifications. The writer side is
 /// the future returned by [`KubeSource::new`] (or the task of [`KubeSource::start`]).
 #[derive(Debug)]
@@ -122,6 +146,7 @@ pub struct KubeSource {
     node: Store<Node>,
     changes: watch::Receiver<u64>,
     seen: u64,
+    changed: Arc<Mutex<Changes>>,
 }
 
 impl KubeSource {
@@ -180,13 +205,27 @@ impl KubeSource {
     {
         let (tx, rx) = watch::channel(0u64);
         let tx = Arc::new(tx);
+        let changed = Arc::new(Mutex::new(Changes::default()));
         let (services_store, services_writer) = reflector::store();
         let (slices_store, slices_writer) = reflector::store();
         let (node_store, node_writer) = reflector::store();
         let run = {
-            let a = reflect("Service", services, services_writer, tx.clone());
-            let b = reflect("EndpointSlice", slices, slices_writer, tx.clone());
-            let c = reflect("Node", node, node_writer, tx);
+            let a = reflect(
+                "Service",
+                services,
+                services_writer,
+                tx.clone(),
+                recorder(changed.clone(), |c| &mut c.services),
+            );
+            let b = reflect(
+                "EndpointSlice",
+                slices,
+                slices_writer,
+                tx.clone(),
+                recorder(changed.clone(), |c| &mut c.slices),
+            );
+            // The compiler does not read the Node.
+            let c = reflect("Node", node, node_writer, tx, |_: &watcher::Event<Node>| {});
             async move {
                 futures::join!(a, b, c);
             }
@@ -197,6 +236,7 @@ impl KubeSource {
             node: node_store,
             changes: rx,
             seen: 0,
+            changed,
         };
         (source, run)
     }
@@ -264,6 +304,76 @@ impl KubeSource {
         }
     }
 
+    /// The objects changed since the last call (every store change is in the stores
+    /// before it is recorded here).
+    pub fn take_changes(&self) -> Changes {
+        std::mem::take(&mut *self.changed.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Brings `compiler` to the stores: the objects named in `changes` are put or
+    /// removed; after a relist, every object is put and those gone are removed.
+    pub fn feed(&self, changes: &Changes, compiler: &mut Incremental) {
+        if changes.relisted {
+            let mut present = HashSet::new();
+            for svc in self.services.state() {
+                let svc = ServiceInfo::from(&*svc);
+                present.insert(ServiceId::of(&svc, Origin::default()));
+                compiler.put_service(Origin::default(), svc);
+            }
+            let gone: Vec<ServiceId> = compiler
+                .service_ids()
+                .filter(|id| !present.contains(*id))
+                .cloned()
+                .collect();
+            for id in &gone {
+                compiler.remove_service(id);
+            }
+            let mut present = HashSet::new();
+            for slice in self.slices.state() {
+                let slice = SliceInfo::from(&*slice);
+                present.insert(SliceId::of(&slice, Origin::default()));
+                compiler.put_slice(Origin::default(), slice);
+            }
+            let gone: Vec<SliceId> = compiler
+                .slice_ids()
+                .filter(|id| !present.contains(*id))
+                .cloned()
+                .collect();
+            for id in &gone {
+                compiler.remove_slice(id);
+            }
+            return;
+        }
+        for (namespace, name) in &changes.services {
+            match self.services.get(&object_ref(namespace, name)) {
+                Some(svc) => {
+                    compiler.put_service(Origin::default(), ServiceInfo::from(&*svc));
+                }
+                None => {
+                    compiler.remove_service(&ServiceId {
+                        namespace: namespace.clone().unwrap_or_default(),
+                        name: name.clone(),
+                        origin: Origin::default(),
+                    });
+                }
+            }
+        }
+        for (namespace, name) in &changes.slices {
+            match self.slices.get(&object_ref(namespace, name)) {
+                Some(slice) => {
+                    compiler.put_slice(Origin::default(), SliceInfo::from(&*slice));
+                }
+                None => {
+                    compiler.remove_slice(&SliceId {
+                        namespace: namespace.clone(),
+                        name: Some(name.clone()),
+                        origin: Origin::default(),
+                    });
+                }
+            }
+        }
+    }
+
     /// The Service store (reader side).
     pub fn services(&self) -> &Store<Service> {
         &self.services
@@ -280,13 +390,47 @@ impl KubeSource {
     }
 }
 
+fn object_ref<K: Resource<DynamicType = ()>>(
+    namespace: &Option<String>,
+    name: &str,
+) -> ObjectRef<K> {
+    let r = ObjectRef::new(name);
+    match namespace {
+        Some(ns) => r.within(ns),
+        None => r,
+    }
+}
+
+/// Records the objects an event changed in `which` of `changed`.
+fn recorder<K: Resource>(
+    changed: Arc<Mutex<Changes>>,
+    which: fn(&mut Changes) -> &mut BTreeSet<ObjectKey>,
+) -> impl Fn(&watcher::Event<K>) + Send + 'static {
+    move |event| {
+        let mut c = changed.lock().unwrap_or_else(PoisonError::into_inner);
+        match event {
+            watcher::Event::Apply(o) | watcher::Event::Delete(o) => {
+                let meta = o.meta();
+                which(&mut c).insert((
+                    meta.namespace.clone(),
+                    meta.name.clone().unwrap_or_default(),
+                ));
+            }
+            watcher::Event::InitDone => c.relisted = true,
+            watcher::Event::Init | watcher::Event::InitApply(_) => {}
+        }
+    }
+}
+
 /// Drives one kind: events through the backoff into the store, each store change
-/// counted. Returns only if `events` ends, which a kube-rs watcher never does.
+/// recorded and counted. Returns only if `events` ends, which a kube-rs watcher never
+/// does.
 async fn reflect<K, S>(
     kind: &'static str,
     events: S,
     writer: reflector::store::Writer<K>,
     changes: Arc<watch::Sender<u64>>,
+    record: impl Fn(&watcher::Event<K>),
 ) where
     K: Resource<DynamicType = ()> + Clone + Debug + Send + Sync + 'static,
     S: Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static,
@@ -307,6 +451,7 @@ async fn reflect<K, S>(
                 }
                 if changes_store(&event) {
                     debug!(kind, %event, "store changed");
+                    record(&event);
                     changes.send_modify(|n| *n += 1);
                 }
             }
@@ -401,6 +546,66 @@ fn check_subdomain(v: &str) -> Result<(), &'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn service(name: &str, ip: &str) -> Service {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"clusterIP": ip, "ports": [{"port": 80}]},
+        }))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn changes_name_the_objects_and_feed_brings_the_compiler_along() {
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        let (mut source, run) = KubeSource::from_streams(
+            rx.map(Ok),
+            synced_empty::<EndpointSlice>(),
+            synced_empty::<Node>(),
+        );
+        let run = tokio::spawn(run);
+        let send = |e| tx.unbounded_send(e).unwrap();
+        send(watcher::Event::Init);
+        send(watcher::Event::InitApply(service("a", "10.96.0.1")));
+        send(watcher::Event::InitApply(service("b", "10.96.0.2")));
+        send(watcher::Event::InitDone);
+        source.wait_synced().await.unwrap();
+        let changes = source.take_changes();
+        assert!(changes.relisted, "{changes:?}");
+        let mut compiler = Incremental::default();
+        source.feed(&changes, &mut compiler);
+        assert_eq!(compiler.compile().len(), 2);
+
+        // b changes, a goes: only they are named, and the compiler follows.
+        send(watcher::Event::Apply(service("b", "10.96.0.3")));
+        send(watcher::Event::Delete(service("a", "10.96.0.1")));
+        while source.take_changes() == Changes::default() || source.services().len() != 1 {
+            source.changed().await.unwrap();
+        }
+        let mut compiler2 = Incremental::default();
+        source.feed(
+            &Changes {
+                relisted: true,
+                ..Default::default()
+            },
+            &mut compiler2,
+        );
+        compiler2.compile();
+        // The same changes again, named one by one, give what a full read gives.
+        let named = Changes {
+            services: [
+                (Some("default".into()), "a".into()),
+                (Some("default".into()), "b".into()),
+            ]
+            .into(),
+            ..Default::default()
+        };
+        source.feed(&named, &mut compiler);
+        assert_eq!(compiler.compile().len(), 3, "a gone, b moved");
+        assert_eq!(compiler.compiled(), compiler2.compiled());
+        assert_eq!(compiler.service_count(), 1);
+        run.abort();
+    }
 
     #[test]
     fn selectors_follow_kube_proxy() {

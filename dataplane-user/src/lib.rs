@@ -9,5 +9,6 @@ pub mod kernel;
 pub mod kube_source;
 pub mod local;
 pub mod metrics;
+pub mod model;
 pub mod packet;
 pub mod writer;

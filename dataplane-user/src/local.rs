@@ -5,11 +5,17 @@
 //! other kinds are not the agent's business and are passed over. A file that fails to
 //! parse is reported and skipped; if it parsed before, its last good objects are kept,
 //! so a half-written file never makes Services vanish.
+//!
+//! Documents are parsed one at a time and each object is turned into the agent's model
+//! straight away, so a large file never exists as a tree of YAML values or of API
+//! objects. A rescan hands the objects of changed files to the incremental compiler,
+//! which keeps them and notices which ones actually differ.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet, HashMap},
     fs,
     path::{Path, PathBuf},
+    sync::Arc,
     time::SystemTime,
 };
 
@@ -19,12 +25,26 @@ use k8s_openapi::api::{
 };
 use serde::Deserialize;
 
+use crate::{
+    compiler::Incremental,
+    model::{Origin, ServiceId, ServiceInfo, SliceId, SliceInfo},
+};
+
 /// The objects of one directory.
 #[derive(Clone, Debug, Default)]
 pub struct Objects {
     pub services: Vec<Service>,
     pub slices: Vec<EndpointSlice>,
     pub nodes: Vec<Node>,
+}
+
+/// The objects of one file in the agent's model (Nodes only counted: the compiler
+/// does not read them).
+#[derive(Clone, Debug, Default)]
+pub struct ModelObjects {
+    pub services: Vec<ServiceInfo>,
+    pub slices: Vec<SliceInfo>,
+    pub nodes: usize,
 }
 
 /// A file, or a document in it, that could not be used.
@@ -40,10 +60,12 @@ struct Stamp {
     len: u64,
 }
 
+/// A file as last read: the objects it gave (held by the compiler) and its problems.
 #[derive(Debug)]
 struct FileState {
     stamp: Stamp,
-    objects: Objects,
+    services: Vec<ServiceId>,
+    slices: Vec<SliceId>,
     problems: Vec<Problem>,
 }
 
@@ -63,6 +85,24 @@ pub struct Scan {
     pub new_problems: Vec<Problem>,
 }
 
+/// The `*.yaml` and `*.yml` files of a directory, sorted.
+fn yaml_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut present = Vec::new();
+    for entry in fs::read_dir(dir)? {
+        let path = entry?.path();
+        let is_yaml = matches!(
+            path.extension().and_then(|e| e.to_str()),
+            Some("yaml" | "yml")
+        );
+        if !is_yaml || !path.is_file() {
+            continue;
+        }
+        present.push(path);
+    }
+    present.sort();
+    Ok(present)
+}
+
 impl ManifestDir {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         Self {
@@ -75,24 +115,29 @@ impl ManifestDir {
         &self.dir
     }
 
-    /// Looks for added, changed and removed files and parses the changed ones.
-    pub fn rescan(&mut self) -> std::io::Result<Scan> {
+    /// Looks for added, changed and removed files, parses the changed ones and brings
+    /// `compiler` to the directory's objects: those of removed files go, those of
+    /// changed files are put (the compiler tells which really differ), and a file that
+    /// no longer parses keeps the objects it last gave.
+    pub fn rescan(&mut self, compiler: &mut Incremental) -> std::io::Result<Scan> {
         let mut scan = Scan::default();
-        let mut present = Vec::new();
-        for entry in fs::read_dir(&self.dir)? {
-            let path = entry?.path();
-            let is_yaml = matches!(
-                path.extension().and_then(|e| e.to_str()),
-                Some("yaml" | "yml")
-            );
-            if !is_yaml || !path.is_file() {
-                continue;
+        let present = yaml_files(&self.dir)?;
+        let gone: Vec<PathBuf> = self
+            .files
+            .keys()
+            .filter(|p| present.binary_search(p).is_err())
+            .cloned()
+            .collect();
+        for path in gone {
+            let state = self.files.remove(&path).expect("listed");
+            for id in &state.services {
+                compiler.remove_service(id);
             }
-            present.push(path);
+            for id in &state.slices {
+                compiler.remove_slice(id);
+            }
+            scan.changed = true;
         }
-        let before = self.files.len();
-        self.files.retain(|p, _| present.contains(p));
-        scan.changed |= self.files.len() != before;
         for path in present {
             let meta = match fs::metadata(&path) {
                 Ok(m) => m,
@@ -107,7 +152,7 @@ impl ManifestDir {
             }
             scan.changed = true;
             let (objects, problems) = match fs::read_to_string(&path) {
-                Ok(text) => parse_file(&path, &text),
+                Ok(text) => parse_file_model(&path, &text),
                 Err(e) => (
                     None,
                     vec![Problem {
@@ -116,37 +161,24 @@ impl ManifestDir {
                     }],
                 ),
             };
-            let objects = match objects {
-                Some(o) => o,
-                // Unparseable now: keep what the file held when it last parsed.
-                None => self
-                    .files
-                    .get(&path)
-                    .map(|f| f.objects.clone())
-                    .unwrap_or_default(),
-            };
             scan.new_problems.extend(problems.iter().cloned());
+            let (services, slices) = match (objects, self.files.remove(&path)) {
+                (Some(objects), old) => put_file(&path, objects, old.as_ref(), compiler),
+                // Unparseable now: keep what the file held when it last parsed.
+                (None, Some(old)) => (old.services, old.slices),
+                (None, None) => (Vec::new(), Vec::new()),
+            };
             self.files.insert(
                 path,
                 FileState {
                     stamp,
-                    objects,
+                    services,
+                    slices,
                     problems,
                 },
             );
         }
         Ok(scan)
-    }
-
-    /// All objects of the directory, in file order.
-    pub fn objects(&self) -> Objects {
-        let mut all = Objects::default();
-        for f in self.files.values() {
-            all.services.extend(f.objects.services.iter().cloned());
-            all.slices.extend(f.objects.slices.iter().cloned());
-            all.nodes.extend(f.objects.nodes.iter().cloned());
-        }
-        all
     }
 
     /// Problems of the files as they are now.
@@ -158,39 +190,152 @@ impl ManifestDir {
     }
 }
 
-/// Reads a directory once.
+/// Puts the objects of a file that parsed into `compiler` and removes those the file
+/// held before and no longer does. Returns the identities of the file's objects.
+fn put_file(
+    path: &Path,
+    objects: ModelObjects,
+    old: Option<&FileState>,
+    compiler: &mut Incremental,
+) -> (Vec<ServiceId>, Vec<SliceId>) {
+    let file: Arc<Path> = Arc::from(path);
+    let mut seen: HashMap<(String, String), u32> = HashMap::new();
+    let mut services = Vec::with_capacity(objects.services.len());
+    for svc in objects.services {
+        let mut id = ServiceId::of(&svc, Origin::default());
+        let n = seen
+            .entry((id.namespace.clone(), id.name.clone()))
+            .or_default();
+        id.origin = Origin {
+            file: Some(file.clone()),
+            occurrence: *n,
+        };
+        *n += 1;
+        compiler.put_service(id.origin.clone(), svc);
+        services.push(id);
+    }
+    let mut seen: HashMap<(Option<String>, Option<String>), u32> = HashMap::new();
+    let mut slices = Vec::with_capacity(objects.slices.len());
+    for slice in objects.slices {
+        let mut id = SliceId::of(&slice, Origin::default());
+        let n = seen
+            .entry((id.namespace.clone(), id.name.clone()))
+            .or_default();
+        id.origin = Origin {
+            file: Some(file.clone()),
+            occurrence: *n,
+        };
+        *n += 1;
+        compiler.put_slice(id.origin.clone(), slice);
+        slices.push(id);
+    }
+    if let Some(old) = old {
+        let now: BTreeSet<&ServiceId> = services.iter().collect();
+        for id in old.services.iter().filter(|id| !now.contains(id)) {
+            compiler.remove_service(id);
+        }
+        let now: BTreeSet<&SliceId> = slices.iter().collect();
+        for id in old.slices.iter().filter(|id| !now.contains(id)) {
+            compiler.remove_slice(id);
+        }
+    }
+    (services, slices)
+}
+
+/// Reads a directory once, as API objects.
 pub fn load_dir(dir: &Path) -> std::io::Result<(Objects, Vec<Problem>)> {
-    let mut m = ManifestDir::new(dir);
-    m.rescan()?;
-    Ok((m.objects(), m.problems()))
+    let mut all = Objects::default();
+    let mut problems = Vec::new();
+    for path in yaml_files(dir)? {
+        let (objects, p) = match fs::read_to_string(&path) {
+            Ok(text) => parse_file(&path, &text),
+            Err(e) => (
+                None,
+                vec![Problem {
+                    file: path.clone(),
+                    reason: format!("cannot read: {e}"),
+                }],
+            ),
+        };
+        problems.extend(p);
+        if let Some(o) = objects {
+            all.services.extend(o.services);
+            all.slices.extend(o.slices);
+            all.nodes.extend(o.nodes);
+        }
+    }
+    Ok((all, problems))
+}
+
+/// A usable object of a document (boxed: API objects are large and of unequal sizes).
+enum Found {
+    Service(Box<Service>),
+    Slice(Box<EndpointSlice>),
+    Node(Box<Node>),
 }
 
 /// Parses one file. `None` when the YAML itself is broken (nothing in the file is
 /// trusted then); otherwise the usable objects and a problem per unusable document.
 pub fn parse_file(path: &Path, text: &str) -> (Option<Objects>, Vec<Problem>) {
     let mut objects = Objects::default();
+    let problems = parse_documents(path, text, &mut |found| match found {
+        Found::Service(s) => objects.services.push(*s),
+        Found::Slice(s) => objects.slices.push(*s),
+        Found::Node(n) => objects.nodes.push(*n),
+    });
+    match problems {
+        Ok(problems) => (Some(objects), problems),
+        Err(problem) => (None, vec![problem]),
+    }
+}
+
+/// [`parse_file`], each object turned into the agent's model as soon as it is read.
+pub fn parse_file_model(path: &Path, text: &str) -> (Option<ModelObjects>, Vec<Problem>) {
+    let mut objects = ModelObjects::default();
+    let problems = parse_documents(path, text, &mut |found| match found {
+        Found::Service(s) => objects.services.push(ServiceInfo::from(&*s)),
+        Found::Slice(s) => objects.slices.push(SliceInfo::from(&*s)),
+        Found::Node(_) => objects.nodes += 1,
+    });
+    match problems {
+        Ok(problems) => (Some(objects), problems),
+        Err(problem) => (None, vec![problem]),
+    }
+}
+
+/// Reads the documents of a file one at a time, giving each usable object to `found`.
+/// The problems of unusable documents, or the one problem of broken YAML.
+fn parse_documents(
+    path: &Path,
+    text: &str,
+    found: &mut dyn FnMut(Found),
+) -> Result<Vec<Problem>, Problem> {
     let mut problems = Vec::new();
     let problem = |reason: String| Problem {
         file: path.to_path_buf(),
         reason,
     };
-    let mut docs = Vec::new();
+    let mut n = 0;
     for doc in serde_yaml_ng::Deserializer::from_str(text) {
         match serde_yaml_ng::Value::deserialize(doc) {
             Ok(serde_yaml_ng::Value::Null) => {}
-            Ok(v) => docs.push(v),
-            Err(e) => return (None, vec![problem(format!("not valid YAML: {e}"))]),
+            Ok(v) => {
+                n += 1;
+                add_document(v, found, &mut |reason| {
+                    problems.push(problem(format!("document {n}: {reason}")))
+                });
+            }
+            Err(e) => return Err(problem(format!("not valid YAML: {e}"))),
         }
     }
-    for (i, doc) in docs.into_iter().enumerate() {
-        add_document(doc, &mut objects, &mut |reason| {
-            problems.push(problem(format!("document {}: {reason}", i + 1)))
-        });
-    }
-    (Some(objects), problems)
+    Ok(problems)
 }
 
-fn add_document(doc: serde_yaml_ng::Value, objects: &mut Objects, report: &mut dyn FnMut(String)) {
+fn add_document(
+    mut doc: serde_yaml_ng::Value,
+    found: &mut dyn FnMut(Found),
+    report: &mut dyn FnMut(String),
+) {
     let api_version = doc
         .get("apiVersion")
         .and_then(|v| v.as_str())
@@ -209,21 +354,26 @@ fn add_document(doc: serde_yaml_ng::Value, objects: &mut Objects, report: &mut d
         .to_string();
     match (api_version.as_str(), kind.as_str()) {
         ("v1", "List") => {
-            let items = doc.get("items").and_then(|i| i.as_sequence()).cloned().unwrap_or_default();
+            let items = match doc.get_mut("items").map(std::mem::take) {
+                Some(serde_yaml_ng::Value::Sequence(items)) => items,
+                _ => Vec::new(),
+            };
             for item in items {
-                add_document(item, objects, report);
+                add_document(item, found, report);
             }
         }
         ("v1", "Service") => match serde_yaml_ng::from_value::<Service>(doc) {
-            Ok(s) => objects.services.push(s),
+            Ok(s) => found(Found::Service(Box::new(s))),
             Err(e) => report(format!("Service {name}: {e}; skipped")),
         },
-        ("discovery.k8s.io/v1", "EndpointSlice") => match serde_yaml_ng::from_value::<EndpointSlice>(doc) {
-            Ok(s) => objects.slices.push(s),
-            Err(e) => report(format!("EndpointSlice {name}: {e}; skipped")),
-        },
+        ("discovery.k8s.io/v1", "EndpointSlice") => {
+            match serde_yaml_ng::from_value::<EndpointSlice>(doc) {
+                Ok(s) => found(Found::Slice(Box::new(s))),
+                Err(e) => report(format!("EndpointSlice {name}: {e}; skipped")),
+            }
+        }
         ("v1", "Node") => match serde_yaml_ng::from_value::<Node>(doc) {
-            Ok(n) => objects.nodes.push(n),
+            Ok(n) => found(Found::Node(Box::new(n))),
             Err(e) => report(format!("Node {name}: {e}; skipped")),
         },
         ("", _) | (_, "") => report("no apiVersion or kind; skipped".into()),
@@ -300,22 +450,75 @@ spec: {clusterIP: 10.96.0.11}
         )
         .unwrap();
         let mut m = ManifestDir::new(&dir);
-        assert!(m.rescan().unwrap().changed);
-        assert_eq!(m.objects().services.len(), 1);
-        assert!(!m.rescan().unwrap().changed);
+        let mut c = Incremental::default();
+        assert!(m.rescan(&mut c).unwrap().changed);
+        assert_eq!(c.service_count(), 1);
+        assert!(!m.rescan(&mut c).unwrap().changed);
         fs::write(
             &file,
             "apiVersion: v1\nkind: Service\nmetadata: {name: a\n  spec: [",
         )
         .unwrap();
-        let scan = m.rescan().unwrap();
+        let scan = m.rescan(&mut c).unwrap();
         assert!(scan.changed);
         assert_eq!(scan.new_problems.len(), 1);
         assert!(scan.new_problems[0].reason.starts_with("not valid YAML"));
-        assert_eq!(m.objects().services.len(), 1, "last good objects kept");
+        assert_eq!(c.service_count(), 1, "last good objects kept");
         fs::remove_file(&file).unwrap();
-        assert!(m.rescan().unwrap().changed);
-        assert_eq!(m.objects().services.len(), 0);
+        assert!(m.rescan(&mut c).unwrap().changed);
+        assert_eq!(c.service_count(), 0);
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_rewritten_file_changes_only_what_differs() {
+        let dir = std::env::temp_dir().join(format!("sliceway-local-diff-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("svc.yaml");
+        let doc = |name: &str, ip: &str| {
+            format!("---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\nspec: {{clusterIP: {ip}, ports: [{{port: 80}}]}}\n")
+        };
+        fs::write(&file, doc("a", "10.96.0.1") + &doc("b", "10.96.0.2")).unwrap();
+        let mut m = ManifestDir::new(&dir);
+        let mut c = Incremental::default();
+        m.rescan(&mut c).unwrap();
+        assert_eq!(c.compile().len(), 2);
+        // b moves, a stays, c is new (written longer, so the stamp differs).
+        fs::write(
+            &file,
+            doc("a", "10.96.0.1") + &doc("b", "10.96.0.3") + &doc("c", "10.96.0.4"),
+        )
+        .unwrap();
+        assert!(m.rescan(&mut c).unwrap().changed);
+        assert_eq!(c.compile().len(), 3, "b's old and new frontends, c's");
+        assert_eq!(c.service_count(), 3);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn list_items_and_document_numbers() {
+        let text = r#"
+apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: Service
+  metadata: {name: one}
+  spec: {clusterIP: 10.96.0.1}
+- apiVersion: v1
+  kind: Node
+  metadata: {name: node-1}
+---
+---
+kind: Service
+"#;
+        let (objects, problems) = parse_file_model(Path::new("x.yaml"), text);
+        let objects = objects.unwrap();
+        assert_eq!((objects.services.len(), objects.nodes), (1, 1));
+        assert_eq!(problems.len(), 1);
+        assert_eq!(
+            problems[0].reason,
+            "document 2: no apiVersion or kind; skipped"
+        );
     }
 }

@@ -9,8 +9,13 @@
 //! Slots move as little as possible: a backend that stays keeps its slot, a removed
 //! backend's slot is filled by a new backend or by the frontend's last slot, so adding
 //! or removing one endpoint costs a handful of map writes whatever the cluster size.
+//!
+//! [`MapWriter::apply`] compares every frontend; [`MapWriter::apply_changed`] looks
+//! only at the frontends said to have changed (and at those rejected before, which
+//! are retried), in the same order and with the same operations, so its cost follows
+//! the change and not the cluster.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use dataplane_common::{Backend, ServiceKey, ServiceName, ServiceValue, SlotKey};
 
@@ -118,6 +123,10 @@ pub struct MapWriter {
     /// Left over in restored maps: deleted at the end of the next `apply`.
     stale_slots: Vec<SlotKey>,
     stale_names: Vec<u32>,
+    /// Restored and not yet brought to a desired state by a full `apply`.
+    restored: bool,
+    /// Frontends the last apply rejected: the next one tries them again.
+    retry: BTreeSet<ServiceKey>,
 }
 
 impl MapWriter {
@@ -196,6 +205,7 @@ impl MapWriter {
             .collect();
         w.service_ids = IdAllocator::around(&service_ids);
         w.backend_ids = IdAllocator::around(&w.backend_by_id.keys().copied().collect());
+        w.restored = true;
         w
     }
 
@@ -223,9 +233,12 @@ impl MapWriter {
         maps: &mut M,
     ) -> ApplyReport {
         let mut report = ApplyReport::default();
+        self.retry.clear();
+        self.restored = false;
         for (key, frontend) in desired {
             if let Err(reason) = self.apply_frontend(key, frontend, maps, &mut report) {
                 report.rejected.push((frontend.service.clone(), reason));
+                self.retry.insert(*key);
             }
         }
         let removed: Vec<ServiceKey> = self
@@ -259,6 +272,47 @@ impl MapWriter {
                 .filter(|(_, refs)| *refs == 0)
                 .map(|(id, _)| *id),
         );
+        orphans.sort_unstable();
+        orphans.dedup();
+        self.collect_orphans(orphans, maps, &mut report);
+        report
+    }
+
+    /// Brings the maps to `desired` where it differs from the last state applied only
+    /// at `changed` (frontends added, changed or removed since): [`apply`](Self::apply)
+    /// restricted to those keys and to the frontends rejected before, with the same
+    /// map operations in the same order. Writers restored from pinned maps fall back to
+    /// the full `apply` until they have done one.
+    pub fn apply_changed<'a, M: MapOps>(
+        &mut self,
+        desired: &BTreeMap<ServiceKey, Frontend>,
+        changed: impl IntoIterator<Item = &'a ServiceKey>,
+        maps: &mut M,
+    ) -> ApplyReport {
+        if self.restored {
+            return self.apply(desired, maps);
+        }
+        let mut keys = std::mem::take(&mut self.retry);
+        keys.extend(changed);
+        let mut report = ApplyReport::default();
+        let mut removed = Vec::new();
+        for key in keys {
+            match desired.get(&key) {
+                Some(frontend) => {
+                    if let Err(reason) = self.apply_frontend(&key, frontend, maps, &mut report) {
+                        report.rejected.push((frontend.service.clone(), reason));
+                        self.retry.insert(key);
+                    }
+                }
+                None if self.frontends.contains_key(&key) => removed.push(key),
+                None => {}
+            }
+        }
+        let mut orphans = Vec::new();
+        for key in removed {
+            self.remove_frontend(&key, maps, &mut report, &mut orphans);
+        }
+        // Every backend left is referred to: a full apply swept the others.
         orphans.sort_unstable();
         orphans.dedup();
         self.collect_orphans(orphans, maps, &mut report);

@@ -12,9 +12,11 @@ use anyhow::{ensure, Context, Result};
 use dataplane_common::{stat, Backend, ServiceKey, PROTO_TCP};
 use serde::Serialize;
 use sliceway_agent::{
-    compiler::{self, Frontend, ServicePortName},
+    agent::Pipeline,
+    compiler::{self, Frontend, Incremental, ServicePortName},
     kernel::{Capacities, Datapath},
     local,
+    model::{Origin, ServiceInfo, SliceInfo},
     packet::{build, PacketSpec, TCP_ACK, TCP_SYN},
     writer::{Limits, MapWriter},
 };
@@ -258,9 +260,14 @@ pub struct SlicewayChange {
     pub services: usize,
     /// Map writes plus deletes of the change.
     pub map_ops: Summary,
-    /// `MapWriter::apply` of the change, milliseconds.
+    /// The agent's sync of the change, milliseconds: the changed EndpointSlice into the
+    /// incremental compiler (as the API source feeds it), recompile of its Service,
+    /// `MapWriter::apply_changed` (`agent::Pipeline::sync`).
+    pub sync_ms: Summary,
+    /// `MapWriter::apply_changed` of the change alone, milliseconds.
     pub apply_ms: Summary,
-    /// What the agent does today on any change: recompile everything, then apply.
+    /// For comparison, what the agent did before its syncs were incremental: recompile
+    /// every Service and compare every frontend (`compile` + `MapWriter::apply`).
     pub compile_and_apply_ms: Summary,
 }
 
@@ -307,34 +314,93 @@ pub fn full_sync(services: &[Svc], rounds: usize) -> Result<SlicewaySync> {
     })
 }
 
-/// One endpoint of Service `changed` replaced, back and forth, `rounds` times.
+/// One endpoint of Service `changed` replaced, back and forth, `rounds` times, in
+/// maps filled with all of `before`.
 pub fn one_endpoint_change(before: &[Svc], after: &[Svc], rounds: usize) -> Result<SlicewayChange> {
     let opts = compiler::Options::default();
     let states = [compile_yaml(before)?, compile_yaml(after)?];
-    let compiled: Vec<_> = states
-        .iter()
-        .map(|o| compiler::compile(&o.services, &o.slices, &opts))
-        .collect();
+    // The EndpointSlice that differs: the change as the API server would send it.
+    let changed = (0..states[0].slices.len())
+        .find(|i| states[0].slices[*i] != states[1].slices[*i])
+        .context("before and after have the same slices")?;
+    let slice = |state: usize| &states[state].slices[changed];
     let mut dp = Datapath::load(&Capacities::default(), None).context("loading the datapath")?;
-    let mut writer = MapWriter::new(Limits::default());
-    writer.apply(&compiled[0].frontends, &mut dp.maps);
-    let (mut ops, mut apply, mut total) = (vec![], vec![], vec![]);
-    for _ in 0..rounds {
-        // Before -> after: the change as the map writer sees it.
+    let mut agent = Pipeline::new(
+        Incremental::new(opts.clone()),
+        MapWriter::new(Limits::default()),
+    );
+    for s in &states[0].services {
+        agent
+            .compiler
+            .put_service(Origin::default(), ServiceInfo::from(s));
+    }
+    for s in &states[0].slices {
+        agent
+            .compiler
+            .put_slice(Origin::default(), SliceInfo::from(s));
+    }
+    let first = agent.sync(&mut dp.maps);
+    ensure!(
+        first.report.errors.is_empty() && first.report.rejected.is_empty(),
+        "{:?} {:?}",
+        first.report.errors,
+        first.report.rejected
+    );
+    // The agent's path for one changed slice, timed from the object to the map writes.
+    let sync = |agent: &mut Pipeline, dp: &mut Datapath, to: usize| -> Result<(f64, f64)> {
         let start = Instant::now();
-        let report = writer.apply(&compiled[1].frontends, &mut dp.maps);
+        agent
+            .compiler
+            .put_slice(Origin::default(), SliceInfo::from(slice(to)));
+        let synced = agent.sync(&mut dp.maps);
+        let ms = start.elapsed().as_secs_f64() * 1e3;
+        let r = &synced.report;
+        ensure!(r.errors.is_empty() && r.rejected.is_empty(), "{r:?}");
+        ensure!(!synced.full && synced.changed == 1, "{synced:?}");
+        Ok((ms, (r.map_writes + r.map_deletes) as f64))
+    };
+    let (mut ops, mut sync_ms, mut apply, mut total) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..rounds {
+        // Before -> after, the agent's sync.
+        let (ms, n) = sync(&mut agent, &mut dp, 1)?;
+        sync_ms.push(ms);
+        ops.push(n);
+        // After -> before, its steps, to time the map writer alone.
+        agent
+            .compiler
+            .put_slice(Origin::default(), SliceInfo::from(slice(0)));
+        let keys = agent.compiler.compile();
+        let start = Instant::now();
+        let report = agent
+            .writer
+            .apply_changed(agent.compiler.frontends(), &keys, &mut dp.maps);
         apply.push(start.elapsed().as_secs_f64() * 1e3);
         ensure!(report.errors.is_empty(), "{:?}", report.errors);
         ops.push((report.map_writes + report.map_deletes) as f64);
-        // After -> before, as the agent handles any change today: recompile all, apply.
+        // Before -> after, as the agent did it before: recompile all, compare all.
         let start = Instant::now();
-        let c = compiler::compile(&states[0].services, &states[0].slices, &opts);
-        writer.apply(&c.frontends, &mut dp.maps);
+        let c = compiler::compile(&states[1].services, &states[1].slices, &opts);
+        let report = agent.writer.apply(&c.frontends, &mut dp.maps);
         total.push(start.elapsed().as_secs_f64() * 1e3);
+        ensure!(report.errors.is_empty(), "{:?}", report.errors);
+        // The compiler catches up with the maps (nothing left to write).
+        agent
+            .compiler
+            .put_slice(Origin::default(), SliceInfo::from(slice(1)));
+        let caught_up = agent.sync(&mut dp.maps);
+        ensure!(
+            caught_up.report.map_writes + caught_up.report.map_deletes == 0,
+            "{caught_up:?}"
+        );
+        // After -> before, the agent's sync again.
+        let (ms, n) = sync(&mut agent, &mut dp, 0)?;
+        sync_ms.push(ms);
+        ops.push(n);
     }
     Ok(SlicewayChange {
         services: before.len(),
         map_ops: Summary::of(&ops),
+        sync_ms: Summary::of(&sync_ms),
         apply_ms: Summary::of(&apply),
         compile_and_apply_ms: Summary::of(&total),
     })

@@ -51,8 +51,10 @@ pub fn fig3_method(cfg: &Config) -> String {
          more), median [min–max]; a load still running after {limit} s is killed and reported as \
          a lower bound. One endpoint change at {change} Services: endpoint 0 of one \
          Service replaced, back and forth, {crounds} rounds; sliceway's map operations and \
-         time of `MapWriter::apply`, and of what the agent does today on any change \
-         (recompile all + apply); the baselines' kube-proxy sync for that change.",
+         the time of the agent's sync (the changed EndpointSlice into the incremental \
+         compiler, recompile of its Service, `MapWriter::apply_changed`), of the map \
+         writer alone, and of a recompile of everything with a compare of every frontend; \
+         the baselines' kube-proxy sync for that change.",
         eps = cfg.fig3_endpoints,
         rounds = cfg.fig3_rounds,
         slow = cfg.fig3_slow_rounds,
@@ -184,10 +186,14 @@ pub fn targets(r: &Report) -> Vec<Target> {
             .map(|c| {
                 (
                     format!(
-                        "{:.0} map writes+deletes, apply {:.3} ms (recompile all + apply {:.1} ms)",
-                        c.map_ops.max, c.apply_ms.median, c.compile_and_apply_ms.median
+                        "{:.0} map writes+deletes, agent sync {:.3} ms (map writer alone {:.3} ms; \
+                         recompile all + compare all {:.1} ms)",
+                        c.map_ops.max,
+                        c.sync_ms.median,
+                        c.apply_ms.median,
+                        c.compile_and_apply_ms.median
                     ),
-                    c.map_ops.max <= 5.0 && c.apply_ms.median <= 1.0,
+                    c.map_ops.max <= 5.0 && c.sync_ms.median <= 1.0,
                 )
             }),
     ));
@@ -361,20 +367,26 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
             if let Some(c) = &f.sliceway_change {
                 let _ = writeln!(
                     m,
-                    "\nOne endpoint changed at {} Services:\n\n| how | time (ms) | vs sliceway apply | what is written |\n|---|---:|---:|---|",
+                    "\nOne endpoint changed at {} Services:\n\n| how | time (ms) | vs sliceway sync | what is written |\n|---|---:|---:|---|",
                     c.services
                 );
                 let _ = writeln!(
                     m,
-                    "| sliceway incremental (`MapWriter::apply`) | {} | 1.00x | {} map writes+deletes |",
-                    c.apply_ms.show(3),
+                    "| sliceway agent sync (changed slice, recompile of its Service, `MapWriter::apply_changed`) | {} | 1.00x | {} map writes+deletes |",
+                    c.sync_ms.show(3),
                     c.map_ops.show(0)
                 );
                 let _ = writeln!(
                     m,
-                    "| sliceway agent today (recompile all + apply) | {} | {} | same map writes |",
+                    "| sliceway map writer alone (`MapWriter::apply_changed`) | {} | {} | same map writes |",
+                    c.apply_ms.show(3),
+                    fmt_ratio(ratio(c.apply_ms.median, c.sync_ms.median))
+                );
+                let _ = writeln!(
+                    m,
+                    "| sliceway, recompile all + compare all (`compile` + `MapWriter::apply`) | {} | {} | same map writes |",
                     c.compile_and_apply_ms.show(1),
-                    fmt_ratio(ratio(c.compile_and_apply_ms.median, c.apply_ms.median))
+                    fmt_ratio(ratio(c.compile_and_apply_ms.median, c.sync_ms.median))
                 );
                 for b in &f.baseline_change {
                     let _ = writeln!(
@@ -383,7 +395,7 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
                         b.loader.name(),
                         b.what,
                         b.ms.show(1),
-                        fmt_ratio(ratio(b.ms.median, c.apply_ms.median)),
+                        fmt_ratio(ratio(b.ms.median, c.sync_ms.median)),
                         b.rules_bytes as f64 / 1e3
                     );
                 }

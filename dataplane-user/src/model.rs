@@ -1,0 +1,272 @@
+//! The agent's own model of Services and EndpointSlices: only the fields the compiler
+//! reads, nothing else of the API objects.
+//!
+//! Sources convert each object as soon as it arrives (a document of a manifest file,
+//! an object of a reflector store), so the agent keeps this lean copy and not the full
+//! API objects. Values are kept as the API gives them (strings, optional conditions):
+//! the compiler validates them and says what was wrong. Endpoints, by far the most
+//! numerous, are kept compact: an address that is IPv4 is stored parsed, and a slice's
+//! endpoints share one copy of each node name.
+
+use std::{net::Ipv4Addr, path::Path, sync::Arc};
+
+use k8s_openapi::api::{
+    core::v1::Service,
+    discovery::v1::{Endpoint, EndpointSlice},
+};
+
+use crate::compiler::{LABEL_HEADLESS, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME};
+
+/// Annotation the EndpointSlice controller sets to the time of the change it reflects.
+pub const TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+
+/// What the compiler reads of a Service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceInfo {
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+    /// The `service.kubernetes.io/service-proxy-name` label.
+    pub proxy_name: Option<String>,
+    pub spec: Option<ServiceSpecInfo>,
+}
+
+/// What the compiler reads of a Service's spec (and status).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceSpecInfo {
+    /// `type: ExternalName`.
+    pub external_name: bool,
+    /// `clusterIPs` if set and not empty, else `clusterIP` if set.
+    pub cluster_ips: Vec<String>,
+    /// `externalIPs`, then the load-balancer ingress IPs of the status.
+    pub external_ips: Vec<String>,
+    /// `internalTrafficPolicy: Local`.
+    pub internal_local: bool,
+    pub ports: Vec<ServicePortInfo>,
+}
+
+/// A port of a Service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServicePortInfo {
+    /// The port's name; empty when unnamed.
+    pub name: String,
+    pub protocol: Option<String>,
+    pub port: i32,
+}
+
+/// What the compiler reads of an EndpointSlice.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SliceInfo {
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+    /// The `service.kubernetes.io/service-proxy-name` label.
+    pub proxy_name: Option<String>,
+    /// Whether the `service.kubernetes.io/headless` label is present.
+    pub headless: bool,
+    /// The `kubernetes.io/service-name` label.
+    pub service_name: Option<String>,
+    pub address_type: String,
+    pub ports: Vec<SlicePortInfo>,
+    pub endpoints: Vec<EndpointInfo>,
+    /// The `endpoints.kubernetes.io/last-change-trigger-time` annotation.
+    pub trigger_time: Option<String>,
+}
+
+/// A port of an EndpointSlice.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlicePortInfo {
+    /// The port's name; empty when unnamed.
+    pub name: String,
+    pub protocol: Option<String>,
+    pub port: Option<i32>,
+}
+
+/// An endpoint of an EndpointSlice.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointInfo {
+    /// The first address (the only one kube-proxy uses).
+    pub address: Option<Address>,
+    pub ready: Option<bool>,
+    pub serving: Option<bool>,
+    pub terminating: Option<bool>,
+    pub node_name: Option<Arc<str>>,
+}
+
+/// An endpoint address: IPv4, or anything else as written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Address {
+    V4(Ipv4Addr),
+    Other(Box<str>),
+}
+
+impl Address {
+    pub fn new(written: &str) -> Self {
+        match written.parse() {
+            Ok(ip) => Self::V4(ip),
+            Err(_) => Self::Other(written.into()),
+        }
+    }
+}
+
+impl EndpointInfo {
+    /// The endpoint, its node name shared with the endpoints before it in `nodes`.
+    fn new(ep: &Endpoint, nodes: &mut Vec<Arc<str>>) -> Self {
+        let cond = ep.conditions.as_ref();
+        let node_name =
+            ep.node_name
+                .as_deref()
+                .map(|n| match nodes.iter().find(|seen| &***seen == n) {
+                    Some(seen) => seen.clone(),
+                    None => {
+                        let new: Arc<str> = Arc::from(n);
+                        nodes.push(new.clone());
+                        new
+                    }
+                });
+        Self {
+            address: ep.addresses.first().map(|a| Address::new(a)),
+            ready: cond.and_then(|c| c.ready),
+            serving: cond.and_then(|c| c.serving),
+            terminating: cond.and_then(|c| c.terminating),
+            node_name,
+        }
+    }
+}
+
+impl From<&Service> for ServiceInfo {
+    fn from(svc: &Service) -> Self {
+        let labels = svc.metadata.labels.as_ref();
+        let spec = svc.spec.as_ref().map(|spec| {
+            let cluster_ips = match (&spec.cluster_ips, &spec.cluster_ip) {
+                (Some(ips), _) if !ips.is_empty() => ips.clone(),
+                (_, Some(ip)) => vec![ip.clone()],
+                _ => vec![],
+            };
+            let external_ips = spec
+                .external_ips
+                .iter()
+                .flatten()
+                .cloned()
+                .chain(
+                    svc.status
+                        .iter()
+                        .filter_map(|s| s.load_balancer.as_ref())
+                        .flat_map(|lb| lb.ingress.iter().flatten())
+                        .filter_map(|i| i.ip.clone()),
+                )
+                .collect();
+            ServiceSpecInfo {
+                external_name: spec.type_.as_deref() == Some("ExternalName"),
+                cluster_ips,
+                external_ips,
+                internal_local: spec.internal_traffic_policy.as_deref() == Some("Local"),
+                ports: spec
+                    .ports
+                    .iter()
+                    .flatten()
+                    .map(|p| ServicePortInfo {
+                        name: p.name.clone().unwrap_or_default(),
+                        protocol: p.protocol.clone(),
+                        port: p.port,
+                    })
+                    .collect(),
+            }
+        });
+        Self {
+            namespace: svc.metadata.namespace.clone(),
+            name: svc.metadata.name.clone(),
+            proxy_name: labels
+                .and_then(|l| l.get(LABEL_SERVICE_PROXY_NAME))
+                .cloned(),
+            spec,
+        }
+    }
+}
+
+impl From<&EndpointSlice> for SliceInfo {
+    fn from(slice: &EndpointSlice) -> Self {
+        let labels = slice.metadata.labels.as_ref();
+        Self {
+            namespace: slice.metadata.namespace.clone(),
+            name: slice.metadata.name.clone(),
+            proxy_name: labels
+                .and_then(|l| l.get(LABEL_SERVICE_PROXY_NAME))
+                .cloned(),
+            headless: labels.is_some_and(|l| l.contains_key(LABEL_HEADLESS)),
+            service_name: labels.and_then(|l| l.get(LABEL_SERVICE_NAME)).cloned(),
+            address_type: slice.address_type.clone(),
+            ports: slice
+                .ports
+                .iter()
+                .flatten()
+                .map(|p| SlicePortInfo {
+                    name: p.name.clone().unwrap_or_default(),
+                    protocol: p.protocol.clone(),
+                    port: p.port,
+                })
+                .collect(),
+            endpoints: {
+                // A few nodes for many endpoints: one copy of each name.
+                let mut nodes = Vec::new();
+                slice
+                    .endpoints
+                    .iter()
+                    .map(|ep| EndpointInfo::new(ep, &mut nodes))
+                    .collect()
+            },
+            trigger_time: slice
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(TRIGGER_TIME))
+                .cloned(),
+        }
+    }
+}
+
+/// Where an object came from, to tell apart objects of the same namespace and name
+/// (possible in a manifest directory) and to order them as they were read: the file,
+/// then the how-manieth object of that namespace and name in the file. Objects of the
+/// API server are unique by namespace and name and have the default origin.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Origin {
+    pub file: Option<Arc<Path>>,
+    pub occurrence: u32,
+}
+
+/// Identity and compile order of a Service: namespace and name (empty when unset),
+/// then origin.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ServiceId {
+    pub namespace: String,
+    pub name: String,
+    pub origin: Origin,
+}
+
+impl ServiceId {
+    pub fn of(svc: &ServiceInfo, origin: Origin) -> Self {
+        Self {
+            namespace: svc.namespace.clone().unwrap_or_default(),
+            name: svc.name.clone().unwrap_or_default(),
+            origin,
+        }
+    }
+}
+
+/// Identity and merge order of an EndpointSlice: namespace and name (unset first),
+/// then origin.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SliceId {
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+    pub origin: Origin,
+}
+
+impl SliceId {
+    pub fn of(slice: &SliceInfo, origin: Origin) -> Self {
+        Self {
+            namespace: slice.namespace.clone(),
+            name: slice.name.clone(),
+            origin,
+        }
+    }
+}
