@@ -4,18 +4,20 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
+    future::Future,
     net::SocketAddr,
     path::PathBuf,
     sync::{atomic::Ordering, Arc},
     time::{Duration, Instant, SystemTime},
 };
 
-use anyhow::Context as _;
+use anyhow::{bail, Context as _};
 use dataplane_common::{map_name, stat};
 use tracing::{info, warn};
 
 use crate::{
     compiler::{self, Skipped},
+    interfaces::{self, Selection},
     kernel::{Attached, Capacities, Datapath, PinDir},
     kube_source::{KubeSource, KubeSourceConfig},
     local::ManifestDir,
@@ -37,7 +39,11 @@ pub enum Source {
 /// Settings of `sliceway-agent run`.
 pub struct Settings {
     pub source: Source,
-    pub interfaces: Vec<String>,
+    /// Where the TC program goes: exact names and patterns.
+    pub interfaces: Selection,
+    /// How often the interfaces are listed again, for patterns (and for exact names
+    /// whose interface goes away and comes back).
+    pub interface_scan: Duration,
     pub compiler: compiler::Options,
     pub capacities: Capacities,
     /// Where maps and links are pinned; `None` keeps them private to this process
@@ -208,7 +214,9 @@ impl Syncer {
     }
 }
 
-/// Loads the datapath (adopting pinned state) and attaches it.
+/// Loads the datapath (adopting pinned state) and attaches it to the selected
+/// interfaces. An exact name that does not exist is an error; pinned links of
+/// interfaces no longer there (or no longer selected) are removed.
 fn start_datapath(settings: &Settings) -> anyhow::Result<(Datapath, MapWriter)> {
     let mut dp = Datapath::load(&settings.capacities, settings.pins.as_ref())
         .context("loading the datapath")?;
@@ -227,17 +235,135 @@ fn start_datapath(settings: &Settings) -> anyhow::Result<(Datapath, MapWriter)> 
         }
         None => MapWriter::new(dp.limits()),
     };
-    for iface in &settings.interfaces {
-        let how = dp
-            .attach(iface)
-            .with_context(|| format!("attaching to {iface}"))?;
-        match how {
-            Attached::NewPinned => info!(interface = %iface, "attached (pinned link)"),
-            Attached::Replaced => info!(interface = %iface, "took over the pinned link"),
-            Attached::Unpinned => info!(interface = %iface, "attached (until the agent exits)"),
+    let selection = &settings.interfaces;
+    if !selection.is_empty() {
+        let present = interfaces::list().context("listing network interfaces")?;
+        for name in selection.exact() {
+            if !present.iter().any(|(_, n)| n == name) {
+                bail!(
+                    "attaching to {name}: no such interface (an exact name must exist at start; \
+                     a pattern such as {name}* also takes interfaces that appear later)"
+                );
+            }
+        }
+        let plan = interfaces::plan(selection, &dp.attached(), &present);
+        for (iface, _) in &plan.attach {
+            match dp.attach(iface) {
+                Ok(how) => log_attached(iface, how),
+                Err(e) if selection.exact().any(|n| n == iface) => {
+                    return Err(e).with_context(|| format!("attaching to {iface}"));
+                }
+                // Matched by a pattern only: it may have gone since the listing; the
+                // next scan tries again.
+                Err(e) => warn!(interface = %iface, "not attached: {e}"),
+            }
         }
     }
+    for iface in dp
+        .unpin_other_links()
+        .context("removing stale pinned links")?
+    {
+        info!(interface = %iface, "removed the pinned link of an interface that is gone or not selected");
+    }
     Ok((dp, writer))
+}
+
+fn log_attached(iface: &str, how: Attached) {
+    match how {
+        Attached::NewPinned => info!(interface = %iface, "attached (pinned link)"),
+        Attached::Replaced => info!(interface = %iface, "took over the pinned link"),
+        Attached::Unpinned => info!(interface = %iface, "attached (until the agent exits)"),
+    }
+}
+
+/// Follows the interfaces of the namespace: attaches to new ones that match, drops
+/// the links of those that went away.
+struct Scanner {
+    selection: Selection,
+    tick: Option<tokio::time::Interval>,
+    /// Attach failures already reported, per interface incarnation (name, ifindex):
+    /// retried at every scan, reported once.
+    failed: BTreeSet<(String, u32)>,
+    metrics: Arc<Metrics>,
+}
+
+impl Scanner {
+    fn new(settings: &Settings, metrics: Arc<Metrics>) -> Self {
+        let tick = (!settings.interfaces.is_empty()).then(|| {
+            let mut tick = tokio::time::interval(settings.interface_scan);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick
+        });
+        Self {
+            selection: settings.interfaces.clone(),
+            tick,
+            failed: BTreeSet::new(),
+            metrics,
+        }
+    }
+
+    /// Resolves at the next scan time; never without patterns or names to follow.
+    async fn due(&mut self) {
+        match &mut self.tick {
+            Some(tick) => {
+                tick.tick().await;
+            }
+            None => std::future::pending().await,
+        }
+    }
+
+    fn rescan(&mut self, dp: &mut Datapath) {
+        let present = match interfaces::list() {
+            Ok(present) => present,
+            Err(e) => {
+                warn!("cannot list network interfaces: {e}; keeping the current links");
+                return;
+            }
+        };
+        let plan = interfaces::plan(&self.selection, &dp.attached(), &present);
+        for iface in &plan.detach {
+            match dp.detach(iface) {
+                Ok(_) => {
+                    info!(interface = %iface, "interface gone or re-created: dropped its link")
+                }
+                Err(e) => warn!(interface = %iface, "dropping the link: {e}"),
+            }
+        }
+        for (iface, index) in &plan.attach {
+            match dp.attach(iface) {
+                Ok(how) => {
+                    log_attached(iface, how);
+                    self.failed.remove(&(iface.clone(), *index));
+                }
+                Err(e) => {
+                    if self.failed.insert((iface.clone(), *index)) {
+                        warn!(interface = %iface, "not attached (retrying at every scan): {e}");
+                    }
+                }
+            }
+        }
+        self.failed
+            .retain(|(name, index)| present.iter().any(|(i, n)| n == name && i == index));
+        self.metrics.interfaces.set(dp.attached().len() as i64);
+    }
+
+    /// Waits for `fut`, following the interfaces meanwhile. `None` if `shutdown`
+    /// came first.
+    async fn during<F: Future>(
+        &mut self,
+        fut: F,
+        dp: &mut Datapath,
+        shutdown: &mut (impl Future<Output = ()> + Unpin),
+    ) -> Option<F::Output> {
+        tokio::pin!(fut);
+        loop {
+            tokio::select! {
+                out = &mut fut => return Some(out),
+                _ = self.due() => self.rescan(dp),
+                _ = &mut *shutdown => return None,
+            }
+        }
+    }
 }
 
 /// Runs until `shutdown` resolves.
@@ -255,6 +381,8 @@ pub async fn run(
         });
     }
     let (mut dp, writer) = start_datapath(&settings)?;
+    metrics.interfaces.set(dp.attached().len() as i64);
+    let mut scanner = Scanner::new(&settings, metrics.clone());
     let mut syncer = Syncer {
         pipeline: Pipeline::new(
             compiler::Incremental::new(settings.compiler.clone()),
@@ -283,9 +411,9 @@ pub async fn run(
                         warn!(dir = %dir.display(), "cannot read the manifest directory: {e}; keeping the current state")
                     }
                 }
-                tokio::select! {
-                    _ = tokio::time::sleep(*poll) => {}
-                    _ = &mut shutdown => break,
+                let wait = tokio::time::sleep(*poll);
+                if scanner.during(wait, &mut dp, &mut shutdown).await.is_none() {
+                    break;
                 }
             }
         }
@@ -298,9 +426,15 @@ pub async fn run(
             // Nothing is written before every cache has listed once: a restart never
             // shrinks a Service to the first slice seen.
             info!("waiting for Services, EndpointSlices and the Node to sync");
-            tokio::select! {
-                r = source.wait_synced() => r?,
-                _ = &mut shutdown => { task.abort(); return Ok(()); }
+            match scanner
+                .during(source.wait_synced(), &mut dp, &mut shutdown)
+                .await
+            {
+                Some(r) => r?,
+                None => {
+                    task.abort();
+                    return Ok(());
+                }
             }
             loop {
                 let mut changes = source.take_changes();
@@ -308,9 +442,15 @@ pub async fn run(
                 changes.relisted |= syncer.syncs == 0;
                 source.feed(&changes, &mut syncer.pipeline.compiler);
                 syncer.sync(&mut dp);
-                tokio::select! {
-                    r = source.next_batch(*batch) => { r?; }
-                    _ = &mut shutdown => break,
+                // The batch future lives across scans: it is not cancel-safe.
+                match scanner
+                    .during(source.next_batch(*batch), &mut dp, &mut shutdown)
+                    .await
+                {
+                    Some(r) => {
+                        r?;
+                    }
+                    None => break,
                 }
             }
             task.abort();

@@ -2,6 +2,7 @@
 //! the TC program, and runs packets through it with BPF_PROG_TEST_RUN.
 
 use std::{
+    collections::BTreeMap,
     mem::size_of,
     path::{Path, PathBuf},
 };
@@ -10,7 +11,7 @@ use aya::{
     maps::{HashMap as BpfHashMap, MapData, MapError, MapInfo, PerCpuArray},
     programs::{
         links::{FdLink, PinnedLink},
-        tc::{self, SchedClassifierLink, TcAttachOptions},
+        tc::{self, SchedClassifierLink, SchedClassifierLinkId, TcAttachOptions},
         LinkOrder, SchedClassifier, TcAttachType, TestRun, TestRunOptions,
     },
     util::KernelVersion,
@@ -47,6 +48,11 @@ pub enum KernelError {
     Attach {
         iface: String,
         source: aya::programs::ProgramError,
+    },
+    #[error("interface {iface}: {source}")]
+    Interface {
+        iface: String,
+        source: std::io::Error,
     },
     #[error("pinning under {path}: {reason}")]
     Pin { path: PathBuf, reason: String },
@@ -123,7 +129,21 @@ impl PinDir {
         self.dir().join(name)
     }
     pub fn link(&self, iface: &str) -> PathBuf {
-        self.dir().join(format!("link-{iface}"))
+        self.dir().join(format!("{LINK_PREFIX}{iface}"))
+    }
+    /// Interfaces that have a pinned link in this layout directory.
+    pub fn linked_interfaces(&self) -> Vec<String> {
+        std::fs::read_dir(self.dir())
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .filter_map(|e| {
+                e.file_name()
+                    .to_str()
+                    .and_then(|n| n.strip_prefix(LINK_PREFIX))
+                    .map(str::to_string)
+            })
+            .collect()
     }
     /// Layout directories of other versions found under the base.
     pub fn other_layouts(&self) -> Vec<PathBuf> {
@@ -141,6 +161,9 @@ impl PinDir {
             .collect()
     }
 }
+
+/// File name prefix of a pinned link; the interface name follows.
+const LINK_PREFIX: &str = "link-";
 
 /// Key and value sizes of each map, to check pinned maps against.
 fn expected_sizes(name: &str) -> (usize, usize) {
@@ -214,6 +237,19 @@ pub struct Datapath {
     stats: PerCpuArray<MapData, u64>,
     pins: Option<PinDir>,
     limits: Limits,
+    /// Interfaces the program is attached to by this agent.
+    links: BTreeMap<String, InterfaceLink>,
+}
+
+/// This agent's attachment to one interface.
+#[derive(Debug)]
+struct InterfaceLink {
+    /// The interface's index when it was attached: a different index under the same
+    /// name is another interface.
+    ifindex: u32,
+    /// A link owned by the program (unpinned); a pinned link is held by its pin file.
+    owned: Option<SchedClassifierLinkId>,
+    pin: Option<PathBuf>,
 }
 
 /// How `attach` attached.
@@ -354,6 +390,7 @@ impl Datapath {
             stats,
             pins: pins.cloned(),
             limits,
+            links: BTreeMap::new(),
         })
     }
 
@@ -372,12 +409,18 @@ impl Datapath {
 
     /// Attaches the TC program at ingress of `iface`: tcx on kernels that have it
     /// (6.6+), clsact otherwise. With pinning and tcx the link is pinned and outlives
-    /// the agent; a link pinned by an earlier run is taken over atomically.
+    /// the agent; a link pinned by an earlier run is taken over atomically. A pinned
+    /// link left from an interface that was deleted and re-created under the same name
+    /// is defunct (the kernel refuses to update it): it is replaced by a new link.
     pub fn attach(&mut self, iface: &str) -> Result<Attached, KernelError> {
         let attach_err = |source| KernelError::Attach {
             iface: iface.to_string(),
             source,
         };
+        let ifindex = ifindex(iface).map_err(|source| KernelError::Interface {
+            iface: iface.to_string(),
+            source,
+        })?;
         let tcx = KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0));
         let link_pin = self.pins.as_ref().filter(|_| tcx).map(|p| p.link(iface));
         let program: &mut SchedClassifier = self
@@ -388,36 +431,120 @@ impl Datapath {
         let Some(link_pin) = link_pin else {
             // Needed for the netlink attach before 6.6 (EEXIST when already there).
             let _ = tc::qdisc_add_clsact(iface);
-            program
+            let id = program
                 .attach(iface, TcAttachType::Ingress)
                 .map_err(attach_err)?;
+            self.links.insert(
+                iface.to_string(),
+                InterfaceLink {
+                    ifindex,
+                    owned: Some(id),
+                    pin: None,
+                },
+            );
             return Ok(Attached::Unpinned);
         };
         let pin_err = |reason: String| KernelError::Pin {
             path: link_pin.clone(),
             reason,
         };
-        match PinnedLink::from_pin(&link_pin) {
-            Ok(old) => {
-                let link = SchedClassifierLink::try_from(FdLink::from(old))
-                    .map_err(|e| pin_err(format!("taking over the pinned link: {e}")))?;
-                program.attach_to_link(link).map_err(attach_err)?;
-                Ok(Attached::Replaced)
-            }
-            Err(_) => {
-                let id = program
-                    .attach_with_options(
-                        iface,
-                        TcAttachType::Ingress,
-                        TcAttachOptions::TcxOrder(LinkOrder::default()),
-                    )
-                    .map_err(attach_err)?;
-                let link = program.take_link(id).map_err(attach_err)?;
-                let fd_link = FdLink::try_from(link).map_err(|e| pin_err(e.to_string()))?;
-                fd_link.pin(&link_pin).map_err(|e| pin_err(e.to_string()))?;
-                Ok(Attached::NewPinned)
+        let mut how = Attached::NewPinned;
+        if let Ok(old) = PinnedLink::from_pin(&link_pin) {
+            let link = SchedClassifierLink::try_from(FdLink::from(old))
+                .map_err(|e| pin_err(format!("taking over the pinned link: {e}")))?;
+            match program.attach_to_link(link) {
+                Ok(id) => {
+                    // The pin holds the link; the program need not.
+                    drop(program.take_link(id));
+                    how = Attached::Replaced;
+                }
+                Err(e) => {
+                    tracing::info!(
+                        interface = %iface,
+                        "the pinned link belongs to an interface that no longer exists ({e}); \
+                         attaching anew"
+                    );
+                    unpin(&link_pin).map_err(|e| pin_err(e.to_string()))?;
+                }
             }
         }
+        if how == Attached::NewPinned {
+            let id = program
+                .attach_with_options(
+                    iface,
+                    TcAttachType::Ingress,
+                    TcAttachOptions::TcxOrder(LinkOrder::default()),
+                )
+                .map_err(attach_err)?;
+            let link = program.take_link(id).map_err(attach_err)?;
+            let fd_link = FdLink::try_from(link).map_err(|e| pin_err(e.to_string()))?;
+            fd_link.pin(&link_pin).map_err(|e| pin_err(e.to_string()))?;
+        }
+        self.links.insert(
+            iface.to_string(),
+            InterfaceLink {
+                ifindex,
+                owned: None,
+                pin: Some(link_pin),
+            },
+        );
+        Ok(how)
+    }
+
+    /// Drops this agent's link on `iface` (for an interface that is gone or was
+    /// re-created): a pinned link is unpinned, an owned one closed. Nothing happens to
+    /// other interfaces. Returns whether there was a link.
+    pub fn detach(&mut self, iface: &str) -> Result<bool, KernelError> {
+        let Some(link) = self.links.remove(iface) else {
+            return Ok(false);
+        };
+        if let Some(id) = link.owned {
+            let program: &mut SchedClassifier = self
+                .ebpf
+                .program_mut(TC_PROGRAM)
+                .ok_or(KernelError::MissingMap(TC_PROGRAM))?
+                .try_into()?;
+            // Dropping the link detaches it; with the interface gone the kernel has
+            // detached it already and the error of doing it again is of no interest.
+            drop(program.take_link(id));
+        }
+        if let Some(pin) = link.pin {
+            unpin(&pin).map_err(|e| KernelError::Pin {
+                path: pin.clone(),
+                reason: e.to_string(),
+            })?;
+        }
+        Ok(true)
+    }
+
+    /// Interfaces this agent attached to, with their index at attach time.
+    pub fn attached(&self) -> BTreeMap<String, u32> {
+        self.links
+            .iter()
+            .map(|(name, link)| (name.clone(), link.ifindex))
+            .collect()
+    }
+
+    /// Removes pinned links of interfaces this agent has not attached to: left by an
+    /// earlier run for interfaces deleted since, or no longer selected. Their
+    /// programs detach. Returns the interfaces whose links were removed.
+    pub fn unpin_other_links(&self) -> Result<Vec<String>, KernelError> {
+        let Some(pins) = &self.pins else {
+            return Ok(Vec::new());
+        };
+        let mut removed = Vec::new();
+        for iface in pins.linked_interfaces() {
+            if self.links.contains_key(&iface) {
+                continue;
+            }
+            let path = pins.link(&iface);
+            unpin(&path).map_err(|e| KernelError::Pin {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+            removed.push(iface);
+        }
+        Ok(removed)
     }
 
     /// Runs one packet (starting at the Ethernet header) through the TC program.
@@ -515,6 +642,25 @@ fn ignore_missing(r: Result<(), MapError>) -> Result<(), MapError> {
     match r {
         Err(MapError::KeyNotFound) => Ok(()),
         other => other,
+    }
+}
+
+/// Removes a pin file; one already gone is fine.
+fn unpin(path: &Path) -> std::io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+/// The index of interface `name` in the calling thread's network namespace.
+fn ifindex(name: &str) -> std::io::Result<u32> {
+    let c = std::ffi::CString::new(name)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    // SAFETY: NUL-terminated string; the call reads nothing else.
+    match unsafe { libc::if_nametoindex(c.as_ptr()) } {
+        0 => Err(std::io::Error::last_os_error()),
+        index => Ok(index),
     }
 }
 

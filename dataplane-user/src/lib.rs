@@ -2,9 +2,11 @@
 //! kernel edge and the agent loop. The `sliceway-agent` binary is a thin CLI over it.
 
 pub mod agent;
+pub mod cli;
 pub mod compiler;
 pub mod dump;
 pub mod inspect;
+pub mod interfaces;
 pub mod kernel;
 pub mod kube_source;
 pub mod local;

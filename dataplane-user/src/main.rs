@@ -1,134 +1,22 @@
 //! `sliceway-agent`: the node agent's command line.
 
-use std::{path::PathBuf, time::Duration};
+use std::{
+    net::{Ipv4Addr, SocketAddrV4},
+    time::Duration,
+};
 
-use clap::{Parser, Subcommand};
-use std::net::{Ipv4Addr, SocketAddrV4};
+use clap::Parser;
 
 use dataplane_common::{PROTO_TCP, PROTO_UDP};
 use sliceway_agent::{
-    agent, compiler, inspect, kernel, kernel::Capacities, kernel::PinDir, local, writer::Limits,
+    agent,
+    cli::{Cli, Command, Output, Proto},
+    compiler, inspect, interfaces, kernel,
+    kernel::Capacities,
+    kernel::PinDir,
+    local,
+    writer::Limits,
 };
-
-#[derive(Parser)]
-#[command(
-    name = "sliceway-agent",
-    version,
-    about = "sliceway node agent: Kubernetes Services in BPF maps"
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Program the datapath and keep it in sync.
-    Run(RunArgs),
-    /// Show what the kernel holds: frontends, backends, counters (from pinned maps).
-    List {
-        #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
-        bpffs_dir: PathBuf,
-        #[arg(short, long, value_enum, default_value_t = Output::Table)]
-        output: Output,
-    },
-    /// Where would this packet go, and why? Runs one crafted packet through the
-    /// programs (BPF_PROG_TEST_RUN); nothing is attached and no traffic is sent.
-    Trace(TraceArgs),
-    /// Remove all pinned maps and links: programs detach, conntrack is dropped.
-    Cleanup {
-        #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
-        bpffs_dir: PathBuf,
-    },
-}
-
-const DEFAULT_BPFFS_DIR: &str = "/sys/fs/bpf/sliceway";
-
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum Output {
-    Table,
-    Json,
-    Yaml,
-}
-
-#[derive(clap::Args)]
-struct TraceArgs {
-    /// Compile this manifest directory with private maps; without it, trace against
-    /// the live pinned maps.
-    #[arg(long)]
-    manifests: Option<PathBuf>,
-    /// Source address, IP or IP:PORT.
-    #[arg(long)]
-    src: String,
-    /// Destination IP:PORT.
-    #[arg(long)]
-    dst: std::net::SocketAddrV4,
-    #[arg(long, value_enum, default_value_t = Proto::Tcp)]
-    proto: Proto,
-    /// This node's name (for internalTrafficPolicy: Local).
-    #[arg(long, env = "NODE_NAME")]
-    node: Option<String>,
-    #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
-    bpffs_dir: PathBuf,
-    #[arg(short, long, value_enum, default_value_t = Output::Json)]
-    output: Output,
-}
-
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum Proto {
-    Tcp,
-    Udp,
-}
-
-#[derive(clap::Args)]
-struct RunArgs {
-    /// Directory of Kubernetes YAML (Services, EndpointSlices, Nodes) to take objects
-    /// from instead of an API server. Watched for changes.
-    #[arg(long)]
-    manifests: Option<PathBuf>,
-    /// Kubeconfig for the API server (default: in-cluster config, then KUBECONFIG).
-    #[arg(long)]
-    kubeconfig: Option<PathBuf>,
-    /// How long a burst of API changes is collected into one sync, in milliseconds.
-    #[arg(long, default_value_t = 100)]
-    batch_delay_ms: u64,
-    /// Address for /metrics and /healthz (kube-proxy's port; localhost by default).
-    #[arg(long, default_value = "127.0.0.1:10256")]
-    metrics_addr: std::net::SocketAddr,
-    /// Serve no metrics.
-    #[arg(long)]
-    no_metrics: bool,
-    /// Interfaces to attach the TC program to (pod-facing interfaces), comma-separated.
-    #[arg(long, value_delimiter = ',')]
-    interfaces: Vec<String>,
-    /// This node's name (for internalTrafficPolicy: Local).
-    #[arg(long, env = "NODE_NAME")]
-    node: Option<String>,
-    /// Handle Services labelled service.kubernetes.io/service-proxy-name with this value.
-    #[arg(long)]
-    service_proxy_name: Option<String>,
-    /// How often to check the manifest directory, in milliseconds.
-    #[arg(long, default_value_t = 200)]
-    poll_interval_ms: u64,
-    /// Capacity of the services map (frontends).
-    #[arg(long, default_value_t = Limits::default().services)]
-    max_services: u32,
-    /// Capacity of the backends map.
-    #[arg(long, default_value_t = Limits::default().backends)]
-    max_backends: u32,
-    /// Capacity of the slots map (sum of backends over frontends).
-    #[arg(long, default_value_t = Limits::default().slots)]
-    max_slots: u32,
-    /// Capacity of the conntrack map (LRU).
-    #[arg(long, default_value_t = Capacities::default().conntrack)]
-    max_conntrack: u32,
-    /// bpffs directory for pinned maps and links (kept across restarts).
-    #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
-    bpffs_dir: PathBuf,
-    /// Do not pin: maps are private and programs detach when the agent exits.
-    #[arg(long)]
-    no_pin: bool,
-}
 
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
@@ -156,7 +44,8 @@ fn main() -> anyhow::Result<()> {
                 };
                 let settings = agent::Settings {
                     source,
-                    interfaces: args.interfaces,
+                    interfaces: interfaces::Selection::parse(&args.interfaces)?,
+                    interface_scan: Duration::from_millis(args.interface_scan_interval_ms),
                     compiler: compiler::Options {
                         node_name: args.node,
                         proxy_name: args.service_proxy_name,

@@ -35,6 +35,7 @@ pub struct Metrics {
     pub datapath_packets: Family<Labels, Gauge>,
     pub programming_latency: Histogram,
     pub rejected: Counter,
+    pub interfaces: Gauge,
     /// Set after the first sync: `/healthz` answers 503 before.
     pub synced: AtomicBool,
 }
@@ -98,6 +99,12 @@ impl Metrics {
             "Frontend changes that did not fit the maps",
             rejected.clone(),
         );
+        let interfaces = Gauge::default();
+        registry.register(
+            "attached_interfaces",
+            "Interfaces the TC program is attached to by this agent",
+            interfaces.clone(),
+        );
         Self {
             registry,
             syncs,
@@ -108,6 +115,7 @@ impl Metrics {
             datapath_packets,
             programming_latency,
             rejected,
+            interfaces,
             synced: AtomicBool::new(false),
         }
     }

@@ -55,6 +55,8 @@ pub struct Lab {
     /// bpffs directory the lab's agents pin under; removed on drop.
     pub bpffs: PathBuf,
     servers: Option<BackendServers>,
+    /// Servers of backends added after the lab was built, by pod namespace.
+    added_servers: Vec<(String, BackendServers)>,
     /// Whether the pods' interfaces keep veth's TX checksum offload.
     pod_offload: bool,
 }
@@ -103,6 +105,7 @@ impl Lab {
             manifests,
             bpffs: PathBuf::from(format!("/sys/fs/bpf/{prefix}")),
             servers: None,
+            added_servers: Vec::new(),
             pod_offload,
         };
         node_sysctls(&lab.node.name)?;
@@ -169,6 +172,28 @@ impl Lab {
         Ok(pod)
     }
 
+    /// Adds a backend pod (with its server) to a built lab, as a CNI does when a pod
+    /// starts: `backend-N` on interface `v1N`, N one more than the backends there are.
+    /// A backend removed with [`Lab::remove_backend`] comes back under the same names.
+    pub fn add_backend(&mut self) -> Result<Pod> {
+        let n = self.backends.len();
+        let pod = self.add_pod(&format!("backend-{}", n + 1), 11 + n as u8)?;
+        let server = BackendServers::start(std::slice::from_ref(&pod), BACKEND_PORT)?;
+        self.added_servers.push((pod.ns.clone(), server));
+        self.backends.push(pod.clone());
+        Ok(pod)
+    }
+
+    /// Removes the last backend pod, as a CNI does when a pod is deleted: its server
+    /// stops, its node-side interface is deleted, its namespace goes.
+    pub fn remove_backend(&mut self) -> Result<Pod> {
+        let pod = self.backends.pop().context("no backend to remove")?;
+        self.added_servers.retain(|(ns, _)| ns != &pod.ns);
+        self.node.run("ip", &["link", "del", &pod.node_iface])?;
+        self.pods.retain(|ns| ns.name != pod.ns);
+        Ok(pod)
+    }
+
     /// Node-side interfaces of all pods: where the agent attaches.
     pub fn pod_interfaces(&self) -> Vec<String> {
         std::iter::once(&self.client)
@@ -203,6 +228,19 @@ impl Lab {
             &self.pod_interfaces(),
             &self.bpffs,
         )?;
+        agent.wait_for_sync(1, Duration::from_secs(20))?;
+        Ok(agent)
+    }
+
+    /// Starts the agent in the node namespace with `--interfaces` built from
+    /// `interfaces` (exact names or patterns), and waits for its first sync.
+    pub fn start_agent_with(&self, interfaces: &[&str]) -> Result<Agent> {
+        let source = [
+            "--manifests".into(),
+            self.manifests.clone().into_os_string(),
+        ];
+        let interfaces: Vec<String> = interfaces.iter().map(|s| s.to_string()).collect();
+        let agent = Agent::start(&self.node.name, &source, &interfaces, &self.bpffs)?;
         agent.wait_for_sync(1, Duration::from_secs(20))?;
         Ok(agent)
     }
@@ -252,6 +290,7 @@ impl Lab {
 impl Drop for Lab {
     fn drop(&mut self) {
         self.servers.take();
+        self.added_servers.clear();
         // Unpinning the links detaches the programs; then the namespaces go.
         let _ = fs::remove_dir_all(&self.bpffs);
         self.pods.clear();

@@ -221,3 +221,163 @@ fn a_killed_and_restarted_agent_drops_no_connection() {
     echo.roundtrip("after")
         .unwrap_or_else(|e| panic!("established connection to {server} broke: {e:#}"));
 }
+
+/// Waits until `cond` holds, or fails with `what` and the agent's log.
+fn wait_until(agent: &sliceway_lab::Agent, what: &str, cond: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        if cond() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!(
+        "{what}: not within 10 s; agent log:\n{}",
+        agent.log().join("\n")
+    );
+}
+
+/// Whether the agent logged `message` for interface `iface`.
+fn logged_for(agent: &sliceway_lab::Agent, message: &str, iface: &str) -> bool {
+    let field = format!("interface={iface}");
+    agent
+        .log()
+        .iter()
+        .any(|l| l.contains(message) && l.split_whitespace().any(|w| w == field))
+}
+
+/// Requests through the VIP until `backend` answers; every request must succeed (a
+/// backend whose interface lacks the program answers from its own address, and the
+/// client refuses that reply).
+fn reaches(lab: &Lab, backend: &str) {
+    for _ in 0..100 {
+        if lab.tcp_request(vip()).unwrap().backend == backend {
+            return;
+        }
+    }
+    panic!("{backend} never answered through the VIP");
+}
+
+/// Pods come and go under an interface pattern, as on a node of any CNI: a pod added
+/// after the agent started is reachable through the VIP; a restarted agent takes over
+/// the pinned links of discovered interfaces, and replaces the defunct link of an
+/// interface re-created while no agent ran; a deleted pod's link is dropped without
+/// error and the others keep working; a pinned link of an interface deleted while no
+/// agent ran is removed at start.
+#[test]
+fn interfaces_matching_a_pattern_are_followed_as_pods_come_and_go() {
+    use sliceway_agent::kernel::PinDir;
+    let mut lab = Lab::new(2).unwrap();
+    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1]))
+        .unwrap();
+    let pins = PinDir::new(&lab.bpffs);
+    let mut agent = lab.start_agent_with(&["v*"]).unwrap();
+    for pod in std::iter::once(&lab.client).chain(&lab.backends) {
+        assert!(
+            logged_for(&agent, "attached (pinned link)", &pod.node_iface),
+            "{}: {:#?}",
+            pod.node_iface,
+            agent.log()
+        );
+    }
+
+    // A pod that starts after the agent.
+    let late = lab.add_backend().unwrap();
+    wait_until(&agent, "attaching to the new pod's interface", || {
+        logged_for(&agent, "attached (pinned link)", &late.node_iface)
+    });
+    assert!(pins.link(&late.node_iface).exists());
+    let before = agent.syncs();
+    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1, 2]))
+        .unwrap();
+    agent
+        .wait_for_sync(before + 1, Duration::from_secs(5))
+        .unwrap();
+    reaches(&lab, &late.name);
+
+    // A restart takes over the discovered interface's pinned link.
+    agent.kill();
+    agent = lab.start_agent_with(&["v*"]).unwrap();
+    assert!(
+        logged_for(&agent, "took over the pinned link", &late.node_iface),
+        "{:#?}",
+        agent.log()
+    );
+    reaches(&lab, &late.name);
+
+    // The pod is re-created under the same interface name while no agent runs: the
+    // pinned link is defunct and must be replaced, not taken over.
+    agent.kill();
+    lab.remove_backend().unwrap();
+    let late = lab.add_backend().unwrap();
+    agent = lab.start_agent_with(&["v*"]).unwrap();
+    assert!(
+        logged_for(&agent, "attached (pinned link)", &late.node_iface),
+        "{:#?}",
+        agent.log()
+    );
+    reaches(&lab, &late.name);
+
+    // The pod goes while the agent runs: its link is dropped, the others stay.
+    let gone = lab.remove_backend().unwrap();
+    wait_until(&agent, "dropping the deleted pod's link", || {
+        logged_for(&agent, "dropped its link", &gone.node_iface)
+    });
+    assert!(!pins.link(&gone.node_iface).exists());
+    for pod in std::iter::once(&lab.client).chain(&lab.backends) {
+        assert!(pins.link(&pod.node_iface).exists(), "{}", pod.node_iface);
+    }
+    let before = agent.syncs();
+    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1]))
+        .unwrap();
+    agent
+        .wait_for_sync(before + 1, Duration::from_secs(5))
+        .unwrap();
+    for _ in 0..20 {
+        let r = lab.tcp_request(vip()).unwrap();
+        assert!(lab.backends.iter().any(|b| b.name == r.backend), "{r:?}");
+    }
+
+    // A pod deleted while no agent runs: its pinned link is removed at start.
+    let late = lab.add_backend().unwrap();
+    wait_until(&agent, "attaching to the new pod's interface", || {
+        pins.link(&late.node_iface).exists()
+    });
+    agent.kill();
+    let gone = lab.remove_backend().unwrap();
+    agent = lab.start_agent_with(&["v*"]).unwrap();
+    assert!(
+        logged_for(&agent, "removed the pinned link", &gone.node_iface),
+        "{:#?}",
+        agent.log()
+    );
+    assert!(!pins.link(&gone.node_iface).exists());
+
+    let problems: Vec<String> = agent
+        .log()
+        .into_iter()
+        .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+        .collect();
+    assert!(problems.is_empty(), "{problems:#?}");
+}
+
+#[test]
+fn an_exact_interface_name_that_does_not_exist_is_an_error() {
+    let lab = Lab::new(1).unwrap();
+    let source = ["--manifests".into(), lab.manifests.clone().into_os_string()];
+    let interfaces = ["v*".to_string(), "nosuch0".to_string()];
+    let mut agent =
+        sliceway_lab::Agent::start(&lab.node.name, &source, &interfaces, &lab.bpffs).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = agent.exit_status() {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "{:#?}", agent.log());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!status.success());
+    wait_until(&agent, "reporting the missing interface", || {
+        agent.logged("nosuch0: no such interface")
+    });
+}

@@ -1,0 +1,144 @@
+//! The `sliceway-agent` command line, in the library so that tests (and the
+//! deployment manifests' check) parse arguments with the same definition as the
+//! binary.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use crate::{
+    interfaces::{Selection, SelectionError},
+    kernel::Capacities,
+    writer::Limits,
+};
+
+#[derive(Parser)]
+#[command(
+    name = "sliceway-agent",
+    version,
+    about = "sliceway node agent: Kubernetes Services in BPF maps"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Program the datapath and keep it in sync.
+    Run(RunArgs),
+    /// Show what the kernel holds: frontends, backends, counters (from pinned maps).
+    List {
+        #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
+        bpffs_dir: PathBuf,
+        #[arg(short, long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Where would this packet go, and why? Runs one crafted packet through the
+    /// programs (BPF_PROG_TEST_RUN); nothing is attached and no traffic is sent.
+    Trace(TraceArgs),
+    /// Remove all pinned maps and links: programs detach, conntrack is dropped.
+    Cleanup {
+        #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
+        bpffs_dir: PathBuf,
+    },
+}
+
+pub const DEFAULT_BPFFS_DIR: &str = "/sys/fs/bpf/sliceway";
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+    Yaml,
+}
+
+#[derive(clap::Args)]
+pub struct TraceArgs {
+    /// Compile this manifest directory with private maps; without it, trace against
+    /// the live pinned maps.
+    #[arg(long)]
+    pub manifests: Option<PathBuf>,
+    /// Source address, IP or IP:PORT.
+    #[arg(long)]
+    pub src: String,
+    /// Destination IP:PORT.
+    #[arg(long)]
+    pub dst: std::net::SocketAddrV4,
+    #[arg(long, value_enum, default_value_t = Proto::Tcp)]
+    pub proto: Proto,
+    /// This node's name (for internalTrafficPolicy: Local).
+    #[arg(long, env = "NODE_NAME")]
+    pub node: Option<String>,
+    #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
+    pub bpffs_dir: PathBuf,
+    #[arg(short, long, value_enum, default_value_t = Output::Json)]
+    pub output: Output,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum Proto {
+    Tcp,
+    Udp,
+}
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// Directory of Kubernetes YAML (Services, EndpointSlices, Nodes) to take objects
+    /// from instead of an API server. Watched for changes.
+    #[arg(long)]
+    pub manifests: Option<PathBuf>,
+    /// Kubeconfig for the API server (default: in-cluster config, then KUBECONFIG).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// How long a burst of API changes is collected into one sync, in milliseconds.
+    #[arg(long, default_value_t = 100)]
+    pub batch_delay_ms: u64,
+    /// Address for /metrics and /healthz (kube-proxy's port; localhost by default).
+    #[arg(long, default_value = "127.0.0.1:10256")]
+    pub metrics_addr: std::net::SocketAddr,
+    /// Serve no metrics.
+    #[arg(long)]
+    pub no_metrics: bool,
+    /// Pod-facing interfaces to attach the TC program to, comma-separated: exact
+    /// names (must exist at start) or glob patterns with `*` and `?` (`veth*`,
+    /// `cali*`, `lxc*`), matched again every --interface-scan-interval-ms.
+    #[arg(long, value_delimiter = ',', value_parser = interface_entry)]
+    pub interfaces: Vec<String>,
+    /// How often to look for new and removed interfaces, in milliseconds.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..))]
+    pub interface_scan_interval_ms: u64,
+    /// This node's name (for internalTrafficPolicy: Local).
+    #[arg(long, env = "NODE_NAME")]
+    pub node: Option<String>,
+    /// Handle Services labelled service.kubernetes.io/service-proxy-name with this value.
+    #[arg(long)]
+    pub service_proxy_name: Option<String>,
+    /// How often to check the manifest directory, in milliseconds.
+    #[arg(long, default_value_t = 200)]
+    pub poll_interval_ms: u64,
+    /// Capacity of the services map (frontends).
+    #[arg(long, default_value_t = Limits::default().services)]
+    pub max_services: u32,
+    /// Capacity of the backends map.
+    #[arg(long, default_value_t = Limits::default().backends)]
+    pub max_backends: u32,
+    /// Capacity of the slots map (sum of backends over frontends).
+    #[arg(long, default_value_t = Limits::default().slots)]
+    pub max_slots: u32,
+    /// Capacity of the conntrack map (LRU).
+    #[arg(long, default_value_t = Capacities::default().conntrack)]
+    pub max_conntrack: u32,
+    /// bpffs directory for pinned maps and links (kept across restarts).
+    #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
+    pub bpffs_dir: PathBuf,
+    /// Do not pin: maps are private and programs detach when the agent exits.
+    #[arg(long)]
+    pub no_pin: bool,
+}
+
+/// One `--interfaces` entry, checked as [`Selection::parse`] will take it.
+fn interface_entry(entry: &str) -> Result<String, SelectionError> {
+    Selection::parse(&[entry])?;
+    Ok(entry.trim().to_string())
+}

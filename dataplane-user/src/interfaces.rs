@@ -1,0 +1,268 @@
+//! Which interfaces the TC program goes on: `--interfaces` entries are exact names or
+//! glob patterns (`veth*`, `cali*`, `lxc?`), matched against the interfaces of the
+//! agent's network namespace. Pods come and go, so the agent lists the interfaces
+//! again and again; [`plan`] (pure) says what to attach and what to drop.
+
+use std::collections::BTreeMap;
+
+/// Longest interface name the kernel accepts (IFNAMSIZ minus the NUL).
+pub const IFNAME_MAX: usize = 15;
+
+/// Errors in `--interfaces`.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SelectionError {
+    #[error("empty entry in --interfaces")]
+    Empty,
+    #[error("interface {0:?}: longer than {IFNAME_MAX} bytes, the kernel's limit")]
+    TooLong(String),
+    #[error("interface {0:?}: '/', ':', whitespace and NUL cannot appear in an interface name")]
+    Invalid(String),
+}
+
+/// One `--interfaces` entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Selector {
+    /// Must exist when the agent starts.
+    Exact(String),
+    /// `*` matches any run of characters, `?` one character; may match nothing.
+    Pattern(String),
+}
+
+/// The parsed `--interfaces` list.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Selection {
+    selectors: Vec<Selector>,
+}
+
+impl Selection {
+    /// Parses `--interfaces` entries: an entry with `*` or `?` is a pattern, any other
+    /// an exact name.
+    pub fn parse<S: AsRef<str>>(entries: &[S]) -> Result<Self, SelectionError> {
+        let mut selectors = Vec::new();
+        for entry in entries {
+            let entry = entry.as_ref().trim();
+            if entry.is_empty() {
+                return Err(SelectionError::Empty);
+            }
+            if entry
+                .chars()
+                .any(|c| c == '/' || c == ':' || c == '\0' || c.is_whitespace())
+            {
+                return Err(SelectionError::Invalid(entry.to_string()));
+            }
+            if entry.contains(['*', '?']) {
+                selectors.push(Selector::Pattern(entry.to_string()));
+            } else if entry.len() > IFNAME_MAX {
+                return Err(SelectionError::TooLong(entry.to_string()));
+            } else {
+                selectors.push(Selector::Exact(entry.to_string()));
+            }
+        }
+        Ok(Self { selectors })
+    }
+
+    /// No entry at all: the agent attaches nowhere.
+    pub fn is_empty(&self) -> bool {
+        self.selectors.is_empty()
+    }
+
+    /// The exact names, which must exist at start.
+    pub fn exact(&self) -> impl Iterator<Item = &str> {
+        self.selectors.iter().filter_map(|s| match s {
+            Selector::Exact(name) => Some(name.as_str()),
+            Selector::Pattern(_) => None,
+        })
+    }
+
+    /// Whether `name` is selected by an exact entry or a pattern.
+    pub fn matches(&self, name: &str) -> bool {
+        self.selectors.iter().any(|s| match s {
+            Selector::Exact(exact) => exact == name,
+            Selector::Pattern(pattern) => glob_match(pattern, name),
+        })
+    }
+}
+
+/// Shell-style match of the whole `name`: `*` is any run of characters (empty too),
+/// `?` exactly one; everything else matches itself.
+pub fn glob_match(pattern: &str, name: &str) -> bool {
+    let (p, n): (Vec<char>, Vec<char>) = (pattern.chars().collect(), name.chars().collect());
+    let (mut pi, mut ni) = (0, 0);
+    // Where the last `*` was, and how much of the name it has eaten so far.
+    let mut star: Option<(usize, usize)> = None;
+    while ni < n.len() {
+        if pi < p.len() && p[pi] == '*' {
+            star = Some((pi, ni));
+            pi += 1;
+        } else if pi < p.len() && (p[pi] == '?' || p[pi] == n[ni]) {
+            pi += 1;
+            ni += 1;
+        } else if let Some((sp, sn)) = star {
+            // Let the last `*` eat one more character and try again.
+            star = Some((sp, sn + 1));
+            pi = sp + 1;
+            ni = sn + 1;
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|&c| c == '*')
+}
+
+/// The interfaces of the calling thread's network namespace: `(ifindex, name)`.
+/// Uses `if_nameindex(3)` (netlink underneath), so it does not depend on how `/sys`
+/// is mounted.
+pub fn list() -> std::io::Result<Vec<(u32, String)>> {
+    // SAFETY: if_nameindex returns a NULL-terminated array (index 0 ends it) that is
+    // ours until if_freenameindex; names are NUL-terminated C strings.
+    unsafe {
+        let head = libc::if_nameindex();
+        if head.is_null() {
+            return Err(std::io::Error::last_os_error());
+        }
+        let mut out = Vec::new();
+        let mut cur = head;
+        while (*cur).if_index != 0 && !(*cur).if_name.is_null() {
+            let name = std::ffi::CStr::from_ptr((*cur).if_name)
+                .to_string_lossy()
+                .into_owned();
+            out.push(((*cur).if_index, name));
+            cur = cur.add(1);
+        }
+        libc::if_freenameindex(head);
+        Ok(out)
+    }
+}
+
+/// What one scan changes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Links to drop: the interface is gone, or was re-created under the same name
+    /// (then it is in `attach` too).
+    pub detach: Vec<String>,
+    /// Selected interfaces without a link to their current incarnation.
+    pub attach: Vec<(String, u32)>,
+}
+
+impl Plan {
+    pub fn is_empty(&self) -> bool {
+        self.detach.is_empty() && self.attach.is_empty()
+    }
+}
+
+/// Compares the links the agent holds (`attached`: name → ifindex at attach time)
+/// with the interfaces `present` now. An interface whose name is back with another
+/// ifindex was deleted and re-created between two scans (a pod restarted with the
+/// same veth name): its old link is dropped and a new one made.
+pub fn plan(
+    selection: &Selection,
+    attached: &BTreeMap<String, u32>,
+    present: &[(u32, String)],
+) -> Plan {
+    let mut plan = Plan::default();
+    let now: BTreeMap<&str, u32> = present
+        .iter()
+        .filter(|(_, name)| selection.matches(name))
+        .map(|(index, name)| (name.as_str(), *index))
+        .collect();
+    for (name, index) in attached {
+        match now.get(name.as_str()) {
+            Some(i) if i == index => {}
+            _ => plan.detach.push(name.clone()),
+        }
+    }
+    for (name, index) in now {
+        if attached.get(name) != Some(&index) {
+            plan.attach.push((name.to_string(), index));
+        }
+    }
+    plan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs_match_whole_names() {
+        for (pattern, name, want) in [
+            ("veth*", "veth1a2b", true),
+            ("veth*", "veth", true),
+            ("veth*", "eth0", false),
+            ("cali*", "cali12ab34cd56e", true),
+            ("lxc*", "lxc_health", true),
+            ("v*", "v11", true),
+            ("v*", "lo", false),
+            ("v?", "v1", true),
+            ("v?", "v11", false),
+            ("*", "eth0", true),
+            ("*0", "eth0", true),
+            ("*0", "eth01", false),
+            ("e*h*1", "eth0eh1", true),
+            ("e*h*1", "eth0eh2", false),
+            ("a*b*c", "abbbc", true),
+            ("a*?", "a", false),
+            ("exact", "exact", true),
+            ("exact", "exactly", false),
+        ] {
+            assert_eq!(glob_match(pattern, name), want, "{pattern} vs {name}");
+        }
+    }
+
+    #[test]
+    fn entries_with_wildcards_are_patterns_others_exact_names() {
+        let s = Selection::parse(&["eth1", "veth*", "v?"]).unwrap();
+        assert_eq!(s.exact().collect::<Vec<_>>(), ["eth1"]);
+        assert!(s.matches("eth1") && s.matches("veth9") && s.matches("v1"));
+        assert!(!s.matches("eth0") && !s.matches("v12"));
+        assert_eq!(Selection::parse(&["eth1", ""]), Err(SelectionError::Empty));
+        assert!(matches!(
+            Selection::parse(&["averyveryverylongname"]),
+            Err(SelectionError::TooLong(_))
+        ));
+        assert!(matches!(
+            Selection::parse(&["a/b*"]),
+            Err(SelectionError::Invalid(_))
+        ));
+        assert!(Selection::parse::<&str>(&[]).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_scan_attaches_new_interfaces_and_drops_gone_or_recreated_ones() {
+        let s = Selection::parse(&["v*"]).unwrap();
+        let attached: BTreeMap<String, u32> = [
+            ("v1".to_string(), 2),
+            ("v2".to_string(), 3),
+            ("v3".to_string(), 4),
+        ]
+        .into();
+        let present = vec![
+            (1, "lo".to_string()),
+            (2, "v1".to_string()),
+            // v2 is gone; v3 was deleted and re-created; v4 is new.
+            (9, "v3".to_string()),
+            (10, "v4".to_string()),
+            (11, "eth0".to_string()),
+        ];
+        assert_eq!(
+            plan(&s, &attached, &present),
+            Plan {
+                detach: vec!["v2".into(), "v3".into()],
+                attach: vec![("v3".into(), 9), ("v4".into(), 10)],
+            }
+        );
+        let now: BTreeMap<String, u32> = [
+            ("v1".to_string(), 2),
+            ("v3".to_string(), 9),
+            ("v4".to_string(), 10),
+        ]
+        .into();
+        assert!(plan(&s, &now, &present).is_empty());
+    }
+
+    #[test]
+    fn listing_sees_loopback() {
+        // Every network namespace has `lo`.
+        assert!(list().unwrap().iter().any(|(_, name)| name == "lo"));
+    }
+}

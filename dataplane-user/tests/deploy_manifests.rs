@@ -1,0 +1,271 @@
+//! The deployment files in `deploy/` cannot drift from the agent: every document of
+//! `deploy/*.yaml` is read into its typed Kubernetes object (and must come back the
+//! same, so a misspelt field fails), and the DaemonSet's arguments are parsed by the
+//! agent's own command-line definition.
+
+use std::{collections::BTreeSet, net::SocketAddr, path::PathBuf};
+
+use clap::Parser;
+use k8s_openapi::{
+    api::{
+        apps::v1::DaemonSet,
+        core::v1::ServiceAccount,
+        rbac::v1::{ClusterRole, ClusterRoleBinding},
+    },
+    apimachinery::pkg::util::intstr::IntOrString,
+};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use serde_yaml_ng::Value;
+use sliceway_agent::{
+    cli::{Cli, Command, RunArgs},
+    interfaces::Selection,
+};
+
+fn deploy_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("crate lives in the workspace")
+        .join("deploy")
+}
+
+#[derive(Default)]
+struct Manifests {
+    service_accounts: Vec<ServiceAccount>,
+    cluster_roles: Vec<ClusterRole>,
+    bindings: Vec<ClusterRoleBinding>,
+    daemon_sets: Vec<DaemonSet>,
+}
+
+/// Reads `value` as a `T` and checks that nothing was lost on the way: a field the
+/// type does not know (a typo, a wrong level) would be dropped silently otherwise.
+fn typed<T: DeserializeOwned + Serialize>(value: Value, what: &str) -> T {
+    let object: T = serde_yaml_ng::from_value(value.clone())
+        .unwrap_or_else(|e| panic!("{what}: not a valid object: {e}"));
+    let back = serde_yaml_ng::to_value(&object).unwrap();
+    assert_eq!(
+        back, value,
+        "{what}: fields were lost reading it as a typed object (unknown or misplaced)"
+    );
+    object
+}
+
+fn load() -> Manifests {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(deploy_dir())
+        .expect("deploy/ exists")
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no manifests in deploy/");
+    let mut m = Manifests::default();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for (i, doc) in serde_yaml_ng::Deserializer::from_str(&text).enumerate() {
+            let value = Value::deserialize(doc)
+                .unwrap_or_else(|e| panic!("{} document {i}: {e}", file.display()));
+            if value.is_null() {
+                continue;
+            }
+            let kind = value["kind"].as_str().unwrap_or_default().to_string();
+            let what = format!("{} document {i} ({kind})", file.display());
+            match kind.as_str() {
+                "ServiceAccount" => m.service_accounts.push(typed(value, &what)),
+                "ClusterRole" => m.cluster_roles.push(typed(value, &what)),
+                "ClusterRoleBinding" => m.bindings.push(typed(value, &what)),
+                "DaemonSet" => m.daemon_sets.push(typed(value, &what)),
+                other => panic!("{what}: kind {other:?} is not checked by this test"),
+            }
+        }
+    }
+    m
+}
+
+/// The agent container's arguments, parsed as the binary parses them.
+fn agent_args(ds: &DaemonSet) -> (Vec<String>, RunArgs) {
+    let pod = ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    let container = pod
+        .containers
+        .iter()
+        .find(|c| c.name == "sliceway-agent")
+        .expect("a container named sliceway-agent");
+    let command = container.command.clone().unwrap_or_default();
+    assert_eq!(command, ["sliceway-agent"], "the container runs the agent");
+    let argv: Vec<String> = command
+        .into_iter()
+        .chain(container.args.clone().unwrap_or_default())
+        .collect();
+    let cli = Cli::try_parse_from(&argv)
+        .unwrap_or_else(|e| panic!("the DaemonSet's arguments {argv:?} do not parse: {e}"));
+    match cli.command {
+        Command::Run(run) => (argv, run),
+        _ => panic!("the DaemonSet does not run `sliceway-agent run`: {argv:?}"),
+    }
+}
+
+#[test]
+fn the_parser_used_below_rejects_what_the_agent_rejects() {
+    // Guards the test itself: a misspelt flag or a bad interface entry must fail.
+    assert!(Cli::try_parse_from(["sliceway-agent", "run", "--interface", "eth0"]).is_err());
+    assert!(Cli::try_parse_from(["sliceway-agent", "run", "--interfaces", "a,,b"]).is_err());
+    assert!(Cli::try_parse_from(["sliceway-agent", "run", "--interfaces", "veth*"]).is_ok());
+}
+
+#[test]
+fn the_daemon_set_runs_the_agent_with_arguments_it_accepts() {
+    let m = load();
+    assert_eq!(m.daemon_sets.len(), 1, "one DaemonSet");
+    let ds = &m.daemon_sets[0];
+    let (argv, run) = agent_args(ds);
+
+    // API source, interface patterns for the usual CNIs.
+    assert!(
+        run.manifests.is_none() && run.kubeconfig.is_none(),
+        "{argv:?}"
+    );
+    let selection = Selection::parse(&run.interfaces).unwrap();
+    for pod_iface in ["veth1a2b3c", "cali0123456789a", "lxc12ab"] {
+        assert!(selection.matches(pod_iface), "{pod_iface} not selected");
+    }
+    assert!(
+        selection.exact().next().is_none(),
+        "only patterns: a node without one of the interfaces must still start ({argv:?})"
+    );
+
+    let pod = ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    assert_eq!(pod.host_network, Some(true));
+    let container = &pod.containers[0];
+
+    // The node name comes from the downward API, as --node's NODE_NAME.
+    let env = container.env.clone().unwrap_or_default();
+    let node = env
+        .iter()
+        .find(|e| e.name == "NODE_NAME")
+        .expect("NODE_NAME");
+    assert_eq!(
+        node.value_from
+            .as_ref()
+            .and_then(|v| v.field_ref.as_ref())
+            .map(|f| f.field_path.as_str()),
+        Some("spec.nodeName")
+    );
+    for name in ["KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"] {
+        assert!(
+            env.iter().any(|e| e.name == name
+                && e.value_from
+                    .as_ref()
+                    .is_some_and(|v| v.config_map_key_ref.is_some())),
+            "{name}: the API server's real address, from a ConfigMap"
+        );
+    }
+
+    // The liveness probe reaches /healthz where the agent serves it: the kubelet
+    // probes from the node's namespace, which is the agent's (hostNetwork).
+    let probe = container
+        .liveness_probe
+        .as_ref()
+        .and_then(|p| p.http_get.as_ref())
+        .expect("an HTTP liveness probe");
+    let addr: SocketAddr = run.metrics_addr;
+    assert!(!run.no_metrics);
+    assert_eq!(probe.path.as_deref(), Some("/healthz"));
+    assert_eq!(probe.port, IntOrString::Int(addr.port() as i32));
+    if addr.ip().is_loopback() {
+        assert_eq!(probe.host.as_deref(), Some(addr.ip().to_string().as_str()));
+    }
+
+    // Pins live on the node's bpffs.
+    assert!(!run.no_pin);
+    let mounts = container.volume_mounts.clone().unwrap_or_default();
+    let bpf = mounts
+        .iter()
+        .find(|v| run.bpffs_dir.starts_with(&v.mount_path))
+        .unwrap_or_else(|| panic!("no volume holds --bpffs-dir {}", run.bpffs_dir.display()));
+    let volume = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == bpf.name)
+        .expect("the bpffs volume");
+    assert_eq!(
+        volume.host_path.as_ref().map(|h| h.path.as_str()),
+        Some("/sys/fs/bpf")
+    );
+    assert_eq!(bpf.mount_propagation.as_deref(), Some("Bidirectional"));
+    assert_eq!(
+        container
+            .security_context
+            .as_ref()
+            .and_then(|s| s.privileged),
+        Some(true),
+        "bidirectional propagation needs a privileged container"
+    );
+
+    // Every node.
+    assert!(pod
+        .tolerations
+        .iter()
+        .flatten()
+        .any(|t| t.key.is_none() && t.operator.as_deref() == Some("Exists") && t.effect.is_none()));
+
+    // deploy/kind.sh builds and loads the image the DaemonSet runs.
+    let image = container.image.as_deref().unwrap();
+    let kind_sh = std::fs::read_to_string(deploy_dir().join("kind.sh")).unwrap();
+    assert!(
+        kind_sh.contains(&format!("IMAGE={image}")),
+        "kind.sh builds {image}"
+    );
+}
+
+#[test]
+fn the_agent_may_list_and_watch_what_it_reads() {
+    let m = load();
+    let ds = &m.daemon_sets[0];
+    let pod = ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    let namespace = ds.metadata.namespace.clone().expect("a namespace");
+    let account = pod.service_account_name.clone().expect("a service account");
+    assert!(m
+        .service_accounts
+        .iter()
+        .any(|sa| sa.metadata.name.as_deref() == Some(&account)
+            && sa.metadata.namespace.as_deref() == Some(&namespace)));
+    let binding = m
+        .bindings
+        .iter()
+        .find(|b| {
+            b.subjects.iter().flatten().any(|s| {
+                s.kind == "ServiceAccount"
+                    && s.name == account
+                    && s.namespace.as_deref() == Some(&namespace)
+            })
+        })
+        .expect("a binding for the agent's service account");
+    assert_eq!(binding.role_ref.kind, "ClusterRole");
+    let role = m
+        .cluster_roles
+        .iter()
+        .find(|r| r.metadata.name.as_deref() == Some(&binding.role_ref.name))
+        .expect("the bound ClusterRole");
+    let mut granted = BTreeSet::new();
+    for rule in role.rules.iter().flatten() {
+        for group in rule.api_groups.iter().flatten() {
+            for resource in rule.resources.iter().flatten() {
+                for verb in &rule.verbs {
+                    granted.insert((group.as_str(), resource.as_str(), verb.as_str()));
+                }
+            }
+        }
+    }
+    // What kube_source watches: Services, EndpointSlices and the agent's own Node.
+    for (group, resource) in [
+        ("", "services"),
+        ("discovery.k8s.io", "endpointslices"),
+        ("", "nodes"),
+    ] {
+        for verb in ["list", "watch"] {
+            assert!(
+                granted.contains(&(group, resource, verb)),
+                "{verb} {resource} ({group:?}) not granted"
+            );
+        }
+    }
+}
