@@ -192,6 +192,22 @@ impl ManifestDir {
 
 /// Puts the objects of a file that parsed into `compiler` and removes those the file
 /// held before and no longer does. Returns the identities of the file's objects.
+/// Where the next object named `key` in `file` comes from: the file, and how many of
+/// that name came before it there.
+fn next_origin<K: std::hash::Hash + Eq>(
+    seen: &mut HashMap<K, u32>,
+    key: K,
+    file: &Arc<Path>,
+) -> Origin {
+    let n = seen.entry(key).or_default();
+    let origin = Origin {
+        file: Some(file.clone()),
+        occurrence: *n,
+    };
+    *n += 1;
+    origin
+}
+
 fn put_file(
     path: &Path,
     objects: ModelObjects,
@@ -203,14 +219,7 @@ fn put_file(
     let mut services = Vec::with_capacity(objects.services.len());
     for svc in objects.services {
         let mut id = ServiceId::of(&svc, Origin::default());
-        let n = seen
-            .entry((id.namespace.clone(), id.name.clone()))
-            .or_default();
-        id.origin = Origin {
-            file: Some(file.clone()),
-            occurrence: *n,
-        };
-        *n += 1;
+        id.origin = next_origin(&mut seen, (id.namespace.clone(), id.name.clone()), &file);
         compiler.put_service(id.origin.clone(), svc);
         services.push(id);
     }
@@ -218,14 +227,7 @@ fn put_file(
     let mut slices = Vec::with_capacity(objects.slices.len());
     for slice in objects.slices {
         let mut id = SliceId::of(&slice, Origin::default());
-        let n = seen
-            .entry((id.namespace.clone(), id.name.clone()))
-            .or_default();
-        id.origin = Origin {
-            file: Some(file.clone()),
-            occurrence: *n,
-        };
-        *n += 1;
+        id.origin = next_origin(&mut seen, (id.namespace.clone(), id.name.clone()), &file);
         compiler.put_slice(id.origin.clone(), slice);
         slices.push(id);
     }
