@@ -173,6 +173,8 @@ pub fn rolling_update(pods: usize) -> RollingUpdateReport {
     let mut plan = store::plan_all(&snap, &opts, &mut state).plan;
     apply(&mut snap, &mut plan, &mut discard);
 
+    // Each step syncs only the Service whose Pods changed, as upstream does.
+    let web = ("default".to_string(), "web".to_string());
     let mut report = RollingUpdateReport {
         pods,
         ..Default::default()
@@ -185,11 +187,11 @@ pub fn rolling_update(pods: usize) -> RollingUpdateReport {
             (pods + i) as u32,
             i % nodes,
         ));
-        let mut plan = store::plan_all(&snap, &opts, &mut state).plan;
+        let mut plan = store::plan_service(&snap, &web, &opts, &mut state).plan;
         apply(&mut snap, &mut plan, &mut report);
         snap.pods
             .remove(&("default".to_string(), format!("web-old-{i}")));
-        let mut plan = store::plan_all(&snap, &opts, &mut state).plan;
+        let mut plan = store::plan_service(&snap, &web, &opts, &mut state).plan;
         apply(&mut snap, &mut plan, &mut report);
     }
     report.slices_at_end = snap.slices.len();

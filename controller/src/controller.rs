@@ -3,14 +3,17 @@
 //! [`Snapshot`] of the stores for that name, runs the pure reconcilers
 //! ([`store::sync_service`]) and applies the plan with create/update/delete under a
 //! named field manager. A [`SliceTracker`] keeps it from acting on a stale slice
-//! cache (upstream's EndpointSliceTracker).
+//! cache (upstream's EndpointSliceTracker). The Controller never reconciles a name
+//! whose Service is gone, so a [`sweep`] deletes the Endpoints and mirrored slices
+//! of deleted Services, at start and on each deletion.
 
-use std::collections::HashMap;
+use std::borrow::Borrow;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Endpoints, Node, Pod, Service};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Endpoints, Node, ObjectReference, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{DeleteParams, PostParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
@@ -22,7 +25,7 @@ use tracing::instrument;
 
 use crate::metrics::Metrics;
 use crate::plan::{Object, Plan};
-use crate::store::{self, Snapshot};
+use crate::store::{self, Key, Snapshot};
 use crate::topology::TopologyInfo;
 use crate::{Error, Result};
 
@@ -56,12 +59,12 @@ impl SliceTracker {
     }
     /// Whether the cached slices are older than what this controller wrote
     /// (StaleSlices).
-    pub fn stale(&self, service_uid: &str, cached: &[EndpointSlice]) -> bool {
+    pub fn stale<S: Borrow<EndpointSlice>>(&self, service_uid: &str, cached: &[S]) -> bool {
         let Some(gens) = self.by_service.get(service_uid) else {
             return false;
         };
         let mut seen = std::collections::HashSet::new();
-        for s in cached {
+        for s in cached.iter().map(Borrow::borrow) {
             let uid = s.metadata.uid.clone().unwrap_or_default();
             if let Some(g) = gens.get(&uid) {
                 if *g == DELETION_EXPECTED || *g > s.metadata.generation.unwrap_or(0) {
@@ -74,13 +77,33 @@ impl SliceTracker {
             .any(|(uid, g)| *g != DELETION_EXPECTED && !seen.contains(uid))
     }
     /// Forgets deletions the cache has caught up with.
-    pub fn settle(&mut self, service_uid: &str, cached: &[EndpointSlice]) {
+    pub fn settle<S: Borrow<EndpointSlice>>(&mut self, service_uid: &str, cached: &[S]) {
         if let Some(gens) = self.by_service.get_mut(service_uid) {
             let present: std::collections::HashSet<String> = cached
                 .iter()
+                .map(Borrow::borrow)
                 .filter_map(|s| s.metadata.uid.clone())
                 .collect();
             gens.retain(|uid, g| *g != DELETION_EXPECTED || present.contains(uid));
+        }
+    }
+}
+
+/// The error of a failed write of `obj`.
+fn write_error<'a>(op: &'static str, obj: &'a Object) -> impl FnOnce(kube::Error) -> Error + 'a {
+    move |source| {
+        let (namespace, name) = obj.key();
+        let name = if name.is_empty() {
+            obj.metadata().generate_name.clone().unwrap_or_default()
+        } else {
+            name
+        };
+        Error::Write {
+            op,
+            kind: obj.kind(),
+            namespace,
+            name,
+            source: Box::new(source),
         }
     }
 }
@@ -105,11 +128,17 @@ pub async fn apply_plan(
         let (ns, _) = obj.key();
         match obj {
             Object::EndpointSlice(s) => {
-                let made = slices(&ns).create(&pp, s).await?;
+                let made = slices(&ns)
+                    .create(&pp, s)
+                    .await
+                    .map_err(write_error("create", obj))?;
                 tracker.lock().expect("tracker").written(service_uid, &made);
             }
             Object::Endpoints(e) => {
-                endpoints(&ns).create(&pp, e).await?;
+                endpoints(&ns)
+                    .create(&pp, e)
+                    .await
+                    .map_err(write_error("create", obj))?;
             }
         }
     }
@@ -117,11 +146,17 @@ pub async fn apply_plan(
         let (ns, name) = obj.key();
         match obj {
             Object::EndpointSlice(s) => {
-                let made = slices(&ns).replace(&name, &pp, s).await?;
+                let made = slices(&ns)
+                    .replace(&name, &pp, s)
+                    .await
+                    .map_err(write_error("update", obj))?;
                 tracker.lock().expect("tracker").written(service_uid, &made);
             }
             Object::Endpoints(e) => {
-                endpoints(&ns).replace(&name, &pp, e).await?;
+                endpoints(&ns)
+                    .replace(&name, &pp, e)
+                    .await
+                    .map_err(write_error("update", obj))?;
             }
         }
     }
@@ -145,7 +180,7 @@ pub async fn apply_plan(
             Ok(()) => {}
             // Already gone: what we wanted.
             Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(write_error("delete", obj)(e)),
         }
     }
     Ok(())
@@ -189,23 +224,39 @@ pub struct Stores {
 }
 
 impl Stores {
-    /// The objects of one namespace and name the reconcilers read.
+    /// The objects of one namespace and name the reconcilers read: the Service, the
+    /// Pods its selector matches, the Nodes, the slices labelled for the name and the
+    /// Endpoints. Only those are copied out of the stores.
     pub fn snapshot_for(&self, ns: &str, name: &str) -> Snapshot {
         let mut snap = Snapshot::default();
-        let same_ns = |o: &dyn Fn() -> Option<String>| o().as_deref() == Some(ns);
-        if let Some(s) = self.services.get(&ObjectRef::new(name).within(ns)) {
+        let svc = self.services.get(&ObjectRef::new(name).within(ns));
+        let selector = svc
+            .as_ref()
+            .and_then(|s| s.spec.as_ref())
+            .and_then(|s| s.selector.clone());
+        if let Some(s) = svc {
             snap.add_service((*s).clone());
         }
-        for p in self.pods.state() {
-            if same_ns(&|| p.metadata.namespace.clone()) {
-                snap.add_pod((*p).clone());
+        if let Some(selector) = selector {
+            for p in self.pods.state() {
+                if p.metadata.namespace.as_deref() == Some(ns)
+                    && crate::util::selector_matches(&selector, p.metadata.labels.as_ref())
+                {
+                    snap.add_pod((*p).clone());
+                }
             }
         }
         for n in self.nodes.state() {
             snap.add_node((*n).clone());
         }
         for s in self.slices.state() {
-            if same_ns(&|| s.metadata.namespace.clone()) {
+            let labelled = s
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(crate::util::LABEL_SERVICE_NAME))
+                .is_some_and(|n| n == name);
+            if labelled && s.metadata.namespace.as_deref() == Some(ns) {
                 snap.add_slice((*s).clone());
             }
         }
@@ -213,6 +264,150 @@ impl Stores {
             snap.add_endpoints((*e).clone());
         }
         snap
+    }
+}
+
+/// What the sweep looks at: every name, or one name whose Service was deleted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Sweep {
+    /// Every name with Endpoints or mirrored slices (at start and after a re-list,
+    /// which drops deleted Services without an event).
+    All,
+    /// The name of a deleted Service.
+    Name(Key),
+}
+
+/// Names whose Service is gone but which still have what the controllers delete
+/// then: Endpoints (leader-election records aside) when the Endpoints controller
+/// runs, slices of the mirroring controller when mirroring runs. The runtime
+/// Controller never reconciles a name whose Service is gone, so these are left to
+/// [`sweep`] (upstream: checkLeftoverEndpoints at start, and the delete paths of
+/// syncService and of the mirroring controller's syncEndpoints).
+pub fn orphans(stores: &Stores, opts: &store::Options) -> BTreeSet<Key> {
+    let service_exists = |ns: &str, name: &str| {
+        stores
+            .services
+            .get(&ObjectRef::new(name).within(ns))
+            .is_some()
+    };
+    let mut out = BTreeSet::new();
+    if opts.controllers.endpoints {
+        let all = stores.endpoints.state();
+        for e in crate::endpoints::leftovers(all.iter().map(|e| &**e), service_exists) {
+            out.insert(key_of_meta(&e.metadata));
+        }
+    }
+    if opts.controllers.mirroring {
+        for s in stores.slices.state() {
+            let labels = s.metadata.labels.as_ref();
+            let managed = labels.and_then(|l| l.get(crate::util::LABEL_MANAGED_BY));
+            let Some(name) = labels.and_then(|l| l.get(crate::util::LABEL_SERVICE_NAME)) else {
+                continue;
+            };
+            let ns = s.metadata.namespace.as_deref().unwrap_or("default");
+            if managed == Some(&opts.mirroring.controller_name) && !service_exists(ns, name) {
+                out.insert((ns.to_string(), name.clone()));
+            }
+        }
+    }
+    out
+}
+
+fn key_of_meta(m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Key {
+    (
+        m.namespace.clone().unwrap_or_else(|| "default".into()),
+        m.name.clone().unwrap_or_default(),
+    )
+}
+
+/// Deletes the Endpoints and mirrored slices of names whose Service is gone, one
+/// name at a time with the same reconcilers as a sync ([`store::plan_service`]).
+/// A name whose Service exists (again) is left to the Controller. Returns the names
+/// that failed, with the error; the others are done.
+pub async fn sweep(ctx: &Context, keys: impl IntoIterator<Item = Key>) -> Vec<(Key, Error)> {
+    let mut failed = Vec::new();
+    for key in keys {
+        let (ns, name) = &key;
+        if ctx
+            .stores
+            .services
+            .get(&ObjectRef::new(name).within(ns))
+            .is_some()
+        {
+            continue;
+        }
+        let snap = ctx.stores.snapshot_for(ns, name);
+        let outcome = {
+            let mut state = ctx.state.lock().expect("state");
+            store::plan_service(&snap, &key, &ctx.options, &mut state)
+        };
+        if outcome.plan.is_empty() {
+            continue;
+        }
+        match apply_plan(
+            &ctx.client,
+            &outcome.plan,
+            &ctx.field_manager,
+            "",
+            // Only deletions of objects no Service owns any more: nothing for the
+            // EndpointSlice controller's tracker to wait for.
+            &Mutex::new(SliceTracker::default()),
+        )
+        .await
+        {
+            Ok(()) => {
+                ctx.metrics.applied(&outcome.plan);
+                tracing::info!(
+                    service = %format!("{ns}/{name}"),
+                    deleted = outcome.plan.delete.len(),
+                    "Service is gone; deleted its Endpoints and mirrored EndpointSlices"
+                );
+            }
+            Err(e) => failed.push((key, e)),
+        }
+    }
+    failed
+}
+
+/// Runs [`sweep`] for every request, once the stores have listed; a name that fails
+/// is tried again after `retry`.
+async fn sweeper(
+    ctx: Arc<Context>,
+    tx: tokio::sync::mpsc::UnboundedSender<Sweep>,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Sweep>,
+    retry: Duration,
+) {
+    let s = &ctx.stores;
+    let ready = futures::future::try_join4(
+        s.services.wait_until_ready(),
+        s.endpoints.wait_until_ready(),
+        s.slices.wait_until_ready(),
+        s.pods.wait_until_ready(),
+    )
+    .await;
+    if ready.is_err() {
+        // Only when the reflectors are dropped, that is when the controller stops.
+        tracing::warn!("a reflector stopped before listing; leftover Endpoints are not swept");
+        return futures::future::pending().await;
+    }
+    while let Some(request) = rx.recv().await {
+        let keys: Vec<Key> = match request {
+            Sweep::All => orphans(&ctx.stores, &ctx.options).into_iter().collect(),
+            Sweep::Name(key) => vec![key],
+        };
+        for (key, err) in sweep(&ctx, keys).await {
+            tracing::warn!(
+                service = %format!("{}/{}", key.0, key.1),
+                error = %err,
+                retry_in = ?retry,
+                "deleting the Endpoints and mirrored EndpointSlices of a removed Service failed; will retry"
+            );
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(retry).await;
+                let _ = tx.send(Sweep::Name(key));
+            });
+        }
     }
 }
 
@@ -244,9 +439,25 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action> {
         )
     };
     ctx.metrics.record_pass(&outcome, 0);
+    // Upstream's recorders: the EndpointSlice controller reports on the Service,
+    // the mirroring controller on the Endpoints it mirrors.
+    let endpoints_ref = || match snap.endpoints.get(&(ns.clone(), name.clone())) {
+        Some(e) => e.object_ref(&()),
+        None => ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Endpoints".into()),
+            namespace: Some(ns.clone()),
+            name: Some(name.clone()),
+            ..Default::default()
+        },
+    };
     for (kind, _, msg) in &outcome.events {
         let (reason, note) = msg.split_once(": ").unwrap_or(("Warning", msg));
-        publish(&ctx, &svc, kind, reason, note).await;
+        let regarding = match kind.as_str() {
+            "Endpoints" => endpoints_ref(),
+            _ => svc.object_ref(&()),
+        };
+        publish(&ctx, &regarding, reason, note).await;
     }
     if let Err(e) = apply_plan(
         &ctx.client,
@@ -258,14 +469,48 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action> {
     .await
     {
         ctx.metrics.sync("error");
-        publish(
-            &ctx,
-            &svc,
-            "Service",
-            "FailedToUpdateEndpointSlices",
-            &format!("Error updating Endpoint Slices for Service {ns}/{name}: {e}"),
-        )
-        .await;
+        let selector = svc
+            .spec
+            .as_ref()
+            .and_then(|s| s.selector.as_ref())
+            .is_some();
+        let event = match &e {
+            // The Endpoints controller reports on the Endpoints.
+            Error::Write {
+                kind: "Endpoints",
+                op: "create",
+                source,
+                ..
+            } => Some((
+                endpoints_ref(),
+                "FailedToCreateEndpoint",
+                format!("Failed to create endpoint for service {ns}/{name}: {source}"),
+            )),
+            Error::Write {
+                kind: "Endpoints",
+                op: "update",
+                source,
+                ..
+            } => Some((
+                endpoints_ref(),
+                "FailedToUpdateEndpoint",
+                format!("Failed to update endpoint {ns}/{name}: {source}"),
+            )),
+            // The EndpointSlice controller reports on the Service; the mirroring
+            // controller (selector-less Services) only retries.
+            Error::Write {
+                kind: "EndpointSlice",
+                ..
+            } if selector => Some((
+                svc.object_ref(&()),
+                "FailedToUpdateEndpointSlices",
+                format!("Error updating Endpoint Slices for Service {ns}/{name}: {e}"),
+            )),
+            _ => None,
+        };
+        if let Some((regarding, reason, note)) = event {
+            publish(&ctx, &regarding, reason, &note).await;
+        }
         return Err(e);
     }
     ctx.metrics.applied(&outcome.plan);
@@ -281,7 +526,8 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action> {
     Ok(Action::await_change())
 }
 
-async fn publish(ctx: &Context, svc: &Service, _kind: &str, reason: &str, note: &str) {
+/// Publishes a Warning Event about an object; a failure to publish is logged.
+async fn publish(ctx: &Context, regarding: &ObjectReference, reason: &str, note: &str) {
     let event = Event {
         type_: EventType::Warning,
         reason: reason.into(),
@@ -289,8 +535,8 @@ async fn publish(ctx: &Context, svc: &Service, _kind: &str, reason: &str, note: 
         action: "Sync".into(),
         secondary: None,
     };
-    if let Err(e) = ctx.recorder.publish(&event, &svc.object_ref(&())).await {
-        tracing::warn!(error = %e, "publishing event");
+    if let Err(e) = ctx.recorder.publish(&event, regarding).await {
+        tracing::warn!(error = %e, %reason, "publishing an event failed; it is dropped");
     }
 }
 
@@ -350,9 +596,29 @@ pub async fn run(
     .default_backoff()
     .touched_objects();
 
-    let ctrl = Controller::new(Api::<Service>::all(client.clone()), cfg)
+    // The Service watch feeds the Controller and tells the sweep about deletions,
+    // which the Controller never reconciles.
+    let (sweep_tx, sweep_rx) = tokio::sync::mpsc::unbounded_channel::<Sweep>();
+    let (services, services_w) = reflector::store::<Service>();
+    let deletions = sweep_tx.clone();
+    let service_events = reflector::reflector(
+        services_w,
+        watcher(Api::<Service>::all(client.clone()), cfg.clone()),
+    )
+    .default_backoff()
+    .inspect_ok(move |event| {
+        let request = match event {
+            watcher::Event::Delete(svc) => Sweep::Name(key_of_meta(&svc.metadata)),
+            // A (re)list drops Services deleted meanwhile without an event.
+            watcher::Event::InitDone => Sweep::All,
+            _ => return,
+        };
+        // The receiver lives as long as the controller runs.
+        let _ = deletions.send(request);
+    })
+    .applied_objects();
+    let ctrl = Controller::for_stream(service_events, services.clone())
         .with_config(ControllerConfig::default().debounce(batch_period));
-    let services = ctrl.store();
     let svc_for_pods = services.clone();
     let svc_for_nodes = services.clone();
     let ctrl = ctrl
@@ -412,12 +678,18 @@ pub async fn run(
         tracker: Mutex::new(SliceTracker::default()),
         failures: Mutex::new(HashMap::new()),
     });
-    ctrl.run(reconcile, error_policy, ctx)
+    let sweeping = sweeper(ctx.clone(), sweep_tx, sweep_rx, Duration::from_secs(5));
+    let controlling = ctrl
+        .run(reconcile, error_policy, ctx)
         .for_each(|r| async move {
             if let Err(e) = r {
                 tracing::debug!(error = %e, "reconcile");
             }
-        })
-        .await;
+        });
+    // The sweep never ends by itself; the Controller ends on a signal.
+    tokio::select! {
+        () = controlling => {}
+        () = sweeping => {}
+    }
     Ok(())
 }

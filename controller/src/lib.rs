@@ -36,6 +36,21 @@ pub enum Error {
         /// The cause.
         source: std::io::Error,
     },
+    /// Writing one object of a plan failed; the objects before it were written, the
+    /// rest were not (the sync is retried).
+    #[error("{op} {kind} {namespace}/{name}: {source}")]
+    Write {
+        /// `create`, `update` or `delete`.
+        op: &'static str,
+        /// `EndpointSlice` or `Endpoints`.
+        kind: &'static str,
+        /// Namespace of the object.
+        namespace: String,
+        /// Name of the object (its `generateName` prefix when it has none yet).
+        name: String,
+        /// The API error.
+        source: Box<kube::Error>,
+    },
     /// A manifest could not be parsed.
     #[error("{path}: {reason}")]
     Manifest {

@@ -72,10 +72,11 @@ impl TopologyInfo {
         let mut by_zone: BTreeMap<String, i64> = BTreeMap::new();
         let mut total = 0i64;
         for node in nodes {
-            let labels = node.metadata.labels.clone().unwrap_or_default();
-            if labels.contains_key("node-role.kubernetes.io/control-plane")
-                || labels.contains_key("node-role.kubernetes.io/master")
-            {
+            let labels = node.metadata.labels.as_ref();
+            if labels.is_some_and(|l| {
+                l.contains_key("node-role.kubernetes.io/control-plane")
+                    || l.contains_key("node-role.kubernetes.io/master")
+            }) {
                 continue;
             }
             let ready = node
@@ -95,7 +96,7 @@ impl TopologyInfo {
                 .and_then(|q| cpu_millis(&q.0))
                 .unwrap_or(0);
             let zone = labels
-                .get(crate::util::LABEL_ZONE)
+                .and_then(|l| l.get(crate::util::LABEL_ZONE))
                 .cloned()
                 .unwrap_or_default();
             if zone.is_empty() || cpu == 0 {
@@ -137,15 +138,15 @@ fn zone_hint(zone: &str) -> EndpointHints {
     }
 }
 
-/// Sets or removes hints on the slices being written, moving unchanged slices whose
-/// hints must change into `update`. Returns events to report.
+/// Sets or removes hints on the slices being written, moving (copies of) unchanged
+/// slices whose hints must change into `update`. Returns events to report.
 pub fn reconcile_hints(
     svc: &Service,
     topo: Option<&TopologyInfo>,
     opts: &Options,
     create: &mut [EndpointSlice],
     update: &mut Vec<EndpointSlice>,
-    unchanged: Vec<EndpointSlice>,
+    unchanged: Vec<&EndpointSlice>,
 ) -> Vec<String> {
     let annotation = hints_enabled(svc);
     let use_traffic_distribution = opts.traffic_distribution && !annotation;
@@ -211,7 +212,7 @@ pub fn reconcile_hints(
                 .iter()
                 .any(|ep| !keeps(ep) && ep.hints != want(ep))
             {
-                let mut slice = slice;
+                let mut slice = slice.clone();
                 apply(&mut slice);
                 update.push(slice);
             }
@@ -225,15 +226,16 @@ pub fn reconcile_hints(
 fn remove_hints(
     create: &mut [EndpointSlice],
     update: &mut Vec<EndpointSlice>,
-    unchanged: &mut Vec<EndpointSlice>,
+    unchanged: &mut Vec<&EndpointSlice>,
 ) {
     for slice in create.iter_mut().chain(update.iter_mut()) {
         for ep in &mut slice.endpoints {
             ep.hints = None;
         }
     }
-    for mut slice in std::mem::take(unchanged) {
+    for slice in std::mem::take(unchanged) {
         if slice.endpoints.iter().any(|e| e.hints.is_some()) {
+            let mut slice = slice.clone();
             for ep in &mut slice.endpoints {
                 ep.hints = None;
             }
@@ -326,12 +328,12 @@ fn add_hints(
     topo: Option<&TopologyInfo>,
     create: &mut [EndpointSlice],
     update: &mut Vec<EndpointSlice>,
-    unchanged: &mut Vec<EndpointSlice>,
+    unchanged: &mut Vec<&EndpointSlice>,
 ) -> Result<(), String> {
     let ready = create
         .iter()
         .chain(update.iter())
-        .chain(unchanged.iter())
+        .chain(unchanged.iter().copied())
         .flat_map(|s| s.endpoints.iter())
         .filter(|e| endpoint_ready(e))
         .count();
@@ -342,14 +344,14 @@ fn add_hints(
     let mut allocated: BTreeMap<String, usize> = BTreeMap::new();
     let mut keep = Vec::new();
     for slice in std::mem::take(unchanged) {
-        match hints_by_zone(&slice, &allocated, &allocs) {
+        match hints_by_zone(slice, &allocated, &allocs) {
             Some(by_zone) => {
                 for (z, n) in by_zone {
                     *allocated.entry(z).or_default() += n;
                 }
                 keep.push(slice);
             }
-            None => update.push(slice),
+            None => update.push(slice.clone()),
         }
     }
     *unchanged = keep;

@@ -1,18 +1,25 @@
 //! The API edge against a mock API server (tower-test, after kube-rs controller-rs'
-//! fixtures.rs Scenario pattern): the requests `apply_plan` and the Lease lock make
-//! through `kube::Api`, and the answers a real server would give.
+//! fixtures.rs Scenario pattern): the requests `apply_plan`, the sweep of removed
+//! Services and the Lease lock make through `kube::Api`, and the answers a real
+//! server would give.
 
+use std::collections::BTreeSet;
 use std::sync::Mutex;
 
-use controller::controller::{apply_plan, SliceTracker};
+use controller::controller::{apply_plan, sweep, Context, SliceTracker, Stores};
 use controller::leader::LeaseLock;
+use controller::metrics::Metrics;
 use controller::plan::{Object, Plan};
+use controller::{store, util};
 use http::{Request, Response};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Endpoints;
+use k8s_openapi::api::core::v1::{Endpoints, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::client::Body;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher;
 use kube::{Api, Client};
 
 type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
@@ -203,5 +210,247 @@ async fn expired_lease_is_taken_with_resource_version() {
     );
     let now = "2030-01-01T00:01:00Z".parse().unwrap();
     assert!(lock.try_acquire_or_renew(now).await.unwrap());
+    server.await.unwrap();
+}
+
+fn endpoints_named(name: &str, annotations: &[(&str, &str)]) -> Endpoints {
+    Endpoints {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("default".into()),
+            annotations: Some(
+                annotations
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            )
+            .filter(|a: &std::collections::BTreeMap<_, _>| !a.is_empty()),
+            ..Default::default()
+        },
+        subsets: None,
+    }
+}
+
+fn mirrored_slice(name: &str, service: &str) -> EndpointSlice {
+    let mut s = slice(Some(name));
+    s.metadata.labels = Some(
+        [
+            (util::LABEL_SERVICE_NAME.to_string(), service.to_string()),
+            (
+                util::LABEL_MANAGED_BY.to_string(),
+                util::MIRRORING_CONTROLLER_NAME.to_string(),
+            ),
+        ]
+        .into(),
+    );
+    s
+}
+
+/// Stores filled as the reflectors would fill them, and a Context over them.
+fn context_with(
+    client: Client,
+    services: Vec<Service>,
+    endpoints: Vec<Endpoints>,
+    slices: Vec<EndpointSlice>,
+) -> Context {
+    fn filled<K>(objects: Vec<K>) -> Store<K>
+    where
+        K: kube::Resource<DynamicType = ()> + Clone + 'static,
+    {
+        let (reader, mut writer) = reflector::store::<K>();
+        for o in objects {
+            writer.apply_watcher_event(&watcher::Event::Apply(o));
+        }
+        reader
+    }
+    Context {
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "sliceway-controller".into(),
+                instance: None,
+            },
+        ),
+        client,
+        metrics: Metrics::new(),
+        options: store::Options::default(),
+        field_manager: "sliceway-controller".into(),
+        stores: Stores {
+            services: filled(services),
+            pods: filled(Vec::<Pod>::new()),
+            nodes: filled(Vec::<Node>::new()),
+            slices: filled(slices),
+            endpoints: filled(endpoints),
+        },
+        state: Mutex::new(store::State::default()),
+        tracker: Mutex::new(SliceTracker::default()),
+        failures: Mutex::new(Default::default()),
+    }
+}
+
+fn status_ok() -> serde_json::Value {
+    serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200})
+}
+
+/// Upstream's checkLeftoverEndpoints and the delete paths of syncService and of the
+/// mirroring controller: the runtime Controller never reconciles a Service that is
+/// gone, so without the sweep its Endpoints and mirrored slices stayed forever.
+#[tokio::test]
+async fn sweep_deletes_endpoints_and_mirrored_slices_of_removed_services() {
+    let (client, mut handle) = mock();
+    let web = Service {
+        metadata: ObjectMeta {
+            name: Some("web".into()),
+            namespace: Some("default".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let ctx = context_with(
+        client,
+        vec![web],
+        vec![
+            // Its Service exists: left alone.
+            endpoints_named("web", &[]),
+            // Its Service is gone: deleted.
+            endpoints_named("gone", &[]),
+            // A leader-election record: never deleted.
+            endpoints_named("lock", &[(util::ANNOTATION_LEADER, "{}")]),
+        ],
+        vec![
+            // Mirrored for a Service and Endpoints that are gone: deleted.
+            mirrored_slice("manual-abcde", "manual"),
+            // Mirrored for an existing Service: the Controller's business.
+            mirrored_slice("web-fghij", "web"),
+        ],
+    );
+    let orphans = controller::controller::orphans(&ctx.stores, &ctx.options);
+    assert_eq!(
+        orphans,
+        BTreeSet::from([
+            ("default".to_string(), "gone".to_string()),
+            ("default".to_string(), "manual".to_string()),
+        ])
+    );
+
+    let server = tokio::spawn(async move {
+        let (req, send) = handle.next_request().await.expect("delete endpoints");
+        assert_eq!(req.method(), http::Method::DELETE);
+        assert_eq!(
+            req.uri().path(),
+            "/api/v1/namespaces/default/endpoints/gone"
+        );
+        respond(send, 200, status_ok());
+        let (req, send) = handle.next_request().await.expect("delete slice");
+        assert_eq!(req.method(), http::Method::DELETE);
+        assert_eq!(
+            req.uri().path(),
+            "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/manual-abcde"
+        );
+        respond(send, 200, status_ok());
+        // Nothing else until the client is dropped.
+        assert!(handle.next_request().await.is_none());
+    });
+    let failed = sweep(&ctx, orphans).await;
+    assert!(failed.is_empty(), "{failed:?}");
+    // A name whose Service exists is not swept even when asked for.
+    let failed = sweep(&ctx, [("default".to_string(), "web".to_string())]).await;
+    assert!(failed.is_empty(), "{failed:?}");
+    drop(ctx);
+    server.await.unwrap();
+}
+
+#[tokio::test]
+async fn sweep_reports_the_names_it_could_not_clean() {
+    let (client, mut handle) = mock();
+    let ctx = context_with(client, vec![], vec![endpoints_named("gone", &[])], vec![]);
+    let server = tokio::spawn(async move {
+        let (_req, send) = handle.next_request().await.expect("delete endpoints");
+        respond(
+            send,
+            500,
+            serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "InternalError", "code": 500, "message": "etcd unavailable"}),
+        );
+    });
+    let failed = sweep(
+        &ctx,
+        controller::controller::orphans(&ctx.stores, &ctx.options),
+    )
+    .await;
+    server.await.unwrap();
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0].0, ("default".to_string(), "gone".to_string()));
+    assert!(
+        failed[0].1.to_string().contains("etcd unavailable"),
+        "{}",
+        failed[0].1
+    );
+}
+
+/// Upstream's mirroring controller records its warnings on the Endpoints it
+/// mirrors (InvalidIPAddress, TooManyAddressesToMirror), not on the Service.
+#[tokio::test]
+async fn mirroring_warnings_are_recorded_on_the_endpoints() {
+    let (client, mut handle) = mock();
+    let manual = Service {
+        metadata: ObjectMeta {
+            name: Some("manual".into()),
+            namespace: Some("default".into()),
+            uid: Some("uid-svc".into()),
+            ..Default::default()
+        },
+        spec: Some(Default::default()),
+        ..Default::default()
+    };
+    let mut eps = endpoints_named("manual", &[]);
+    eps.metadata.uid = Some("uid-eps".into());
+    eps.subsets = Some(vec![k8s_openapi::api::core::v1::EndpointSubset {
+        addresses: Some(vec![
+            k8s_openapi::api::core::v1::EndpointAddress {
+                ip: "10.1.0.1".into(),
+                ..Default::default()
+            },
+            k8s_openapi::api::core::v1::EndpointAddress {
+                ip: "not-an-ip".into(),
+                ..Default::default()
+            },
+        ]),
+        not_ready_addresses: None,
+        ports: None,
+    }]);
+    let ctx = std::sync::Arc::new(context_with(
+        client,
+        vec![manual.clone()],
+        vec![eps],
+        vec![],
+    ));
+    let server = tokio::spawn(async move {
+        let (req, send) = handle.next_request().await.expect("event");
+        assert_eq!(req.method(), http::Method::POST);
+        assert_eq!(
+            req.uri().path(),
+            "/apis/events.k8s.io/v1/namespaces/default/events"
+        );
+        let event = body_json(req).await;
+        assert_eq!(event["reason"], "InvalidIPAddress");
+        assert_eq!(event["type"], "Warning");
+        assert_eq!(event["regarding"]["kind"], "Endpoints");
+        assert_eq!(event["regarding"]["name"], "manual");
+        assert_eq!(event["regarding"]["uid"], "uid-eps");
+        respond(send, 201, event);
+        // Then the mirrored slice with the one valid address.
+        let (req, send) = handle.next_request().await.expect("create slice");
+        assert_eq!(
+            req.uri().path(),
+            "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices"
+        );
+        let mut obj = body_json(req).await;
+        assert_eq!(obj["endpoints"].as_array().map(Vec::len), Some(1));
+        obj["metadata"]["name"] = "manual-abcde".into();
+        respond(send, 201, obj);
+    });
+    controller::controller::reconcile(std::sync::Arc::new(manual), ctx)
+        .await
+        .unwrap();
     server.await.unwrap();
 }

@@ -9,7 +9,8 @@
 //! Where upstream iterates a Go map (random order) this code uses a fixed order, so a
 //! plan is deterministic; the number and sizes of slices are the same.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
@@ -75,7 +76,7 @@ pub struct Input<'a> {
     /// Nodes by name.
     pub nodes: &'a BTreeMap<String, Node>,
     /// The slices labelled for this Service and this controller, not being deleted.
-    pub existing: &'a [EndpointSlice],
+    pub existing: &'a [&'a EndpointSlice],
     /// When the change that triggered this sync happened, if known.
     pub trigger_time: Option<&'a Time>,
     /// Zone capacity for `topology-mode: Auto`, from the Nodes.
@@ -173,42 +174,151 @@ pub fn pod_to_endpoint(
     svc: &Service,
     address_type: &str,
 ) -> Endpoint {
-    let serving = util::is_pod_ready(pod);
-    let terminating = pod.metadata.deletion_timestamp.is_some();
-    // For compatibility, ready is never true for a terminating Pod unless
-    // publishNotReadyAddresses is set.
-    let ready = util::publish_not_ready(svc) || (serving && !terminating);
-    let addresses = util::pod_ips(pod)
-        .into_iter()
-        .filter(|ip| util::is_ipv6(ip) == (address_type == util::IPV6))
-        .collect();
-    let node_name = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.node_name.clone())
-        .filter(|n| !n.is_empty());
-    let zone = node
-        .and_then(|n| n.metadata.labels.as_ref())
-        .and_then(|l| l.get(util::LABEL_ZONE))
-        .filter(|z| !z.is_empty())
-        .cloned();
-    let hostname = if util::should_set_hostname(pod, svc) {
-        pod.spec.as_ref().and_then(|s| s.hostname.clone())
-    } else {
-        None
-    };
-    Endpoint {
-        addresses,
-        conditions: Some(EndpointConditions {
-            ready: Some(ready),
-            serving: Some(serving),
-            terminating: Some(terminating),
-        }),
-        target_ref: Some(util::pod_reference(pod)),
-        node_name,
-        zone,
-        hostname,
-        ..Default::default()
+    PodEndpoint::new(pod, node, svc, address_type).to_endpoint()
+}
+
+/// A Pod's addresses of one family, in order: held inline for the usual one (an
+/// allocation per Pod and sync otherwise).
+#[derive(Debug, Clone)]
+enum Addresses<'a> {
+    Inline(Option<&'a str>),
+    Many(Vec<&'a str>),
+}
+
+impl<'a> Addresses<'a> {
+    fn of(mut it: impl Iterator<Item = &'a str>) -> Self {
+        let Some(first) = it.next() else {
+            return Addresses::Inline(None);
+        };
+        match it.next() {
+            None => Addresses::Inline(Some(first)),
+            Some(second) => {
+                let mut all = vec![first, second];
+                all.extend(it);
+                Addresses::Many(all)
+            }
+        }
+    }
+    fn as_slice(&self) -> &[&'a str] {
+        match self {
+            Addresses::Inline(a) => a.as_slice(),
+            Addresses::Many(v) => v,
+        }
+    }
+    fn is_empty(&self) -> bool {
+        self.as_slice().is_empty()
+    }
+}
+
+/// A desired endpoint, borrowed from its Pod and Node: compared with the endpoints
+/// of existing slices as it is, and turned into an [`Endpoint`] only when written.
+#[derive(Debug, Clone)]
+struct PodEndpoint<'a> {
+    pod: &'a Pod,
+    /// The Pod's namespace and name, kept at hand for the many key comparisons.
+    namespace: &'a str,
+    name: &'a str,
+    /// Addresses of the address type, in the Pod's order.
+    addresses: Addresses<'a>,
+    ready: bool,
+    serving: bool,
+    terminating: bool,
+    node_name: Option<&'a str>,
+    zone: Option<&'a str>,
+    hostname: Option<&'a str>,
+}
+
+impl<'a> PodEndpoint<'a> {
+    fn new(pod: &'a Pod, node: Option<&'a Node>, svc: &Service, address_type: &str) -> Self {
+        let serving = util::is_pod_ready(pod);
+        let terminating = pod.metadata.deletion_timestamp.is_some();
+        // For compatibility, ready is never true for a terminating Pod unless
+        // publishNotReadyAddresses is set.
+        let ready = util::publish_not_ready(svc) || (serving && !terminating);
+        let want_v6 = address_type == util::IPV6;
+        let addresses =
+            Addresses::of(util::pod_ip_strs(pod).filter(|ip| util::is_ipv6(ip) == want_v6));
+        let node_name = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref())
+            .filter(|n| !n.is_empty());
+        let zone = node
+            .and_then(|n| n.metadata.labels.as_ref())
+            .and_then(|l| l.get(util::LABEL_ZONE))
+            .map(String::as_str)
+            .filter(|z| !z.is_empty());
+        let hostname = if util::should_set_hostname(pod, svc) {
+            pod.spec.as_ref().and_then(|s| s.hostname.as_deref())
+        } else {
+            None
+        };
+        PodEndpoint {
+            pod,
+            namespace: pod.metadata.namespace.as_deref().unwrap_or(""),
+            name: pod.metadata.name.as_deref().unwrap_or(""),
+            addresses,
+            ready,
+            serving,
+            terminating,
+            node_name,
+            zone,
+            hostname,
+        }
+    }
+
+    fn to_endpoint(&self) -> Endpoint {
+        Endpoint {
+            addresses: self
+                .addresses
+                .as_slice()
+                .iter()
+                .map(|a| a.to_string())
+                .collect(),
+            conditions: Some(EndpointConditions {
+                ready: Some(self.ready),
+                serving: Some(self.serving),
+                terminating: Some(self.terminating),
+            }),
+            target_ref: Some(util::pod_reference(self.pod)),
+            node_name: self.node_name.map(str::to_string),
+            zone: self.zone.map(str::to_string),
+            hostname: self.hostname.map(str::to_string),
+            ..Default::default()
+        }
+    }
+
+    /// [`util::endpoints_equal_beyond_hash`] between this endpoint, written, and `ep`,
+    /// an endpoint with the same key: their target namespaces and names are equal
+    /// once missing ones count as empty, so only their presence is compared here.
+    fn equal_beyond_hash(&self, ep: &Endpoint) -> bool {
+        let c = ep.conditions.as_ref();
+        let m = &self.pod.metadata;
+        ep.node_name.as_deref() == self.node_name
+            && ep.zone.as_deref() == self.zone
+            && c.and_then(|c| c.ready) == Some(self.ready)
+            && c.and_then(|c| c.serving) == Some(self.serving)
+            && c.and_then(|c| c.terminating) == Some(self.terminating)
+            && ep.target_ref.as_ref().is_some_and(|r| {
+                r.kind.as_deref() == Some("Pod")
+                    && r.namespace.is_some() == m.namespace.is_some()
+                    && r.name.is_some() == m.name.is_some()
+                    && r.uid == m.uid
+                    && r.api_version.is_none()
+                    && r.field_path.is_none()
+                    && r.resource_version.is_none()
+            })
+    }
+}
+
+impl util::Keyed for PodEndpoint<'_> {
+    fn key(&self) -> util::EndpointKeyRef<'_> {
+        util::EndpointKeyRef {
+            addresses: util::KeyAddresses::of(self.addresses.as_slice().iter().copied()),
+            hostname: self.hostname.unwrap_or(""),
+            namespace: self.namespace,
+            name: self.name,
+        }
     }
 }
 
@@ -247,7 +357,10 @@ pub fn slice_labels(
         svc.metadata.name.clone().unwrap_or_default(),
     );
     labels.insert(util::LABEL_MANAGED_BY.into(), controller_name.into());
-    let changed = slice.metadata.labels.clone().unwrap_or_default() != labels;
+    let changed = match &slice.metadata.labels {
+        Some(l) => *l != labels,
+        None => !labels.is_empty(),
+    };
     (labels, changed)
 }
 
@@ -284,10 +397,10 @@ fn service_uid(svc: &Service) -> &str {
 pub fn reconcile(input: &Input<'_>, opts: &Options) -> SlicePlan {
     let supported = address_types_for_service(input.service);
     let mut unsupported = Vec::new();
-    let mut by_type: BTreeMap<&str, Vec<EndpointSlice>> = BTreeMap::new();
-    for slice in input.existing {
+    let mut by_type: BTreeMap<&str, Vec<&EndpointSlice>> = BTreeMap::new();
+    for &slice in input.existing {
         match supported.get(slice.address_type.as_str()) {
-            Some(t) => by_type.entry(t).or_default().push(slice.clone()),
+            Some(t) => by_type.entry(t).or_default().push(slice),
             // A slice of an address type the Service no longer has (or the
             // deprecated `IP` type) is replaced.
             None => unsupported.push(slice.clone()),
@@ -312,7 +425,7 @@ pub fn reconcile(input: &Input<'_>, opts: &Options) -> SlicePlan {
 fn reconcile_by_address_type(
     input: &Input<'_>,
     opts: &Options,
-    existing: &[EndpointSlice],
+    existing: &[&EndpointSlice],
     address_type: &str,
 ) -> SlicePlan {
     let svc = input.service;
@@ -324,36 +437,66 @@ fn reconcile_by_address_type(
 
     // Existing state, grouped by ports. Slices not owned by this Service (e.g. left
     // by an older Service of the same name) are deleted.
-    let mut existing_by_ports: BTreeMap<PortMapKey, Vec<EndpointSlice>> = BTreeMap::new();
-    for slice in existing {
+    let mut existing_by_ports: BTreeMap<PortMapKey, Vec<&EndpointSlice>> = BTreeMap::new();
+    for &slice in existing {
         if util::owned_by(slice, "Service", uid) {
             existing_by_ports
                 .entry(util::port_map_key(slice.ports.as_deref().unwrap_or(&[])))
                 .or_default()
-                .push(slice.clone());
+                .push(slice);
         } else {
             delete.push(slice.clone());
         }
     }
 
-    // Desired state, grouped by the ports each Pod resolves.
-    let mut desired: BTreeMap<PortMapKey, (Vec<EndpointPort>, EndpointSet)> = BTreeMap::new();
+    // Desired state, grouped by the ports each Pod resolves. Pods resolve a handful
+    // of distinct port lists; each is turned into ports and a key once.
+    let mut desired: BTreeMap<PortMapKey, usize> = BTreeMap::new();
+    let mut groups: Vec<(Vec<EndpointPort>, EndpointSet<PodEndpoint>)> = Vec::new();
+    let service_ports = svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.as_deref())
+        .unwrap_or(&[]);
+    let mut resolved: Vec<Option<i32>> = Vec::with_capacity(service_ports.len());
+    let mut known: Vec<(Vec<Option<i32>>, usize)> = Vec::new();
     let publish_not_ready = util::publish_not_ready(svc);
-    for pod in input.pods {
+    // Many Pods share few Nodes.
+    let mut nodes_seen: util::FastMap<&str, Option<&Node>> = util::FastMap::default();
+    for &pod in input.pods {
         if !util::should_pod_be_in_endpoints(pod, true) {
             continue;
         }
-        let ports = endpoint_ports(svc, pod);
-        let key = util::port_map_key(&ports);
-        let entry = desired
-            .entry(key)
-            .or_insert_with(|| (ports, EndpointSet::new()));
+        resolved.clear();
+        resolved.extend(service_ports.iter().map(|sp| util::find_port(pod, sp)));
+        let group = match known.iter().find(|(r, _)| *r == resolved) {
+            Some(&(_, g)) => g,
+            None => {
+                let ports = endpoint_ports(svc, pod);
+                let g = *desired
+                    .entry(util::port_map_key(&ports))
+                    .or_insert_with(|| {
+                        groups.push((ports, EndpointSet::with_capacity(input.pods.len())));
+                        groups.len() - 1
+                    });
+                known.push((resolved.clone(), g));
+                g
+            }
+        };
+        let entry = &mut groups[group];
         let node_name = pod
             .spec
             .as_ref()
             .and_then(|s| s.node_name.as_deref())
             .unwrap_or("");
-        let node = input.nodes.get(node_name);
+        let node = match nodes_seen.get(node_name) {
+            Some(&n) => n,
+            None => {
+                let n = input.nodes.get(node_name);
+                nodes_seen.insert(node_name, n);
+                n
+            }
+        };
         if node.is_none() && !publish_not_ready {
             // Upstream: skip the Pod but write the rest, and retry the Service.
             retry.push(format!(
@@ -365,7 +508,7 @@ fn reconcile_by_address_type(
             ));
             continue;
         }
-        let ep = pod_to_endpoint(pod, node, svc, address_type);
+        let ep = PodEndpoint::new(pod, node, svc, address_type);
         if !ep.addresses.is_empty() {
             entry.1.insert(ep);
         }
@@ -373,8 +516,9 @@ fn reconcile_by_address_type(
 
     let mut endpoints_desired = 0;
     let mut slices_after = 0;
-    let empty = Vec::new();
-    for (key, (ports, set)) in &mut desired {
+    let empty: Vec<&EndpointSlice> = Vec::new();
+    for (key, &g) in &desired {
+        let (ports, set) = &mut groups[g];
         endpoints_desired += set.len();
         let current = existing_by_ports.get(key).unwrap_or(&empty);
         let (c, u, d) =
@@ -386,7 +530,7 @@ fn reconcile_by_address_type(
     }
     for (key, slices) in &existing_by_ports {
         if !desired.contains_key(key) {
-            delete.extend(slices.iter().cloned());
+            delete.extend(slices.iter().map(|s| (*s).clone()));
         }
     }
 
@@ -402,7 +546,7 @@ fn reconcile_by_address_type(
     }
 
     // Topology hints, per address type.
-    let unchanged: Vec<EndpointSlice> = {
+    let unchanged: Vec<&EndpointSlice> = {
         let touched: HashSet<&str> = update
             .iter()
             .chain(delete.iter())
@@ -411,7 +555,7 @@ fn reconcile_by_address_type(
         existing
             .iter()
             .filter(|s| !touched.contains(s.metadata.name.as_deref().unwrap_or("")))
-            .cloned()
+            .copied()
             .collect()
     };
     let events = topology::reconcile_hints(
@@ -451,68 +595,74 @@ fn placeholder_equal(a: &EndpointSlice, b: &EndpointSlice) -> bool {
 /// The fill algorithm for one set of ports (reconcileByPortMapping): keep what is
 /// unchanged, fill updated slices first (fullest first), then put what is left into
 /// one unchanged slice that fits exactly or best, else into new slices. Never
-/// rebalances.
+/// rebalances. Existing slices are copied only when they are written.
 fn reconcile_by_port_mapping(
     svc: &Service,
     opts: &Options,
-    existing: &[EndpointSlice],
-    mut desired: EndpointSet,
+    existing: &[&EndpointSlice],
+    mut desired: EndpointSet<PodEndpoint<'_>>,
     ports: &[EndpointPort],
     address_type: &str,
 ) -> (Vec<EndpointSlice>, Vec<EndpointSlice>, Vec<EndpointSlice>) {
     let max = opts.max_endpoints_per_slice;
-    let mut by_name: HashMap<String, EndpointSlice> = HashMap::new();
-    // Ordered sets of names (upstream uses unordered sets).
-    let mut unchanged: Vec<String> = Vec::new();
-    let mut to_update: Vec<String> = Vec::new();
-    let mut to_delete: Vec<String> = Vec::new();
+    // The existing slices by index, copied on first change. Ordered lists of
+    // indices stand for upstream's unordered sets of names.
+    let mut slices: Vec<Cow<'_, EndpointSlice>> = Vec::with_capacity(existing.len());
+    let mut unchanged: Vec<usize> = Vec::new();
+    let mut to_update: Vec<usize> = Vec::new();
+    let mut to_delete: Vec<usize> = Vec::new();
 
     // 1. Drop endpoints no longer desired and refresh those that changed.
-    for slice in existing {
-        let name = slice.metadata.name.clone().unwrap_or_default();
-        let mut kept = Vec::with_capacity(slice.endpoints.len());
+    let mut kept: Vec<PodEndpoint<'_>> = Vec::new();
+    for (i, &slice) in existing.iter().enumerate() {
+        kept.clear();
         let mut endpoint_updated = false;
         for ep in &slice.endpoints {
-            if let Some(want) = desired.get(ep) {
-                if !util::endpoints_equal_beyond_hash(want, ep) {
+            if let Some(want) = desired.remove(ep) {
+                if !want.equal_beyond_hash(ep) {
                     endpoint_updated = true;
                 }
-                kept.push(want.clone());
-                desired.delete(ep);
+                kept.push(want);
             }
         }
         let (labels, labels_changed) = slice_labels(slice, svc, &opts.controller_name);
         if endpoint_updated || kept.len() != slice.endpoints.len() {
             if kept.is_empty() {
-                to_delete.push(name.clone());
-                by_name.insert(name, slice.clone());
+                to_delete.push(i);
+                slices.push(Cow::Borrowed(slice));
             } else {
-                let mut s = slice.clone();
-                s.endpoints = kept;
-                s.metadata.labels = Some(labels);
-                to_update.push(name.clone());
-                by_name.insert(name, s);
+                let s = EndpointSlice {
+                    metadata: ObjectMeta {
+                        labels: Some(labels),
+                        ..slice.metadata.clone()
+                    },
+                    address_type: slice.address_type.clone(),
+                    endpoints: kept.iter().map(PodEndpoint::to_endpoint).collect(),
+                    ports: slice.ports.clone(),
+                };
+                to_update.push(i);
+                slices.push(Cow::Owned(s));
             }
         } else if labels_changed {
             let mut s = slice.clone();
             s.metadata.labels = Some(labels);
-            to_update.push(name.clone());
-            by_name.insert(name, s);
+            to_update.push(i);
+            slices.push(Cow::Owned(s));
         } else {
-            unchanged.push(name.clone());
-            by_name.insert(name, slice.clone());
+            unchanged.push(i);
+            slices.push(Cow::Borrowed(slice));
         }
     }
 
     // 2. Fill the slices being updated anyway, fullest first.
     if !desired.is_empty() && !to_update.is_empty() {
         let mut order = to_update.clone();
-        order.sort_by_key(|n| std::cmp::Reverse(by_name[n].endpoints.len()));
-        for name in order {
-            let slice = by_name.get_mut(&name).expect("slice by name");
+        order.sort_by_key(|&i| std::cmp::Reverse(slices[i].endpoints.len()));
+        for i in order {
+            let slice = slices[i].to_mut();
             while slice.endpoints.len() < max {
                 let Some(ep) = desired.pop_any() else { break };
-                slice.endpoints.push(ep);
+                slice.endpoints.push(ep.to_endpoint());
             }
         }
     }
@@ -521,53 +671,58 @@ fn reconcile_by_port_mapping(
     //    into new slices.
     let mut create = Vec::new();
     while !desired.is_empty() {
-        let mut target: Option<EndpointSlice> = None;
+        let mut target = None;
         if desired.len() < max && !unchanged.is_empty() {
-            if let Some(name) = slice_to_fill(&unchanged, &by_name, desired.len(), max) {
-                target = by_name.get(&name).cloned();
-            }
+            target = slice_to_fill(&unchanged, &slices, desired.len(), max);
         }
-        let mut slice =
-            target.unwrap_or_else(|| new_slice(svc, ports, address_type, &opts.controller_name));
-        while slice.endpoints.len() < max {
-            let Some(ep) = desired.pop_any() else { break };
-            slice.endpoints.push(ep);
-        }
-        match slice.metadata.name.clone() {
-            Some(name) => {
-                unchanged.retain(|n| n != &name);
-                if !to_update.contains(&name) {
-                    to_update.push(name.clone());
+        match target {
+            Some(i) => {
+                let slice = slices[i].to_mut();
+                while slice.endpoints.len() < max {
+                    let Some(ep) = desired.pop_any() else { break };
+                    slice.endpoints.push(ep.to_endpoint());
                 }
-                by_name.insert(name, slice);
+                unchanged.retain(|&u| u != i);
+                if !to_update.contains(&i) {
+                    to_update.push(i);
+                }
             }
-            None => create.push(slice),
+            None => {
+                let mut slice = new_slice(svc, ports, address_type, &opts.controller_name);
+                while slice.endpoints.len() < max {
+                    let Some(ep) = desired.pop_any() else { break };
+                    slice.endpoints.push(ep.to_endpoint());
+                }
+                create.push(slice);
+            }
         }
     }
 
-    let update = to_update.iter().map(|n| by_name[n].clone()).collect();
-    let delete = to_delete.iter().map(|n| by_name[n].clone()).collect();
+    let mut take =
+        |i: usize| std::mem::replace(&mut slices[i], Cow::Borrowed(existing[i])).into_owned();
+    let update = to_update.iter().map(|&i| take(i)).collect();
+    let delete = to_delete.iter().map(|&i| take(i)).collect();
     (create, update, delete)
 }
 
 /// The unchanged slice the remaining endpoints fit in most tightly (getSliceToFill).
 fn slice_to_fill(
-    names: &[String],
-    by_name: &HashMap<String, EndpointSlice>,
+    candidates: &[usize],
+    slices: &[Cow<'_, EndpointSlice>],
     count: usize,
     max: usize,
-) -> Option<String> {
+) -> Option<usize> {
     let mut closest_diff = max;
     let mut closest = None;
-    for name in names {
-        let len = by_name[name].endpoints.len();
+    for &i in candidates {
+        let len = slices[i].endpoints.len();
         if count + len > max {
             continue;
         }
         let diff = max - (count + len);
         if diff < closest_diff {
             closest_diff = diff;
-            closest = Some(name.clone());
+            closest = Some(i);
             if diff == 0 {
                 break;
             }

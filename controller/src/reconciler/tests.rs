@@ -26,6 +26,8 @@ fn run_with(
     trigger: Option<&Time>,
 ) -> SlicePlan {
     let refs: Vec<&Pod> = pods.iter().collect();
+    let existing: Vec<&EndpointSlice> = existing.iter().collect();
+    let existing = existing.as_slice();
     let topo = crate::topology::TopologyInfo::from_nodes(nodes.values());
     let input = Input {
         service: svc,
