@@ -28,6 +28,13 @@ pub struct RollingUpdateReport {
     pub endpoints_writes: u64,
     /// JSON bytes of Endpoints writes.
     pub endpoints_bytes: u64,
+    /// API writes of Endpoints that hold every address: upstream truncates an
+    /// Endpoints object to 1000 addresses, so past that size the counts above leave
+    /// most Pods out; these count the object that carries all of them (as before the
+    /// cap), the same information as the slices.
+    pub endpoints_untruncated_writes: u64,
+    /// JSON bytes of those writes.
+    pub endpoints_untruncated_bytes: u64,
     /// EndpointSlices at the end.
     pub slices_at_end: usize,
 }
@@ -111,38 +118,51 @@ fn pod(ns: &str, app: &str, name: &str, ip: u32, node: usize) -> Pod {
     }
 }
 
-fn apply(snap: &mut Snapshot, plan: &mut Plan, report: &mut RollingUpdateReport) {
+/// JSON length of `obj`, without keeping the text.
+fn json_len(obj: &Object) -> u64 {
+    struct Count(u64);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len() as u64;
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    serde_json::to_writer(&mut count, obj).map_or(0, |()| count.0)
+}
+
+fn apply(snap: &mut Snapshot, mut plan: Plan, report: &mut RollingUpdateReport) {
     let taken = snap.slices.keys().cloned().collect();
     plan.assign_names(&taken);
-    for (obj, write) in plan
-        .create
-        .iter()
-        .map(|o| (o, true))
-        .chain(plan.update.iter().map(|o| (o, true)))
-        .chain(plan.delete.iter().map(|o| (o, false)))
-    {
-        let bytes = if write {
-            serde_json::to_vec(obj).map_or(0, |v| v.len() as u64)
-        } else {
-            0
-        };
+    let writes = plan.create.into_iter().chain(plan.update);
+    for obj in writes {
+        let bytes = json_len(&obj);
         match obj {
             Object::EndpointSlice(s) => {
                 report.slice_writes += 1;
                 report.slice_bytes += bytes;
-                if write {
-                    snap.add_slice(s.clone());
-                } else {
-                    let key = obj.key();
-                    snap.slices.remove(&key);
-                }
+                snap.add_slice(s);
             }
             Object::Endpoints(e) => {
                 report.endpoints_writes += 1;
                 report.endpoints_bytes += bytes;
-                if write {
-                    snap.add_endpoints(e.clone());
-                }
+                snap.add_endpoints(e);
+            }
+        }
+    }
+    for obj in plan.delete {
+        let key = obj.key();
+        match obj {
+            Object::EndpointSlice(_) => {
+                report.slice_writes += 1;
+                snap.slices.remove(&key);
+            }
+            Object::Endpoints(_) => {
+                report.endpoints_writes += 1;
+                snap.endpoints.remove(&key);
             }
         }
     }
@@ -150,8 +170,30 @@ fn apply(snap: &mut Snapshot, plan: &mut Plan, report: &mut RollingUpdateReport)
 
 /// A Service of `pods` Pods replaced one by one (a new Pod is added and ready, then
 /// an old one removed), reconciling after each step. Counts only the writes of the
-/// update, not of the initial state.
+/// update, not of the initial state. Run twice: with upstream's controllers, then
+/// with the Endpoints controller alone and no address cap.
+/// The two runs share nothing, so they run side by side.
 pub fn rolling_update(pods: usize) -> RollingUpdateReport {
+    let untruncated = store::Options {
+        controllers: store::Controllers {
+            endpointslice: false,
+            endpoints: true,
+            mirroring: false,
+        },
+        endpoints_max_capacity: Some(usize::MAX),
+        ..Default::default()
+    };
+    let (mut report, full) = std::thread::scope(|scope| {
+        let full = scope.spawn(|| rolling_update_with(pods, &untruncated));
+        let report = rolling_update_with(pods, &store::Options::default());
+        (report, full.join().expect("the untruncated run panicked"))
+    });
+    report.endpoints_untruncated_writes = full.endpoints_writes;
+    report.endpoints_untruncated_bytes = full.endpoints_bytes;
+    report
+}
+
+fn rolling_update_with(pods: usize, opts: &store::Options) -> RollingUpdateReport {
     let mut snap = Snapshot::default();
     let nodes = 50;
     for i in 0..nodes {
@@ -167,11 +209,10 @@ pub fn rolling_update(pods: usize) -> RollingUpdateReport {
             i % nodes,
         ));
     }
-    let opts = store::Options::default();
     let mut state = store::State::default();
     let mut discard = RollingUpdateReport::default();
-    let mut plan = store::plan_all(&snap, &opts, &mut state).plan;
-    apply(&mut snap, &mut plan, &mut discard);
+    let plan = store::plan_all(&snap, opts, &mut state).plan;
+    apply(&mut snap, plan, &mut discard);
 
     // Each step syncs only the Service whose Pods changed, as upstream does.
     let web = ("default".to_string(), "web".to_string());
@@ -187,12 +228,12 @@ pub fn rolling_update(pods: usize) -> RollingUpdateReport {
             (pods + i) as u32,
             i % nodes,
         ));
-        let mut plan = store::plan_service(&snap, &web, &opts, &mut state).plan;
-        apply(&mut snap, &mut plan, &mut report);
+        let plan = store::plan_service(&snap, &web, opts, &mut state).plan;
+        apply(&mut snap, plan, &mut report);
         snap.pods
             .remove(&("default".to_string(), format!("web-old-{i}")));
-        let mut plan = store::plan_service(&snap, &web, &opts, &mut state).plan;
-        apply(&mut snap, &mut plan, &mut report);
+        let plan = store::plan_service(&snap, &web, opts, &mut state).plan;
+        apply(&mut snap, plan, &mut report);
     }
     report.slices_at_end = snap.slices.len();
     report
@@ -248,6 +289,14 @@ mod tests {
         assert!(r.slice_writes > 0 && r.endpoints_writes > 0);
         // Never rebalanced: 150 pods fit in two slices of 100 at most, plus churn.
         assert!(r.slices_at_end <= 3, "{r:?}");
+        // Under the cap, the Endpoints without a cap are the same writes.
+        assert_eq!(
+            (
+                r.endpoints_untruncated_writes,
+                r.endpoints_untruncated_bytes
+            ),
+            (r.endpoints_writes, r.endpoints_bytes)
+        );
     }
 
     #[test]

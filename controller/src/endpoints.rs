@@ -31,6 +31,9 @@ pub struct Input<'a> {
     pub current: Option<&'a Endpoints>,
     /// When the change that triggered this sync happened, if known.
     pub trigger_time: Option<&'a Time>,
+    /// Most addresses written: [`MAX_CAPACITY`], as upstream. Benchmarks raise it to
+    /// count what an Endpoints object holding every address costs.
+    pub max_capacity: usize,
 }
 
 /// What to write.
@@ -551,18 +554,18 @@ pub fn truncate(subsets: &mut [EndpointSubset]) -> bool {
     true
 }
 
-/// [`truncate`] over repacked subsets.
-fn truncate_packed(subsets: &mut [Packed<'_>]) -> bool {
+/// [`truncate`] over repacked subsets, to `capacity` addresses.
+fn truncate_packed(subsets: &mut [Packed<'_>], capacity: usize) -> bool {
     let ready: usize = subsets.iter().map(|s| s.ready.len()).sum();
     let not_ready: usize = subsets.iter().map(|s| s.not_ready.len()).sum();
-    if ready + not_ready <= MAX_CAPACITY {
+    if ready + not_ready <= capacity {
         return false;
     }
-    let truncate_ready = ready > MAX_CAPACITY;
+    let truncate_ready = ready > capacity;
     let (max, total) = if truncate_ready {
-        (MAX_CAPACITY, ready)
+        (capacity, ready)
     } else {
-        (MAX_CAPACITY - ready, not_ready)
+        (capacity - ready, not_ready)
     };
     let mut can_add = max;
     for s in subsets.iter_mut() {
@@ -597,7 +600,7 @@ pub fn reconcile(input: &Input<'_>) -> Option<Change> {
         .map(|(p, a, r)| (p.map(|i| &ports[i]), a, r))
         .collect();
     let mut subsets = repack(&entries);
-    let over = truncate_packed(&mut subsets);
+    let over = truncate_packed(&mut subsets, input.max_capacity);
     let service_labels = svc.metadata.labels.clone().unwrap_or_default();
 
     if let Some(current) = input.current {

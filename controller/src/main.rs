@@ -108,6 +108,7 @@ impl ReconcileArgs {
             },
             controllers,
             garbage_collect,
+            endpoints_max_capacity: None,
         };
         opts.slices.validate()?;
         Ok(opts)

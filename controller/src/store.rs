@@ -182,6 +182,9 @@ pub struct Options {
     /// Delete what the API server's garbage collector would (slices whose owner is
     /// gone); for local mode, where there is no garbage collector.
     pub garbage_collect: bool,
+    /// Most addresses of an Endpoints object when not upstream's
+    /// [`endpoints::MAX_CAPACITY`]: only benchmarks set it.
+    pub endpoints_max_capacity: Option<usize>,
 }
 
 /// State kept between passes (trigger times).
@@ -303,6 +306,9 @@ fn sync_service_with(
                 pods: &pods,
                 current: snap.endpoints.get(key),
                 trigger_time: trigger.as_ref(),
+                max_capacity: opts
+                    .endpoints_max_capacity
+                    .unwrap_or(endpoints::MAX_CAPACITY),
             };
             match endpoints::reconcile(&input) {
                 Some(endpoints::Change::Create(e)) => out.plan.create.push(Object::Endpoints(e)),

@@ -14,6 +14,7 @@ fn run(svc: &Service, pods: &[Pod], current: Option<&Endpoints>) -> Option<Chang
         pods: &refs,
         current,
         trigger_time: None,
+        max_capacity: MAX_CAPACITY,
     })
 }
 
@@ -190,6 +191,24 @@ fn truncation_over_capacity() {
         Some(Change::Update(u)) => assert!(u.metadata.annotations.is_none()),
         other => panic!("{other:?}"),
     }
+}
+
+#[test]
+fn a_raised_capacity_keeps_every_address() {
+    let pods = many(1200, 0);
+    let refs: Vec<&Pod> = pods.iter().collect();
+    let e = created(reconcile(&Input {
+        service: &service(),
+        pods: &refs,
+        current: None,
+        trigger_time: None,
+        max_capacity: usize::MAX,
+    }));
+    assert!(e.metadata.annotations.is_none());
+    assert_eq!(
+        e.subsets.unwrap()[0].addresses.as_ref().unwrap().len(),
+        1200
+    );
 }
 
 #[test]
