@@ -509,52 +509,9 @@ fn same_subsets(desired: &[Packed<'_>], current: &[EndpointSubset]) -> bool {
         })
 }
 
-/// Cuts the subsets to [`MAX_CAPACITY`] addresses, not-ready ones first, each subset
-/// keeping its share (truncateEndpoints). Returns whether anything was cut.
-pub fn truncate(subsets: &mut [EndpointSubset]) -> bool {
-    let ready: usize = subsets
-        .iter()
-        .map(|s| s.addresses.as_ref().map_or(0, Vec::len))
-        .sum();
-    let not_ready: usize = subsets
-        .iter()
-        .map(|s| s.not_ready_addresses.as_ref().map_or(0, Vec::len))
-        .sum();
-    if ready + not_ready <= MAX_CAPACITY {
-        return false;
-    }
-    let truncate_ready = ready > MAX_CAPACITY;
-    let (max, total) = if truncate_ready {
-        (MAX_CAPACITY, ready)
-    } else {
-        (MAX_CAPACITY - ready, not_ready)
-    };
-    let mut can_add = max;
-    for s in subsets.iter_mut() {
-        let n = if truncate_ready {
-            s.addresses.as_ref().map_or(0, Vec::len)
-        } else {
-            s.not_ready_addresses.as_ref().map_or(0, Vec::len)
-        };
-        let share = ((n as f64 / total as f64) * max as f64).ceil() as usize;
-        let to_add = share.min(can_add);
-        if truncate_ready {
-            if let Some(a) = s.addresses.as_mut() {
-                a.truncate(to_add);
-            }
-            s.not_ready_addresses = None;
-            can_add -= s.addresses.as_ref().map_or(0, Vec::len);
-        } else {
-            if let Some(a) = s.not_ready_addresses.as_mut() {
-                a.truncate(to_add);
-            }
-            can_add -= s.not_ready_addresses.as_ref().map_or(0, Vec::len);
-        }
-    }
-    true
-}
-
-/// [`truncate`] over repacked subsets, to `capacity` addresses.
+/// Cuts the repacked subsets to `capacity` addresses ([`MAX_CAPACITY`] upstream),
+/// not-ready ones first, each subset keeping its share (truncateEndpoints). Returns
+/// whether anything was cut.
 fn truncate_packed(subsets: &mut [Packed<'_>], capacity: usize) -> bool {
     let ready: usize = subsets.iter().map(|s| s.ready.len()).sum();
     let not_ready: usize = subsets.iter().map(|s| s.not_ready.len()).sum();

@@ -91,6 +91,20 @@ impl Plan {
     pub fn is_empty(&self) -> bool {
         self.create.is_empty() && self.update.is_empty() && self.delete.is_empty()
     }
+    /// Appends EndpointSlices to create, update and delete.
+    pub fn extend_slices(
+        &mut self,
+        create: Vec<EndpointSlice>,
+        update: Vec<EndpointSlice>,
+        delete: Vec<EndpointSlice>,
+    ) {
+        self.create
+            .extend(create.into_iter().map(Object::EndpointSlice));
+        self.update
+            .extend(update.into_iter().map(Object::EndpointSlice));
+        self.delete
+            .extend(delete.into_iter().map(Object::EndpointSlice));
+    }
     /// Appends another plan.
     pub fn extend(&mut self, other: Plan) {
         self.create.extend(other.create);

@@ -288,15 +288,7 @@ fn sync_service_with(
         for e in p.events {
             out.events.push(("Service".into(), key.clone(), e));
         }
-        out.plan
-            .create
-            .extend(p.create.into_iter().map(Object::EndpointSlice));
-        out.plan
-            .update
-            .extend(p.update.into_iter().map(Object::EndpointSlice));
-        out.plan
-            .delete
-            .extend(p.delete.into_iter().map(Object::EndpointSlice));
+        out.plan.extend_slices(p.create, p.update, p.delete);
     }
 
     if opts.controllers.endpoints {
@@ -330,15 +322,7 @@ fn sync_service_with(
             for w in m.warnings {
                 out.events.push(("Endpoints".into(), key.clone(), w));
             }
-            out.plan
-                .create
-                .extend(m.create.into_iter().map(Object::EndpointSlice));
-            out.plan
-                .update
-                .extend(m.update.into_iter().map(Object::EndpointSlice));
-            out.plan
-                .delete
-                .extend(m.delete.into_iter().map(Object::EndpointSlice));
+            out.plan.extend_slices(m.create, m.update, m.delete);
         }
     }
     out
