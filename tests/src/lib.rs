@@ -14,6 +14,7 @@
 
 pub mod apiserver;
 pub mod bench;
+pub mod cluster;
 pub mod netns;
 pub mod servers;
 

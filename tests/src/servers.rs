@@ -4,7 +4,7 @@
 //! `hello` gets that line back; `stream N` gets the line followed by N bytes of a
 //! known pattern, so the client can check that a long transfer arrived intact;
 //! `echo` gets the line and then every further line echoed back, for connections that
-//! stay open.
+//! stay open. An HTTP `GET` gets the line as an HTTP/1.1 response, for curl.
 
 use std::{
     io::{BufRead, BufReader, Read, Write},
@@ -94,6 +94,18 @@ fn handle_tcp(conn: TcpStream, ident: &str) -> std::io::Result<()> {
     let mut line = String::new();
     reader.read_line(&mut line)?;
     let mut conn = conn;
+    if line.starts_with("GET ") {
+        // An HTTP client (curl from `cluster exec`): skip its headers, answer HTTP.
+        let mut header = String::new();
+        while reader.read_line(&mut header)? > 2 {
+            header.clear();
+        }
+        let reply = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{ident}",
+            ident.len()
+        );
+        return conn.write_all(reply.as_bytes());
+    }
     conn.write_all(ident.as_bytes())?;
     if line.trim() == "echo" {
         conn.set_read_timeout(Some(Duration::from_secs(60)))?;

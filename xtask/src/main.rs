@@ -32,7 +32,19 @@ enum Task {
     /// Everything: set-up, lint, unit, program and node-lab tests.
     Test,
     /// Set up, build, and show traffic to a ClusterIP spread over three backends.
-    Demo,
+    Demo {
+        /// The same on a two-node cluster lab with the real control plane, a
+        /// Deployment and a Service made with kubectl.
+        #[arg(long)]
+        cluster: bool,
+    },
+    /// The cluster lab: `up [--nodes N] [--proxy sliceway|iptables|nftables]
+    /// [--controller sliceway|upstream]`, `down`, `status`, `exec NS/POD -- CMD`,
+    /// `client -- CMD`, `node NODE -- CMD`, `kubectl -- ARGS`.
+    Cluster {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Benchmarks against kube-proxy's iptables and nftables rules; writes target/bench.
     Bench {
         /// A run of a few minutes instead of the full one.
@@ -63,12 +75,24 @@ fn main() -> Result<()> {
             setup(&root)?;
             build_ebpf()?;
             lint()?;
+            upstream(&root)?;
             test()
         }
-        Task::Demo => {
+        Task::Demo { cluster } => {
             setup(&root)?;
             build_ebpf()?;
-            demo()
+            if cluster {
+                upstream(&root)?;
+            }
+            demo(cluster)
+        }
+        Task::Cluster { args } => {
+            require_root("the cluster lab (network namespaces, BPF programs)")?;
+            setup(&root)?;
+            build_ebpf()?;
+            upstream(&root)?;
+            build_lab_binaries()?;
+            run(Command::new("target/debug/sliceway-cluster").args(args))
         }
         Task::Bench { quick, only } => bench::bench(&root, quick, only.as_deref()),
     }
@@ -111,6 +135,23 @@ fn nightly_cargo() -> Command {
 
 fn setup(root: &Path) -> Result<()> {
     run(Command::new("bash").arg(root.join("scripts/setup.sh")))
+}
+
+/// Builds upstream's commands for the cluster lab (once per version, cached) and
+/// tells the tests where they are.
+fn upstream(root: &Path) -> Result<()> {
+    let out = Command::new("bash")
+        .arg(root.join("scripts/upstream.sh"))
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("running scripts/upstream.sh")?;
+    if !out.status.success() {
+        bail!("scripts/upstream.sh failed ({})", out.status);
+    }
+    let bin = String::from_utf8(out.stdout)?.trim().to_string();
+    // SAFETY: single-threaded at this point; read by the commands started after.
+    unsafe { env::set_var("SLICEWAY_UPSTREAM_BIN", bin) };
+    Ok(())
 }
 
 /// Same build as the agent's build script, so the agent's build finds it up to date.
@@ -162,6 +203,8 @@ fn build_lab_binaries() -> Result<()> {
         "--package",
         "dataplane-user",
         "--package",
+        "controller",
+        "--package",
         "tests",
     ]))
 }
@@ -172,8 +215,12 @@ fn test() -> Result<()> {
     run(cargo().args(["test", "--workspace", "--no-fail-fast"]))
 }
 
-fn demo() -> Result<()> {
+fn demo(cluster: bool) -> Result<()> {
     require_root("the demo (it attaches BPF programs in network namespaces)")?;
     build_lab_binaries()?;
-    run(&mut Command::new("target/debug/sliceway-demo"))
+    let mut cmd = Command::new("target/debug/sliceway-demo");
+    if cluster {
+        cmd.arg("--cluster");
+    }
+    run(&mut cmd)
 }

@@ -1,6 +1,10 @@
 //! `sliceway-demo`, run by `cargo xtask demo`: a node in network namespaces, a
 //! Service with three backend pods written as YAML, the agent in local mode, and
 //! traffic to the ClusterIP, like `while true; do curl <ClusterIP>; done`.
+//!
+//! With `--cluster` (`cargo xtask demo --cluster`): the same story on a two-node
+//! cluster lab with the real control plane: a Deployment and a Service made with
+//! kubectl, traffic from a pod, a pod deleted, traffic follows, everything removed.
 
 use std::{
     collections::BTreeMap,
@@ -9,13 +13,19 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use sliceway_lab::Lab;
+use sliceway_lab::{
+    cluster::{self, Spec},
+    Lab,
+};
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 const PORT: u16 = 80;
 const REQUESTS: usize = 12;
 
 fn main() -> Result<()> {
+    if std::env::args().any(|a| a == "--cluster") {
+        return cluster_demo();
+    }
     let vip = SocketAddrV4::new(VIP, PORT);
     println!("== building a node lab: 1 client pod, 1 node, 3 backend pods (network namespaces)");
     let lab = Lab::new(3)?;
@@ -81,5 +91,78 @@ fn round(lab: &Lab, vip: SocketAddrV4) -> Result<BTreeMap<String, usize>> {
     for (backend, n) in &counts {
         println!("     {backend:<10} {n:>2} {}", "#".repeat(*n));
     }
+    Ok(counts)
+}
+
+fn cluster_demo() -> Result<()> {
+    println!(
+        "== starting a cluster lab: etcd, kube-apiserver, kube-controller-manager, kube-scheduler,"
+    );
+    println!("   2 nodes (network namespaces) with sliceway-agent, sliceway-controller");
+    let c = cluster::for_test(&Spec::default())?;
+    let kubectl = |args: &[&str]| -> Result<String> {
+        println!("\n$ kubectl {}", args.join(" "));
+        let out = c.kubectl(args)?;
+        print!("{out}");
+        Ok(out)
+    };
+    kubectl(&["get", "nodes", "-L", "topology.kubernetes.io/zone"])?;
+    kubectl(&[
+        "create",
+        "deployment",
+        "web",
+        "--image=anything",
+        "--replicas=3",
+        "--port=8080",
+    ])?;
+    kubectl(&[
+        "expose",
+        "deployment",
+        "web",
+        "--port=80",
+        "--target-port=8080",
+    ])?;
+    kubectl(&["run", "client", "--image=anything", "--port=9"])?;
+    c.wait_ready_pods("default", "app=web", 3)?;
+    c.wait_ready_pods("default", "run=client", 1)?;
+    kubectl(&["get", "pods", "-o", "wide"])?;
+    kubectl(&[
+        "get",
+        "endpointslices",
+        "-l",
+        "kubernetes.io/service-name=web",
+    ])?;
+    let vip = SocketAddrV4::new(c.cluster_ip("default", "web")?, 80);
+    let client = c.pod_netns("default", "client")?;
+    println!("\n== {REQUESTS} connections from pod client to {vip}");
+    let counts = cluster_round(&client, vip)?;
+    let victim = counts
+        .keys()
+        .next()
+        .cloned()
+        .context("no backend answered")?;
+    kubectl(&["delete", "pod", &victim, "--grace-period=1", "--wait=true"])?;
+    c.wait_ready_pods("default", "app=web", 3)?;
+    std::thread::sleep(Duration::from_secs(2));
+    kubectl(&["get", "pods", "-o", "wide", "-l", "app=web"])?;
+    println!("\n== {REQUESTS} more connections to {vip}");
+    let counts = cluster_round(&client, vip)?;
+    anyhow::ensure!(
+        !counts.contains_key(&victim),
+        "{victim} still received traffic after it was deleted"
+    );
+    println!("   {victim} is gone and received no connection; its replacement did");
+    println!("\n== taking the cluster lab down");
+    drop(c);
+    println!("done");
+    Ok(())
+}
+
+fn cluster_round(netns: &str, vip: SocketAddrV4) -> Result<BTreeMap<String, usize>> {
+    let counts = cluster::tcp_spread(netns, vip, REQUESTS)?;
+    for (backend, n) in &counts {
+        println!("     {backend:<26} {n:>2} {}", "#".repeat(*n));
+    }
+    anyhow::ensure!(!counts.contains_key("(failed)"), "some connections failed");
     Ok(counts)
 }

@@ -1,0 +1,1074 @@
+//! The cluster lab: a kind-like Kubernetes cluster made of network namespaces, with
+//! the real control plane built from upstream's Go modules (`scripts/upstream.sh`).
+//!
+//! ```text
+//!  root namespace (loopback only)         lab namespaces (PREFIX-...)
+//!  etcd, kube-apiserver :P ◄── forwarder ── node-N: 127.0.0.1:6443, eth0 10.100.0.1N
+//!  kube-controller-manager                  │        proxy: sliceway-agent | kube-proxy
+//!  kube-scheduler, sliceway-controller      │        pods: PREFIX-node-N-pXXXXXXXX
+//!  kubelet stand-ins (one per node)      net: bridge br0 10.100.0.0/24 ── client 10.100.0.100
+//! ```
+//!
+//! Every server of the control plane listens on the root namespace's loopback; the
+//! nodes reach the API server through a forwarder each kubelet stand-in opens on the
+//! node's own loopback. No lab namespace has a link to the root namespace, so test
+//! traffic cannot leave the lab. Processes run in their own sessions with their pids
+//! and logs in the cluster's directory, so a cluster outlives the command that made it
+//! (`cargo xtask cluster up`) and [`down`] removes everything: processes, namespaces,
+//! bpffs pins, files.
+
+pub mod kubelet;
+pub mod pki;
+
+use std::{
+    fs,
+    io::{Read, Write},
+    net::{Ipv4Addr, TcpListener, TcpStream},
+    os::unix::process::CommandExt,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::{netns, workspace_binary};
+
+/// Prefix of every namespace a cluster lab makes.
+pub const NS_PREFIX: &str = "slwk";
+/// The Service CIDR and the `kubernetes` Service's address in it.
+pub const SERVICE_CIDR: &str = "10.96.0.0/16";
+pub const KUBERNETES_SERVICE_IP: &str = "10.96.0.1";
+/// The cluster's pod CIDR; node N gets 10.244.N.0/24.
+pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
+/// Address the API server advertises (for the `kubernetes` Service): on the node
+/// network, owned by nobody, so nothing outside the lab is ever named.
+pub const ADVERTISE_ADDRESS: &str = "10.100.0.2";
+/// The external client's address on the node network.
+pub const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 100, 0, 100);
+/// Zones the nodes are spread over.
+pub const ZONES: [&str; 2] = ["zone-a", "zone-b"];
+
+/// Which proxy runs on every node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Proxy {
+    Sliceway,
+    Iptables,
+    Nftables,
+    None,
+}
+
+/// Which controller writes EndpointSlices and Endpoints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Controllers {
+    Sliceway,
+    Upstream,
+}
+
+/// What to start.
+#[derive(Clone, Debug)]
+pub struct Spec {
+    pub nodes: usize,
+    pub proxy: Proxy,
+    pub controller: Controllers,
+    /// Start kube-controller-manager and kube-scheduler (off for API-only tests).
+    pub workloads: bool,
+}
+
+impl Default for Spec {
+    fn default() -> Self {
+        Self {
+            nodes: 2,
+            proxy: Proxy::Sliceway,
+            controller: Controllers::Sliceway,
+            workloads: true,
+        }
+    }
+}
+
+/// One node of the lab.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub name: String,
+    pub netns: String,
+    pub ip: Ipv4Addr,
+    pub pod_cidr: Ipv4Addr,
+    pub zone: String,
+    pub bpffs: PathBuf,
+}
+
+/// What a running cluster is: written to `DIR/cluster.json`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct State {
+    pub prefix: String,
+    pub dir: PathBuf,
+    pub version: String,
+    pub bin: PathBuf,
+    pub apiserver_port: u16,
+    pub kubeconfig: PathBuf,
+    pub nodes: Vec<NodeInfo>,
+    pub net_ns: String,
+    pub client_ns: String,
+    pub proxy: Proxy,
+    pub controller: Controllers,
+}
+
+/// A running cluster lab. One made by [`Cluster::up`] is taken down on drop; one
+/// found by [`Cluster::load`] is left running.
+pub struct Cluster {
+    pub state: State,
+    owned: bool,
+}
+
+fn say(msg: &str) {
+    eprintln!("cluster: {msg}");
+}
+
+/// The directory of the upstream commands, built (once per version) by the set-up.
+pub fn upstream_bin() -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("SLICEWAY_UPSTREAM_BIN") {
+        return Ok(dir.into());
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/upstream.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} failed: the upstream commands are not built",
+            script.display()
+        );
+    }
+    Ok(PathBuf::from(String::from_utf8(out.stdout)?.trim()))
+}
+
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
+        .local_addr()?
+        .port())
+}
+
+/// Starts `cmd` in its own session, output to `DIR/logs/NAME.log`, pid to
+/// `DIR/pids/NAME`.
+fn daemon(dir: &Path, name: &str, cmd: &mut Command) -> Result<u32> {
+    fs::create_dir_all(dir.join("logs"))?;
+    fs::create_dir_all(dir.join("pids"))?;
+    let log = fs::File::create(dir.join("logs").join(format!("{name}.log")))?;
+    cmd.stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .env("NO_COLOR", "1");
+    // SAFETY: setsid is async-signal-safe; it detaches the child from our terminal
+    // and process group so that it outlives `cluster up`.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let child = cmd
+        .spawn()
+        .with_context(|| format!("starting {name} ({cmd:?})"))?;
+    fs::write(dir.join("pids").join(name), child.id().to_string())?;
+    Ok(child.id())
+}
+
+/// Stops the daemon `name` of the cluster in `dir` (SIGTERM, then SIGKILL).
+fn stop_daemon(dir: &Path, name: &str) {
+    let file = dir.join("pids").join(name);
+    let Some(pid) = fs::read_to_string(&file)
+        .ok()
+        .and_then(|p| p.trim().parse::<i32>().ok())
+    else {
+        return;
+    };
+    // SAFETY: plain syscalls on a pid this lab started.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline && alive(pid) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if alive(pid) {
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    let _ = fs::remove_file(file);
+}
+
+fn alive(pid: i32) -> bool {
+    // Reap it if it is our child; then see whether it still exists (and is no zombie).
+    unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) };
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if f() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    bail!("{what} did not happen within {timeout:?}")
+}
+
+fn http_ok(port: u16, path: &str) -> bool {
+    let Ok(mut s) = TcpStream::connect_timeout(
+        &(Ipv4Addr::LOCALHOST, port).into(),
+        Duration::from_millis(500),
+    ) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    if s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+        .is_err()
+    {
+        return false;
+    }
+    let mut buf = String::new();
+    let _ = s.read_to_string(&mut buf);
+    buf.starts_with("HTTP/1.0 200") || buf.starts_with("HTTP/1.1 200")
+}
+
+impl Cluster {
+    /// Makes and starts a cluster in `dir` with namespaces named `prefix-...`.
+    pub fn up(spec: &Spec, dir: &Path, prefix: &str) -> Result<Self> {
+        if dir.join("cluster.json").exists() {
+            bail!(
+                "a cluster lab already runs from {} (take it down first)",
+                dir.display()
+            );
+        }
+        let bin = upstream_bin()?;
+        let version = bin
+            .parent()
+            .and_then(|p| p.file_name())
+            .map(|v| v.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        fs::create_dir_all(dir)?;
+        let dir = dir.canonicalize()?;
+        let state = State {
+            prefix: prefix.to_string(),
+            dir: dir.clone(),
+            version,
+            bin,
+            apiserver_port: free_port()?,
+            kubeconfig: dir.join("admin.kubeconfig"),
+            nodes: (1..=spec.nodes)
+                .map(|i| NodeInfo {
+                    name: format!("node-{i}"),
+                    netns: format!("{prefix}-node-{i}"),
+                    ip: Ipv4Addr::new(10, 100, 0, 10 + i as u8),
+                    pod_cidr: Ipv4Addr::new(10, 244, i as u8, 0),
+                    zone: ZONES[(i - 1) % ZONES.len()].to_string(),
+                    bpffs: PathBuf::from(format!("/sys/fs/bpf/{prefix}-node-{i}")),
+                })
+                .collect(),
+            net_ns: format!("{prefix}-net"),
+            client_ns: format!("{prefix}-client"),
+            proxy: spec.proxy,
+            controller: spec.controller,
+        };
+        fs::write(
+            dir.join("cluster.json"),
+            serde_json::to_string_pretty(&state)?,
+        )?;
+        let cluster = Cluster { state, owned: true };
+        // On any error below, drop takes down what was started.
+        cluster.start(spec)?;
+        Ok(cluster)
+    }
+
+    /// The cluster running from `dir`, left running when dropped.
+    pub fn load(dir: &Path) -> Result<Self> {
+        let text = fs::read_to_string(dir.join("cluster.json"))
+            .with_context(|| format!("no cluster lab runs from {}", dir.display()))?;
+        Ok(Cluster {
+            state: serde_json::from_str(&text)?,
+            owned: false,
+        })
+    }
+
+    /// Leaves the cluster running after this value is gone (`cluster up`).
+    pub fn detach(mut self) {
+        self.owned = false;
+    }
+
+    fn dir(&self) -> &Path {
+        &self.state.dir
+    }
+
+    fn start(&self, spec: &Spec) -> Result<()> {
+        let s = &self.state;
+        let pki = s.dir.join("pki");
+        say(&format!("keys and certificates in {}", pki.display()));
+        pki::make(&pki, KUBERNETES_SERVICE_IP)?;
+        let server = format!("https://127.0.0.1:{}", s.apiserver_port);
+        for id in pki::IDENTITIES {
+            pki::kubeconfig(
+                &pki,
+                &s.dir.join(format!("{}.kubeconfig", id.file)),
+                &server,
+                Some(id.file),
+                None,
+            )?;
+        }
+        self.start_etcd()?;
+        self.start_apiserver()?;
+        if spec.workloads {
+            self.start_controller_manager()?;
+            self.start_scheduler()?;
+            // Pods are refused until the namespace's default ServiceAccount exists.
+            wait_until(
+                "the default ServiceAccount made by kube-controller-manager",
+                Duration::from_secs(60),
+                || self.kubectl(&["get", "serviceaccount", "default"]).is_ok(),
+            )
+            .with_context(|| self.log_tail("kube-controller-manager"))?;
+        }
+        if spec.nodes > 0 {
+            self.build_network()?;
+            for node in &s.nodes {
+                self.start_kubelet(node)?;
+            }
+            self.wait_nodes_ready()?;
+        }
+        if spec.workloads && spec.controller == Controllers::Sliceway {
+            self.start_sliceway_controller()?;
+        }
+        self.start_proxies(s.proxy)?;
+        say(&format!(
+            "up: Kubernetes {}, {} node(s), proxy {:?}, controller {:?}",
+            s.version,
+            s.nodes.len(),
+            s.proxy,
+            s.controller
+        ));
+        Ok(())
+    }
+
+    fn start_etcd(&self) -> Result<()> {
+        let client = free_port()?;
+        let peer = free_port()?;
+        let data = self.dir().join("etcd");
+        say("starting etcd");
+        daemon(
+            self.dir(),
+            "etcd",
+            Command::new(self.state.bin.join("etcd"))
+                .arg(format!("--data-dir={}", data.display()))
+                .arg("--name=lab")
+                .arg(format!("--listen-client-urls=http://127.0.0.1:{client}"))
+                .arg(format!("--advertise-client-urls=http://127.0.0.1:{client}"))
+                .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
+                .arg(format!(
+                    "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
+                ))
+                .arg(format!("--initial-cluster=lab=http://127.0.0.1:{peer}"))
+                .arg("--unsafe-no-fsync")
+                .arg("--log-level=warn"),
+        )?;
+        fs::write(self.dir().join("etcd.port"), client.to_string())?;
+        wait_until("etcd answering /health", Duration::from_secs(30), || {
+            http_ok(client, "/health")
+        })
+        .with_context(|| self.log_tail("etcd"))
+    }
+
+    fn start_apiserver(&self) -> Result<()> {
+        let s = &self.state;
+        let pki = s.dir.join("pki");
+        let etcd: u16 = fs::read_to_string(s.dir.join("etcd.port"))?
+            .trim()
+            .parse()?;
+        say(&format!(
+            "starting kube-apiserver {} on 127.0.0.1:{}",
+            s.version, s.apiserver_port
+        ));
+        let p = |f: &str| pki.join(f).display().to_string();
+        daemon(
+            &s.dir,
+            "kube-apiserver",
+            Command::new(s.bin.join("kube-apiserver"))
+                .arg(format!("--etcd-servers=http://127.0.0.1:{etcd}"))
+                .arg("--bind-address=127.0.0.1")
+                .arg(format!("--secure-port={}", s.apiserver_port))
+                .arg(format!("--advertise-address={ADVERTISE_ADDRESS}"))
+                .arg(format!("--service-cluster-ip-range={SERVICE_CIDR}"))
+                .arg(format!("--tls-cert-file={}", p("apiserver.crt")))
+                .arg(format!("--tls-private-key-file={}", p("apiserver.key")))
+                .arg(format!("--client-ca-file={}", p("ca.crt")))
+                .arg("--service-account-issuer=https://kubernetes.default.svc.cluster.local")
+                .arg(format!("--service-account-key-file={}", p("sa.pub")))
+                .arg(format!(
+                    "--service-account-signing-key-file={}",
+                    p("sa.key")
+                ))
+                .arg("--authorization-mode=Node,RBAC")
+                .arg("--allow-privileged=true")
+                .arg("--profiling=false")
+                .arg("--v=1"),
+        )?;
+        wait_until("kube-apiserver ready", Duration::from_secs(90), || {
+            self.kubectl(&["get", "--raw=/readyz"]).is_ok()
+        })
+        .with_context(|| self.log_tail("kube-apiserver"))
+    }
+
+    fn start_controller_manager(&self) -> Result<()> {
+        let s = &self.state;
+        let pki = s.dir.join("pki");
+        // Node lifecycle is off: the stand-ins report Ready once and do not heartbeat.
+        let mut controllers = String::from("*,-node-lifecycle-controller");
+        if s.controller == Controllers::Sliceway {
+            controllers.push_str(
+                ",-endpoints-controller,-endpointslice-controller,-endpointslice-mirroring-controller",
+            );
+        }
+        say(&format!("starting kube-controller-manager ({controllers})"));
+        let kc = s.dir.join("controller-manager.kubeconfig");
+        daemon(
+            &s.dir,
+            "kube-controller-manager",
+            Command::new(s.bin.join("kube-controller-manager"))
+                .arg(format!("--kubeconfig={}", kc.display()))
+                .arg(format!("--authentication-kubeconfig={}", kc.display()))
+                .arg(format!("--authorization-kubeconfig={}", kc.display()))
+                .arg("--bind-address=127.0.0.1")
+                .arg(format!("--secure-port={}", free_port()?))
+                .arg(format!("--controllers={controllers}"))
+                .arg(format!(
+                    "--service-account-private-key-file={}",
+                    pki.join("sa.key").display()
+                ))
+                .arg(format!("--root-ca-file={}", pki.join("ca.crt").display()))
+                .arg("--use-service-account-credentials=true")
+                .arg(format!("--cluster-cidr={CLUSTER_CIDR}"))
+                .arg(format!("--service-cluster-ip-range={SERVICE_CIDR}"))
+                .arg("--leader-elect=false")
+                .arg("--profiling=false")
+                .arg("--v=1"),
+        )?;
+        Ok(())
+    }
+
+    fn start_scheduler(&self) -> Result<()> {
+        let s = &self.state;
+        say("starting kube-scheduler");
+        let kc = s.dir.join("scheduler.kubeconfig");
+        daemon(
+            &s.dir,
+            "kube-scheduler",
+            Command::new(s.bin.join("kube-scheduler"))
+                .arg(format!("--kubeconfig={}", kc.display()))
+                .arg(format!("--authentication-kubeconfig={}", kc.display()))
+                .arg(format!("--authorization-kubeconfig={}", kc.display()))
+                .arg("--bind-address=127.0.0.1")
+                .arg(format!("--secure-port={}", free_port()?))
+                .arg("--leader-elect=false")
+                .arg("--profiling=false")
+                .arg("--v=1"),
+        )?;
+        Ok(())
+    }
+
+    /// The node network: a bridge in its own namespace, every node and the external
+    /// client on it, routes from each node to every other node's pod CIDR.
+    fn build_network(&self) -> Result<()> {
+        let s = &self.state;
+        say(&format!(
+            "building the node network ({} nodes and a client)",
+            s.nodes.len()
+        ));
+        let net = netns::Netns::create(&s.net_ns)?;
+        std::mem::forget(net); // deleted by `down`
+        netns::nsenter(&s.net_ns, "ip", &["link", "add", "br0", "type", "bridge"])?;
+        netns::nsenter(&s.net_ns, "ip", &["link", "set", "br0", "up"])?;
+        let mut hosts: Vec<(String, String, Ipv4Addr)> = s
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.netns.clone(), format!("n{}", i + 1), n.ip))
+            .collect();
+        hosts.push((s.client_ns.clone(), "client".into(), CLIENT_IP));
+        for (ns, port, ip) in &hosts {
+            std::mem::forget(netns::Netns::create(ns)?);
+            netns::ip(&[
+                "link", "add", port, "netns", &s.net_ns, "type", "veth", "peer", "name", "eth0",
+                "netns", ns,
+            ])?;
+            netns::nsenter(
+                &s.net_ns,
+                "ip",
+                &["link", "set", port, "master", "br0", "up"],
+            )?;
+            netns::nsenter(
+                ns,
+                "ip",
+                &["addr", "add", &format!("{ip}/24"), "dev", "eth0"],
+            )?;
+            netns::nsenter(ns, "ip", &["link", "set", "eth0", "up"])?;
+            netns::nsenter(ns, "ethtool", &["-K", "eth0", "tx", "off"])?;
+        }
+        for node in &s.nodes {
+            for (key, value) in [
+                ("net.ipv4.ip_forward", "1"),
+                ("net.ipv4.conf.all.rp_filter", "0"),
+                ("net.ipv4.conf.default.rp_filter", "0"),
+                ("net.ipv4.conf.eth0.rp_filter", "0"),
+            ] {
+                netns::nsenter(&node.netns, "sysctl", &["-qw", &format!("{key}={value}")])?;
+            }
+            for other in s.nodes.iter().filter(|o| o.name != node.name) {
+                netns::nsenter(
+                    &node.netns,
+                    "ip",
+                    &[
+                        "route",
+                        "add",
+                        &format!("{}/24", other.pod_cidr),
+                        "via",
+                        &other.ip.to_string(),
+                    ],
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    fn start_kubelet(&self, node: &NodeInfo) -> Result<()> {
+        let s = &self.state;
+        let bin = workspace_binary("sliceway-lab-kubelet")?;
+        daemon(
+            &s.dir,
+            &format!("kubelet-{}", node.name),
+            Command::new(bin)
+                .arg("--kubeconfig")
+                .arg(&s.kubeconfig)
+                .args(["--node", &node.name, "--netns", &node.netns])
+                .args(["--ip", &node.ip.to_string()])
+                .args(["--pod-cidr", &node.pod_cidr.to_string()])
+                .args(["--zone", &node.zone])
+                .args(["--apiserver-port", &s.apiserver_port.to_string()])
+                .env("RUST_LOG", "info"),
+        )?;
+        Ok(())
+    }
+
+    fn wait_nodes_ready(&self) -> Result<()> {
+        let want = self.state.nodes.len();
+        wait_until("every Node registered and Ready", Duration::from_secs(30), || {
+            self.kubectl(&[
+                "get", "nodes", "-o",
+                "jsonpath={range .items[*]}{.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}{end}",
+            ])
+            .is_ok_and(|out| out.lines().filter(|l| *l == "True").count() == want)
+        })
+        .with_context(|| self.log_tail("kubelet-node-1"))
+    }
+
+    fn start_sliceway_controller(&self) -> Result<()> {
+        let s = &self.state;
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        self.kubectl_stdin(
+            &["apply", "-f", "-"],
+            &fs::read_to_string(root.join("deploy/sliceway-controller-rbac.yaml"))?,
+        )?;
+        let token = self.kubectl(&[
+            "-n",
+            "kube-system",
+            "create",
+            "token",
+            "sliceway-controller",
+            "--duration=48h",
+        ])?;
+        let kc = pki::kubeconfig(
+            &s.dir.join("pki"),
+            &s.dir.join("sliceway-controller.kubeconfig"),
+            &format!("https://127.0.0.1:{}", s.apiserver_port),
+            None,
+            Some(token.trim()),
+        )?;
+        say("starting sliceway-controller");
+        let port = free_port()?;
+        daemon(
+            &s.dir,
+            "sliceway-controller",
+            Command::new(workspace_binary("sliceway-controller")?)
+                .arg("run")
+                .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+                .env("KUBECONFIG", kc)
+                .env("RUST_LOG", "info"),
+        )?;
+        wait_until(
+            "sliceway-controller healthy",
+            Duration::from_secs(30),
+            || http_ok(port, "/healthz"),
+        )
+        .with_context(|| self.log_tail("sliceway-controller"))
+    }
+
+    /// Starts `proxy` on every node (after [`Cluster::stop_proxies`] for a switch).
+    pub fn start_proxies(&self, proxy: Proxy) -> Result<()> {
+        let names: Vec<String> = self.state.nodes.iter().map(|n| n.name.clone()).collect();
+        self.start_proxies_on(proxy, &names)
+    }
+
+    /// Starts `proxy` on the nodes named, and waits until each is healthy.
+    pub fn start_proxies_on(&self, proxy: Proxy, names: &[String]) -> Result<()> {
+        let s = &self.state;
+        if proxy == Proxy::None || names.is_empty() {
+            return Ok(());
+        }
+        let server = format!("https://127.0.0.1:{}", kubelet::NODE_APISERVER_PORT);
+        let pki = s.dir.join("pki");
+        let kubeconfig = match proxy {
+            Proxy::Sliceway => {
+                let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+                let manifest = fs::read_to_string(root.join("deploy/sliceway-agent.yaml"))?;
+                // The ServiceAccount and its RBAC, not the DaemonSet: the lab starts
+                // the agent itself, one per node namespace.
+                let rbac: Vec<&str> = manifest
+                    .split("\n---")
+                    .filter(|doc| !doc.contains("kind: DaemonSet"))
+                    .collect();
+                self.kubectl_stdin(&["apply", "-f", "-"], &rbac.join("\n---"))?;
+                let token = self.kubectl(&[
+                    "-n",
+                    "kube-system",
+                    "create",
+                    "token",
+                    "sliceway-agent",
+                    "--duration=48h",
+                ])?;
+                pki::kubeconfig(
+                    &pki,
+                    &s.dir.join("node-sliceway-agent.kubeconfig"),
+                    &server,
+                    None,
+                    Some(token.trim()),
+                )?
+            }
+            _ => pki::kubeconfig(
+                &pki,
+                &s.dir.join("node-kube-proxy.kubeconfig"),
+                &server,
+                Some("kube-proxy"),
+                None,
+            )?,
+        };
+        let nodes: Vec<&NodeInfo> = s.nodes.iter().filter(|n| names.contains(&n.name)).collect();
+        for node in &nodes {
+            let name = format!("proxy-{}", node.name);
+            let mut cmd = Command::new("nsenter");
+            cmd.arg(format!("--net=/var/run/netns/{}", node.netns));
+            match proxy {
+                Proxy::Sliceway => {
+                    say(&format!("starting sliceway-agent on {}", node.name));
+                    cmd.arg(workspace_binary("sliceway-agent")?)
+                        .arg("run")
+                        .arg("--kubeconfig")
+                        .arg(&kubeconfig)
+                        .args(["--node", &node.name, "--interfaces", "p*,eth0"])
+                        .arg("--bpffs-dir")
+                        .arg(&node.bpffs)
+                        .args(["--interface-scan-interval-ms", "200"])
+                        .env("RUST_LOG", "info");
+                }
+                Proxy::Iptables | Proxy::Nftables => {
+                    let mode = if proxy == Proxy::Iptables {
+                        "iptables"
+                    } else {
+                        "nftables"
+                    };
+                    say(&format!(
+                        "starting kube-proxy {} ({mode}) on {}",
+                        s.version, node.name
+                    ));
+                    cmd.arg(s.bin.join("kube-proxy"))
+                        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+                        .arg(format!("--hostname-override={}", node.name))
+                        .arg(format!("--proxy-mode={mode}"))
+                        .arg(format!("--cluster-cidr={CLUSTER_CIDR}"))
+                        // Conntrack sysctls are the root namespace's: leave them.
+                        .arg("--conntrack-max-per-core=0")
+                        .arg("--conntrack-tcp-timeout-established=0")
+                        .arg("--conntrack-tcp-timeout-close-wait=0")
+                        .arg("--metrics-bind-address=127.0.0.1:10249")
+                        .arg("--healthz-bind-address=127.0.0.1:10256")
+                        .arg("--v=1");
+                }
+                Proxy::None => unreachable!(),
+            }
+            daemon(&s.dir, &name, &mut cmd)?;
+        }
+        // Ready when each proxy's health endpoint (in its node) says so.
+        for node in &nodes {
+            let ns = node.netns.clone();
+            wait_until(
+                &format!("the proxy on {} healthy", node.name),
+                Duration::from_secs(60),
+                || {
+                    let ns = ns.clone();
+                    netns::in_netns(&ns, || http_ok(10256, "/healthz")).unwrap_or(false)
+                },
+            )
+            .with_context(|| self.log_tail(&format!("proxy-{}", node.name)))?;
+        }
+        Ok(())
+    }
+
+    /// Stops the proxies and removes what they left in the nodes (pins, rules).
+    pub fn stop_proxies(&self) -> Result<()> {
+        for node in &self.state.nodes {
+            stop_daemon(self.dir(), &format!("proxy-{}", node.name));
+            let _ = fs::remove_dir_all(&node.bpffs);
+            let _ = netns::nsenter(&node.netns, "iptables", &["-t", "nat", "-F"]);
+            let _ = netns::nsenter(&node.netns, "iptables", &["-t", "filter", "-F"]);
+            let _ = netns::nsenter(&node.netns, "nft", &["flush", "ruleset"]);
+            let _ = netns::nsenter(&node.netns, "conntrack", &["-F"]);
+        }
+        Ok(())
+    }
+
+    /// Runs the kit's kubectl as the cluster's admin.
+    pub fn kubectl(&self, args: &[&str]) -> Result<String> {
+        self.kubectl_stdin(args, "")
+    }
+
+    /// Runs kubectl with `input` on its standard input.
+    pub fn kubectl_stdin(&self, args: &[&str], input: &str) -> Result<String> {
+        let mut child = Command::new(self.state.bin.join("kubectl"))
+            .arg(format!("--kubeconfig={}", self.state.kubeconfig.display()))
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting kubectl")?;
+        child
+            .stdin
+            .take()
+            .expect("piped")
+            .write_all(input.as_bytes())?;
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            bail!(
+                "kubectl {} failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// The network namespace of pod `namespace/name` (the stand-in annotates it).
+    pub fn pod_netns(&self, namespace: &str, name: &str) -> Result<String> {
+        let ns = self.kubectl(&[
+            "-n",
+            namespace,
+            "get",
+            "pod",
+            name,
+            "-o",
+            "jsonpath={.metadata.annotations.lab\\.sliceway\\.io/netns}",
+        ])?;
+        if ns.trim().is_empty() {
+            bail!("pod {namespace}/{name} is not running on a lab node (yet)");
+        }
+        Ok(ns.trim().to_string())
+    }
+
+    /// Waits until `n` pods matching `selector` in `namespace` are Ready, and returns
+    /// their names.
+    pub fn wait_ready_pods(
+        &self,
+        namespace: &str,
+        selector: &str,
+        n: usize,
+    ) -> Result<Vec<String>> {
+        let mut names = Vec::new();
+        wait_until(
+            &format!("{n} ready pods {selector}"),
+            Duration::from_secs(60),
+            || {
+                let Ok(out) = self.kubectl(&[
+                "-n", namespace, "get", "pods", "-l", selector, "-o",
+                "jsonpath={range .items[*]}{.metadata.name} {.metadata.deletionTimestamp} {.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}{end}",
+            ]) else {
+                return false;
+            };
+                names = out
+                    .lines()
+                    .filter_map(|l| {
+                        let f: Vec<&str> = l.split(' ').collect();
+                        (f.len() == 3 && f[1].is_empty() && f[2] == "True")
+                            .then(|| f[0].to_string())
+                    })
+                    .collect();
+                names.len() == n
+            },
+        )?;
+        Ok(names)
+    }
+
+    /// The last lines of a component's log, for error messages.
+    pub fn log_tail(&self, name: &str) -> String {
+        let text = fs::read_to_string(self.dir().join("logs").join(format!("{name}.log")))
+            .unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        format!(
+            "last lines of {name}'s log:\n{}",
+            lines[lines.len().saturating_sub(30)..].join("\n")
+        )
+    }
+
+    /// Components, nodes and pods, for `cluster status`.
+    pub fn status(&self) -> Result<String> {
+        let s = &self.state;
+        let mut out = format!(
+            "Kubernetes {} from {}\nkubeconfig: {}\nproxy: {:?}, controller: {:?}\n\ncomponents:\n",
+            s.version,
+            s.bin.display(),
+            s.kubeconfig.display(),
+            s.proxy,
+            s.controller
+        );
+        let mut names: Vec<String> = fs::read_dir(s.dir.join("pids"))
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        for name in names {
+            let pid: i32 = fs::read_to_string(s.dir.join("pids").join(&name))?
+                .trim()
+                .parse()
+                .unwrap_or(0);
+            let up = if alive(pid) { "running" } else { "NOT RUNNING" };
+            out.push_str(&format!("  {name:<28} pid {pid:<8} {up}\n"));
+        }
+        out.push_str("\nnodes:\n");
+        for n in &s.nodes {
+            out.push_str(&format!(
+                "  {:<8} {:<14} pods {}/24  {}  netns {}\n",
+                n.name, n.ip, n.pod_cidr, n.zone, n.netns
+            ));
+        }
+        out.push_str(&format!(
+            "  client   {:<14} netns {}\n\npods:\n",
+            CLIENT_IP, s.client_ns
+        ));
+        out.push_str(&self.kubectl(&[
+            "get", "pods", "-A", "-o",
+            "custom-columns=NAMESPACE:.metadata.namespace,NAME:.metadata.name,NODE:.spec.nodeName,IP:.status.podIP,READY:.status.conditions[?(@.type==\"Ready\")].status",
+        ])?);
+        Ok(out)
+    }
+}
+
+/// Takes down the cluster running from `dir`: processes, namespaces, pins, files.
+pub fn down(dir: &Path) -> Result<()> {
+    let Ok(cluster) = Cluster::load(dir) else {
+        bail!("no cluster lab runs from {}", dir.display());
+    };
+    let s = &cluster.state;
+    // Proxies and controllers first, the control plane last.
+    let mut names: Vec<String> = fs::read_dir(dir.join("pids"))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    let rank = |n: &str| match n {
+        "etcd" => 3,
+        "kube-apiserver" => 2,
+        _ if n.starts_with("kubelet-") => 1,
+        _ => 0,
+    };
+    names.sort_by_key(|n| rank(n));
+    for name in names {
+        stop_daemon(dir, &name);
+    }
+    for node in &s.nodes {
+        let _ = fs::remove_dir_all(&node.bpffs);
+    }
+    if let Ok(list) = netns::ip(&["netns", "list"]) {
+        for line in list.lines() {
+            let name = line.split_whitespace().next().unwrap_or_default();
+            if name.starts_with(&format!("{}-", s.prefix)) {
+                let _ = netns::ip(&["netns", "delete", name]);
+            }
+        }
+    }
+    fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
+    Ok(())
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if self.owned {
+            if let Err(e) = down(&self.state.dir) {
+                eprintln!("cluster: taking the lab down: {e:#}");
+            }
+        }
+    }
+}
+
+/// Takes down clusters of test runs that were killed before their cleanup: those in
+/// `parent/slwk-PID` whose PID no longer runs.
+pub fn remove_stale(parent: &Path) {
+    let Ok(dir) = fs::read_dir(parent) else {
+        return;
+    };
+    for entry in dir.filter_map(|e| e.ok()) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix(&format!("{NS_PREFIX}-"))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = down(&entry.path());
+        }
+    }
+}
+
+/// A cluster for a test: its own directory and namespaces named after this process.
+pub fn for_test(spec: &Spec) -> Result<Cluster> {
+    let parent = std::env::temp_dir();
+    remove_stale(&parent);
+    let prefix = format!("{NS_PREFIX}-{}", std::process::id());
+    Cluster::up(spec, &parent.join(&prefix), &prefix)
+}
+
+/// Which backends answered `n` new TCP connections from the network namespace
+/// `netns` to `to`, with how many connections each; failed connections are counted
+/// under `"(failed)"`.
+pub fn tcp_spread(
+    netns: &str,
+    to: std::net::SocketAddrV4,
+    n: usize,
+) -> Result<std::collections::BTreeMap<String, usize>> {
+    netns::in_netns(netns, move || {
+        let mut seen = std::collections::BTreeMap::new();
+        for _ in 0..n {
+            let who = match crate::servers::tcp_request(to, Duration::from_secs(2)) {
+                Ok(reply) => reply.backend,
+                Err(_) => "(failed)".to_string(),
+            };
+            *seen.entry(who).or_insert(0) += 1;
+        }
+        seen
+    })
+}
+
+/// The same for UDP: one datagram per request, each from a new socket.
+pub fn udp_spread(
+    netns: &str,
+    to: std::net::SocketAddrV4,
+    n: usize,
+) -> Result<std::collections::BTreeMap<String, usize>> {
+    netns::in_netns(netns, move || {
+        let mut seen = std::collections::BTreeMap::new();
+        for _ in 0..n {
+            let who = match crate::servers::udp_request(to, Duration::from_millis(500)) {
+                Ok(reply) => reply.backend,
+                Err(_) => "(failed)".to_string(),
+            };
+            *seen.entry(who).or_insert(0) += 1;
+        }
+        seen
+    })
+}
+
+impl Cluster {
+    /// The ClusterIP of Service `namespace/name`.
+    pub fn cluster_ip(&self, namespace: &str, name: &str) -> Result<Ipv4Addr> {
+        let ip = self.kubectl(&[
+            "-n",
+            namespace,
+            "get",
+            "svc",
+            name,
+            "-o",
+            "jsonpath={.spec.clusterIP}",
+        ])?;
+        ip.trim()
+            .parse()
+            .with_context(|| format!("Service {namespace}/{name} has no IPv4 ClusterIP ({ip:?})"))
+    }
+
+    /// Restarts the proxy on `node` (SIGKILL, as a crash, then a new process).
+    pub fn kill_proxy(&self, node: &str) -> Result<()> {
+        let file = self.dir().join("pids").join(format!("proxy-{node}"));
+        let pid: i32 = fs::read_to_string(&file)?.trim().parse()?;
+        // SAFETY: a pid this lab started.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        wait_until("the proxy gone", Duration::from_secs(10), || !alive(pid))?;
+        Ok(())
+    }
+}
+
+/// A control plane (etcd and kube-apiserver only, no nodes) shared by the tests of
+/// one test binary: started by the first test that asks, taken down when the process
+/// exits (an `atexit` handler; test binaries end with `exit`).
+pub fn shared_control_plane() -> Result<&'static Cluster> {
+    static CP: std::sync::OnceLock<std::result::Result<Cluster, String>> =
+        std::sync::OnceLock::new();
+    extern "C" fn take_down() {
+        if let Some(Ok(c)) = CP.get() {
+            let _ = down(&c.state.dir);
+        }
+    }
+    let c = CP.get_or_init(|| {
+        let spec = Spec {
+            nodes: 0,
+            proxy: Proxy::None,
+            controller: Controllers::Upstream,
+            workloads: false,
+        };
+        let parent = std::env::temp_dir();
+        remove_stale(&parent);
+        let prefix = format!("{NS_PREFIX}-{}", std::process::id());
+        match Cluster::up(&spec, &parent.join(&prefix), &prefix) {
+            Ok(mut c) => {
+                c.owned = false;
+                // SAFETY: registers a plain function; it runs once at exit.
+                unsafe { libc::atexit(take_down) };
+                Ok(c)
+            }
+            Err(e) => Err(format!("{e:#}")),
+        }
+    });
+    c.as_ref()
+        .map_err(|e| anyhow::anyhow!("the shared control plane did not start: {e}"))
+}
+
+impl Cluster {
+    /// A kube-rs client for the cluster's admin (the same identity as `kubectl`).
+    pub async fn client(&self) -> Result<kube::Client> {
+        let kubeconfig = kube::config::Kubeconfig::read_from(&self.state.kubeconfig)?;
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+        Ok(kube::Client::try_from(config)?)
+    }
+
+    /// The API server's URL on the root namespace's loopback.
+    pub fn server(&self) -> String {
+        format!("https://127.0.0.1:{}", self.state.apiserver_port)
+    }
+}

@@ -1,0 +1,308 @@
+//! End-to-end tests in the cluster lab: the real control plane (etcd, kube-apiserver,
+//! kube-controller-manager, kube-scheduler built from upstream's Go modules), two
+//! nodes made of network namespaces with the lab's kubelet stand-in, sliceway-agent on
+//! every node and sliceway-controller writing the EndpointSlices. Then the same
+//! Services, Pods and flows once more with upstream's kube-proxy (iptables mode) on
+//! every node, and the backends each flow can reach must be the same.
+//!
+//! One cluster serves every step (starting one costs about 20 s), so the steps run in
+//! order inside one test.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::SocketAddrV4,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, ensure, Context, Result};
+use sliceway_lab::{
+    cluster::{self, tcp_spread, udp_spread, Cluster, Proxy, Spec},
+    servers::EchoConn,
+};
+
+/// Connections per flow: with 4 backends the chance that one is never picked is
+/// 4 * (3/4)^64, about 4e-8.
+const FLOWS: usize = 64;
+/// How long a change may take to reach the datapath (the network-programming budget
+/// these tests allow; upstream's scale tests gate kube-proxy at far more).
+const BUDGET: Duration = Duration::from_secs(15);
+
+const CLIENTS: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: client-1, labels: {app: client}}
+spec:
+  nodeName: node-1
+  containers: [{name: c, image: lab}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: client-2, labels: {app: client}}
+spec:
+  nodeName: node-2
+  containers: [{name: c, image: lab}]
+"#;
+
+/// Pod name -> node name, for the pods of `selector` that are ready and not
+/// terminating.
+fn placement(c: &Cluster, selector: &str) -> Result<BTreeMap<String, String>> {
+    let out = c.kubectl(&[
+        "get", "pods", "-l", selector, "-o",
+        "jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName} {.metadata.deletionTimestamp} {.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}{end}",
+    ])?;
+    Ok(out
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (f.len() == 4 && f[2].is_empty() && f[3] == "True")
+                .then(|| (f[0].to_string(), f[1].to_string()))
+        })
+        .collect())
+}
+
+fn backends(spread: &BTreeMap<String, usize>) -> BTreeSet<String> {
+    spread.keys().cloned().collect()
+}
+
+/// Retries `f` until it holds or `BUDGET` passes; the error names the last result.
+fn eventually<T: std::fmt::Debug>(
+    what: &str,
+    mut f: impl FnMut() -> Result<(bool, T)>,
+) -> Result<T> {
+    let deadline = Instant::now() + BUDGET;
+    loop {
+        let (ok, last) = f()?;
+        if ok {
+            return Ok(last);
+        }
+        if Instant::now() > deadline {
+            bail!("{what}: not within {BUDGET:?}; last seen {last:?}");
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// One flow: a client pod, a Service address and a protocol.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Flow {
+    client: String,
+    service: String,
+    to: SocketAddrV4,
+    udp: bool,
+}
+
+/// The backends each flow reaches (over `FLOWS` new connections).
+fn reach(c: &Cluster, flows: &[Flow]) -> Result<BTreeMap<Flow, BTreeSet<String>>> {
+    let mut out = BTreeMap::new();
+    for f in flows {
+        let ns = c.pod_netns("default", &f.client)?;
+        let spread = if f.udp {
+            udp_spread(&ns, f.to, FLOWS)?
+        } else {
+            tcp_spread(&ns, f.to, FLOWS)?
+        };
+        out.insert(f.clone(), backends(&spread));
+    }
+    Ok(out)
+}
+
+#[test]
+fn cluster_lab_sliceway_end_to_end_and_same_backends_as_kube_proxy() -> Result<()> {
+    let c = cluster::for_test(&Spec::default())?;
+
+    // A Deployment and Services made with kubectl, as a user would.
+    c.kubectl(&[
+        "create",
+        "deployment",
+        "web",
+        "--image=lab",
+        "--replicas=4",
+        "--port=8080",
+    ])?;
+    c.kubectl(&[
+        "expose",
+        "deployment",
+        "web",
+        "--port=80",
+        "--target-port=8080",
+    ])?;
+    c.kubectl(&[
+        "expose",
+        "deployment",
+        "web",
+        "--name=web-udp",
+        "--port=53",
+        "--target-port=8080",
+        "--protocol=UDP",
+    ])?;
+    c.kubectl(&[
+        "expose",
+        "deployment",
+        "web",
+        "--name=web-local",
+        "--port=81",
+        "--target-port=8080",
+    ])?;
+    c.kubectl(&[
+        "patch",
+        "svc",
+        "web-local",
+        "-p",
+        r#"{"spec":{"internalTrafficPolicy":"Local"}}"#,
+    ])?;
+    c.kubectl_stdin(&["apply", "-f", "-"], CLIENTS)?;
+    c.wait_ready_pods("default", "app=web", 4)?;
+    c.wait_ready_pods("default", "app=client", 2)?;
+    let web = c.cluster_ip("default", "web")?;
+    let web_udp = c.cluster_ip("default", "web-udp")?;
+    let web_local = c.cluster_ip("default", "web-local")?;
+
+    // ClusterIP from pods on both nodes reaches every pod on both nodes.
+    let pods = placement(&c, "app=web")?;
+    let all: BTreeSet<String> = pods.keys().cloned().collect();
+    let mut flows = Vec::new();
+    for client in ["client-1", "client-2"] {
+        for (service, to, udp) in [
+            ("web", SocketAddrV4::new(web, 80), false),
+            ("web-udp", SocketAddrV4::new(web_udp, 53), true),
+            ("web-local", SocketAddrV4::new(web_local, 81), false),
+        ] {
+            flows.push(Flow {
+                client: client.into(),
+                service: service.into(),
+                to,
+                udp,
+            });
+        }
+    }
+    let expected = |f: &Flow| -> BTreeSet<String> {
+        if f.service == "web-local" {
+            let node = if f.client == "client-1" {
+                "node-1"
+            } else {
+                "node-2"
+            };
+            pods.iter()
+                .filter(|(_, n)| *n == node)
+                .map(|(p, _)| p.clone())
+                .collect()
+        } else {
+            all.clone()
+        }
+    };
+    eventually(
+        "every flow reaches its eligible backends over sliceway",
+        || {
+            let got = reach(&c, &flows)?;
+            let ok = flows.iter().all(|f| {
+                got[f] == expected(f)
+                    || (expected(f).is_empty() && got[f].len() == 1 && got[f].contains("(failed)"))
+            });
+            Ok((ok, got))
+        },
+    )?;
+
+    // Scale up: the new pod gets traffic within the budget.
+    let ns1 = c.pod_netns("default", "client-1")?;
+    c.kubectl(&["scale", "deployment", "web", "--replicas=5"])?;
+    c.wait_ready_pods("default", "app=web", 5)?;
+    let five: BTreeSet<String> = placement(&c, "app=web")?.keys().cloned().collect();
+    eventually("the new pod receives connections", || {
+        let got = backends(&tcp_spread(&ns1, SocketAddrV4::new(web, 80), FLOWS)?);
+        Ok((got == five, got))
+    })?;
+
+    // A deleted pod gets no new connections once it is terminating.
+    let victim = five.iter().next().cloned().context("a web pod")?;
+    c.kubectl(&["delete", "pod", &victim, "--grace-period=3", "--wait=false"])?;
+    eventually("the deleted pod receives no new connections", || {
+        let got = backends(&tcp_spread(&ns1, SocketAddrV4::new(web, 80), FLOWS)?);
+        Ok((!got.contains(&victim) && !got.contains("(failed)"), got))
+    })?;
+
+    // An established connection survives a crash and restart of the agent on its node.
+    let mut conn = cluster_echo(&ns1, SocketAddrV4::new(web, 80))?;
+    conn.roundtrip("before the restart")?;
+    c.kill_proxy("node-1")?;
+    c.start_proxies_on(Proxy::Sliceway, &["node-1".to_string()])?;
+    conn.roundtrip("after the restart")
+        .context("the established connection did not survive the agent's restart")?;
+    drop(conn);
+
+    // Deleting the Service stops its traffic.
+    c.kubectl(&["delete", "svc", "web-udp"])?;
+    eventually("the deleted Service answers no more", || {
+        let got = udp_spread(&ns1, SocketAddrV4::new(web_udp, 53), 4)?;
+        Ok((
+            backends(&got) == BTreeSet::from(["(failed)".to_string()]),
+            got,
+        ))
+    })?;
+    c.kubectl(&[
+        "expose",
+        "deployment",
+        "web",
+        "--name=web-udp",
+        "--port=53",
+        "--target-port=8080",
+        "--protocol=UDP",
+        &format!("--cluster-ip={web_udp}"),
+    ])?;
+
+    // The same flows with upstream's kube-proxy (iptables mode) on every node.
+    c.stop_proxies()?;
+    c.start_proxies(Proxy::Iptables)?;
+    let pods = placement(&c, "app=web")?;
+    let all: BTreeSet<String> = pods.keys().cloned().collect();
+    let expected_now = |f: &Flow| -> BTreeSet<String> {
+        if f.service == "web-local" {
+            let node = if f.client == "client-1" {
+                "node-1"
+            } else {
+                "node-2"
+            };
+            pods.iter()
+                .filter(|(_, n)| *n == node)
+                .map(|(p, _)| p.clone())
+                .collect()
+        } else {
+            all.clone()
+        }
+    };
+    let kube_proxy = eventually(
+        "every flow reaches its eligible backends over kube-proxy",
+        || {
+            let got = reach(&c, &flows)?;
+            let ok = flows
+                .iter()
+                .all(|f| !expected_now(f).is_empty() && got[f] == expected_now(f));
+            Ok((ok, got))
+        },
+    )?;
+    c.stop_proxies()?;
+    c.start_proxies(Proxy::Sliceway)?;
+    let sliceway_again = eventually("sliceway again", || {
+        let got = reach(&c, &flows)?;
+        let ok = flows.iter().all(|f| got[f] == expected_now(f));
+        Ok((ok, got))
+    })?;
+    let mut differ = Vec::new();
+    for f in &flows {
+        if kube_proxy[f] != sliceway_again[f] {
+            differ.push(format!(
+                "{} -> {} ({}): kube-proxy {:?}, sliceway {:?}",
+                f.client, f.service, f.to, kube_proxy[f], sliceway_again[f]
+            ));
+        }
+    }
+    ensure!(
+        differ.is_empty(),
+        "flows that differ:\n{}",
+        differ.join("\n")
+    );
+    Ok(())
+}
+
+fn cluster_echo(netns: &str, to: SocketAddrV4) -> Result<EchoConn> {
+    sliceway_lab::netns::in_netns(netns, move || EchoConn::open(to, Duration::from_secs(3)))?
+}
