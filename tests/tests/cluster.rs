@@ -2,8 +2,9 @@
 //! kube-controller-manager, kube-scheduler built from upstream's Go modules), two
 //! nodes made of network namespaces with the lab's kubelet stand-in, sliceway-agent on
 //! every node and sliceway-controller writing the EndpointSlices. Then the same
-//! Services, Pods and flows once more with upstream's kube-proxy (iptables mode) on
-//! every node, and the backends each flow can reach must be the same.
+//! Services, Pods and flows with upstream's kube-proxy on every node (iptables mode,
+//! then nftables mode) and with sliceway again: the backends each flow reaches must
+//! be the same.
 //!
 //! One cluster serves every step (starting one costs about 20 s), so the steps run in
 //! order inside one test.
@@ -220,6 +221,15 @@ fn cluster_lab_sliceway_end_to_end_and_same_backends_as_kube_proxy() -> Result<(
         Ok((!got.contains(&victim) && !got.contains("(failed)"), got))
     })?;
 
+    // Scale down: the pods that go get no new connections.
+    c.kubectl(&["scale", "deployment", "web", "--replicas=3"])?;
+    c.wait_ready_pods("default", "app=web", 3)?;
+    let three: BTreeSet<String> = placement(&c, "app=web")?.keys().cloned().collect();
+    eventually("only the remaining pods receive connections", || {
+        let got = backends(&tcp_spread(&ns1, SocketAddrV4::new(web, 80), FLOWS)?);
+        Ok((got == three, got))
+    })?;
+
     // An established connection survives a crash and restart of the agent on its node.
     let mut conn = cluster_echo(&ns1, SocketAddrV4::new(web, 80))?;
     conn.roundtrip("before the restart")?;
@@ -249,9 +259,8 @@ fn cluster_lab_sliceway_end_to_end_and_same_backends_as_kube_proxy() -> Result<(
         &format!("--cluster-ip={web_udp}"),
     ])?;
 
-    // The same flows with upstream's kube-proxy (iptables mode) on every node.
-    c.stop_proxies()?;
-    c.start_proxies(Proxy::Iptables)?;
+    // The same flows with upstream's kube-proxy on every node, in iptables mode and
+    // in nftables mode, then with sliceway again.
     let pods = placement(&c, "app=web")?;
     let all: BTreeSet<String> = pods.keys().cloned().collect();
     let expected_now = |f: &Flow| -> BTreeSet<String> {
@@ -269,30 +278,30 @@ fn cluster_lab_sliceway_end_to_end_and_same_backends_as_kube_proxy() -> Result<(
             all.clone()
         }
     };
-    let kube_proxy = eventually(
-        "every flow reaches its eligible backends over kube-proxy",
-        || {
+    let mut seen = BTreeMap::new();
+    for proxy in [Proxy::Iptables, Proxy::Nftables, Proxy::Sliceway] {
+        c.stop_proxies()?;
+        c.start_proxies(proxy)?;
+        let what = format!("every flow reaches its eligible backends over {proxy:?}");
+        let got = eventually(&what, || {
             let got = reach(&c, &flows)?;
             let ok = flows
                 .iter()
                 .all(|f| !expected_now(f).is_empty() && got[f] == expected_now(f));
             Ok((ok, got))
-        },
-    )?;
-    c.stop_proxies()?;
-    c.start_proxies(Proxy::Sliceway)?;
-    let sliceway_again = eventually("sliceway again", || {
-        let got = reach(&c, &flows)?;
-        let ok = flows.iter().all(|f| got[f] == expected_now(f));
-        Ok((ok, got))
-    })?;
+        })?;
+        seen.insert(format!("{proxy:?}"), got);
+    }
     let mut differ = Vec::new();
     for f in &flows {
-        if kube_proxy[f] != sliceway_again[f] {
-            differ.push(format!(
-                "{} -> {} ({}): kube-proxy {:?}, sliceway {:?}",
-                f.client, f.service, f.to, kube_proxy[f], sliceway_again[f]
-            ));
+        let sliceway = &seen["Sliceway"][f];
+        for upstream in ["Iptables", "Nftables"] {
+            if &seen[upstream][f] != sliceway {
+                differ.push(format!(
+                    "{} -> {} ({}): kube-proxy {upstream} {:?}, sliceway {:?}",
+                    f.client, f.service, f.to, seen[upstream][f], sliceway
+                ));
+            }
         }
     }
     ensure!(
