@@ -126,6 +126,7 @@ fn cluster_demo() -> Result<()> {
     c.wait_ready_pods("default", "app=web", 3)?;
     c.wait_ready_pods("default", "run=client", 1)?;
     kubectl(&["get", "pods", "-o", "wide"])?;
+    wait_slice_endpoints(&c, 3)?;
     kubectl(&[
         "get",
         "endpointslices",
@@ -142,8 +143,8 @@ fn cluster_demo() -> Result<()> {
         .cloned()
         .context("no backend answered")?;
     kubectl(&["delete", "pod", &victim, "--grace-period=1", "--wait=true"])?;
-    c.wait_ready_pods("default", "app=web", 3)?;
-    std::thread::sleep(Duration::from_secs(2));
+    let now = c.wait_ready_pods("default", "app=web", 3)?;
+    wait_slice_endpoints(&c, 3)?;
     kubectl(&["get", "pods", "-o", "wide", "-l", "app=web"])?;
     println!("\n== {REQUESTS} more connections to {vip}");
     let counts = cluster_round(&client, vip)?;
@@ -151,7 +152,12 @@ fn cluster_demo() -> Result<()> {
         !counts.contains_key(&victim),
         "{victim} still received traffic after it was deleted"
     );
-    println!("   {victim} is gone and received no connection; its replacement did");
+    let replacement: Vec<&String> = now.iter().filter(|p| counts.contains_key(*p)).collect();
+    println!(
+        "   {victim} is gone and received no connection; {} of the {} pods now running answered",
+        replacement.len(),
+        now.len()
+    );
     println!("\n== taking the cluster lab down");
     drop(c);
     println!("done");
@@ -165,4 +171,19 @@ fn cluster_round(netns: &str, vip: SocketAddrV4) -> Result<BTreeMap<String, usiz
     }
     anyhow::ensure!(!counts.contains_key("(failed)"), "some connections failed");
     Ok(counts)
+}
+
+/// Waits until the `web` Service's EndpointSlices list `n` ready endpoints.
+fn wait_slice_endpoints(c: &cluster::Cluster, n: usize) -> Result<()> {
+    for _ in 0..100 {
+        let out = c.kubectl(&[
+            "get", "endpointslices", "-l", "kubernetes.io/service-name=web", "-o",
+            "jsonpath={range .items[*].endpoints[?(@.conditions.ready==true)]}{.addresses[0]}{\"\\n\"}{end}",
+        ])?;
+        if out.lines().count() == n {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    anyhow::bail!("the EndpointSlices of web never listed {n} ready endpoints")
 }
