@@ -10,7 +10,7 @@ use k8s_openapi::{
     api::{
         apps::v1::DaemonSet,
         core::v1::ServiceAccount,
-        rbac::v1::{ClusterRole, ClusterRoleBinding},
+        rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding},
     },
     apimachinery::pkg::util::intstr::IntOrString,
 };
@@ -33,6 +33,8 @@ struct Manifests {
     service_accounts: Vec<ServiceAccount>,
     cluster_roles: Vec<ClusterRole>,
     bindings: Vec<ClusterRoleBinding>,
+    roles: Vec<Role>,
+    role_bindings: Vec<RoleBinding>,
     daemon_sets: Vec<DaemonSet>,
 }
 
@@ -72,6 +74,8 @@ fn load() -> Manifests {
                 "ServiceAccount" => m.service_accounts.push(typed(value, &what)),
                 "ClusterRole" => m.cluster_roles.push(typed(value, &what)),
                 "ClusterRoleBinding" => m.bindings.push(typed(value, &what)),
+                "Role" => m.roles.push(typed(value, &what)),
+                "RoleBinding" => m.role_bindings.push(typed(value, &what)),
                 "DaemonSet" => m.daemon_sets.push(typed(value, &what)),
                 other => panic!("{what}: kind {other:?} is not checked by this test"),
             }
@@ -245,16 +249,7 @@ fn the_agent_may_list_and_watch_what_it_reads() {
         .iter()
         .find(|r| r.metadata.name.as_deref() == Some(&binding.role_ref.name))
         .expect("the bound ClusterRole");
-    let mut granted = BTreeSet::new();
-    for rule in role.rules.iter().flatten() {
-        for group in rule.api_groups.iter().flatten() {
-            for resource in rule.resources.iter().flatten() {
-                for verb in &rule.verbs {
-                    granted.insert((group.as_str(), resource.as_str(), verb.as_str()));
-                }
-            }
-        }
-    }
+    let granted = granted(role.rules.iter().flatten());
     // What kube_source watches: Services, EndpointSlices and the agent's own Node.
     for (group, resource) in [
         ("", "services"),
@@ -263,9 +258,84 @@ fn the_agent_may_list_and_watch_what_it_reads() {
     ] {
         for verb in ["list", "watch"] {
             assert!(
-                granted.contains(&(group, resource, verb)),
+                granted.contains(&(group.into(), resource.into(), verb.into())),
                 "{verb} {resource} ({group:?}) not granted"
             );
         }
+    }
+}
+
+/// (API group, resource, verb) for every grant of `rules`.
+fn granted<'a>(rules: impl Iterator<Item = &'a PolicyRule>) -> BTreeSet<(String, String, String)> {
+    let mut granted = BTreeSet::new();
+    for rule in rules {
+        for group in rule.api_groups.iter().flatten() {
+            for resource in rule.resources.iter().flatten() {
+                for verb in &rule.verbs {
+                    granted.insert((group.clone(), resource.clone(), verb.clone()));
+                }
+            }
+        }
+    }
+    granted
+}
+
+#[test]
+fn the_controller_may_read_and_write_what_it_reconciles() {
+    let m = load();
+    let account = "sliceway-controller";
+    let bound = |kind: &str, name: &str| {
+        m.bindings.iter().any(|b| {
+            b.role_ref.kind == kind
+                && b.role_ref.name == name
+                && b.subjects.iter().flatten().any(|s| s.name == account)
+        }) || m.role_bindings.iter().any(|b| {
+            b.role_ref.kind == kind
+                && b.role_ref.name == name
+                && b.subjects.iter().flatten().any(|s| s.name == account)
+        })
+    };
+    let cluster_wide = granted(
+        m.cluster_roles
+            .iter()
+            .filter(|r| {
+                bound(
+                    "ClusterRole",
+                    r.metadata.name.as_deref().unwrap_or_default(),
+                )
+            })
+            .flat_map(|r| r.rules.iter().flatten()),
+    );
+    let in_namespace = granted(
+        m.roles
+            .iter()
+            .filter(|r| bound("Role", r.metadata.name.as_deref().unwrap_or_default()))
+            .flat_map(|r| r.rules.iter().flatten()),
+    );
+    let has = |set: &BTreeSet<(String, String, String)>, g: &str, r: &str, v: &str| {
+        set.contains(&(g.to_string(), r.to_string(), v.to_string()))
+    };
+    for (group, resource) in [("", "services"), ("", "pods"), ("", "nodes")] {
+        for verb in ["list", "watch"] {
+            assert!(
+                has(&cluster_wide, group, resource, verb),
+                "{verb} {resource}"
+            );
+        }
+    }
+    for (group, resource) in [("discovery.k8s.io", "endpointslices"), ("", "endpoints")] {
+        for verb in ["list", "watch", "create", "update", "delete"] {
+            assert!(
+                has(&cluster_wide, group, resource, verb),
+                "{verb} {resource}"
+            );
+        }
+    }
+    assert!(has(&cluster_wide, "", "events", "create"), "create events");
+    for verb in ["get", "create", "update"] {
+        assert!(
+            has(&in_namespace, "coordination.k8s.io", "leases", verb),
+            "{verb} leases"
+        );
     }
 }

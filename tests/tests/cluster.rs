@@ -111,15 +111,9 @@ fn reach(c: &Cluster, flows: &[Flow]) -> Result<BTreeMap<Flow, BTreeSet<String>>
 fn cluster_lab_sliceway_end_to_end_and_same_backends_as_kube_proxy() -> Result<()> {
     let c = cluster::for_test(&Spec::default())?;
 
-    // A Deployment and Services made with kubectl, as a user would.
-    c.kubectl(&[
-        "create",
-        "deployment",
-        "web",
-        "--image=lab",
-        "--replicas=4",
-        "--port=8080",
-    ])?;
+    // A Deployment and Services made with kubectl, as a user would (no container
+    // port declared: the stand-in's pods answer on 80 and 8080).
+    c.kubectl(&["create", "deployment", "web", "--image=lab", "--replicas=4"])?;
     c.kubectl(&[
         "expose",
         "deployment",

@@ -7,8 +7,9 @@
 //!   any route out of the lab.
 //! - For each Pod bound to its node: a pod network namespace linked to the node by a
 //!   veth pair (address from the node's pod CIDR, routes both ways), a server on every
-//!   declared container port, TCP and UDP, answering with the pod's name
-//!   ([`crate::servers`]), and the Pod's status (podIP, phase, conditions).
+//!   declared container port (80 and 8080 when none is declared), TCP and UDP,
+//!   answering with the pod's name ([`crate::servers`]), and the Pod's status (podIP,
+//!   phase, conditions).
 //! - Readiness follows the annotation [`READY_ANNOTATION`] (`"false"` makes the pod
 //!   unready). A deleted pod keeps serving, ready, while it terminates, until its
 //!   deletion timestamp (the grace period) passes; then its namespace goes and the Pod
@@ -375,6 +376,11 @@ fn start_pod(cfg: &NodeConfig, st: &mut State, pod: &Pod, uid: &str) -> Result<R
         .flat_map(|c| c.ports.iter().flatten())
         .filter_map(|p| u16::try_from(p.container_port).ok())
         .collect();
+    if ports.is_empty() {
+        // A container that declares no port (`kubectl create deployment` without
+        // `--port`) answers where Services usually send: 80 and 8080.
+        ports = vec![80, 8080];
+    }
     ports.sort_unstable();
     ports.dedup();
     let mut servers = Vec::new();

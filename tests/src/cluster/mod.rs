@@ -938,6 +938,7 @@ pub fn remove_stale(parent: &Path) {
         let name = entry.file_name().to_string_lossy().into_owned();
         let Some(pid) = name
             .strip_prefix(&format!("{NS_PREFIX}-"))
+            .and_then(|p| p.split('-').next())
             .and_then(|p| p.parse::<u32>().ok())
         else {
             continue;
@@ -950,9 +951,19 @@ pub fn remove_stale(parent: &Path) {
 
 /// A cluster for a test: its own directory and namespaces named after this process.
 pub fn for_test(spec: &Spec) -> Result<Cluster> {
+    for_test_named(spec, "")
+}
+
+/// Like [`for_test`], for a test that runs several clusters at once: `name` tells
+/// them apart.
+pub fn for_test_named(spec: &Spec, name: &str) -> Result<Cluster> {
     let parent = std::env::temp_dir();
     remove_stale(&parent);
-    let prefix = format!("{NS_PREFIX}-{}", std::process::id());
+    let mut prefix = format!("{NS_PREFIX}-{}", std::process::id());
+    if !name.is_empty() {
+        prefix.push('-');
+        prefix.push_str(name);
+    }
     Cluster::up(spec, &parent.join(&prefix), &prefix)
 }
 

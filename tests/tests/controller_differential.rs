@@ -1,0 +1,415 @@
+//! sliceway-controller against kube-controller-manager's endpointslice,
+//! endpointslice-mirroring and endpoints controllers, on the real API server.
+//!
+//! Two cluster labs run side by side: one with upstream's controllers, one with
+//! sliceway-controller (upstream's three switched off). The same random workload,
+//! from a fixed seed, is applied to both: Services with selectors, named and numbered
+//! ports, `publishNotReadyAddresses`, `trafficDistribution`, the topology-mode
+//! annotation, a selector-less Service with hand-written Endpoints; Pods created on
+//! both zones, made unready and ready, relabelled, deleted gracefully and at once.
+//! After every step, once both have settled, the EndpointSlices and Endpoints must be
+//! equal as upstream defines equality: endpoints and ports as sets per Service, slice
+//! sizes as multisets, conditions, hints, labels, owner references. The first
+//! difference is printed with the step that produced it. Then the writes each made
+//! (from the API server's request counters) are compared: sliceway may not make more.
+//!
+//! `SLICEWAY_DIFF_SEED` and `SLICEWAY_DIFF_STEPS` run another workload (a soak).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, ensure, Result};
+use serde_json::Value;
+use sliceway_lab::cluster::{self, Cluster, Controllers, Proxy, Spec};
+
+/// A small deterministic generator (xorshift64*), so a seed names a workload.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+const APPS: [&str; 3] = ["a", "b", "c"];
+
+const SERVICES: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: svc-a, labels: {team: alpha}}
+spec:
+  selector: {app: a}
+  ports:
+  - {name: http, port: 80, targetPort: 8080}
+  - {name: metrics, port: 9090, targetPort: metrics}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: svc-b}
+spec:
+  selector: {app: b}
+  publishNotReadyAddresses: true
+  ports:
+  - {name: dns, port: 53, targetPort: 5353, protocol: UDP}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: svc-c}
+spec:
+  selector: {app: c}
+  trafficDistribution: PreferClose
+  ports:
+  - {port: 80, targetPort: 8080}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: svc-d
+  annotations: {service.kubernetes.io/topology-mode: Auto}
+spec:
+  selector: {app: c}
+  ports:
+  - {name: http, port: 80, targetPort: http}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: svc-e}
+spec:
+  ports:
+  - {name: web, port: 80, targetPort: 8080}
+"#;
+
+fn pod_yaml(name: &str, app: &str, node: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, labels: {{app: {app}}}}}\nspec:\n  nodeName: {node}\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: c\n    image: lab\n    ports:\n    - {{name: http, containerPort: 8080}}\n    - {{name: metrics, containerPort: 9100}}\n    - {{name: dns, containerPort: 5353, protocol: UDP}}\n"
+    )
+}
+
+fn endpoints_yaml(addrs: &[String]) -> String {
+    let list: Vec<String> = addrs.iter().map(|a| format!("{{ip: \"{a}\"}}")).collect();
+    if addrs.is_empty() {
+        return "apiVersion: v1\nkind: Endpoints\nmetadata: {name: svc-e}\nsubsets: []\n".into();
+    }
+    format!(
+        "apiVersion: v1\nkind: Endpoints\nmetadata: {{name: svc-e}}\nsubsets:\n- addresses: [{}]\n  ports: [{{name: web, port: 8080}}]\n",
+        list.join(", ")
+    )
+}
+
+/// The slices and Endpoints of the default namespace in upstream's terms of
+/// equality, as sorted text lines (one per fact) so a difference reads well.
+fn snapshot(c: &Cluster) -> Result<BTreeSet<String>> {
+    let mut facts = BTreeSet::new();
+    let slices: Value =
+        serde_json::from_str(&c.kubectl(&["get", "endpointslices", "-o", "json"])?)?;
+    let mut sizes: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for s in slices["items"].as_array().into_iter().flatten() {
+        let labels = &s["metadata"]["labels"];
+        let svc = labels["kubernetes.io/service-name"].as_str().unwrap_or("?");
+        if svc == "kubernetes" {
+            continue;
+        }
+        let by = labels["endpointslice.kubernetes.io/managed-by"]
+            .as_str()
+            .unwrap_or("?");
+        let family = s["addressType"].as_str().unwrap_or("?");
+        let key = format!("slice {svc} {family} {by}");
+        let mut labels: BTreeMap<String, String> = labels
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+            .collect();
+        labels.remove("endpointslice.kubernetes.io/skip-mirror");
+        facts.insert(format!("{key} labels {labels:?}"));
+        for o in s["metadata"]["ownerReferences"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            facts.insert(format!(
+                "{key} owner {} {} controller={} block={}",
+                o["kind"], o["name"], o["controller"], o["blockOwnerDeletion"]
+            ));
+        }
+        let mut ports: Vec<String> = s["ports"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|p| format!("{}/{}/{}", p["name"], p["port"], p["protocol"]))
+            .collect();
+        ports.sort();
+        facts.insert(format!("{key} ports {ports:?}"));
+        let eps = s["endpoints"].as_array().cloned().unwrap_or_default();
+        sizes.entry(key.clone()).or_default().push(eps.len());
+        for e in eps {
+            let who = e["targetRef"]["name"]
+                .as_str()
+                .map(String::from)
+                .unwrap_or_else(|| e["addresses"][0].as_str().unwrap_or("?").to_string());
+            let mut hints: Vec<String> = e["hints"]["forZones"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|z| z["name"].as_str().unwrap_or("?").to_string())
+                .collect();
+            hints.sort();
+            facts.insert(format!(
+                "{key} endpoint {who} ready={} serving={} terminating={} node={} zone={} hints={hints:?}",
+                e["conditions"]["ready"],
+                e["conditions"]["serving"],
+                e["conditions"]["terminating"],
+                e["nodeName"],
+                e["zone"]
+            ));
+        }
+    }
+    for (key, mut v) in sizes {
+        v.sort();
+        facts.insert(format!("{key} sizes {v:?}"));
+    }
+    let eps: Value = serde_json::from_str(&c.kubectl(&["get", "endpoints", "-o", "json"])?)?;
+    for e in eps["items"].as_array().into_iter().flatten() {
+        let name = e["metadata"]["name"].as_str().unwrap_or("?");
+        if name == "kubernetes" {
+            continue;
+        }
+        let key = format!("endpoints {name}");
+        let mut labels: BTreeMap<String, String> = e["metadata"]["labels"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+            .collect();
+        labels.remove("endpoints.kubernetes.io/managed-by");
+        facts.insert(format!("{key} labels {labels:?}"));
+        for s in e["subsets"].as_array().into_iter().flatten() {
+            let mut ports: Vec<String> = s["ports"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|p| format!("{}/{}/{}", p["name"], p["port"], p["protocol"]))
+                .collect();
+            ports.sort();
+            for (kind, field) in [("ready", "addresses"), ("notready", "notReadyAddresses")] {
+                for a in s[field].as_array().into_iter().flatten() {
+                    let who = a["targetRef"]["name"]
+                        .as_str()
+                        .map(String::from)
+                        .unwrap_or_else(|| a["ip"].as_str().unwrap_or("?").to_string());
+                    facts.insert(format!(
+                        "{key} {kind} {who} node={} ports {ports:?}",
+                        a["nodeName"]
+                    ));
+                }
+            }
+        }
+    }
+    Ok(facts)
+}
+
+/// Waits until `c`'s snapshot has not changed for a while, and returns it.
+fn settled(c: &Cluster) -> Result<BTreeSet<String>> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = snapshot(c)?;
+    let mut since = Instant::now();
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(300));
+        let now = snapshot(c)?;
+        if now != last {
+            last = now;
+            since = Instant::now();
+        } else if since.elapsed() > Duration::from_millis(2500) {
+            return Ok(last);
+        }
+    }
+    bail!("the objects kept changing for 30 s")
+}
+
+/// Writes (POST, PUT, PATCH, DELETE) to EndpointSlices and Endpoints, from the API
+/// server's own request counters.
+fn writes(c: &Cluster) -> Result<u64> {
+    let metrics = c.kubectl(&["get", "--raw=/metrics"])?;
+    let mut total = 0;
+    for line in metrics
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+    {
+        let writes = ["\"POST\"", "\"PUT\"", "\"PATCH\"", "\"DELETE\""]
+            .iter()
+            .any(|v| line.contains(&format!("verb={v}")));
+        let resource =
+            line.contains("resource=\"endpointslices\"") || line.contains("resource=\"endpoints\"");
+        if writes && resource {
+            total += line
+                .rsplit(' ')
+                .next()
+                .and_then(|n| n.parse::<f64>().ok())
+                .unwrap_or(0.0) as u64;
+        }
+    }
+    Ok(total)
+}
+
+fn both(clusters: &[&Cluster], f: impl Fn(&Cluster) -> Result<()>) -> Result<()> {
+    for c in clusters {
+        f(c)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn sliceway_controller_writes_what_kube_controller_manager_writes() -> Result<()> {
+    let seed: u64 = std::env::var("SLICEWAY_DIFF_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5eed_0001);
+    let steps: usize = std::env::var("SLICEWAY_DIFF_STEPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(24);
+    let spec = |controller| Spec {
+        nodes: 2,
+        proxy: Proxy::None,
+        controller,
+        workloads: true,
+    };
+    let upstream = cluster::for_test_named(&spec(Controllers::Upstream), "u")?;
+    let sliceway = cluster::for_test_named(&spec(Controllers::Sliceway), "s")?;
+    let clusters = [&upstream, &sliceway];
+    both(&clusters, |c| {
+        c.kubectl_stdin(&["apply", "-f", "-"], SERVICES).map(drop)
+    })?;
+    let base = [writes(&upstream)?, writes(&sliceway)?];
+
+    let mut rng = Rng(seed);
+    let mut pods: BTreeMap<String, String> = BTreeMap::new(); // name -> app
+    let mut endpoints: Vec<String> = Vec::new();
+    let mut next_pod = 0;
+    for step in 0..steps {
+        let what = match (rng.below(8), pods.is_empty()) {
+            (0..=2, _) | (_, true) => {
+                next_pod += 1;
+                let name = format!("p{next_pod}");
+                let app = APPS[rng.below(APPS.len())];
+                let node = format!("node-{}", 1 + rng.below(2));
+                let yaml = pod_yaml(&name, app, &node);
+                both(&clusters, |c| {
+                    c.kubectl_stdin(&["apply", "-f", "-"], &yaml).map(drop)
+                })?;
+                pods.insert(name.clone(), app.into());
+                format!("create pod {name} app={app} on {node}")
+            }
+            (3, _) => {
+                let name = pods
+                    .keys()
+                    .nth(rng.below(pods.len()))
+                    .cloned()
+                    .unwrap_or_default();
+                let value = if rng.below(2) == 0 { "false" } else { "true" };
+                let annotation = format!("{}={value}", "lab.sliceway.io/ready");
+                both(&clusters, |c| {
+                    c.kubectl(&["annotate", "pod", &name, &annotation, "--overwrite"])
+                        .map(drop)
+                })?;
+                format!("pod {name} ready={value}")
+            }
+            (4, _) => {
+                let name = pods
+                    .keys()
+                    .nth(rng.below(pods.len()))
+                    .cloned()
+                    .unwrap_or_default();
+                let app = APPS[rng.below(APPS.len())];
+                let label = format!("app={app}");
+                both(&clusters, |c| {
+                    c.kubectl(&["label", "pod", &name, &label, "--overwrite"])
+                        .map(drop)
+                })?;
+                pods.insert(name.clone(), app.into());
+                format!("relabel pod {name} app={app}")
+            }
+            (5, _) => {
+                let name = pods
+                    .keys()
+                    .nth(rng.below(pods.len()))
+                    .cloned()
+                    .unwrap_or_default();
+                let grace = if rng.below(2) == 0 { "0" } else { "2" };
+                let flag = format!("--grace-period={grace}");
+                let force: &[&str] = if grace == "0" { &["--force"] } else { &[] };
+                both(&clusters, |c| {
+                    let mut args = vec![
+                        "delete",
+                        "pod",
+                        name.as_str(),
+                        flag.as_str(),
+                        "--wait=false",
+                    ];
+                    args.extend_from_slice(force);
+                    c.kubectl(&args).map(drop)
+                })?;
+                pods.remove(&name);
+                format!("delete pod {name} (grace {grace} s)")
+            }
+            (6, _) => {
+                if endpoints.len() < 3 && rng.below(3) != 0 {
+                    endpoints.push(format!("10.250.0.{}", 10 + step));
+                } else if !endpoints.is_empty() {
+                    endpoints.remove(0);
+                }
+                let yaml = endpoints_yaml(&endpoints);
+                both(&clusters, |c| {
+                    c.kubectl_stdin(&["apply", "-f", "-"], &yaml).map(drop)
+                })?;
+                format!("hand-written Endpoints of svc-e: {endpoints:?}")
+            }
+            _ => {
+                // A Service comes and goes.
+                let exists = upstream.kubectl(&["get", "svc", "svc-f"]).is_ok();
+                if exists {
+                    both(&clusters, |c| {
+                        c.kubectl(&["delete", "svc", "svc-f"]).map(drop)
+                    })?;
+                    "delete Service svc-f".to_string()
+                } else {
+                    let yaml = "apiVersion: v1\nkind: Service\nmetadata: {name: svc-f}\nspec:\n  selector: {app: a}\n  ports:\n  - {port: 8443, targetPort: 8080, protocol: TCP}\n  - {name: udp, port: 8443, targetPort: dns, protocol: UDP}\n";
+                    both(&clusters, |c| {
+                        c.kubectl_stdin(&["apply", "-f", "-"], yaml).map(drop)
+                    })?;
+                    "create Service svc-f".to_string()
+                }
+            }
+        };
+        let u = settled(&upstream)?;
+        let s = settled(&sliceway)?;
+        let only_upstream: Vec<&String> = u.difference(&s).collect();
+        let only_sliceway: Vec<&String> = s.difference(&u).collect();
+        ensure!(
+            only_upstream.is_empty() && only_sliceway.is_empty(),
+            "after step {step} ({what}), seed {seed}:\nonly kube-controller-manager wrote:\n  {}\nonly sliceway-controller wrote:\n  {}",
+            only_upstream.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("\n  "),
+            only_sliceway.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("\n  ")
+        );
+        eprintln!("step {step}: {what}: equal ({} facts)", u.len());
+    }
+    let upstream_writes = writes(&upstream)? - base[0];
+    let sliceway_writes = writes(&sliceway)? - base[1];
+    eprintln!(
+        "writes to EndpointSlices and Endpoints: kube-controller-manager {upstream_writes}, sliceway-controller {sliceway_writes} (ratio {:.2})",
+        sliceway_writes as f64 / upstream_writes.max(1) as f64
+    );
+    ensure!(
+        sliceway_writes <= upstream_writes,
+        "sliceway-controller made {sliceway_writes} writes, kube-controller-manager {upstream_writes}"
+    );
+    Ok(())
+}
