@@ -30,37 +30,71 @@ use crate::topology::TopologyInfo;
 use crate::{Error, Result};
 
 /// Generations this controller wrote, per slice UID (upstream's EndpointSliceTracker).
+///
+/// Kept per Service and per `endpointslice.kubernetes.io/managed-by` value: the
+/// EndpointSlice controller and the mirroring controller each track their own slices,
+/// as upstream's two controllers each have a tracker, so a mirrored slice is never
+/// looked for among the EndpointSlice controller's slices.
 #[derive(Debug, Default)]
 pub struct SliceTracker {
-    by_service: HashMap<String, HashMap<String, i64>>,
+    by_service: HashMap<(String, String), HashMap<String, i64>>,
 }
 
 /// Marks a slice this controller deleted and expects gone from the cache.
 const DELETION_EXPECTED: i64 = -1;
 
+fn managed_by(slice: &EndpointSlice) -> String {
+    slice
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(crate::util::LABEL_MANAGED_BY))
+        .cloned()
+        .unwrap_or_default()
+}
+
 impl SliceTracker {
+    fn entry(&mut self, service_uid: &str, slice: &EndpointSlice) -> &mut HashMap<String, i64> {
+        self.by_service
+            .entry((service_uid.into(), managed_by(slice)))
+            .or_default()
+    }
     /// Records a written slice.
     pub fn written(&mut self, service_uid: &str, slice: &EndpointSlice) {
         if let Some(uid) = &slice.metadata.uid {
-            self.by_service
-                .entry(service_uid.into())
-                .or_default()
-                .insert(uid.clone(), slice.metadata.generation.unwrap_or(0));
+            let generation = slice.metadata.generation.unwrap_or(0);
+            self.entry(service_uid, slice)
+                .insert(uid.clone(), generation);
         }
     }
     /// Records a deleted slice.
     pub fn deleted(&mut self, service_uid: &str, slice: &EndpointSlice) {
         if let Some(uid) = &slice.metadata.uid {
-            self.by_service
-                .entry(service_uid.into())
-                .or_default()
+            self.entry(service_uid, slice)
                 .insert(uid.clone(), DELETION_EXPECTED);
         }
     }
-    /// Whether the cached slices are older than what this controller wrote
-    /// (StaleSlices).
-    pub fn stale<S: Borrow<EndpointSlice>>(&self, service_uid: &str, cached: &[S]) -> bool {
-        let Some(gens) = self.by_service.get(service_uid) else {
+    /// Forgets a slice that is gone or no longer managed by `managed_by`, whoever
+    /// removed it (upstream's HandleDeletion): the cache cannot be stale about a slice
+    /// the controller will never see again.
+    pub fn forget(&mut self, slice_uid: &str) {
+        for gens in self.by_service.values_mut() {
+            gens.remove(slice_uid);
+        }
+        self.by_service.retain(|_, gens| !gens.is_empty());
+    }
+    /// Whether the cached slices of `service_uid` managed by `managed_by` are older
+    /// than what this controller wrote (StaleSlices).
+    pub fn stale<S: Borrow<EndpointSlice>>(
+        &self,
+        service_uid: &str,
+        managed_by: &str,
+        cached: &[S],
+    ) -> bool {
+        let Some(gens) = self
+            .by_service
+            .get(&(service_uid.to_string(), managed_by.to_string()))
+        else {
             return false;
         };
         let mut seen = std::collections::HashSet::new();
@@ -77,8 +111,16 @@ impl SliceTracker {
             .any(|(uid, g)| *g != DELETION_EXPECTED && !seen.contains(uid))
     }
     /// Forgets deletions the cache has caught up with.
-    pub fn settle<S: Borrow<EndpointSlice>>(&mut self, service_uid: &str, cached: &[S]) {
-        if let Some(gens) = self.by_service.get_mut(service_uid) {
+    pub fn settle<S: Borrow<EndpointSlice>>(
+        &mut self,
+        service_uid: &str,
+        managed_by: &str,
+        cached: &[S],
+    ) {
+        if let Some(gens) = self
+            .by_service
+            .get_mut(&(service_uid.to_string(), managed_by.to_string()))
+        {
             let present: std::collections::HashSet<String> = cached
                 .iter()
                 .map(Borrow::borrow)
@@ -202,8 +244,8 @@ pub struct Context {
     pub stores: Stores,
     /// Trigger-time state.
     pub state: Mutex<store::State>,
-    /// Written generations.
-    pub tracker: Mutex<SliceTracker>,
+    /// Written generations (shared with the slice watch, which forgets deleted ones).
+    pub tracker: Arc<Mutex<SliceTracker>>,
     /// Consecutive failures per Service, for backoff.
     pub failures: Mutex<HashMap<String, u32>>,
 }
@@ -418,14 +460,19 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action> {
     let name = svc.name_any();
     let uid = svc.uid().unwrap_or_default();
     let snap = ctx.stores.snapshot_for(&ns, &name);
-    let cached = snap.slices_for(&ns, &name, &ctx.options.slices.controller_name);
     {
         let mut tracker = ctx.tracker.lock().expect("tracker");
-        if tracker.stale(&uid, &cached) {
-            ctx.metrics.sync("stale");
-            return Err(Error::StaleCache(format!("{ns}/{name}")));
+        for managed_by in [
+            &ctx.options.slices.controller_name,
+            &ctx.options.mirroring.controller_name,
+        ] {
+            let cached = snap.slices_for(&ns, &name, managed_by);
+            if tracker.stale(&uid, managed_by, &cached) {
+                ctx.metrics.sync("stale");
+                return Err(Error::StaleCache(format!("{ns}/{name}")));
+            }
+            tracker.settle(&uid, managed_by, &cached);
         }
-        tracker.settle(&uid, &cached);
     }
     let topology = TopologyInfo::from_nodes(snap.nodes.values());
     let outcome = {
@@ -583,11 +630,30 @@ pub async fn run(
     )
     .default_backoff()
     .touched_objects();
+    // A slice deleted by anyone, or taken out of this controller's hands by a changed
+    // managed-by label, leaves the tracker at once (upstream's onEndpointSliceDelete
+    // and HandleDeletion), so its Service is not held "stale" waiting for it.
+    let tracker = Arc::new(Mutex::new(SliceTracker::default()));
+    let ours = [
+        options.slices.controller_name.clone(),
+        options.mirroring.controller_name.clone(),
+    ];
+    let forgetting = tracker.clone();
     let slices = reflector::reflector(
         slices_w,
         watcher(Api::<EndpointSlice>::all(client.clone()), cfg.clone()),
     )
     .default_backoff()
+    .inspect_ok(move |event| {
+        let gone = match event {
+            watcher::Event::Delete(s) => Some(s),
+            watcher::Event::Apply(s) if !ours.contains(&managed_by(s)) => Some(s),
+            _ => None,
+        };
+        if let Some(uid) = gone.and_then(|s| s.metadata.uid.as_deref()) {
+            forgetting.lock().expect("tracker").forget(uid);
+        }
+    })
     .touched_objects();
     let eps = reflector::reflector(
         eps_w,
@@ -675,7 +741,7 @@ pub async fn run(
             endpoints: eps_r,
         },
         state: Mutex::new(store::State::default()),
-        tracker: Mutex::new(SliceTracker::default()),
+        tracker,
         failures: Mutex::new(HashMap::new()),
     });
     let sweeping = sweeper(ctx.clone(), sweep_tx, sweep_rx, Duration::from_secs(5));

@@ -47,6 +47,9 @@ async fn body_json(req: Request<Body>) -> serde_json::Value {
     serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null)
 }
 
+/// The EndpointSlice controller's managed-by value, which the test's slices carry.
+const MANAGED_BY: &str = util::CONTROLLER_NAME;
+
 fn slice(name: Option<&str>) -> EndpointSlice {
     EndpointSlice {
         metadata: ObjectMeta {
@@ -54,6 +57,7 @@ fn slice(name: Option<&str>) -> EndpointSlice {
             generate_name: Some("web-".into()),
             namespace: Some("default".into()),
             uid: name.map(|n| format!("uid-{n}")),
+            labels: Some([(util::LABEL_MANAGED_BY.to_string(), MANAGED_BY.to_string())].into()),
             ..Default::default()
         },
         address_type: "IPv4".into(),
@@ -142,10 +146,10 @@ async fn apply_plan_creates_updates_deletes_in_order() {
     let mut new = slice(Some("web-abcde"));
     new.metadata.uid = Some("uid-new".into());
     new.metadata.generation = Some(1);
-    assert!(tracker.stale("svc-uid", &[old.clone(), new.clone()]));
+    assert!(tracker.stale("svc-uid", MANAGED_BY, &[old.clone(), new.clone()]));
     old.metadata.generation = Some(4);
-    assert!(!tracker.stale("svc-uid", &[old.clone(), new.clone()]));
-    assert!(tracker.stale("svc-uid", &[old, new, slice(Some("web-gone"))]));
+    assert!(!tracker.stale("svc-uid", MANAGED_BY, &[old.clone(), new.clone()]));
+    assert!(tracker.stale("svc-uid", MANAGED_BY, &[old, new, slice(Some("web-gone"))]));
 }
 
 fn lease_json(holder: &str, renew: &str) -> serde_json::Value {
@@ -283,7 +287,7 @@ fn context_with(
             endpoints: filled(endpoints),
         },
         state: Mutex::new(store::State::default()),
-        tracker: Mutex::new(SliceTracker::default()),
+        tracker: std::sync::Arc::new(Mutex::new(SliceTracker::default())),
         failures: Mutex::new(Default::default()),
     }
 }
@@ -453,4 +457,45 @@ async fn mirroring_warnings_are_recorded_on_the_endpoints() {
         .await
         .unwrap();
     server.await.unwrap();
+}
+
+/// Issue 14: mirrored slices were recorded under the Service and looked for among
+/// the EndpointSlice controller's slices, so every reconcile after the first mirrored
+/// write found the cache "stale" and backed off.
+#[test]
+fn a_mirrored_slice_never_makes_the_other_controllers_cache_stale() {
+    let mut tracker = SliceTracker::default();
+    let mut mirrored = slice(Some("web-mirror"));
+    mirrored.metadata.generation = Some(1);
+    mirrored.metadata.labels = Some(
+        [(
+            util::LABEL_MANAGED_BY.to_string(),
+            util::MIRRORING_CONTROLLER_NAME.to_string(),
+        )]
+        .into(),
+    );
+    tracker.written("svc-uid", &mirrored);
+    let none: [EndpointSlice; 0] = [];
+    assert!(!tracker.stale("svc-uid", MANAGED_BY, &none));
+    // The mirroring controller's own view: stale until the cache shows its write.
+    assert!(tracker.stale("svc-uid", util::MIRRORING_CONTROLLER_NAME, &none));
+    assert!(!tracker.stale(
+        "svc-uid",
+        util::MIRRORING_CONTROLLER_NAME,
+        std::slice::from_ref(&mirrored)
+    ));
+}
+
+/// Issue 14: a slice deleted by someone else (or relabelled away) used to keep its
+/// Service "stale" until a restart; the slice watch now makes the tracker forget it.
+#[test]
+fn a_slice_deleted_by_someone_else_is_forgotten() {
+    let mut tracker = SliceTracker::default();
+    let mut written = slice(Some("web-abcde"));
+    written.metadata.generation = Some(2);
+    tracker.written("svc-uid", &written);
+    let none: [EndpointSlice; 0] = [];
+    assert!(tracker.stale("svc-uid", MANAGED_BY, &none));
+    tracker.forget("uid-web-abcde");
+    assert!(!tracker.stale("svc-uid", MANAGED_BY, &none));
 }

@@ -234,29 +234,48 @@ fn settled(c: &Cluster) -> Result<BTreeSet<String>> {
     bail!("the objects kept changing for 30 s")
 }
 
-/// Writes (POST, PUT, PATCH, DELETE) to EndpointSlices and Endpoints, from the API
-/// server's own request counters.
-fn writes(c: &Cluster) -> Result<u64> {
+/// Writes (POST, PUT, PATCH, DELETE) to EndpointSlices and Endpoints by resource and
+/// verb, from the API server's own request counters.
+fn writes(c: &Cluster) -> Result<BTreeMap<String, u64>> {
     let metrics = c.kubectl(&["get", "--raw=/metrics"])?;
-    let mut total = 0;
+    let mut out = BTreeMap::new();
     for line in metrics
         .lines()
         .filter(|l| l.starts_with("apiserver_request_total{"))
     {
-        let writes = ["\"POST\"", "\"PUT\"", "\"PATCH\"", "\"DELETE\""]
-            .iter()
-            .any(|v| line.contains(&format!("verb={v}")));
-        let resource =
-            line.contains("resource=\"endpointslices\"") || line.contains("resource=\"endpoints\"");
-        if writes && resource {
-            total += line
+        let field = |name: &str| {
+            line.split(&format!("{name}=\""))
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+                .unwrap_or_default()
+                .to_string()
+        };
+        let (verb, resource) = (field("verb"), field("resource"));
+        if ["POST", "PUT", "PATCH", "DELETE"].contains(&verb.as_str())
+            && (resource == "endpointslices" || resource == "endpoints")
+        {
+            let n = line
                 .rsplit(' ')
                 .next()
                 .and_then(|n| n.parse::<f64>().ok())
                 .unwrap_or(0.0) as u64;
+            *out.entry(format!("{verb} {resource}")).or_insert(0) += n;
         }
     }
-    Ok(total)
+    Ok(out)
+}
+
+/// `after - before`, per key, and the total.
+fn delta(
+    after: &BTreeMap<String, u64>,
+    before: &BTreeMap<String, u64>,
+) -> (BTreeMap<String, u64>, u64) {
+    let d: BTreeMap<String, u64> = after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0)))
+        .collect();
+    let total = d.values().sum();
+    (d, total)
 }
 
 fn both(clusters: &[&Cluster], f: impl Fn(&Cluster) -> Result<()>) -> Result<()> {
@@ -389,8 +408,12 @@ fn sliceway_controller_writes_what_kube_controller_manager_writes() -> Result<()
                 }
             }
         };
-        let u = settled(&upstream)?;
-        let s = settled(&sliceway)?;
+        let (u, s) = std::thread::scope(|scope| {
+            let u = scope.spawn(|| settled(&upstream));
+            let s = settled(&sliceway);
+            (u.join().expect("settling thread"), s)
+        });
+        let (u, s) = (u?, s?);
         let only_upstream: Vec<&String> = u.difference(&s).collect();
         let only_sliceway: Vec<&String> = s.difference(&u).collect();
         ensure!(
@@ -401,10 +424,10 @@ fn sliceway_controller_writes_what_kube_controller_manager_writes() -> Result<()
         );
         eprintln!("step {step}: {what}: equal ({} facts)", u.len());
     }
-    let upstream_writes = writes(&upstream)? - base[0];
-    let sliceway_writes = writes(&sliceway)? - base[1];
+    let (upstream_by, upstream_writes) = delta(&writes(&upstream)?, &base[0]);
+    let (sliceway_by, sliceway_writes) = delta(&writes(&sliceway)?, &base[1]);
     eprintln!(
-        "writes to EndpointSlices and Endpoints: kube-controller-manager {upstream_writes}, sliceway-controller {sliceway_writes} (ratio {:.2})",
+        "writes to EndpointSlices and Endpoints: kube-controller-manager {upstream_writes} {upstream_by:?}, sliceway-controller {sliceway_writes} {sliceway_by:?} (ratio {:.2})",
         sliceway_writes as f64 / upstream_writes.max(1) as f64
     );
     ensure!(
