@@ -304,10 +304,10 @@ fn sliceway_controller_writes_what_kube_controller_manager_writes() -> Result<()
     let upstream = cluster::for_test_named(&spec(Controllers::Upstream), "u")?;
     let sliceway = cluster::for_test_named(&spec(Controllers::Sliceway), "s")?;
     let clusters = [&upstream, &sliceway];
+    let base = [writes(&upstream)?, writes(&sliceway)?];
     both(&clusters, |c| {
         c.kubectl_stdin(&["apply", "-f", "-"], SERVICES).map(drop)
     })?;
-    let base = [writes(&upstream)?, writes(&sliceway)?];
 
     let mut rng = Rng(seed);
     let mut pods: BTreeMap<String, String> = BTreeMap::new(); // name -> app
