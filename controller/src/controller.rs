@@ -618,11 +618,35 @@ pub async fn run(
     let (nodes_r, nodes_w) = reflector::store::<Node>();
     let (slices_r, slices_w) = reflector::store::<EndpointSlice>();
     let (eps_r, eps_w) = reflector::store::<Endpoints>();
+    // A Pod whose labels changed also concerns the Services its old labels selected
+    // (upstream's GetServicesToUpdateOnPodChange): the watch remembers each Pod's
+    // labels and hands the previous ones to the mapper below when they change.
+    type Labels = Option<std::collections::BTreeMap<String, String>>;
+    let pod_labels: Arc<Mutex<HashMap<(String, String), Labels>>> = Arc::default();
+    let previous_labels: Arc<Mutex<HashMap<(String, String), Labels>>> = Arc::default();
+    let (labels_seen, labels_changed) = (pod_labels.clone(), previous_labels.clone());
     let pods = reflector::reflector(
         pods_w,
         watcher(Api::<Pod>::all(client.clone()), cfg.clone()),
     )
     .default_backoff()
+    .inspect_ok(move |event| match event {
+        watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
+            let key = (p.namespace().unwrap_or_default(), p.name_any());
+            let old = labels_seen
+                .lock()
+                .expect("pod labels")
+                .insert(key.clone(), p.metadata.labels.clone());
+            if let Some(old) = old.filter(|old| *old != p.metadata.labels) {
+                labels_changed.lock().expect("pod labels").insert(key, old);
+            }
+        }
+        watcher::Event::Delete(p) => {
+            let key = (p.namespace().unwrap_or_default(), p.name_any());
+            labels_seen.lock().expect("pod labels").remove(&key);
+        }
+        _ => {}
+    })
     .touched_objects();
     let nodes = reflector::reflector(
         nodes_w,
@@ -690,6 +714,16 @@ pub async fn run(
     let ctrl = ctrl
         .watches_stream(pods, move |pod: Pod| {
             let ns = pod.namespace().unwrap_or_default();
+            let old = previous_labels
+                .lock()
+                .expect("pod labels")
+                .remove(&(ns.clone(), pod.name_any()));
+            let selects = |sel: &std::collections::BTreeMap<String, String>| {
+                crate::util::selector_matches(sel, pod.metadata.labels.as_ref())
+                    || old
+                        .as_ref()
+                        .is_some_and(|old| crate::util::selector_matches(sel, old.as_ref()))
+            };
             svc_for_pods
                 .state()
                 .into_iter()
@@ -698,9 +732,7 @@ pub async fn run(
                     s.spec
                         .as_ref()
                         .and_then(|sp| sp.selector.as_ref())
-                        .is_some_and(|sel| {
-                            crate::util::selector_matches(sel, pod.metadata.labels.as_ref())
-                        })
+                        .is_some_and(selects)
                 })
                 .map(|s| ObjectRef::from_obj(&*s))
                 .collect::<Vec<_>>()

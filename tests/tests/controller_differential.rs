@@ -309,6 +309,46 @@ fn sliceway_controller_writes_what_kube_controller_manager_writes() -> Result<()
         c.kubectl_stdin(&["apply", "-f", "-"], SERVICES).map(drop)
     })?;
 
+    // Fixed steps first: the defects issue 14 names, each compared with upstream.
+    let kubectl = |args: &[&str]| both(&clusters, |c| c.kubectl(args).map(drop));
+    let apply = |yaml: &str| {
+        both(&clusters, |c| {
+            c.kubectl_stdin(&["apply", "-f", "-"], yaml).map(drop)
+        })
+    };
+    apply(&pod_yaml("q1", "a", "node-1"))?;
+    apply(&pod_yaml("q2", "a", "node-2"))?;
+    compare(&upstream, &sliceway, "two pods of svc-a")?;
+    kubectl(&["label", "pod", "q1", "app=b", "--overwrite"])?;
+    compare(
+        &upstream,
+        &sliceway,
+        "q1 relabelled out of svc-a into svc-b",
+    )?;
+    kubectl(&[
+        "delete",
+        "endpointslices",
+        "-l",
+        "kubernetes.io/service-name=svc-a",
+        "--wait=false",
+    ])?;
+    compare(
+        &upstream,
+        &sliceway,
+        "svc-a's slices deleted by someone else",
+    )?;
+    for addrs in [vec!["10.250.1.1"], vec!["10.250.1.1", "10.250.1.2"], vec![]] {
+        let addrs: Vec<String> = addrs.into_iter().map(String::from).collect();
+        apply(&endpoints_yaml(&addrs))?;
+        compare(
+            &upstream,
+            &sliceway,
+            &format!("svc-e's Endpoints mirrored: {addrs:?}"),
+        )?;
+    }
+    kubectl(&["delete", "pod", "q1", "q2", "--grace-period=0", "--force"])?;
+    compare(&upstream, &sliceway, "q1 and q2 deleted")?;
+
     let mut rng = Rng(seed);
     let mut pods: BTreeMap<String, String> = BTreeMap::new(); // name -> app
     let mut endpoints: Vec<String> = Vec::new();
@@ -408,21 +448,11 @@ fn sliceway_controller_writes_what_kube_controller_manager_writes() -> Result<()
                 }
             }
         };
-        let (u, s) = std::thread::scope(|scope| {
-            let u = scope.spawn(|| settled(&upstream));
-            let s = settled(&sliceway);
-            (u.join().expect("settling thread"), s)
-        });
-        let (u, s) = (u?, s?);
-        let only_upstream: Vec<&String> = u.difference(&s).collect();
-        let only_sliceway: Vec<&String> = s.difference(&u).collect();
-        ensure!(
-            only_upstream.is_empty() && only_sliceway.is_empty(),
-            "after step {step} ({what}), seed {seed}:\nonly kube-controller-manager wrote:\n  {}\nonly sliceway-controller wrote:\n  {}",
-            only_upstream.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("\n  "),
-            only_sliceway.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("\n  ")
-        );
-        eprintln!("step {step}: {what}: equal ({} facts)", u.len());
+        compare(
+            &upstream,
+            &sliceway,
+            &format!("step {step} ({what}), seed {seed}"),
+        )?;
     }
     let (upstream_by, upstream_writes) = delta(&writes(&upstream)?, &base[0]);
     let (sliceway_by, sliceway_writes) = delta(&writes(&sliceway)?, &base[1]);
@@ -434,5 +464,25 @@ fn sliceway_controller_writes_what_kube_controller_manager_writes() -> Result<()
         sliceway_writes <= upstream_writes,
         "sliceway-controller made {sliceway_writes} writes, kube-controller-manager {upstream_writes}"
     );
+    Ok(())
+}
+
+/// Waits until both clusters settle, then fails on any difference, printing it.
+fn compare(upstream: &Cluster, sliceway: &Cluster, what: &str) -> Result<()> {
+    let (u, s) = std::thread::scope(|scope| {
+        let u = scope.spawn(|| settled(upstream));
+        let s = settled(sliceway);
+        (u.join().expect("settling thread"), s)
+    });
+    let (u, s) = (u?, s?);
+    let only_upstream: Vec<&str> = u.difference(&s).map(|s| s.as_str()).collect();
+    let only_sliceway: Vec<&str> = s.difference(&u).map(|s| s.as_str()).collect();
+    ensure!(
+        only_upstream.is_empty() && only_sliceway.is_empty(),
+        "after {what}:\nonly kube-controller-manager wrote:\n  {}\nonly sliceway-controller wrote:\n  {}",
+        only_upstream.join("\n  "),
+        only_sliceway.join("\n  ")
+    );
+    eprintln!("{what}: equal ({} facts)", u.len());
     Ok(())
 }
