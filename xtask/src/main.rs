@@ -88,10 +88,14 @@ fn main() -> Result<()> {
         }
         Task::Cluster { args } => {
             require_root("the cluster lab (network namespaces, BPF programs)")?;
-            setup(&root)?;
-            build_ebpf()?;
-            upstream(&root)?;
-            build_lab_binaries()?;
+            // Only `up` needs the set-up, the kernel object and the upstream kit;
+            // the other commands act on the running lab.
+            if args.first().map(String::as_str) == Some("up") {
+                setup(&root)?;
+                build_ebpf()?;
+                upstream(&root)?;
+                build_lab_binaries()?;
+            }
             run(Command::new("target/debug/sliceway-cluster").args(args))
         }
         Task::Bench { quick, only } => bench::bench(&root, quick, only.as_deref()),
@@ -161,7 +165,7 @@ fn build_ebpf() -> Result<()> {
         .args(["-Z", "build-std=core", "--target", "bpfel-unknown-none"])
         .env("CARGO_TARGET_DIR", "target/ebpf")
         .env("RUSTFLAGS", "-C debuginfo=2 -C link-arg=--btf"))?;
-    println!("kernel object: target/ebpf/bpfel-unknown-none/release/sliceway");
+    eprintln!("kernel object: target/ebpf/bpfel-unknown-none/release/sliceway");
     Ok(())
 }
 
