@@ -16,7 +16,7 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Endpoints, Node, ObjectReference, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{DeleteParams, PostParams};
-use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
@@ -35,9 +35,17 @@ use crate::{Error, Result};
 /// EndpointSlice controller and the mirroring controller each track their own slices,
 /// as upstream's two controllers each have a tracker, so a mirrored slice is never
 /// looked for among the EndpointSlice controller's slices.
+///
+/// It also knows the Endpoints this controller wrote whose newer version the cache
+/// may not show yet (upstream's staleEndpointsTracker in
+/// pkg/controller/endpoint/endpoints_controller.go): acting on such a cache would
+/// send a write bound to fail with a conflict.
 #[derive(Debug, Default)]
 pub struct SliceTracker {
     by_service: HashMap<(String, String), HashMap<String, i64>>,
+    /// Per Endpoints (namespace, name): the resourceVersion this controller replaced,
+    /// or `None` for one it created.
+    endpoints: HashMap<(String, String), Option<String>>,
 }
 
 /// Marks a slice this controller deleted and expects gone from the cache.
@@ -73,6 +81,28 @@ impl SliceTracker {
             self.entry(service_uid, slice)
                 .insert(uid.clone(), DELETION_EXPECTED);
         }
+    }
+    /// Records an Endpoints write: `replaced` is the resourceVersion it replaced
+    /// (`None` for a create).
+    pub fn endpoints_written(&mut self, ns: &str, name: &str, replaced: Option<String>) {
+        self.endpoints.insert((ns.into(), name.into()), replaced);
+    }
+    /// Whether the cached Endpoints `ns/name` is older than this controller's last
+    /// write of it; forgets the write once the cache has caught up.
+    pub fn endpoints_stale(&mut self, ns: &str, name: &str, cached: Option<&Endpoints>) -> bool {
+        let key = (ns.to_string(), name.to_string());
+        let Some(written) = self.endpoints.get(&key) else {
+            return false;
+        };
+        let stale = match (written, cached) {
+            (None, None) => true,
+            (Some(rv), Some(c)) => c.metadata.resource_version.as_ref() == Some(rv),
+            _ => false,
+        };
+        if !stale {
+            self.endpoints.remove(&key);
+        }
+        stale
     }
     /// Forgets a slice that is gone or no longer managed by `managed_by`, whoever
     /// removed it (upstream's HandleDeletion): the cache cannot be stale about a slice
@@ -181,6 +211,11 @@ pub async fn apply_plan(
                     .create(&pp, e)
                     .await
                     .map_err(write_error("create", obj))?;
+                let name = e.metadata.name.as_deref().unwrap_or_default();
+                tracker
+                    .lock()
+                    .expect("tracker")
+                    .endpoints_written(&ns, name, None);
             }
         }
     }
@@ -199,6 +234,11 @@ pub async fn apply_plan(
                     .replace(&name, &pp, e)
                     .await
                     .map_err(write_error("update", obj))?;
+                tracker.lock().expect("tracker").endpoints_written(
+                    &ns,
+                    &name,
+                    e.metadata.resource_version.clone(),
+                );
             }
         }
     }
@@ -246,8 +286,8 @@ pub struct Context {
     pub state: Mutex<store::State>,
     /// Written generations (shared with the slice watch, which forgets deleted ones).
     pub tracker: Arc<Mutex<SliceTracker>>,
-    /// Consecutive failures per Service, for backoff.
-    pub failures: Mutex<HashMap<String, u32>>,
+    /// Consecutive failures per Service and the overall retry budget.
+    pub failures: Mutex<RateLimiter>,
 }
 
 /// The reflector stores.
@@ -473,6 +513,11 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action> {
             }
             tracker.settle(&uid, managed_by, &cached);
         }
+        let cached = snap.endpoints.get(&(ns.clone(), name.clone()));
+        if tracker.endpoints_stale(&ns, &name, cached) {
+            ctx.metrics.sync("stale");
+            return Err(Error::StaleCache(format!("{ns}/{name} (Endpoints)")));
+        }
     }
     let topology = TopologyInfo::from_nodes(snap.nodes.values());
     let outcome = {
@@ -569,7 +614,7 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action> {
     ctx.failures
         .lock()
         .expect("failures")
-        .remove(&format!("{ns}/{name}"));
+        .forget(&format!("{ns}/{name}"));
     Ok(Action::await_change())
 }
 
@@ -587,22 +632,149 @@ async fn publish(ctx: &Context, regarding: &ObjectReference, reason: &str, note:
     }
 }
 
-/// Retries with exponential backoff per Service, 1s doubling up to 1000s, as
-/// upstream's workqueue rate limiter for this controller.
-pub fn error_policy(svc: Arc<Service>, err: &Error, ctx: Arc<Context>) -> Action {
-    let key = format!("{}/{}", svc.namespace().unwrap_or_default(), svc.name_any());
-    let mut failures = ctx.failures.lock().expect("failures");
-    let n = failures.entry(key.clone()).or_insert(0);
-    *n = n.saturating_add(1);
-    let delay = backoff(*n);
-    tracing::warn!(service = %key, error = %err, retry_in = ?delay, "sync failed");
-    Action::requeue(delay)
+/// How often a Service is retried before it is dropped from the queue (upstream's
+/// `maxRetries` in pkg/controller/endpointslice/endpointslice_controller.go); a
+/// later change of the Service or its Pods queues it again.
+pub const MAX_RETRIES: u32 = 15;
+
+/// Upstream's rate limiter for this controller's queue: the larger of a per-item
+/// exponential backoff (1 s doubling up to 1000 s) and an overall token bucket of 10
+/// retries per second with a burst of 100 (`NewTypedMaxOfRateLimiter` of
+/// `ItemExponentialFailureRateLimiter(1s, 1000s)` and `BucketRateLimiter(10, 100)`).
+#[derive(Debug)]
+pub struct RateLimiter {
+    failures: HashMap<String, u32>,
+    tokens: f64,
+    last: std::time::Instant,
 }
 
-/// The delay before the `n`th retry.
+impl Default for RateLimiter {
+    fn default() -> Self {
+        Self {
+            failures: HashMap::new(),
+            tokens: BUCKET_BURST,
+            last: std::time::Instant::now(),
+        }
+    }
+}
+
+const BUCKET_RATE: f64 = 10.0;
+const BUCKET_BURST: f64 = 100.0;
+
+/// What to do after a failed sync.
+#[derive(Debug, PartialEq)]
+pub enum Retry {
+    /// Retry after this delay (this is retry number `n`).
+    After(Duration, u32),
+    /// Retried [`MAX_RETRIES`] times: drop it until something changes.
+    Drop,
+}
+
+impl RateLimiter {
+    /// The decision for `key`'s next failure at `now`.
+    pub fn failed(&mut self, key: &str, now: std::time::Instant) -> Retry {
+        let n = self.failures.entry(key.to_string()).or_insert(0);
+        if *n >= MAX_RETRIES {
+            self.failures.remove(key);
+            return Retry::Drop;
+        }
+        *n += 1;
+        let n = *n;
+        // Token bucket with reservations: a retry past the burst waits its turn.
+        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
+        self.last = now;
+        self.tokens = (self.tokens + elapsed * BUCKET_RATE).min(BUCKET_BURST) - 1.0;
+        let bucket = if self.tokens >= 0.0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64(-self.tokens / BUCKET_RATE)
+        };
+        Retry::After(backoff(n).max(bucket), n)
+    }
+
+    /// A successful sync forgets the key's failures (the queue's `Forget`).
+    pub fn forget(&mut self, key: &str) {
+        self.failures.remove(key);
+    }
+}
+
+/// Retries with upstream's rate limiter; after [`MAX_RETRIES`] the Service is dropped
+/// with an event until it changes again.
+pub fn error_policy(svc: Arc<Service>, err: &Error, ctx: Arc<Context>) -> Action {
+    let key = format!("{}/{}", svc.namespace().unwrap_or_default(), svc.name_any());
+    let decision = ctx
+        .failures
+        .lock()
+        .expect("failures")
+        .failed(&key, std::time::Instant::now());
+    match decision {
+        Retry::After(delay, n) => {
+            tracing::warn!(service = %key, error = %err, retry = n, retry_in = ?delay, "sync failed");
+            Action::requeue(delay)
+        }
+        Retry::Drop => {
+            tracing::error!(service = %key, error = %err, "sync failed {MAX_RETRIES} times: dropped until it changes");
+            ctx.metrics.sync("dropped");
+            let note = format!("dropped after {MAX_RETRIES} failed syncs: {err}");
+            let regarding = svc.object_ref(&());
+            tokio::spawn(async move {
+                publish(&ctx, &regarding, "FailedToSyncService", &note).await;
+            });
+            Action::await_change()
+        }
+    }
+}
+
+/// The per-item delay before the `n`th retry: 1 s doubling up to 1000 s.
 pub fn backoff(n: u32) -> Duration {
     let secs = 1u64.checked_shl(n.saturating_sub(1)).unwrap_or(u64::MAX);
     Duration::from_secs(secs.min(1000))
+}
+
+/// Each request of `requests` comes out `period` after the first request for the same
+/// Service that is still waiting; later requests within that window join it (the
+/// delaying queue's `AddAfter`, measured from the first change, not a trailing
+/// debounce that a busy Service could postpone forever). A zero period passes every
+/// request through at once.
+pub fn batched<S>(
+    requests: S,
+    period: Duration,
+) -> impl futures::Stream<Item = ObjectRef<Service>> + Send
+where
+    S: futures::Stream<Item = Vec<ObjectRef<Service>>> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<ObjectRef<Service>>();
+    tokio::spawn(async move {
+        let mut requests = std::pin::pin!(requests);
+        let mut due: std::collections::BTreeMap<tokio::time::Instant, Vec<ObjectRef<Service>>> =
+            Default::default();
+        let mut waiting: std::collections::HashSet<ObjectRef<Service>> = Default::default();
+        loop {
+            let next = due.keys().next().copied();
+            tokio::select! {
+                r = requests.next() => {
+                    let Some(refs) = r else { break };
+                    for r in refs {
+                        if period.is_zero() {
+                            let _ = tx.send(r);
+                        } else if waiting.insert(r.clone()) {
+                            let at = tokio::time::Instant::now() + period;
+                            due.entry(at).or_default().push(r);
+                        }
+                    }
+                }
+                () = tokio::time::sleep_until(next.unwrap_or_else(tokio::time::Instant::now)), if next.is_some() => {
+                    if let Some((_, refs)) = due.pop_first() {
+                        for r in refs {
+                            waiting.remove(&r);
+                            let _ = tx.send(r);
+                        }
+                    }
+                }
+            }
+        }
+    });
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) })
 }
 
 /// Runs the controllers against the API server until the process is stopped.
@@ -707,36 +879,51 @@ pub async fn run(
         let _ = deletions.send(request);
     })
     .applied_objects();
-    let ctrl = Controller::for_stream(service_events, services.clone())
-        .with_config(ControllerConfig::default().debounce(batch_period));
     let svc_for_pods = services.clone();
+    let pod_to_services = move |pod: Pod| {
+        let ns = pod.namespace().unwrap_or_default();
+        let old = previous_labels
+            .lock()
+            .expect("pod labels")
+            .remove(&(ns.clone(), pod.name_any()));
+        let selects = |sel: &std::collections::BTreeMap<String, String>| {
+            crate::util::selector_matches(sel, pod.metadata.labels.as_ref())
+                || old
+                    .as_ref()
+                    .is_some_and(|old| crate::util::selector_matches(sel, old.as_ref()))
+        };
+        svc_for_pods
+            .state()
+            .into_iter()
+            .filter(|s| s.namespace().as_deref() == Some(ns.as_str()))
+            .filter(|s| {
+                s.spec
+                    .as_ref()
+                    .and_then(|sp| sp.selector.as_ref())
+                    .is_some_and(selects)
+            })
+            .map(|s| ObjectRef::from_obj(&*s))
+            .collect::<Vec<_>>()
+    };
+    // Pod changes reach a Service at most `batch_period` after the first of them
+    // (upstream's --endpoint-updates-batch-period, default 0: at once); changes of
+    // the Service, its slices, Endpoints and Nodes are not delayed.
+    let pod_requests = batched(
+        pods.filter_map(|pod| {
+            futures::future::ready(match pod {
+                Ok(pod) => Some(pod),
+                Err(e) => {
+                    tracing::warn!(error = %e, "pod watch");
+                    None
+                }
+            })
+        })
+        .map(pod_to_services),
+        batch_period,
+    );
+    let ctrl = Controller::for_stream(service_events, services.clone()).reconcile_on(pod_requests);
     let svc_for_nodes = services.clone();
     let ctrl = ctrl
-        .watches_stream(pods, move |pod: Pod| {
-            let ns = pod.namespace().unwrap_or_default();
-            let old = previous_labels
-                .lock()
-                .expect("pod labels")
-                .remove(&(ns.clone(), pod.name_any()));
-            let selects = |sel: &std::collections::BTreeMap<String, String>| {
-                crate::util::selector_matches(sel, pod.metadata.labels.as_ref())
-                    || old
-                        .as_ref()
-                        .is_some_and(|old| crate::util::selector_matches(sel, old.as_ref()))
-            };
-            svc_for_pods
-                .state()
-                .into_iter()
-                .filter(|s| s.namespace().as_deref() == Some(ns.as_str()))
-                .filter(|s| {
-                    s.spec
-                        .as_ref()
-                        .and_then(|sp| sp.selector.as_ref())
-                        .is_some_and(selects)
-                })
-                .map(|s| ObjectRef::from_obj(&*s))
-                .collect::<Vec<_>>()
-        })
         .watches_stream(slices, |s: EndpointSlice| {
             let name = s.labels().get(crate::util::LABEL_SERVICE_NAME).cloned();
             let ns = s.namespace().unwrap_or_default();
@@ -774,7 +961,7 @@ pub async fn run(
         },
         state: Mutex::new(store::State::default()),
         tracker,
-        failures: Mutex::new(HashMap::new()),
+        failures: Mutex::new(RateLimiter::default()),
     });
     let sweeping = sweeper(ctx.clone(), sweep_tx, sweep_rx, Duration::from_secs(5));
     let controlling = ctrl

@@ -1,11 +1,19 @@
 //! Leader election with a coordination.k8s.io Lease, so two replicas never both
 //! write: a replica acts only while it holds the Lease and renews it in time.
+//!
+//! Expiry follows client-go's leaderelection package (k8s.io/client-go/tools/
+//! leaderelection/leaderelection.go): a contender never trusts the holder's clock.
+//! It remembers when it last saw the Lease record change (holder, renew time,
+//! duration) on its own monotonic clock, and takes the Lease only once
+//! `leaseDurationSeconds` have passed since then without a change. A holder that
+//! stops gracefully releases the Lease (`ReleaseOnCancel`), so a successor need not
+//! wait for it to expire.
 
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{ObjectMeta, PostParams};
 use kube::Api;
 
@@ -16,6 +24,14 @@ pub struct LeaseLock {
     name: String,
     identity: String,
     duration: Duration,
+    observed: std::sync::Arc<std::sync::Mutex<Option<Observed>>>,
+}
+
+/// The Lease record last seen, and when (on this replica's monotonic clock).
+#[derive(Clone, Debug)]
+struct Observed {
+    record: (String, Option<String>, Option<i32>),
+    at: tokio::time::Instant,
 }
 
 impl LeaseLock {
@@ -26,6 +42,7 @@ impl LeaseLock {
             name: name.into(),
             identity: identity.into(),
             duration,
+            observed: Default::default(),
         }
     }
 
@@ -68,12 +85,7 @@ impl LeaseLock {
         if holder == self.identity {
             lease.spec = Some(self.spec(now, spec.acquire_time.clone(), transitions));
         } else {
-            let secs = i64::from(spec.lease_duration_seconds.unwrap_or(0));
-            let expired = match &spec.renew_time {
-                Some(t) => t.0 + SignedDuration::from_secs(secs) < now,
-                None => true,
-            };
-            if !holder.is_empty() && !expired {
+            if !holder.is_empty() && !self.expired(&spec) {
                 return Ok(false);
             }
             lease.spec = Some(self.spec(now, None, transitions + 1));
@@ -87,6 +99,47 @@ impl LeaseLock {
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// Whether the record in `spec` has gone unchanged for its whole duration since
+    /// this replica first saw it.
+    fn expired(&self, spec: &LeaseSpec) -> bool {
+        let record = (
+            spec.holder_identity.clone().unwrap_or_default(),
+            spec.renew_time.as_ref().map(|t| t.0.to_string()),
+            spec.lease_duration_seconds,
+        );
+        let now = tokio::time::Instant::now();
+        let mut observed = self.observed.lock().expect("observed lease");
+        let at = match observed.as_ref() {
+            Some(o) if o.record == record => o.at,
+            _ => {
+                *observed = Some(Observed { record, at: now });
+                now
+            }
+        };
+        let secs = u64::try_from(spec.lease_duration_seconds.unwrap_or(0)).unwrap_or(0);
+        at + Duration::from_secs(secs) <= now
+    }
+
+    /// Gives the Lease up if this identity holds it: the holder is cleared, so a
+    /// waiting replica takes over at its next try instead of after the expiry.
+    pub async fn release(&self) -> crate::Result<()> {
+        let Some(mut lease) = self.api.get_opt(&self.name).await? else {
+            return Ok(());
+        };
+        let mut spec = lease.spec.clone().unwrap_or_default();
+        if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
+            return Ok(());
+        }
+        spec.holder_identity = None;
+        spec.lease_duration_seconds = Some(1);
+        spec.renew_time = Some(MicroTime(Timestamp::now()));
+        lease.spec = Some(spec);
+        self.api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await?;
+        Ok(())
     }
 
     /// Waits until this identity holds the Lease.

@@ -123,11 +123,13 @@ struct RunArgs {
     manifests: Option<PathBuf>,
     #[command(flatten)]
     reconcile: ReconcileArgs,
-    /// How long Pod changes are batched before a Service is synced.
-    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    /// Pod changes reach their Services at most this long after the first of them
+    /// (upstream's --endpoint-updates-batch-period; 0: at once). Changes of Services,
+    /// slices, Endpoints and Nodes are never delayed.
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
     batch_period: Duration,
-    /// Address of the /metrics and /healthz endpoint.
-    #[arg(long, env = "SLICEWAY_METRICS_ADDR", default_value = "0.0.0.0:9090")]
+    /// Address of the /metrics and /healthz endpoint (loopback unless asked).
+    #[arg(long, env = "SLICEWAY_METRICS_ADDR", default_value = "127.0.0.1:9090")]
     metrics_addr: SocketAddr,
     /// Lease name for leader election (API mode).
     #[arg(long, default_value = "sliceway-controller")]
@@ -298,7 +300,15 @@ async fn run_api(
     lock.acquire().await?;
     tracing::info!("leading");
     tokio::select! {
-        r = run => r.map_err(Into::into),
+        r = run => {
+            // Stopped by a signal (or failed): hand the Lease over at once.
+            if let Err(e) = lock.release().await {
+                tracing::warn!(error = %e, "releasing the lease failed; it expires instead");
+            } else {
+                tracing::info!("released the lease");
+            }
+            r.map_err(Into::into)
+        }
         r = lock.keep() => {
             // Stop at once: another replica may already be writing.
             r?;

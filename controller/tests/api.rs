@@ -188,15 +188,33 @@ async fn lease_held_by_another_live_replica_is_not_taken() {
     server.await.unwrap();
 }
 
-#[tokio::test]
-async fn expired_lease_is_taken_with_resource_version() {
+/// client-go's semantics: the holder's renew time is never compared with this
+/// replica's clock; the Lease is taken only after its record went unchanged for the
+/// lease duration as this replica observed it.
+#[tokio::test(start_paused = true)]
+async fn a_lease_is_taken_only_after_it_stayed_unrenewed_for_its_duration() {
     let (client, mut handle) = mock();
     let server = tokio::spawn(async move {
+        // Seen first: a renew time long past by the wall clock does not count.
         let (_req, send) = handle.next_request().await.expect("get");
         respond(
             send,
             200,
-            lease_json("other", "2030-01-01T00:00:00.000000Z"),
+            lease_json("other", "2020-01-01T00:00:00.000000Z"),
+        );
+        // 10 s later, unchanged: still not expired (15 s duration).
+        let (_req, send) = handle.next_request().await.expect("get");
+        respond(
+            send,
+            200,
+            lease_json("other", "2020-01-01T00:00:00.000000Z"),
+        );
+        // 16 s after the first sight, unchanged: taken, with the read version.
+        let (_req, send) = handle.next_request().await.expect("get");
+        respond(
+            send,
+            200,
+            lease_json("other", "2020-01-01T00:00:00.000000Z"),
         );
         let (req, send) = handle.next_request().await.expect("replace");
         assert_eq!(req.method(), http::Method::PUT);
@@ -213,6 +231,10 @@ async fn expired_lease_is_taken_with_resource_version() {
         std::time::Duration::from_secs(15),
     );
     let now = "2030-01-01T00:01:00Z".parse().unwrap();
+    assert!(!lock.try_acquire_or_renew(now).await.unwrap());
+    tokio::time::advance(std::time::Duration::from_secs(10)).await;
+    assert!(!lock.try_acquire_or_renew(now).await.unwrap());
+    tokio::time::advance(std::time::Duration::from_secs(6)).await;
     assert!(lock.try_acquire_or_renew(now).await.unwrap());
     server.await.unwrap();
 }
@@ -498,4 +520,33 @@ fn a_slice_deleted_by_someone_else_is_forgotten() {
     assert!(tracker.stale("svc-uid", MANAGED_BY, &none));
     tracker.forget("uid-web-abcde");
     assert!(!tracker.stale("svc-uid", MANAGED_BY, &none));
+}
+
+/// The Endpoints half of the tracker (upstream's staleEndpointsTracker): after a
+/// write, a cache that still shows the replaced version (or, after a create, no
+/// object) is stale, and acting on it would only earn a conflict.
+#[test]
+fn endpoints_written_make_an_older_cache_stale_until_it_catches_up() {
+    let mut tracker = SliceTracker::default();
+    let with_version = |rv: &str| Endpoints {
+        metadata: ObjectMeta {
+            name: Some("web".into()),
+            namespace: Some("default".into()),
+            resource_version: Some(rv.into()),
+            ..Default::default()
+        },
+        subsets: None,
+    };
+    assert!(!tracker.endpoints_stale("default", "web", None));
+    tracker.endpoints_written("default", "web", None);
+    assert!(
+        tracker.endpoints_stale("default", "web", None),
+        "created, not yet cached"
+    );
+    assert!(!tracker.endpoints_stale("default", "web", Some(&with_version("5"))));
+    tracker.endpoints_written("default", "web", Some("5".into()));
+    assert!(tracker.endpoints_stale("default", "web", Some(&with_version("5"))));
+    assert!(!tracker.endpoints_stale("default", "web", Some(&with_version("6"))));
+    // Caught up: forgotten, so the old version no longer counts.
+    assert!(!tracker.endpoints_stale("default", "web", Some(&with_version("5"))));
 }

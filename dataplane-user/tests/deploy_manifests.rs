@@ -8,7 +8,7 @@ use std::{collections::BTreeSet, net::SocketAddr, path::PathBuf};
 use clap::Parser;
 use k8s_openapi::{
     api::{
-        apps::v1::DaemonSet,
+        apps::v1::{DaemonSet, Deployment},
         core::v1::ServiceAccount,
         rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding},
     },
@@ -36,6 +36,7 @@ struct Manifests {
     roles: Vec<Role>,
     role_bindings: Vec<RoleBinding>,
     daemon_sets: Vec<DaemonSet>,
+    deployments: Vec<Deployment>,
 }
 
 /// Reads `value` as a `T` and checks that nothing was lost on the way: a field the
@@ -77,6 +78,7 @@ fn load() -> Manifests {
                 "Role" => m.roles.push(typed(value, &what)),
                 "RoleBinding" => m.role_bindings.push(typed(value, &what)),
                 "DaemonSet" => m.daemon_sets.push(typed(value, &what)),
+                "Deployment" => m.deployments.push(typed(value, &what)),
                 other => panic!("{what}: kind {other:?} is not checked by this test"),
             }
         }
@@ -332,6 +334,26 @@ fn the_controller_may_read_and_write_what_it_reconciles() {
         }
     }
     assert!(has(&cluster_wide, "", "events", "create"), "create events");
+    // Two replicas under leader election, each knowing its own name for the Lease.
+    let d = m
+        .deployments
+        .iter()
+        .find(|d| d.metadata.name.as_deref() == Some(account))
+        .expect("the controller's Deployment");
+    let spec = d.spec.as_ref().unwrap();
+    assert_eq!(spec.replicas, Some(2));
+    let pod = spec.template.spec.as_ref().unwrap();
+    assert_eq!(pod.service_account_name.as_deref(), Some(account));
+    let env: Vec<&str> = pod.containers[0]
+        .env
+        .iter()
+        .flatten()
+        .map(|e| e.name.as_str())
+        .collect();
+    assert!(
+        env.contains(&"POD_NAME") && env.contains(&"POD_NAMESPACE"),
+        "{env:?}"
+    );
     for verb in ["get", "create", "update"] {
         assert!(
             has(&in_namespace, "coordination.k8s.io", "leases", verb),

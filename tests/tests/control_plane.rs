@@ -30,3 +30,22 @@ fn control_plane_serves_the_kubernetes_service_with_rbac_on() -> Result<()> {
     );
     Ok(())
 }
+
+/// Every document of `deploy/` is accepted by the real API server (server-side dry
+/// run: admission and validation, nothing stored).
+#[test]
+fn the_deploy_manifests_are_valid_for_the_real_api_server() -> Result<()> {
+    let c = cluster::shared_control_plane()?;
+    let deploy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    for file in ["sliceway-agent.yaml", "sliceway-controller.yaml"] {
+        let path = deploy.join(file);
+        let out = c.kubectl(&[
+            "apply",
+            "--dry-run=server",
+            "-f",
+            path.to_str().expect("utf-8 path"),
+        ])?;
+        assert!(out.contains("(server dry run)"), "{file}: {out}");
+    }
+    Ok(())
+}

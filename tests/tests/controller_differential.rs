@@ -259,7 +259,8 @@ fn writes(c: &Cluster) -> Result<BTreeMap<String, u64>> {
                 .next()
                 .and_then(|n| n.parse::<f64>().ok())
                 .unwrap_or(0.0) as u64;
-            *out.entry(format!("{verb} {resource}")).or_insert(0) += n;
+            *out.entry(format!("{verb} {resource} {}", field("code")))
+                .or_insert(0) += n;
         }
     }
     Ok(out)

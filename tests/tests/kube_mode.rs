@@ -1,42 +1,30 @@
-//! The agent with the Kubernetes API source, end to end: an API server (the in-memory
-//! one of the test harness) inside the lab's node namespace, the real agent binary
-//! with `--kubeconfig`, real traffic through the VIP. Also `/metrics` and `/healthz`.
-//! Needs root.
+//! The agent with the Kubernetes API source, end to end: the real kube-apiserver (the
+//! cluster lab's shared control plane) reached from the lab's node namespace through
+//! a forwarder on the node's loopback, the real agent binary with `--kubeconfig` and
+//! a client certificate, real traffic through the VIP. Also `/metrics` and
+//! `/healthz`. Needs root.
 
 use std::{
     io::{Read, Write},
     net::{Ipv4Addr, SocketAddrV4, TcpStream},
     path::Path,
-    sync::mpsc,
     time::{Duration, Instant},
 };
 
-use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use k8s_openapi::api::{
+    core::v1::{Namespace, Service},
+    discovery::v1::EndpointSlice,
+};
+use kube::{
+    api::{DeleteParams, PostParams},
+    Api,
+};
 use sliceway_agent::local::parse_file;
-use sliceway_lab::{apiserver::ApiServer, in_netns, Agent, Lab};
+use sliceway_lab::{cluster, in_netns, Agent, Lab};
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
-
-/// Starts the API server on the node namespace's loopback; it runs until dropped.
-fn api_server_in(ns: &str) -> ApiServer {
-    let (tx, rx) = mpsc::channel();
-    let ns = ns.to_string();
-    std::thread::spawn(move || {
-        in_netns(&ns, move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                tx.send(ApiServer::start().await.unwrap()).unwrap();
-                // Drive the server's tasks until the test process ends.
-                std::future::pending::<()>().await;
-            })
-        })
-        .unwrap()
-    });
-    rx.recv_timeout(Duration::from_secs(10)).unwrap()
-}
+/// Where the forwarder listens inside the node.
+const NODE_API_PORT: u16 = 6443;
 
 fn objects(yaml: &str) -> (Service, EndpointSlice) {
     let (objects, problems) = parse_file(Path::new("x.yaml"), yaml);
@@ -64,19 +52,35 @@ fn backends_seen(lab: &Lab, n: usize) -> std::collections::BTreeSet<String> {
 
 #[test]
 fn the_agent_follows_the_api_server() {
+    let cp = cluster::shared_control_plane().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let client = rt.block_on(cp.client()).unwrap();
+    let ns = format!("kube-mode-{}", std::process::id());
     let lab = Lab::new(3).unwrap();
-    let api = api_server_in(&lab.node.name);
-    let (svc, slice) = objects(&lab.service_yaml("web", VIP, 80, &[0, 1, 2]));
-    api.create(&svc).unwrap();
-    let stored = api.create(&slice).unwrap();
+    cluster::forward(&lab.node.name, NODE_API_PORT, cp.state.apiserver_port).unwrap();
+    let (mut svc, mut slice) = objects(&lab.service_yaml("web", VIP, 80, &[0, 1, 2]));
+    svc.metadata.namespace = Some(ns.clone());
+    slice.metadata.namespace = Some(ns.clone());
+    let services = Api::<Service>::namespaced(client.clone(), &ns);
+    let slices = Api::<EndpointSlice>::namespaced(client.clone(), &ns);
+    let pp = PostParams::default();
+    rt.block_on(async {
+        let namespace: Namespace =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": ns}})).unwrap();
+        Api::<Namespace>::all(client.clone())
+            .create(&pp, &namespace)
+            .await
+            .unwrap();
+        services.create(&pp, &svc).await.unwrap();
+        slices.create(&pp, &slice).await.unwrap();
+    });
 
-    let kubeconfig = lab.manifests.join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster: {{server: \"{}\"}}\nusers:\n- name: lab\n  user: {{}}\ncontexts:\n- name: lab\n  context: {{cluster: lab, user: lab}}\ncurrent-context: lab\n",
-            api.url()
-        ),
+    let kubeconfig = cluster::pki::kubeconfig(
+        &cp.state.dir.join("pki"),
+        &lab.manifests.join("kubeconfig"),
+        &format!("https://127.0.0.1:{NODE_API_PORT}"),
+        Some("admin"),
+        None,
     )
     .unwrap();
     let source = ["--kubeconfig".into(), kubeconfig.into_os_string()];
@@ -86,7 +90,7 @@ fn the_agent_follows_the_api_server() {
 
     // An endpoint leaves the slice in the API server: new flows stop going there.
     let (_, mut smaller) = objects(&lab.service_yaml("web", VIP, 80, &[0, 2]));
-    smaller.metadata.resource_version = stored.metadata.resource_version.clone();
+    smaller.metadata.namespace = Some(ns.clone());
     smaller.metadata.annotations = Some(
         [(
             "endpoints.kubernetes.io/last-change-trigger-time".to_string(),
@@ -95,7 +99,12 @@ fn the_agent_follows_the_api_server() {
         .into(),
     );
     let syncs = agent.syncs();
-    api.replace(&smaller).unwrap();
+    rt.block_on(async {
+        let name = smaller.metadata.name.clone().unwrap();
+        smaller.metadata.resource_version =
+            slices.get(&name).await.unwrap().metadata.resource_version;
+        slices.replace(&name, &pp, &smaller).await.unwrap();
+    });
     agent
         .wait_for_sync(syncs + 1, Duration::from_secs(10))
         .unwrap();
@@ -110,7 +119,8 @@ fn the_agent_follows_the_api_server() {
     for needle in [
         "sliceway_syncs_total",
         "sliceway_sync_duration_seconds",
-        "sliceway_map_entries{map=\"SERVICES\"} 2",
+        // web's TCP and UDP ports, and the API server's own `kubernetes` Service.
+        "sliceway_map_entries{map=\"SERVICES\"} 3",
         "sliceway_datapath_packets{reason=\"dnat_new\"}",
         "sliceway_objects_skipped",
         "sliceway_network_programming_duration_seconds_count 1",
@@ -120,7 +130,8 @@ fn the_agent_follows_the_api_server() {
 
     // The Service goes away entirely: the VIP stops answering.
     let deadline = Instant::now() + Duration::from_secs(10);
-    api.delete::<Service>(Some("default"), "web").unwrap();
+    rt.block_on(services.delete("web", &DeleteParams::default()))
+        .unwrap();
     while lab.tcp_request(SocketAddrV4::new(VIP, 80)).is_ok() {
         assert!(
             Instant::now() < deadline,

@@ -580,9 +580,11 @@ impl Cluster {
     fn start_sliceway_controller(&self) -> Result<()> {
         let s = &self.state;
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        // The ServiceAccount and its RBAC, not the Deployment: the lab has no
+        // container runtime and starts the controller itself.
         self.kubectl_stdin(
             &["apply", "-f", "-"],
-            &fs::read_to_string(root.join("deploy/sliceway-controller-rbac.yaml"))?,
+            &manifest_without(&root.join("deploy/sliceway-controller.yaml"), "Deployment")?,
         )?;
         let token = self.kubectl(&[
             "-n",
@@ -635,14 +637,12 @@ impl Cluster {
         let kubeconfig = match proxy {
             Proxy::Sliceway => {
                 let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-                let manifest = fs::read_to_string(root.join("deploy/sliceway-agent.yaml"))?;
                 // The ServiceAccount and its RBAC, not the DaemonSet: the lab starts
                 // the agent itself, one per node namespace.
-                let rbac: Vec<&str> = manifest
-                    .split("\n---")
-                    .filter(|doc| !doc.contains("kind: DaemonSet"))
-                    .collect();
-                self.kubectl_stdin(&["apply", "-f", "-"], &rbac.join("\n---"))?;
+                self.kubectl_stdin(
+                    &["apply", "-f", "-"],
+                    &manifest_without(&root.join("deploy/sliceway-agent.yaml"), "DaemonSet")?,
+                )?;
                 let token = self.kubectl(&[
                     "-n",
                     "kube-system",
@@ -877,6 +877,49 @@ impl Cluster {
         ])?);
         Ok(out)
     }
+}
+
+/// Forwards TCP connections to 127.0.0.1:`port` inside the network namespace `netns`
+/// to 127.0.0.1:`target` in the root namespace (where the API server listens), for
+/// as long as the process lives. The listener is made inside `netns`; the outgoing
+/// connections from this process's own namespace, so no route joins the two.
+pub fn forward(netns: &str, port: u16, target: u16) -> Result<()> {
+    let listener = netns::in_netns(netns, move || {
+        TcpListener::bind((Ipv4Addr::LOCALHOST, port))
+    })?
+    .with_context(|| format!("listening on 127.0.0.1:{port} in {netns}"))?;
+    std::thread::spawn(move || {
+        for inbound in listener.incoming().map_while(Result::ok) {
+            std::thread::spawn(move || {
+                let Ok(outbound) = TcpStream::connect((Ipv4Addr::LOCALHOST, target)) else {
+                    return;
+                };
+                let (Ok(mut in_r), Ok(mut out_w)) = (inbound.try_clone(), outbound.try_clone())
+                else {
+                    return;
+                };
+                let upstream = std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut in_r, &mut out_w);
+                    let _ = out_w.shutdown(std::net::Shutdown::Write);
+                });
+                let (mut out_r, mut in_w) = (outbound, inbound);
+                let _ = std::io::copy(&mut out_r, &mut in_w);
+                let _ = in_w.shutdown(std::net::Shutdown::Write);
+                let _ = upstream.join();
+            });
+        }
+    });
+    Ok(())
+}
+
+/// The documents of the manifest `path` except those of `kind`.
+pub fn manifest_without(path: &Path, kind: &str) -> Result<String> {
+    let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let kept: Vec<&str> = text
+        .split("\n---")
+        .filter(|doc| !doc.lines().any(|l| l.trim() == format!("kind: {kind}")))
+        .collect();
+    Ok(kept.join("\n---"))
 }
 
 /// Takes down the cluster running from `dir`: processes, namespaces, pins, files.
