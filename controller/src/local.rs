@@ -3,6 +3,12 @@
 //! file (multi-document files and `kind: List` too); the objects the controllers
 //! manage are written back, one file per object, and kept current as the
 //! directory changes (polled).
+//!
+//! Files people wrote are never rewritten or deleted: the controller writes only
+//! files it owns (they begin with [`HEADER`]). An object it manages that a person
+//! wrote is superseded by a copy in an owned file (which wins when both exist), and
+//! one that should be deleted is left in place with a warning. A file that stops
+//! parsing keeps its last good objects, so a typo does not empty a Service.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -23,6 +29,10 @@ pub struct Rejected {
     pub reason: String,
 }
 
+/// The first line of every file the controller writes; only such files are ever
+/// rewritten or removed.
+pub const HEADER: &str = "# Managed by sliceway-controller.";
+
 /// Where a managed object came from: a file and its document index.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Source {
@@ -30,6 +40,8 @@ pub struct Source {
     pub path: PathBuf,
     /// Number of documents in the file.
     pub documents: usize,
+    /// Whether the controller wrote the file (it begins with [`HEADER`]).
+    pub owned: bool,
 }
 
 /// What was read from a directory.
@@ -68,6 +80,7 @@ fn add_object(
     loaded: &mut Loaded,
     path: &Path,
     documents: usize,
+    owned: bool,
     v: serde_yaml_ng::Value,
 ) -> std::result::Result<(), String> {
     let kind = v
@@ -83,8 +96,14 @@ fn add_object(
                 .and_then(|i| i.as_sequence())
                 .cloned()
                 .unwrap_or_default();
-            for item in items {
-                add_object(loaded, path, documents + 1, item)?;
+            // One bad item is reported and skipped; the items after it still count.
+            for (i, item) in items.into_iter().enumerate() {
+                if let Err(reason) = add_object(loaded, path, documents + 1, owned, item) {
+                    loaded.rejected.push(Rejected {
+                        path: path.to_path_buf(),
+                        reason: format!("List item {}: {reason}", i + 1),
+                    });
+                }
             }
         }
         "Service" => {
@@ -110,6 +129,7 @@ fn add_object(
                 Source {
                     path: path.to_path_buf(),
                     documents,
+                    owned,
                 },
             );
             snap.add_endpoints(e);
@@ -126,6 +146,7 @@ fn add_object(
                 Source {
                     path: path.to_path_buf(),
                     documents,
+                    owned,
                 },
             );
             snap.add_slice(s);
@@ -157,37 +178,76 @@ fn fill_uid(m: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta, 
 /// Reads every YAML file of a directory. Unreadable files and documents are
 /// reported in [`Loaded::rejected`] and skipped.
 pub fn load_dir(dir: &Path) -> Result<Loaded> {
+    load_dir_keeping(dir, &mut BTreeMap::new())
+}
+
+/// Parses a file's documents; the first error ends it.
+fn documents(text: &str) -> std::result::Result<Vec<serde_yaml_ng::Value>, String> {
+    let mut docs = Vec::new();
+    for de in serde_yaml_ng::Deserializer::from_str(text) {
+        match <serde_yaml_ng::Value as serde::Deserialize>::deserialize(de) {
+            Ok(serde_yaml_ng::Value::Null) => {}
+            Ok(v) => docs.push(v),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Ok(docs)
+}
+
+/// Like [`load_dir`], but a file that no longer parses keeps the objects of its last
+/// good version (from `last_good`, which this updates), as the agent does: a typo
+/// in a file must not delete the slices of the Services it holds. Files the
+/// controller owns are read after the others, so their copies win.
+pub fn load_dir_keeping(dir: &Path, last_good: &mut BTreeMap<PathBuf, String>) -> Result<Loaded> {
     let mut loaded = Loaded::default();
+    let mut files = Vec::new();
     for path in yaml_files(dir)? {
-        let text = match std::fs::read_to_string(&path) {
-            Ok(t) => t,
+        match std::fs::read_to_string(&path) {
+            Ok(text) => files.push((path, text)),
             Err(e) => {
-                loaded.rejected.push(Rejected {
-                    path,
-                    reason: e.to_string(),
-                });
-                continue;
-            }
-        };
-        let mut docs = Vec::new();
-        let mut failed = None;
-        for de in serde_yaml_ng::Deserializer::from_str(&text) {
-            match <serde_yaml_ng::Value as serde::Deserialize>::deserialize(de) {
-                Ok(serde_yaml_ng::Value::Null) => {}
-                Ok(v) => docs.push(v),
-                Err(e) => {
-                    failed = Some(e.to_string());
-                    break;
+                let reason = e.to_string();
+                match last_good.get(&path) {
+                    Some(text) => {
+                        loaded.rejected.push(Rejected {
+                            path: path.clone(),
+                            reason: format!("{reason} (its last good version is kept)"),
+                        });
+                        files.push((path, text.clone()));
+                    }
+                    None => loaded.rejected.push(Rejected { path, reason }),
                 }
             }
         }
-        if let Some(reason) = failed {
-            loaded.rejected.push(Rejected { path, reason });
-            continue;
-        }
+    }
+    last_good.retain(|p, _| files.iter().any(|(f, _)| f == p));
+    files.sort_by_key(|(path, text)| (text.starts_with(HEADER), path.clone()));
+    for (path, text) in files {
+        let owned = text.starts_with(HEADER);
+        let docs = match documents(&text) {
+            Ok(docs) => {
+                last_good.insert(path.clone(), text);
+                docs
+            }
+            Err(reason) => {
+                let kept = last_good.get(&path).and_then(|t| documents(t).ok());
+                let note = if kept.is_some() {
+                    " (its last good version is kept)"
+                } else {
+                    ""
+                };
+                loaded.rejected.push(Rejected {
+                    path: path.clone(),
+                    reason: format!("{reason}{note}"),
+                });
+                match kept {
+                    Some(docs) => docs,
+                    None => continue,
+                }
+            }
+        };
         let n = docs.len();
         for (i, v) in docs.into_iter().enumerate() {
-            if let Err(reason) = add_object(&mut loaded, &path, n, v) {
+            if let Err(reason) = add_object(&mut loaded, &path, n, owned, v) {
                 loaded.rejected.push(Rejected {
                     path: path.clone(),
                     reason: format!("document {}: {reason}", i + 1),
@@ -198,15 +258,40 @@ pub fn load_dir(dir: &Path) -> Result<Loaded> {
     Ok(loaded)
 }
 
-/// The file a new managed object is written to: `<kind>-<namespace>-<name>.yaml`.
+/// The file a new managed object is written to: `<kind>-<namespace>-<name>.yaml`,
+/// with every character other than letters, digits, `.`, `-` and `_` replaced by
+/// `_`, so no name reaches outside the directory or makes an invalid file name.
 pub fn file_name(obj: &Object) -> String {
     let (ns, name) = obj.key();
-    format!("{}-{ns}-{name}.yaml", obj.kind().to_ascii_lowercase())
+    let safe = |s: &str| -> String {
+        let s: String = s
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .take(100)
+            .collect();
+        if s.starts_with('.') {
+            format!("_{s}")
+        } else {
+            s
+        }
+    };
+    format!(
+        "{}-{}-{}.yaml",
+        obj.kind().to_ascii_lowercase(),
+        safe(&ns),
+        safe(&name)
+    )
 }
 
 fn to_yaml(obj: &Object) -> Result<String> {
     let body = serde_yaml_ng::to_string(obj).map_err(|e| Error::Serialize(e.to_string()))?;
-    Ok(format!("# Managed by sliceway-controller.\n{body}"))
+    Ok(format!("{HEADER}\n{body}"))
 }
 
 fn write_file(path: &Path, text: &str) -> Result<()> {
@@ -222,78 +307,63 @@ fn write_file(path: &Path, text: &str) -> Result<()> {
     })
 }
 
-/// Rewrites a multi-document file without (or with a replaced) document for `key`.
-fn rewrite_multi(path: &Path, kind: &str, key: &Key, replacement: Option<&Object>) -> Result<()> {
-    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-        path: path.display().to_string(),
-        source,
-    })?;
-    let mut out = Vec::new();
-    for de in serde_yaml_ng::Deserializer::from_str(&text) {
-        let Ok(v) = <serde_yaml_ng::Value as serde::Deserialize>::deserialize(de) else {
-            continue;
-        };
-        if v.is_null() {
-            continue;
-        }
-        let this_kind = v.get("kind").and_then(|k| k.as_str()) == Some(kind);
-        let meta = v.get("metadata");
-        let ns = meta
-            .and_then(|m| m.get("namespace"))
-            .and_then(|n| n.as_str())
-            .unwrap_or("default");
-        let name = meta
-            .and_then(|m| m.get("name"))
-            .and_then(|n| n.as_str())
-            .unwrap_or("");
-        if this_kind && ns == key.0 && name == key.1 {
-            if let Some(obj) = replacement {
-                out.push(
-                    serde_yaml_ng::to_string(obj).map_err(|e| Error::Serialize(e.to_string()))?,
-                );
-            }
-        } else {
-            out.push(serde_yaml_ng::to_string(&v).map_err(|e| Error::Serialize(e.to_string()))?);
-        }
-    }
-    if out.is_empty() {
-        return std::fs::remove_file(path).map_err(|source| Error::Io {
-            path: path.display().to_string(),
-            source,
-        });
-    }
-    write_file(path, &out.join("---\n"))
+/// Whether `path` is a file this controller wrote.
+fn is_owned(path: &Path) -> bool {
+    std::fs::read_to_string(path).is_ok_and(|t| t.starts_with(HEADER))
 }
 
-/// Applies a plan to the directory: creates and updates written (to the file the
-/// object came from, else to [`file_name`]), deletes removed.
+/// What [`apply_plan`] did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Files written or removed.
+    pub written: usize,
+    /// Objects to delete that live in files people wrote, left alone.
+    pub left_alone: Vec<(String, Key, PathBuf)>,
+}
+
+/// Applies a plan to the directory, touching only files the controller owns:
+/// creates and updates go to the object's owned file (or a new one named by
+/// [`file_name`]); deletes remove owned files, and leave objects in files people
+/// wrote where they are (reported in [`Applied::left_alone`]).
 pub fn apply_plan(
     dir: &Path,
     plan: &Plan,
     sources: &BTreeMap<(String, Key), Source>,
-) -> Result<()> {
+) -> Result<Applied> {
+    let mut applied = Applied::default();
     for obj in plan.create.iter().chain(plan.update.iter()) {
         let key = obj.key();
-        match sources.get(&(obj.kind().to_string(), key.clone())) {
-            Some(src) if src.documents > 1 => {
-                rewrite_multi(&src.path, obj.kind(), &key, Some(obj))?
+        let path = match sources.get(&(obj.kind().to_string(), key.clone())) {
+            Some(src) if src.owned && src.documents == 1 => src.path.clone(),
+            _ => {
+                let mut path = dir.join(file_name(obj));
+                // Never over a file of the same name that a person wrote.
+                if path.exists() && !is_owned(&path) {
+                    path = path.with_extension("sliceway.yaml");
+                }
+                path
             }
-            Some(src) => write_file(&src.path, &to_yaml(obj)?)?,
-            None => write_file(&dir.join(file_name(obj)), &to_yaml(obj)?)?,
-        }
+        };
+        write_file(&path, &to_yaml(obj)?)?;
+        applied.written += 1;
     }
     for obj in &plan.delete {
         let key = obj.key();
         match sources.get(&(obj.kind().to_string(), key.clone())) {
-            Some(src) if src.documents > 1 => rewrite_multi(&src.path, obj.kind(), &key, None)?,
-            Some(src) => std::fs::remove_file(&src.path).map_err(|source| Error::Io {
-                path: src.path.display().to_string(),
-                source,
-            })?,
+            Some(src) if src.owned && src.documents == 1 => {
+                std::fs::remove_file(&src.path).map_err(|source| Error::Io {
+                    path: src.path.display().to_string(),
+                    source,
+                })?;
+                applied.written += 1;
+            }
+            Some(src) => applied
+                .left_alone
+                .push((obj.kind().to_string(), key, src.path.clone())),
             None => {}
         }
     }
-    Ok(())
+    Ok(applied)
 }
 
 /// One pass: read the directory and compute the plan (names assigned), without
@@ -303,7 +373,17 @@ pub fn plan_dir(
     opts: &store::Options,
     state: &mut store::State,
 ) -> Result<(Plan, Loaded, store::Outcome)> {
-    let loaded = load_dir(dir)?;
+    plan_dir_keeping(dir, opts, state, &mut BTreeMap::new())
+}
+
+/// [`plan_dir`] over [`load_dir_keeping`].
+pub fn plan_dir_keeping(
+    dir: &Path,
+    opts: &store::Options,
+    state: &mut store::State,
+    last_good: &mut BTreeMap<PathBuf, String>,
+) -> Result<(Plan, Loaded, store::Outcome)> {
+    let loaded = load_dir_keeping(dir, last_good)?;
     let mut outcome = store::plan_all(&loaded.snapshot, opts, state);
     let taken: BTreeSet<Key> = loaded.snapshot.slices.keys().cloned().collect();
     outcome.plan.assign_names(&taken);
@@ -336,6 +416,7 @@ pub async fn run(
     stop: impl std::future::Future<Output = ()>,
 ) -> Result<()> {
     let mut state = store::State::default();
+    let mut last_good = BTreeMap::new();
     let mut last = None;
     let mut retry_at: Option<tokio::time::Instant> = None;
     tokio::pin!(stop);
@@ -344,7 +425,24 @@ pub async fn run(
         let due = retry_at.is_some_and(|t| tokio::time::Instant::now() >= t);
         if last.as_ref() != Some(&fp) || due {
             retry_at = None;
-            let (plan, loaded, outcome) = plan_dir(dir, opts, &mut state)?;
+            let (plan, loaded, outcome) = match plan_dir_keeping(
+                dir,
+                opts,
+                &mut state,
+                &mut last_good,
+            ) {
+                Ok(r) => r,
+                Err(e) => {
+                    // The directory itself could not be read: retry at the next poll.
+                    tracing::warn!(error = %e, "reading the manifest directory failed; retrying");
+                    last = None;
+                    tokio::select! {
+                        _ = &mut stop => return Ok(()),
+                        _ = tokio::time::sleep(poll) => {}
+                    }
+                    continue;
+                }
+            };
             for r in &loaded.rejected {
                 tracing::warn!(file = %r.path.display(), reason = %r.reason, "skipping manifest");
             }
@@ -365,11 +463,29 @@ pub async fn run(
                     delete = plan.delete.len(),
                     "applying plan"
                 );
-                apply_plan(dir, &plan, &loaded.sources)?;
             }
+            let written = match apply_plan(dir, &plan, &loaded.sources) {
+                Ok(applied) => {
+                    for (kind, key, path) in &applied.left_alone {
+                        tracing::warn!(
+                            %kind,
+                            object = %format!("{}/{}", key.0, key.1),
+                            file = %path.display(),
+                            "stale object in a file written by a person: left alone (delete it by hand)"
+                        );
+                    }
+                    applied.written
+                }
+                Err(e) => {
+                    // Earlier files stay intact (writes go to a temporary file first);
+                    // the next poll tries again.
+                    tracing::warn!(error = %e, "writing the plan failed; retrying");
+                    usize::MAX
+                }
+            };
             // Our own writes change the directory; the next pass must find nothing
             // to do, which re-checks the plan is stable.
-            last = if plan.is_empty() { Some(fp) } else { None };
+            last = if written == 0 { Some(fp) } else { None };
         }
         tokio::select! {
             _ = &mut stop => return Ok(()),

@@ -147,3 +147,108 @@ async fn run_writes_and_follows_the_directory() {
     task.await.unwrap().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 14: a file that stops parsing keeps its last good objects, so a typo in
+/// the Pods' file does not empty the Service's slices.
+#[test]
+fn a_file_with_a_syntax_error_keeps_its_last_good_objects() {
+    let dir = temp_dir("lastgood");
+    for f in ["service.yaml", "pods.yaml", "node.yaml"] {
+        std::fs::copy(examples().join(f), dir.join(f)).unwrap();
+    }
+    let mut last_good = std::collections::BTreeMap::new();
+    let loaded = local::load_dir_keeping(&dir, &mut last_good).unwrap();
+    assert_eq!(loaded.snapshot.pods.len(), 3);
+    let pods = std::fs::read_to_string(dir.join("pods.yaml")).unwrap();
+    std::fs::write(dir.join("pods.yaml"), format!("{pods}\n  bad: [indent\n")).unwrap();
+    let loaded = local::load_dir_keeping(&dir, &mut last_good).unwrap();
+    assert_eq!(loaded.snapshot.pods.len(), 3, "the last good Pods are kept");
+    assert_eq!(loaded.rejected.len(), 1);
+    assert!(
+        loaded.rejected[0]
+            .reason
+            .contains("last good version is kept"),
+        "{:?}",
+        loaded.rejected
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 14: files people wrote are never rewritten or deleted. A hand-written
+/// Endpoints of a selector Service is superseded by an owned file; a stale object
+/// in a person's multi-document file is left alone and reported.
+#[test]
+fn files_people_wrote_are_never_rewritten_or_deleted() {
+    let dir = temp_dir("userfiles");
+    for f in ["service.yaml", "pods.yaml", "node.yaml"] {
+        std::fs::copy(examples().join(f), dir.join(f)).unwrap();
+    }
+    // A person's file: a comment, the web Service's Endpoints (out of date) and a
+    // slice of a Service that does not exist.
+    let theirs = "# kept by hand\napiVersion: v1\nkind: Endpoints\nmetadata: {name: web, namespace: default}\nsubsets: [{addresses: [{ip: 10.9.9.9}], ports: [{port: 1}]}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: ghost-abcde\n  namespace: default\n  labels: {kubernetes.io/service-name: ghost, endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io}\n  ownerReferences: [{apiVersion: v1, kind: Service, name: ghost, uid: ghost-uid, controller: true}]\naddressType: IPv4\nendpoints: []\n";
+    std::fs::write(dir.join("endpoints-default-web.yaml"), theirs).unwrap();
+    let opts = store::Options {
+        garbage_collect: true,
+        ..Default::default()
+    };
+    for _ in 0..3 {
+        let (plan, loaded, _) = local::plan_dir(&dir, &opts, &mut store::State::default()).unwrap();
+        let applied = local::apply_plan(&dir, &plan, &loaded.sources).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(dir.join("endpoints-default-web.yaml")).unwrap(),
+            theirs,
+            "a person's file was rewritten"
+        );
+        if applied.written == 0 {
+            assert_eq!(applied.left_alone.len(), 1, "{applied:?}");
+            assert_eq!(applied.left_alone[0].1 .1, "ghost-abcde");
+            break;
+        }
+    }
+    // The controller's own copy of web's Endpoints, next to the person's file, wins.
+    let ours = std::fs::read_to_string(dir.join("endpoints-default-web.sliceway.yaml")).unwrap();
+    assert!(ours.starts_with(local::HEADER), "{ours}");
+    let loaded = local::load_dir(&dir).unwrap();
+    let web = &loaded.snapshot.endpoints[&("default".to_string(), "web".to_string())];
+    let ips: Vec<&str> = web
+        .subsets
+        .iter()
+        .flatten()
+        .flat_map(|s| s.addresses.iter().flatten())
+        .map(|a| a.ip.as_str())
+        .collect();
+    assert!(!ips.contains(&"10.9.9.9"), "{ips:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 19: one bad item of a `v1 List` is rejected alone; the items after it count.
+#[test]
+fn one_bad_list_item_rejects_only_that_item() {
+    let dir = temp_dir("list");
+    std::fs::write(
+        dir.join("list.yaml"),
+        "apiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: Pod, metadata: {name: a}, spec: 7}\n- {apiVersion: v1, kind: Pod, metadata: {name: b, namespace: default}, spec: {containers: []}}\n",
+    )
+    .unwrap();
+    let loaded = local::load_dir(&dir).unwrap();
+    assert_eq!(loaded.snapshot.pods.len(), 1, "the item after the bad one");
+    assert_eq!(loaded.rejected.len(), 1);
+    assert!(
+        loaded.rejected[0].reason.contains("List item 1"),
+        "{:?}",
+        loaded.rejected
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 14 and 19: a written object's file name is made safe from its name.
+#[test]
+fn file_names_of_written_objects_are_safe() {
+    let slice: k8s_openapi::api::discovery::v1::EndpointSlice = serde_json::from_value(
+        serde_json::json!({"metadata": {"name": "../../etc/x", "namespace": "a/b"}, "addressType": "IPv4", "endpoints": []}),
+    )
+    .unwrap();
+    let name = local::file_name(&Object::EndpointSlice(slice));
+    assert_eq!(name, "endpointslice-a_b-_.._.._etc_x.yaml");
+    assert!(!name.contains('/'));
+}
