@@ -104,6 +104,10 @@ impl SliceTracker {
         }
         stale
     }
+    /// Forgets everything recorded for a deleted Service.
+    pub fn forget_service(&mut self, service_uid: &str) {
+        self.by_service.retain(|(uid, _), _| uid != service_uid);
+    }
     /// Forgets a slice that is gone or no longer managed by `managed_by`, whoever
     /// removed it (upstream's HandleDeletion): the cache cannot be stale about a slice
     /// the controller will never see again.
@@ -418,6 +422,8 @@ pub async fn sweep(ctx: &Context, keys: impl IntoIterator<Item = Key>) -> Vec<(K
         {
             continue;
         }
+        // The Service is gone: so are its series.
+        ctx.metrics.forget_service(ns, name);
         let snap = ctx.stores.snapshot_for(ns, name);
         let outcome = {
             let mut state = ctx.state.lock().expect("state");
@@ -777,6 +783,16 @@ where
     futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) })
 }
 
+/// Reports each item of a watch stream to `/healthz`: an error marks the watch as
+/// failing until its next success.
+fn watch_health<T, E>(
+    metrics: &Metrics,
+    kind: &'static str,
+) -> impl Fn(&std::result::Result<T, E>) {
+    let health = metrics.health.clone();
+    move |item| health.observe(kind, item.is_ok(), std::time::Instant::now())
+}
+
 /// Runs the controllers against the API server until the process is stopped.
 pub async fn run(
     client: Client,
@@ -802,6 +818,7 @@ pub async fn run(
         watcher(Api::<Pod>::all(client.clone()), cfg.clone()),
     )
     .default_backoff()
+    .inspect(watch_health(&metrics, "pod"))
     .inspect_ok(move |event| match event {
         watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
             let key = (p.namespace().unwrap_or_default(), p.name_any());
@@ -825,6 +842,7 @@ pub async fn run(
         watcher(Api::<Node>::all(client.clone()), cfg.clone()),
     )
     .default_backoff()
+    .inspect(watch_health(&metrics, "node"))
     .touched_objects();
     // A slice deleted by anyone, or taken out of this controller's hands by a changed
     // managed-by label, leaves the tracker at once (upstream's onEndpointSliceDelete
@@ -840,6 +858,7 @@ pub async fn run(
         watcher(Api::<EndpointSlice>::all(client.clone()), cfg.clone()),
     )
     .default_backoff()
+    .inspect(watch_health(&metrics, "endpointslice"))
     .inspect_ok(move |event| {
         let gone = match event {
             watcher::Event::Delete(s) => Some(s),
@@ -856,6 +875,7 @@ pub async fn run(
         watcher(Api::<Endpoints>::all(client.clone()), cfg.clone()),
     )
     .default_backoff()
+    .inspect(watch_health(&metrics, "endpoints"))
     .touched_objects();
 
     // The Service watch feeds the Controller and tells the sweep about deletions,
@@ -863,12 +883,19 @@ pub async fn run(
     let (sweep_tx, sweep_rx) = tokio::sync::mpsc::unbounded_channel::<Sweep>();
     let (services, services_w) = reflector::store::<Service>();
     let deletions = sweep_tx.clone();
+    let deleted_tracker = tracker.clone();
     let service_events = reflector::reflector(
         services_w,
         watcher(Api::<Service>::all(client.clone()), cfg.clone()),
     )
     .default_backoff()
+    .inspect(watch_health(&metrics, "service"))
     .inspect_ok(move |event| {
+        if let watcher::Event::Delete(svc) = event {
+            if let Some(uid) = svc.metadata.uid.as_deref() {
+                deleted_tracker.lock().expect("tracker").forget_service(uid);
+            }
+        }
         let request = match event {
             watcher::Event::Delete(svc) => Sweep::Name(key_of_meta(&svc.metadata)),
             // A (re)list drops Services deleted meanwhile without an event.

@@ -25,6 +25,7 @@ pub struct LeaseLock {
     identity: String,
     duration: Duration,
     observed: std::sync::Arc<std::sync::Mutex<Option<Observed>>>,
+    health: Option<std::sync::Arc<crate::metrics::Health>>,
 }
 
 /// The Lease record last seen, and when (on this replica's monotonic clock).
@@ -43,7 +44,14 @@ impl LeaseLock {
             identity: identity.into(),
             duration,
             observed: Default::default(),
+            health: None,
         }
+    }
+
+    /// Reports every renewal to `health` (failing renewals turn `/healthz` bad).
+    pub fn with_health(mut self, health: std::sync::Arc<crate::metrics::Health>) -> Self {
+        self.health = Some(health);
+        self
     }
 
     /// How long a holder keeps the Lease without renewing it.
@@ -159,7 +167,11 @@ impl LeaseLock {
         let mut last_ok = tokio::time::Instant::now();
         loop {
             tokio::time::sleep(self.duration / 3).await;
-            match self.try_acquire_or_renew(Timestamp::now()).await {
+            let renewed = self.try_acquire_or_renew(Timestamp::now()).await;
+            if let Some(h) = &self.health {
+                h.observe("lease", renewed.is_ok(), std::time::Instant::now());
+            }
+            match renewed {
                 Ok(true) => last_ok = tokio::time::Instant::now(),
                 Ok(false) => return Err(crate::Error::NotLeader),
                 Err(e) => {

@@ -417,6 +417,7 @@ pub async fn run(
 ) -> Result<()> {
     let mut state = store::State::default();
     let mut last_good = BTreeMap::new();
+    let mut known: BTreeSet<Key> = BTreeSet::new();
     let mut last = None;
     let mut retry_at: Option<tokio::time::Instant> = None;
     tokio::pin!(stop);
@@ -448,7 +449,12 @@ pub async fn run(
             }
             if let Some(m) = metrics {
                 m.record_pass(&outcome, loaded.rejected.len());
+                // Services gone from the directory leave no series behind.
+                for (ns, name) in known.difference(&outcome.services.keys().cloned().collect()) {
+                    m.forget_service(ns, name);
+                }
             }
+            known = outcome.services.keys().cloned().collect();
             for (key, reason) in &outcome.retry {
                 tracing::info!(service = %format!("{}/{}", key.0, key.1), %reason, "will retry");
                 retry_at = Some(tokio::time::Instant::now() + retry);

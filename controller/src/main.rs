@@ -276,6 +276,7 @@ async fn run_api(
     let client = kube::Client::try_default()
         .await
         .context("connecting to the API server")?;
+    let health = metrics.health.clone();
     let run = controller::controller::run(
         client.clone(),
         opts,
@@ -295,7 +296,8 @@ async fn run_api(
         &args.lease_name,
         &identity,
         Duration::from_secs(15),
-    );
+    )
+    .with_health(health);
     tracing::info!(%identity, lease = %args.lease_name, "waiting for leadership");
     lock.acquire().await?;
     tracing::info!("leading");

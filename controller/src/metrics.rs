@@ -1,7 +1,9 @@
 //! Prometheus metrics of the controller and a tiny HTTP endpoint that serves them
-//! (`/metrics`, `/healthz`).
+//! (`/metrics`, `/healthz`), with the health the endpoint reports.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -29,6 +31,47 @@ pub struct Metrics {
     pub slices: Family<Labels, Gauge>,
     /// Objects or files skipped, by reason.
     pub skipped: Family<Labels, Counter>,
+    /// What `/healthz` answers.
+    pub health: Arc<Health>,
+}
+
+/// How long a watch or the Lease may keep failing before `/healthz` says so.
+pub const UNHEALTHY_AFTER: Duration = Duration::from_secs(60);
+
+/// The health `/healthz` reports: unhealthy while a watch (or the leader Lease's
+/// renewal) has failed without a success for longer than [`UNHEALTHY_AFTER`].
+#[derive(Debug, Default)]
+pub struct Health {
+    failing_since: Mutex<HashMap<String, Instant>>,
+}
+
+impl Health {
+    /// Records an outcome of `source` (a watch by kind, or "lease") at `now`.
+    pub fn observe(&self, source: &str, ok: bool, now: Instant) {
+        let mut failing = self.failing_since.lock().expect("health");
+        if ok {
+            failing.remove(source);
+        } else {
+            failing.entry(source.to_string()).or_insert(now);
+        }
+    }
+
+    /// `None` when healthy at `now`, else what has been failing and for how long.
+    pub fn problem(&self, now: Instant) -> Option<String> {
+        let failing = self.failing_since.lock().expect("health");
+        let mut bad: Vec<String> = failing
+            .iter()
+            .filter(|(_, since)| now.saturating_duration_since(**since) > UNHEALTHY_AFTER)
+            .map(|(source, since)| {
+                format!(
+                    "{source} failing for {} s",
+                    now.saturating_duration_since(*since).as_secs()
+                )
+            })
+            .collect();
+        bad.sort();
+        (!bad.is_empty()).then(|| bad.join(", "))
+    }
 }
 
 impl Default for Metrics {
@@ -85,7 +128,15 @@ impl Metrics {
             endpoints_desired,
             slices,
             skipped,
+            health: Arc::default(),
         }
+    }
+
+    /// Drops the per-Service series of a deleted Service.
+    pub fn forget_service(&self, ns: &str, name: &str) {
+        let l = labels(&[("namespace", ns), ("service", name)]);
+        self.endpoints_desired.remove(&l);
+        self.slices.remove(&l);
     }
 
     /// Counts one sync.
@@ -167,7 +218,14 @@ pub async fn serve(addr: std::net::SocketAddr, metrics: Metrics) -> crate::Resul
                     "application/openmetrics-text; version=1.0.0; charset=utf-8",
                     metrics.render(),
                 ),
-                "/healthz" => ("200 OK", "text/plain", "ok\n".to_string()),
+                "/healthz" => match metrics.health.problem(Instant::now()) {
+                    None => ("200 OK", "text/plain", "ok\n".to_string()),
+                    Some(problem) => (
+                        "503 Service Unavailable",
+                        "text/plain",
+                        format!("{problem}\n"),
+                    ),
+                },
                 _ => ("404 Not Found", "text/plain", "not found\n".to_string()),
             };
             let resp = format!(
@@ -182,6 +240,30 @@ pub async fn serve(addr: std::net::SocketAddr, metrics: Metrics) -> crate::Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn health_turns_bad_only_after_a_failure_outlasts_the_threshold() {
+        let h = Health::default();
+        let t0 = Instant::now();
+        assert_eq!(h.problem(t0), None);
+        h.observe("pods", false, t0);
+        h.observe("pods", false, t0 + Duration::from_secs(30));
+        assert_eq!(h.problem(t0 + Duration::from_secs(59)), None);
+        let p = h.problem(t0 + Duration::from_secs(61)).expect("unhealthy");
+        assert!(p.contains("pods failing for 61 s"), "{p}");
+        h.observe("pods", true, t0 + Duration::from_secs(62));
+        assert_eq!(h.problem(t0 + Duration::from_secs(62)), None);
+    }
+
+    #[test]
+    fn deleted_services_leave_no_series() {
+        let m = Metrics::new();
+        let l = labels(&[("namespace", "default"), ("service", "web")]);
+        m.slices.get_or_create(&l).set(2);
+        assert!(m.render().contains("service=\"web\""));
+        m.forget_service("default", "web");
+        assert!(!m.render().contains("service=\"web\""), "{}", m.render());
+    }
 
     #[test]
     fn renders_registered_metrics() {
