@@ -307,9 +307,127 @@ pub struct Stores {
     pub slices: Store<EndpointSlice>,
     /// Endpoints.
     pub endpoints: Store<Endpoints>,
+    /// Pods by namespace and slices by Service, so a reconcile reads only what
+    /// concerns its Service, not the whole cluster.
+    pub index: Arc<Index>,
+}
+
+/// Names of Pods by namespace and of EndpointSlices by (namespace, Service name),
+/// kept current from the watch events (rebuilt from the store after every list).
+#[derive(Debug, Default)]
+pub struct Index {
+    pods: std::sync::RwLock<HashMap<String, std::collections::BTreeSet<String>>>,
+    slices: std::sync::RwLock<HashMap<Key, std::collections::BTreeSet<String>>>,
+    slice_service: std::sync::RwLock<HashMap<Key, String>>,
+}
+
+impl Index {
+    fn add_pod(&self, p: &Pod) {
+        self.pods
+            .write()
+            .expect("index")
+            .entry(p.namespace().unwrap_or_default())
+            .or_default()
+            .insert(p.name_any());
+    }
+    fn remove_pod(&self, p: &Pod) {
+        if let Some(names) = self
+            .pods
+            .write()
+            .expect("index")
+            .get_mut(&p.namespace().unwrap_or_default())
+        {
+            names.remove(&p.name_any());
+        }
+    }
+    fn add_slice(&self, s: &EndpointSlice) {
+        self.remove_slice(s);
+        let ns = s.namespace().unwrap_or_default();
+        let Some(svc) = s.labels().get(crate::util::LABEL_SERVICE_NAME).cloned() else {
+            return;
+        };
+        self.slice_service
+            .write()
+            .expect("index")
+            .insert((ns.clone(), s.name_any()), svc.clone());
+        self.slices
+            .write()
+            .expect("index")
+            .entry((ns, svc))
+            .or_default()
+            .insert(s.name_any());
+    }
+    fn remove_slice(&self, s: &EndpointSlice) {
+        let ns = s.namespace().unwrap_or_default();
+        let old = self
+            .slice_service
+            .write()
+            .expect("index")
+            .remove(&(ns.clone(), s.name_any()));
+        if let Some(svc) = old {
+            if let Some(names) = self.slices.write().expect("index").get_mut(&(ns, svc)) {
+                names.remove(&s.name_any());
+            }
+        }
+    }
+    /// Rebuilds the Pod part from the store's content.
+    pub fn rebuild_pods(&self, pods: &Store<Pod>) {
+        self.pods.write().expect("index").clear();
+        for p in pods.state() {
+            self.add_pod(&p);
+        }
+    }
+    /// Rebuilds the EndpointSlice part from the store's content.
+    pub fn rebuild_slices(&self, slices: &Store<EndpointSlice>) {
+        self.slices.write().expect("index").clear();
+        self.slice_service.write().expect("index").clear();
+        for s in slices.state() {
+            self.add_slice(&s);
+        }
+    }
+    /// Follows a Pod watch event (after the store applied it).
+    pub fn pod_event(&self, event: &watcher::Event<Pod>, store: &Store<Pod>) {
+        match event {
+            watcher::Event::Apply(p) | watcher::Event::InitApply(p) => self.add_pod(p),
+            watcher::Event::Delete(p) => self.remove_pod(p),
+            // A list may have dropped objects deleted meanwhile, without events.
+            watcher::Event::InitDone => self.rebuild_pods(store),
+            watcher::Event::Init => {}
+        }
+    }
+    /// Follows an EndpointSlice watch event (after the store applied it).
+    pub fn slice_event(&self, event: &watcher::Event<EndpointSlice>, store: &Store<EndpointSlice>) {
+        match event {
+            watcher::Event::Apply(s) | watcher::Event::InitApply(s) => self.add_slice(s),
+            watcher::Event::Delete(s) => self.remove_slice(s),
+            watcher::Event::InitDone => self.rebuild_slices(store),
+            watcher::Event::Init => {}
+        }
+    }
 }
 
 impl Stores {
+    /// Stores with their index built from what they hold.
+    pub fn new(
+        services: Store<Service>,
+        pods: Store<Pod>,
+        nodes: Store<Node>,
+        slices: Store<EndpointSlice>,
+        endpoints: Store<Endpoints>,
+    ) -> Self {
+        let index = Arc::new(Index::default());
+        index.rebuild_pods(&pods);
+        index.rebuild_slices(&slices);
+        Stores {
+            services,
+            pods,
+            nodes,
+            slices,
+            endpoints,
+            index,
+        }
+    }
+
     /// The objects of one namespace and name the reconcilers read: the Service, the
     /// Pods its selector matches, the Nodes, the slices labelled for the name and the
     /// Endpoints. Only those are copied out of the stores.
@@ -320,29 +438,57 @@ impl Stores {
             .as_ref()
             .and_then(|s| s.spec.as_ref())
             .and_then(|s| s.selector.clone());
+        let hinted = svc
+            .as_ref()
+            .is_some_and(|s| crate::topology::hints_enabled(s));
         if let Some(s) = svc {
             snap.add_service((*s).clone());
         }
+        let mut node_names = std::collections::BTreeSet::new();
         if let Some(selector) = selector {
-            for p in self.pods.state() {
-                if p.metadata.namespace.as_deref() == Some(ns)
-                    && crate::util::selector_matches(&selector, p.metadata.labels.as_ref())
-                {
+            let names: Vec<String> = self
+                .index
+                .pods
+                .read()
+                .expect("index")
+                .get(ns)
+                .map(|n| n.iter().cloned().collect())
+                .unwrap_or_default();
+            for pod in names {
+                let Some(p) = self.pods.get(&ObjectRef::new(&pod).within(ns)) else {
+                    continue;
+                };
+                if crate::util::selector_matches(&selector, p.metadata.labels.as_ref()) {
+                    if let Some(n) = p.spec.as_ref().and_then(|s| s.node_name.clone()) {
+                        node_names.insert(n);
+                    }
                     snap.add_pod((*p).clone());
                 }
             }
         }
-        for n in self.nodes.state() {
-            snap.add_node((*n).clone());
+        // The Nodes of those Pods (zones); every Node only for topology hints, which
+        // weigh the zones' capacity.
+        if hinted {
+            for n in self.nodes.state() {
+                snap.add_node((*n).clone());
+            }
+        } else {
+            for name in &node_names {
+                if let Some(n) = self.nodes.get(&ObjectRef::new(name)) {
+                    snap.add_node((*n).clone());
+                }
+            }
         }
-        for s in self.slices.state() {
-            let labelled = s
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(crate::util::LABEL_SERVICE_NAME))
-                .is_some_and(|n| n == name);
-            if labelled && s.metadata.namespace.as_deref() == Some(ns) {
+        let slice_names: Vec<String> = self
+            .index
+            .slices
+            .read()
+            .expect("index")
+            .get(&(ns.to_string(), name.to_string()))
+            .map(|n| n.iter().cloned().collect())
+            .unwrap_or_default();
+        for slice in slice_names {
+            if let Some(s) = self.slices.get(&ObjectRef::new(&slice).within(ns)) {
                 snap.add_slice((*s).clone());
             }
         }
@@ -813,12 +959,15 @@ pub async fn run(
     let pod_labels: Arc<Mutex<HashMap<(String, String), Labels>>> = Arc::default();
     let previous_labels: Arc<Mutex<HashMap<(String, String), Labels>>> = Arc::default();
     let (labels_seen, labels_changed) = (pod_labels.clone(), previous_labels.clone());
+    let index = Arc::new(Index::default());
+    let (pod_index, pods_for_index) = (index.clone(), pods_r.clone());
     let pods = reflector::reflector(
         pods_w,
         watcher(Api::<Pod>::all(client.clone()), cfg.clone()),
     )
     .default_backoff()
     .inspect(watch_health(&metrics, "pod"))
+    .inspect_ok(move |event| pod_index.pod_event(event, &pods_for_index))
     .inspect_ok(move |event| match event {
         watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
             let key = (p.namespace().unwrap_or_default(), p.name_any());
@@ -853,12 +1002,14 @@ pub async fn run(
         options.mirroring.controller_name.clone(),
     ];
     let forgetting = tracker.clone();
+    let (slice_index, slices_for_index) = (index.clone(), slices_r.clone());
     let slices = reflector::reflector(
         slices_w,
         watcher(Api::<EndpointSlice>::all(client.clone()), cfg.clone()),
     )
     .default_backoff()
     .inspect(watch_health(&metrics, "endpointslice"))
+    .inspect_ok(move |event| slice_index.slice_event(event, &slices_for_index))
     .inspect_ok(move |event| {
         let gone = match event {
             watcher::Event::Delete(s) => Some(s),
@@ -985,6 +1136,7 @@ pub async fn run(
             nodes: nodes_r,
             slices: slices_r,
             endpoints: eps_r,
+            index,
         },
         state: Mutex::new(store::State::default()),
         tracker,

@@ -301,13 +301,13 @@ fn context_with(
         metrics: Metrics::new(),
         options: store::Options::default(),
         field_manager: "sliceway-controller".into(),
-        stores: Stores {
-            services: filled(services),
-            pods: filled(Vec::<Pod>::new()),
-            nodes: filled(Vec::<Node>::new()),
-            slices: filled(slices),
-            endpoints: filled(endpoints),
-        },
+        stores: Stores::new(
+            filled(services),
+            filled(Vec::<Pod>::new()),
+            filled(Vec::<Node>::new()),
+            filled(slices),
+            filled(endpoints),
+        ),
         state: Mutex::new(store::State::default()),
         tracker: std::sync::Arc::new(Mutex::new(SliceTracker::default())),
         failures: Mutex::new(Default::default()),
@@ -549,4 +549,87 @@ fn endpoints_written_make_an_older_cache_stale_until_it_catches_up() {
     assert!(!tracker.endpoints_stale("default", "web", Some(&with_version("6"))));
     // Caught up: forgotten, so the old version no longer counts.
     assert!(!tracker.endpoints_stale("default", "web", Some(&with_version("5"))));
+}
+
+/// Issue 14: a reconcile reads only its Service's Pods and slices through an index
+/// kept from the watch events, not the whole cluster; the index follows relabelled
+/// slices, deletions, and lists that dropped objects without events.
+#[test]
+fn the_index_follows_watch_events_and_lists() {
+    use controller::controller::Index;
+    let (pods, mut pods_w) = reflector::store::<Pod>();
+    let (slices, mut slices_w) = reflector::store::<EndpointSlice>();
+    let index = Index::default();
+    let pod = |name: &str| -> Pod {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": name, "namespace": "default", "labels": {"app": "web"}}})).unwrap()
+    };
+    let mut labelled = slice(Some("web-abcde"));
+    labelled
+        .metadata
+        .labels
+        .get_or_insert_default()
+        .insert(util::LABEL_SERVICE_NAME.into(), "web".into());
+    let service = Service {
+        metadata: ObjectMeta {
+            name: Some("web".into()),
+            namespace: Some("default".into()),
+            ..Default::default()
+        },
+        spec: Some(
+            serde_json::from_value(serde_json::json!({"selector": {"app": "web"}})).unwrap(),
+        ),
+        ..Default::default()
+    };
+    let (services, mut services_w) = reflector::store::<Service>();
+    services_w.apply_watcher_event(&watcher::Event::Apply(service));
+    for event in [
+        watcher::Event::Apply(pod("a")),
+        watcher::Event::Apply(pod("b")),
+    ] {
+        pods_w.apply_watcher_event(&event);
+        index.pod_event(&event, &pods);
+    }
+    let event = watcher::Event::Apply(labelled.clone());
+    slices_w.apply_watcher_event(&event);
+    index.slice_event(&event, &slices);
+    let stores = Stores {
+        services: services.clone(),
+        pods: pods.clone(),
+        nodes: reflector::store::<Node>().0,
+        slices: slices.clone(),
+        endpoints: reflector::store::<Endpoints>().0,
+        index: std::sync::Arc::new(Index::default()),
+    };
+    // The index of `stores` is empty: nothing is found through it.
+    assert!(stores.snapshot_for("default", "web").pods.is_empty());
+    let stores = Stores::new(
+        services,
+        pods.clone(),
+        reflector::store::<Node>().0,
+        slices.clone(),
+        reflector::store::<Endpoints>().0,
+    );
+    let snap = stores.snapshot_for("default", "web");
+    assert_eq!(snap.pods.len(), 2);
+    assert_eq!(snap.slices.len(), 1);
+    // A relist that no longer has pod b (deleted while the watch was down).
+    for event in [
+        watcher::Event::Init,
+        watcher::Event::InitApply(pod("a")),
+        watcher::Event::InitDone,
+    ] {
+        pods_w.apply_watcher_event(&event);
+        stores.index.pod_event(&event, &pods);
+    }
+    assert_eq!(stores.snapshot_for("default", "web").pods.len(), 1);
+    // The slice relabelled for another Service leaves web's view.
+    labelled
+        .metadata
+        .labels
+        .get_or_insert_default()
+        .insert(util::LABEL_SERVICE_NAME.into(), "other".into());
+    let event = watcher::Event::Apply(labelled);
+    slices_w.apply_watcher_event(&event);
+    stores.index.slice_event(&event, &slices);
+    assert!(stores.snapshot_for("default", "web").slices.is_empty());
 }
