@@ -10,7 +10,7 @@ use k8s_openapi::{
     api::{
         apps::v1::DaemonSet,
         core::v1::ServiceAccount,
-        rbac::v1::{ClusterRole, ClusterRoleBinding},
+        rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding},
     },
     apimachinery::pkg::util::intstr::IntOrString,
 };
@@ -73,6 +73,9 @@ fn load() -> Manifests {
                 "ClusterRole" => m.cluster_roles.push(typed(value, &what)),
                 "ClusterRoleBinding" => m.bindings.push(typed(value, &what)),
                 "DaemonSet" => m.daemon_sets.push(typed(value, &what)),
+                // The controller's (its Lease): read, so a typo fails, and left alone.
+                "Role" => drop(typed::<Role>(value, &what)),
+                "RoleBinding" => drop(typed::<RoleBinding>(value, &what)),
                 other => panic!("{what}: kind {other:?} is not checked by this test"),
             }
         }
