@@ -128,28 +128,13 @@ fn key(pod: &Pod) -> String {
 }
 
 /// Listens on 127.0.0.1:6443 inside the node's namespace; every connection is
-/// forwarded to the API server on the root namespace's loopback.
+/// forwarded to the API server on the root namespace's loopback. The forwarder lives
+/// as long as the process.
 async fn forward_apiserver(cfg: &NodeConfig) -> Result<()> {
-    let listener = netns::in_netns(&cfg.netns, || {
-        let l = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, NODE_APISERVER_PORT))?;
-        l.set_nonblocking(true)?;
-        Ok::<_, std::io::Error>(l)
-    })?
-    .context("listening on 127.0.0.1:6443 in the node")?;
-    let listener = tokio::net::TcpListener::from_std(listener)?;
-    let target = (Ipv4Addr::LOCALHOST, cfg.apiserver_port);
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut inbound, _)) = listener.accept().await else {
-                continue;
-            };
-            tokio::spawn(async move {
-                if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
-                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                }
-            });
-        }
-    });
+    let forwarder =
+        super::Forwarder::start(Some(&cfg.netns), NODE_APISERVER_PORT, cfg.apiserver_port)
+            .context("forwarding 127.0.0.1:6443 in the node to the API server")?;
+    std::mem::forget(forwarder);
     Ok(())
 }
 
