@@ -1,48 +1,37 @@
-//! The agent with the Kubernetes API source, end to end: an API server (the in-memory
-//! one of the test harness) inside the lab's node namespace, the real agent binary
-//! with `--kubeconfig`, real traffic through the VIP. Also `/metrics` and `/healthz`.
-//! Needs root.
+//! The agent with the Kubernetes API source, end to end: the real kube-apiserver (the
+//! upstream kit's, on the root namespace's loopback) reached from the lab's node
+//! namespace through a forwarder on the node's `127.0.0.1:6443`, the real agent binary
+//! with `--kubeconfig` and the identity and RBAC of its DaemonSet (`deploy/`), real
+//! traffic through the VIP. Also `/metrics` and `/healthz`. Needs root.
 
 use std::{
     io::{Read, Write},
     net::{Ipv4Addr, SocketAddrV4, TcpStream},
     path::Path,
-    sync::mpsc,
     time::{Duration, Instant},
 };
 
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use kube::{
+    api::{DeleteParams, Patch, PatchParams, PostParams},
+    Api,
+};
+use serde_json::json;
 use sliceway_agent::local::parse_file;
-use sliceway_lab::{apiserver::ApiServer, in_netns, Agent, Lab};
+use sliceway_lab::{cluster, in_netns, Agent, Lab};
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 
-/// Starts the API server on the node namespace's loopback; it runs until dropped.
-fn api_server_in(ns: &str) -> ApiServer {
-    let (tx, rx) = mpsc::channel();
-    let ns = ns.to_string();
-    std::thread::spawn(move || {
-        in_netns(&ns, move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                tx.send(ApiServer::start().await.unwrap()).unwrap();
-                // Drive the server's tasks until the test process ends.
-                std::future::pending::<()>().await;
-            })
-        })
-        .unwrap()
-    });
-    rx.recv_timeout(Duration::from_secs(10)).unwrap()
-}
-
-fn objects(yaml: &str) -> (Service, EndpointSlice) {
-    let (objects, problems) = parse_file(Path::new("x.yaml"), yaml);
+/// The lab's Service and EndpointSlice for `backends`, placed in namespace `ns`.
+fn objects(lab: &Lab, ns: &str, backends: &[usize]) -> (Service, EndpointSlice) {
+    let yaml = lab.service_yaml("web", VIP, 80, backends);
+    let (objects, problems) = parse_file(Path::new("x.yaml"), &yaml);
     assert!(problems.is_empty());
     let mut o = objects.unwrap();
-    (o.services.remove(0), o.slices.remove(0))
+    let (mut svc, mut slice) = (o.services.remove(0), o.slices.remove(0));
+    svc.metadata.namespace = Some(ns.into());
+    slice.metadata.namespace = Some(ns.into());
+    (svc, slice)
 }
 
 fn http_get(ns: &str, path: &'static str) -> String {
@@ -64,38 +53,50 @@ fn backends_seen(lab: &Lab, n: usize) -> std::collections::BTreeSet<String> {
 
 #[test]
 fn the_agent_follows_the_api_server() {
+    let cp = cluster::shared_control_plane().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let admin = rt.block_on(cp.client()).unwrap();
+    let ns = rt.block_on(cp.namespace("kube-mode")).unwrap();
     let lab = Lab::new(3).unwrap();
-    let api = api_server_in(&lab.node.name);
-    let (svc, slice) = objects(&lab.service_yaml("web", VIP, 80, &[0, 1, 2]));
-    api.create(&svc).unwrap();
-    let stored = api.create(&slice).unwrap();
+    let _forwarder = cp
+        .forwarder(Some(&lab.node.name), cluster::kubelet::NODE_APISERVER_PORT)
+        .unwrap();
+    let services = Api::<Service>::namespaced(admin.clone(), &ns);
+    let slices = Api::<EndpointSlice>::namespaced(admin, &ns);
+    let (svc, slice) = objects(&lab, &ns, &[0, 1, 2]);
+    let pp = PostParams::default();
+    rt.block_on(services.create(&pp, &svc)).unwrap();
+    rt.block_on(slices.create(&pp, &slice)).unwrap();
 
-    let kubeconfig = lab.manifests.join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster: {{server: \"{}\"}}\nusers:\n- name: lab\n  user: {{}}\ncontexts:\n- name: lab\n  context: {{cluster: lab, user: lab}}\ncurrent-context: lab\n",
-            api.url()
-        ),
-    )
-    .unwrap();
+    let kubeconfig = cp
+        .agent_kubeconfig(
+            &format!(
+                "https://127.0.0.1:{}",
+                cluster::kubelet::NODE_APISERVER_PORT
+            ),
+            &lab.manifests.join("kubeconfig"),
+        )
+        .unwrap();
     let source = ["--kubeconfig".into(), kubeconfig.into_os_string()];
     let agent = Agent::start(&lab.node.name, &source, &lab.pod_interfaces(), &lab.bpffs).unwrap();
     agent.wait_for_sync(1, Duration::from_secs(20)).unwrap();
     assert_eq!(backends_seen(&lab, 30).len(), 3);
 
     // An endpoint leaves the slice in the API server: new flows stop going there.
-    let (_, mut smaller) = objects(&lab.service_yaml("web", VIP, 80, &[0, 2]));
-    smaller.metadata.resource_version = stored.metadata.resource_version.clone();
-    smaller.metadata.annotations = Some(
-        [(
-            "endpoints.kubernetes.io/last-change-trigger-time".to_string(),
-            "2026-01-01T00:00:00Z".to_string(),
-        )]
-        .into(),
-    );
+    let (_, smaller) = objects(&lab, &ns, &[0, 2]);
     let syncs = agent.syncs();
-    api.replace(&smaller).unwrap();
+    let patch = json!({
+        "metadata": {"annotations": {
+            "endpoints.kubernetes.io/last-change-trigger-time": "2026-01-01T00:00:00Z",
+        }},
+        "endpoints": smaller.endpoints,
+    });
+    rt.block_on(slices.patch(
+        slice.metadata.name.as_deref().unwrap(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    ))
+    .unwrap();
     agent
         .wait_for_sync(syncs + 1, Duration::from_secs(10))
         .unwrap();
@@ -110,7 +111,8 @@ fn the_agent_follows_the_api_server() {
     for needle in [
         "sliceway_syncs_total",
         "sliceway_sync_duration_seconds",
-        "sliceway_map_entries{map=\"SERVICES\"} 2",
+        // web's TCP and UDP ports, and the API server's own `kubernetes` Service.
+        "sliceway_map_entries{map=\"SERVICES\"} 3",
         "sliceway_datapath_packets{reason=\"dnat_new\"}",
         "sliceway_objects_skipped",
         "sliceway_network_programming_duration_seconds_count 1",
@@ -120,7 +122,8 @@ fn the_agent_follows_the_api_server() {
 
     // The Service goes away entirely: the VIP stops answering.
     let deadline = Instant::now() + Duration::from_secs(10);
-    api.delete::<Service>(Some("default"), "web").unwrap();
+    rt.block_on(services.delete("web", &DeleteParams::default()))
+        .unwrap();
     while lab.tcp_request(SocketAddrV4::new(VIP, 80)).is_ok() {
         assert!(
             Instant::now() < deadline,

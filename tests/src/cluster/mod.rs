@@ -642,30 +642,7 @@ impl Cluster {
         let pki = s.dir.join("pki");
         let kubeconfig = match proxy {
             Proxy::Sliceway => {
-                let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-                let manifest = fs::read_to_string(root.join("deploy/sliceway-agent.yaml"))?;
-                // The ServiceAccount and its RBAC, not the DaemonSet: the lab starts
-                // the agent itself, one per node namespace.
-                let rbac: Vec<&str> = manifest
-                    .split("\n---")
-                    .filter(|doc| !doc.contains("kind: DaemonSet"))
-                    .collect();
-                self.kubectl_stdin(&["apply", "-f", "-"], &rbac.join("\n---"))?;
-                let token = self.kubectl(&[
-                    "-n",
-                    "kube-system",
-                    "create",
-                    "token",
-                    "sliceway-agent",
-                    "--duration=48h",
-                ])?;
-                pki::kubeconfig(
-                    &pki,
-                    &s.dir.join("node-sliceway-agent.kubeconfig"),
-                    &server,
-                    None,
-                    Some(token.trim()),
-                )?
+                self.agent_kubeconfig(&server, &s.dir.join("node-sliceway-agent.kubeconfig"))?
             }
             _ => pki::kubeconfig(
                 &pki,
@@ -734,6 +711,34 @@ impl Cluster {
             .with_context(|| self.log_tail(&format!("proxy-{}", node.name)))?;
         }
         Ok(())
+    }
+
+    /// Applies the agent's ServiceAccount and RBAC from `deploy/sliceway-agent.yaml`
+    /// (not its DaemonSet: the lab starts agents itself) and writes to `path` a
+    /// kubeconfig of that identity for the API server at `server`.
+    pub fn agent_kubeconfig(&self, server: &str, path: &Path) -> Result<PathBuf> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let manifest = fs::read_to_string(root.join("deploy/sliceway-agent.yaml"))?;
+        let rbac: Vec<&str> = manifest
+            .split("\n---")
+            .filter(|doc| !doc.contains("kind: DaemonSet"))
+            .collect();
+        self.kubectl_stdin(&["apply", "-f", "-"], &rbac.join("\n---"))?;
+        let token = self.kubectl(&[
+            "-n",
+            "kube-system",
+            "create",
+            "token",
+            "sliceway-agent",
+            "--duration=48h",
+        ])?;
+        pki::kubeconfig(
+            &self.state.dir.join("pki"),
+            path,
+            server,
+            None,
+            Some(token.trim()),
+        )
     }
 
     /// Stops the proxies and removes what they left in the nodes (pins, rules).
