@@ -301,6 +301,7 @@ fn sliceway_controller_writes_what_kube_controller_manager_writes() -> Result<()
         proxy: Proxy::None,
         controller,
         workloads: true,
+        ..Spec::default()
     };
     let upstream = cluster::for_test_named(&spec(Controllers::Upstream), "u")?;
     let sliceway = cluster::for_test_named(&spec(Controllers::Sliceway), "s")?;

@@ -1,8 +1,8 @@
 //! The agent with the Kubernetes API source, end to end: the real kube-apiserver (the
-//! cluster lab's shared control plane) reached from the lab's node namespace through
-//! a forwarder on the node's loopback, the real agent binary with `--kubeconfig` and
-//! a client certificate, real traffic through the VIP. Also `/metrics` and
-//! `/healthz`. Needs root.
+//! upstream kit's, on the root namespace's loopback) reached from the lab's node
+//! namespace through a forwarder on the node's `127.0.0.1:6443`, the real agent binary
+//! with `--kubeconfig` and the identity and RBAC of its DaemonSet (`deploy/`), real
+//! traffic through the VIP. Also `/metrics` and `/healthz`. Needs root.
 
 use std::{
     io::{Read, Write},
@@ -11,26 +11,27 @@ use std::{
     time::{Duration, Instant},
 };
 
-use k8s_openapi::api::{
-    core::v1::{Namespace, Service},
-    discovery::v1::EndpointSlice,
-};
+use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use kube::{
-    api::{DeleteParams, PostParams},
+    api::{DeleteParams, Patch, PatchParams, PostParams},
     Api,
 };
+use serde_json::json;
 use sliceway_agent::local::parse_file;
 use sliceway_lab::{cluster, in_netns, Agent, Lab};
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
-/// Where the forwarder listens inside the node.
-const NODE_API_PORT: u16 = 6443;
 
-fn objects(yaml: &str) -> (Service, EndpointSlice) {
-    let (objects, problems) = parse_file(Path::new("x.yaml"), yaml);
+/// The lab's Service and EndpointSlice for `backends`, placed in namespace `ns`.
+fn objects(lab: &Lab, ns: &str, backends: &[usize]) -> (Service, EndpointSlice) {
+    let yaml = lab.service_yaml("web", VIP, 80, backends);
+    let (objects, problems) = parse_file(Path::new("x.yaml"), &yaml);
     assert!(problems.is_empty());
     let mut o = objects.unwrap();
-    (o.services.remove(0), o.slices.remove(0))
+    let (mut svc, mut slice) = (o.services.remove(0), o.slices.remove(0));
+    svc.metadata.namespace = Some(ns.into());
+    slice.metadata.namespace = Some(ns.into());
+    (svc, slice)
 }
 
 fn http_get(ns: &str, path: &'static str) -> String {
@@ -54,57 +55,48 @@ fn backends_seen(lab: &Lab, n: usize) -> std::collections::BTreeSet<String> {
 fn the_agent_follows_the_api_server() {
     let cp = cluster::shared_control_plane().unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let client = rt.block_on(cp.client()).unwrap();
-    let ns = format!("kube-mode-{}", std::process::id());
+    let admin = rt.block_on(cp.client()).unwrap();
+    let ns = rt.block_on(cp.namespace("kube-mode")).unwrap();
     let lab = Lab::new(3).unwrap();
-    cluster::forward(&lab.node.name, NODE_API_PORT, cp.state.apiserver_port).unwrap();
-    let (mut svc, mut slice) = objects(&lab.service_yaml("web", VIP, 80, &[0, 1, 2]));
-    svc.metadata.namespace = Some(ns.clone());
-    slice.metadata.namespace = Some(ns.clone());
-    let services = Api::<Service>::namespaced(client.clone(), &ns);
-    let slices = Api::<EndpointSlice>::namespaced(client.clone(), &ns);
+    let _forwarder = cp
+        .forwarder(Some(&lab.node.name), cluster::kubelet::NODE_APISERVER_PORT)
+        .unwrap();
+    let services = Api::<Service>::namespaced(admin.clone(), &ns);
+    let slices = Api::<EndpointSlice>::namespaced(admin, &ns);
+    let (svc, slice) = objects(&lab, &ns, &[0, 1, 2]);
     let pp = PostParams::default();
-    rt.block_on(async {
-        let namespace: Namespace =
-            serde_json::from_value(serde_json::json!({"metadata": {"name": ns}})).unwrap();
-        Api::<Namespace>::all(client.clone())
-            .create(&pp, &namespace)
-            .await
-            .unwrap();
-        services.create(&pp, &svc).await.unwrap();
-        slices.create(&pp, &slice).await.unwrap();
-    });
+    rt.block_on(services.create(&pp, &svc)).unwrap();
+    rt.block_on(slices.create(&pp, &slice)).unwrap();
 
-    let kubeconfig = cluster::pki::kubeconfig(
-        &cp.state.dir.join("pki"),
-        &lab.manifests.join("kubeconfig"),
-        &format!("https://127.0.0.1:{NODE_API_PORT}"),
-        Some("admin"),
-        None,
-    )
-    .unwrap();
+    let kubeconfig = cp
+        .agent_kubeconfig(
+            &format!(
+                "https://127.0.0.1:{}",
+                cluster::kubelet::NODE_APISERVER_PORT
+            ),
+            &lab.manifests.join("kubeconfig"),
+        )
+        .unwrap();
     let source = ["--kubeconfig".into(), kubeconfig.into_os_string()];
     let agent = Agent::start(&lab.node.name, &source, &lab.pod_interfaces(), &lab.bpffs).unwrap();
     agent.wait_for_sync(1, Duration::from_secs(20)).unwrap();
     assert_eq!(backends_seen(&lab, 30).len(), 3);
 
     // An endpoint leaves the slice in the API server: new flows stop going there.
-    let (_, mut smaller) = objects(&lab.service_yaml("web", VIP, 80, &[0, 2]));
-    smaller.metadata.namespace = Some(ns.clone());
-    smaller.metadata.annotations = Some(
-        [(
-            "endpoints.kubernetes.io/last-change-trigger-time".to_string(),
-            "2026-01-01T00:00:00Z".to_string(),
-        )]
-        .into(),
-    );
+    let (_, smaller) = objects(&lab, &ns, &[0, 2]);
     let syncs = agent.syncs();
-    rt.block_on(async {
-        let name = smaller.metadata.name.clone().unwrap();
-        smaller.metadata.resource_version =
-            slices.get(&name).await.unwrap().metadata.resource_version;
-        slices.replace(&name, &pp, &smaller).await.unwrap();
+    let patch = json!({
+        "metadata": {"annotations": {
+            "endpoints.kubernetes.io/last-change-trigger-time": "2026-01-01T00:00:00Z",
+        }},
+        "endpoints": smaller.endpoints,
     });
+    rt.block_on(slices.patch(
+        slice.metadata.name.as_deref().unwrap(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    ))
+    .unwrap();
     agent
         .wait_for_sync(syncs + 1, Duration::from_secs(10))
         .unwrap();

@@ -1,42 +1,83 @@
-//! The agent's Kubernetes API source against the in-memory API server (real HTTP,
-//! `kube::Client` and kube-rs watchers in the path), and its store logic fed with
-//! scripted watcher events. No root needed.
+//! The agent's Kubernetes API source against the real kube-apiserver (etcd and
+//! kube-apiserver of the upstream kit, one control plane for this test binary, real
+//! TLS and RBAC; `kube::Client` and kube-rs watchers in the path), and its store logic
+//! fed with scripted watcher events. No root needed.
+//!
+//! Tests run in parallel on the one control plane: each works in a namespace of its
+//! own and names its Nodes after it. A source without a service proxy name sees every
+//! test's objects, so such tests look only at their namespace; tests that count
+//! changes give their objects a proxy name of their own and watch only that.
+//!
+//! Faults come from the real thing: a [`Forwarder`] between source and API server
+//! cuts connections (watches end mid-stream) or turns them away for a while; etcd
+//! compaction expires resourceVersions (410 Gone); an identity without RBAC grants is
+//! refused (403) until it gets them. This binary's API server serves EndpointSlice
+//! watches straight from etcd (its watch cache is off for that one resource,
+//! [`SLICES_FROM_ETCD`]), because the watch cache would otherwise still serve a
+//! compacted resourceVersion; Services and Nodes go through the watch cache as usual.
 
-use std::time::Duration;
+use std::{fmt::Debug, time::Duration};
 
-use futures::{channel::mpsc, StreamExt as _};
+use futures::channel::mpsc;
 use k8s_openapi::api::{
     core::v1::{Node, Service},
     discovery::v1::EndpointSlice,
+    rbac::v1::{ClusterRole, ClusterRoleBinding},
 };
-use kube::runtime::watcher;
+use kube::{
+    api::{DeleteParams, Patch, PatchParams, PostParams},
+    runtime::watcher,
+    Api, Client, Resource,
+};
+use serde::{de::DeserializeOwned, Serialize};
 use serde_json::json;
 use sliceway_agent::{
     kube_source::{Error, KubeSource, KubeSourceConfig},
     local::Objects,
 };
-use sliceway_lab::apiserver::ApiServer;
-use tokio::time::{timeout, Instant};
+use sliceway_lab::cluster::{
+    self,
+    api::{recording_client, unique, Recorded, Requests},
+    Cluster, Forwarder,
+};
+use tokio::{
+    sync::RwLock,
+    time::{timeout, Instant},
+};
 
 /// Generous: the watcher's first retry after an error waits about a second.
 const WAIT: Duration = Duration::from_secs(20);
 const PROXY_LABEL: &str = "service.kubernetes.io/service-proxy-name";
 const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
+const SERVICES: &str = "/api/v1/services";
+const SLICES: &str = "/apis/discovery.k8s.io/v1/endpointslices";
+const NODES: &str = "/api/v1/nodes";
+/// kube-apiserver flag of this binary's control plane: EndpointSlice watches are
+/// served by etcd, so compaction can expire them.
+const SLICES_FROM_ETCD: &str = "--watch-cache-sizes=endpointslices.discovery.k8s.io#0";
+
+/// Compacting etcd expires the history every test that cuts its watches resumes
+/// from: those tests hold this for reading, the one that compacts for writing.
+static HISTORY: RwLock<()> = RwLock::const_new(());
 
 fn service(name: &str, ip: &str, labels: &[(&str, &str)]) -> Service {
     let labels: serde_json::Map<_, _> = labels
         .iter()
         .map(|(k, v)| (k.to_string(), json!(v)))
         .collect();
+    let mut spec = json!({
+        "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}],
+    });
+    // Without an address the API server allocates one.
+    if !ip.is_empty() {
+        spec["clusterIP"] = json!(ip);
+        spec["clusterIPs"] = json!([ip]);
+    }
     serde_json::from_value(json!({
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": name, "namespace": "default", "labels": labels},
-        "spec": {
-            "clusterIP": ip,
-            "clusterIPs": [ip],
-            "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}],
-        },
+        "metadata": {"name": name, "labels": labels},
+        "spec": spec,
     }))
     .unwrap()
 }
@@ -47,19 +88,22 @@ fn slice(name: &str, service: &str, addrs: &[&str], labels: &[(&str, &str)]) -> 
     for (k, v) in labels {
         all.insert(k.to_string(), json!(v));
     }
-    let endpoints: Vec<_> = addrs
-        .iter()
-        .map(|a| json!({"addresses": [a], "conditions": {"ready": true}}))
-        .collect();
     serde_json::from_value(json!({
         "apiVersion": "discovery.k8s.io/v1",
         "kind": "EndpointSlice",
-        "metadata": {"name": name, "namespace": "default", "labels": all},
+        "metadata": {"name": name, "labels": all},
         "addressType": "IPv4",
-        "endpoints": endpoints,
+        "endpoints": endpoints(addrs),
         "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
     }))
     .unwrap()
+}
+
+fn endpoints(addrs: &[&str]) -> serde_json::Value {
+    addrs
+        .iter()
+        .map(|a| json!({"addresses": [a], "conditions": {"ready": true}}))
+        .collect()
 }
 
 fn node(name: &str, zone: &str) -> Node {
@@ -96,16 +140,132 @@ fn names(o: &Objects) -> (Vec<String>, Vec<String>, Vec<String>) {
     )
 }
 
-fn slice_addrs(o: &Objects, name: &str) -> Vec<String> {
+/// Names of the Services and EndpointSlices of namespace `ns` in a snapshot.
+fn names_in(o: &Objects, ns: &str) -> (Vec<String>, Vec<String>) {
+    let mine = |m: &kube::api::ObjectMeta| m.namespace.as_deref() == Some(ns);
+    (
+        o.services
+            .iter()
+            .filter(|s| mine(&s.metadata))
+            .map(|s| s.metadata.name.clone().unwrap())
+            .collect(),
+        o.slices
+            .iter()
+            .filter(|s| mine(&s.metadata))
+            .map(|s| s.metadata.name.clone().unwrap())
+            .collect(),
+    )
+}
+
+fn slice_addrs(o: &Objects, ns: &str, name: &str) -> Vec<String> {
     o.slices
         .iter()
-        .filter(|s| s.metadata.name.as_deref() == Some(name))
+        .filter(|s| {
+            s.metadata.namespace.as_deref() == Some(ns) && s.metadata.name.as_deref() == Some(name)
+        })
         .flat_map(|s| s.endpoints.iter().flat_map(|e| e.addresses.clone()))
         .collect()
 }
 
-async fn started(server: &ApiServer, cfg: &KubeSourceConfig) -> KubeSource {
-    let (mut source, _task) = KubeSource::start(server.client().unwrap(), cfg).unwrap();
+/// A kind the tests write, with the API it is reached through.
+trait Kind: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug {
+    fn api(client: Client, ns: &str) -> Api<Self>;
+}
+
+macro_rules! kinds {
+    (namespaced: $($n:ty),*; cluster: $($c:ty),*) => {
+        $(impl Kind for $n {
+            fn api(client: Client, ns: &str) -> Api<Self> {
+                Api::namespaced(client, ns)
+            }
+        })*
+        $(impl Kind for $c {
+            fn api(client: Client, _: &str) -> Api<Self> {
+                Api::all(client)
+            }
+        })*
+    };
+}
+kinds!(namespaced: Service, EndpointSlice; cluster: Node, ClusterRole, ClusterRoleBinding);
+
+/// A test's place on the shared control plane: its namespace and an admin client.
+struct Env {
+    cluster: &'static Cluster,
+    ns: String,
+    admin: Client,
+}
+
+impl Env {
+    async fn new(prefix: &str) -> Self {
+        let cluster =
+            cluster::shared_control_plane_with(&[SLICES_FROM_ETCD]).expect("control plane");
+        Self {
+            cluster,
+            ns: cluster.namespace(prefix).await.expect("namespace"),
+            admin: cluster.client().await.expect("admin client"),
+        }
+    }
+
+    /// The API of kind `K`: in this test's namespace, or cluster-wide for
+    /// cluster-scoped kinds.
+    fn api<K: Kind>(&self) -> Api<K> {
+        K::api(self.admin.clone(), &self.ns)
+    }
+
+    async fn create<K>(&self, obj: &K) -> K
+    where
+        K: Kind,
+    {
+        self.api::<K>()
+            .create(&PostParams::default(), obj)
+            .await
+            .unwrap_or_else(|e| panic!("creating {obj:?}: {e}"))
+    }
+
+    /// A JSON merge patch (lists in it replace the object's).
+    async fn patch<K>(&self, name: &str, patch: serde_json::Value) -> K
+    where
+        K: Kind,
+    {
+        self.api::<K>()
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap_or_else(|e| panic!("patching {} {name}: {e}", K::kind(&())))
+    }
+
+    async fn set_endpoints(&self, slice: &str, addrs: &[&str]) -> EndpointSlice {
+        self.patch(slice, json!({"endpoints": endpoints(addrs)}))
+            .await
+    }
+
+    async fn delete<K>(&self, name: &str)
+    where
+        K: Kind,
+    {
+        self.api::<K>()
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("deleting {} {name}: {e}", K::kind(&())));
+    }
+
+    /// The admin's client through `via` (if any) that records its requests.
+    async fn recording(&self, via: Option<&Forwarder>) -> (Client, Requests) {
+        let config = match via {
+            Some(f) => self.cluster.config_via(f).await,
+            None => self.cluster.config().await,
+        }
+        .expect("client configuration");
+        recording_client(config).expect("client")
+    }
+
+    /// A forwarder to the API server on this process's loopback.
+    fn forwarder(&self) -> Forwarder {
+        self.cluster.forwarder(None, 0).expect("forwarder")
+    }
+}
+
+async fn started(client: Client, cfg: &KubeSourceConfig) -> KubeSource {
+    let (mut source, _task) = KubeSource::start(client, cfg).unwrap();
     timeout(WAIT, source.wait_synced())
         .await
         .expect("caches sync in time")
@@ -130,14 +290,21 @@ async fn until(source: &mut KubeSource, what: &str, ok: impl Fn(&Objects) -> boo
     }
 }
 
-/// Waits until the server serves `n` watches.
-async fn until_watching(server: &ApiServer, n: usize) {
+/// Waits until requests after the first `from` include a watch of every path in
+/// `paths`, and returns those requests.
+async fn until_watching(requests: &Requests, from: usize, paths: &[&str]) -> Vec<Recorded> {
     let deadline = Instant::now() + WAIT;
-    while server.open_watches() != n {
+    loop {
+        let after = requests.since(from);
+        if paths
+            .iter()
+            .all(|p| after.iter().any(|r| r.path == *p && r.is_watch()))
+        {
+            return after;
+        }
         assert!(
             Instant::now() < deadline,
-            "{} watches open, want {n}",
-            server.open_watches()
+            "no watch of all {paths:?}: {after:?}"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -153,27 +320,37 @@ async fn assert_quiet(source: &mut KubeSource, quiet: Duration) {
     }
 }
 
+fn lists(requests: &[Recorded], path: &str) -> usize {
+    requests
+        .iter()
+        .filter(|r| r.path == path && !r.is_watch())
+        .count()
+}
+
 #[tokio::test]
 async fn initial_list_appears_in_snapshot_only_after_sync() {
-    let server = ApiServer::start().await.unwrap();
-    server.create(&service("web", "10.96.0.10", &[])).unwrap();
-    server.create(&service("db", "10.96.0.11", &[])).unwrap();
+    let env = Env::new("initial").await;
+    // A proxy name of the test's own: the source sees nothing but the test's objects.
+    let ours = [(PROXY_LABEL, env.ns.as_str())];
+    let own_node = format!("{}-node", env.ns);
+    env.create(&service("web", "", &ours)).await;
+    env.create(&service("db", "", &ours)).await;
     for (name, addr) in [
         ("web-a", "10.0.0.1"),
         ("web-b", "10.0.0.2"),
         ("web-c", "10.0.0.3"),
     ] {
-        server.create(&slice(name, "web", &[addr], &[])).unwrap();
+        env.create(&slice(name, "web", &[addr], &ours)).await;
     }
-    server.create(&node("node-1", "a")).unwrap();
+    env.create(&node(&own_node, "a")).await;
 
-    let (mut source, run) =
-        KubeSource::new(server.client().unwrap(), &cfg(Some("node-1"), None)).unwrap();
+    let (client, requests) = env.recording(None).await;
+    let (mut source, run) = KubeSource::new(client, &cfg(Some(&own_node), Some(&env.ns))).unwrap();
     // Nothing drives the watches yet: nothing is synced, nothing is seen.
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(!source.is_synced());
     assert_eq!(names(&source.snapshot()), (vec![], vec![], vec![]));
-    assert!(server.requests().is_empty());
+    assert!(requests.is_empty());
 
     tokio::spawn(run);
     timeout(WAIT, source.wait_synced())
@@ -187,7 +364,7 @@ async fn initial_list_appears_in_snapshot_only_after_sync() {
         (
             vec!["db".into(), "web".into()],
             vec!["web-a".into(), "web-b".into(), "web-c".into()],
-            vec!["node-1".into()],
+            vec![own_node],
         )
     );
     // Synced state counts as seen: no change is pending.
@@ -196,53 +373,41 @@ async fn initial_list_appears_in_snapshot_only_after_sync() {
 
 #[tokio::test]
 async fn other_proxys_objects_and_headless_slices_are_not_watched() {
-    let server = ApiServer::start().await.unwrap();
-    server.create(&service("web", "10.96.0.10", &[])).unwrap();
-    server
-        .create(&service("theirs", "10.96.0.11", &[(PROXY_LABEL, "other")]))
-        .unwrap();
-    server.create(&service("headless", "None", &[])).unwrap();
-    server
-        .create(&slice("web-a", "web", &["10.0.0.1"], &[]))
-        .unwrap();
-    server
-        .create(&slice(
-            "theirs-a",
-            "theirs",
-            &["10.0.0.2"],
-            &[(PROXY_LABEL, "other")],
-        ))
-        .unwrap();
-    server
-        .create(&slice(
-            "headless-a",
-            "headless",
-            &["10.0.0.3"],
-            &[(HEADLESS_LABEL, "")],
-        ))
-        .unwrap();
+    let env = Env::new("selectors").await;
+    let ns = env.ns.as_str();
+    env.create(&service("web", "", &[])).await;
+    env.create(&service("theirs", "", &[(PROXY_LABEL, "other")]))
+        .await;
+    env.create(&service("headless", "None", &[])).await;
+    env.create(&slice("web-a", "web", &["10.0.0.1"], &[])).await;
+    env.create(&slice(
+        "theirs-a",
+        "theirs",
+        &["10.0.0.2"],
+        &[(PROXY_LABEL, "other")],
+    ))
+    .await;
+    env.create(&slice(
+        "headless-a",
+        "headless",
+        &["10.0.0.3"],
+        &[(HEADLESS_LABEL, "")],
+    ))
+    .await;
 
-    let mut source = started(&server, &cfg(None, None)).await;
+    let (client, requests) = env.recording(None).await;
+    let mut source = started(client, &cfg(None, None)).await;
     // A headless Service carries no label (the compiler passes it over); its slices do.
     assert_eq!(
-        names(&source.snapshot()),
-        (
-            vec!["headless".into(), "web".into()],
-            vec!["web-a".into()],
-            vec![]
-        )
+        names_in(&source.snapshot(), ns),
+        (vec!["headless".into(), "web".into()], vec!["web-a".into()])
     );
     // The filter is the server's: kube-proxy's selector on every list and watch.
-    until_watching(&server, 2).await;
+    let requests_now = until_watching(&requests, 0, &[SERVICES, SLICES]).await;
     let selector = "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
-    let requests = server.requests();
-    for path in [
-        "/api/v1/services",
-        "/apis/discovery.k8s.io/v1/endpointslices",
-    ] {
-        let mine: Vec<_> = requests.iter().filter(|r| r.path == path).collect();
+    for path in [SERVICES, SLICES] {
+        let mine: Vec<_> = requests_now.iter().filter(|r| r.path == path).collect();
         assert!(mine.iter().any(|r| !r.is_watch()), "{path} listed");
-        assert!(mine.iter().any(|r| r.is_watch()), "{path} watched");
         assert!(
             mine.iter()
                 .all(|r| r.param("labelSelector") == Some(selector)),
@@ -250,119 +415,139 @@ async fn other_proxys_objects_and_headless_slices_are_not_watched() {
         );
     }
     assert!(
-        !requests.iter().any(|r| r.path.contains("nodes")),
+        !requests.all().iter().any(|r| r.path.contains("nodes")),
         "no node name, no Node watch"
     );
 
     // Handing a Service to another proxy later makes it vanish; taking it back, return.
-    server
-        .replace(&service("web", "10.96.0.10", &[(PROXY_LABEL, "other")]))
-        .unwrap();
+    env.patch::<Service>(
+        "web",
+        json!({"metadata": {"labels": {PROXY_LABEL: "other"}}}),
+    )
+    .await;
     until(&mut source, "web handed over", |o| {
-        names(o).0 == vec!["headless".to_string()]
+        names_in(o, ns).0 == ["headless"]
     })
     .await;
-    server.replace(&service("web", "10.96.0.10", &[])).unwrap();
-    until(&mut source, "web back", |o| o.services.len() == 2).await;
-    // Changes to objects outside the selector never wake the source.
-    server
-        .replace(&slice(
-            "theirs-a",
-            "theirs",
-            &["10.0.0.9"],
-            &[(PROXY_LABEL, "other")],
-        ))
-        .unwrap();
-    assert_quiet(&mut source, Duration::from_millis(300)).await;
+    env.patch::<Service>("web", json!({"metadata": {"labels": {PROXY_LABEL: null}}}))
+        .await;
+    until(&mut source, "web back", |o| names_in(o, ns).0.len() == 2).await;
+    // A change to an object outside the selector never reaches the source: the slice
+    // watch delivers in order, so once a later change of web-a is in, theirs-a's would
+    // have been recorded before it.
+    env.set_endpoints("theirs-a", &["10.0.0.9"]).await;
+    env.set_endpoints("web-a", &["10.0.0.4"]).await;
+    until(&mut source, "web-a's new endpoint", |o| {
+        slice_addrs(o, ns, "web-a") == ["10.0.0.4"]
+    })
+    .await;
+    let changes = source.take_changes();
+    let key = |name: &str| (Some(ns.to_string()), name.to_string());
+    assert!(changes.slices.contains(&key("web-a")), "{changes:?}");
+    assert!(!changes.slices.contains(&key("theirs-a")), "{changes:?}");
+    assert!(!changes.slices.contains(&key("headless-a")), "{changes:?}");
+    assert!(!changes.services.contains(&key("theirs")), "{changes:?}");
 }
 
 #[tokio::test]
 async fn own_proxy_name_selects_only_objects_labelled_with_it() {
-    let server = ApiServer::start().await.unwrap();
-    server.create(&service("plain", "10.96.0.10", &[])).unwrap();
-    server
-        .create(&service("ours", "10.96.0.11", &[(PROXY_LABEL, "sliceway")]))
-        .unwrap();
-    server
-        .create(&service("theirs", "10.96.0.12", &[(PROXY_LABEL, "other")]))
-        .unwrap();
-    server
-        .create(&slice(
-            "ours-a",
-            "ours",
-            &["10.0.0.1"],
-            &[(PROXY_LABEL, "sliceway")],
-        ))
-        .unwrap();
-    server
-        .create(&slice("plain-a", "plain", &["10.0.0.2"], &[]))
-        .unwrap();
+    let env = Env::new("proxy-name").await;
+    let ours = [(PROXY_LABEL, env.ns.as_str())];
+    env.create(&service("plain", "", &[])).await;
+    env.create(&service("ours", "", &ours)).await;
+    env.create(&service("theirs", "", &[(PROXY_LABEL, "other")]))
+        .await;
+    env.create(&slice("ours-a", "ours", &["10.0.0.1"], &ours))
+        .await;
+    env.create(&slice("plain-a", "plain", &["10.0.0.2"], &[]))
+        .await;
 
-    let source = started(&server, &cfg(None, Some("sliceway"))).await;
+    let (client, requests) = env.recording(None).await;
+    let source = started(client, &cfg(None, Some(&env.ns))).await;
+    // Not only in this namespace: nothing else in the cluster carries the name.
     assert_eq!(
         names(&source.snapshot()),
         (vec!["ours".into()], vec!["ours-a".into()], vec![])
     );
-    assert!(server.requests().iter().all(|r| r.param("labelSelector")
-        == Some(
-            "service.kubernetes.io/service-proxy-name=sliceway,!service.kubernetes.io/headless"
-        )));
+    let selector = format!(
+        "service.kubernetes.io/service-proxy-name={},!service.kubernetes.io/headless",
+        env.ns
+    );
+    let requests = requests.all();
+    assert!(!requests.is_empty());
+    assert!(
+        requests
+            .iter()
+            .all(|r| r.param("labelSelector") == Some(selector.as_str())),
+        "{requests:?}"
+    );
 }
 
 #[tokio::test]
 async fn adds_modifications_and_deletes_propagate() {
-    let server = ApiServer::start().await.unwrap();
-    let mut source = started(&server, &cfg(None, None)).await;
-    assert_eq!(names(&source.snapshot()), (vec![], vec![], vec![]));
+    let env = Env::new("propagate").await;
+    let ns = env.ns.as_str();
+    let (client, _) = env.recording(None).await;
+    let mut source = started(client, &cfg(None, None)).await;
+    assert_eq!(names_in(&source.snapshot(), ns), (vec![], vec![]));
 
-    server.create(&service("web", "10.96.0.10", &[])).unwrap();
-    server
-        .create(&slice("web-a", "web", &["10.0.0.1"], &[]))
-        .unwrap();
+    env.create(&service("web", "", &[])).await;
+    let created = env.create(&slice("web-a", "web", &["10.0.0.1"], &[])).await;
     until(&mut source, "web and its slice", |o| {
-        o.services.len() == 1 && o.slices.len() == 1
+        names_in(o, ns) == (vec!["web".to_string()], vec!["web-a".to_string()])
     })
     .await;
-    let stored = &source.snapshot().slices[0];
+    let snapshot = source.snapshot();
+    let stored = snapshot
+        .slices
+        .iter()
+        .find(|s| s.metadata.namespace.as_deref() == Some(ns))
+        .unwrap();
     assert_eq!(
-        stored.metadata.resource_version.as_deref(),
-        Some(server.resource_version().to_string().as_str())
+        stored.metadata.resource_version,
+        created.metadata.resource_version
     );
 
-    server
-        .replace(&slice("web-a", "web", &["10.0.0.1", "10.0.0.2"], &[]))
-        .unwrap();
+    env.set_endpoints("web-a", &["10.0.0.1", "10.0.0.2"]).await;
     until(&mut source, "second endpoint", |o| {
-        slice_addrs(o, "web-a") == ["10.0.0.1", "10.0.0.2"]
+        slice_addrs(o, ns, "web-a") == ["10.0.0.1", "10.0.0.2"]
     })
     .await;
 
-    server
-        .delete::<EndpointSlice>(Some("default"), "web-a")
-        .unwrap();
-    until(&mut source, "slice deleted", |o| o.slices.is_empty()).await;
-    server.delete::<Service>(Some("default"), "web").unwrap();
-    until(&mut source, "service deleted", |o| o.services.is_empty()).await;
+    env.delete::<EndpointSlice>("web-a").await;
+    until(&mut source, "slice deleted", |o| {
+        names_in(o, ns).1.is_empty()
+    })
+    .await;
+    env.delete::<Service>("web").await;
+    until(&mut source, "service deleted", |o| {
+        names_in(o, ns).0.is_empty()
+    })
+    .await;
 }
 
 #[tokio::test]
 async fn a_burst_of_slice_updates_is_one_batch() {
-    let server = ApiServer::start().await.unwrap();
-    server.create(&service("web", "10.96.0.10", &[])).unwrap();
-    server
-        .create(&slice("web-a", "web", &["10.0.0.1"], &[]))
-        .unwrap();
-    let mut source = started(&server, &cfg(None, None)).await;
+    let _history = HISTORY.read().await;
+    let env = Env::new("burst").await;
+    let ours = [(PROXY_LABEL, env.ns.as_str())];
+    env.create(&service("web", "", &ours)).await;
+    env.create(&slice("web-a", "web", &["10.0.0.1"], &ours))
+        .await;
+    let forwarder = env.forwarder();
+    let (client, _) = env.recording(Some(&forwarder)).await;
+    let mut source = started(client, &cfg(None, Some(&env.ns))).await;
 
+    // The updates are made while the source cannot reach the server, so that they
+    // reach it together, however slowly the server takes them.
+    forwarder.hold();
     for i in 0..50 {
-        let addr = format!("10.0.1.{i}");
-        server
-            .replace(&slice("web-a", "web", &[&addr], &[]))
-            .unwrap();
+        env.set_endpoints("web-a", &[&format!("10.0.1.{i}")]).await;
     }
+    forwarder.release();
     let mut batches = Vec::new();
     while let Ok(batch) = timeout(
-        Duration::from_millis(800),
+        Duration::from_secs(3),
         source.next_batch(Duration::from_millis(300)),
     )
     .await
@@ -374,55 +559,51 @@ async fn a_burst_of_slice_updates_is_one_batch() {
         batches.len() <= 2,
         "a burst should be one sync: {batches:?}"
     );
-    assert_eq!(slice_addrs(&source.snapshot(), "web-a"), ["10.0.1.49"]);
+    assert_eq!(
+        slice_addrs(&source.snapshot(), &env.ns, "web-a"),
+        ["10.0.1.49"]
+    );
 }
 
 #[tokio::test]
 async fn a_dropped_watch_resumes_from_its_last_resource_version() {
-    let server = ApiServer::start().await.unwrap();
-    server.create(&service("web", "10.96.0.10", &[])).unwrap();
-    server
-        .create(&slice("web-a", "web", &["10.0.0.1"], &[]))
-        .unwrap();
-    let mut source = started(&server, &cfg(Some("node-1"), None)).await;
-    until_watching(&server, 3).await;
+    let _history = HISTORY.read().await;
+    let env = Env::new("resume").await;
+    let ours = [(PROXY_LABEL, env.ns.as_str())];
+    let own_node = format!("{}-node", env.ns);
+    env.create(&node(&own_node, "a")).await;
+    env.create(&service("web", "", &ours)).await;
+    env.create(&slice("web-a", "web", &["10.0.0.1"], &ours))
+        .await;
+    let forwarder = env.forwarder();
+    let (client, requests) = env.recording(Some(&forwarder)).await;
+    let mut source = started(client, &cfg(Some(&own_node), Some(&env.ns))).await;
+    until_watching(&requests, 0, &[SERVICES, SLICES, NODES]).await;
 
-    server
-        .replace(&slice("web-a", "web", &["10.0.0.2"], &[]))
-        .unwrap();
-    let last_seen = server.resource_version();
+    let last_seen = env.set_endpoints("web-a", &["10.0.0.2"]).await;
     until(&mut source, "update", |o| {
-        slice_addrs(o, "web-a") == ["10.0.0.2"]
+        slice_addrs(o, &env.ns, "web-a") == ["10.0.0.2"]
     })
     .await;
-    let before = server.requests().len();
+    let before = requests.len();
 
-    server.drop_watches();
-    let deadline = Instant::now() + WAIT;
-    let after = loop {
-        let after = server.requests().split_off(before);
-        if after.len() >= 3 {
-            break after;
-        }
-        assert!(Instant::now() < deadline, "no re-watch: {after:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    // Every watch connection is cut mid-stream.
+    forwarder.cut();
+    let after = until_watching(&requests, before, &[SERVICES, SLICES, NODES]).await;
     assert!(
         after.iter().all(|r| r.is_watch()),
         "resumed without relisting: {after:?}"
     );
-    let slices_watch = after
-        .iter()
-        .find(|r| r.path == "/apis/discovery.k8s.io/v1/endpointslices")
-        .expect("slices re-watched");
+    // The slice watch is served by etcd, which sends no bookmarks: it resumes from
+    // exactly the last change the source saw.
+    let slices_watch = after.iter().find(|r| r.path == SLICES).unwrap();
     assert_eq!(
         slices_watch.param("resourceVersion"),
-        Some(last_seen.to_string().as_str())
+        last_seen.metadata.resource_version.as_deref()
     );
 
-    server
-        .create(&slice("web-b", "web", &["10.0.0.3"], &[]))
-        .unwrap();
+    env.create(&slice("web-b", "web", &["10.0.0.3"], &ours))
+        .await;
     until(&mut source, "change after the resume", |o| {
         o.slices.len() == 2
     })
@@ -431,106 +612,180 @@ async fn a_dropped_watch_resumes_from_its_last_resource_version() {
 
 #[tokio::test]
 async fn changes_made_while_the_connection_was_cut_are_not_lost() {
-    let server = ApiServer::start().await.unwrap();
-    server.create(&service("web", "10.96.0.10", &[])).unwrap();
-    server
-        .create(&slice("web-a", "web", &["10.0.0.1"], &[]))
-        .unwrap();
-    let mut source = started(&server, &cfg(None, None)).await;
-    until_watching(&server, 2).await;
+    let _history = HISTORY.read().await;
+    let env = Env::new("outage").await;
+    let ours = [(PROXY_LABEL, env.ns.as_str())];
+    env.create(&service("web", "", &ours)).await;
+    env.create(&slice("web-a", "web", &["10.0.0.1"], &ours))
+        .await;
+    let forwarder = env.forwarder();
+    let (client, requests) = env.recording(Some(&forwarder)).await;
+    let mut source = started(client, &cfg(None, Some(&env.ns))).await;
+    until_watching(&requests, 0, &[SERVICES, SLICES]).await;
 
-    // No await in between: the source cannot see these before its watches are cut.
-    server.abort_watches();
-    server
-        .replace(&slice("web-a", "web", &["10.0.0.2"], &[]))
-        .unwrap();
-    server.delete::<Service>(Some("default"), "web").unwrap();
+    // The API server is unreachable for the source while these happen.
+    forwarder.hold();
+    env.set_endpoints("web-a", &["10.0.0.2"]).await;
+    env.delete::<Service>("web").await;
+    forwarder.release();
 
     until(&mut source, "changes from the outage", |o| {
-        o.services.is_empty() && slice_addrs(o, "web-a") == ["10.0.0.2"]
+        o.services.is_empty() && slice_addrs(o, &env.ns, "web-a") == ["10.0.0.2"]
     })
     .await;
-    let lists = server.requests().iter().filter(|r| !r.is_watch()).count();
-    assert_eq!(lists, 2, "history was kept, so no relist");
+    let requests = requests.all();
+    assert_eq!(
+        lists(&requests, SERVICES) + lists(&requests, SLICES),
+        2,
+        "history was kept, so no relist: {requests:?}"
+    );
 }
 
 #[tokio::test]
 async fn an_expired_resource_version_relists_and_drops_what_vanished() {
-    let server = ApiServer::start().await.unwrap();
-    server.create(&service("web", "10.96.0.10", &[])).unwrap();
-    server
-        .create(&slice("web-a", "web", &["10.0.0.1"], &[]))
-        .unwrap();
-    server
-        .create(&slice("web-b", "web", &["10.0.0.2"], &[]))
-        .unwrap();
-    let mut source = started(&server, &cfg(None, None)).await;
-    until_watching(&server, 2).await;
+    let env = Env::new("expired").await;
+    let ours = [(PROXY_LABEL, env.ns.as_str())];
+    env.create(&service("web", "", &ours)).await;
+    env.create(&slice("web-a", "web", &["10.0.0.1"], &ours))
+        .await;
+    env.create(&slice("web-b", "web", &["10.0.0.2"], &ours))
+        .await;
+    let forwarder = env.forwarder();
+    let (client, requests) = env.recording(Some(&forwarder)).await;
+    let mut source = started(client, &cfg(None, Some(&env.ns))).await;
+    until_watching(&requests, 0, &[SERVICES, SLICES]).await;
+    assert!(source.take_changes().relisted, "the first list");
 
-    server.drop_watches();
-    server
-        .delete::<EndpointSlice>(Some("default"), "web-a")
-        .unwrap();
-    server
-        .create(&slice("web-c", "web", &["10.0.0.3"], &[]))
-        .unwrap();
-    server.compact();
+    // While the source is away, web-a goes, web-c comes, and etcd forgets the history
+    // in between: the slice watch cannot resume and gets 410 Gone.
+    let history = HISTORY.write().await;
+    forwarder.hold();
+    env.delete::<EndpointSlice>("web-a").await;
+    env.create(&slice("web-c", "web", &["10.0.0.3"], &ours))
+        .await;
+    env.cluster.compact_etcd().unwrap();
+    forwarder.release();
+    drop(history);
 
     until(&mut source, "relisted state", |o| {
         names(o).1 == ["web-b".to_string(), "web-c".to_string()]
     })
     .await;
-    let slice_lists = server
-        .requests()
-        .iter()
-        .filter(|r| r.path == "/apis/discovery.k8s.io/v1/endpointslices" && !r.is_watch())
-        .count();
-    assert_eq!(slice_lists, 2, "410 Gone makes the watcher relist");
+    assert_eq!(
+        lists(&requests.all(), SLICES),
+        2,
+        "410 Gone makes the watcher relist"
+    );
+    // The agent learns that the store was read anew, so it recompiles from all of it.
+    assert!(source.take_changes().relisted);
 }
 
 #[tokio::test]
 async fn own_node_is_watched_by_name_only() {
-    let server = ApiServer::start().await.unwrap();
-    server.create(&node("node-1", "a")).unwrap();
-    server.create(&node("node-2", "b")).unwrap();
-    let mut source = started(&server, &cfg(Some("node-1"), None)).await;
-    assert_eq!(names(&source.snapshot()).2, ["node-1"]);
-    let node_requests: Vec<_> = server
-        .requests()
+    let env = Env::new("own-node").await;
+    let (node_1, node_2) = (format!("{}-node-1", env.ns), format!("{}-node-2", env.ns));
+    env.create(&node(&node_1, "a")).await;
+    env.create(&node(&node_2, "b")).await;
+    let (client, requests) = env.recording(None).await;
+    // A proxy name of the test's own: the Node is the only thing that can change.
+    let mut source = started(client, &cfg(Some(&node_1), Some(&env.ns))).await;
+    assert_eq!(names(&source.snapshot()).2, std::slice::from_ref(&node_1));
+    let node_requests: Vec<_> = requests
+        .all()
         .into_iter()
-        .filter(|r| r.path == "/api/v1/nodes")
+        .filter(|r| r.path == NODES)
         .collect();
     assert!(!node_requests.is_empty());
+    let field = format!("metadata.name={node_1}");
     for r in &node_requests {
-        assert_eq!(r.param("fieldSelector"), Some("metadata.name=node-1"));
+        assert_eq!(r.param("fieldSelector"), Some(field.as_str()));
         assert_eq!(r.param("labelSelector"), None);
     }
 
-    server.replace(&node("node-2", "c")).unwrap();
-    assert_quiet(&mut source, Duration::from_millis(300)).await;
-    server.replace(&node("node-1", "z")).unwrap();
-    until(&mut source, "own node's new zone", |o| {
-        o.nodes[0].metadata.labels.as_ref().unwrap()["topology.kubernetes.io/zone"] == "z"
-    })
+    // node-2 changes first, then node-1: one watch, in order, so the one change the
+    // source sees before node-1's new zone means node-2's never came.
+    env.patch::<Node>(
+        &node_2,
+        json!({"metadata": {"labels": {"topology.kubernetes.io/zone": "c"}}}),
+    )
     .await;
+    env.patch::<Node>(
+        &node_1,
+        json!({"metadata": {"labels": {"topology.kubernetes.io/zone": "z"}}}),
+    )
+    .await;
+    let zone = |o: &Objects| {
+        o.nodes[0].metadata.labels.as_ref().unwrap()["topology.kubernetes.io/zone"].clone()
+    };
+    // Every store change since the sync, read until node-1's is in (it may already be
+    // in the store when the loop starts, but its change is still counted once read).
+    let mut changes = 0;
+    while changes == 0 || zone(&source.snapshot()) != "z" {
+        changes += timeout(WAIT, source.changed())
+            .await
+            .expect("own node's new zone")
+            .unwrap()
+            .changes;
+    }
+    assert_eq!(changes, 1);
+    assert_eq!(names(&source.snapshot()).2, [node_1]);
 }
 
+/// An agent that starts before its RBAC is in place: every list is refused (403)
+/// until the grant comes, then the watches recover and the caches sync.
 #[tokio::test]
-async fn failing_requests_are_retried_until_the_caches_sync() {
-    let server = ApiServer::start().await.unwrap();
-    server.create(&service("web", "10.96.0.10", &[])).unwrap();
-    // The first list of each of the three kinds fails.
-    server.fail_requests(3);
-    let source = started(&server, &cfg(Some("node-1"), None)).await;
-    assert_eq!(names(&source.snapshot()).0, ["web"]);
-    let lists = server.requests().iter().filter(|r| !r.is_watch()).count();
-    assert_eq!(lists, 6, "each kind listed twice");
+async fn refused_requests_are_retried_until_the_caches_sync() {
+    let env = Env::new("forbidden").await;
+    let user = unique("agent");
+    let own_node = format!("{}-node", env.ns);
+    env.create(&node(&own_node, "a")).await;
+    env.create(&service("web", "", &[])).await;
+    let mut config = env.cluster.config().await.unwrap();
+    config.auth_info.impersonate = Some(user.clone());
+    let (client, requests) = recording_client(config).unwrap();
+    let (mut source, _task) = KubeSource::start(client, &cfg(Some(&own_node), None)).unwrap();
+
+    // Each kind has been listed (and refused), and listed again after the backoff.
+    let deadline = Instant::now() + WAIT;
+    while [SERVICES, SLICES, NODES]
+        .iter()
+        .any(|p| lists(&requests.all(), p) < 2)
+    {
+        assert!(Instant::now() < deadline, "{:?}", requests.all());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!source.is_synced());
+
+    let role: ClusterRole = serde_json::from_value(json!({
+        "metadata": {"name": user},
+        "rules": [
+            {"apiGroups": [""], "resources": ["services", "nodes"], "verbs": ["list", "watch"]},
+            {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
+        ],
+    }))
+    .unwrap();
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": user},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": user},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }))
+    .unwrap();
+    env.create(&role).await;
+    env.create(&binding).await;
+
+    timeout(WAIT, source.wait_synced())
+        .await
+        .expect("caches sync once the grant is in")
+        .unwrap();
+    let snapshot = source.snapshot();
+    assert_eq!(names_in(&snapshot, &env.ns).0, ["web"]);
+    assert_eq!(names(&snapshot).2, [own_node]);
 }
 
 #[tokio::test]
 async fn the_source_stops_when_its_task_is_aborted() {
-    let server = ApiServer::start().await.unwrap();
-    let (mut source, task) = KubeSource::start(server.client().unwrap(), &cfg(None, None)).unwrap();
+    let env = Env::new("abort").await;
+    let (mut source, task) = KubeSource::start(env.admin.clone(), &cfg(None, None)).unwrap();
     task.abort();
     let r = timeout(WAIT, source.wait_synced())
         .await
@@ -674,41 +929,4 @@ async fn watcher_errors_do_not_end_the_source() {
     drop(script);
     let stopped = timeout(WAIT, source.changed()).await.unwrap();
     assert!(matches!(stopped, Err(Error::Stopped)), "{stopped:?}");
-}
-
-#[tokio::test]
-async fn watch_streams_are_served_as_newline_delimited_json() {
-    // The server itself, through kube::Api: list, then watch from the list's version.
-    use kube::api::{Api, ListParams, WatchEvent, WatchParams};
-    let server = ApiServer::start().await.unwrap();
-    server.create(&service("web", "10.96.0.10", &[])).unwrap();
-    let api: Api<Service> = Api::namespaced(server.client().unwrap(), "default");
-    let list = api.list(&ListParams::default()).await.unwrap();
-    assert_eq!(list.items.len(), 1);
-    let rv = list.metadata.resource_version.unwrap();
-    let mut events = api
-        .watch(&WatchParams::default().timeout(5), &rv)
-        .await
-        .unwrap()
-        .boxed();
-    server.create(&service("db", "10.96.0.11", &[])).unwrap();
-    server.bookmark();
-    match events.next().await.unwrap().unwrap() {
-        WatchEvent::Added(s) => assert_eq!(s.metadata.name.as_deref(), Some("db")),
-        other => panic!("{other:?}"),
-    }
-    match events.next().await.unwrap().unwrap() {
-        WatchEvent::Bookmark(b) => {
-            assert_eq!(
-                b.metadata.resource_version,
-                server.resource_version().to_string()
-            )
-        }
-        other => panic!("{other:?}"),
-    }
-    assert_eq!(
-        api.get("db").await.unwrap().metadata.name.as_deref(),
-        Some("db")
-    );
-    assert!(api.get("nope").await.is_err());
 }

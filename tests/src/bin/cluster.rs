@@ -82,6 +82,7 @@ fn main() -> Result<()> {
                 proxy,
                 controller,
                 workloads: true,
+                apiserver_args: Vec::new(),
             };
             let cluster = Cluster::up(&spec, dir, &format!("{}-lab", cluster::NS_PREFIX))?;
             let kubeconfig = cluster.state.kubeconfig.clone();

@@ -129,10 +129,14 @@ fn key(pod: &Pod) -> String {
 }
 
 /// Listens on 127.0.0.1:6443 inside the node's namespace; every connection is
-/// forwarded to the API server on the root namespace's loopback.
+/// forwarded to the API server on the root namespace's loopback. The forwarder lives
+/// as long as the process.
 async fn forward_apiserver(cfg: &NodeConfig) -> Result<()> {
-    super::forward(&cfg.netns, NODE_APISERVER_PORT, cfg.apiserver_port)
-        .context("forwarding the API server into the node")
+    let forwarder =
+        super::Forwarder::start(Some(&cfg.netns), NODE_APISERVER_PORT, cfg.apiserver_port)
+            .context("forwarding 127.0.0.1:6443 in the node to the API server")?;
+    std::mem::forget(forwarder);
+    Ok(())
 }
 
 async fn register_node(cfg: &NodeConfig, client: &Client) -> Result<()> {

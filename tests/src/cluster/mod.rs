@@ -17,8 +17,12 @@
 //! (`cargo xtask cluster up`) and [`down`] removes everything: processes, namespaces,
 //! bpffs pins, files.
 
+pub mod api;
+pub mod forward;
 pub mod kubelet;
 pub mod pki;
+
+pub use forward::Forwarder;
 
 use std::{
     fs,
@@ -76,6 +80,8 @@ pub struct Spec {
     pub controller: Controllers,
     /// Start kube-controller-manager and kube-scheduler (off for API-only tests).
     pub workloads: bool,
+    /// Flags added to kube-apiserver's.
+    pub apiserver_args: Vec<String>,
 }
 
 impl Default for Spec {
@@ -85,6 +91,7 @@ impl Default for Spec {
             proxy: Proxy::Sliceway,
             controller: Controllers::Sliceway,
             workloads: true,
+            apiserver_args: Vec::new(),
         }
     }
 }
@@ -324,7 +331,7 @@ impl Cluster {
             )?;
         }
         self.start_etcd()?;
-        self.start_apiserver()?;
+        self.start_apiserver(&spec.apiserver_args)?;
         if spec.workloads {
             self.start_controller_manager()?;
             self.start_scheduler()?;
@@ -385,7 +392,7 @@ impl Cluster {
         .with_context(|| self.log_tail("etcd"))
     }
 
-    fn start_apiserver(&self) -> Result<()> {
+    fn start_apiserver(&self, extra_args: &[String]) -> Result<()> {
         let s = &self.state;
         let pki = s.dir.join("pki");
         let etcd: u16 = fs::read_to_string(s.dir.join("etcd.port"))?
@@ -417,7 +424,8 @@ impl Cluster {
                 .arg("--authorization-mode=Node,RBAC")
                 .arg("--allow-privileged=true")
                 .arg("--profiling=false")
-                .arg("--v=1"),
+                .arg("--v=1")
+                .args(extra_args),
         )?;
         wait_until("kube-apiserver ready", Duration::from_secs(90), || {
             self.kubectl(&["get", "--raw=/readyz"]).is_ok()
@@ -636,28 +644,7 @@ impl Cluster {
         let pki = s.dir.join("pki");
         let kubeconfig = match proxy {
             Proxy::Sliceway => {
-                let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-                // The ServiceAccount and its RBAC, not the DaemonSet: the lab starts
-                // the agent itself, one per node namespace.
-                self.kubectl_stdin(
-                    &["apply", "-f", "-"],
-                    &manifest_without(&root.join("deploy/sliceway-agent.yaml"), "DaemonSet")?,
-                )?;
-                let token = self.kubectl(&[
-                    "-n",
-                    "kube-system",
-                    "create",
-                    "token",
-                    "sliceway-agent",
-                    "--duration=48h",
-                ])?;
-                pki::kubeconfig(
-                    &pki,
-                    &s.dir.join("node-sliceway-agent.kubeconfig"),
-                    &server,
-                    None,
-                    Some(token.trim()),
-                )?
+                self.agent_kubeconfig(&server, &s.dir.join("node-sliceway-agent.kubeconfig"))?
             }
             _ => pki::kubeconfig(
                 &pki,
@@ -726,6 +713,34 @@ impl Cluster {
             .with_context(|| self.log_tail(&format!("proxy-{}", node.name)))?;
         }
         Ok(())
+    }
+
+    /// Applies the agent's ServiceAccount and RBAC from `deploy/sliceway-agent.yaml`
+    /// (not its DaemonSet: the lab starts agents itself) and writes to `path` a
+    /// kubeconfig of that identity for the API server at `server`.
+    pub fn agent_kubeconfig(&self, server: &str, path: &Path) -> Result<PathBuf> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        // The ServiceAccount and its RBAC, not the DaemonSet: the lab starts the
+        // agent itself, one per node namespace.
+        self.kubectl_stdin(
+            &["apply", "-f", "-"],
+            &manifest_without(&root.join("deploy/sliceway-agent.yaml"), "DaemonSet")?,
+        )?;
+        let token = self.kubectl(&[
+            "-n",
+            "kube-system",
+            "create",
+            "token",
+            "sliceway-agent",
+            "--duration=48h",
+        ])?;
+        pki::kubeconfig(
+            &self.state.dir.join("pki"),
+            path,
+            server,
+            None,
+            Some(token.trim()),
+        )
     }
 
     /// Stops the proxies and removes what they left in the nodes (pins, rules).
@@ -877,39 +892,6 @@ impl Cluster {
         ])?);
         Ok(out)
     }
-}
-
-/// Forwards TCP connections to 127.0.0.1:`port` inside the network namespace `netns`
-/// to 127.0.0.1:`target` in the root namespace (where the API server listens), for
-/// as long as the process lives. The listener is made inside `netns`; the outgoing
-/// connections from this process's own namespace, so no route joins the two.
-pub fn forward(netns: &str, port: u16, target: u16) -> Result<()> {
-    let listener = netns::in_netns(netns, move || {
-        TcpListener::bind((Ipv4Addr::LOCALHOST, port))
-    })?
-    .with_context(|| format!("listening on 127.0.0.1:{port} in {netns}"))?;
-    std::thread::spawn(move || {
-        for inbound in listener.incoming().map_while(Result::ok) {
-            std::thread::spawn(move || {
-                let Ok(outbound) = TcpStream::connect((Ipv4Addr::LOCALHOST, target)) else {
-                    return;
-                };
-                let (Ok(mut in_r), Ok(mut out_w)) = (inbound.try_clone(), outbound.try_clone())
-                else {
-                    return;
-                };
-                let upstream = std::thread::spawn(move || {
-                    let _ = std::io::copy(&mut in_r, &mut out_w);
-                    let _ = out_w.shutdown(std::net::Shutdown::Write);
-                });
-                let (mut out_r, mut in_w) = (outbound, inbound);
-                let _ = std::io::copy(&mut out_r, &mut in_w);
-                let _ = in_w.shutdown(std::net::Shutdown::Write);
-                let _ = upstream.join();
-            });
-        }
-    });
-    Ok(())
 }
 
 /// The documents of the manifest `path` except those of `kind`.
@@ -1082,24 +1064,32 @@ impl Cluster {
 /// one test binary: started by the first test that asks, taken down when the process
 /// exits (an `atexit` handler; test binaries end with `exit`).
 pub fn shared_control_plane() -> Result<&'static Cluster> {
-    static CP: std::sync::OnceLock<std::result::Result<Cluster, String>> =
-        std::sync::OnceLock::new();
+    shared_control_plane_with(&[])
+}
+
+/// [`shared_control_plane`] with flags added to kube-apiserver's. Every caller in one
+/// test binary must ask for the same flags (the first call starts the control plane).
+pub fn shared_control_plane_with(apiserver_args: &[&str]) -> Result<&'static Cluster> {
+    type Shared = (Vec<String>, std::result::Result<Cluster, String>);
+    static CP: std::sync::OnceLock<Shared> = std::sync::OnceLock::new();
     extern "C" fn take_down() {
-        if let Some(Ok(c)) = CP.get() {
+        if let Some((_, Ok(c))) = CP.get() {
             let _ = down(&c.state.dir);
         }
     }
-    let c = CP.get_or_init(|| {
+    let args: Vec<String> = apiserver_args.iter().map(|a| a.to_string()).collect();
+    let (started_with, c) = CP.get_or_init(|| {
         let spec = Spec {
             nodes: 0,
             proxy: Proxy::None,
             controller: Controllers::Upstream,
             workloads: false,
+            apiserver_args: args.clone(),
         };
         let parent = std::env::temp_dir();
         remove_stale(&parent);
         let prefix = format!("{NS_PREFIX}-{}", std::process::id());
-        match Cluster::up(&spec, &parent.join(&prefix), &prefix) {
+        let c = match Cluster::up(&spec, &parent.join(&prefix), &prefix) {
             Ok(mut c) => {
                 c.owned = false;
                 // SAFETY: registers a plain function; it runs once at exit.
@@ -1107,8 +1097,12 @@ pub fn shared_control_plane() -> Result<&'static Cluster> {
                 Ok(c)
             }
             Err(e) => Err(format!("{e:#}")),
-        }
+        };
+        (args.clone(), c)
     });
+    if *started_with != args {
+        bail!("the shared control plane runs with kube-apiserver flags {started_with:?}, not {args:?}");
+    }
     c.as_ref()
         .map_err(|e| anyhow::anyhow!("the shared control plane did not start: {e}"))
 }
