@@ -154,7 +154,6 @@ fn cluster_lab_sliceway_end_to_end_and_same_backends_as_kube_proxy() -> Result<(
 
     // ClusterIP from pods on both nodes reaches every pod on both nodes.
     let pods = placement(&c, "app=web")?;
-    let all: BTreeSet<String> = pods.keys().cloned().collect();
     let mut flows = Vec::new();
     for client in ["client-1", "client-2"] {
         for (service, to, udp) in [
@@ -170,21 +169,7 @@ fn cluster_lab_sliceway_end_to_end_and_same_backends_as_kube_proxy() -> Result<(
             });
         }
     }
-    let expected = |f: &Flow| -> BTreeSet<String> {
-        if f.service == "web-local" {
-            let node = if f.client == "client-1" {
-                "node-1"
-            } else {
-                "node-2"
-            };
-            pods.iter()
-                .filter(|(_, n)| *n == node)
-                .map(|(p, _)| p.clone())
-                .collect()
-        } else {
-            all.clone()
-        }
-    };
+    let expected = |f: &Flow| eligible(&pods, f);
     eventually(
         "every flow reaches its eligible backends over sliceway",
         || {
@@ -256,22 +241,7 @@ fn cluster_lab_sliceway_end_to_end_and_same_backends_as_kube_proxy() -> Result<(
     // The same flows with upstream's kube-proxy on every node, in iptables mode and
     // in nftables mode, then with sliceway again.
     let pods = placement(&c, "app=web")?;
-    let all: BTreeSet<String> = pods.keys().cloned().collect();
-    let expected_now = |f: &Flow| -> BTreeSet<String> {
-        if f.service == "web-local" {
-            let node = if f.client == "client-1" {
-                "node-1"
-            } else {
-                "node-2"
-            };
-            pods.iter()
-                .filter(|(_, n)| *n == node)
-                .map(|(p, _)| p.clone())
-                .collect()
-        } else {
-            all.clone()
-        }
-    };
+    let expected_now = |f: &Flow| eligible(&pods, f);
     let mut seen = BTreeMap::new();
     for proxy in [Proxy::Iptables, Proxy::Nftables, Proxy::Sliceway] {
         c.stop_proxies()?;
@@ -308,4 +278,18 @@ fn cluster_lab_sliceway_end_to_end_and_same_backends_as_kube_proxy() -> Result<(
 
 fn cluster_echo(netns: &str, to: SocketAddrV4) -> Result<EchoConn> {
     sliceway_lab::netns::in_netns(netns, move || EchoConn::open(to, Duration::from_secs(3)))?
+}
+
+/// The backends a flow may reach: the ready web pods, only those on the client's
+/// node for the `internalTrafficPolicy: Local` Service.
+fn eligible(pods: &BTreeMap<String, String>, f: &Flow) -> BTreeSet<String> {
+    let node = if f.client == "client-1" {
+        "node-1"
+    } else {
+        "node-2"
+    };
+    pods.iter()
+        .filter(|(_, n)| f.service != "web-local" || n.as_str() == node)
+        .map(|(p, _)| p.clone())
+        .collect()
 }

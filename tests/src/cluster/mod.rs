@@ -1000,16 +1000,8 @@ pub fn tcp_spread(
     to: std::net::SocketAddrV4,
     n: usize,
 ) -> Result<std::collections::BTreeMap<String, usize>> {
-    netns::in_netns(netns, move || {
-        let mut seen = std::collections::BTreeMap::new();
-        for _ in 0..n {
-            let who = match crate::servers::tcp_request(to, Duration::from_secs(2)) {
-                Ok(reply) => reply.backend,
-                Err(_) => "(failed)".to_string(),
-            };
-            *seen.entry(who).or_insert(0) += 1;
-        }
-        seen
+    spread(netns, n, move || {
+        crate::servers::tcp_request(to, Duration::from_secs(2))
     })
 }
 
@@ -1019,10 +1011,20 @@ pub fn udp_spread(
     to: std::net::SocketAddrV4,
     n: usize,
 ) -> Result<std::collections::BTreeMap<String, usize>> {
+    spread(netns, n, move || {
+        crate::servers::udp_request(to, Duration::from_millis(500))
+    })
+}
+
+fn spread(
+    netns: &str,
+    n: usize,
+    request: impl Fn() -> Result<crate::servers::Reply> + Send + 'static,
+) -> Result<std::collections::BTreeMap<String, usize>> {
     netns::in_netns(netns, move || {
         let mut seen = std::collections::BTreeMap::new();
         for _ in 0..n {
-            let who = match crate::servers::udp_request(to, Duration::from_millis(500)) {
+            let who = match request() {
                 Ok(reply) => reply.backend,
                 Err(_) => "(failed)".to_string(),
             };
