@@ -24,6 +24,14 @@ use anyhow::{bail, ensure, Result};
 use serde_json::Value;
 use sliceway_lab::cluster::{self, Cluster, Controllers, Proxy, Spec};
 
+/// A pod of the workload, chosen by the generator.
+fn pick(rng: &mut Rng, pods: &BTreeMap<String, String>) -> String {
+    pods.keys()
+        .nth(rng.below(pods.len()))
+        .cloned()
+        .unwrap_or_default()
+}
+
 /// A small deterministic generator (xorshift64*), so a seed names a workload.
 struct Rng(u64);
 
@@ -140,13 +148,7 @@ fn snapshot(c: &Cluster) -> Result<BTreeSet<String>> {
                 o["kind"], o["name"], o["controller"], o["blockOwnerDeletion"]
             ));
         }
-        let mut ports: Vec<String> = s["ports"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|p| format!("{}/{}/{}", p["name"], p["port"], p["protocol"]))
-            .collect();
-        ports.sort();
+        let ports = ports(&s["ports"]);
         facts.insert(format!("{key} ports {ports:?}"));
         let eps = s["endpoints"].as_array().cloned().unwrap_or_default();
         sizes.entry(key.clone()).or_default().push(eps.len());
@@ -192,13 +194,7 @@ fn snapshot(c: &Cluster) -> Result<BTreeSet<String>> {
         labels.remove("endpoints.kubernetes.io/managed-by");
         facts.insert(format!("{key} labels {labels:?}"));
         for s in e["subsets"].as_array().into_iter().flatten() {
-            let mut ports: Vec<String> = s["ports"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|p| format!("{}/{}/{}", p["name"], p["port"], p["protocol"]))
-                .collect();
-            ports.sort();
+            let ports = ports(&s["ports"]);
             for (kind, field) in [("ready", "addresses"), ("notready", "notReadyAddresses")] {
                 for a in s[field].as_array().into_iter().flatten() {
                     let who = a["targetRef"]["name"]
@@ -214,6 +210,18 @@ fn snapshot(c: &Cluster) -> Result<BTreeSet<String>> {
         }
     }
     Ok(facts)
+}
+
+/// A slice's or subset's ports as sorted `name/port/protocol` lines.
+fn ports(list: &Value) -> Vec<String> {
+    let mut ports: Vec<String> = list
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| format!("{}/{}/{}", p["name"], p["port"], p["protocol"]))
+        .collect();
+    ports.sort();
+    ports
 }
 
 /// Waits until `c`'s snapshot has not changed for a while, and returns it.
@@ -370,13 +378,9 @@ fn sliceway_controller_writes_what_kube_controller_manager_writes() -> Result<()
                 format!("create pod {name} app={app} on {node}")
             }
             (3, _) => {
-                let name = pods
-                    .keys()
-                    .nth(rng.below(pods.len()))
-                    .cloned()
-                    .unwrap_or_default();
+                let name = pick(&mut rng, &pods);
                 let value = if rng.below(2) == 0 { "false" } else { "true" };
-                let annotation = format!("{}={value}", "lab.sliceway.io/ready");
+                let annotation = format!("{}={value}", cluster::kubelet::READY_ANNOTATION);
                 both(&clusters, |c| {
                     c.kubectl(&["annotate", "pod", &name, &annotation, "--overwrite"])
                         .map(drop)
@@ -384,11 +388,7 @@ fn sliceway_controller_writes_what_kube_controller_manager_writes() -> Result<()
                 format!("pod {name} ready={value}")
             }
             (4, _) => {
-                let name = pods
-                    .keys()
-                    .nth(rng.below(pods.len()))
-                    .cloned()
-                    .unwrap_or_default();
+                let name = pick(&mut rng, &pods);
                 let app = APPS[rng.below(APPS.len())];
                 let label = format!("app={app}");
                 both(&clusters, |c| {
@@ -399,11 +399,7 @@ fn sliceway_controller_writes_what_kube_controller_manager_writes() -> Result<()
                 format!("relabel pod {name} app={app}")
             }
             (5, _) => {
-                let name = pods
-                    .keys()
-                    .nth(rng.below(pods.len()))
-                    .cloned()
-                    .unwrap_or_default();
+                let name = pick(&mut rng, &pods);
                 let grace = if rng.below(2) == 0 { "0" } else { "2" };
                 let flag = format!("--grace-period={grace}");
                 let force: &[&str] = if grace == "0" { &["--force"] } else { &[] };

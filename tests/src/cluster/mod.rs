@@ -587,27 +587,14 @@ impl Cluster {
 
     fn start_sliceway_controller(&self) -> Result<()> {
         let s = &self.state;
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         // The ServiceAccount and its RBAC, not the Deployment: the lab has no
         // container runtime and starts the controller itself.
-        self.kubectl_stdin(
-            &["apply", "-f", "-"],
-            &manifest_without(&root.join("deploy/sliceway-controller.yaml"), "Deployment")?,
-        )?;
-        let token = self.kubectl(&[
-            "-n",
-            "kube-system",
-            "create",
-            "token",
+        let kc = self.identity_kubeconfig(
+            "sliceway-controller.yaml",
+            "Deployment",
             "sliceway-controller",
-            "--duration=48h",
-        ])?;
-        let kc = pki::kubeconfig(
-            &s.dir.join("pki"),
-            &s.dir.join("sliceway-controller.kubeconfig"),
             &format!("https://127.0.0.1:{}", s.apiserver_port),
-            None,
-            Some(token.trim()),
+            &s.dir.join("sliceway-controller.kubeconfig"),
         )?;
         say("starting sliceway-controller");
         let port = free_port()?;
@@ -719,19 +706,37 @@ impl Cluster {
     /// (not its DaemonSet: the lab starts agents itself) and writes to `path` a
     /// kubeconfig of that identity for the API server at `server`.
     pub fn agent_kubeconfig(&self, server: &str, path: &Path) -> Result<PathBuf> {
+        self.identity_kubeconfig(
+            "sliceway-agent.yaml",
+            "DaemonSet",
+            "sliceway-agent",
+            server,
+            path,
+        )
+    }
+
+    /// Applies every document of `deploy/MANIFEST` except those of `skip` (what the
+    /// lab runs itself), and writes to `path` a kubeconfig with a token of the
+    /// ServiceAccount `kube-system/ACCOUNT` for the API server at `server`.
+    fn identity_kubeconfig(
+        &self,
+        manifest: &str,
+        skip: &str,
+        account: &str,
+        server: &str,
+        path: &Path,
+    ) -> Result<PathBuf> {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        // The ServiceAccount and its RBAC, not the DaemonSet: the lab starts the
-        // agent itself, one per node namespace.
         self.kubectl_stdin(
             &["apply", "-f", "-"],
-            &manifest_without(&root.join("deploy/sliceway-agent.yaml"), "DaemonSet")?,
+            &manifest_without(&root.join("deploy").join(manifest), skip)?,
         )?;
         let token = self.kubectl(&[
             "-n",
             "kube-system",
             "create",
             "token",
-            "sliceway-agent",
+            account,
             "--duration=48h",
         ])?;
         pki::kubeconfig(
