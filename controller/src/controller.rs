@@ -87,6 +87,10 @@ impl SliceTracker {
     pub fn endpoints_written(&mut self, ns: &str, name: &str, replaced: Option<String>) {
         self.endpoints.insert((ns.into(), name.into()), replaced);
     }
+    /// Forgets the last write of Endpoints `ns/name` (they were deleted).
+    pub fn endpoints_forget(&mut self, ns: &str, name: &str) {
+        self.endpoints.remove(&(ns.to_string(), name.to_string()));
+    }
     /// Whether the cached Endpoints `ns/name` is older than this controller's last
     /// write of it; forgets the write once the cache has caught up.
     pub fn endpoints_stale(&mut self, ns: &str, name: &str, cached: Option<&Endpoints>) -> bool {
@@ -1021,12 +1025,23 @@ pub async fn run(
         }
     })
     .touched_objects();
+    let endpoints_tracker = tracker.clone();
     let eps = reflector::reflector(
         eps_w,
         watcher(Api::<Endpoints>::all(client.clone()), cfg.clone()),
     )
     .default_backoff()
     .inspect(watch_health(&metrics, "endpoints"))
+    .inspect_ok(move |event| {
+        // Endpoints deleted by anyone: whatever this controller last wrote of them
+        // will never show in the cache, so it must not hold their Service stale.
+        if let watcher::Event::Delete(e) = event {
+            endpoints_tracker
+                .lock()
+                .expect("tracker")
+                .endpoints_forget(&e.namespace().unwrap_or_default(), &e.name_any());
+        }
+    })
     .touched_objects();
 
     // The Service watch feeds the Controller and tells the sweep about deletions,

@@ -768,6 +768,11 @@ fn endpoints_written_make_an_older_cache_stale_until_it_catches_up() {
     assert!(!tracker.endpoints_stale("default", "web", Some(&with_version("6"))));
     // Caught up: forgotten, so the old version no longer counts.
     assert!(!tracker.endpoints_stale("default", "web", Some(&with_version("5"))));
+    // Created, then deleted by someone before the cache saw it: the delete event
+    // makes the tracker forget, so the Service is not held stale forever.
+    tracker.endpoints_written("default", "web", None);
+    tracker.endpoints_forget("default", "web");
+    assert!(!tracker.endpoints_stale("default", "web", None));
 }
 
 /// Issue 14: a reconcile reads only its Service's Pods and slices through an index
