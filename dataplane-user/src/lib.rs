@@ -2,6 +2,7 @@
 //! kernel edge and the agent loop. The `sliceway-agent` binary is a thin CLI over it.
 
 pub mod agent;
+pub mod categorize;
 pub mod cli;
 pub mod compiler;
 pub mod dump;

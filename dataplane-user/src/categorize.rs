@@ -1,0 +1,724 @@
+//! Which endpoints of a Service port this node uses, by traffic policy and topology:
+//! kube-proxy's `CategorizeEndpoints`, `topologyModeFromHints` and
+//! `availableForTopology`
+//! (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/topology.go>),
+//! and the verdict for a frontend without usable endpoints, as the nftables proxier
+//! decides it
+//! (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/nftables/proxier.go>,
+//! `internalTrafficFilterVerdict`).
+//!
+//! Pure, over any endpoint type that says its conditions, its locality and its hints.
+//! Results are indices into the slice given, in its order.
+
+use std::sync::Arc;
+
+/// What categorizing needs to know of an endpoint (after kube-proxy's defaulting of
+/// nil conditions, see `endpointslicecache.go`).
+pub trait EndpointFacts {
+    fn ready(&self) -> bool;
+    fn serving(&self) -> bool;
+    fn terminating(&self) -> bool;
+    /// On this node.
+    fn local(&self) -> bool;
+    /// `hints.forZones` names; empty when the endpoint has no zone hint.
+    fn zone_hints(&self) -> &[Arc<str>];
+    /// `hints.forNodes` names; empty when the endpoint has no node hint.
+    fn node_hints(&self) -> &[Arc<str>];
+}
+
+/// What a Service port asks of categorizing (kube-proxy's `ServicePort`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PortPolicy {
+    /// `internalTrafficPolicy: Local`.
+    pub internal_local: bool,
+    /// `externalTrafficPolicy: Local`.
+    pub external_local: bool,
+    /// A NodePort, a load-balancer IP or an external IP (`ExternallyAccessible`).
+    pub externally_accessible: bool,
+}
+
+impl PortPolicy {
+    /// `UsesClusterEndpoints`: internal traffic uses them, and external traffic always
+    /// does (short-circuiting from inside the cluster even with `Local`).
+    pub fn uses_cluster(&self) -> bool {
+        !self.internal_local || self.externally_accessible
+    }
+
+    /// `UsesLocalEndpoints`.
+    pub fn uses_local(&self) -> bool {
+        self.internal_local || (self.external_local && self.externally_accessible)
+    }
+}
+
+/// This node, as categorizing sees it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NodeFacts<'a> {
+    pub name: &'a str,
+    /// The node's `topology.kubernetes.io/zone` label; empty when unset.
+    pub zone: &'a str,
+}
+
+/// Which hints filter the cluster endpoints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TopologyMode {
+    /// No filtering.
+    None,
+    PreferSameZone,
+    PreferSameNode,
+}
+
+/// The result of [`categorize`], as indices into the endpoints.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Categorized {
+    /// Usable endpoints for `Cluster` policy; `None` when the port never uses them.
+    pub cluster: Option<Vec<usize>>,
+    /// Usable endpoints for `Local` policy; `None` when the port never uses them.
+    pub local: Option<Vec<usize>>,
+    /// Every endpoint reachable from this node: the union of the two, sorted.
+    pub all_reachable: Vec<usize>,
+    /// Whether the Service has usable endpoints anywhere in the cluster (true also
+    /// when only remote endpoints exist and the policy is `Local`).
+    pub has_any: bool,
+}
+
+impl Categorized {
+    /// The endpoints of traffic to a ClusterIP (`internalPolicyChain`).
+    pub fn internal(&self, policy: &PortPolicy) -> &[usize] {
+        let set = if policy.internal_local {
+            &self.local
+        } else {
+            &self.cluster
+        };
+        set.as_deref().unwrap_or_default()
+    }
+
+    /// What a ClusterIP frontend does with a new flow when [`internal`](Self::internal)
+    /// is empty: no usable endpoints anywhere ⇒ reject; only remote ones while the
+    /// policy is `Local` ⇒ drop.
+    pub fn internal_empty_verdict(&self) -> EmptyVerdict {
+        if self.has_any {
+            EmptyVerdict::Drop
+        } else {
+            EmptyVerdict::Reject
+        }
+    }
+}
+
+/// What a frontend without usable endpoints does with a new flow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum EmptyVerdict {
+    /// TCP reset or ICMP port unreachable to the client (the Service has no
+    /// endpoints at all).
+    #[default]
+    Reject,
+    /// Silently dropped (the policy is `Local` and only other nodes have endpoints).
+    Drop,
+}
+
+/// `topologyModeFromHints`: same-node when every ready endpoint has a node hint and
+/// one is for this node; else same-zone when every ready endpoint has a zone hint and
+/// one is for this node's zone; else none. Node hints always count: the
+/// PreferSameTrafficDistribution gate is GA and locked on since Kubernetes 1.35.
+pub fn topology_mode<E: EndpointFacts>(endpoints: &[E], node: &NodeFacts) -> TopologyMode {
+    let mut any_ready = false;
+    let (mut all_node_hints, mut for_node) = (true, false);
+    let (mut all_zone_hints, mut for_zone) = (true, false);
+    for ep in endpoints.iter().filter(|e| e.ready()) {
+        any_ready = true;
+        if ep.node_hints().is_empty() {
+            all_node_hints = false;
+        } else if ep.node_hints().iter().any(|n| &**n == node.name) {
+            for_node = true;
+        }
+        if ep.zone_hints().is_empty() {
+            all_zone_hints = false;
+        } else if ep.zone_hints().iter().any(|z| &**z == node.zone) {
+            for_zone = true;
+        }
+    }
+    if !any_ready {
+        TopologyMode::None
+    } else if all_node_hints && for_node {
+        TopologyMode::PreferSameNode
+    } else if all_zone_hints && for_zone {
+        TopologyMode::PreferSameZone
+    } else {
+        TopologyMode::None
+    }
+}
+
+/// `availableForTopology`.
+fn available<E: EndpointFacts>(ep: &E, mode: TopologyMode, node: &NodeFacts) -> bool {
+    match mode {
+        TopologyMode::None => true,
+        TopologyMode::PreferSameNode => ep.node_hints().iter().any(|n| &**n == node.name),
+        TopologyMode::PreferSameZone => ep.zone_hints().iter().any(|z| &**z == node.zone),
+    }
+}
+
+fn indices<E>(endpoints: &[E], keep: impl Fn(&E) -> bool) -> Vec<usize> {
+    endpoints
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| keep(e))
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// `CategorizeEndpoints`: the cluster, local and all-reachable sets of one Service
+/// port, each falling back to serving-and-terminating endpoints on its own when it
+/// has no ready ones (KEP-1669), and whether there are usable endpoints anywhere.
+pub fn categorize<E: EndpointFacts>(
+    endpoints: &[E],
+    policy: &PortPolicy,
+    node: &NodeFacts,
+) -> Categorized {
+    let mut out = Categorized::default();
+    if endpoints.is_empty() {
+        return out;
+    }
+    let serving_terminating = |e: &E| e.serving() && e.terminating();
+    let mut mode = TopologyMode::None;
+    if policy.uses_cluster() {
+        mode = topology_mode(endpoints, node);
+        let mut cluster = indices(endpoints, |e| e.ready() && available(e, mode, node));
+        if cluster.is_empty() {
+            // Topology was already ignored if no ready endpoint fits it, so none is
+            // ready anywhere: fall back to the terminating ones that still serve.
+            cluster = indices(endpoints, serving_terminating);
+        }
+        out.has_any = !cluster.is_empty();
+        out.cluster = Some(cluster);
+    }
+    if !policy.uses_local() {
+        out.all_reachable = out.cluster.clone().unwrap_or_default();
+        return out;
+    }
+    let (mut local_ready, mut local_serving_terminating) = (false, false);
+    for ep in endpoints {
+        if ep.ready() {
+            out.has_any = true;
+            local_ready |= ep.local();
+        } else if serving_terminating(ep) {
+            out.has_any = true;
+            local_serving_terminating |= ep.local();
+        }
+    }
+    let local = if local_ready {
+        indices(endpoints, |e| e.local() && e.ready())
+    } else if local_serving_terminating {
+        indices(endpoints, |e| e.local() && serving_terminating(e))
+    } else {
+        Vec::new()
+    };
+    out.all_reachable = match &out.cluster {
+        None => local.clone(),
+        // Every ready endpoint is in the cluster set, the local set holds only ready
+        // ones: the cluster set is the union.
+        Some(cluster)
+            if mode == TopologyMode::None && (local_ready || !local_serving_terminating) =>
+        {
+            cluster.clone()
+        }
+        Some(cluster) => {
+            let mut all: Vec<usize> = cluster.iter().chain(&local).copied().collect();
+            all.sort_unstable();
+            all.dedup();
+            all
+        }
+    };
+    out.local = Some(local);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    //! Every case of upstream's `TestCategorizeEndpoints`
+    //! (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/topology_test.go>),
+    //! written again as data: endpoints by address, with conditions, locality and
+    //! hints; the expected sets by address.
+
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct Ep {
+        addr: &'static str,
+        ready: bool,
+        serving: bool,
+        terminating: bool,
+        local: bool,
+        zones: Vec<Arc<str>>,
+        nodes: Vec<Arc<str>>,
+    }
+
+    impl EndpointFacts for Ep {
+        fn ready(&self) -> bool {
+            self.ready
+        }
+        fn serving(&self) -> bool {
+            self.serving
+        }
+        fn terminating(&self) -> bool {
+            self.terminating
+        }
+        fn local(&self) -> bool {
+            self.local
+        }
+        fn zone_hints(&self) -> &[Arc<str>] {
+            &self.zones
+        }
+        fn node_hints(&self) -> &[Arc<str>] {
+            &self.nodes
+        }
+    }
+
+    fn names(n: &[&str]) -> Vec<Arc<str>> {
+        n.iter().map(|s| Arc::from(*s)).collect()
+    }
+
+    /// A ready endpoint (upstream's tests set `serving` only where they mean it).
+    fn ready(addr: &'static str) -> Ep {
+        Ep {
+            addr,
+            ready: true,
+            ..Default::default()
+        }
+    }
+    fn zoned(addr: &'static str, zones: &[&str]) -> Ep {
+        Ep {
+            zones: names(zones),
+            ..ready(addr)
+        }
+    }
+    fn hinted(addr: &'static str, zone: &str, node: &str) -> Ep {
+        Ep {
+            zones: names(&[zone]),
+            nodes: names(&[node]),
+            ..ready(addr)
+        }
+    }
+    fn local(mut e: Ep) -> Ep {
+        e.local = true;
+        e
+    }
+    fn unready(mut e: Ep) -> Ep {
+        e.ready = false;
+        e
+    }
+    fn terminating(addr: &'static str, is_local: bool) -> Ep {
+        Ep {
+            addr,
+            serving: true,
+            terminating: true,
+            local: is_local,
+            ..Default::default()
+        }
+    }
+
+    struct Case {
+        name: &'static str,
+        node: &'static str,
+        zone: &'static str,
+        policy: PortPolicy,
+        endpoints: Vec<Ep>,
+        cluster: Option<&'static [&'static str]>,
+        local: Option<&'static [&'static str]>,
+        /// `None`: the one of cluster and local that is set and not empty.
+        all: Option<&'static [&'static str]>,
+        only_remote: bool,
+    }
+
+    const CLUSTER: PortPolicy = PortPolicy {
+        internal_local: false,
+        external_local: false,
+        externally_accessible: false,
+    };
+    fn policy(internal_local: bool, external_local: bool, node_port: bool) -> PortPolicy {
+        PortPolicy {
+            internal_local,
+            external_local,
+            externally_accessible: node_port,
+        }
+    }
+
+    fn case(name: &'static str, endpoints: Vec<Ep>) -> Case {
+        Case {
+            name,
+            node: "",
+            zone: "",
+            policy: CLUSTER,
+            endpoints,
+            cluster: None,
+            local: None,
+            all: None,
+            only_remote: false,
+        }
+    }
+
+    fn cases() -> Vec<Case> {
+        let abcd = |za, zb, zc, zd| {
+            vec![
+                zoned("10.1.2.3:80", za),
+                zoned("10.1.2.4:80", zb),
+                zoned("10.1.2.5:80", zc),
+                zoned("10.1.2.6:80", zd),
+            ]
+        };
+        let four_nodes = || {
+            vec![
+                hinted("10.1.2.3:80", "zone-a", "node-1"),
+                hinted("10.1.2.4:80", "zone-b", "node-2"),
+                hinted("10.1.2.5:80", "zone-c", "node-3"),
+                hinted("10.1.2.6:80", "zone-a", "node-4"),
+            ]
+        };
+        let local_ab = || {
+            vec![
+                local(zoned("10.1.2.3:80", &["zone-a"])),
+                local(zoned("10.1.2.4:80", &["zone-b"])),
+                zoned("10.1.2.5:80", &["zone-c"]),
+                zoned("10.1.2.6:80", &["zone-a"]),
+            ]
+        };
+        let one_local = || vec![local(ready("10.0.0.0:80")), ready("10.0.0.1:80")];
+        vec![
+            Case {
+                zone: "zone-a",
+                cluster: Some(&["10.1.2.3:80", "10.1.2.6:80"]),
+                ..case(
+                    "should use topology since all endpoints have hints, node has a zone label and and there are endpoints for the node's zone",
+                    abcd(&["zone-a"], &["zone-b"], &["zone-c"], &["zone-a"]),
+                )
+            },
+            Case {
+                zone: "zone-a",
+                policy: policy(false, true, true),
+                cluster: Some(&["10.1.2.3:80", "10.1.2.6:80"]),
+                local: Some(&["10.1.2.3:80", "10.1.2.4:80"]),
+                all: Some(&["10.1.2.3:80", "10.1.2.4:80", "10.1.2.6:80"]),
+                ..case("externalTrafficPolicy: Local, topology ignored for Local endpoints", local_ab())
+            },
+            Case {
+                zone: "zone-a",
+                policy: policy(true, false, true),
+                cluster: Some(&["10.1.2.3:80", "10.1.2.6:80"]),
+                local: Some(&["10.1.2.3:80", "10.1.2.4:80"]),
+                all: Some(&["10.1.2.3:80", "10.1.2.4:80", "10.1.2.6:80"]),
+                ..case("internalTrafficPolicy: Local, topology ignored for Local endpoints", local_ab())
+            },
+            Case {
+                cluster: Some(&["10.1.2.3:80"]),
+                ..case("empty node labels", vec![zoned("10.1.2.3:80", &["zone-a"])])
+            },
+            Case {
+                zone: "",
+                cluster: Some(&["10.1.2.3:80"]),
+                ..case("empty zone label", vec![zoned("10.1.2.3:80", &["zone-a"])])
+            },
+            Case {
+                zone: "zone-b",
+                cluster: Some(&["10.1.2.3:80"]),
+                ..case("node in different zone, no endpoint filtering", vec![zoned("10.1.2.3:80", &["zone-a"])])
+            },
+            Case {
+                zone: "zone-a",
+                cluster: Some(&["10.1.2.3:80"]),
+                ..case("unready endpoint", {
+                    let mut e = abcd(&["zone-a"], &["zone-b"], &["zone-c"], &["zone-a"]);
+                    e[3].ready = false;
+                    e
+                })
+            },
+            Case {
+                zone: "zone-a",
+                cluster: Some(&["10.1.2.4:80", "10.1.2.5:80"]),
+                ..case("only unready endpoints in same zone (should not filter)", {
+                    let mut e = abcd(&["zone-a"], &["zone-b"], &["zone-c"], &["zone-a"]);
+                    e[0].ready = false;
+                    e[3].ready = false;
+                    e
+                })
+            },
+            Case {
+                zone: "zone-a",
+                cluster: Some(&["10.1.2.3:80", "10.1.2.4:80", "10.1.2.5:80", "10.1.2.6:80"]),
+                ..case("missing hints, no filtering applied", abcd(&["zone-a"], &["zone-b"], &[], &["zone-a"]))
+            },
+            Case {
+                zone: "zone-c",
+                cluster: Some(&["10.1.2.3:80", "10.1.2.4:80", "10.1.2.6:80"]),
+                ..case(
+                    "multiple hints per endpoint, filtering includes any endpoint with zone included",
+                    abcd(&["zone-a", "zone-b", "zone-c"], &["zone-b", "zone-c"], &["zone-b", "zone-d"], &["zone-c"]),
+                )
+            },
+            Case {
+                // Upstream runs this case with the gate off (emulating 1.34), where
+                // the slice cache does not record node hints at all: the same input
+                // without node hints.
+                node: "node-1",
+                zone: "zone-a",
+                cluster: Some(&["10.1.2.3:80", "10.1.2.6:80"]),
+                ..case("PreferSameNode falls back to same-zone when feature gate disabled", {
+                    let mut e = four_nodes();
+                    e.iter_mut().for_each(|e| e.nodes.clear());
+                    e
+                })
+            },
+            Case {
+                node: "node-1",
+                zone: "zone-a",
+                cluster: Some(&["10.1.2.3:80"]),
+                ..case("PreferSameNode available", four_nodes())
+            },
+            Case {
+                node: "node-1",
+                zone: "zone-a",
+                cluster: Some(&["10.1.2.3:80", "10.1.2.4:80", "10.1.2.5:80", "10.1.2.6:80"]),
+                ..case("PreferSameNode ignored if some endpoints unhinted", {
+                    let mut e = four_nodes();
+                    e[1] = ready("10.1.2.4:80");
+                    e
+                })
+            },
+            Case {
+                node: "node-0",
+                zone: "zone-a",
+                cluster: Some(&["10.1.2.3:80", "10.1.2.6:80"]),
+                ..case("PreferSameNode falls back to PreferSameZone if no endpoint for node", four_nodes())
+            },
+            Case {
+                zone: "zone-a",
+                policy: policy(false, true, true),
+                cluster: Some(&["10.0.0.0:80", "10.0.0.2:80"]),
+                local: Some(&["10.0.0.0:80", "10.0.0.1:80"]),
+                all: Some(&["10.0.0.0:80", "10.0.0.1:80", "10.0.0.2:80"]),
+                ..case(
+                    "conflicting topology and localness require merging allEndpoints",
+                    vec![
+                        local(zoned("10.0.0.0:80", &["zone-a"])),
+                        local(zoned("10.0.0.1:80", &["zone-b"])),
+                        zoned("10.0.0.2:80", &["zone-a"]),
+                        zoned("10.0.0.3:80", &["zone-b"]),
+                    ],
+                )
+            },
+            Case {
+                policy: policy(true, false, false),
+                local: Some(&[]),
+                ..case("internalTrafficPolicy: Local, with empty endpoints", vec![])
+            },
+            Case {
+                policy: policy(true, false, false),
+                local: Some(&[]),
+                only_remote: true,
+                ..case(
+                    "internalTrafficPolicy: Local, but all endpoints are remote",
+                    vec![ready("10.0.0.0:80"), ready("10.0.0.1:80")],
+                )
+            },
+            Case {
+                policy: policy(true, false, false),
+                local: Some(&["10.0.0.0:80", "10.0.0.1:80"]),
+                ..case(
+                    "internalTrafficPolicy: Local, all endpoints are local",
+                    vec![local(ready("10.0.0.0:80")), local(ready("10.0.0.1:80"))],
+                )
+            },
+            Case {
+                policy: policy(true, false, false),
+                local: Some(&["10.0.0.0:80"]),
+                ..case("internalTrafficPolicy: Local, some endpoints are local", one_local())
+            },
+            Case {
+                cluster: Some(&[]),
+                ..case(
+                    "Cluster traffic policy, endpoints not Ready",
+                    vec![unready(ready("10.0.0.0:80")), unready(ready("10.0.0.1:80"))],
+                )
+            },
+            Case {
+                cluster: Some(&["10.0.0.1:80"]),
+                ..case(
+                    "Cluster traffic policy, some endpoints are Ready",
+                    vec![unready(ready("10.0.0.0:80")), ready("10.0.0.1:80")],
+                )
+            },
+            Case {
+                cluster: Some(&["10.0.0.0:80", "10.0.0.1:80"]),
+                ..case(
+                    "Cluster traffic policy, all endpoints are terminating",
+                    vec![terminating("10.0.0.0:80", true), terminating("10.0.0.1:80", false)],
+                )
+            },
+            Case {
+                policy: policy(true, false, true),
+                cluster: Some(&["10.0.0.0:80", "10.0.0.1:80"]),
+                local: Some(&["10.0.0.0:80"]),
+                all: Some(&["10.0.0.0:80", "10.0.0.1:80"]),
+                ..case("iTP: Local, eTP: Cluster, some endpoints local", one_local())
+            },
+            Case {
+                policy: policy(false, true, true),
+                cluster: Some(&["10.0.0.0:80", "10.0.0.1:80"]),
+                local: Some(&["10.0.0.0:80"]),
+                all: Some(&["10.0.0.0:80", "10.0.0.1:80"]),
+                ..case("iTP: Cluster, eTP: Local, some endpoints local", one_local())
+            },
+            Case {
+                policy: policy(true, true, true),
+                cluster: Some(&["10.0.0.0:80", "10.0.0.1:80"]),
+                local: Some(&["10.0.0.0:80"]),
+                all: Some(&["10.0.0.0:80", "10.0.0.1:80"]),
+                ..case("iTP: Local, eTP: Local, some endpoints local", one_local())
+            },
+            Case {
+                policy: policy(true, true, true),
+                cluster: Some(&["10.0.0.0:80", "10.0.0.1:80"]),
+                local: Some(&[]),
+                all: Some(&["10.0.0.0:80", "10.0.0.1:80"]),
+                ..case(
+                    "iTP: Local, eTP: Local, all endpoints remote",
+                    vec![ready("10.0.0.0:80"), ready("10.0.0.1:80")],
+                )
+            },
+            Case {
+                policy: policy(true, true, true),
+                cluster: Some(&["10.0.0.0:80", "10.0.0.1:80"]),
+                local: Some(&[]),
+                all: Some(&["10.0.0.0:80", "10.0.0.1:80"]),
+                only_remote: true,
+                ..case(
+                    "iTP: Local, eTP: Local, all endpoints remote and terminating",
+                    vec![terminating("10.0.0.0:80", false), terminating("10.0.0.1:80", false)],
+                )
+            },
+            Case {
+                policy: policy(false, true, true),
+                cluster: Some(&["10.0.0.0:80"]),
+                local: Some(&["10.0.0.2:80"]),
+                all: Some(&["10.0.0.0:80", "10.0.0.2:80"]),
+                ..case(
+                    "iTP: Cluster, eTP: Local, with terminating endpoints",
+                    vec![
+                        ready("10.0.0.0:80"),
+                        local(unready(ready("10.0.0.1:80"))),
+                        terminating("10.0.0.2:80", true),
+                        terminating("10.0.0.3:80", false),
+                    ],
+                )
+            },
+            Case {
+                policy: policy(false, true, false),
+                cluster: Some(&["10.0.0.0:80", "10.0.0.1:80"]),
+                all: Some(&["10.0.0.0:80", "10.0.0.1:80"]),
+                ..case(
+                    "externalTrafficPolicy ignored if not externally accessible",
+                    vec![ready("10.0.0.0:80"), local(ready("10.0.0.1:80"))],
+                )
+            },
+            Case {
+                policy: policy(true, false, false),
+                local: Some(&["10.0.0.1:80"]),
+                all: Some(&["10.0.0.1:80"]),
+                ..case(
+                    "no cluster endpoints for iTP:Local internal-only service",
+                    vec![ready("10.0.0.0:80"), local(ready("10.0.0.1:80"))],
+                )
+            },
+            case("empty endpoints when no service endpoints exist", vec![]),
+            Case {
+                zone: "zone-a",
+                cluster: Some(&[]),
+                ..case(
+                    "single endpoint not ready, not serving, not terminating",
+                    vec![unready(ready("10.0.0.0:80"))],
+                )
+            },
+        ]
+    }
+
+    fn addrs(eps: &[Ep], idx: &[usize]) -> Vec<&'static str> {
+        let mut v: Vec<_> = idx.iter().map(|&i| eps[i].addr).collect();
+        v.sort_unstable();
+        v
+    }
+
+    fn sorted(v: &[&'static str]) -> Vec<&'static str> {
+        let mut v = v.to_vec();
+        v.sort_unstable();
+        v
+    }
+
+    #[test]
+    fn every_case_of_upstream_test_categorize_endpoints() {
+        let cases = cases();
+        assert_eq!(cases.len(), 32, "upstream's table has 32 cases");
+        for c in cases {
+            let node = NodeFacts {
+                name: c.node,
+                zone: c.zone,
+            };
+            let got = categorize(&c.endpoints, &c.policy, &node);
+            // Upstream's checks: an expected empty set (nil or empty) means none.
+            let want_cluster = sorted(c.cluster.unwrap_or_default());
+            let want_local = sorted(c.local.unwrap_or_default());
+            assert_eq!(
+                addrs(&c.endpoints, got.cluster.as_deref().unwrap_or_default()),
+                want_cluster,
+                "{}: cluster",
+                c.name
+            );
+            assert_eq!(
+                addrs(&c.endpoints, got.local.as_deref().unwrap_or_default()),
+                want_local,
+                "{}: local",
+                c.name
+            );
+            let want_all = if !want_cluster.is_empty() && want_local.is_empty() {
+                want_cluster.clone()
+            } else if !want_local.is_empty() && want_cluster.is_empty() {
+                want_local.clone()
+            } else {
+                sorted(c.all.unwrap_or_default())
+            };
+            assert_eq!(
+                addrs(&c.endpoints, &got.all_reachable),
+                want_all,
+                "{}: all reachable",
+                c.name
+            );
+            assert_eq!(
+                got.has_any,
+                !want_all.is_empty() || c.only_remote,
+                "{}: hasAnyEndpoints",
+                c.name
+            );
+            // Stricter than upstream: whether a set is used at all.
+            assert_eq!(
+                got.cluster.is_some(),
+                c.policy.uses_cluster() && !c.endpoints.is_empty(),
+                "{}",
+                c.name
+            );
+        }
+    }
+
+    #[test]
+    fn a_clusterip_without_local_endpoints_drops_when_others_have_some_and_rejects_when_none_do() {
+        let itp_local = policy(true, false, false);
+        let remote = [ready("10.0.0.1:80")];
+        let got = categorize(&remote, &itp_local, &NodeFacts::default());
+        assert!(got.internal(&itp_local).is_empty());
+        assert_eq!(got.internal_empty_verdict(), EmptyVerdict::Drop);
+
+        let none: [Ep; 0] = [];
+        let got = categorize(&none, &itp_local, &NodeFacts::default());
+        assert_eq!(got.internal_empty_verdict(), EmptyVerdict::Reject);
+
+        let not_serving = [unready(ready("10.0.0.1:80"))];
+        let got = categorize(&not_serving, &CLUSTER, &NodeFacts::default());
+        assert!(got.internal(&CLUSTER).is_empty());
+        assert_eq!(got.internal_empty_verdict(), EmptyVerdict::Reject);
+    }
+}
