@@ -47,10 +47,18 @@ pub struct ServiceValue {
     pub id: u32,
     /// Number of valid slots, `0..count`. Zero means no backend.
     pub count: u32,
-    /// Reserved for per-service flags (affinity, traffic policy); zero today.
+    /// `SVC_F_*` bits.
     pub flags: u32,
-    pub _pad: u32,
+    /// With `SVC_F_AFFINITY`: how long a client keeps its backend, in seconds.
+    pub affinity_timeout_s: u32,
 }
+
+/// A frontend without backends drops new flows silently (the Service has endpoints
+/// on other nodes only and its policy is `Local`); without the bit it rejects them.
+pub const SVC_F_DROP_EMPTY: u32 = 1 << 0;
+/// `sessionAffinity: ClientIP`: a client IP keeps its backend for
+/// `affinity_timeout_s` after its last new connection.
+pub const SVC_F_AFFINITY: u32 = 1 << 1;
 const _: () = assert!(size_of::<ServiceValue>() == 16);
 
 /// Key of the `SLOTS` hash map: slot `slot` of frontend `service_id`.

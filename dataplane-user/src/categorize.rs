@@ -26,6 +26,27 @@ pub trait EndpointFacts {
     fn node_hints(&self) -> &[Arc<str>];
 }
 
+impl<E: EndpointFacts> EndpointFacts for &E {
+    fn ready(&self) -> bool {
+        (**self).ready()
+    }
+    fn serving(&self) -> bool {
+        (**self).serving()
+    }
+    fn terminating(&self) -> bool {
+        (**self).terminating()
+    }
+    fn local(&self) -> bool {
+        (**self).local()
+    }
+    fn zone_hints(&self) -> &[Arc<str>] {
+        (**self).zone_hints()
+    }
+    fn node_hints(&self) -> &[Arc<str>] {
+        (**self).node_hints()
+    }
+}
+
 /// What a Service port asks of categorizing (kube-proxy's `ServicePort`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PortPolicy {

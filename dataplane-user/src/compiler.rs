@@ -11,12 +11,17 @@
 //! - which objects are used: kube-proxy's informer selectors skip objects labelled
 //!   `service.kubernetes.io/service-proxy-name` and headless Services
 //!   (<https://github.com/kubernetes/kubernetes/blob/master/cmd/kube-proxy/app/server.go>);
-//! - how slices merge: `pkg/proxy/endpointslicecache.go` (several slices per Service,
-//!   one copy per address, a non-terminating copy wins, ports without a number ignored,
-//!   nil conditions defaulted: ready ⇒ true, serving ⇒ ready, terminating ⇒ false);
-//! - which endpoints serve: `pkg/proxy/topology.go` `CategorizeEndpoints` (ready
-//!   endpoints; if none, serving-and-terminating ones; `internalTrafficPolicy: Local`
-//!   keeps only this node's).
+//! - how slices merge: `pkg/proxy/endpointslicecache.go`
+//!   (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/endpointslicecache.go>:
+//!   several slices per Service, only `addresses[0]`, parsed sloppily, one copy per
+//!   address where a later non-terminating copy wins, ports without a name field or
+//!   without a number or with number 0 ignored, nil conditions defaulted: ready ⇒
+//!   true, serving ⇒ true, terminating ⇒ false; zone and node hints kept);
+//! - which endpoints serve: [`crate::categorize`] (`CategorizeEndpoints`: traffic
+//!   policies, topology hints against this node's zone, the serving-terminating
+//!   fallback), and what a frontend without them does (reject, or drop when only
+//!   other nodes have endpoints and the policy is `Local`);
+//! - session affinity: `pkg/proxy/serviceport.go` (`ClientIP` with its timeout).
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -27,6 +32,7 @@ use std::{
 use dataplane_common::{Backend, ServiceKey, PROTO_TCP, PROTO_UDP};
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 
+use crate::categorize::{self, EmptyVerdict, EndpointFacts, NodeFacts, PortPolicy};
 use crate::model::{Address, Origin, ServiceId, ServiceInfo, SliceId, SliceInfo};
 
 /// Label that hands a Service to a specific proxy (kube-proxy skips these).
@@ -43,6 +49,9 @@ pub struct Options {
     pub node_name: Option<String>,
     /// The `service-proxy-name` value that means "sliceway", if any.
     pub proxy_name: Option<String>,
+    /// This node's `topology.kubernetes.io/zone` label: topology hints are read
+    /// against it. `None` when the node has none (or is not known yet).
+    pub zone: Option<String>,
 }
 
 /// A Service port as kube-proxy names it: `namespace/name:port`.
@@ -92,6 +101,54 @@ impl fmt::Display for ServicePortName {
 pub struct Frontend {
     pub service: ServicePortName,
     pub backends: Vec<Backend>,
+    pub policy: FrontendPolicy,
+}
+
+/// What a frontend does besides picking among its backends.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FrontendPolicy {
+    /// What a new flow meets when there is no backend.
+    pub on_empty: EmptyVerdict,
+    /// `sessionAffinity: ClientIP`: the timeout in seconds.
+    pub affinity_timeout: Option<u32>,
+}
+
+/// kube-proxy's default `sessionAffinityConfig.clientIP.timeoutSeconds`
+/// (`v1.DefaultClientIPServiceAffinitySeconds`, three hours).
+pub const DEFAULT_AFFINITY_TIMEOUT: u32 = 10_800;
+/// The API's largest timeout (`v1.MaxClientIPServiceAffinitySeconds`, one day).
+pub const MAX_AFFINITY_TIMEOUT: i32 = 86_400;
+
+impl FrontendPolicy {
+    /// The `SERVICES` value of a frontend with this policy.
+    pub fn service_value(&self, id: u32, count: u32) -> dataplane_common::ServiceValue {
+        let mut flags = 0;
+        if self.on_empty == EmptyVerdict::Drop {
+            flags |= dataplane_common::SVC_F_DROP_EMPTY;
+        }
+        if self.affinity_timeout.is_some() {
+            flags |= dataplane_common::SVC_F_AFFINITY;
+        }
+        dataplane_common::ServiceValue {
+            id,
+            count,
+            flags,
+            affinity_timeout_s: self.affinity_timeout.unwrap_or(0),
+        }
+    }
+
+    /// The policy a `SERVICES` value carries (read back from pinned maps).
+    pub fn of(v: &dataplane_common::ServiceValue) -> Self {
+        Self {
+            on_empty: if v.flags & dataplane_common::SVC_F_DROP_EMPTY != 0 {
+                EmptyVerdict::Drop
+            } else {
+                EmptyVerdict::Reject
+            },
+            affinity_timeout: (v.flags & dataplane_common::SVC_F_AFFINITY != 0)
+                .then_some(v.affinity_timeout_s),
+        }
+    }
 }
 
 /// Which object a message is about.
@@ -140,12 +197,35 @@ pub struct Compiled {
 }
 
 /// One endpoint of a Service port after merging its slices.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct MergedEndpoint {
     ready: bool,
     serving: bool,
     terminating: bool,
     local: bool,
+    zone_hints: Box<[std::sync::Arc<str>]>,
+    node_hints: Box<[std::sync::Arc<str>]>,
+}
+
+impl EndpointFacts for MergedEndpoint {
+    fn ready(&self) -> bool {
+        self.ready
+    }
+    fn serving(&self) -> bool {
+        self.serving
+    }
+    fn terminating(&self) -> bool {
+        self.terminating
+    }
+    fn local(&self) -> bool {
+        self.local
+    }
+    fn zone_hints(&self) -> &[std::sync::Arc<str>] {
+        &self.zone_hints
+    }
+    fn node_hints(&self) -> &[std::sync::Arc<str>] {
+        &self.node_hints
+    }
 }
 
 /// (port name, protocol) → address → endpoint.
@@ -356,8 +436,24 @@ fn merge_slice(
     skipped: &mut Vec<Skipped>,
 ) {
     for port in &slice.ports {
-        // endpointslicecache: a port without a number is ignored.
-        let Some(number) = port.port else { continue };
+        // endpointslicecache: a port without a name field, without a number or with
+        // number 0 is ignored (with an error in kube-proxy's log; here a message).
+        let Some(port_name) = &port.name else {
+            skipped.push(Skipped {
+                object: slice_ref(slice),
+                code: "port_without_name",
+                reason: "a port has no name field (unnamed ports have name \"\"); kube-proxy ignores it, so it is ignored".into(),
+            });
+            continue;
+        };
+        let Some(number) = port.port.filter(|n| *n != 0) else {
+            skipped.push(Skipped {
+                object: slice_ref(slice),
+                code: "port_without_number",
+                reason: format!("port {port_name:?} has no number (or 0); it is ignored as kube-proxy ignores it"),
+            });
+            continue;
+        };
         let proto = match protocol(port.protocol.as_deref()) {
             Ok(p) => p,
             Err(reason) => {
@@ -380,15 +476,16 @@ fn merge_slice(
                 continue;
             }
         };
-        let addrs = by_port.entry((port.name.clone(), proto)).or_default();
+        let addrs = by_port.entry((port_name.clone(), proto)).or_default();
         for ep in &slice.endpoints {
-            let ready = ep.ready.unwrap_or(true);
             let endpoint = MergedEndpoint {
-                ready,
-                serving: ep.serving.unwrap_or(ready),
+                ready: ep.ready.unwrap_or(true),
+                serving: ep.serving.unwrap_or(true),
                 terminating: ep.terminating.unwrap_or(false),
-                local: opts.node_name.is_some()
+                local: opts.node_name.as_deref().is_some_and(|n| !n.is_empty())
                     && ep.node_name.as_deref() == opts.node_name.as_deref(),
+                zone_hints: ep.zone_hints.clone(),
+                node_hints: ep.node_hints.clone(),
             };
             // A slice endpoint has one address (the API allows more, only the first
             // is used, as in kube-proxy).
@@ -406,14 +503,18 @@ fn merge_slice(
                     continue;
                 }
             };
-            addrs
-                .entry((ip, number))
-                .and_modify(|seen| {
-                    if seen.terminating && !endpoint.terminating {
-                        *seen = endpoint;
+            // endpointslicecache `addEndpoints`: a copy replaces an earlier one of the
+            // same address unless it is terminating.
+            match addrs.entry((ip, number)) {
+                std::collections::btree_map::Entry::Vacant(v) => {
+                    v.insert(endpoint);
+                }
+                std::collections::btree_map::Entry::Occupied(mut o) => {
+                    if !endpoint.terminating {
+                        o.insert(endpoint);
                     }
-                })
-                .or_insert(endpoint);
+                }
+            }
         }
     }
 }
@@ -504,7 +605,17 @@ fn compile_service(
             }),
         }
     }
-    let internal_local = spec.internal_local;
+    let policy = PortPolicy {
+        internal_local: spec.internal_local,
+        external_local: spec.external_local,
+        // NodePorts and load-balancer IPs count here too once they are served.
+        externally_accessible: vips.iter().any(|(_, is_cluster_ip)| !is_cluster_ip),
+    };
+    let affinity_timeout = session_affinity(spec, &me, &mut out.skipped);
+    let node = NodeFacts {
+        name: opts.node_name.as_deref().unwrap_or_default(),
+        zone: opts.zone.as_deref().unwrap_or_default(),
+    };
     let svc_endpoints = endpoints.get(&(me.namespace.clone(), me.name.clone()));
     let mut seen_ports = BTreeSet::new();
     for port in &spec.ports {
@@ -535,9 +646,46 @@ fn compile_service(
             name: me.name.clone(),
             port: port_name.clone(),
         };
-        let candidates = svc_endpoints.and_then(|e| e.get(&(port_name.clone(), proto)));
+        let candidates: Vec<(&(Ipv4Addr, u16), &MergedEndpoint)> = svc_endpoints
+            .and_then(|e| e.get(&(port_name.clone(), proto)))
+            .map(|m| m.iter().collect())
+            .unwrap_or_default();
+        let facts: Vec<&MergedEndpoint> = candidates.iter().map(|(_, e)| *e).collect();
+        let sets = categorize::categorize(&facts, &policy, &node);
+        let to_backends = |idx: &[usize]| -> Vec<Backend> {
+            idx.iter()
+                .map(|&i| {
+                    let (ip, port) = candidates[i].0;
+                    Backend {
+                        addr_be: u32::from(*ip).to_be(),
+                        port_be: port.to_be(),
+                        proto,
+                        _pad: 0,
+                    }
+                })
+                .collect()
+        };
         for &(vip, is_cluster_ip) in &vips {
-            let backends = pick_endpoints(candidates, proto, is_cluster_ip && internal_local);
+            // Traffic from this node's pods: to a ClusterIP it follows
+            // internalTrafficPolicy; to an external or load-balancer IP it is
+            // short-circuited to the cluster endpoints whatever
+            // externalTrafficPolicy says (the nftables proxier's EXT chain).
+            let (backends, mut on_empty) = if is_cluster_ip {
+                (
+                    to_backends(sets.internal(&policy)),
+                    sets.internal_empty_verdict(),
+                )
+            } else {
+                (
+                    to_backends(sets.cluster.as_deref().unwrap_or_default()),
+                    EmptyVerdict::Reject,
+                )
+            };
+            if !backends.is_empty() {
+                // Meaningless with backends: one value, so the maps do not change
+                // when only it would.
+                on_empty = EmptyVerdict::default();
+            }
             let key = ServiceKey {
                 addr_be: u32::from(vip).to_be(),
                 port_be: number.to_be(),
@@ -549,6 +697,10 @@ fn compile_service(
                 frontend: Frontend {
                     service: name.clone(),
                     backends,
+                    policy: FrontendPolicy {
+                        on_empty,
+                        affinity_timeout,
+                    },
                 },
             });
         }
@@ -865,35 +1017,41 @@ impl Incremental {
     }
 }
 
-/// kube-proxy's `CategorizeEndpoints` for one traffic scope: ready endpoints, or if
-/// there are none the serving-and-terminating ones; `local_only` keeps this node's.
-fn pick_endpoints(
-    candidates: Option<&BTreeMap<(Ipv4Addr, u16), MergedEndpoint>>,
-    proto: u8,
-    local_only: bool,
-) -> Vec<Backend> {
-    let Some(candidates) = candidates else {
-        return Vec::new();
-    };
-    let in_scope = |e: &MergedEndpoint| !local_only || e.local;
-    let any_ready = candidates.values().any(|e| e.ready && in_scope(e));
-    candidates
-        .iter()
-        .filter(|(_, e)| in_scope(e))
-        .filter(|(_, e)| {
-            if any_ready {
-                e.ready
-            } else {
-                e.serving && e.terminating
+/// `sessionAffinity: ClientIP` and its timeout (`pkg/proxy/serviceport.go`
+/// `newBaseServiceInfo`); a value the API would refuse is reported and the Service
+/// gets no affinity.
+fn session_affinity(
+    spec: &crate::model::ServiceSpecInfo,
+    me: &ObjectRef,
+    skipped: &mut Vec<Skipped>,
+) -> Option<u32> {
+    match spec.session_affinity.as_deref() {
+        None | Some("None") => None,
+        Some("ClientIP") => match spec.affinity_timeout {
+            None => Some(DEFAULT_AFFINITY_TIMEOUT),
+            Some(t) if (1..=MAX_AFFINITY_TIMEOUT).contains(&t) => Some(t as u32),
+            Some(t) => {
+                skipped.push(Skipped {
+                    object: me.clone(),
+                    code: "bad_affinity_timeout",
+                    reason: format!(
+                        "sessionAffinityConfig.clientIP.timeoutSeconds {t} is out of range 1-{MAX_AFFINITY_TIMEOUT}; the Service gets no session affinity"
+                    ),
+                });
+                None
             }
-        })
-        .map(|((ip, port), _)| Backend {
-            addr_be: u32::from(*ip).to_be(),
-            port_be: port.to_be(),
-            proto,
-            _pad: 0,
-        })
-        .collect()
+        },
+        Some(other) => {
+            skipped.push(Skipped {
+                object: me.clone(),
+                code: "bad_affinity",
+                reason: format!(
+                    "sessionAffinity {other:?} is unknown (None and ClientIP are); the Service gets no session affinity"
+                ),
+            });
+            None
+        }
+    }
 }
 
 /// `TCP` / `UDP`, for messages and dumps.

@@ -122,9 +122,17 @@ impl MemoryMaps {
         out.push_str("SERVICES\n");
         for (key, value) in &self.services {
             let name = self.names.get(&value.id).cloned().unwrap_or_default();
+            // Only what differs from the default (reject when empty, no affinity).
+            let mut policy = String::new();
+            if value.flags & dataplane_common::SVC_F_DROP_EMPTY != 0 {
+                policy.push_str(" empty=drop");
+            }
+            if value.flags & dataplane_common::SVC_F_AFFINITY != 0 {
+                let _ = write!(policy, " affinity={}s", value.affinity_timeout_s);
+            }
             let _ = writeln!(
                 out,
-                "  {} => id={} count={}  # {name}",
+                "  {} => id={} count={}{policy}  # {name}",
                 frontend_addr(key),
                 value.id,
                 value.count

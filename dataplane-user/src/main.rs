@@ -49,6 +49,7 @@ fn main() -> anyhow::Result<()> {
                     compiler: compiler::Options {
                         node_name: args.node,
                         proxy_name: args.service_proxy_name,
+                        zone: None,
                     },
                     capacities: Capacities {
                         limits: Limits {
@@ -93,6 +94,7 @@ fn main() -> anyhow::Result<()> {
                     let opts = compiler::Options {
                         node_name: args.node,
                         proxy_name: None,
+                        zone: None,
                     };
                     inspect::trace(&objects, &opts, src, args.dst, proto)?
                 }

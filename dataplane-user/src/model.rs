@@ -41,6 +41,12 @@ pub struct ServiceSpecInfo {
     pub external_ips: Vec<String>,
     /// `internalTrafficPolicy: Local`.
     pub internal_local: bool,
+    /// `externalTrafficPolicy: Local`.
+    pub external_local: bool,
+    /// `sessionAffinity`, as written (`None` and `ClientIP` are the API's values).
+    pub session_affinity: Option<String>,
+    /// `sessionAffinityConfig.clientIP.timeoutSeconds`, as written.
+    pub affinity_timeout: Option<i32>,
     pub ports: Vec<ServicePortInfo>,
 }
 
@@ -74,8 +80,9 @@ pub struct SliceInfo {
 /// A port of an EndpointSlice.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SlicePortInfo {
-    /// The port's name; empty when unnamed.
-    pub name: String,
+    /// The port's name: `Some("")` when unnamed, `None` when the field is absent
+    /// (kube-proxy ignores such a port).
+    pub name: Option<String>,
     pub protocol: Option<String>,
     pub port: Option<i32>,
 }
@@ -89,6 +96,10 @@ pub struct EndpointInfo {
     pub serving: Option<bool>,
     pub terminating: Option<bool>,
     pub node_name: Option<Arc<str>>,
+    /// `hints.forZones` names (empty when none).
+    pub zone_hints: Box<[Arc<str>]>,
+    /// `hints.forNodes` names (empty when none).
+    pub node_hints: Box<[Arc<str>]>,
 }
 
 /// An endpoint address: IPv4, or anything else as written.
@@ -100,34 +111,72 @@ pub enum Address {
 
 impl Address {
     pub fn new(written: &str) -> Self {
-        match written.parse() {
-            Ok(ip) => Self::V4(ip),
-            Err(_) => Self::Other(written.into()),
+        match parse_ipv4_sloppy(written) {
+            Some(ip) => Self::V4(ip),
+            None => Self::Other(written.into()),
+        }
+    }
+}
+
+/// An IPv4 address as kube-proxy reads endpoint addresses (`netutils.ParseIPSloppy`,
+/// <https://github.com/kubernetes/utils/blob/master/net/ipnet.go>): dotted decimal
+/// where a part may have leading zeros, which are decimal (`010.001.002.003` is
+/// 10.1.2.3; Go before 1.17 read them so, and the API server keeps accepting such
+/// addresses in old objects). Each part is 1 to 3 digits and at most 255.
+pub fn parse_ipv4_sloppy(s: &str) -> Option<Ipv4Addr> {
+    let mut out = [0u8; 4];
+    let mut parts = s.split('.');
+    for byte in &mut out {
+        let part = parts.next()?;
+        if part.is_empty() || part.len() > 3 || !part.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        *byte = part
+            .parse::<u16>()
+            .ok()
+            .and_then(|v| u8::try_from(v).ok())?;
+    }
+    parts.next().is_none().then_some(Ipv4Addr::from(out))
+}
+
+/// One shared copy of each name: a few nodes and zones for many endpoints.
+fn interned(name: &str, seen: &mut Vec<Arc<str>>) -> Arc<str> {
+    match seen.iter().find(|s| &***s == name) {
+        Some(s) => s.clone(),
+        None => {
+            let new: Arc<str> = Arc::from(name);
+            seen.push(new.clone());
+            new
         }
     }
 }
 
 impl EndpointInfo {
     /// The endpoint, its node name shared with the endpoints before it in `nodes`.
-    fn new(ep: &Endpoint, nodes: &mut Vec<Arc<str>>) -> Self {
+    fn new(ep: &Endpoint, names: &mut Vec<Arc<str>>) -> Self {
         let cond = ep.conditions.as_ref();
-        let node_name =
-            ep.node_name
-                .as_deref()
-                .map(|n| match nodes.iter().find(|seen| &***seen == n) {
-                    Some(seen) => seen.clone(),
-                    None => {
-                        let new: Arc<str> = Arc::from(n);
-                        nodes.push(new.clone());
-                        new
-                    }
-                });
+        let node_name = ep.node_name.as_deref().map(|n| interned(n, names));
+        let hints = ep.hints.as_ref();
+        let zone_hints = hints
+            .and_then(|h| h.for_zones.as_ref())
+            .into_iter()
+            .flatten()
+            .map(|z| interned(&z.name, names))
+            .collect();
+        let node_hints = hints
+            .and_then(|h| h.for_nodes.as_ref())
+            .into_iter()
+            .flatten()
+            .map(|n| interned(&n.name, names))
+            .collect();
         Self {
             address: ep.addresses.first().map(|a| Address::new(a)),
             ready: cond.and_then(|c| c.ready),
             serving: cond.and_then(|c| c.serving),
             terminating: cond.and_then(|c| c.terminating),
             node_name,
+            zone_hints,
+            node_hints,
         }
     }
 }
@@ -159,6 +208,13 @@ impl From<&Service> for ServiceInfo {
                 cluster_ips,
                 external_ips,
                 internal_local: spec.internal_traffic_policy.as_deref() == Some("Local"),
+                external_local: spec.external_traffic_policy.as_deref() == Some("Local"),
+                session_affinity: spec.session_affinity.clone(),
+                affinity_timeout: spec
+                    .session_affinity_config
+                    .as_ref()
+                    .and_then(|c| c.client_ip.as_ref())
+                    .and_then(|c| c.timeout_seconds),
                 ports: spec
                     .ports
                     .iter()
@@ -199,7 +255,7 @@ impl From<&EndpointSlice> for SliceInfo {
                 .iter()
                 .flatten()
                 .map(|p| SlicePortInfo {
-                    name: p.name.clone().unwrap_or_default(),
+                    name: p.name.clone(),
                     protocol: p.protocol.clone(),
                     port: p.port,
                 })

@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use dataplane_common::{Backend, ServiceKey, ServiceName, ServiceValue, SlotKey};
 
-use crate::compiler::{Frontend, ServicePortName};
+use crate::compiler::{Frontend, FrontendPolicy, ServicePortName};
 
 /// The map operations the writer issues. Implemented by the kernel maps and by the
 /// in-memory recorder the tests use.
@@ -68,6 +68,8 @@ impl Default for Limits {
 pub struct Programmed {
     pub id: u32,
     pub service: ServicePortName,
+    /// What the service entry says besides the count.
+    pub policy: FrontendPolicy,
     /// Backend id per slot.
     pub slots: Vec<u32>,
 }
@@ -186,6 +188,7 @@ impl MapWriter {
             let mut p = Programmed {
                 id: value.id,
                 service,
+                policy: FrontendPolicy::of(value),
                 slots: programmed,
             };
             if p.slots.len() != value.count as usize {
@@ -329,6 +332,7 @@ impl MapWriter {
         let old = self.frontends.get(key);
         if old.is_some_and(|o| {
             o.service == frontend.service
+                && o.policy == frontend.policy
                 && o.slots.len() == frontend.backends.len()
                 && same_set(&o.slots, &frontend.backends, &self.backend_by_id)
         }) {
@@ -423,13 +427,8 @@ impl MapWriter {
             }
             report.map_writes += 1;
         }
-        if old_slots.len() != new_slots.len() || old.is_none() {
-            let value = ServiceValue {
-                id,
-                count: new_slots.len() as u32,
-                flags: 0,
-                _pad: 0,
-            };
+        if old_slots.len() != new_slots.len() || old.is_none_or(|o| o.policy != frontend.policy) {
+            let value = frontend.policy.service_value(id, new_slots.len() as u32);
             if let Err(e) = maps.put_service(key, &value) {
                 report
                     .errors
@@ -460,6 +459,7 @@ impl MapWriter {
             Programmed {
                 id,
                 service: frontend.service.clone(),
+                policy: frontend.policy,
                 slots: new_slots,
             },
         );

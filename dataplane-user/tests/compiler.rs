@@ -67,6 +67,7 @@ fn golden_policy() {
         &Options {
             node_name: Some("node-1".into()),
             proxy_name: None,
+            zone: None,
         },
     );
 }
@@ -79,6 +80,20 @@ fn golden_policy_as_the_named_proxy() {
         &Options {
             node_name: Some("node-1".into()),
             proxy_name: Some("other-proxy".into()),
+            zone: None,
+        },
+    );
+}
+
+#[test]
+fn golden_parity_with_kube_proxy_for_node_1_in_zone_a() {
+    golden(
+        "parity",
+        "parity",
+        &Options {
+            node_name: Some("node-1".into()),
+            proxy_name: None,
+            zone: Some("zone-a".into()),
         },
     );
 }
@@ -176,6 +191,7 @@ fn frontend(name: u32, backends: impl IntoIterator<Item = u32>) -> Frontend {
             port: "http".into(),
         },
         backends,
+        policy: Default::default(),
     }
 }
 

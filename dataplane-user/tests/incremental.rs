@@ -103,6 +103,15 @@ fn service(rng: &mut Rng) -> ServiceInfo {
         cluster_ips,
         external_ips,
         internal_local: rng.chance(4),
+        external_local: rng.chance(4),
+        session_affinity: opt_string(*rng.pick(&[
+            None,
+            None,
+            Some("None"),
+            Some("ClientIP"),
+            Some("Sticky"),
+        ])),
+        affinity_timeout: *rng.pick(&[None, None, Some(60), Some(-1), Some(100_000)]),
         ports,
     });
     ServiceInfo {
@@ -136,18 +145,29 @@ fn endpoint(rng: &mut Rng) -> EndpointInfo {
         node_name: rng
             .pick(&[None, Some("node-1"), Some("node-2")])
             .map(Arc::from),
+        zone_hints: hints(rng, &["zone-a", "zone-b"]),
+        node_hints: hints(rng, &["node-1", "node-2"]),
+    }
+}
+
+/// No hint, one, or both of `names`.
+fn hints(rng: &mut Rng, names: &[&str; 2]) -> Box<[Arc<str>]> {
+    match rng.below(4) {
+        0 | 1 => Box::new([]),
+        2 => Box::new([Arc::from(*rng.pick(names))]),
+        _ => names.iter().map(|n| Arc::from(*n)).collect(),
     }
 }
 
 fn slice(rng: &mut Rng) -> SliceInfo {
     let mut ports = vec![SlicePortInfo {
-        name: rng.pick(&["http", ""]).to_string(),
+        name: opt_string(*rng.pick(&[Some("http"), Some(""), Some("http"), None])),
         protocol: opt_string(*rng.pick(&[None, Some("TCP"), Some("UDP")])),
         port: Some(*rng.pick(&[8080, 8081])),
     }];
     if rng.chance(4) {
         ports.push(SlicePortInfo {
-            name: rng.pick(&["dns", "bad"]).to_string(),
+            name: Some(rng.pick(&["dns", "bad"]).to_string()),
             protocol: opt_string(*rng.pick(&[Some("UDP"), Some("SCTP")])),
             port: *rng.pick(&[Some(53), None, Some(0)]),
         });
@@ -337,6 +357,7 @@ fn incremental_sync_matches_with_a_node_name_and_a_proxy_name() {
     let opts = Options {
         node_name: Some("node-1".into()),
         proxy_name: Some("other".into()),
+        zone: Some("zone-a".into()),
     };
     for seed in [0x0000_beef, 0x5eed_5eed] {
         random_walk(seed, 400, opts.clone(), Limits::default());
@@ -372,6 +393,9 @@ fn one_endpoint_change_in_ten_thousand_services_recompiles_one_service() {
                 )],
                 external_ips: vec![],
                 internal_local: false,
+                external_local: false,
+                session_affinity: None,
+                affinity_timeout: None,
                 ports: vec![ServicePortInfo {
                     name: "http".into(),
                     protocol: Some("TCP".into()),
@@ -388,7 +412,7 @@ fn one_endpoint_change_in_ten_thousand_services_recompiles_one_service() {
         service_name: Some(format!("svc-{i}")),
         address_type: "IPv4".into(),
         ports: vec![SlicePortInfo {
-            name: "http".into(),
+            name: Some("http".into()),
             protocol: Some("TCP".into()),
             port: Some(8080),
         }],
@@ -403,6 +427,8 @@ fn one_endpoint_change_in_ten_thousand_services_recompiles_one_service() {
                 serving: None,
                 terminating: None,
                 node_name: Some(Arc::from("node-1")),
+                zone_hints: Box::new([]),
+                node_hints: Box::new([]),
             })
             .collect(),
         trigger_time: None,

@@ -76,6 +76,7 @@ fn frontend(s: &Svc, backends: Vec<Backend>) -> (ServiceKey, Frontend) {
                 port: s.port_name.clone(),
             },
             backends,
+            policy: Default::default(),
         },
     )
 }
@@ -285,6 +286,7 @@ pub fn full_sync(services: &[Svc], rounds: usize) -> Result<SlicewaySync> {
     let opts = compiler::Options {
         node_name: Some("node-1".into()),
         proxy_name: None,
+        zone: None,
     };
     let (mut total, mut apply, mut writes) = (vec![], vec![], 0);
     for _ in 0..rounds {
