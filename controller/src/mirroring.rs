@@ -266,7 +266,11 @@ fn by_port_mapping(
     opts: &Options,
     plan: &mut MirrorPlan,
 ) {
-    if existing.is_empty() && desired.is_empty() {
+    // No endpoints of this family and ports: the existing slices go (upstream's
+    // reconcileByPortMapping). An Endpoints that keeps only IPv6 addresses leaves no
+    // empty IPv4 slice behind.
+    if desired.is_empty() {
+        plan.delete.extend(existing.iter().cloned());
         return;
     }
     if let Some(first) = existing.first() {

@@ -4,8 +4,10 @@
 //! Two cluster labs run side by side: one with upstream's controllers, one with
 //! sliceway-controller (upstream's three switched off). The same random workload,
 //! from a fixed seed, is applied to both: Services with selectors, named and numbered
-//! ports, `publishNotReadyAddresses`, `trafficDistribution`, the topology-mode
-//! annotation, a selector-less Service with hand-written Endpoints; Pods created on
+//! ports, `publishNotReadyAddresses`, `trafficDistribution` (PreferClose and
+//! PreferSameNode), the topology-mode annotation, IPv6-only, dual-stack preferred and
+//! required Services (the lab is dual-stack, every pod has both families), a
+//! selector-less Service with hand-written Endpoints of both families; Pods created on
 //! both zones, made unready and ready, relabelled, deleted gracefully and at once.
 //! After every step, once both have settled, the EndpointSlices and Endpoints must be
 //! equal as upstream defines equality: endpoints and ports as sets per Service, slice
@@ -93,6 +95,36 @@ metadata: {name: svc-e}
 spec:
   ports:
   - {name: web, port: 80, targetPort: 8080}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: svc-v6}
+spec:
+  ipFamilyPolicy: SingleStack
+  ipFamilies: [IPv6]
+  selector: {app: b}
+  ports:
+  - {name: http, port: 80, targetPort: 8080}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: svc-dual}
+spec:
+  ipFamilyPolicy: PreferDualStack
+  ipFamilies: [IPv6, IPv4]
+  selector: {app: a}
+  trafficDistribution: PreferSameNode
+  ports:
+  - {name: http, port: 80, targetPort: http}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: svc-req}
+spec:
+  ipFamilyPolicy: RequireDualStack
+  selector: {app: c}
+  ports:
+  - {port: 80, targetPort: 8080}
 "#;
 
 fn pod_yaml(name: &str, app: &str, node: &str) -> String {
@@ -157,11 +189,15 @@ fn snapshot(c: &Cluster) -> Result<BTreeSet<String>> {
                 .as_str()
                 .map(String::from)
                 .unwrap_or_else(|| e["addresses"][0].as_str().unwrap_or("?").to_string());
-            let mut hints: Vec<String> = e["hints"]["forZones"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|z| z["name"].as_str().unwrap_or("?").to_string())
+            let mut hints: Vec<String> = ["forZones", "forNodes"]
+                .iter()
+                .flat_map(|kind| {
+                    e["hints"][kind]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(move |h| format!("{kind}:{}", h["name"].as_str().unwrap_or("?")))
+                })
                 .collect();
             hints.sort();
             facts.insert(format!(
@@ -347,7 +383,12 @@ fn sliceway_controller_writes_what_kube_controller_manager_writes() -> Result<()
         &sliceway,
         "svc-a's slices deleted by someone else",
     )?;
-    for addrs in [vec!["10.250.1.1"], vec!["10.250.1.1", "10.250.1.2"], vec![]] {
+    for addrs in [
+        vec!["10.250.1.1"],
+        vec!["10.250.1.1", "fd00:250::1", "10.250.1.2"],
+        vec!["fd00:250::1"],
+        vec![],
+    ] {
         let addrs: Vec<String> = addrs.into_iter().map(String::from).collect();
         apply(&endpoints_yaml(&addrs))?;
         compare(
@@ -419,7 +460,11 @@ fn sliceway_controller_writes_what_kube_controller_manager_writes() -> Result<()
             }
             (6, _) => {
                 if endpoints.len() < 3 && rng.below(3) != 0 {
-                    endpoints.push(format!("10.250.0.{}", 10 + step));
+                    endpoints.push(if rng.below(3) == 0 {
+                        format!("fd00:250::{}", 10 + step)
+                    } else {
+                        format!("10.250.0.{}", 10 + step)
+                    });
                 } else if !endpoints.is_empty() {
                     endpoints.remove(0);
                 }
@@ -438,7 +483,7 @@ fn sliceway_controller_writes_what_kube_controller_manager_writes() -> Result<()
                     })?;
                     "delete Service svc-f".to_string()
                 } else {
-                    let yaml = "apiVersion: v1\nkind: Service\nmetadata: {name: svc-f}\nspec:\n  selector: {app: a}\n  ports:\n  - {port: 8443, targetPort: 8080, protocol: TCP}\n  - {name: udp, port: 8443, targetPort: dns, protocol: UDP}\n";
+                    let yaml = "apiVersion: v1\nkind: Service\nmetadata: {name: svc-f}\nspec:\n  selector: {app: a}\n  ports:\n  - {name: https, port: 8443, targetPort: 8080, protocol: TCP}\n  - {name: udp, port: 8443, targetPort: dns, protocol: UDP}\n";
                     both(&clusters, |c| {
                         c.kubectl_stdin(&["apply", "-f", "-"], yaml).map(drop)
                     })?;

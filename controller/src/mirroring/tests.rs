@@ -124,6 +124,40 @@ fn one_slice_per_subset_and_family() {
     );
 }
 
+/// Found by the dual-stack differential run against kube-controller-manager: an
+/// Endpoints that keeps only its IPv6 address must lose its IPv4 slice, not keep it
+/// empty (upstream's reconcileByPortMapping deletes when no endpoint is desired).
+#[test]
+fn a_family_without_addresses_loses_its_slice() {
+    let both = endpoints(vec![subset(&["10.0.0.1", "fd00::1"], &[], &[80])]);
+    let first = reconcile(Some(&selectorless()), Some(&both), &[], &Options::default());
+    assert_eq!(first.create.len(), 2);
+    let existing: Vec<EndpointSlice> = first
+        .create
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let mut s = s.clone();
+            s.metadata.name = Some(format!("foo-{i}"));
+            s
+        })
+        .collect();
+    let v6_only = endpoints(vec![subset(&["fd00::1"], &[], &[80])]);
+    let plan = reconcile(
+        Some(&selectorless()),
+        Some(&v6_only),
+        &existing,
+        &Options::default(),
+    );
+    let deleted: Vec<&str> = plan
+        .delete
+        .iter()
+        .map(|s| s.address_type.as_str())
+        .collect();
+    assert_eq!(deleted, ["IPv4"], "{plan:?}");
+    assert!(plan.create.is_empty() && plan.update.is_empty(), "{plan:?}");
+}
+
 #[test]
 fn invalid_addresses_skipped_with_warning() {
     let eps = endpoints(vec![subset(&["10.0.0.1", "not-an-ip"], &[], &[80])]);

@@ -142,6 +142,7 @@ async fn forward_apiserver(cfg: &NodeConfig) -> Result<()> {
 async fn register_node(cfg: &NodeConfig, client: &Client) -> Result<()> {
     let nodes: Api<Node> = Api::all(client.clone());
     let cidr = format!("{}/24", cfg.pod_cidr);
+    let cidr6 = format!("{}/64", super::lab_v6(cfg.pod_cidr));
     let node: Node = serde_json::from_value(json!({
         "apiVersion": "v1",
         "kind": "Node",
@@ -154,7 +155,7 @@ async fn register_node(cfg: &NodeConfig, client: &Client) -> Result<()> {
                 "topology.kubernetes.io/zone": cfg.zone,
             }
         },
-        "spec": {"podCIDR": cidr, "podCIDRs": [cidr]}
+        "spec": {"podCIDR": cidr, "podCIDRs": [cidr, cidr6]}
     }))?;
     match nodes.create(&PostParams::default(), &node).await {
         Ok(_) => {}
@@ -165,6 +166,7 @@ async fn register_node(cfg: &NodeConfig, client: &Client) -> Result<()> {
     let status = json!({"status": {
         "addresses": [
             {"type": "InternalIP", "address": cfg.ip.to_string()},
+            {"type": "InternalIP", "address": super::lab_v6(cfg.ip).to_string()},
             {"type": "Hostname", "address": cfg.name},
         ],
         "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110"},
@@ -296,7 +298,7 @@ async fn sync_pod(
         "hostIP": cfg.ip.to_string(),
         "hostIPs": [{"ip": cfg.ip.to_string()}],
         "podIP": ip.to_string(),
-        "podIPs": [{"ip": ip.to_string()}],
+        "podIPs": [{"ip": ip.to_string()}, {"ip": super::lab_v6(ip).to_string()}],
         "startTime": status.and_then(|s| s.start_time.as_ref()).map(|t| t.0.to_string()).unwrap_or(now.clone()),
         "conditions": [
             {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
@@ -345,6 +347,38 @@ fn start_pod(cfg: &NodeConfig, st: &mut State, pod: &Pod, uid: &str) -> Result<R
     ns.run("ip", &["link", "set", "eth0", "up"])?;
     ns.run("ip", &["route", "add", &gw.to_string(), "dev", "eth0"])?;
     ns.run("ip", &["route", "add", "default", "via", &gw.to_string()])?;
+    // The same in IPv6: the pod's address and the node side's, both /128.
+    let (ip6, gw6) = (super::lab_v6(ip), super::lab_v6(gw));
+    node(&[
+        "-6",
+        "addr",
+        "add",
+        &format!("{gw6}/128"),
+        "dev",
+        &iface,
+        "nodad",
+    ])?;
+    node(&["-6", "route", "add", &format!("{ip6}/128"), "dev", &iface])?;
+    ns.run(
+        "ip",
+        &[
+            "-6",
+            "addr",
+            "add",
+            &format!("{ip6}/128"),
+            "dev",
+            "eth0",
+            "nodad",
+        ],
+    )?;
+    ns.run(
+        "ip",
+        &["-6", "route", "add", &format!("{gw6}/128"), "dev", "eth0"],
+    )?;
+    ns.run(
+        "ip",
+        &["-6", "route", "add", "default", "via", &gw6.to_string()],
+    )?;
     ns.run("ethtool", &["-K", "eth0", "tx", "off"])?;
     let lab_pod = LabPod {
         name: pod.metadata.name.clone().unwrap_or_default(),

@@ -41,16 +41,36 @@ use crate::{netns, workspace_binary};
 
 /// Prefix of every namespace a cluster lab makes.
 pub const NS_PREFIX: &str = "slwk";
-/// The Service CIDR and the `kubernetes` Service's address in it.
-pub const SERVICE_CIDR: &str = "10.96.0.0/16";
+/// The Service CIDRs (the cluster is dual-stack, IPv4 first: a Service is IPv4 unless
+/// it asks for IPv6) and the `kubernetes` Service's address.
+pub const SERVICE_CIDR: &str = "10.96.0.0/16,fd00:10:96::/112";
 pub const KUBERNETES_SERVICE_IP: &str = "10.96.0.1";
-/// The cluster's pod CIDR; node N gets 10.244.N.0/24.
-pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
+/// The cluster's pod CIDRs; node N gets 10.244.N.0/24 and fd00:10:244:N::/64.
+pub const CLUSTER_CIDR: &str = "10.244.0.0/16,fd00:10:244::/56";
 /// Address the API server advertises (for the `kubernetes` Service): on the node
 /// network, owned by nobody, so nothing outside the lab is ever named.
 pub const ADVERTISE_ADDRESS: &str = "10.100.0.2";
 /// The external client's address on the node network.
 pub const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 100, 0, 100);
+/// The IPv6 twin of a lab IPv4 address: `a.b.c.d` is `fd00:a:b:c::d` with each
+/// decimal number written as is (10.244.1.5 is fd00:10:244:1::5), so the two
+/// families of a node, a pod or a CIDR read alike. Every IPv6 address of the lab is
+/// made this way, all in fd00::/8 (unique local), inside the lab's namespaces.
+pub fn lab_v6(v4: Ipv4Addr) -> std::net::Ipv6Addr {
+    let as_written = |n: u8| u16::from_str_radix(&n.to_string(), 16).expect("decimal digits");
+    let [a, b, c, d] = v4.octets();
+    std::net::Ipv6Addr::new(
+        0xfd00,
+        as_written(a),
+        as_written(b),
+        as_written(c),
+        0,
+        0,
+        0,
+        as_written(d),
+    )
+}
+
 /// Zones the nodes are spread over.
 pub const ZONES: [&str; 2] = ["zone-a", "zone-b"];
 
@@ -525,6 +545,19 @@ impl Cluster {
                 "ip",
                 &["addr", "add", &format!("{ip}/24"), "dev", "eth0"],
             )?;
+            netns::nsenter(
+                ns,
+                "ip",
+                &[
+                    "-6",
+                    "addr",
+                    "add",
+                    &format!("{}/64", lab_v6(*ip)),
+                    "dev",
+                    "eth0",
+                    "nodad",
+                ],
+            )?;
             netns::nsenter(ns, "ip", &["link", "set", "eth0", "up"])?;
             netns::nsenter(ns, "ethtool", &["-K", "eth0", "tx", "off"])?;
         }
@@ -534,6 +567,7 @@ impl Cluster {
                 ("net.ipv4.conf.all.rp_filter", "0"),
                 ("net.ipv4.conf.default.rp_filter", "0"),
                 ("net.ipv4.conf.eth0.rp_filter", "0"),
+                ("net.ipv6.conf.all.forwarding", "1"),
             ] {
                 netns::nsenter(&node.netns, "sysctl", &["-qw", &format!("{key}={value}")])?;
             }
@@ -547,6 +581,18 @@ impl Cluster {
                         &format!("{}/24", other.pod_cidr),
                         "via",
                         &other.ip.to_string(),
+                    ],
+                )?;
+                netns::nsenter(
+                    &node.netns,
+                    "ip",
+                    &[
+                        "-6",
+                        "route",
+                        "add",
+                        &format!("{}/64", lab_v6(other.pod_cidr)),
+                        "via",
+                        &lab_v6(other.ip).to_string(),
                     ],
                 )?;
             }
@@ -1125,5 +1171,26 @@ impl Cluster {
     /// The API server's URL on the root namespace's loopback.
     pub fn server(&self) -> String {
         format!("https://127.0.0.1:{}", self.state.apiserver_port)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ipv6_twin_reads_like_its_ipv4_address() {
+        assert_eq!(
+            lab_v6(Ipv4Addr::new(10, 244, 1, 5)).to_string(),
+            "fd00:10:244:1::5"
+        );
+        assert_eq!(
+            lab_v6(Ipv4Addr::new(10, 100, 0, 11)).to_string(),
+            "fd00:10:100:0:0:0:0:11"
+                .parse::<std::net::Ipv6Addr>()
+                .unwrap()
+                .to_string()
+        );
+        assert_eq!(lab_v6(Ipv4Addr::new(10, 244, 2, 254)).segments()[7], 0x254);
     }
 }
