@@ -21,6 +21,7 @@ pub mod api;
 pub mod forward;
 pub mod kubelet;
 pub mod pki;
+pub mod scale;
 
 pub use forward::Forwarder;
 
@@ -631,7 +632,9 @@ impl Cluster {
         .with_context(|| self.log_tail("kubelet-node-1"))
     }
 
-    fn start_sliceway_controller(&self) -> Result<()> {
+    /// Starts sliceway-controller with its deployed identity and waits for it to be
+    /// healthy (the lab does so itself when it runs workloads with it).
+    pub fn start_sliceway_controller(&self) -> Result<()> {
         let s = &self.state;
         // The ServiceAccount and its RBAC, not the Deployment: the lab has no
         // container runtime and starts the controller itself.
@@ -1100,6 +1103,16 @@ impl Cluster {
         ip.trim()
             .parse()
             .with_context(|| format!("Service {namespace}/{name} has no IPv4 ClusterIP ({ip:?})"))
+    }
+
+    /// The pid of a process the lab started (`kube-apiserver`, `sliceway-controller`, ...).
+    pub fn daemon_pid(&self, name: &str) -> Result<u32> {
+        let file = self.dir().join("pids").join(name);
+        fs::read_to_string(&file)
+            .with_context(|| format!("reading {}", file.display()))?
+            .trim()
+            .parse()
+            .with_context(|| format!("{} holds no pid", file.display()))
     }
 
     /// Restarts the proxy on `node` (SIGKILL, as a crash, then a new process).
