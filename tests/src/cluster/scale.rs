@@ -84,7 +84,7 @@ where
     while let Some(r) = s.next().await {
         r.with_context(|| format!("creating {what}"))?;
         done += 1;
-        if done % 10_000 == 0 {
+        if done.is_multiple_of(10_000) {
             eprintln!(
                 "scale: {done}/{n} {what} ({:.0}/s)",
                 done as f64 / start.elapsed().as_secs_f64()
