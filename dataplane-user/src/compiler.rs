@@ -757,6 +757,20 @@ impl Incremental {
         &self.opts
     }
 
+    /// Sets this node's zone (from its Node object). Topology hints of every Service
+    /// are read against it, so a new zone recompiles them all. Whether it changed.
+    pub fn set_zone(&mut self, zone: Option<String>) -> bool {
+        if self.opts.zone == zone {
+            return false;
+        }
+        self.opts.zone = zone;
+        for id in self.services.keys() {
+            self.dirty_groups
+                .insert((id.namespace.clone(), id.name.clone()));
+        }
+        true
+    }
+
     /// Adds or replaces a Service. Whether anything changed.
     pub fn put_service(&mut self, origin: Origin, svc: ServiceInfo) -> bool {
         let id = ServiceId::of(&svc, origin);

@@ -311,8 +311,15 @@ impl KubeSource {
     }
 
     /// Brings `compiler` to the stores: the objects named in `changes` are put or
-    /// removed; after a relist, every object is put and those gone are removed.
+    /// removed; after a relist, every object is put and those gone are removed. The
+    /// own Node's zone is set every time (a no-op when it did not change).
     pub fn feed(&self, changes: &Changes, compiler: &mut Incremental) {
+        let zone = self
+            .node
+            .state()
+            .first()
+            .and_then(|n| crate::model::NodeInfo::from(&**n).zone);
+        compiler.set_zone(zone);
         if changes.relisted {
             let mut present = HashSet::new();
             for svc in self.services.state() {

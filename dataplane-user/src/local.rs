@@ -27,7 +27,7 @@ use serde::Deserialize;
 
 use crate::{
     compiler::Incremental,
-    model::{Origin, ServiceId, ServiceInfo, SliceId, SliceInfo},
+    model::{NodeInfo, Origin, ServiceId, ServiceInfo, SliceId, SliceInfo},
 };
 
 /// The objects of one directory.
@@ -38,13 +38,13 @@ pub struct Objects {
     pub nodes: Vec<Node>,
 }
 
-/// The objects of one file in the agent's model (Nodes only counted: the compiler
-/// does not read them).
+/// The objects of one file in the agent's model (of Nodes, only name and zone: the
+/// compiler reads the zone of its own).
 #[derive(Clone, Debug, Default)]
 pub struct ModelObjects {
     pub services: Vec<ServiceInfo>,
     pub slices: Vec<SliceInfo>,
-    pub nodes: usize,
+    pub nodes: Vec<NodeInfo>,
 }
 
 /// A file, or a document in it, that could not be used.
@@ -66,6 +66,7 @@ struct FileState {
     stamp: Stamp,
     services: Vec<ServiceId>,
     slices: Vec<SliceId>,
+    nodes: Vec<NodeInfo>,
     problems: Vec<Problem>,
 }
 
@@ -162,11 +163,15 @@ impl ManifestDir {
                 ),
             };
             scan.new_problems.extend(problems.iter().cloned());
-            let (services, slices) = match (objects, self.files.remove(&path)) {
-                (Some(objects), old) => put_file(&path, objects, old.as_ref(), compiler),
+            let (services, slices, nodes) = match (objects, self.files.remove(&path)) {
+                (Some(objects), old) => {
+                    let nodes = objects.nodes.clone();
+                    let (services, slices) = put_file(&path, objects, old.as_ref(), compiler);
+                    (services, slices, nodes)
+                }
                 // Unparseable now: keep what the file held when it last parsed.
-                (None, Some(old)) => (old.services, old.slices),
-                (None, None) => (Vec::new(), Vec::new()),
+                (None, Some(old)) => (old.services, old.slices, old.nodes),
+                (None, None) => (Vec::new(), Vec::new(), Vec::new()),
             };
             self.files.insert(
                 path,
@@ -174,11 +179,23 @@ impl ManifestDir {
                     stamp,
                     services,
                     slices,
+                    nodes,
                     problems,
                 },
             );
         }
+        let own = compiler.options().node_name.clone();
+        compiler.set_zone(own.and_then(|name| self.node_zone(&name)));
         Ok(scan)
+    }
+
+    /// The zone of the Node named `name`: the first such Node in file order.
+    pub fn node_zone(&self, name: &str) -> Option<String> {
+        self.files
+            .values()
+            .flat_map(|f| &f.nodes)
+            .find(|n| n.name == name)
+            .and_then(|n| n.zone.clone())
     }
 
     /// Problems of the files as they are now.
@@ -297,7 +314,7 @@ pub fn parse_file_model(path: &Path, text: &str) -> (Option<ModelObjects>, Vec<P
     let problems = parse_documents(path, text, &mut |found| match found {
         Found::Service(s) => objects.services.push(ServiceInfo::from(&*s)),
         Found::Slice(s) => objects.slices.push(SliceInfo::from(&*s)),
-        Found::Node(_) => objects.nodes += 1,
+        Found::Node(n) => objects.nodes.push(NodeInfo::from(&*n)),
     });
     match problems {
         Ok(problems) => (Some(objects), problems),
@@ -472,6 +489,48 @@ spec: {clusterIP: 10.96.0.11}
         fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// The own Node's zone comes from the directory: topology hints are read against
+    /// it, and a relabelled or removed Node recompiles the Services.
+    #[test]
+    fn the_own_nodes_zone_filters_hinted_endpoints() {
+        let dir = std::env::temp_dir().join(format!("sliceway-local-zone-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(
+            dir.join("svc.yaml"),
+            "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default}\nspec: {clusterIP: 10.96.0.1, ports: [{name: http, port: 80}]}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{name: http, port: 8080}]\nendpoints:\n- {addresses: [10.244.0.1], hints: {forZones: [{name: zone-a}]}}\n- {addresses: [10.244.0.2], hints: {forZones: [{name: zone-b}]}}\n",
+        )
+        .unwrap();
+        let node = |zone: &str| {
+            format!("apiVersion: v1\nkind: Node\nmetadata: {{name: node-1, labels: {{topology.kubernetes.io/zone: {zone}}}}}\n---\napiVersion: v1\nkind: Node\nmetadata: {{name: node-2, labels: {{topology.kubernetes.io/zone: zone-b}}}}\n")
+        };
+        fs::write(dir.join("node.yaml"), node("zone-a")).unwrap();
+        let mut m = ManifestDir::new(&dir);
+        let mut c = Incremental::new(crate::compiler::Options {
+            node_name: Some("node-1".into()),
+            ..Default::default()
+        });
+        let backends = |m: &mut ManifestDir, c: &mut Incremental| -> Vec<u32> {
+            m.rescan(c).unwrap();
+            c.compile();
+            let f = c.frontends().values().next().expect("one frontend");
+            f.backends
+                .iter()
+                .map(|b| u32::from_be(b.addr_be) & 0xff)
+                .collect()
+        };
+        assert_eq!(backends(&mut m, &mut c), [1], "zone-a");
+        // A different size too, so the rescan sees the file changed at once.
+        fs::write(dir.join("node.yaml"), node("zone-b") + "# moved\n").unwrap();
+        assert_eq!(backends(&mut m, &mut c), [2], "zone-b");
+        fs::remove_file(dir.join("node.yaml")).unwrap();
+        assert_eq!(
+            backends(&mut m, &mut c),
+            [1, 2],
+            "no Node: no zone, no filtering"
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn a_rewritten_file_changes_only_what_differs() {
         let dir = std::env::temp_dir().join(format!("sliceway-local-diff-{}", std::process::id()));
@@ -516,7 +575,7 @@ kind: Service
 "#;
         let (objects, problems) = parse_file_model(Path::new("x.yaml"), text);
         let objects = objects.unwrap();
-        assert_eq!((objects.services.len(), objects.nodes), (1, 1));
+        assert_eq!((objects.services.len(), objects.nodes.len()), (1, 1));
         assert_eq!(problems.len(), 1);
         assert_eq!(
             problems[0].reason,

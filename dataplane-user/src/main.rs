@@ -91,10 +91,19 @@ fn main() -> anyhow::Result<()> {
                     for p in problems {
                         tracing::warn!(file = %p.file.display(), "{}", p.reason);
                     }
+                    // The node's zone from its Node object in the directory, as `run`.
+                    let zone = args.node.as_deref().and_then(|name| {
+                        objects
+                            .nodes
+                            .iter()
+                            .map(sliceway_agent::model::NodeInfo::from)
+                            .find(|n| n.name == name)
+                            .and_then(|n| n.zone)
+                    });
                     let opts = compiler::Options {
                         node_name: args.node,
                         proxy_name: None,
-                        zone: None,
+                        zone,
                     };
                     inspect::trace(&objects, &opts, src, args.dst, proto)?
                 }

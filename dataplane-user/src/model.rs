@@ -17,6 +17,32 @@ use k8s_openapi::api::{
 
 use crate::compiler::{LABEL_HEADLESS, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME};
 
+/// The Node label kube-proxy reads topology hints against.
+pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
+
+/// What the agent reads of a Node: its name and zone.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeInfo {
+    pub name: String,
+    /// The `topology.kubernetes.io/zone` label, when set and not empty.
+    pub zone: Option<String>,
+}
+
+impl From<&k8s_openapi::api::core::v1::Node> for NodeInfo {
+    fn from(node: &k8s_openapi::api::core::v1::Node) -> Self {
+        Self {
+            name: node.metadata.name.clone().unwrap_or_default(),
+            zone: node
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(LABEL_ZONE))
+                .filter(|z| !z.is_empty())
+                .cloned(),
+        }
+    }
+}
+
 /// Annotation the EndpointSlice controller sets to the time of the change it reflects.
 pub const TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 

@@ -305,6 +305,14 @@ fn random_walk(seed: u32, rounds: usize, opts: Options, limits: Limits) {
         for _ in 0..rng.below(4) + 1 {
             world.change(&mut rng, &mut incremental.compiler);
         }
+        // Now and then the node moves to another zone (its Node's label changed).
+        if rng.chance(15) {
+            let zone = rng
+                .pick(&[None, Some("zone-a"), Some("zone-b")])
+                .map(String::from);
+            incremental.compiler.set_zone(zone);
+        }
+        let opts = incremental.compiler.options().clone();
         // Now and then a restart: both writers adopt what their maps hold.
         if rng.chance(25) {
             let compiler = std::mem::take(&mut incremental.compiler);

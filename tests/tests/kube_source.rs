@@ -728,7 +728,16 @@ async fn own_node_is_watched_by_name_only() {
             .changes;
     }
     assert_eq!(changes, 1);
-    assert_eq!(names(&source.snapshot()).2, [node_1]);
+    assert_eq!(names(&source.snapshot()).2, std::slice::from_ref(&node_1));
+
+    // Fed to the compiler, the Node's zone is what topology hints are read against.
+    let mut compiler =
+        sliceway_agent::compiler::Incremental::new(sliceway_agent::compiler::Options {
+            node_name: Some(node_1),
+            ..Default::default()
+        });
+    source.feed(&source.take_changes(), &mut compiler);
+    assert_eq!(compiler.options().zone.as_deref(), Some("z"));
 }
 
 /// An agent that starts before its RBAC is in place: every list is refused (403)
