@@ -411,6 +411,23 @@ impl Index {
 }
 
 impl Stores {
+    /// Whether every store has completed its first list.
+    pub fn synced(&self) -> bool {
+        use futures::FutureExt;
+        fn ready<K>(s: &Store<K>) -> bool
+        where
+            K: kube::Resource + Clone + 'static,
+            K::DynamicType: Eq + std::hash::Hash + Clone,
+        {
+            matches!(s.wait_until_ready().now_or_never(), Some(Ok(())))
+        }
+        ready(&self.services)
+            && ready(&self.pods)
+            && ready(&self.nodes)
+            && ready(&self.slices)
+            && ready(&self.endpoints)
+    }
+
     /// Stores with their index built from what they hold.
     pub fn new(
         services: Store<Service>,
@@ -652,6 +669,16 @@ async fn sweeper(
 /// Reconciles one Service name: slices, Endpoints and mirrored slices.
 #[instrument(skip(svc, ctx), fields(service = %format!("{}/{}", svc.namespace().unwrap_or_default(), svc.name_any())))]
 pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action> {
+    // Nothing is reconciled before every watch has listed once, as upstream starts
+    // its workers only after WaitForNamedCacheSync
+    // (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/controller/endpointslice/endpointslice_controller.go>,
+    // `Run`): triggers of the initial lists (one per Pod, per slice...) only set the
+    // Service's next run, so each Service is synced once after the lists, not once per
+    // list page while its own writes are still on their way back through the watch
+    // (which would find the cache stale and back off, 10 per second for all).
+    if !ctx.stores.synced() {
+        return Ok(Action::requeue(Duration::from_millis(500)));
+    }
     let ns = svc.namespace().unwrap_or_else(|| "default".into());
     let name = svc.name_any();
     let uid = svc.uid().unwrap_or_default();

@@ -349,10 +349,13 @@ fn context_with(
     where
         K: kube::Resource<DynamicType = ()> + Clone + 'static,
     {
+        // A first list, as a reflector does it: the store is then ready.
         let (reader, mut writer) = reflector::store::<K>();
+        writer.apply_watcher_event(&watcher::Event::Init);
         for o in objects {
-            writer.apply_watcher_event(&watcher::Event::Apply(o));
+            writer.apply_watcher_event(&watcher::Event::InitApply(o));
         }
+        writer.apply_watcher_event(&watcher::Event::InitDone);
         reader
     }
     Context {
