@@ -18,14 +18,17 @@ pub const PROTO_UDP: u8 = 17;
 
 /// Capacity defaults. The agent may size maps differently at load time.
 pub mod capacity {
-    /// Frontends (VIP:port:proto). 64k covers the largest clusters we target.
-    pub const SERVICES: u32 = 65_536;
+    /// Frontends (VIP:port:proto) and ClusterIP markers (one per ClusterIP): 128k
+    /// covers the largest clusters we target (about 60k Services of one port).
+    pub const SERVICES: u32 = 131_072;
     /// Distinct backends (ip:port:proto) across all services.
     pub const BACKENDS: u32 = 262_144;
     /// Backend slots across all services (sum of backends per frontend).
     pub const SLOTS: u32 = 1_048_576;
     /// Tracked flows; LRU, so the oldest idle flows are evicted when full.
     pub const CONNTRACK: u32 = 262_144;
+    /// Clients remembered by session affinity (per client and frontend); LRU.
+    pub const AFFINITY: u32 = 65_536;
 }
 
 /// Key of the `SERVICES` hash map: one frontend.
@@ -147,6 +150,39 @@ impl ServiceName {
     }
 }
 
+/// Key of the `AFFINITY` map: a client address (IPv4 in the first word, the other
+/// three zero; room for IPv6) and the frontend it connected to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct AffinityKey {
+    pub client: [u32; 4],
+    pub service_id: u32,
+}
+const _: () = assert!(size_of::<AffinityKey>() == 20);
+
+/// Value of the `AFFINITY` map: the backend the client was given, in which slot, and
+/// when it last opened a connection (`bpf_ktime_get_ns`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct AffinityValue {
+    pub backend_id: u32,
+    pub slot: u32,
+    pub last_ns: u64,
+}
+const _: () = assert!(size_of::<AffinityValue>() == 16);
+
+/// A `SERVICES` key with port 0 and protocol 0 marks a ClusterIP: traffic to it on a
+/// port or protocol no frontend has is rejected (kube-proxy's nftables
+/// `cluster-ips` set). Its value has count 0.
+pub fn clusterip_marker(addr_be: u32) -> ServiceKey {
+    ServiceKey {
+        addr_be,
+        port_be: 0,
+        proto: 0,
+        _pad: 0,
+    }
+}
+
 /// A forward conntrack entry: client → frontend, rewrite the destination.
 pub const CT_FORWARD: u16 = 0;
 /// A reverse conntrack entry: backend → client, rewrite the source.
@@ -180,8 +216,16 @@ pub mod stat {
     pub const DROP_REWRITE: u32 = 10;
     /// Conntrack insert failed: dropped.
     pub const DROP_CONNTRACK: u32 = 11;
+    /// Frontend without endpoints anywhere: ICMP port unreachable sent back.
+    pub const REJECT_NO_BACKEND: u32 = 12;
+    /// A ClusterIP on a port or protocol its Service does not declare: ICMP port
+    /// unreachable sent back.
+    pub const REJECT_NO_PORT: u32 = 13;
+    /// A reject whose reply could not be built (IP options, a helper failed):
+    /// dropped instead.
+    pub const DROP_REJECT: u32 = 14;
     /// Number of slots.
-    pub const COUNT: u32 = 12;
+    pub const COUNT: u32 = 15;
 
     /// Names, indexed by slot, as `list` and metrics print them.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -197,6 +241,9 @@ pub mod stat {
         "drop_missing_backend",
         "drop_rewrite",
         "drop_conntrack",
+        "reject_no_backend",
+        "reject_no_port",
+        "drop_reject",
     ];
 }
 
@@ -209,9 +256,18 @@ pub mod map_name {
     pub const CONNTRACK: &str = "CONNTRACK";
     pub const STATS: &str = "STATS";
     pub const SERVICE_NAMES: &str = "SERVICE_NAMES";
+    pub const AFFINITY: &str = "AFFINITY";
 
     /// Every map, in the order the agent pins them.
-    pub const ALL: [&str; 6] = [SERVICES, SLOTS, BACKENDS, CONNTRACK, STATS, SERVICE_NAMES];
+    pub const ALL: [&str; 7] = [
+        SERVICES,
+        SLOTS,
+        BACKENDS,
+        CONNTRACK,
+        STATS,
+        SERVICE_NAMES,
+        AFFINITY,
+    ];
 }
 
 /// Flow hash used to pick a slot for a new flow. Deterministic, so `trace` and tests
@@ -242,6 +298,15 @@ fn mix(h: u32, k: u32) -> u32 {
         .rotate_left(13)
         .wrapping_mul(5)
         .wrapping_add(0xe654_6b64)
+}
+
+/// Folds a 32-bit one's-complement sum to 16 bits (not complemented). The sum of
+/// native-endian words gives the checksum in native-endian storage order.
+#[inline(always)]
+pub fn csum_fold(sum: u32) -> u16 {
+    let sum = (sum & 0xffff) + (sum >> 16);
+    let sum = (sum & 0xffff) + (sum >> 16);
+    sum as u16
 }
 
 /// RFC 1624 eqn. 3: a 16-bit one's complement checksum `check` after a 32-bit field

@@ -15,6 +15,8 @@ mod nat;
 #[cfg(target_arch = "bpf")]
 mod packet;
 #[cfg(target_arch = "bpf")]
+mod reject;
+#[cfg(target_arch = "bpf")]
 mod tc;
 
 #[cfg(target_arch = "bpf")]

@@ -7,7 +7,8 @@ use aya_ebpf::{
     maps::{HashMap, LruHashMap, PerCpuArray},
 };
 use dataplane_common::{
-    capacity, stat, Backend, FlowKey, NatTarget, ServiceKey, ServiceName, ServiceValue, SlotKey,
+    capacity, stat, AffinityKey, AffinityValue, Backend, FlowKey, NatTarget, ServiceKey,
+    ServiceName, ServiceValue, SlotKey,
 };
 
 /// Frontends: (VIP, port, proto) → (id, slot count). Written by the agent.
@@ -34,6 +35,18 @@ pub static CONNTRACK: LruHashMap<FlowKey, NatTarget> =
 #[map]
 pub static SERVICE_NAMES: HashMap<u32, ServiceName> =
     HashMap::with_max_entries(capacity::SERVICES, 0);
+
+/// Session affinity: (client, frontend) → the backend it was given and when it last
+/// connected. Written by the program for frontends with `SVC_F_AFFINITY`; LRU, so
+/// the longest-idle clients go first when full.
+#[map]
+pub static AFFINITY: LruHashMap<AffinityKey, AffinityValue> =
+    LruHashMap::with_max_entries(capacity::AFFINITY, 0);
+
+/// Scratch space for building replies (one per CPU): a copy of an ICMP header and
+/// quote to sum the checksum over.
+#[map]
+pub static SCRATCH: PerCpuArray<[u8; crate::reject::SUM_MAX]> = PerCpuArray::with_max_entries(1, 0);
 
 /// Exit counters, indexed by `stat::*`. Written by the program.
 #[map]

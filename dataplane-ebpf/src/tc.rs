@@ -2,18 +2,20 @@
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT},
+    helpers::bpf_ktime_get_ns,
     macros::classifier,
     programs::TcContext,
 };
 use dataplane_common::{
-    flow_hash, stat, FlowKey, NatTarget, ServiceKey, SlotKey, CT_FORWARD, CT_REVERSE, PROTO_TCP,
-    PROTO_UDP,
+    clusterip_marker, flow_hash, stat, AffinityKey, AffinityValue, FlowKey, NatTarget, ServiceKey,
+    SlotKey, CT_FORWARD, CT_REVERSE, PROTO_TCP, PROTO_UDP, SVC_F_AFFINITY, SVC_F_DROP_EMPTY,
 };
 
 use crate::{
-    maps::{count, BACKENDS, CONNTRACK, SERVICES, SLOTS},
+    maps::{count, AFFINITY, BACKENDS, CONNTRACK, SERVICES, SLOTS},
     nat::{rewrite, End},
     packet::{ptr_at, Flow, ETH_LEN, ETH_P_IP, IP_MAX_HDR_LEN},
+    reject,
 };
 
 /// A verdict and the `stat` slot that explains it.
@@ -50,7 +52,8 @@ fn try_sliceway_tc(ctx: &TcContext) -> Result<Exit, Exit> {
     };
     // SAFETY: map values are plain data; the reference does not outlive this call.
     if let Some(service) = unsafe { SERVICES.get(service_key) } {
-        let (service_id, count) = (service.id, service.count);
+        let (service_id, count, flags) = (service.id, service.count, service.flags);
+        let affinity_timeout_s = service.affinity_timeout_s;
         // A tracked flow keeps its backend through endpoint churn.
         if let Some(ct) = unsafe { CONNTRACK.get(flow_key) } {
             let ct = *ct;
@@ -61,23 +64,50 @@ fn try_sliceway_tc(ctx: &TcContext) -> Result<Exit, Exit> {
             }
         }
         if count == 0 {
-            // Never let a packet reach the VIP untranslated.
-            return Ok((DROP, stat::DROP_NO_BACKEND));
+            // Never let a packet reach the VIP untranslated: with endpoints on other
+            // nodes only and a Local policy, drop (kube-proxy's "drop"); with none
+            // anywhere, reject.
+            if flags & SVC_F_DROP_EMPTY != 0 {
+                return Ok((DROP, stat::DROP_NO_BACKEND));
+            }
+            return Ok(reject_or_drop(ctx, &flow, stat::REJECT_NO_BACKEND));
         }
-        let hash = flow_hash(
-            flow.src_be,
-            flow.dst_be,
-            flow.sport_be,
-            flow.dport_be,
-            flow.proto,
-        );
-        let slot = SlotKey {
+        // Session affinity: a client seen within the timeout keeps its backend while
+        // that backend is still in the slot it was found in.
+        let affinity_key = AffinityKey {
+            client: [flow.src_be, 0, 0, 0],
             service_id,
-            slot: hash % count,
         };
-        let backend_id = match unsafe { SLOTS.get(slot) } {
-            Some(id) => *id,
-            None => return Ok((DROP, stat::DROP_MISSING_BACKEND)),
+        let now = if flags & SVC_F_AFFINITY != 0 {
+            // SAFETY: a plain helper call.
+            unsafe { bpf_ktime_get_ns() }
+        } else {
+            0
+        };
+        let sticky = if flags & SVC_F_AFFINITY != 0 {
+            sticky_backend(&affinity_key, now, affinity_timeout_s, count)
+        } else {
+            None
+        };
+        let (slot_index, backend_id) = match sticky {
+            Some(found) => found,
+            None => {
+                let hash = flow_hash(
+                    flow.src_be,
+                    flow.dst_be,
+                    flow.sport_be,
+                    flow.dport_be,
+                    flow.proto,
+                );
+                let slot = SlotKey {
+                    service_id,
+                    slot: hash % count,
+                };
+                match unsafe { SLOTS.get(slot) } {
+                    Some(id) => (slot.slot, *id),
+                    None => return Ok((DROP, stat::DROP_MISSING_BACKEND)),
+                }
+            }
         };
         let backend = match unsafe { BACKENDS.get(backend_id) } {
             Some(b) => *b,
@@ -120,6 +150,15 @@ fn try_sliceway_tc(ctx: &TcContext) -> Result<Exit, Exit> {
             backend.port_be,
         )
         .map_err(|_| (DROP, stat::DROP_REWRITE))?;
+        if flags & SVC_F_AFFINITY != 0 {
+            let remembered = AffinityValue {
+                backend_id,
+                slot: slot_index,
+                last_ns: now,
+            };
+            // Best effort: without the entry the next connection is hashed anew.
+            let _ = AFFINITY.insert(affinity_key, remembered, 0);
+        }
         return Ok((PASS, stat::DNAT_NEW));
     }
     if let Some(ct) = unsafe { CONNTRACK.get(flow_key) } {
@@ -130,7 +169,41 @@ fn try_sliceway_tc(ctx: &TcContext) -> Result<Exit, Exit> {
             return Ok((PASS, stat::REVNAT));
         }
     }
+    // A ClusterIP on a port or protocol its Service does not declare: rejected, as
+    // kube-proxy's nftables `cluster-ips` set does, never passed on untranslated.
+    if unsafe { SERVICES.get(clusterip_marker(flow.dst_be)) }.is_some() {
+        return Ok(reject_or_drop(ctx, &flow, stat::REJECT_NO_PORT));
+    }
     Ok((PASS, stat::PASS_NO_SERVICE))
+}
+
+/// Answers `flow` with ICMP port unreachable; drops it if the reply cannot be made.
+#[inline(always)]
+fn reject_or_drop(ctx: &TcContext, flow: &Flow, reason: u32) -> Exit {
+    match reject::port_unreachable(ctx, flow) {
+        Ok(action) => (action, reason),
+        Err(()) => (DROP, stat::DROP_REJECT),
+    }
+}
+
+/// The slot and backend a client was given by session affinity, if it connected
+/// within the timeout and that backend is still in that slot.
+#[inline(always)]
+fn sticky_backend(key: &AffinityKey, now: u64, timeout_s: u32, count: u32) -> Option<(u32, u32)> {
+    // SAFETY: map values are plain data; copied at once.
+    let seen = unsafe { AFFINITY.get(key) }.copied()?;
+    if now.wrapping_sub(seen.last_ns) >= timeout_s as u64 * 1_000_000_000 || seen.slot >= count {
+        return None;
+    }
+    let slot = SlotKey {
+        service_id: key.service_id,
+        slot: seen.slot,
+    };
+    // SAFETY: as above.
+    match unsafe { SLOTS.get(slot) } {
+        Some(id) if *id == seen.backend_id => Some((seen.slot, seen.backend_id)),
+        _ => None,
+    }
 }
 
 /// Whether a packet of a tracked flow stays with the tracked backend. A TCP SYN

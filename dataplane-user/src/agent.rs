@@ -138,11 +138,19 @@ impl Syncer {
         self.observe(&skipped, dp, written, started.elapsed());
         let report = &synced.report;
         let writer = &self.pipeline.writer;
+        // Service ports, and apart from them the ClusterIPs marked for rejecting
+        // their undeclared ports (both are SERVICES entries).
+        let clusterips = writer
+            .programmed()
+            .keys()
+            .filter(|k| crate::compiler::is_clusterip_marker(k))
+            .count();
         info!(
             sync = self.syncs,
             services = self.pipeline.compiler.service_count(),
             slices = self.pipeline.compiler.slice_count(),
-            frontends = writer.programmed().len(),
+            frontends = writer.programmed().len() - clusterips,
+            clusterips,
             backends = writer.backend_count(),
             changed = synced.changed,
             writes = report.map_writes,

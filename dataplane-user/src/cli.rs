@@ -67,9 +67,18 @@ pub struct TraceArgs {
     pub dst: std::net::SocketAddrV4,
     #[arg(long, value_enum, default_value_t = Proto::Tcp)]
     pub proto: Proto,
-    /// This node's name (for internalTrafficPolicy: Local).
+    /// Where the packet arrives: from a pod (a pod-facing interface), from the node
+    /// itself (`host`) or from outside the node (`external`, its uplink).
+    #[arg(long, value_enum, default_value_t = From::Pod)]
+    pub from: From,
+    /// This node's name: its Node object in the directory gives the zone topology
+    /// hints are read against; internalTrafficPolicy: Local keeps its endpoints.
     #[arg(long, env = "NODE_NAME")]
     pub node: Option<String>,
+    /// Handle Services labelled service.kubernetes.io/service-proxy-name with this
+    /// value, as `run` does with the same flag.
+    #[arg(long)]
+    pub service_proxy_name: Option<String>,
     #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
     pub bpffs_dir: PathBuf,
     #[arg(short, long, value_enum, default_value_t = Output::Json)]
@@ -80,6 +89,15 @@ pub struct TraceArgs {
 pub enum Proto {
     Tcp,
     Udp,
+    Sctp,
+}
+
+/// Where a traced packet arrives.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum From {
+    Pod,
+    Host,
+    External,
 }
 
 #[derive(clap::Args)]

@@ -523,6 +523,15 @@ fn merge_slice(
 fn conflict(key: &ServiceKey, by: ObjectRef, winner: &ServicePortName) -> Skipped {
     let vip = Ipv4Addr::from(u32::from_be(key.addr_be));
     let number = u16::from_be(key.port_be);
+    if is_clusterip_marker(key) {
+        return Skipped {
+            object: by,
+            code: "clusterip_conflict",
+            reason: format!(
+                "ClusterIP {vip} is already the ClusterIP of {winner}; its undeclared ports are rejected as that Service's"
+            ),
+        };
+    }
     Skipped {
         object: by,
         code: "frontend_conflict",
@@ -701,6 +710,28 @@ fn compile_service(
                         on_empty,
                         affinity_timeout,
                     },
+                },
+            });
+        }
+    }
+    // Each ClusterIP of a Service with a port is marked, so traffic to it on a port
+    // or protocol the Service does not declare is rejected (the nftables proxier's
+    // `cluster-ips` set, filled per service port).
+    if !seen_ports.is_empty() {
+        for &(vip, is_cluster_ip) in &vips {
+            if !is_cluster_ip {
+                continue;
+            }
+            out.claims.push(Claim {
+                key: dataplane_common::clusterip_marker(u32::from(vip).to_be()),
+                frontend: Frontend {
+                    service: ServicePortName {
+                        namespace: me.namespace.clone(),
+                        name: me.name.clone(),
+                        port: String::new(),
+                    },
+                    backends: Vec::new(),
+                    policy: FrontendPolicy::default(),
                 },
             });
         }
@@ -1077,8 +1108,17 @@ pub fn proto_name(proto: u8) -> &'static str {
     }
 }
 
-/// `ip:port/PROTO` of a frontend key.
+/// Whether a frontend key is a ClusterIP's marker (port and protocol 0).
+pub fn is_clusterip_marker(key: &ServiceKey) -> bool {
+    key.port_be == 0 && key.proto == 0
+}
+
+/// `ip:port/PROTO` of a frontend key; `ip:*` for a ClusterIP's marker (its other
+/// ports).
 pub fn frontend_addr(key: &ServiceKey) -> String {
+    if is_clusterip_marker(key) {
+        return format!("{}:*", Ipv4Addr::from(u32::from_be(key.addr_be)));
+    }
     format!(
         "{}:{}/{}",
         Ipv4Addr::from(u32::from_be(key.addr_be)),

@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use crate::{
     compiler::{self, backend_addr, frontend_addr},
-    kernel::{Capacities, Datapath, KernelError, PinDir, TC_ACT_SHOT},
+    kernel::{Capacities, Datapath, KernelError, PinDir, TC_ACT_REDIRECT, TC_ACT_SHOT},
     local::Objects,
     packet::{self, PacketSpec, TCP_SYN},
     writer::{KernelState, MapWriter},
@@ -157,8 +157,12 @@ pub struct Trace {
     pub service: Option<String>,
     /// The backend chosen for this packet, if it was DNATed.
     pub backend: Option<String>,
-    /// Every backend the maps offer this packet.
+    /// Every backend this packet could have been sent to (the eligible set after
+    /// policy, topology and affinity).
     pub candidates: Vec<String>,
+    /// The source address the packet leaves with when it is masqueraded; none from a
+    /// pod (traffic from pods keeps its source).
+    pub snat: Option<String>,
     /// The datapath's reason for the verdict.
     pub reason: String,
 }
@@ -225,6 +229,8 @@ pub fn run_trace(
     let parsed = packet::parse(&out.packet);
     let (verdict, backend) = if out.verdict == TC_ACT_SHOT {
         ("drop", None)
+    } else if out.verdict == TC_ACT_REDIRECT && reason.starts_with("reject") {
+        ("reject", None)
     } else {
         match parsed {
             Some(p) if p.dst != dst => ("dnat", Some(p.dst.to_string())),
@@ -236,8 +242,22 @@ pub fn run_trace(
         service,
         backend,
         candidates,
+        snat: None,
         reason,
     })
+}
+
+/// The answer for a packet the datapath does not handle yet: passed untouched, with
+/// the reason.
+pub fn not_yet(reason: &str) -> Trace {
+    Trace {
+        verdict: "pass".into(),
+        service: None,
+        backend: None,
+        candidates: Vec::new(),
+        snat: None,
+        reason: format!("not yet: {reason}"),
+    }
 }
 
 /// Loads the programs over the live pinned service maps (conntrack and counters stay

@@ -174,6 +174,10 @@ fn expected_sizes(name: &str) -> (usize, usize) {
         map_name::CONNTRACK => (size_of::<FlowKey>(), size_of::<NatTarget>()),
         map_name::STATS => (size_of::<u32>(), size_of::<u64>()),
         map_name::SERVICE_NAMES => (size_of::<u32>(), size_of::<ServiceName>()),
+        map_name::AFFINITY => (
+            size_of::<dataplane_common::AffinityKey>(),
+            size_of::<dataplane_common::AffinityValue>(),
+        ),
         _ => (0, 0),
     }
 }
@@ -339,6 +343,21 @@ impl Datapath {
                 );
             }
             for (name, path) in &pin_paths {
+                // Counters are the one map that grows with the program (a new exit
+                // reason): a smaller pinned one is replaced, its counts start again
+                // (a counter reset, as after a restart), the old program keeps its own.
+                if *name == map_name::STATS {
+                    if let Ok(info) = MapInfo::from_pin(path) {
+                        if info.max_entries() != dataplane_common::stat::COUNT {
+                            tracing::warn!(
+                                entries = info.max_entries(),
+                                now = dataplane_common::stat::COUNT,
+                                "the pinned counters have another number of reasons; starting new counters"
+                            );
+                            let _ = std::fs::remove_file(path);
+                        }
+                    }
+                }
                 if let Ok(info) = MapInfo::from_pin(path) {
                     let (k, v) = expected_sizes(name);
                     if (info.key_size() as usize, info.value_size() as usize) != (k, v) {
@@ -609,6 +628,8 @@ pub struct TestRunOutput {
 /// TC verdicts as the program returns them.
 pub const TC_ACT_OK: i32 = 0;
 pub const TC_ACT_SHOT: i32 = 2;
+/// The packet was redirected (a reply the program made, sent back where it came from).
+pub const TC_ACT_REDIRECT: i32 = 7;
 
 impl MapOps for KernelMaps {
     type Error = MapError;

@@ -581,7 +581,8 @@ mod tests {
         assert!(changes.relisted, "{changes:?}");
         let mut compiler = Incremental::default();
         source.feed(&changes, &mut compiler);
-        assert_eq!(compiler.compile().len(), 2);
+        // A frontend and a ClusterIP marker each.
+        assert_eq!(compiler.compile().len(), 4);
 
         // b changes, a goes: only they are named, and the compiler follows.
         send(watcher::Event::Apply(service("b", "10.96.0.3")));
@@ -608,7 +609,11 @@ mod tests {
             ..Default::default()
         };
         source.feed(&named, &mut compiler);
-        assert_eq!(compiler.compile().len(), 3, "a gone, b moved");
+        assert_eq!(
+            compiler.compile().len(),
+            6,
+            "a gone, b moved (frontend and marker each)"
+        );
         assert_eq!(compiler.compiled(), compiler2.compiled());
         assert_eq!(compiler.service_count(), 1);
         run.abort();

@@ -512,7 +512,12 @@ spec: {clusterIP: 10.96.0.11}
         let backends = |m: &mut ManifestDir, c: &mut Incremental| -> Vec<u32> {
             m.rescan(c).unwrap();
             c.compile();
-            let f = c.frontends().values().next().expect("one frontend");
+            let f = c
+                .frontends()
+                .iter()
+                .find(|(k, _)| !crate::compiler::is_clusterip_marker(k))
+                .expect("one frontend")
+                .1;
             f.backends
                 .iter()
                 .map(|b| u32::from_be(b.addr_be) & 0xff)
@@ -543,7 +548,8 @@ spec: {clusterIP: 10.96.0.11}
         let mut m = ManifestDir::new(&dir);
         let mut c = Incremental::default();
         m.rescan(&mut c).unwrap();
-        assert_eq!(c.compile().len(), 2);
+        // A frontend and a ClusterIP marker each.
+        assert_eq!(c.compile().len(), 4);
         // b moves, a stays, c is new (written longer, so the stamp differs).
         fs::write(
             &file,
@@ -551,7 +557,11 @@ spec: {clusterIP: 10.96.0.11}
         )
         .unwrap();
         assert!(m.rescan(&mut c).unwrap().changed);
-        assert_eq!(c.compile().len(), 3, "b's old and new frontends, c's");
+        assert_eq!(
+            c.compile().len(),
+            6,
+            "b's old and new frontends and markers, c's"
+        );
         assert_eq!(c.service_count(), 3);
         fs::remove_dir_all(&dir).unwrap();
     }

@@ -10,7 +10,7 @@ use clap::Parser;
 use dataplane_common::{PROTO_TCP, PROTO_UDP};
 use sliceway_agent::{
     agent,
-    cli::{Cli, Command, Output, Proto},
+    cli::{Cli, Command, From, Output, Proto},
     compiler, inspect, interfaces, kernel,
     kernel::Capacities,
     kernel::PinDir,
@@ -82,46 +82,57 @@ fn main() -> anyhow::Result<()> {
                 })?),
             };
             let proto = match args.proto {
-                Proto::Tcp => PROTO_TCP,
-                Proto::Udp => PROTO_UDP,
+                Proto::Tcp => Some(PROTO_TCP),
+                Proto::Udp => Some(PROTO_UDP),
+                Proto::Sctp => None,
             };
-            let trace = match &args.manifests {
-                Some(dir) => {
-                    let (objects, problems) = local::load_dir(dir)?;
-                    for p in problems {
-                        tracing::warn!(file = %p.file.display(), "{}", p.reason);
+            let trace = match (args.from, proto) {
+                (From::Host, _) => inspect::not_yet(
+                    "traffic from the node itself does not pass the pod-facing program",
+                ),
+                (From::External, _) => inspect::not_yet(
+                    "traffic from outside the node (NodePort, external and load-balancer IPs) is not handled",
+                ),
+                (From::Pod, None) => inspect::not_yet("SCTP is not handled; such packets pass"),
+                (From::Pod, Some(proto)) => match &args.manifests {
+                    Some(dir) => {
+                        let (objects, problems) = local::load_dir(dir)?;
+                        for p in problems {
+                            tracing::warn!(file = %p.file.display(), "{}", p.reason);
+                        }
+                        // The node's zone from its Node object in the directory, as `run`.
+                        let zone = args.node.as_deref().and_then(|name| {
+                            objects
+                                .nodes
+                                .iter()
+                                .map(sliceway_agent::model::NodeInfo::from)
+                                .find(|n| n.name == name)
+                                .and_then(|n| n.zone)
+                        });
+                        let opts = compiler::Options {
+                            node_name: args.node,
+                            proxy_name: args.service_proxy_name,
+                            zone,
+                        };
+                        inspect::trace(&objects, &opts, src, args.dst, proto)?
                     }
-                    // The node's zone from its Node object in the directory, as `run`.
-                    let zone = args.node.as_deref().and_then(|name| {
-                        objects
-                            .nodes
-                            .iter()
-                            .map(sliceway_agent::model::NodeInfo::from)
-                            .find(|n| n.name == name)
-                            .and_then(|n| n.zone)
-                    });
-                    let opts = compiler::Options {
-                        node_name: args.node,
-                        proxy_name: None,
-                        zone,
-                    };
-                    inspect::trace(&objects, &opts, src, args.dst, proto)?
-                }
-                None => {
-                    let dp = inspect::live_datapath(&PinDir::new(&args.bpffs_dir))?;
-                    inspect::run_trace(&dp, src, args.dst, proto)?
-                }
+                    None => {
+                        let dp = inspect::live_datapath(&PinDir::new(&args.bpffs_dir))?;
+                        inspect::run_trace(&dp, src, args.dst, proto)?
+                    }
+                },
             };
             match args.output {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&trace)?),
                 Output::Yaml => print!("{}", serde_yaml_ng::to_string(&trace)?),
                 Output::Table => println!(
-                    "verdict {} ({}); service {}; backend {}; candidates [{}]",
+                    "verdict {} ({}); service {}; backend {}; candidates [{}]; snat {}",
                     trace.verdict,
                     trace.reason,
                     trace.service.as_deref().unwrap_or("-"),
                     trace.backend.as_deref().unwrap_or("-"),
-                    trace.candidates.join(", ")
+                    trace.candidates.join(", "),
+                    trace.snat.as_deref().unwrap_or("-")
                 ),
             }
             Ok(())

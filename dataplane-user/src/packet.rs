@@ -173,6 +173,39 @@ pub fn checksum(data: &[u8], initial: u32) -> u16 {
     !(s as u16)
 }
 
+/// The reply a REJECT makes of `original` (an Ethernet frame holding an IPv4
+/// datagram), written from the RFCs for tests to compare with: ICMP destination
+/// unreachable, port unreachable (RFC 792), from the address the client asked for,
+/// quoting as much of the datagram as fits in 576 bytes (RFC 1812 4.3.2.3) in whole
+/// 32-bit words; IP TOS of the kernel's own ICMP errors (internetwork control), TTL
+/// 64, Ethernet addresses swapped.
+pub fn icmp_port_unreachable(original: &[u8]) -> Vec<u8> {
+    let ip = &original[14..];
+    let total = u16::from_be_bytes([ip[2], ip[3]]) as usize;
+    let quote = &ip[..total.min(576 - 28) / 4 * 4];
+    let mut out = Vec::with_capacity(14 + 28 + quote.len());
+    out.extend_from_slice(&original[6..12]);
+    out.extend_from_slice(&original[0..6]);
+    out.extend_from_slice(&original[12..14]);
+    let mut hdr = [0u8; 20];
+    hdr[0] = 0x45;
+    hdr[1] = 0xc0;
+    hdr[2..4].copy_from_slice(&((28 + quote.len()) as u16).to_be_bytes());
+    hdr[8] = 64;
+    hdr[9] = 1;
+    hdr[12..16].copy_from_slice(&ip[16..20]);
+    hdr[16..20].copy_from_slice(&ip[12..16]);
+    let c = checksum(&hdr, 0);
+    hdr[10..12].copy_from_slice(&c.to_be_bytes());
+    out.extend_from_slice(&hdr);
+    let mut icmp = vec![3u8, 3, 0, 0, 0, 0, 0, 0];
+    icmp.extend_from_slice(quote);
+    let c = checksum(&icmp, 0);
+    icmp[2..4].copy_from_slice(&c.to_be_bytes());
+    out.extend_from_slice(&icmp);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

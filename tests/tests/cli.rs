@@ -75,13 +75,30 @@ fn trace_and_list_tell_where_packets_go() {
         "--proto",
         "udp",
     ]);
+    // No endpoints anywhere: rejected (ICMP port unreachable), as kube-proxy does.
     assert_eq!(
         (t["verdict"].as_str(), t["service"].as_str()),
-        (Some("drop"), Some("default/empty:dns")),
+        (Some("reject"), Some("default/empty:dns")),
         "{t}"
     );
     assert_eq!(t["candidates"], Value::Array(vec![]));
-    assert_eq!(t["reason"], "drop_no_backend");
+    assert_eq!(t["reason"], "reject_no_backend");
+
+    // A port the Service does not declare: rejected too, never passed on.
+    let t = agent_cli(&[
+        "trace",
+        "--manifests",
+        dir,
+        "--src",
+        "10.244.1.2",
+        "--dst",
+        "10.96.0.20:9999",
+    ]);
+    assert_eq!(
+        (t["verdict"].as_str(), t["reason"].as_str()),
+        (Some("reject"), Some("reject_no_port")),
+        "{t}"
+    );
 
     let t = agent_cli(&[
         "trace",
@@ -124,6 +141,64 @@ fn trace_and_list_tell_where_packets_go() {
         .find(|f| f["frontend"] == "10.96.0.20:80/UDP")
         .unwrap();
     assert_eq!(empty["backends"], Value::Array(vec![]));
-    assert_eq!(frontends.len(), 4);
+    // Two Services' frontends, and a ClusterIP marker each (their other ports).
+    assert_eq!(frontends.len(), 6, "{l}");
+    let marker = frontends
+        .iter()
+        .find(|f| f["frontend"] == "10.96.0.10:*")
+        .unwrap_or_else(|| panic!("{l}"));
+    assert_eq!(marker["service"], "default/web");
     assert!(l["counters"]["dnat_new"].is_u64());
+}
+
+/// `trace`'s contract: every answer has the same JSON shape (`snat` included); a
+/// packet from the node itself or from outside, and SCTP, are answered "pass" with a
+/// "not yet" reason until the datapath handles them; `--service-proxy-name` selects
+/// Services as `run` does.
+#[test]
+fn trace_answers_every_origin_and_follows_the_service_proxy_name() {
+    let lab = Lab::new(1).unwrap();
+    let theirs = lab
+        .service_yaml("theirs", Ipv4Addr::new(10, 96, 0, 30), 80, &[0])
+        .replace(
+            "metadata:\n  name: theirs\n  namespace: default\n",
+            "metadata:\n  name: theirs\n  namespace: default\n  labels: {service.kubernetes.io/service-proxy-name: sliceway}\n",
+        )
+        .replace(
+            "    kubernetes.io/service-name: theirs\n",
+            "    kubernetes.io/service-name: theirs\n    service.kubernetes.io/service-proxy-name: sliceway\n",
+        );
+    lab.write_manifest("theirs.yaml", &theirs).unwrap();
+    let dir = lab.manifests.to_str().unwrap();
+    let trace = |extra: &[&str]| {
+        let mut args = vec![
+            "trace",
+            "--manifests",
+            dir,
+            "--src",
+            "10.244.1.2:40000",
+            "--dst",
+            "10.96.0.30:80",
+        ];
+        args.extend_from_slice(extra);
+        agent_cli(&args)
+    };
+    for extra in [
+        &["--from", "host"][..],
+        &["--from", "external"][..],
+        &["--proto", "sctp"][..],
+    ] {
+        let t = trace(extra);
+        assert_eq!(t["verdict"], "pass", "{extra:?}: {t}");
+        assert!(t["reason"].as_str().unwrap().starts_with("not yet"), "{t}");
+        for key in ["service", "backend", "candidates", "snat", "reason"] {
+            assert!(t.get(key).is_some(), "{extra:?}: no {key} in {t}");
+        }
+    }
+    // Labelled for a proxy named "sliceway": ignored without the flag (as kube-proxy
+    // ignores it), served with it.
+    assert_eq!(trace(&[])["verdict"], "pass");
+    let t = trace(&["--service-proxy-name", "sliceway"]);
+    assert_eq!(t["verdict"], "dnat", "{t}");
+    assert_eq!(t["snat"], Value::Null);
 }

@@ -111,8 +111,9 @@ fn the_agent_follows_the_api_server() {
     for needle in [
         "sliceway_syncs_total",
         "sliceway_sync_duration_seconds",
-        // web's TCP and UDP ports, and the API server's own `kubernetes` Service.
-        "sliceway_map_entries{map=\"SERVICES\"} 3",
+        // web's TCP and UDP ports, and the API server's own `kubernetes` Service, and
+        // the two ClusterIP markers.
+        "sliceway_map_entries{map=\"SERVICES\"} 5",
         "sliceway_datapath_packets{reason=\"dnat_new\"}",
         "sliceway_objects_skipped",
         "sliceway_network_programming_duration_seconds_count 1",

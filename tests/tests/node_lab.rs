@@ -101,7 +101,7 @@ fn removing_an_endpoint_from_the_yaml_stops_new_flows_to_it() {
 }
 
 #[test]
-fn a_service_without_endpoints_is_not_reachable() {
+fn a_service_without_endpoints_or_port_refuses_at_once() {
     let lab = Lab::new(3).unwrap();
     lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0]))
         .unwrap();
@@ -112,13 +112,64 @@ fn a_service_without_endpoints_is_not_reachable() {
     .unwrap();
     let _agent = lab.start_agent().unwrap();
     let empty = SocketAddrV4::new(Ipv4Addr::new(10, 96, 0, 20), PORT);
-    assert!(lab.tcp_request(empty).is_err());
-    assert!(lab.udp_request(empty).is_err());
+    // Rejected, as kube-proxy does: the ICMP port unreachable the program answers
+    // with makes connect() and the UDP socket fail with ECONNREFUSED (a silent drop
+    // would end in a timeout instead).
+    let client = lab.client.ns.clone();
+    let kinds = sliceway_lab::netns::in_netns(&client, move || {
+        let tcp = std::net::TcpStream::connect_timeout(&empty.into(), Duration::from_secs(3))
+            .map(drop)
+            .map_err(|e| e.kind());
+        let udp = (|| {
+            let s = std::net::UdpSocket::bind(("0.0.0.0", 0))?;
+            s.set_read_timeout(Some(Duration::from_secs(3)))?;
+            s.connect(empty)?;
+            s.send(b"hello")?;
+            s.recv(&mut [0u8; 64]).map(drop)
+        })()
+        .map_err(|e| e.kind());
+        // A port the VIP's Service does not declare: refused too.
+        let other = SocketAddrV4::new(VIP, PORT + 1);
+        let undeclared =
+            std::net::TcpStream::connect_timeout(&other.into(), Duration::from_secs(3))
+                .map(drop)
+                .map_err(|e| e.kind());
+        (tcp, udp, undeclared)
+    })
+    .unwrap();
+    let refused = Err(std::io::ErrorKind::ConnectionRefused);
+    assert_eq!(kinds, (refused, refused, refused));
     // The other Service still works.
     assert_eq!(
         lab.tcp_request(vip()).unwrap().backend,
         lab.backends[0].name
     );
+}
+
+#[test]
+fn session_affinity_keeps_a_client_on_one_backend() {
+    let lab = Lab::new(3).unwrap();
+    let sticky = Ipv4Addr::new(10, 96, 0, 30);
+    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1, 2]))
+        .unwrap();
+    lab.write_manifest(
+        "sticky.yaml",
+        &lab.service_yaml("sticky", sticky, PORT, &[0, 1, 2])
+            .replace(
+                "  type: ClusterIP\n",
+                "  type: ClusterIP\n  sessionAffinity: ClientIP\n",
+            ),
+    )
+    .unwrap();
+    let _agent = lab.start_agent().unwrap();
+    let backends = |vip: SocketAddrV4| -> BTreeSet<String> {
+        (0..50)
+            .map(|_| lab.tcp_request(vip).unwrap().backend)
+            .collect()
+    };
+    // Without affinity the client's 50 connections spread; with it, one backend.
+    assert!(backends(vip()).len() > 1);
+    assert_eq!(backends(SocketAddrV4::new(sticky, PORT)).len(), 1);
 }
 
 #[test]

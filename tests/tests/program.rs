@@ -7,9 +7,9 @@ use std::net::SocketAddrV4;
 use dataplane_common::{stat, PROTO_TCP, PROTO_UDP};
 use sliceway_agent::{
     compiler::{self, Options},
-    kernel::{Capacities, Datapath, TC_ACT_OK, TC_ACT_SHOT},
+    kernel::{Capacities, Datapath, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT},
     local::parse_file,
-    packet::{build, parse, PacketSpec, TCP_ACK, TCP_SYN},
+    packet::{build, icmp_port_unreachable, parse, PacketSpec, TCP_ACK, TCP_SYN},
     writer::MapWriter,
 };
 
@@ -40,7 +40,42 @@ kind: Service
 metadata: {name: empty, namespace: default}
 spec:
   clusterIP: 10.96.0.20
-  ports: [{port: 80}]
+  ports: [{name: http, port: 80}, {name: dns, port: 53, protocol: UDP}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: local, namespace: default}
+spec:
+  clusterIP: 10.96.0.30
+  internalTrafficPolicy: Local
+  ports: [{name: http, port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: local-1, namespace: default, labels: {kubernetes.io/service-name: local}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints:
+- {addresses: [10.244.21.2], nodeName: node-2}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: sticky, namespace: default}
+spec:
+  clusterIP: 10.96.0.40
+  sessionAffinity: ClientIP
+  sessionAffinityConfig: {clientIP: {timeoutSeconds: 1}}
+  ports: [{name: http, port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: sticky-1, namespace: default, labels: {kubernetes.io/service-name: sticky}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints:
+- {addresses: [10.244.31.2]}
+- {addresses: [10.244.32.2]}
+- {addresses: [10.244.33.2]}
 "#;
 
 struct Fixture {
@@ -222,19 +257,162 @@ fn every_client_port_lands_on_a_ready_backend_and_both_are_used() {
     assert_eq!(seen.len(), 2, "{seen:?}");
 }
 
+/// Checks an ICMP reply's IPv4 and ICMP checksums on their own (not by comparing with
+/// the expected bytes, which are built with the same checksum function).
+fn icmp_checksums_ok(p: &[u8]) -> bool {
+    let ip = &p[14..];
+    let total = u16::from_be_bytes([ip[2], ip[3]]) as usize;
+    sliceway_agent::packet::checksum(&ip[..20], 0) == 0
+        && sliceway_agent::packet::checksum(&ip[20..total], 0) == 0
+        && total == ip.len()
+}
+
 #[test]
-fn a_service_without_endpoints_drops_and_never_passes_untranslated() {
+fn a_service_without_endpoints_rejects_with_icmp_port_unreachable() {
+    let f = fixture();
+    for packet in [
+        build(&PacketSpec::tcp(
+            addr("10.244.1.2:40003"),
+            addr("10.96.0.20:80"),
+            TCP_SYN,
+        )),
+        build(&PacketSpec::udp(
+            addr("10.244.1.2:5003"),
+            addr("10.96.0.20:53"),
+            b"a datagram of a few bytes, not a multiple of four",
+        )),
+    ] {
+        let before = f.dp.stats().unwrap();
+        let out = f.dp.test_run(&packet).unwrap();
+        assert_eq!(out.verdict, TC_ACT_REDIRECT, "sent back where it came from");
+        assert_eq!(out.packet, icmp_port_unreachable(&packet));
+        assert!(icmp_checksums_ok(&out.packet));
+        assert_eq!(stat_delta(&f.dp, &before, stat::REJECT_NO_BACKEND), 1);
+    }
+}
+
+#[test]
+fn a_long_datagram_is_quoted_up_to_576_bytes() {
+    let f = fixture();
+    let packet = build(&PacketSpec::udp(
+        addr("10.244.1.2:5004"),
+        addr("10.96.0.20:53"),
+        &[0xab; 1000],
+    ));
+    let out = f.dp.test_run(&packet).unwrap();
+    assert_eq!(out.verdict, TC_ACT_REDIRECT);
+    assert_eq!(out.packet.len(), 14 + 576);
+    assert_eq!(out.packet, icmp_port_unreachable(&packet));
+    assert!(icmp_checksums_ok(&out.packet));
+}
+
+#[test]
+fn a_local_policy_service_with_only_remote_endpoints_drops() {
     let f = fixture();
     let before = f.dp.stats().unwrap();
     let out =
         f.dp.test_run(&build(&PacketSpec::tcp(
             addr("10.244.1.2:40003"),
-            addr("10.96.0.20:80"),
+            addr("10.96.0.30:80"),
             TCP_SYN,
         )))
         .unwrap();
     assert_eq!(out.verdict, TC_ACT_SHOT);
     assert_eq!(stat_delta(&f.dp, &before, stat::DROP_NO_BACKEND), 1);
+}
+
+#[test]
+fn a_clusterip_on_an_undeclared_port_or_protocol_is_rejected() {
+    let f = fixture();
+    for packet in [
+        build(&PacketSpec::tcp(
+            addr("10.244.1.2:40004"),
+            addr("10.96.0.10:81"),
+            TCP_SYN,
+        )),
+        // UDP to the TCP-only port 80.
+        build(&PacketSpec::udp(
+            addr("10.244.1.2:40004"),
+            addr("10.96.0.10:80"),
+            b"x",
+        )),
+    ] {
+        let before = f.dp.stats().unwrap();
+        let out = f.dp.test_run(&packet).unwrap();
+        assert_eq!(out.verdict, TC_ACT_REDIRECT);
+        assert_eq!(out.packet, icmp_port_unreachable(&packet));
+        assert_eq!(stat_delta(&f.dp, &before, stat::REJECT_NO_PORT), 1);
+    }
+}
+
+/// The backend behind a slot of a frontend, read from the maps.
+fn backend_of_slot(dp: &Datapath, vip: &str, port: u16, slot: u32) -> std::net::Ipv4Addr {
+    let state = dp.maps.state();
+    let key = dataplane_common::ServiceKey {
+        addr_be: u32::from(vip.parse::<std::net::Ipv4Addr>().unwrap()).to_be(),
+        port_be: port.to_be(),
+        proto: PROTO_TCP,
+        _pad: 0,
+    };
+    let (_, value) = state.services.iter().find(|(k, _)| *k == key).unwrap();
+    let (_, id) = state
+        .slots
+        .iter()
+        .find(|(k, _)| k.service_id == value.id && k.slot == slot)
+        .unwrap();
+    let (_, b) = state.backends.iter().find(|(i, _)| i == id).unwrap();
+    std::net::Ipv4Addr::from(u32::from_be(b.addr_be))
+}
+
+/// The slot a new flow from `src` to the sticky Service hashes to.
+fn hashed_slot(src: SocketAddrV4) -> u32 {
+    let vip = SocketAddrV4::new("10.96.0.40".parse().unwrap(), 80);
+    dataplane_common::flow_hash(
+        u32::from(*src.ip()).to_be(),
+        u32::from(*vip.ip()).to_be(),
+        src.port().to_be(),
+        vip.port().to_be(),
+        PROTO_TCP,
+    ) % 3
+}
+
+#[test]
+fn session_affinity_keeps_a_client_on_its_backend_until_the_timeout() {
+    let f = fixture();
+    let syn = |src: SocketAddrV4| {
+        let out =
+            f.dp.test_run(&build(&PacketSpec::tcp(
+                src,
+                addr("10.96.0.40:80"),
+                TCP_SYN,
+            )))
+            .unwrap();
+        assert_eq!(out.verdict, TC_ACT_OK);
+        *parse(&out.packet).unwrap().dst.ip()
+    };
+    // Two client ports of one client that hash to different backends.
+    let first = addr("10.244.1.7:41000");
+    let want = backend_of_slot(&f.dp, "10.96.0.40", 80, hashed_slot(first));
+    let other = (41001..42000)
+        .map(|p| SocketAddrV4::new(*first.ip(), p))
+        .find(|s| backend_of_slot(&f.dp, "10.96.0.40", 80, hashed_slot(*s)) != want)
+        .unwrap();
+    assert_eq!(syn(first), want);
+    // 50 more connections from other ports, the one that would hash elsewhere among
+    // them: all to the same backend.
+    assert_eq!(syn(other), want, "affinity, not the hash");
+    for port in 42000..42049 {
+        assert_eq!(syn(SocketAddrV4::new(*first.ip(), port)), want);
+    }
+    // Another client is not bound by it.
+    let stranger = addr("10.244.1.8:41000");
+    assert_eq!(
+        syn(stranger),
+        backend_of_slot(&f.dp, "10.96.0.40", 80, hashed_slot(stranger))
+    );
+    // After the timeout (1 s) the client is hashed again.
+    std::thread::sleep(std::time::Duration::from_millis(1300));
+    assert_ne!(syn(other), want, "affinity expired");
 }
 
 #[test]
@@ -250,14 +428,6 @@ fn other_traffic_passes_unchanged_and_is_counted() {
     assert_eq!(out.verdict, TC_ACT_OK);
     assert_eq!(out.packet, packet);
     assert_eq!(stat_delta(&f.dp, &before, stat::PASS_NO_SERVICE), 1);
-
-    // Wrong port of the VIP: no frontend.
-    let packet = build(&PacketSpec::tcp(
-        addr("10.244.1.2:40004"),
-        addr("10.96.0.10:81"),
-        TCP_SYN,
-    ));
-    assert_eq!(f.dp.test_run(&packet).unwrap().packet, packet);
 
     // Not IPv4 (ARP).
     let mut arp = packet.clone();

@@ -116,7 +116,14 @@ mod tests {
             &Default::default(),
         );
         assert!(compiled.skipped.is_empty(), "{:?}", compiled.skipped);
-        assert_eq!(compiled.frontends.len(), 3);
-        assert!(compiled.frontends.values().all(|f| f.backends.len() == 2));
+        // Three Service ports and a ClusterIP marker each.
+        let ports: Vec<_> = compiled
+            .frontends
+            .iter()
+            .filter(|(k, _)| !sliceway_agent::compiler::is_clusterip_marker(k))
+            .collect();
+        assert_eq!(ports.len(), 3);
+        assert_eq!(compiled.frontends.len(), 6);
+        assert!(ports.iter().all(|(_, f)| f.backends.len() == 2));
     }
 }

@@ -1,0 +1,142 @@
+//! REJECT: the packet is turned into an ICMP destination-unreachable (port
+//! unreachable) reply and sent back out of the interface it came in on, so the
+//! client's `connect()` or `send()` fails at once with ECONNREFUSED.
+//!
+//! kube-proxy rejects with the kernel's defaults: `-j REJECT` in iptables mode and
+//! `reject` in nftables mode both answer ICMP port unreachable for TCP, UDP and SCTP
+//! alike (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/nftables/proxier.go>,
+//! the `reject-chain`), which is what a Linux TCP client in SYN-SENT turns into
+//! ECONNREFUSED. The reply quotes as much of the datagram as fits in 576 bytes
+//! (RFC 1812 4.3.2.3), rounded down to whole 32-bit words, so that an offloaded
+//! checksum's position stays inside the packet when it is cut.
+//!
+//! How: room for a new IPv4 and ICMP header is made between the Ethernet header and
+//! the datagram (`bpf_skb_adjust_room`), the datagram is cut to the quote
+//! (`bpf_skb_change_tail`), the headers are written, the ICMP checksum is summed over
+//! a per-CPU copy of header and quote (`bpf_csum_diff` takes whole words), and the
+//! packet is redirected to the egress of its own interface.
+
+use aya_ebpf::{
+    bindings::{bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, TC_ACT_REDIRECT},
+    cty::c_void,
+    helpers::{bpf_csum_diff, bpf_redirect, bpf_skb_change_tail, bpf_skb_load_bytes},
+    programs::TcContext,
+};
+use dataplane_common::csum_fold;
+
+use crate::{
+    maps::SCRATCH,
+    packet::{ptr_at, Flow, ETH_LEN},
+};
+
+const IP_HDR: usize = 20;
+const ICMP_HDR: usize = 8;
+/// Bytes of the datagram an ICMP error carries at most: 576 - IP - ICMP.
+pub const QUOTE_MAX: usize = 576 - IP_HDR - ICMP_HDR;
+/// Bytes the checksum is summed over at most: ICMP header and quote.
+pub const SUM_MAX: usize = ICMP_HDR + QUOTE_MAX;
+const IPPROTO_ICMP: u8 = 1;
+const ICMP_DEST_UNREACH: u8 = 3;
+const ICMP_PORT_UNREACH: u8 = 3;
+/// IPTOS_PREC_INTERNETCONTROL, as the kernel's own ICMP errors carry.
+const TOS_INTERNETCONTROL: u8 = 0xc0;
+
+/// Turns the packet of `flow` into an ICMP port unreachable to its source and
+/// redirects it. `Ok` holds the TC verdict; `Err` means the reply could not be made
+/// (the caller drops the packet).
+#[inline(always)]
+pub fn port_unreachable(ctx: &TcContext, flow: &Flow) -> Result<i32, ()> {
+    // A plain 20-byte header only: the quote's layout stays fixed for the verifier.
+    if flow.l4_off != ETH_LEN + IP_HDR {
+        return Err(());
+    }
+    let eth: *const [u8; 12] = ptr_at(ctx, 0).ok_or(())?;
+    let ip: *const [u8; 20] = ptr_at(ctx, ETH_LEN).ok_or(())?;
+    // SAFETY: both ranges were bounds-checked just above; copies are taken before
+    // any helper moves the packet.
+    let (eth, ip) = unsafe { (*eth, *ip) };
+    let total = u16::from_be_bytes([ip[2], ip[3]]) as usize;
+    let quote = if total < QUOTE_MAX { total } else { QUOTE_MAX } & !3;
+    // The quote must hold the IP header and the 8 bytes of ports (RFC 792).
+    if quote < IP_HDR + 8 {
+        return Err(());
+    }
+    ctx.adjust_room((IP_HDR + ICMP_HDR) as i32, BPF_ADJ_ROOM_MAC, 0)
+        .map_err(|_| ())?;
+    let new_len = (ETH_LEN + IP_HDR + ICMP_HDR + quote) as u32;
+    // SAFETY: the context's own skb; the helper checks the length.
+    if unsafe { bpf_skb_change_tail(ctx.skb.skb, new_len, 0) } != 0 {
+        return Err(());
+    }
+
+    // Ethernet: back to where it came from.
+    let mut mac = [0u8; 12];
+    mac[..6].copy_from_slice(&eth[6..12]);
+    mac[6..].copy_from_slice(&eth[..6]);
+    ctx.store(0, &mac, 0).map_err(|_| ())?;
+
+    // IPv4: from the address the client asked for, to the client.
+    let mut hdr = [0u8; IP_HDR];
+    hdr[0] = 0x45;
+    hdr[1] = TOS_INTERNETCONTROL;
+    hdr[2..4].copy_from_slice(&((IP_HDR + ICMP_HDR + quote) as u16).to_be_bytes());
+    hdr[8] = 64;
+    hdr[9] = IPPROTO_ICMP;
+    hdr[12..16].copy_from_slice(&flow.dst_be.to_ne_bytes());
+    hdr[16..20].copy_from_slice(&flow.src_be.to_ne_bytes());
+    let check = ipv4_header_checksum(&hdr);
+    hdr[10..12].copy_from_slice(&check.to_ne_bytes());
+    ctx.store(ETH_LEN, &hdr, 0).map_err(|_| ())?;
+
+    // ICMP header with a zero checksum, then the checksum over header and quote.
+    let icmp = [ICMP_DEST_UNREACH, ICMP_PORT_UNREACH, 0, 0, 0, 0, 0, 0];
+    let icmp_off = ETH_LEN + IP_HDR;
+    ctx.store(icmp_off, &icmp, 0).map_err(|_| ())?;
+    let len = ICMP_HDR + quote;
+    if len == 0 || len > SUM_MAX {
+        return Err(());
+    }
+    let buf = SCRATCH.get_ptr_mut(0).ok_or(())?;
+    // SAFETY: a per-CPU buffer of SUM_MAX bytes, only this program on this CPU uses
+    // it while it runs; `len` is at most SUM_MAX and a multiple of 4.
+    let sum = unsafe {
+        let copied = bpf_skb_load_bytes(
+            ctx.skb.skb as *const c_void,
+            icmp_off as u32,
+            buf as *mut c_void,
+            len as u32,
+        );
+        if copied != 0 {
+            return Err(());
+        }
+        bpf_csum_diff(core::ptr::null_mut(), 0, buf as *mut u32, len as u32, 0)
+    };
+    if sum < 0 {
+        return Err(());
+    }
+    let check = !csum_fold(sum as u32);
+    ctx.store(icmp_off + 2, &check.to_ne_bytes(), 0)
+        .map_err(|_| ())?;
+
+    // SAFETY: reads the ifindex field of the context's skb.
+    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    // SAFETY: a plain helper call; it only records where the packet goes.
+    let action = unsafe { bpf_redirect(ifindex, 0) } as i32;
+    if action != TC_ACT_REDIRECT {
+        return Err(());
+    }
+    Ok(action)
+}
+
+/// The checksum of a 20-byte IPv4 header whose checksum field is zero, in the byte
+/// order it is stored in.
+#[inline(always)]
+fn ipv4_header_checksum(hdr: &[u8; IP_HDR]) -> u16 {
+    let mut sum = 0u32;
+    let mut i = 0;
+    while i < IP_HDR {
+        sum += u16::from_ne_bytes([hdr[i], hdr[i + 1]]) as u32;
+        i += 2;
+    }
+    !csum_fold(sum)
+}
