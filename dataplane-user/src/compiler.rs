@@ -238,13 +238,20 @@ type EndpointsKey = (String, String);
 /// Services compiled together, in order: same namespace and name (empty when unset).
 type GroupKey = (String, String);
 
-/// A frontend a Service asks for. The first Service (in namespace and name order) to
-/// ask for an address gets it; later ones are skipped with a message.
+/// A frontend a Service asks for. When several ask for one, a ClusterIP (or its
+/// marker) comes before an external or load-balancer IP, then the older Service (by
+/// creation timestamp; without one, first), then namespace and name: the first keeps
+/// it, and every one of them is reported.
 #[derive(Clone, Debug)]
 struct Claim {
     key: ServiceKey,
     frontend: Frontend,
+    order: ClaimOrder,
 }
+
+/// (0 for a ClusterIP or its marker, 1 for an external or load-balancer IP; the
+/// Service's creation timestamp).
+type ClaimOrder = (u8, Option<String>);
 
 impl Claim {
     /// The Service asking.
@@ -313,19 +320,27 @@ pub fn compile_model(services: &[ServiceInfo], slices: &[SliceInfo], opts: &Opti
     let mut services: Vec<&ServiceInfo> = services.iter().collect();
     services.sort_by(|a, b| group_of(a).cmp(&group_of(b)));
     let mut compiled = ServiceOut::default();
+    // Every claim with its place: (order, group, index in the group).
+    let mut claims: Vec<(ClaimOrder, GroupKey, u32, Claim)> = Vec::new();
     for svc in services {
+        let group = (
+            svc.namespace.clone().unwrap_or_default(),
+            svc.name.clone().unwrap_or_default(),
+        );
+        let before = claims.iter().filter(|(_, g, _, _)| *g == group).count() as u32;
         compile_service(svc, &endpoints, opts, &mut compiled);
-        for claim in compiled.claims.drain(..) {
-            match out.frontends.get(&claim.key) {
-                Some(existing) => {
-                    out.skipped
-                        .push(conflict(&claim.key, claim.by(), &existing.service))
-                }
-                None => {
-                    out.frontends.insert(claim.key, claim.frontend);
-                }
-            }
+        for (i, claim) in compiled.claims.drain(..).enumerate() {
+            claims.push((claim.order.clone(), group.clone(), before + i as u32, claim));
         }
+    }
+    claims.sort_by(|a, b| (&a.0, &a.1, a.2).cmp(&(&b.0, &b.1, b.2)));
+    let mut by_key: BTreeMap<ServiceKey, Vec<&Claim>> = BTreeMap::new();
+    for (_, _, _, claim) in &claims {
+        by_key.entry(claim.key).or_default().push(claim);
+    }
+    for (key, who) in by_key {
+        out.skipped.extend(conflict_messages(&key, &who));
+        out.frontends.insert(key, who[0].frontend.clone());
     }
     out.skipped.append(&mut compiled.skipped);
     out.ignored.add(&compiled.ignored);
@@ -493,7 +508,19 @@ fn merge_slice(
                 continue;
             };
             let ip: Ipv4Addr = match addr {
-                Address::V4(ip) => *ip,
+                Address::V4(ip) => match crate::model::refused_address(*ip) {
+                    None => *ip,
+                    Some(why) => {
+                        skipped.push(Skipped {
+                            object: slice_ref(slice),
+                            code: "refused_endpoint_address",
+                            reason: format!(
+                                "endpoint address {ip} {why}; that endpoint is skipped"
+                            ),
+                        });
+                        continue;
+                    }
+                },
                 Address::Other(addr) => {
                     skipped.push(Skipped {
                         object: slice_ref(slice),
@@ -517,6 +544,30 @@ fn merge_slice(
             }
         }
     }
+}
+
+/// The messages of a frontend several Services ask for (`who` in precedence order):
+/// each that does not get it, and the one that keeps it.
+fn conflict_messages(key: &ServiceKey, who: &[&Claim]) -> Vec<Skipped> {
+    if who.len() < 2 {
+        return Vec::new();
+    }
+    let owner = &who[0].frontend.service;
+    let mut out: Vec<Skipped> = who[1..]
+        .iter()
+        .map(|c| conflict(key, c.by(), owner))
+        .collect();
+    let others: Vec<String> = who[1..].iter().map(|c| c.by().to_string()).collect();
+    out.push(Skipped {
+        object: who[0].by(),
+        code: "frontend_kept",
+        reason: format!(
+            "{} is also asked for by {}; this Service keeps it (a ClusterIP before an external IP, then the oldest Service)",
+            frontend_addr(key),
+            others.join(", ")
+        ),
+    });
+    out
 }
 
 /// The message of a Service that asks for another one's frontend.
@@ -588,7 +639,14 @@ fn compile_service(
     let mut vips: Vec<(Ipv4Addr, bool)> = Vec::new();
     for ip in &spec.cluster_ips {
         match ip.parse::<std::net::IpAddr>() {
-            Ok(std::net::IpAddr::V4(v4)) => vips.push((v4, true)),
+            Ok(std::net::IpAddr::V4(v4)) => match crate::model::refused_address(v4) {
+                None => vips.push((v4, true)),
+                Some(why) => out.skipped.push(Skipped {
+                    object: me.clone(),
+                    code: "refused_cluster_ip",
+                    reason: format!("clusterIP {v4} {why}; that address is skipped"),
+                }),
+            },
             Ok(std::net::IpAddr::V6(_)) => out.ignored.ipv6 += 1,
             Err(_) => {
                 out.skipped.push(Skipped {
@@ -604,7 +662,14 @@ fn compile_service(
     // externalTrafficPolicy, which only matters for traffic from outside the node.
     for ip in &spec.external_ips {
         match ip.parse::<Ipv4Addr>() {
-            Ok(v4) => vips.push((v4, false)),
+            Ok(v4) => match crate::model::refused_address(v4) {
+                None => vips.push((v4, false)),
+                Some(why) => out.skipped.push(Skipped {
+                    object: me.clone(),
+                    code: "refused_external_ip",
+                    reason: format!("external IP {v4} {why}; that frontend is skipped"),
+                }),
+            },
             Err(_) => out.skipped.push(Skipped {
                 object: me.clone(),
                 code: "bad_external_ip",
@@ -711,6 +776,7 @@ fn compile_service(
                         affinity_timeout,
                     },
                 },
+                order: (u8::from(!is_cluster_ip), svc.created.clone()),
             });
         }
     }
@@ -733,6 +799,7 @@ fn compile_service(
                     backends: Vec::new(),
                     policy: FrontendPolicy::default(),
                 },
+                order: (0, svc.created.clone()),
             });
         }
     }
@@ -753,7 +820,7 @@ pub struct Incremental {
     endpoints: HashMap<EndpointsKey, PortEndpoints>,
     groups: HashMap<GroupKey, ServiceOut>,
     /// Who asks for each frontend, first (the owner) first: (group, claim index).
-    claims: HashMap<ServiceKey, Vec<(GroupKey, u32)>>,
+    claims: HashMap<ServiceKey, Vec<(ClaimOrder, GroupKey, u32)>>,
     frontends: BTreeMap<ServiceKey, Frontend>,
     /// Slices and groups that have something skipped; frontends asked for twice.
     slices_skipping: BTreeSet<SliceId>,
@@ -954,9 +1021,8 @@ impl Incremental {
                 self.ignored.sub(&old.ignored);
                 self.groups_skipping.remove(&group);
                 for (i, claim) in old.claims.iter().enumerate() {
-                    let at = (group.clone(), i as u32);
                     if let Some(who) = self.claims.get_mut(&claim.key) {
-                        who.retain(|c| *c != at);
+                        who.retain(|(_, g, j)| !(*g == group && *j == i as u32));
                         if who.is_empty() {
                             self.claims.remove(&claim.key);
                         }
@@ -985,7 +1051,7 @@ impl Incremental {
             }
             for (i, claim) in out.claims.iter().enumerate() {
                 let who = self.claims.entry(claim.key).or_default();
-                let at = (group.clone(), i as u32);
+                let at = (claim.order.clone(), group.clone(), i as u32);
                 let pos = who.partition_point(|c| *c < at);
                 who.insert(pos, at);
                 touched.insert(claim.key);
@@ -1003,7 +1069,7 @@ impl Incremental {
             }
             let owner = who
                 .and_then(|w| w.first())
-                .map(|(g, i)| &self.groups[g].claims[*i as usize].frontend);
+                .map(|(_, g, i)| &self.groups[g].claims[*i as usize].frontend);
             if owner == self.frontends.get(&key) {
                 continue;
             }
@@ -1036,12 +1102,11 @@ impl Incremental {
             all.extend(self.groups[group].skipped.iter().cloned());
         }
         for key in &self.conflicts {
-            let who = &self.claims[key];
-            let claim = |(g, i): &(GroupKey, u32)| &self.groups[g].claims[*i as usize];
-            let owner = &claim(&who[0]).frontend.service;
-            for other in &who[1..] {
-                all.push(conflict(key, claim(other).by(), owner));
-            }
+            let who: Vec<&Claim> = self.claims[key]
+                .iter()
+                .map(|(_, g, i)| &self.groups[g].claims[*i as usize])
+                .collect();
+            all.extend(conflict_messages(key, &who));
         }
         all.sort();
         all

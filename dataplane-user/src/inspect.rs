@@ -163,7 +163,18 @@ pub struct Trace {
     /// The source address the packet leaves with when it is masqueraded; none from a
     /// pod (traffic from pods keeps its source).
     pub snat: Option<String>,
+    /// What the compiler could not use, each with its object and reason (with
+    /// `--manifests`; a live trace reads only the maps and says nothing here).
+    pub skipped: Vec<TraceSkipped>,
     /// The datapath's reason for the verdict.
+    pub reason: String,
+}
+
+/// An object the compiler skipped, as `trace` shows it.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct TraceSkipped {
+    pub object: String,
+    pub code: String,
     pub reason: String,
 }
 
@@ -180,7 +191,17 @@ pub fn trace(
     let mut dp = Datapath::load(&Capacities::default(), None)?;
     let mut writer = MapWriter::new(dp.limits());
     writer.apply(&compiled.frontends, &mut dp.maps);
-    run_trace(&dp, src, dst, proto)
+    let mut trace = run_trace(&dp, src, dst, proto)?;
+    trace.skipped = compiled
+        .skipped
+        .iter()
+        .map(|s| TraceSkipped {
+            object: s.object.to_string(),
+            code: s.code.into(),
+            reason: s.reason.clone(),
+        })
+        .collect();
+    Ok(trace)
 }
 
 /// Runs one packet through an already filled datapath; reads the frontend and its
@@ -243,6 +264,7 @@ pub fn run_trace(
         backend,
         candidates,
         snat: None,
+        skipped: Vec::new(),
         reason,
     })
 }
@@ -256,6 +278,7 @@ pub fn not_yet(reason: &str) -> Trace {
         backend: None,
         candidates: Vec::new(),
         snat: None,
+        skipped: Vec::new(),
         reason: format!("not yet: {reason}"),
     }
 }

@@ -125,15 +125,20 @@ fn main() -> anyhow::Result<()> {
             match args.output {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&trace)?),
                 Output::Yaml => print!("{}", serde_yaml_ng::to_string(&trace)?),
-                Output::Table => println!(
-                    "verdict {} ({}); service {}; backend {}; candidates [{}]; snat {}",
-                    trace.verdict,
-                    trace.reason,
-                    trace.service.as_deref().unwrap_or("-"),
-                    trace.backend.as_deref().unwrap_or("-"),
-                    trace.candidates.join(", "),
-                    trace.snat.as_deref().unwrap_or("-")
-                ),
+                Output::Table => {
+                    println!(
+                        "verdict {} ({}); service {}; backend {}; candidates [{}]; snat {}",
+                        trace.verdict,
+                        trace.reason,
+                        trace.service.as_deref().unwrap_or("-"),
+                        trace.backend.as_deref().unwrap_or("-"),
+                        trace.candidates.join(", "),
+                        trace.snat.as_deref().unwrap_or("-")
+                    );
+                    for s in &trace.skipped {
+                        println!("skipped: {}: {}", s.object, s.reason);
+                    }
+                }
             }
             Ok(())
         }

@@ -53,6 +53,9 @@ pub struct ServiceInfo {
     pub name: Option<String>,
     /// The `service.kubernetes.io/service-proxy-name` label.
     pub proxy_name: Option<String>,
+    /// `metadata.creationTimestamp` (RFC 3339), which orders Services claiming one
+    /// frontend.
+    pub created: Option<String>,
     pub spec: Option<ServiceSpecInfo>,
 }
 
@@ -165,6 +168,30 @@ pub fn parse_ipv4_sloppy(s: &str) -> Option<Ipv4Addr> {
     parts.next().is_none().then_some(Ipv4Addr::from(out))
 }
 
+/// Why an address may not be a backend or a frontend, if it may not: the API
+/// server's `ValidateEndpointIP` rules for endpoints and external IPs
+/// (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/apis/core/validation/validation.go>),
+/// which a manifest directory never went through, and beyond them multicast and
+/// broadcast, which no connection can be translated to.
+pub fn refused_address(ip: Ipv4Addr) -> Option<&'static str> {
+    let [a, b, c, _] = ip.octets();
+    Some(if ip.is_unspecified() {
+        "may not be unspecified (0.0.0.0)"
+    } else if ip.is_loopback() {
+        "may not be in the loopback range (127.0.0.0/8)"
+    } else if ip.is_link_local() {
+        "may not be in the link-local range (169.254.0.0/16)"
+    } else if (a, b, c) == (224, 0, 0) {
+        "may not be in the link-local multicast range (224.0.0.0/24)"
+    } else if ip.is_multicast() {
+        "may not be multicast (224.0.0.0/4)"
+    } else if ip.is_broadcast() {
+        "may not be the broadcast address"
+    } else {
+        return None;
+    })
+}
+
 /// One shared copy of each name: a few nodes and zones for many endpoints.
 fn interned(name: &str, seen: &mut Vec<Arc<str>>) -> Arc<str> {
     match seen.iter().find(|s| &***s == name) {
@@ -259,6 +286,11 @@ impl From<&Service> for ServiceInfo {
             proxy_name: labels
                 .and_then(|l| l.get(LABEL_SERVICE_PROXY_NAME))
                 .cloned(),
+            created: svc
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| t.0.to_string()),
             spec,
         }
     }

@@ -126,6 +126,11 @@ fn service(rng: &mut Rng) -> ServiceInfo {
         } else {
             None
         },
+        created: opt_string(*rng.pick(&[
+            None,
+            Some("2026-01-01T00:00:00Z"),
+            Some("2026-01-02T00:00:00Z"),
+        ])),
         spec,
     }
 }
@@ -391,6 +396,7 @@ fn one_endpoint_change_in_ten_thousand_services_recompiles_one_service() {
             namespace: Some("bench".into()),
             name: Some(format!("svc-{i}")),
             proxy_name: None,
+            created: None,
             spec: Some(ServiceSpecInfo {
                 external_name: false,
                 cluster_ips: vec![format!(

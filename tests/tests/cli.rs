@@ -195,6 +195,19 @@ fn trace_answers_every_origin_and_follows_the_service_proxy_name() {
             assert!(t.get(key).is_some(), "{extra:?}: no {key} in {t}");
         }
     }
+    // What the compiler refused is in every answer from manifests.
+    lab.write_manifest(
+        "bad.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: bad, namespace: default}\nspec: {clusterIP: 10.96.0.31, ports: [{name: http, port: 70000}]}\n",
+    )
+    .unwrap();
+    let t = trace(&[]);
+    let skipped = t["skipped"].as_array().unwrap();
+    assert!(
+        skipped.iter().any(|s| s["object"] == "Service default/bad"
+            && s["reason"].as_str().unwrap().contains("70000")),
+        "{t}"
+    );
     // Labelled for a proxy named "sliceway": ignored without the flag (as kube-proxy
     // ignores it), served with it.
     assert_eq!(trace(&[])["verdict"], "pass");
