@@ -1,23 +1,25 @@
-//! The TC program: parse, service lookup, backend pick, conntrack, DNAT / reverse NAT.
+//! The TC program's entry: parse, then one path per direction. A packet to a
+//! frontend goes to the backend (`to_frontend`: conntrack or pick, DNAT); any other
+//! packet may be a reply of a tracked flow (`reply`: reverse NAT) or passes untouched.
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT},
     macros::classifier,
     programs::TcContext,
 };
-use dataplane_common::{
-    flow_hash, stat, FlowKey, NatTarget, ServiceKey, SlotKey, CT_FORWARD, CT_REVERSE, PROTO_TCP,
-    PROTO_UDP,
-};
+use dataplane_common::{stat, FlowKey, ServiceValue};
 
 use crate::{
-    maps::{count, BACKENDS, CONNTRACK, SERVICES, SLOTS},
+    conntrack,
+    counters::{count, Exit},
+    lookup,
     nat::{rewrite, End},
-    packet::{ptr_at, Flow, ETH_LEN, ETH_P_IP, IP_MAX_HDR_LEN},
+    packet::Flow,
+    parse::parse,
 };
 
-/// A verdict and the `stat` slot that explains it.
-type Exit = (i32, u32);
+pub const PASS: i32 = TC_ACT_OK;
+pub const DROP: i32 = TC_ACT_SHOT;
 
 #[classifier]
 pub fn sliceway_tc(ctx: TcContext) -> i32 {
@@ -29,181 +31,52 @@ pub fn sliceway_tc(ctx: TcContext) -> i32 {
     action
 }
 
-const PASS: i32 = TC_ACT_OK;
-const DROP: i32 = TC_ACT_SHOT;
-
 fn try_sliceway_tc(ctx: &TcContext) -> Result<Exit, Exit> {
     let flow = parse(ctx)?;
-    let service_key = ServiceKey {
-        addr_be: flow.dst_be,
-        port_be: flow.dport_be,
-        proto: flow.proto,
-        _pad: 0,
-    };
-    let flow_key = FlowKey {
-        src_be: flow.src_be,
-        dst_be: flow.dst_be,
-        sport_be: flow.sport_be,
-        dport_be: flow.dport_be,
-        proto: flow.proto,
-        _pad: [0; 3],
-    };
-    // SAFETY: map values are plain data; the reference does not outlive this call.
-    if let Some(service) = unsafe { SERVICES.get(service_key) } {
-        let (service_id, count) = (service.id, service.count);
-        // A tracked flow keeps its backend through endpoint churn.
-        if let Some(ct) = unsafe { CONNTRACK.get(flow_key) } {
-            let ct = *ct;
-            if ct.dir == CT_FORWARD && keep_tracked(&flow, &ct) {
-                rewrite(ctx, &flow, End::Destination, ct.addr_be, ct.port_be)
-                    .map_err(|_| (DROP, stat::DROP_REWRITE))?;
-                return Ok((PASS, stat::DNAT_ESTABLISHED));
-            }
-        }
-        if count == 0 {
-            // Never let a packet reach the VIP untranslated.
-            return Ok((DROP, stat::DROP_NO_BACKEND));
-        }
-        let hash = flow_hash(
-            flow.src_be,
-            flow.dst_be,
-            flow.sport_be,
-            flow.dport_be,
-            flow.proto,
-        );
-        let slot = SlotKey {
-            service_id,
-            slot: hash % count,
-        };
-        let backend_id = match unsafe { SLOTS.get(slot) } {
-            Some(id) => *id,
-            None => return Ok((DROP, stat::DROP_MISSING_BACKEND)),
-        };
-        let backend = match unsafe { BACKENDS.get(backend_id) } {
-            Some(b) => *b,
-            None => return Ok((DROP, stat::DROP_MISSING_BACKEND)),
-        };
-        let forward = NatTarget {
-            addr_be: backend.addr_be,
-            port_be: backend.port_be,
-            dir: CT_FORWARD,
-            service_id,
-            backend_id,
-        };
-        let reverse_key = FlowKey {
-            src_be: backend.addr_be,
-            dst_be: flow.src_be,
-            sport_be: backend.port_be,
-            dport_be: flow.sport_be,
-            proto: flow.proto,
-            _pad: [0; 3],
-        };
-        let reverse = NatTarget {
-            addr_be: flow.dst_be,
-            port_be: flow.dport_be,
-            dir: CT_REVERSE,
-            service_id,
-            backend_id,
-        };
-        // Reverse first: a reply can only exist once the forward packet went out.
-        CONNTRACK
-            .insert(reverse_key, reverse, 0)
-            .map_err(|_| (DROP, stat::DROP_CONNTRACK))?;
-        CONNTRACK
-            .insert(flow_key, forward, 0)
-            .map_err(|_| (DROP, stat::DROP_CONNTRACK))?;
-        rewrite(
-            ctx,
-            &flow,
-            End::Destination,
-            backend.addr_be,
-            backend.port_be,
-        )
-        .map_err(|_| (DROP, stat::DROP_REWRITE))?;
-        return Ok((PASS, stat::DNAT_NEW));
+    let key = conntrack::key_of(&flow);
+    match lookup::frontend(&flow) {
+        Some(service) => to_frontend(ctx, &flow, &key, &service),
+        None => reply(ctx, &flow, &key),
     }
-    if let Some(ct) = unsafe { CONNTRACK.get(flow_key) } {
-        let ct = *ct;
-        if ct.dir == CT_REVERSE {
-            rewrite(ctx, &flow, End::Source, ct.addr_be, ct.port_be)
+}
+
+/// A packet to a frontend: a tracked flow keeps its backend through endpoint churn;
+/// a new one picks a backend and is tracked. Then DNAT.
+#[inline(always)]
+fn to_frontend(
+    ctx: &TcContext,
+    flow: &Flow,
+    key: &FlowKey,
+    service: &ServiceValue,
+) -> Result<Exit, Exit> {
+    if let Some(ct) = conntrack::forward(flow, key) {
+        rewrite(ctx, flow, End::Destination, ct.addr_be, ct.port_be)
+            .map_err(|_| (DROP, stat::DROP_REWRITE))?;
+        return Ok((PASS, stat::DNAT_ESTABLISHED));
+    }
+    let (backend_id, backend) = lookup::pick(flow, service)?;
+    conntrack::track(flow, key, service, backend_id, &backend)?;
+    rewrite(
+        ctx,
+        flow,
+        End::Destination,
+        backend.addr_be,
+        backend.port_be,
+    )
+    .map_err(|_| (DROP, stat::DROP_REWRITE))?;
+    Ok((PASS, stat::DNAT_NEW))
+}
+
+/// A packet to no frontend: a reply of a tracked flow gets its frontend back as the
+/// source; anything else passes untouched.
+#[inline(always)]
+fn reply(ctx: &TcContext, flow: &Flow, key: &FlowKey) -> Result<Exit, Exit> {
+    match conntrack::reverse(key) {
+        Some(ct) => {
+            rewrite(ctx, flow, End::Source, ct.addr_be, ct.port_be)
                 .map_err(|_| (DROP, stat::DROP_REWRITE))?;
-            return Ok((PASS, stat::REVNAT));
+            Ok((PASS, stat::REVNAT))
         }
+        None => Ok((PASS, stat::PASS_NO_SERVICE)),
     }
-    Ok((PASS, stat::PASS_NO_SERVICE))
-}
-
-/// Whether a packet of a tracked flow stays with the tracked backend. A TCP SYN
-/// without ACK starts a new connection on a reused tuple, and a UDP flow whose backend
-/// is gone moves on (kube-proxy clears UDP conntrack of removed endpoints); otherwise
-/// the flow keeps its backend, also when the endpoint left the slice.
-#[inline(always)]
-fn keep_tracked(flow: &Flow, ct: &NatTarget) -> bool {
-    if flow.proto == PROTO_TCP {
-        return !flow.syn_only;
-    }
-    match unsafe { BACKENDS.get(ct.backend_id) } {
-        Some(b) => b.addr_be == ct.addr_be && b.port_be == ct.port_be,
-        None => false,
-    }
-}
-
-/// Parses Ethernet + IPv4 + TCP/UDP. `Err` carries the exit for packets the program
-/// does not handle: other protocols pass, truncated headers drop.
-#[inline(always)]
-fn parse(ctx: &TcContext) -> Result<Flow, Exit> {
-    let ether_type: *const u16 = ptr_at(ctx, 12).ok_or((DROP, stat::DROP_MALFORMED))?;
-    if u16::from_be(unsafe { *ether_type }) != ETH_P_IP {
-        return Err((PASS, stat::PASS_NOT_IPV4));
-    }
-    let ip: *const [u8; 20] = ptr_at(ctx, ETH_LEN).ok_or((DROP, stat::DROP_MALFORMED))?;
-    let ip = unsafe { &*ip };
-    if ip[0] >> 4 != 4 {
-        return Err((DROP, stat::DROP_MALFORMED));
-    }
-    let ihl = ((ip[0] & 0x0f) as usize) * 4;
-    if !(20..=IP_MAX_HDR_LEN).contains(&ihl) {
-        return Err((DROP, stat::DROP_MALFORMED));
-    }
-    let proto = ip[9];
-    if proto != PROTO_TCP && proto != PROTO_UDP {
-        return Err((PASS, stat::PASS_NOT_L4));
-    }
-    // Fragment offset non-zero: no L4 header here.
-    if (u16::from_be_bytes([ip[6], ip[7]]) & 0x1fff) != 0 {
-        return Err((PASS, stat::PASS_FRAGMENT));
-    }
-    let src_be = u32::from_ne_bytes([ip[12], ip[13], ip[14], ip[15]]);
-    let dst_be = u32::from_ne_bytes([ip[16], ip[17], ip[18], ip[19]]);
-    let l4_off = ETH_LEN + ihl;
-    let (sport_be, dport_be, syn_only, udp_no_csum) = if proto == PROTO_TCP {
-        let tcp: *const [u8; 20] = ptr_at(ctx, l4_off).ok_or((DROP, stat::DROP_MALFORMED))?;
-        let tcp = unsafe { &*tcp };
-        let flags = tcp[13];
-        (
-            u16::from_ne_bytes([tcp[0], tcp[1]]),
-            u16::from_ne_bytes([tcp[2], tcp[3]]),
-            flags & 0x12 == 0x02,
-            false,
-        )
-    } else {
-        let udp: *const [u8; 8] = ptr_at(ctx, l4_off).ok_or((DROP, stat::DROP_MALFORMED))?;
-        let udp = unsafe { &*udp };
-        (
-            u16::from_ne_bytes([udp[0], udp[1]]),
-            u16::from_ne_bytes([udp[2], udp[3]]),
-            false,
-            udp[6] == 0 && udp[7] == 0,
-        )
-    };
-    Ok(Flow {
-        src_be,
-        dst_be,
-        sport_be,
-        dport_be,
-        proto,
-        l4_off,
-        syn_only,
-        udp_no_csum,
-    })
 }
