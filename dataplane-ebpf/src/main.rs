@@ -8,12 +8,22 @@
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 
+// One file per concern: packet access and header fields, parsing, service lookup
+// and backend choice, conntrack, NAT rewrites, counters, maps; `tc` ties them up.
+#[cfg(target_arch = "bpf")]
+mod conntrack;
+#[cfg(target_arch = "bpf")]
+mod counters;
+#[cfg(target_arch = "bpf")]
+mod lookup;
 #[cfg(target_arch = "bpf")]
 mod maps;
 #[cfg(target_arch = "bpf")]
 mod nat;
 #[cfg(target_arch = "bpf")]
 mod packet;
+#[cfg(target_arch = "bpf")]
+mod parse;
 #[cfg(target_arch = "bpf")]
 mod reject;
 #[cfg(target_arch = "bpf")]

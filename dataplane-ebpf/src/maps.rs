@@ -1,6 +1,8 @@
-//! The maps. Only the agent's map writer writes `SERVICES`, `SLOTS` and `BACKENDS`;
-//! the programs write only `CONNTRACK` and `STATS`. Capacities here are defaults, the
-//! agent resizes them at load time.
+//! The maps, one doc line each (key → value, who writes it), and getters that return
+//! copies of map values, so no reference into a map outlives a lookup. Only the
+//! agent's map writer writes `SERVICES`, `SLOTS` and `BACKENDS`; the programs write
+//! only `CONNTRACK`, `AFFINITY`, `SCRATCH` and `STATS`. Capacities here are defaults, the agent resizes the
+//! maps at load time.
 
 use aya_ebpf::{
     macros::map,
@@ -52,11 +54,37 @@ pub static SCRATCH: PerCpuArray<[u8; crate::reject::SUM_MAX]> = PerCpuArray::wit
 #[map]
 pub static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stat::COUNT, 0);
 
-/// Counts one exit.
+/// The frontend at `key`, if any.
 #[inline(always)]
-pub fn count(reason: u32) {
-    if let Some(p) = STATS.get_ptr_mut(reason) {
-        // SAFETY: a per-CPU slot, only this CPU writes it while we run.
-        unsafe { *p += 1 };
-    }
+pub fn service(key: &ServiceKey) -> Option<ServiceValue> {
+    // SAFETY: the value is plain data, copied out before anything else runs.
+    unsafe { SERVICES.get(key).copied() }
+}
+
+/// The backend id in slot `key`, if any.
+#[inline(always)]
+pub fn slot(key: &SlotKey) -> Option<u32> {
+    // SAFETY: as in `service`.
+    unsafe { SLOTS.get(key).copied() }
+}
+
+/// The backend with id `id`, if any.
+#[inline(always)]
+pub fn backend(id: u32) -> Option<Backend> {
+    // SAFETY: as in `service`.
+    unsafe { BACKENDS.get(id).copied() }
+}
+
+/// The conntrack entry at `key`, if any.
+#[inline(always)]
+pub fn conntrack(key: &FlowKey) -> Option<NatTarget> {
+    // SAFETY: as in `service`.
+    unsafe { CONNTRACK.get(key).copied() }
+}
+
+/// The session-affinity entry at `key`, if any.
+#[inline(always)]
+pub fn affinity(key: &AffinityKey) -> Option<AffinityValue> {
+    // SAFETY: as in `service`.
+    unsafe { AFFINITY.get(key).copied() }
 }

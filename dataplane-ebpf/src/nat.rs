@@ -12,9 +12,7 @@
 use aya_ebpf::{bindings::BPF_F_PSEUDO_HDR, programs::TcContext};
 use dataplane_common::{csum_replace4, PROTO_TCP};
 
-use crate::packet::{
-    ptr_at_mut, Flow, ETH_LEN, IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, TCP_CSUM_OFF, UDP_CSUM_OFF,
-};
+use crate::packet::{ipv4, load, store, tcp, udp, Flow, ETH_LEN};
 
 /// `BPF_F_MARK_MANGLED_0`: a UDP checksum that becomes zero is written as 0xffff.
 const BPF_F_MARK_MANGLED_0: u64 = 1 << 5;
@@ -35,15 +33,27 @@ pub fn rewrite(
     addr_be: u32,
     port_be: u16,
 ) -> Result<(), ()> {
-    let (ip_off, port_off, old_addr, old_port) = match end {
-        End::Source => (IP_SRC_OFF, flow.l4_off, flow.src_be, flow.sport_be),
-        End::Destination => (IP_DST_OFF, flow.l4_off + 2, flow.dst_be, flow.dport_be),
+    let (addr_off, port_off, old_addr, old_port) = match end {
+        End::Source => (
+            ipv4::SRC,
+            flow.l4_off + tcp::SPORT,
+            flow.src_be,
+            flow.sport_be,
+        ),
+        End::Destination => (
+            ipv4::DST,
+            flow.l4_off + tcp::DPORT,
+            flow.dst_be,
+            flow.dport_be,
+        ),
     };
+    // TCP and UDP keep their ports at the same offsets.
+    const _: () = assert!(tcp::SPORT == udp::SPORT && tcp::DPORT == udp::DPORT);
     if !flow.udp_no_csum {
         let (csum_off, flags) = if flow.proto == PROTO_TCP {
-            (flow.l4_off + TCP_CSUM_OFF, 0)
+            (flow.l4_off + tcp::CSUM, 0)
         } else {
-            (flow.l4_off + UDP_CSUM_OFF, BPF_F_MARK_MANGLED_0)
+            (flow.l4_off + udp::CSUM, BPF_F_MARK_MANGLED_0)
         };
         ctx.l4_csum_replace(
             csum_off,
@@ -55,20 +65,11 @@ pub fn rewrite(
         ctx.l4_csum_replace(csum_off, old_port as u64, port_be as u64, flags | 2)
             .map_err(|_| ())?;
     }
-    // The helpers may have moved the packet: take the pointers afresh.
-    let ip: *mut [u8; 20] = ptr_at_mut(ctx, ETH_LEN).ok_or(())?;
-    let port: *mut [u8; 2] = ptr_at_mut(ctx, port_off).ok_or(())?;
-    // SAFETY: both ranges were bounds-checked against the packet just above, and
-    // nothing else holds a reference into the packet.
-    unsafe {
-        let ip = &mut *ip;
-        let csum_at = IP_CSUM_OFF - ETH_LEN;
-        let check = u16::from_ne_bytes([ip[csum_at], ip[csum_at + 1]]);
-        let check = csum_replace4(check, old_addr, addr_be);
-        ip[csum_at..csum_at + 2].copy_from_slice(&check.to_ne_bytes());
-        let at = ip_off - ETH_LEN;
-        ip[at..at + 4].copy_from_slice(&addr_be.to_ne_bytes());
-        (*port).copy_from_slice(&port_be.to_ne_bytes());
-    }
+    // The helpers may have moved the packet: `load` and `store` check afresh.
+    let csum_at = ETH_LEN + ipv4::CSUM;
+    let check: u16 = load(ctx, csum_at).ok_or(())?;
+    store(ctx, csum_at, csum_replace4(check, old_addr, addr_be)).ok_or(())?;
+    store(ctx, ETH_LEN + addr_off, addr_be).ok_or(())?;
+    store(ctx, port_off, port_be).ok_or(())?;
     Ok(())
 }

@@ -1,37 +1,79 @@
-//! Bounds-checked packet access and header offsets. Packet memory is reached only
-//! through `ptr_at` and `ptr_at_mut`.
+//! Packet memory. Every read and write of the packet goes through [`load`] and
+//! [`store`], the one bounds check the verifier needs; the rest of the program holds
+//! copies, never pointers into the packet. Header fields are named here.
 
 use aya_ebpf::programs::TcContext;
 use core::mem::size_of;
 
+/// Ethernet: 14 bytes; the EtherType is its last two.
 pub const ETH_LEN: usize = 14;
+pub const ETH_TYPE_OFF: usize = 12;
 pub const ETH_P_IP: u16 = 0x0800;
-pub const IP_CSUM_OFF: usize = ETH_LEN + 10;
-pub const IP_SRC_OFF: usize = ETH_LEN + 12;
-pub const IP_DST_OFF: usize = ETH_LEN + 16;
-/// Offsets of the checksum inside the L4 header.
-pub const TCP_CSUM_OFF: usize = 16;
-pub const UDP_CSUM_OFF: usize = 6;
-/// IHL is 4 bits of 32-bit words: at most 60 bytes of IPv4 header.
-pub const IP_MAX_HDR_LEN: usize = 60;
 
-/// A pointer to a `T` at `offset` bytes into the packet, or `None` if the packet is
-/// too short. The check right before the return is what the verifier needs.
+/// IPv4 header fields, as offsets into the header (RFC 791).
+pub mod ipv4 {
+    /// The fixed part; IHL counts the options on top, in 32-bit words.
+    pub const MIN_LEN: usize = 20;
+    /// IHL is 4 bits of 32-bit words: at most 60 bytes of header.
+    pub const MAX_LEN: usize = 60;
+    pub const VERSION_IHL: usize = 0;
+    pub const FLAGS_FRAG: usize = 6;
+    pub const PROTO: usize = 9;
+    pub const CSUM: usize = 10;
+    pub const SRC: usize = 12;
+    pub const DST: usize = 16;
+    /// The fragment offset bits of the flags/fragment field.
+    pub const FRAG_OFFSET_MASK: u16 = 0x1fff;
+}
+
+/// TCP header fields (RFC 9293).
+pub mod tcp {
+    pub const MIN_LEN: usize = 20;
+    pub const SPORT: usize = 0;
+    pub const DPORT: usize = 2;
+    pub const FLAGS: usize = 13;
+    pub const CSUM: usize = 16;
+    pub const FLAG_SYN: u8 = 0x02;
+    pub const FLAG_ACK: u8 = 0x10;
+}
+
+/// UDP header fields (RFC 768).
+pub mod udp {
+    pub const LEN: usize = 8;
+    pub const SPORT: usize = 0;
+    pub const DPORT: usize = 2;
+    pub const CSUM: usize = 6;
+}
+
+/// A copy of the `T` at `offset` bytes into the packet, or `None` if the packet is
+/// too short. `T` is plain bytes (`[u8; N]`, integers), read unaligned.
 #[inline(always)]
-pub fn ptr_at<T>(ctx: &TcContext, offset: usize) -> Option<*const T> {
+pub fn load<T: Copy>(ctx: &TcContext, offset: usize) -> Option<T> {
+    let start = ctx.data();
+    let end = ctx.data_end();
+    // This comparison right before the access is what the verifier needs.
+    if start + offset + size_of::<T>() > end {
+        return None;
+    }
+    // SAFETY: `offset..offset + size_of::<T>()` lies inside the packet (checked just
+    // above), `T` is `Copy` plain data, and the read does not assume alignment.
+    Some(unsafe { core::ptr::read_unaligned((start + offset) as *const T) })
+}
+
+/// Writes `value` at `offset` bytes into the packet; `None` if the packet is too
+/// short (nothing written). Only `nat` writes, after the last helper call that may
+/// move the packet.
+#[inline(always)]
+pub fn store<T: Copy>(ctx: &TcContext, offset: usize, value: T) -> Option<()> {
     let start = ctx.data();
     let end = ctx.data_end();
     if start + offset + size_of::<T>() > end {
         return None;
     }
-    Some((start + offset) as *const T)
-}
-
-/// Like [`ptr_at`], for writing. Only `nat` writes, and only after the last helper
-/// call that may move the packet.
-#[inline(always)]
-pub fn ptr_at_mut<T>(ctx: &TcContext, offset: usize) -> Option<*mut T> {
-    ptr_at::<T>(ctx, offset).map(|p| p as *mut T)
+    // SAFETY: bounds-checked just above; TC programs may write packet data directly,
+    // and no reference into the packet is alive anywhere in the program.
+    unsafe { core::ptr::write_unaligned((start + offset) as *mut T, value) };
+    Some(())
 }
 
 /// The fields of an IPv4 TCP/UDP packet the programs decide on, network byte order.

@@ -26,7 +26,7 @@ use dataplane_common::csum_fold;
 
 use crate::{
     maps::SCRATCH,
-    packet::{ptr_at, Flow, ETH_LEN},
+    packet::{load, Flow, ETH_LEN},
 };
 
 const IP_HDR: usize = 20;
@@ -50,11 +50,9 @@ pub fn port_unreachable(ctx: &TcContext, flow: &Flow) -> Result<i32, ()> {
     if flow.l4_off != ETH_LEN + IP_HDR {
         return Err(());
     }
-    let eth: *const [u8; 12] = ptr_at(ctx, 0).ok_or(())?;
-    let ip: *const [u8; 20] = ptr_at(ctx, ETH_LEN).ok_or(())?;
-    // SAFETY: both ranges were bounds-checked just above; copies are taken before
-    // any helper moves the packet.
-    let (eth, ip) = unsafe { (*eth, *ip) };
+    // Copies, taken before any helper moves the packet.
+    let eth: [u8; 12] = load(ctx, 0).ok_or(())?;
+    let ip: [u8; 20] = load(ctx, ETH_LEN).ok_or(())?;
     let total = u16::from_be_bytes([ip[2], ip[3]]) as usize;
     let quote = if total < QUOTE_MAX { total } else { QUOTE_MAX } & !3;
     // The quote must hold the IP header and the 8 bytes of ports (RFC 792).

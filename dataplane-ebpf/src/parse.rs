@@ -1,0 +1,79 @@
+//! Parsing: Ethernet + IPv4 + TCP/UDP into a [`Flow`]. Deliberate policy for what
+//! the program does not handle: other EtherTypes, other IP protocols and non-first
+//! fragments pass untouched; truncated or malformed headers drop.
+
+use aya_ebpf::programs::TcContext;
+use dataplane_common::{stat, PROTO_TCP, PROTO_UDP};
+
+use crate::{
+    counters::Exit,
+    packet::{ipv4, load, tcp, udp, Flow, ETH_LEN, ETH_P_IP, ETH_TYPE_OFF},
+    tc::{DROP, PASS},
+};
+
+/// Parses the packet. `Err` carries the exit for packets the program does not handle.
+#[inline(always)]
+pub fn parse(ctx: &TcContext) -> Result<Flow, Exit> {
+    let ether_type: [u8; 2] = load(ctx, ETH_TYPE_OFF).ok_or((DROP, stat::DROP_MALFORMED))?;
+    if u16::from_be_bytes(ether_type) != ETH_P_IP {
+        return Err((PASS, stat::PASS_NOT_IPV4));
+    }
+    let ip: [u8; ipv4::MIN_LEN] = load(ctx, ETH_LEN).ok_or((DROP, stat::DROP_MALFORMED))?;
+    if ip[ipv4::VERSION_IHL] >> 4 != 4 {
+        return Err((DROP, stat::DROP_MALFORMED));
+    }
+    let ihl = ((ip[ipv4::VERSION_IHL] & 0x0f) as usize) * 4;
+    if !(ipv4::MIN_LEN..=ipv4::MAX_LEN).contains(&ihl) {
+        return Err((DROP, stat::DROP_MALFORMED));
+    }
+    let proto = ip[ipv4::PROTO];
+    if proto != PROTO_TCP && proto != PROTO_UDP {
+        return Err((PASS, stat::PASS_NOT_L4));
+    }
+    // Fragment offset non-zero: no L4 header here.
+    let frag = u16::from_be_bytes([ip[ipv4::FLAGS_FRAG], ip[ipv4::FLAGS_FRAG + 1]]);
+    if frag & ipv4::FRAG_OFFSET_MASK != 0 {
+        return Err((PASS, stat::PASS_FRAGMENT));
+    }
+    let src_be = u32::from_ne_bytes(field4(&ip, ipv4::SRC));
+    let dst_be = u32::from_ne_bytes(field4(&ip, ipv4::DST));
+    let l4_off = ETH_LEN + ihl;
+    let (sport_be, dport_be, syn_only, udp_no_csum) = if proto == PROTO_TCP {
+        let h: [u8; tcp::MIN_LEN] = load(ctx, l4_off).ok_or((DROP, stat::DROP_MALFORMED))?;
+        let flags = h[tcp::FLAGS];
+        (
+            u16::from_ne_bytes(field2(&h, tcp::SPORT)),
+            u16::from_ne_bytes(field2(&h, tcp::DPORT)),
+            flags & (tcp::FLAG_SYN | tcp::FLAG_ACK) == tcp::FLAG_SYN,
+            false,
+        )
+    } else {
+        let h: [u8; udp::LEN] = load(ctx, l4_off).ok_or((DROP, stat::DROP_MALFORMED))?;
+        (
+            u16::from_ne_bytes(field2(&h, udp::SPORT)),
+            u16::from_ne_bytes(field2(&h, udp::DPORT)),
+            false,
+            field2(&h, udp::CSUM) == [0, 0],
+        )
+    };
+    Ok(Flow {
+        src_be,
+        dst_be,
+        sport_be,
+        dport_be,
+        proto,
+        l4_off,
+        syn_only,
+        udp_no_csum,
+    })
+}
+
+#[inline(always)]
+fn field2<const N: usize>(h: &[u8; N], at: usize) -> [u8; 2] {
+    [h[at], h[at + 1]]
+}
+
+#[inline(always)]
+fn field4<const N: usize>(h: &[u8; N], at: usize) -> [u8; 4] {
+    [h[at], h[at + 1], h[at + 2], h[at + 3]]
+}
