@@ -23,6 +23,10 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use dataplane_common::csum_fold;
+use network_types::{
+    eth::EthHdr,
+    ip::{IpProto, Ipv4Hdr},
+};
 
 use crate::{
     maps::SCRATCH,
@@ -35,7 +39,6 @@ const ICMP_HDR: usize = 8;
 pub const QUOTE_MAX: usize = 576 - IP_HDR - ICMP_HDR;
 /// Bytes the checksum is summed over at most: ICMP header and quote.
 pub const SUM_MAX: usize = ICMP_HDR + QUOTE_MAX;
-const IPPROTO_ICMP: u8 = 1;
 const ICMP_DEST_UNREACH: u8 = 3;
 const ICMP_PORT_UNREACH: u8 = 3;
 /// IPTOS_PREC_INTERNETCONTROL, as the kernel's own ICMP errors carry.
@@ -51,9 +54,9 @@ pub fn port_unreachable(ctx: &TcContext, flow: &Flow) -> Result<i32, ()> {
         return Err(());
     }
     // Copies, taken before any helper moves the packet.
-    let eth: [u8; 12] = load(ctx, 0).ok_or(())?;
-    let ip: [u8; 20] = load(ctx, ETH_LEN).ok_or(())?;
-    let total = u16::from_be_bytes([ip[2], ip[3]]) as usize;
+    let eth: EthHdr = load(ctx, 0).ok_or(())?;
+    let ip: Ipv4Hdr = load(ctx, ETH_LEN).ok_or(())?;
+    let total = ip.tot_len() as usize;
     let quote = if total < QUOTE_MAX { total } else { QUOTE_MAX } & !3;
     // The quote must hold the IP header and the 8 bytes of ports (RFC 792).
     if quote < IP_HDR + 8 {
@@ -68,22 +71,26 @@ pub fn port_unreachable(ctx: &TcContext, flow: &Flow) -> Result<i32, ()> {
     }
 
     // Ethernet: back to where it came from.
-    let mut mac = [0u8; 12];
-    mac[..6].copy_from_slice(&eth[6..12]);
-    mac[6..].copy_from_slice(&eth[..6]);
-    ctx.store(0, &mac, 0).map_err(|_| ())?;
+    let back = EthHdr {
+        dst_addr: eth.src_addr,
+        src_addr: eth.dst_addr,
+        ether_type: eth.ether_type,
+    };
+    ctx.store(0, &back, 0).map_err(|_| ())?;
 
     // IPv4: from the address the client asked for, to the client.
-    let mut hdr = [0u8; IP_HDR];
-    hdr[0] = 0x45;
-    hdr[1] = TOS_INTERNETCONTROL;
-    hdr[2..4].copy_from_slice(&((IP_HDR + ICMP_HDR + quote) as u16).to_be_bytes());
-    hdr[8] = 64;
-    hdr[9] = IPPROTO_ICMP;
-    hdr[12..16].copy_from_slice(&flow.dst_be.to_ne_bytes());
-    hdr[16..20].copy_from_slice(&flow.src_be.to_ne_bytes());
-    let check = ipv4_header_checksum(&hdr);
-    hdr[10..12].copy_from_slice(&check.to_ne_bytes());
+    let mut hdr = ip;
+    hdr.set_vihl(4, IP_HDR as u8);
+    hdr.tos = TOS_INTERNETCONTROL;
+    hdr.set_tot_len((IP_HDR + ICMP_HDR + quote) as u16);
+    hdr.set_id(0);
+    hdr.set_frags(0, 0);
+    hdr.ttl = 64;
+    hdr.set_proto(IpProto::Icmp);
+    hdr.src_addr = ip.dst_addr;
+    hdr.dst_addr = ip.src_addr;
+    hdr.set_checksum(0);
+    hdr.set_checksum(ipv4_header_checksum(&hdr));
     ctx.store(ETH_LEN, &hdr, 0).map_err(|_| ())?;
 
     // ICMP header with a zero checksum, then the checksum over header and quote.
@@ -126,15 +133,20 @@ pub fn port_unreachable(ctx: &TcContext, flow: &Flow) -> Result<i32, ()> {
     Ok(action)
 }
 
-/// The checksum of a 20-byte IPv4 header whose checksum field is zero, in the byte
-/// order it is stored in.
+/// The checksum of an IPv4 header without options whose checksum field is zero, as
+/// a number (RFC 1071: the one's complement of the one's-complement sum of its
+/// 16-bit words).
 #[inline(always)]
-fn ipv4_header_checksum(hdr: &[u8; IP_HDR]) -> u16 {
-    let mut sum = 0u32;
-    let mut i = 0;
-    while i < IP_HDR {
-        sum += u16::from_ne_bytes([hdr[i], hdr[i + 1]]) as u32;
-        i += 2;
-    }
+fn ipv4_header_checksum(h: &Ipv4Hdr) -> u16 {
+    let word = |b: [u8; 2]| u16::from_be_bytes(b) as u32;
+    let sum = word([h.vihl, h.tos])
+        + word(h.tot_len)
+        + word(h.id)
+        + word(h.frags)
+        + word([h.ttl, h.proto])
+        + word([h.src_addr[0], h.src_addr[1]])
+        + word([h.src_addr[2], h.src_addr[3]])
+        + word([h.dst_addr[0], h.dst_addr[1]])
+        + word([h.dst_addr[2], h.dst_addr[3]]);
     !csum_fold(sum)
 }
