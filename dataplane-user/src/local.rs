@@ -152,8 +152,13 @@ impl ManifestDir {
                 continue;
             }
             scan.changed = true;
-            let (objects, problems) = match fs::read_to_string(&path) {
-                Ok(text) => parse_file_model(&path, &text),
+            let (objects, problems) = match fs::read(&path) {
+                Ok(bytes) => {
+                    let (text, mut screened) = screen(&path, &bytes);
+                    let (objects, mut parsed) = parse_file_model(&path, &text);
+                    screened.append(&mut parsed);
+                    (objects, screened)
+                }
                 Err(e) => (
                     None,
                     vec![Problem {
@@ -266,8 +271,13 @@ pub fn load_dir(dir: &Path) -> std::io::Result<(Objects, Vec<Problem>)> {
     let mut all = Objects::default();
     let mut problems = Vec::new();
     for path in yaml_files(dir)? {
-        let (objects, p) = match fs::read_to_string(&path) {
-            Ok(text) => parse_file(&path, &text),
+        let (objects, p) = match fs::read(&path) {
+            Ok(bytes) => {
+                let (text, mut screened) = screen(&path, &bytes);
+                let (objects, mut parsed) = parse_file(&path, &text);
+                screened.append(&mut parsed);
+                (objects, screened)
+            }
             Err(e) => (
                 None,
                 vec![Problem {
@@ -284,6 +294,124 @@ pub fn load_dir(dir: &Path) -> std::io::Result<(Objects, Vec<Problem>)> {
         }
     }
     Ok((all, problems))
+}
+
+/// Bytes of one document at most: a Service or an EndpointSlice (at most 1,000
+/// endpoints by API validation) is far smaller.
+pub const MAX_DOCUMENT_BYTES: usize = 4 << 20;
+/// Nesting of one document at most (flow collections and block sequences on a line);
+/// Kubernetes objects nest a dozen levels.
+pub const MAX_NESTING: usize = 64;
+
+/// Screens a file's bytes before any YAML parsing, which can cost the square of a
+/// document's size on deep nesting: a byte-order mark at the start is dropped (as
+/// kubectl does), and each document that is not UTF-8, is larger than
+/// [`MAX_DOCUMENT_BYTES`] or nests deeper than [`MAX_NESTING`] is left out with a
+/// problem naming it (the others are kept). Linear in the file's size.
+pub fn screen(path: &Path, bytes: &[u8]) -> (String, Vec<Problem>) {
+    let bytes = bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(bytes);
+    let mut out = String::with_capacity(bytes.len());
+    let mut problems = Vec::new();
+    for (n, (start, doc)) in documents(bytes).into_iter().enumerate() {
+        let line = 1 + bytes[..start].iter().filter(|b| **b == b'\n').count();
+        let reason = match std::str::from_utf8(doc) {
+            Err(e) => {
+                let at = start + e.valid_up_to();
+                let line = 1 + bytes[..at].iter().filter(|b| **b == b'\n').count();
+                Some(format!(
+                    "byte 0x{:02x} on line {line} is not UTF-8",
+                    bytes[at]
+                ))
+            }
+            Ok(_) if doc.len() > MAX_DOCUMENT_BYTES => Some(format!(
+                "{} bytes, more than the {MAX_DOCUMENT_BYTES} a document may have",
+                doc.len()
+            )),
+            Ok(text) if nesting(text) > MAX_NESTING => {
+                Some(format!("nested deeper than {MAX_NESTING} levels"))
+            }
+            Ok(text) => {
+                out.push_str(text);
+                None
+            }
+        };
+        if let Some(reason) = reason {
+            problems.push(Problem {
+                file: path.to_path_buf(),
+                reason: format!(
+                    "the document starting on line {line} (document {}): {reason}; skipped",
+                    n + 1
+                ),
+            });
+            // Keep the separator so the documents around it stay apart.
+            if doc.starts_with(b"---") {
+                out.push_str("---\n");
+            }
+        }
+    }
+    (out, problems)
+}
+
+/// The documents of a file: (offset, bytes), split before every line that starts
+/// with `---` (each document keeps its separator line).
+fn documents(bytes: &[u8]) -> Vec<(usize, &[u8])> {
+    let mut starts = vec![0];
+    let mut at = 0;
+    while at < bytes.len() {
+        let end = bytes[at..]
+            .iter()
+            .position(|b| *b == b'\n')
+            .map_or(bytes.len(), |i| at + i + 1);
+        if at > 0 && bytes[at..end].starts_with(b"---") {
+            starts.push(at);
+        }
+        at = end;
+    }
+    starts.push(bytes.len());
+    starts
+        .windows(2)
+        .map(|w| (w[0], &bytes[w[0]..w[1]]))
+        .filter(|(_, d)| !d.is_empty())
+        .collect()
+}
+
+/// How deep a document nests, counted cheaply: flow collections (`[`, `{`) open
+/// outside quotes and comments, plus block sequence entries (`- - -`) that begin one
+/// line. Block mappings need one more column of indentation per level, so the
+/// document's size bounds them already.
+fn nesting(text: &str) -> usize {
+    let (mut depth, mut deepest) = (0usize, 0usize);
+    let mut quote: Option<char> = None;
+    for line in text.lines() {
+        let dashes = line
+            .trim_start()
+            .split_inclusive("- ")
+            .take_while(|p| *p == "- ")
+            .count();
+        let mut chars = line.chars().peekable();
+        while let Some(c) = chars.next() {
+            match (quote, c) {
+                (Some('"'), '\\') => {
+                    chars.next();
+                }
+                (Some(q), c) if c == q => quote = None,
+                (Some(_), _) => {}
+                (None, '"' | '\'') => quote = Some(c),
+                (None, '#') => break,
+                (None, '[' | '{') => {
+                    depth += 1;
+                    deepest = deepest.max(depth + dashes);
+                }
+                (None, ']' | '}') => depth = depth.saturating_sub(1),
+                _ => {}
+            }
+        }
+        // A quote never spans lines in Kubernetes YAML worth reading; a stray one must
+        // not blind the count for the rest of the document.
+        quote = None;
+        deepest = deepest.max(depth + dashes);
+    }
+    deepest
 }
 
 /// A usable object of a document (boxed: API objects are large and of unequal sizes).
@@ -399,6 +527,13 @@ fn add_document(
         ("discovery.k8s.io/v1beta1", "EndpointSlice") => {
             report(format!("EndpointSlice {name}: discovery.k8s.io/v1beta1 is gone since Kubernetes 1.25, use v1; skipped"))
         }
+        // A kind the agent reads under another API version: said, not ignored.
+        (_, "Service" | "Node") => report(format!(
+            "{kind} {name}: apiVersion {api_version:?} is not v1; skipped"
+        )),
+        (_, "EndpointSlice") => report(format!(
+            "EndpointSlice {name}: apiVersion {api_version:?} is not discovery.k8s.io/v1; skipped"
+        )),
         // Pods, Deployments, Endpoints, ...: not the agent's business.
         _ => {}
     }
@@ -456,6 +591,83 @@ spec: {clusterIP: 10.96.0.11}
             "{:?}",
             problems[0]
         );
+    }
+
+    const GOOD: &str =
+        "apiVersion: v1\nkind: Service\nmetadata: {name: good}\nspec: {clusterIP: 10.96.0.1}\n";
+
+    #[test]
+    fn a_byte_order_mark_is_accepted() {
+        let bytes = [b"\xef\xbb\xbf".as_slice(), GOOD.as_bytes()].concat();
+        let (text, problems) = screen(Path::new("f.yaml"), &bytes);
+        assert!(problems.is_empty(), "{problems:?}");
+        let (objects, problems) = parse_file(Path::new("f.yaml"), &text);
+        assert!(problems.is_empty());
+        assert_eq!(objects.unwrap().services.len(), 1);
+    }
+
+    #[test]
+    fn a_document_that_is_not_utf8_is_skipped_alone_with_its_line() {
+        let bad = b"---\napiVersion: v1\nkind: Service\n# caf\xe9\nmetadata: {name: bad}\n";
+        let bytes = [
+            GOOD.as_bytes(),
+            bad.as_slice(),
+            b"---\n",
+            GOOD.replace("good", "also").as_bytes(),
+        ]
+        .concat();
+        let (text, problems) = screen(Path::new("f.yaml"), &bytes);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0]
+                .reason
+                .contains("byte 0xe9 on line 8 is not UTF-8"),
+            "{problems:?}"
+        );
+        let (objects, problems) = parse_file(Path::new("f.yaml"), &text);
+        assert!(problems.is_empty(), "{problems:?}");
+        let names: Vec<_> = objects
+            .unwrap()
+            .services
+            .iter()
+            .map(|s| s.metadata.name.clone().unwrap())
+            .collect();
+        assert_eq!(names, ["good", "also"]);
+    }
+
+    #[test]
+    fn deep_nesting_and_huge_documents_never_reach_the_parser() {
+        // 60,000 levels of flow mappings in 300 KB: once 20 s of parsing.
+        let deep = format!("a: {}1{}\n", "{a: ".repeat(60_000), "}".repeat(60_000));
+        // 60,000 levels of block sequences on one line.
+        let dashes = format!("a:\n{}1\n", "- ".repeat(60_000));
+        let huge = format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: huge, annotations: {{x: \"{}\"}}}}\n",
+            "x".repeat(MAX_DOCUMENT_BYTES)
+        );
+        for doc in [deep, dashes, huge] {
+            let bytes = format!("{GOOD}---\n{doc}");
+            let (text, problems) = screen(Path::new("f.yaml"), bytes.as_bytes());
+            assert_eq!(problems.len(), 1, "{problems:?}");
+            assert!(problems[0].reason.contains("(document 2)"), "{problems:?}");
+            // Only the good document is left for the parser.
+            assert!(text.len() < GOOD.len() + 8, "{} bytes left", text.len());
+            let (objects, _) = parse_file(Path::new("f.yaml"), &text);
+            assert_eq!(objects.unwrap().services.len(), 1);
+        }
+    }
+
+    #[test]
+    fn a_known_kind_under_another_api_version_is_reported() {
+        let (objects, problems) = parse_file(
+            Path::new("f.yaml"),
+            "apiVersion: apps/v1\nkind: Service\nmetadata: {name: odd}\n",
+        );
+        assert!(objects.unwrap().services.is_empty());
+        assert_eq!(problems.len(), 1);
+        assert!(problems[0]
+            .reason
+            .contains("apiVersion \"apps/v1\" is not v1"));
     }
 
     #[test]

@@ -146,6 +146,28 @@ fn a_service_without_endpoints_or_port_refuses_at_once() {
     );
 }
 
+/// A Service whose only endpoints are terminating but still serving keeps serving
+/// (kube-proxy's fallback, KEP-1669), and never picks one that stopped serving.
+#[test]
+fn a_service_with_only_terminating_endpoints_still_serves() {
+    let lab = Lab::new(2).unwrap();
+    let yaml = lab.service_yaml("web", VIP, PORT, &[0, 1]);
+    // Backend 0 terminating and serving, backend 1 terminating and no longer serving.
+    let mut parts = yaml.split("conditions: {ready: true}");
+    let yaml = format!(
+        "{}conditions: {{ready: false, serving: true, terminating: true}}{}conditions: {{ready: false, serving: false, terminating: true}}{}",
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+        parts.next().unwrap()
+    );
+    lab.write_manifest("web.yaml", &yaml).unwrap();
+    let _agent = lab.start_agent().unwrap();
+    let seen: BTreeSet<String> = (0..20)
+        .map(|_| lab.tcp_request(vip()).unwrap().backend)
+        .collect();
+    assert_eq!(seen, BTreeSet::from([lab.backends[0].name.clone()]));
+}
+
 #[test]
 fn session_affinity_keeps_a_client_on_one_backend() {
     let lab = Lab::new(3).unwrap();
