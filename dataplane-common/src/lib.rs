@@ -257,9 +257,13 @@ pub mod map_name {
     pub const STATS: &str = "STATS";
     pub const SERVICE_NAMES: &str = "SERVICE_NAMES";
     pub const AFFINITY: &str = "AFFINITY";
+    /// Tail-call targets. Pinned like the others: the kernel empties a program array
+    /// once no process and no pin holds it, and the attached program must keep its
+    /// targets while the agent restarts.
+    pub const JUMP: &str = "JUMP";
 
     /// Every map, in the order the agent pins them.
-    pub const ALL: [&str; 7] = [
+    pub const ALL: [&str; 8] = [
         SERVICES,
         SLOTS,
         BACKENDS,
@@ -267,6 +271,7 @@ pub mod map_name {
         STATS,
         SERVICE_NAMES,
         AFFINITY,
+        JUMP,
     ];
 }
 

@@ -6,7 +6,7 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{HashMap, LruHashMap, PerCpuArray},
+    maps::{HashMap, LruHashMap, PerCpuArray, ProgramArray},
 };
 use dataplane_common::{
     capacity, stat, AffinityKey, AffinityValue, Backend, FlowKey, NatTarget, ServiceKey,
@@ -49,6 +49,12 @@ pub static AFFINITY: LruHashMap<AffinityKey, AffinityValue> =
 /// quote to sum the checksum over.
 #[map]
 pub static SCRATCH: PerCpuArray<[u8; crate::reject::SUM_MAX]> = PerCpuArray::with_max_entries(1, 0);
+
+/// Programs the TC program hands a packet over to (tail calls): slot
+/// `JUMP_REJECT` is `sliceway_reject`. Filled by the agent at load (a restarted agent
+/// puts its own program in the pinned map).
+#[map]
+pub static JUMP: ProgramArray = ProgramArray::with_max_entries(1, 0);
 
 /// Exit counters, indexed by `stat::*`. Written by the program.
 #[map]

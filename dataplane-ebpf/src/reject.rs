@@ -17,19 +17,21 @@
 //! packet is redirected to the egress of its own interface.
 
 use aya_ebpf::{
-    bindings::{bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, TC_ACT_REDIRECT},
+    bindings::{bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, TC_ACT_REDIRECT, TC_ACT_SHOT},
     cty::c_void,
     helpers::{bpf_csum_diff, bpf_redirect, bpf_skb_change_tail, bpf_skb_load_bytes},
+    macros::classifier,
     programs::TcContext,
 };
-use dataplane_common::csum_fold;
+use dataplane_common::{csum_fold, stat};
 use network_types::{
     eth::EthHdr,
     ip::{IpProto, Ipv4Hdr},
 };
 
 use crate::{
-    maps::SCRATCH,
+    counters::count,
+    maps::{JUMP, SCRATCH},
     packet::{load, Flow, ETH_LEN},
 };
 
@@ -44,13 +46,52 @@ const ICMP_PORT_UNREACH: u8 = 3;
 /// IPTOS_PREC_INTERNETCONTROL, as the kernel's own ICMP errors carry.
 const TOS_INTERNETCONTROL: u8 = 0xc0;
 
-/// Turns the packet of `flow` into an ICMP port unreachable to its source and
-/// redirects it. `Ok` holds the TC verdict; `Err` means the reply could not be made
+/// Hands the packet of `flow` to `sliceway_reject` (a tail call: a program of its
+/// own, with a stack of its own), which turns it into an ICMP port unreachable to its
+/// source and redirects it, counting `reason`. Returns only if the handover failed
 /// (the caller drops the packet).
 #[inline(always)]
-pub fn port_unreachable(ctx: &TcContext, flow: &Flow) -> Result<i32, ()> {
+pub fn port_unreachable(ctx: &TcContext, flow: &Flow, reason: u32) {
+    // SAFETY: the context's own skb; `cb` is scratch space that travels with it.
+    unsafe {
+        (*ctx.skb.skb).cb[CB_REASON] = reason;
+        (*ctx.skb.skb).cb[CB_L4_OFF] = flow.l4_off as u32;
+        JUMP.tail_call(ctx, JUMP_REJECT);
+    }
+}
+
+/// Slot of `sliceway_reject` in `JUMP`.
+pub const JUMP_REJECT: u32 = 0;
+/// Words of the skb's control buffer handed over with the packet.
+const CB_REASON: usize = 0;
+const CB_L4_OFF: usize = 1;
+
+/// The reject program, entered only by tail call from `sliceway_tc`.
+#[classifier]
+pub fn sliceway_reject(ctx: TcContext) -> i32 {
+    // SAFETY: the context's own skb.
+    let (reason, l4_off) = unsafe {
+        let cb = &(*ctx.skb.skb).cb;
+        (cb[CB_REASON], cb[CB_L4_OFF] as usize)
+    };
+    match build(&ctx, l4_off) {
+        Ok(action) => {
+            count(reason);
+            action
+        }
+        Err(()) => {
+            count(stat::DROP_REJECT);
+            TC_ACT_SHOT
+        }
+    }
+}
+
+/// Builds the reply in place and redirects it: the TC verdict, or `Err` when the
+/// reply cannot be made.
+#[inline(always)]
+fn build(ctx: &TcContext, l4_off: usize) -> Result<i32, ()> {
     // A plain 20-byte header only: the quote's layout stays fixed for the verifier.
-    if flow.l4_off != ETH_LEN + IP_HDR {
+    if l4_off != ETH_LEN + IP_HDR {
         return Err(());
     }
     // Copies, taken before any helper moves the packet.

@@ -82,13 +82,12 @@ fn to_frontend(
     Ok((PASS, stat::DNAT_NEW))
 }
 
-/// Answers `flow` with ICMP port unreachable; drops it if the reply cannot be made.
+/// Answers `flow` with ICMP port unreachable (`sliceway_reject` counts `reason`);
+/// drops it if the handover fails.
 #[inline(always)]
 fn reject_or_drop(ctx: &TcContext, flow: &Flow, reason: u32) -> Exit {
-    match reject::port_unreachable(ctx, flow) {
-        Ok(action) => (action, reason),
-        Err(()) => (DROP, stat::DROP_REJECT),
-    }
+    reject::port_unreachable(ctx, flow, reason);
+    (DROP, stat::DROP_REJECT)
 }
 
 /// A packet to no frontend: a reply of a tracked flow gets its frontend back as the

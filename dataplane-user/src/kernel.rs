@@ -29,6 +29,8 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(env!("SLICEWAY_EBPF_OBJECT"))
 
 /// Name of the TC program in the object.
 pub const TC_PROGRAM: &str = "sliceway_tc";
+/// The program the TC program hands packets to reject to (tail call).
+pub const REJECT_PROGRAM: &str = "sliceway_reject";
 
 /// Errors of the kernel edge, each saying what failed.
 #[derive(Debug, thiserror::Error)]
@@ -37,12 +39,14 @@ pub enum KernelError {
     Load(#[from] aya::EbpfError),
     #[error("the kernel object has no map {0}")]
     MissingMap(&'static str),
+    #[error("the kernel object has no program {0}")]
+    MissingProgram(&'static str),
     #[error("map {name}: {source}")]
     Map {
         name: &'static str,
         source: MapError,
     },
-    #[error("program {TC_PROGRAM}: {0}")]
+    #[error("loading a program: {0}")]
     Program(#[from] aya::programs::ProgramError),
     #[error("attaching to interface {iface}: {source}")]
     Attach {
@@ -174,6 +178,7 @@ fn expected_sizes(name: &str) -> (usize, usize) {
         map_name::CONNTRACK => (size_of::<FlowKey>(), size_of::<NatTarget>()),
         map_name::STATS => (size_of::<u32>(), size_of::<u64>()),
         map_name::SERVICE_NAMES => (size_of::<u32>(), size_of::<ServiceName>()),
+        map_name::JUMP => (size_of::<u32>(), size_of::<u32>()),
         map_name::AFFINITY => (
             size_of::<dataplane_common::AffinityKey>(),
             size_of::<dataplane_common::AffinityValue>(),
@@ -239,6 +244,9 @@ pub struct Datapath {
     pub maps: KernelMaps,
     conntrack: BpfHashMap<MapData, FlowKey, NatTarget>,
     stats: PerCpuArray<MapData, u64>,
+    /// Held for as long as the datapath lives: the kernel empties a program array no
+    /// process or pin holds.
+    _jump: aya::maps::ProgramArray<MapData>,
     pins: Option<PinDir>,
     limits: Limits,
     /// Interfaces the program is attached to by this agent.
@@ -391,9 +399,26 @@ impl Datapath {
         }
         let program: &mut SchedClassifier = ebpf
             .program_mut(TC_PROGRAM)
-            .ok_or(KernelError::MissingMap(TC_PROGRAM))?
+            .ok_or(KernelError::MissingProgram(TC_PROGRAM))?
             .try_into()?;
         program.load()?;
+        // The reject program, reached from the TC program by tail call (a stack of its
+        // own): loaded and put in slot 0 of JUMP.
+        let reject: &mut SchedClassifier = ebpf
+            .program_mut(REJECT_PROGRAM)
+            .ok_or(KernelError::MissingProgram(REJECT_PROGRAM))?
+            .try_into()?;
+        reject.load()?;
+        let reject_fd = reject
+            .fd()?
+            .try_clone()
+            .map_err(|e| KernelError::Program(aya::programs::ProgramError::IOError(e)))?;
+        let mut jump: aya::maps::ProgramArray<MapData> = take(&mut ebpf, map_name::JUMP)?;
+        jump.set(0, &reject_fd, 0)
+            .map_err(|source| KernelError::Map {
+                name: map_name::JUMP,
+                source,
+            })?;
         let maps = KernelMaps {
             services: take(&mut ebpf, map_name::SERVICES)?,
             slots: take(&mut ebpf, map_name::SLOTS)?,
@@ -407,6 +432,7 @@ impl Datapath {
             maps,
             conntrack,
             stats,
+            _jump: jump,
             pins: pins.cloned(),
             limits,
             links: BTreeMap::new(),
@@ -445,7 +471,7 @@ impl Datapath {
         let program: &mut SchedClassifier = self
             .ebpf
             .program_mut(TC_PROGRAM)
-            .ok_or(KernelError::MissingMap(TC_PROGRAM))?
+            .ok_or(KernelError::MissingProgram(TC_PROGRAM))?
             .try_into()?;
         let Some(link_pin) = link_pin else {
             // Needed for the netlink attach before 6.6 (EEXIST when already there).
@@ -521,7 +547,7 @@ impl Datapath {
             let program: &mut SchedClassifier = self
                 .ebpf
                 .program_mut(TC_PROGRAM)
-                .ok_or(KernelError::MissingMap(TC_PROGRAM))?
+                .ok_or(KernelError::MissingProgram(TC_PROGRAM))?
                 .try_into()?;
             // Dropping the link detaches it; with the interface gone the kernel has
             // detached it already and the error of doing it again is of no interest.
