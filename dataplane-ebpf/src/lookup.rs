@@ -1,5 +1,5 @@
-//! Service lookup and backend choice for a new flow: frontend by (VIP, port, proto),
-//! slot by flow hash, backend by id.
+//! Service lookup and backend choice for a new connection: frontend by (VIP, port,
+//! proto), slot by flow hash, backend by id.
 
 use dataplane_common::{flow_hash, stat, Backend, ServiceKey, ServiceValue, SlotKey};
 
@@ -16,9 +16,9 @@ pub fn frontend(flow: &Flow) -> Option<ServiceValue> {
     })
 }
 
-/// Picks a backend for a new flow to `service`: slot `flow_hash % count`. A frontend
-/// without backends drops (a packet never reaches a VIP untranslated), and so does a
-/// slot or backend the frontend published but the maps do not hold.
+/// Picks a backend for a new connection to `service`: slot `flow_hash % count`. A
+/// frontend without backends drops (a packet never reaches a VIP untranslated), and so
+/// does a slot or backend the frontend published but the maps do not hold.
 #[inline(always)]
 pub fn pick(flow: &Flow, service: &ServiceValue) -> Result<(u32, Backend), Exit> {
     if service.count == 0 {

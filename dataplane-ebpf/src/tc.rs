@@ -1,16 +1,17 @@
-//! The TC program's entry: parse, then one path per direction. A packet to a
-//! frontend goes to the backend (`to_frontend`: conntrack or pick, DNAT); any other
-//! packet may be a reply of a tracked flow (`reply`: reverse NAT) or passes untouched.
+//! The TC program's entry: parse, then one path per direction. A packet from a client
+//! of a tracked connection or to a frontend goes to the backend (`from_client`:
+//! conntrack or pick, DNAT); any other packet may come from a backend (`from_backend`:
+//! reverse NAT) or passes untouched.
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT},
     macros::classifier,
     programs::TcContext,
 };
-use dataplane_common::{stat, FlowKey, ServiceValue};
+use dataplane_common::{stat, CtKey};
 
 use crate::{
-    conntrack,
+    conntrack::{self, Forward},
     counters::{count, Exit},
     lookup,
     nat::{rewrite, End},
@@ -34,49 +35,63 @@ pub fn sliceway_tc(ctx: TcContext) -> i32 {
 fn try_sliceway_tc(ctx: &TcContext) -> Result<Exit, Exit> {
     let flow = parse(ctx)?;
     let key = conntrack::key_of(&flow);
-    match lookup::frontend(&flow) {
-        Some(service) => to_frontend(ctx, &flow, &key, &service),
-        None => reply(ctx, &flow, &key),
+    let now = conntrack::now();
+    match from_client(ctx, &flow, &key, now)? {
+        Some(exit) => Ok(exit),
+        None => from_backend(ctx, &flow, &key, now),
     }
 }
 
-/// A packet to a frontend: a tracked flow keeps its backend through endpoint churn;
-/// a new one picks a backend and is tracked. Then DNAT.
+/// A packet of a tracked connection keeps its backend, also when its Service is gone;
+/// a new packet to a frontend picks a backend and is tracked. Then DNAT (and a source
+/// port rewrite if the connection's reply tuple needed one). `None`: neither.
 #[inline(always)]
-fn to_frontend(
-    ctx: &TcContext,
-    flow: &Flow,
-    key: &FlowKey,
-    service: &ServiceValue,
-) -> Result<Exit, Exit> {
-    if let Some(ct) = conntrack::forward(flow, key) {
-        rewrite(ctx, flow, End::Destination, ct.addr_be, ct.port_be)
+fn from_client(ctx: &TcContext, flow: &Flow, key: &CtKey, now: u64) -> Result<Option<Exit>, Exit> {
+    let (entry, reason) = match conntrack::forward(flow, key, now) {
+        Forward::Tracked(entry) => (entry, stat::DNAT_ESTABLISHED),
+        Forward::New => {
+            let Some(service) = lookup::frontend(flow) else {
+                return Ok(None);
+            };
+            let (backend_id, backend) = lookup::pick(flow, &service)?;
+            let (entry, remapped) =
+                conntrack::track(flow, key, service.id, backend_id, &backend, now)?;
+            let reason = if remapped {
+                stat::DNAT_PORT_REMAPPED
+            } else {
+                stat::DNAT_NEW
+            };
+            (entry, reason)
+        }
+    };
+    let to = &entry.pair;
+    rewrite(ctx, flow, End::Destination, to.src_be[0], to.sport_be)
+        .map_err(|_| (DROP, stat::DROP_REWRITE))?;
+    if to.dport_be != flow.sport_be {
+        rewrite(ctx, flow, End::Source, flow.src_be, to.dport_be)
             .map_err(|_| (DROP, stat::DROP_REWRITE))?;
-        return Ok((PASS, stat::DNAT_ESTABLISHED));
     }
-    let (backend_id, backend) = lookup::pick(flow, service)?;
-    conntrack::track(flow, key, service, backend_id, &backend)?;
-    rewrite(
-        ctx,
-        flow,
-        End::Destination,
-        backend.addr_be,
-        backend.port_be,
-    )
-    .map_err(|_| (DROP, stat::DROP_REWRITE))?;
-    Ok((PASS, stat::DNAT_NEW))
+    Ok(Some((PASS, reason)))
 }
 
-/// A packet to no frontend: a reply of a tracked flow gets its frontend back as the
-/// source; anything else passes untouched.
+/// A reply of a live connection gets its frontend back as the source (and its
+/// client's own port back if it was remapped); anything else passes untouched.
 #[inline(always)]
-fn reply(ctx: &TcContext, flow: &Flow, key: &FlowKey) -> Result<Exit, Exit> {
-    match conntrack::reverse(key) {
-        Some(ct) => {
-            rewrite(ctx, flow, End::Source, ct.addr_be, ct.port_be)
+fn from_backend(ctx: &TcContext, flow: &Flow, key: &CtKey, now: u64) -> Result<Exit, Exit> {
+    match conntrack::reverse(flow, key, now) {
+        Ok(Some(orig)) => {
+            rewrite(ctx, flow, End::Source, orig.dst_be[0], orig.dport_be)
                 .map_err(|_| (DROP, stat::DROP_REWRITE))?;
+            if orig.sport_be != flow.dport_be {
+                rewrite(ctx, flow, End::Destination, flow.dst_be, orig.sport_be)
+                    .map_err(|_| (DROP, stat::DROP_REWRITE))?;
+            }
             Ok((PASS, stat::REVNAT))
         }
-        None => Ok((PASS, stat::PASS_NO_SERVICE)),
+        Ok(None) => {
+            conntrack::direct(flow, key);
+            Ok((PASS, stat::PASS_NO_SERVICE))
+        }
+        Err(()) => Ok((PASS, stat::PASS_STALE_CONNTRACK)),
     }
 }

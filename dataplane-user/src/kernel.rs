@@ -18,7 +18,7 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use dataplane_common::{
-    map_name, stat, Backend, FlowKey, NatTarget, ServiceKey, ServiceName, ServiceValue, SlotKey,
+    map_name, stat, Backend, CtEntry, CtKey, ServiceKey, ServiceName, ServiceValue, SlotKey,
     MAP_LAYOUT_VERSION,
 };
 
@@ -171,7 +171,8 @@ fn expected_sizes(name: &str) -> (usize, usize) {
         map_name::SERVICES => (size_of::<ServiceKey>(), size_of::<ServiceValue>()),
         map_name::SLOTS => (size_of::<SlotKey>(), size_of::<u32>()),
         map_name::BACKENDS => (size_of::<u32>(), size_of::<Backend>()),
-        map_name::CONNTRACK => (size_of::<FlowKey>(), size_of::<NatTarget>()),
+        map_name::CONNTRACK => (size_of::<CtKey>(), size_of::<CtEntry>()),
+        map_name::CT_TIMEOUTS => (size_of::<u32>(), size_of::<u64>()),
         map_name::STATS => (size_of::<u32>(), size_of::<u64>()),
         map_name::SERVICE_NAMES => (size_of::<u32>(), size_of::<ServiceName>()),
         _ => (0, 0),
@@ -233,7 +234,7 @@ pub fn cleanup(base: &Path) -> std::io::Result<()> {
 pub struct Datapath {
     ebpf: Ebpf,
     pub maps: KernelMaps,
-    conntrack: BpfHashMap<MapData, FlowKey, NatTarget>,
+    conntrack: BpfHashMap<MapData, CtKey, CtEntry>,
     stats: PerCpuArray<MapData, u64>,
     pins: Option<PinDir>,
     limits: Limits,
@@ -593,7 +594,7 @@ impl Datapath {
     }
 
     /// Conntrack entries (forward and reverse).
-    pub fn conntrack(&self) -> Vec<(FlowKey, NatTarget)> {
+    pub fn conntrack(&self) -> Vec<(CtKey, CtEntry)> {
         self.conntrack.iter().filter_map(Result::ok).collect()
     }
 }
