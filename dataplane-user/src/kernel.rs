@@ -597,6 +597,38 @@ impl Datapath {
     pub fn conntrack(&self) -> Vec<(CtKey, CtEntry)> {
         self.conntrack.iter().filter_map(Result::ok).collect()
     }
+
+    /// The conntrack map, for the sweeper (`crate::conntrack`).
+    pub fn conntrack_map(&mut self) -> &mut BpfHashMap<MapData, CtKey, CtEntry> {
+        &mut self.conntrack
+    }
+
+    /// Capacity of the conntrack map as loaded.
+    pub fn conntrack_capacity(&self) -> u32 {
+        use aya::maps::IterableMap;
+        self.conntrack
+            .map()
+            .info()
+            .map(|i| i.max_entries())
+            .unwrap_or(0)
+    }
+
+    /// Writes the conntrack idle timeouts the program uses (seconds, by state).
+    pub fn set_ct_timeouts(&mut self, seconds: &[u64]) -> Result<(), KernelError> {
+        let name = map_name::CT_TIMEOUTS;
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or(KernelError::MissingMap(name))?;
+        let mut array: aya::maps::Array<&mut MapData, u64> =
+            aya::maps::Array::try_from(map).map_err(|source| KernelError::Map { name, source })?;
+        for (i, s) in seconds.iter().enumerate() {
+            array
+                .set(i as u32, s, 0)
+                .map_err(|source| KernelError::Map { name, source })?;
+        }
+        Ok(())
+    }
 }
 
 /// Result of one BPF_PROG_TEST_RUN.
