@@ -130,3 +130,93 @@ fn a_udp_flow_whose_backend_is_removed_moves_on() {
         "the flow stayed on the removed backend {first}"
     );
 }
+
+/// Eviction pressure: with the sweeper collecting closed connections, a long idle
+/// connection survives ten times the conntrack map's capacity in entries written by
+/// short connections (each writes two). Closed connections idle out after 1 s here
+/// instead of netfilter's 120 s of TIME_WAIT, so the test takes seconds, and the
+/// connection rate stays below what the map holds for that long.
+#[test]
+fn an_idle_connection_survives_ten_times_the_map_capacity_in_short_connections() {
+    const CAPACITY: usize = 1024;
+    let lab = Lab::new(2).unwrap();
+    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1]))
+        .unwrap();
+    let mut args: Vec<std::ffi::OsString> =
+        vec!["--manifests".into(), lab.manifests.clone().into()];
+    for a in [
+        "--max-conntrack",
+        &CAPACITY.to_string(),
+        "--conntrack-timeout",
+        "tcp_time_wait=1",
+        "--conntrack-timeout",
+        "tcp_fin_wait=1",
+        "--conntrack-timeout",
+        "tcp_close=1",
+        "--conntrack-sweep-interval-ms",
+        "100",
+    ] {
+        args.push(a.into());
+    }
+    let agent =
+        sliceway_lab::Agent::start(&lab.node.name, &args, &lab.pod_interfaces(), &lab.bpffs)
+            .unwrap();
+    agent.wait_for_sync(1, Duration::from_secs(20)).unwrap();
+    let mut idle = in_netns(&lab.client.ns, || {
+        EchoConn::open(vip(), Duration::from_secs(2))
+    })
+    .unwrap()
+    .unwrap();
+    idle.roundtrip("before").unwrap();
+    let connections = 10 * CAPACITY / 2;
+    let failed = in_netns(&lab.client.ns, move || {
+        let start = std::time::Instant::now();
+        let mut failed = 0;
+        for i in 0..connections {
+            // At most 250 new connections a second: about 550 entries alive at once.
+            let due = start + Duration::from_millis(4 * i as u64);
+            if let Some(wait) = due.checked_duration_since(std::time::Instant::now()) {
+                std::thread::sleep(wait);
+            }
+            if sliceway_lab::servers::tcp_request(vip(), Duration::from_secs(2)).is_err() {
+                failed += 1;
+            }
+        }
+        failed
+    })
+    .unwrap();
+    assert_eq!(
+        failed, 0,
+        "{failed} of {connections} short connections failed"
+    );
+    idle.roundtrip("after")
+        .unwrap_or_else(|e| panic!("the idle connection was evicted: {e:#}"));
+    // The closed connections were collected, not left for LRU eviction: once they
+    // idled out and a sweep pass went by, only the idle connection's two entries are
+    // left.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let entries = conntrack_entries(&lab);
+        if entries == Some(2) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "conntrack still holds {entries:?} entries: {:#?}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Entries in the lab agent's pinned conntrack map, as `sliceway-agent list` counts
+/// them.
+fn conntrack_entries(lab: &Lab) -> Option<u64> {
+    let out = std::process::Command::new(sliceway_lab::workspace_binary("sliceway-agent").ok()?)
+        .args(["list", "-o", "json", "--bpffs-dir"])
+        .arg(&lab.bpffs)
+        .output()
+        .ok()?;
+    let listing: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    listing["conntrack_entries"].as_u64()
+}
