@@ -10,7 +10,7 @@ use core::mem::size_of;
 
 /// Version of the map layout. Map names carry it, so an agent never reads maps
 /// written with another layout.
-pub const MAP_LAYOUT_VERSION: u32 = 1;
+pub const MAP_LAYOUT_VERSION: u32 = 2;
 
 /// Protocol numbers as they appear in the IPv4 header.
 pub const PROTO_TCP: u8 = 6;
@@ -25,7 +25,8 @@ pub mod capacity {
     pub const BACKENDS: u32 = 262_144;
     /// Backend slots across all services (sum of backends per frontend).
     pub const SLOTS: u32 = 1_048_576;
-    /// Tracked flows; LRU, so the oldest idle flows are evicted when full.
+    /// Conntrack entries, two per connection; LRU, so when full the least recently
+    /// used go first (both entries of a connection are touched by every packet).
     pub const CONNTRACK: u32 = 262_144;
     /// Clients remembered by session affinity (per client and frontend); LRU.
     pub const AFFINITY: u32 = 65_536;
@@ -84,36 +85,185 @@ pub struct Backend {
 }
 const _: () = assert!(size_of::<Backend>() == 8);
 
-/// Key of the conntrack map: a flow as the packet carries it.
-/// Forward entries are keyed client → VIP; reverse entries backend → client.
+/// Address family of a conntrack key.
+pub const FAMILY_V4: u8 = 4;
+pub const FAMILY_V6: u8 = 6;
+
+/// Key of the conntrack map: one direction of a connection, as the packet carries it.
+/// Addresses have room for IPv6; an IPv4 address fills the first word (network byte
+/// order) and leaves the other three zero. A connection has two entries: the forward
+/// one keyed client → frontend, the reverse one keyed backend → client (as the
+/// backend sees the client: after a source port remap, the remapped port).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
-pub struct FlowKey {
-    pub src_be: u32,
-    pub dst_be: u32,
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Pod, Zeroable)]
+pub struct CtKey {
+    pub src_be: [u32; 4],
+    pub dst_be: [u32; 4],
     pub sport_be: u16,
     pub dport_be: u16,
     pub proto: u8,
-    pub _pad: [u8; 3],
+    /// `FAMILY_V4` or `FAMILY_V6`.
+    pub family: u8,
+    pub _pad: [u8; 2],
 }
-const _: () = assert!(size_of::<FlowKey>() == 16);
+const _: () = assert!(size_of::<CtKey>() == 40);
 
-/// Value of the conntrack map: the address and port to write into the packet.
-/// Forward entries hold the backend (destination rewrite); reverse entries hold the
-/// frontend (source rewrite).
+impl CtKey {
+    /// The key of an IPv4 packet.
+    #[inline(always)]
+    pub fn v4(src_be: u32, dst_be: u32, sport_be: u16, dport_be: u16, proto: u8) -> Self {
+        Self {
+            src_be: [src_be, 0, 0, 0],
+            dst_be: [dst_be, 0, 0, 0],
+            sport_be,
+            dport_be,
+            proto,
+            family: FAMILY_V4,
+            _pad: [0; 2],
+        }
+    }
+
+    /// The same tuple seen from the other end.
+    #[inline(always)]
+    pub fn reversed(&self) -> Self {
+        Self {
+            src_be: self.dst_be,
+            dst_be: self.src_be,
+            sport_be: self.dport_be,
+            dport_be: self.sport_be,
+            ..*self
+        }
+    }
+}
+
+/// Value of the conntrack map. The two entries of a connection point at each other
+/// through `pair`, and everything a rewrite needs is in the pair key, so a connection
+/// keeps working when its Service, port or backend is deleted or renumbered:
+/// - forward entry (`CT_FORWARD`, keyed client → frontend): `pair` is the reverse key,
+///   backend → client as the backend sees it. Rewrite the destination to
+///   `pair.src:pair.sport` and, if `pair.dport` differs from the packet's source
+///   port, the source port to `pair.dport` (remapped on a reply-tuple clash).
+/// - reverse entry (`CT_REVERSE`, keyed backend → client): `pair` is the forward key.
+///   Rewrite the source to `pair.dst:pair.dport` and the destination port back to
+///   `pair.sport`.
+///
+/// A reply is translated only if the forward entry it names is alive and names it
+/// back, so a stale reverse entry never rewrites anything. Protocol state and the
+/// last time a packet was seen in either direction live in the forward entry; the
+/// reverse entry's copies are not kept up to date.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
-pub struct NatTarget {
-    pub addr_be: u32,
-    pub port_be: u16,
-    /// `CT_FORWARD` or `CT_REVERSE`.
-    pub dir: u16,
-    /// Id of the frontend the flow belongs to, for `list` and `trace`.
+pub struct CtEntry {
+    pub pair: CtKey,
+    /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC) of the last packet, either direction.
+    pub last_seen_ns: u64,
+    /// Frontend id the connection was made through (for `list`; never read to
+    /// translate, so renumbered frontends do not matter).
     pub service_id: u32,
-    /// Id of the backend the flow was given.
+    /// Backend id the connection was given; a UDP flow whose backend id no longer
+    /// holds this backend moves on.
     pub backend_id: u32,
+    /// `CT_FORWARD` or `CT_REVERSE`.
+    pub dir: u8,
+    /// One of `ct::state::*`, which is also the index of its idle timeout.
+    pub state: u8,
+    /// `ct::flag::*` seen so far.
+    pub flags: u8,
+    pub _pad: [u8; 5],
 }
-const _: () = assert!(size_of::<NatTarget>() == 16);
+const _: () = assert!(size_of::<CtEntry>() == 64);
+
+/// Conntrack states, flags and idle timeouts.
+pub mod ct {
+    /// States; each is the index of its idle timeout in `CT_TIMEOUTS` and `DEFAULTS`.
+    pub mod state {
+        /// TCP: SYN from the client seen, no reply yet.
+        pub const TCP_SYN_SENT: u8 = 0;
+        /// TCP: the backend answered and no FIN or RST was seen.
+        pub const TCP_ESTABLISHED: u8 = 1;
+        /// TCP: a FIN seen in one direction.
+        pub const TCP_FIN_WAIT: u8 = 2;
+        /// TCP: FINs seen in both directions.
+        pub const TCP_TIME_WAIT: u8 = 3;
+        /// TCP: an RST seen.
+        pub const TCP_CLOSE: u8 = 4;
+        /// UDP: nothing from the backend yet.
+        pub const UDP_UNREPLIED: u8 = 5;
+        /// UDP: the backend answered.
+        pub const UDP_REPLIED: u8 = 6;
+        /// Any other protocol (SCTP, ICMP when tracked).
+        pub const OTHER: u8 = 7;
+        pub const COUNT: u32 = 8;
+
+        pub const NAMES: [&str; COUNT as usize] = [
+            "tcp_syn_sent",
+            "tcp_established",
+            "tcp_fin_wait",
+            "tcp_time_wait",
+            "tcp_close",
+            "udp_unreplied",
+            "udp_replied",
+            "other",
+        ];
+    }
+
+    /// Flags seen over the connection's life.
+    pub mod flag {
+        /// A packet from the backend was seen.
+        pub const REPLIED: u8 = 1;
+        /// FIN from the client.
+        pub const FIN_ORIG: u8 = 2;
+        /// FIN from the backend.
+        pub const FIN_REPLY: u8 = 4;
+        /// RST from either side.
+        pub const RST: u8 = 8;
+    }
+
+    /// Default idle timeouts in seconds, by state; the agent may override each one in
+    /// the `CT_TIMEOUTS` map (a zero there means this default).
+    ///
+    /// | state | sliceway | netfilter | Cilium |
+    /// |---|---|---|---|
+    /// | TCP SYN_SENT | 60 | 120 (syn_sent) | 60 (tcp-syn) |
+    /// | TCP ESTABLISHED | 86400 | 432000; kube-proxy sets 86400 | 8000 (regular-tcp) |
+    /// | TCP FIN_WAIT | 120 | 120 (fin_wait), 60 (close_wait); kube-proxy sets close_wait 3600 | 10 (tcp-fin) |
+    /// | TCP TIME_WAIT | 120 | 120 | 10 (tcp-fin) |
+    /// | TCP CLOSE (RST) | 10 | 10 | 10 (tcp-fin) |
+    /// | UDP unreplied | 30 | 30 (udp_timeout) | 60 (regular-any) |
+    /// | UDP replied | 120 | 120 (udp_timeout_stream) | 60 (regular-any) |
+    /// | other | 30 | 30 (icmp), 600 (generic) | 60 (regular-any) |
+    ///
+    /// Reasons: a ClusterIP connection through sliceway must last as long as it does
+    /// through kube-proxy, so ESTABLISHED is kube-proxy's 24 hours
+    /// (`conntrack.tcpEstablishedTimeout`), not netfilter's 5 days (a node's table
+    /// would fill with dead peers) nor Cilium's 2h13m (idle database connections
+    /// behind a Service would break where kube-proxy keeps them). A half-closed
+    /// connection keeps netfilter's 120 s rather than kube-proxy's hour of CLOSE_WAIT:
+    /// entries here are per Service connection only, and a peer that half-closes and
+    /// keeps sending is refreshed by its own packets. SYN_SENT is Cilium's 60 s: a
+    /// SYN retransmitted for longer than that picks again. UDP and the rest follow
+    /// netfilter, whose reply-seen rule sliceway copies.
+    ///
+    /// Sources: netfilter's `tcp_timeouts` and `udp_timeouts`
+    /// (https://github.com/torvalds/linux/blob/master/net/netfilter/nf_conntrack_proto_tcp.c,
+    /// https://github.com/torvalds/linux/blob/master/net/netfilter/nf_conntrack_proto_udp.c),
+    /// kube-proxy's defaults
+    /// (https://github.com/kubernetes/kubernetes/blob/master/pkg/proxy/apis/config/v1alpha1/defaults.go),
+    /// Cilium's `bpf-ct-timeout-*` flags
+    /// (https://github.com/cilium/cilium/blob/main/pkg/defaults/defaults.go).
+    pub const DEFAULTS: [u64; state::COUNT as usize] = [60, 86_400, 120, 120, 10, 30, 120, 30];
+
+    /// Nanoseconds per second.
+    pub const NS: u64 = 1_000_000_000;
+
+    /// Whether an entry in `state` last seen at `last_seen_ns` is still alive at
+    /// `now_ns`, with `timeout_s` the state's timeout in seconds (at most `u32::MAX`
+    /// seconds count, which keeps the product in 64 bits: BPF has no 128-bit multiply).
+    #[inline(always)]
+    pub fn alive(last_seen_ns: u64, now_ns: u64, timeout_s: u64) -> bool {
+        now_ns.saturating_sub(last_seen_ns) < timeout_s.min(u32::MAX as u64) * NS
+    }
+}
 
 /// Bytes of a frontend's name kept in the `SERVICE_NAMES` map.
 pub const SERVICE_NAME_LEN: usize = 124;
@@ -184,9 +334,9 @@ pub fn clusterip_marker(addr_be: u32) -> ServiceKey {
 }
 
 /// A forward conntrack entry: client → frontend, rewrite the destination.
-pub const CT_FORWARD: u16 = 0;
+pub const CT_FORWARD: u8 = 1;
 /// A reverse conntrack entry: backend → client, rewrite the source.
-pub const CT_REVERSE: u16 = 1;
+pub const CT_REVERSE: u8 = 2;
 
 /// Slots of the per-CPU `STATS` array: every exit of a program is counted once,
 /// by verdict and reason.
@@ -216,16 +366,25 @@ pub mod stat {
     pub const DROP_REWRITE: u32 = 10;
     /// Conntrack insert failed: dropped.
     pub const DROP_CONNTRACK: u32 = 11;
+    /// A packet from a backend whose conntrack entry belongs to no live connection
+    /// (its forward entry is gone, expired, closed or names another reply tuple):
+    /// passed untouched, the stale entry removed.
+    pub const PASS_STALE_CONNTRACK: u32 = 12;
+    /// A new connection whose reply tuple a live connection holds (two frontends
+    /// sharing a backend, one client port) got a source port of its own.
+    pub const DNAT_PORT_REMAPPED: u32 = 13;
+    /// Such a connection for which no free source port was found: dropped.
+    pub const DROP_CT_CLASH: u32 = 14;
     /// Frontend without endpoints anywhere: ICMP port unreachable sent back.
-    pub const REJECT_NO_BACKEND: u32 = 12;
+    pub const REJECT_NO_BACKEND: u32 = 15;
     /// A ClusterIP on a port or protocol its Service does not declare: ICMP port
     /// unreachable sent back.
-    pub const REJECT_NO_PORT: u32 = 13;
+    pub const REJECT_NO_PORT: u32 = 16;
     /// A reject whose reply could not be built (IP options, a helper failed):
     /// dropped instead.
-    pub const DROP_REJECT: u32 = 14;
+    pub const DROP_REJECT: u32 = 17;
     /// Number of slots.
-    pub const COUNT: u32 = 15;
+    pub const COUNT: u32 = 18;
 
     /// Names, indexed by slot, as `list` and metrics print them.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -241,6 +400,9 @@ pub mod stat {
         "drop_missing_backend",
         "drop_rewrite",
         "drop_conntrack",
+        "pass_stale_conntrack",
+        "dnat_port_remapped",
+        "drop_ct_clash",
         "reject_no_backend",
         "reject_no_port",
         "drop_reject",
@@ -256,6 +418,7 @@ pub mod map_name {
     pub const CONNTRACK: &str = "CONNTRACK";
     pub const STATS: &str = "STATS";
     pub const SERVICE_NAMES: &str = "SERVICE_NAMES";
+    pub const CT_TIMEOUTS: &str = "CT_TIMEOUTS";
     pub const AFFINITY: &str = "AFFINITY";
     /// Tail-call targets. Pinned like the others: the kernel empties a program array
     /// once no process and no pin holds it, and the attached program must keep its
@@ -263,13 +426,14 @@ pub mod map_name {
     pub const JUMP: &str = "JUMP";
 
     /// Every map, in the order the agent pins them.
-    pub const ALL: [&str; 8] = [
+    pub const ALL: [&str; 9] = [
         SERVICES,
         SLOTS,
         BACKENDS,
         CONNTRACK,
         STATS,
         SERVICE_NAMES,
+        CT_TIMEOUTS,
         AFFINITY,
         JUMP,
     ];
@@ -337,8 +501,8 @@ mod user {
     unsafe impl aya::Pod for ServiceValue {}
     unsafe impl aya::Pod for SlotKey {}
     unsafe impl aya::Pod for Backend {}
-    unsafe impl aya::Pod for FlowKey {}
-    unsafe impl aya::Pod for NatTarget {}
+    unsafe impl aya::Pod for CtKey {}
+    unsafe impl aya::Pod for CtEntry {}
     unsafe impl aya::Pod for ServiceName {}
 }
 

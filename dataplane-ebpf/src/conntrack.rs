@@ -1,95 +1,312 @@
-//! Connection tracking: which backend a flow was given (forward entry, keyed client →
-//! VIP) and which frontend its replies come back as (reverse entry, keyed backend →
-//! client).
+//! Connection tracking. A connection has two paired entries (see `CtEntry`): the
+//! forward one (client → frontend) holds the protocol state and the last time a
+//! packet was seen in either direction; the reverse one (backend → client) names its
+//! forward entry. Every packet looks up both, so LRU recency keeps them together;
+//! a reply is translated only if its forward entry is alive and names it back.
+//!
+//! The state follows the TCP flags seen in both directions, as netfilter's TCP
+//! tracker does in outline (https://github.com/torvalds/linux/blob/master/net/netfilter/nf_conntrack_proto_tcp.c):
+//! SYN_SENT until the backend answers, ESTABLISHED, FIN_WAIT after one FIN,
+//! TIME_WAIT after FINs both ways, CLOSE after an RST; each state with its own idle
+//! timeout (`ct::DEFAULTS`, overridable in `CT_TIMEOUTS`).
 
+use aya_ebpf::helpers::bpf_ktime_get_ns;
 use dataplane_common::{
-    stat, Backend, FlowKey, NatTarget, ServiceValue, CT_FORWARD, CT_REVERSE, PROTO_TCP,
+    ct::{self, flag, state},
+    flow_hash, stat, Backend, CtEntry, CtKey, CT_FORWARD, CT_REVERSE, PROTO_TCP, PROTO_UDP,
 };
 
 use crate::{
     counters::Exit,
     maps::{self, CONNTRACK},
-    packet::Flow,
+    packet::{tcp, Flow},
     tc::DROP,
 };
 
+/// How many source ports a new connection tries when its reply tuple is taken.
+const REMAP_TRIES: u32 = 8;
+/// Remapped source ports stay out of the privileged range, as netfilter's do for
+/// ports above it.
+const REMAP_PORT_MIN: u32 = 1024;
+
+/// The current time for conntrack (CLOCK_MONOTONIC, which the agent's sweeper reads).
+#[inline(always)]
+pub fn now() -> u64 {
+    // SAFETY: a helper without arguments or side effects.
+    unsafe { bpf_ktime_get_ns() }
+}
+
 /// The conntrack key of a packet as it arrives.
 #[inline(always)]
-pub fn key_of(flow: &Flow) -> FlowKey {
-    FlowKey {
-        src_be: flow.src_be,
-        dst_be: flow.dst_be,
-        sport_be: flow.sport_be,
-        dport_be: flow.dport_be,
-        proto: flow.proto,
-        _pad: [0; 3],
+pub fn key_of(flow: &Flow) -> CtKey {
+    CtKey::v4(
+        flow.src_be,
+        flow.dst_be,
+        flow.sport_be,
+        flow.dport_be,
+        flow.proto,
+    )
+}
+
+/// Whether `entry` is alive at `now`.
+#[inline(always)]
+fn alive(entry: &CtEntry, now: u64) -> bool {
+    ct::alive(entry.last_seen_ns, now, maps::timeout(entry.state))
+}
+
+/// The state a connection is in after a packet with `flags` (TCP flags, zero for
+/// other protocols) went `from_client` or back; and the flags seen.
+#[inline(always)]
+fn next_state(proto: u8, seen: u8, tcp_flags: u8, from_client: bool) -> (u8, u8) {
+    let mut seen = seen;
+    if !from_client {
+        seen |= flag::REPLIED;
+    }
+    if proto != PROTO_TCP {
+        let s = if proto != PROTO_UDP {
+            state::OTHER
+        } else if seen & flag::REPLIED != 0 {
+            state::UDP_REPLIED
+        } else {
+            state::UDP_UNREPLIED
+        };
+        return (s, seen);
+    }
+    if tcp_flags & tcp::FLAG_RST != 0 {
+        seen |= flag::RST;
+    }
+    if tcp_flags & tcp::FLAG_FIN != 0 {
+        seen |= if from_client {
+            flag::FIN_ORIG
+        } else {
+            flag::FIN_REPLY
+        };
+    }
+    let s = if seen & flag::RST != 0 {
+        state::TCP_CLOSE
+    } else if seen & (flag::FIN_ORIG | flag::FIN_REPLY) == flag::FIN_ORIG | flag::FIN_REPLY {
+        state::TCP_TIME_WAIT
+    } else if seen & (flag::FIN_ORIG | flag::FIN_REPLY) != 0 {
+        state::TCP_FIN_WAIT
+    } else if seen & flag::REPLIED != 0 {
+        state::TCP_ESTABLISHED
+    } else {
+        state::TCP_SYN_SENT
+    };
+    (s, seen)
+}
+
+/// What a tracked forward packet is to do.
+pub enum Forward {
+    /// Not tracked (or the entry is dead, or the packet starts a new connection on
+    /// the tuple): pick a backend, if the destination is a frontend.
+    New,
+    /// Translate with this entry: destination to `pair.src:pair.sport`, source port
+    /// to `pair.dport`.
+    Tracked(CtEntry),
+}
+
+/// Looks up a packet from a client. A live entry keeps its backend through endpoint
+/// churn and Service deletion, except: a TCP SYN without ACK on a connection past
+/// SYN_SENT starts a new connection on a reused tuple, and a UDP flow whose backend
+/// is gone moves on (kube-proxy clears UDP conntrack of removed endpoints:
+/// https://github.com/kubernetes/kubernetes/blob/master/pkg/proxy/conntrack/cleanup.go).
+#[inline(always)]
+pub fn forward(flow: &Flow, key: &CtKey, now: u64) -> Forward {
+    let Some(entry) = maps::conntrack(key) else {
+        return Forward::New;
+    };
+    if entry.dir != CT_FORWARD || !alive(&entry, now) {
+        return Forward::New;
+    }
+    if flow.proto == PROTO_TCP && flow.syn_only && entry.state != state::TCP_SYN_SENT {
+        return Forward::New;
+    }
+    if flow.proto == PROTO_UDP {
+        match maps::backend(entry.backend_id) {
+            Some(b) if b.addr_be == entry.pair.src_be[0] && b.port_be == entry.pair.sport_be => {}
+            _ => return Forward::New,
+        }
+    }
+    let (s, seen) = next_state(flow.proto, entry.flags, flow.tcp_flags, true);
+    maps::conntrack_touch(key, s, seen, now);
+    // Refresh the reverse entry's LRU recency with the forward one.
+    let _ = maps::conntrack(&entry.pair);
+    Forward::Tracked(entry)
+}
+
+/// Looks up a packet that may come from a backend: the forward key of its connection
+/// if the packet belongs to a live one. A reverse entry that belongs to no live
+/// connection is removed and reported as `Err`.
+#[inline(always)]
+pub fn reverse(flow: &Flow, key: &CtKey, now: u64) -> Result<Option<CtKey>, ()> {
+    let Some(rev) = maps::conntrack(key) else {
+        return Ok(None);
+    };
+    if rev.dir != CT_REVERSE {
+        return Ok(None);
+    }
+    let fwd = match maps::conntrack(&rev.pair) {
+        Some(f) if f.dir == CT_FORWARD && same(&f.pair, key) && alive(&f, now) => f,
+        _ => {
+            let _ = CONNTRACK.remove(key);
+            return Err(());
+        }
+    };
+    let (s, seen) = next_state(flow.proto, fwd.flags, flow.tcp_flags, false);
+    maps::conntrack_touch(&rev.pair, s, seen, now);
+    Ok(Some(rev.pair))
+}
+
+/// A TCP SYN sent straight to a pod (no frontend) on a tuple whose replies a Service
+/// connection's reverse entry would catch: once that connection is closing or closed,
+/// its entries go, so the new direct connection is never rewritten.
+#[inline(always)]
+pub fn direct(flow: &Flow, key: &CtKey) {
+    if flow.proto != PROTO_TCP || !flow.syn_only {
+        return;
+    }
+    let reply = key.reversed();
+    let Some(rev) = maps::conntrack(&reply) else {
+        return;
+    };
+    if rev.dir != CT_REVERSE {
+        return;
+    }
+    let live = match maps::conntrack(&rev.pair) {
+        Some(f) => {
+            same(&f.pair, &reply)
+                && (f.state == state::TCP_SYN_SENT || f.state == state::TCP_ESTABLISHED)
+        }
+        None => false,
+    };
+    if !live {
+        let _ = CONNTRACK.remove(reply);
+        if let Some(f) = maps::conntrack(&rev.pair) {
+            if same(&f.pair, &reply) {
+                let _ = CONNTRACK.remove(rev.pair);
+            }
+        }
     }
 }
 
-/// The tracked backend of a packet to a frontend, if the flow is tracked and keeps it.
-#[inline(always)]
-pub fn forward(flow: &Flow, key: &FlowKey) -> Option<NatTarget> {
-    let ct = maps::conntrack(key)?;
-    (ct.dir == CT_FORWARD && keep_tracked(flow, &ct)).then_some(ct)
-}
-
-/// The frontend a reply from a backend is rewritten back to, if the flow is tracked.
-#[inline(always)]
-pub fn reverse(key: &FlowKey) -> Option<NatTarget> {
-    maps::conntrack(key).filter(|ct| ct.dir == CT_REVERSE)
-}
-
-/// Records a new flow: the reverse entry first (a reply can only exist once the
-/// forward packet went out), then the forward one.
+/// Records a new connection to `backend` and returns its forward entry. If a live
+/// connection holds the reply tuple (two frontends sharing a backend, one client
+/// port), the new connection gets another source port, as netfilter's NAT does on
+/// a tuple clash (`get_unique_tuple`,
+/// https://github.com/torvalds/linux/blob/master/net/netfilter/nf_nat_core.c); the
+/// second value says whether it did.
 #[inline(always)]
 pub fn track(
     flow: &Flow,
-    key: &FlowKey,
-    service: &ServiceValue,
+    key: &CtKey,
+    service_id: u32,
     backend_id: u32,
     backend: &Backend,
-) -> Result<(), Exit> {
-    let forward = NatTarget {
-        addr_be: backend.addr_be,
-        port_be: backend.port_be,
+    now: u64,
+) -> Result<(CtEntry, bool), Exit> {
+    // The previous connection on this tuple, if any: its reverse entry goes unless it
+    // is the one this connection will use.
+    let previous = maps::conntrack(key).filter(|e| e.dir == CT_FORWARD);
+    let mut reply = CtKey::v4(
+        backend.addr_be,
+        flow.src_be,
+        backend.port_be,
+        flow.sport_be,
+        flow.proto,
+    );
+    let mut remapped = false;
+    if reply_taken(&reply, key, now) {
+        let hash = flow_hash(
+            flow.src_be,
+            flow.dst_be,
+            flow.sport_be,
+            flow.dport_be,
+            flow.proto,
+        );
+        let span = 65_536 - REMAP_PORT_MIN;
+        let mut found = false;
+        for i in 0..REMAP_TRIES {
+            let port = (REMAP_PORT_MIN + hash.wrapping_add(i.wrapping_mul(7919)) % span) as u16;
+            let candidate = CtKey {
+                dport_be: port.to_be(),
+                ..reply
+            };
+            if !reply_taken(&candidate, key, now) {
+                reply = candidate;
+                found = true;
+                break;
+            }
+        }
+        if !found {
+            return Err((DROP, stat::DROP_CT_CLASH));
+        }
+        remapped = true;
+    }
+    let (s, seen) = next_state(flow.proto, 0, flow.tcp_flags, true);
+    let forward = CtEntry {
+        pair: reply,
+        last_seen_ns: now,
+        service_id,
+        backend_id,
         dir: CT_FORWARD,
-        service_id: service.id,
-        backend_id,
+        state: s,
+        flags: seen,
+        _pad: [0; 5],
     };
-    let reverse_key = FlowKey {
-        src_be: backend.addr_be,
-        dst_be: flow.src_be,
-        sport_be: backend.port_be,
-        dport_be: flow.sport_be,
-        proto: flow.proto,
-        _pad: [0; 3],
-    };
-    let reverse = NatTarget {
-        addr_be: flow.dst_be,
-        port_be: flow.dport_be,
+    let reverse = CtEntry {
+        pair: *key,
         dir: CT_REVERSE,
-        service_id: service.id,
-        backend_id,
+        ..forward
     };
+    // Reverse first: a reply can only exist once the forward packet went out.
     CONNTRACK
-        .insert(reverse_key, reverse, 0)
+        .insert(reply, reverse, 0)
         .map_err(|_| (DROP, stat::DROP_CONNTRACK))?;
     CONNTRACK
         .insert(key, forward, 0)
-        .map_err(|_| (DROP, stat::DROP_CONNTRACK))
+        .map_err(|_| (DROP, stat::DROP_CONNTRACK))?;
+    if let Some(old) = previous {
+        if !same(&old.pair, &reply) {
+            if let Some(r) = maps::conntrack(&old.pair) {
+                if r.dir == CT_REVERSE && same(&r.pair, key) {
+                    let _ = CONNTRACK.remove(old.pair);
+                }
+            }
+        }
+    }
+    Ok((forward, remapped))
 }
 
-/// Whether a packet of a tracked flow stays with the tracked backend. A TCP SYN
-/// without ACK starts a new connection on a reused tuple, and a UDP flow whose backend
-/// is gone moves on (kube-proxy clears UDP conntrack of removed endpoints); otherwise
-/// the flow keeps its backend, also when the endpoint left the slice.
+/// Whether `reply` is the reverse key of a live connection other than `key`'s.
 #[inline(always)]
-fn keep_tracked(flow: &Flow, ct: &NatTarget) -> bool {
-    if flow.proto == PROTO_TCP {
-        return !flow.syn_only;
+fn reply_taken(reply: &CtKey, key: &CtKey, now: u64) -> bool {
+    let Some(rev) = maps::conntrack(reply) else {
+        return false;
+    };
+    if rev.dir != CT_REVERSE || same(&rev.pair, key) {
+        return false;
     }
-    match maps::backend(ct.backend_id) {
-        Some(b) => b.addr_be == ct.addr_be && b.port_be == ct.port_be,
+    match maps::conntrack(&rev.pair) {
+        Some(f) => f.dir == CT_FORWARD && same(&f.pair, reply) && alive(&f, now),
         None => false,
     }
+}
+
+/// Key equality field by field: a derived `==` on the arrays becomes a `bcmp` call,
+/// which BPF does not have.
+#[inline(always)]
+fn same(a: &CtKey, b: &CtKey) -> bool {
+    a.src_be[0] == b.src_be[0]
+        && a.src_be[1] == b.src_be[1]
+        && a.src_be[2] == b.src_be[2]
+        && a.src_be[3] == b.src_be[3]
+        && a.dst_be[0] == b.dst_be[0]
+        && a.dst_be[1] == b.dst_be[1]
+        && a.dst_be[2] == b.dst_be[2]
+        && a.dst_be[3] == b.dst_be[3]
+        && a.sport_be == b.sport_be
+        && a.dport_be == b.dport_be
+        && a.proto == b.proto
+        && a.family == b.family
 }

@@ -1,7 +1,6 @@
-//! Service lookup and backend choice for a new flow: frontend by (VIP, port, proto),
-//! then session affinity or the flow hash for the slot, backend by id.
+//! Service lookup and backend choice for a new connection: frontend by (VIP, port,
+//! proto), then session affinity or the flow hash for the slot, backend by id.
 
-use aya_ebpf::helpers::bpf_ktime_get_ns;
 use dataplane_common::{
     clusterip_marker, flow_hash, stat, AffinityKey, AffinityValue, Backend, ServiceKey,
     ServiceValue, SlotKey, SVC_F_AFFINITY,
@@ -27,34 +26,22 @@ pub fn is_clusterip(flow: &Flow) -> bool {
     maps::service(&clusterip_marker(flow.dst_be)).is_some()
 }
 
-/// A backend chosen for a new flow, and what session affinity must remember of it.
+/// A backend chosen for a new connection.
 pub struct Picked {
     pub backend_id: u32,
     pub backend: Backend,
-    /// With session affinity: the entry to write once the flow is tracked.
-    pub remember: Option<(AffinityKey, AffinityValue)>,
 }
 
-/// Picks a backend for a new flow to `service` (which has at least one slot): the
-/// client's backend if session affinity remembers one seen within the timeout and
-/// still in its slot, else slot `flow_hash % count`. A slot or backend the frontend
-/// published but the maps do not hold drops (a packet never reaches a VIP
-/// untranslated).
+/// Picks a backend for a new connection to `service` (which has at least one slot):
+/// the client's backend if session affinity remembers one seen within the timeout and
+/// still in its slot, else slot `flow_hash % count`; with affinity, the choice is
+/// remembered. A slot or backend the frontend published but the maps do not hold
+/// drops (a packet never reaches a VIP untranslated).
 #[inline(always)]
-pub fn pick(flow: &Flow, service: &ServiceValue) -> Result<Picked, Exit> {
+pub fn pick(flow: &Flow, service: &ServiceValue, now: u64) -> Result<Picked, Exit> {
     let sticky = service.flags & SVC_F_AFFINITY != 0;
-    let key = AffinityKey {
-        client: [flow.src_be, 0, 0, 0],
-        service_id: service.id,
-    };
-    let now = if sticky {
-        // SAFETY: a plain helper call.
-        unsafe { bpf_ktime_get_ns() }
-    } else {
-        0
-    };
     let remembered = if sticky {
-        remembered(&key, now, service)
+        remembered(flow.src_be, service, now)
     } else {
         None
     };
@@ -78,25 +65,35 @@ pub fn pick(flow: &Flow, service: &ServiceValue) -> Result<Picked, Exit> {
         }
     };
     let backend = maps::backend(backend_id).ok_or((DROP, stat::DROP_MISSING_BACKEND))?;
+    if sticky {
+        // Remembered when picked: a connection that then fails to be tracked leaves
+        // an entry the client's next connection refreshes.
+        let key = AffinityKey {
+            client: [flow.src_be, 0, 0, 0],
+            service_id: service.id,
+        };
+        let seen = AffinityValue {
+            backend_id,
+            slot,
+            last_ns: now,
+        };
+        // Best effort: without the entry the next connection is hashed anew.
+        let _ = maps::AFFINITY.insert(key, seen, 0);
+    }
     Ok(Picked {
         backend_id,
         backend,
-        remember: sticky.then_some((
-            key,
-            AffinityValue {
-                backend_id,
-                slot,
-                last_ns: now,
-            },
-        )),
     })
 }
 
 /// The slot and backend session affinity gave this client, if it connected within
 /// the timeout and that backend is still in that slot.
 #[inline(always)]
-fn remembered(key: &AffinityKey, now: u64, service: &ServiceValue) -> Option<(u32, u32)> {
-    let seen = maps::affinity(key)?;
+fn remembered(client_be: u32, service: &ServiceValue, now: u64) -> Option<(u32, u32)> {
+    let seen = maps::affinity(&AffinityKey {
+        client: [client_be, 0, 0, 0],
+        service_id: service.id,
+    })?;
     let timeout_ns = service.affinity_timeout_s as u64 * 1_000_000_000;
     if now.wrapping_sub(seen.last_ns) >= timeout_ns || seen.slot >= service.count {
         return None;
@@ -106,11 +103,4 @@ fn remembered(key: &AffinityKey, now: u64, service: &ServiceValue) -> Option<(u3
         slot: seen.slot,
     })?;
     (id == seen.backend_id).then_some((seen.slot, id))
-}
-
-/// Remembers a client's backend for session affinity (best effort: without the
-/// entry the next connection is hashed anew).
-#[inline(always)]
-pub fn remember(entry: &(AffinityKey, AffinityValue)) {
-    let _ = maps::AFFINITY.insert(entry.0, entry.1, 0);
 }

@@ -6,10 +6,10 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{HashMap, LruHashMap, PerCpuArray, ProgramArray},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray},
 };
 use dataplane_common::{
-    capacity, stat, AffinityKey, AffinityValue, Backend, FlowKey, NatTarget, ServiceKey,
+    capacity, ct, stat, AffinityKey, AffinityValue, Backend, CtEntry, CtKey, ServiceKey,
     ServiceName, ServiceValue, SlotKey,
 };
 
@@ -26,11 +26,17 @@ pub static SLOTS: HashMap<SlotKey, u32> = HashMap::with_max_entries(capacity::SL
 #[map]
 pub static BACKENDS: HashMap<u32, Backend> = HashMap::with_max_entries(capacity::BACKENDS, 0);
 
-/// Conntrack: flow → NAT target, forward and reverse entries. Written per new flow by
-/// the program; LRU so idle flows age out when full.
+/// Conntrack: one direction of a connection → its entry (two per connection, paired).
+/// Written by the program; expired entries removed by the agent's sweeper; LRU, so
+/// the least recently used go first when full.
 #[map]
-pub static CONNTRACK: LruHashMap<FlowKey, NatTarget> =
+pub static CONNTRACK: LruHashMap<CtKey, CtEntry> =
     LruHashMap::with_max_entries(capacity::CONNTRACK, 0);
+
+/// Idle timeouts in seconds, indexed by `ct::state::*`; zero means the default.
+/// Written by the agent.
+#[map]
+pub static CT_TIMEOUTS: Array<u64> = Array::with_max_entries(ct::state::COUNT, 0);
 
 /// Frontend id → Service port name. Written by the agent for `list` and restarts;
 /// never read by the programs.
@@ -83,7 +89,7 @@ pub fn backend(id: u32) -> Option<Backend> {
 
 /// The conntrack entry at `key`, if any.
 #[inline(always)]
-pub fn conntrack(key: &FlowKey) -> Option<NatTarget> {
+pub fn conntrack(key: &CtKey) -> Option<CtEntry> {
     // SAFETY: as in `service`.
     unsafe { CONNTRACK.get(key).copied() }
 }
@@ -93,4 +99,33 @@ pub fn conntrack(key: &FlowKey) -> Option<NatTarget> {
 pub fn affinity(key: &AffinityKey) -> Option<AffinityValue> {
     // SAFETY: as in `service`.
     unsafe { AFFINITY.get(key).copied() }
+}
+
+/// Updates the conntrack entry at `key` in place (state and last-seen time). Another
+/// CPU may update the same entry at the same time; the fields are independent and a
+/// lost update of either is repaired by the next packet.
+#[inline(always)]
+pub fn conntrack_touch(key: &CtKey, state: u8, flags: u8, now_ns: u64) {
+    if let Some(p) = CONNTRACK.get_ptr_mut(key) {
+        // SAFETY: the pointer is to a live map value of type `CtEntry`; plain stores.
+        unsafe {
+            (*p).state = state;
+            (*p).flags = flags;
+            (*p).last_seen_ns = now_ns;
+        }
+    }
+}
+
+/// The idle timeout of `state` in seconds.
+#[inline(always)]
+pub fn timeout(state: u8) -> u64 {
+    let i = state as usize;
+    // Checked right before use: the verifier needs the index bounded.
+    if i >= ct::DEFAULTS.len() {
+        return 0;
+    }
+    match CT_TIMEOUTS.get(state as u32) {
+        Some(&t) if t != 0 => t,
+        _ => ct::DEFAULTS[i],
+    }
 }

@@ -33,7 +33,9 @@ pub mod tcp {
     pub const DPORT: usize = 2;
     pub const FLAGS: usize = 13;
     pub const CSUM: usize = 16;
+    pub const FLAG_FIN: u8 = 0x01;
     pub const FLAG_SYN: u8 = 0x02;
+    pub const FLAG_RST: u8 = 0x04;
     pub const FLAG_ACK: u8 = 0x10;
 }
 
@@ -87,6 +89,8 @@ pub struct Flow {
     pub l4_off: usize,
     /// TCP SYN without ACK: the first packet of a connection.
     pub syn_only: bool,
+    /// TCP flags (zero for UDP).
+    pub tcp_flags: u8,
     /// UDP packet sent without a checksum (zero): left without one.
     pub udp_no_csum: bool,
 }

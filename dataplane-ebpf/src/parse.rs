@@ -38,13 +38,13 @@ pub fn parse(ctx: &TcContext) -> Result<Flow, Exit> {
     let src_be = u32::from_ne_bytes(field4(&ip, ipv4::SRC));
     let dst_be = u32::from_ne_bytes(field4(&ip, ipv4::DST));
     let l4_off = ETH_LEN + ihl;
-    let (sport_be, dport_be, syn_only, udp_no_csum) = if proto == PROTO_TCP {
+    let (sport_be, dport_be, tcp_flags, udp_no_csum) = if proto == PROTO_TCP {
         let h: [u8; tcp::MIN_LEN] = load(ctx, l4_off).ok_or((DROP, stat::DROP_MALFORMED))?;
         let flags = h[tcp::FLAGS];
         (
             u16::from_ne_bytes(field2(&h, tcp::SPORT)),
             u16::from_ne_bytes(field2(&h, tcp::DPORT)),
-            flags & (tcp::FLAG_SYN | tcp::FLAG_ACK) == tcp::FLAG_SYN,
+            flags,
             false,
         )
     } else {
@@ -52,7 +52,7 @@ pub fn parse(ctx: &TcContext) -> Result<Flow, Exit> {
         (
             u16::from_ne_bytes(field2(&h, udp::SPORT)),
             u16::from_ne_bytes(field2(&h, udp::DPORT)),
-            false,
+            0,
             field2(&h, udp::CSUM) == [0, 0],
         )
     };
@@ -63,7 +63,8 @@ pub fn parse(ctx: &TcContext) -> Result<Flow, Exit> {
         dport_be,
         proto,
         l4_off,
-        syn_only,
+        syn_only: tcp_flags & (tcp::FLAG_SYN | tcp::FLAG_ACK) == tcp::FLAG_SYN,
+        tcp_flags,
         udp_no_csum,
     })
 }

@@ -1,18 +1,18 @@
-//! The TC program's entry: parse, then one path per direction. A packet to a
-//! frontend goes to the backend (`to_frontend`: conntrack or pick, DNAT; no backend:
-//! reject or drop); any other packet may be a reply of a tracked flow (`reply`:
-//! reverse NAT), is rejected if it is for a ClusterIP's undeclared port, or passes
-//! untouched.
+//! The TC program's entry: parse, then one path per direction. A packet from a client
+//! of a tracked connection or to a frontend goes to the backend (`from_client`:
+//! conntrack or pick, DNAT; a frontend without backends rejects or drops); any other
+//! packet may come from a backend (`from_backend`: reverse NAT), is rejected if it is
+//! for a ClusterIP's undeclared port, or passes untouched.
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT},
     macros::classifier,
     programs::TcContext,
 };
-use dataplane_common::{stat, FlowKey, ServiceValue, SVC_F_DROP_EMPTY};
+use dataplane_common::{stat, CtKey, SVC_F_DROP_EMPTY};
 
 use crate::{
-    conntrack,
+    conntrack::{self, Forward},
     counters::{count, Exit},
     lookup,
     nat::{rewrite, End},
@@ -37,49 +37,58 @@ pub fn sliceway_tc(ctx: TcContext) -> i32 {
 fn try_sliceway_tc(ctx: &TcContext) -> Result<Exit, Exit> {
     let flow = parse(ctx)?;
     let key = conntrack::key_of(&flow);
-    match lookup::frontend(&flow) {
-        Some(service) => to_frontend(ctx, &flow, &key, &service),
-        None => reply(ctx, &flow, &key),
+    let now = conntrack::now();
+    match from_client(ctx, &flow, &key, now)? {
+        Some(exit) => Ok(exit),
+        None => from_backend(ctx, &flow, &key, now),
     }
 }
 
-/// A packet to a frontend: a tracked flow keeps its backend through endpoint churn;
-/// a new one picks a backend and is tracked. Then DNAT.
+/// A packet of a tracked connection keeps its backend, also when its Service is gone;
+/// a new packet to a frontend picks a backend and is tracked. Then DNAT (and a source
+/// port rewrite if the connection's reply tuple needed one). `None`: neither.
 #[inline(always)]
-fn to_frontend(
-    ctx: &TcContext,
-    flow: &Flow,
-    key: &FlowKey,
-    service: &ServiceValue,
-) -> Result<Exit, Exit> {
-    if let Some(ct) = conntrack::forward(flow, key) {
-        rewrite(ctx, flow, End::Destination, ct.addr_be, ct.port_be)
-            .map_err(|_| (DROP, stat::DROP_REWRITE))?;
-        return Ok((PASS, stat::DNAT_ESTABLISHED));
-    }
-    if service.count == 0 {
-        // Never let a packet reach the VIP untranslated: with endpoints on other nodes
-        // only and a Local policy, drop (kube-proxy's "drop"); with none anywhere,
-        // reject.
-        if service.flags & SVC_F_DROP_EMPTY != 0 {
-            return Ok((DROP, stat::DROP_NO_BACKEND));
+fn from_client(ctx: &TcContext, flow: &Flow, key: &CtKey, now: u64) -> Result<Option<Exit>, Exit> {
+    let (entry, reason) = match conntrack::forward(flow, key, now) {
+        Forward::Tracked(entry) => (entry, stat::DNAT_ESTABLISHED),
+        Forward::New => {
+            let Some(service) = lookup::frontend(flow) else {
+                return Ok(None);
+            };
+            if service.count == 0 {
+                // Never let a packet reach the VIP untranslated: with endpoints on
+                // other nodes only and a Local policy, drop (kube-proxy's "drop");
+                // with none anywhere, reject.
+                if service.flags & SVC_F_DROP_EMPTY != 0 {
+                    return Ok(Some((DROP, stat::DROP_NO_BACKEND)));
+                }
+                return Ok(Some(reject_or_drop(ctx, flow, stat::REJECT_NO_BACKEND)));
+            }
+            let picked = lookup::pick(flow, &service, now)?;
+            let (entry, remapped) = conntrack::track(
+                flow,
+                key,
+                service.id,
+                picked.backend_id,
+                &picked.backend,
+                now,
+            )?;
+            let reason = if remapped {
+                stat::DNAT_PORT_REMAPPED
+            } else {
+                stat::DNAT_NEW
+            };
+            (entry, reason)
         }
-        return Ok(reject_or_drop(ctx, flow, stat::REJECT_NO_BACKEND));
+    };
+    let to = &entry.pair;
+    rewrite(ctx, flow, End::Destination, to.src_be[0], to.sport_be)
+        .map_err(|_| (DROP, stat::DROP_REWRITE))?;
+    if to.dport_be != flow.sport_be {
+        rewrite(ctx, flow, End::Source, flow.src_be, to.dport_be)
+            .map_err(|_| (DROP, stat::DROP_REWRITE))?;
     }
-    let picked = lookup::pick(flow, service)?;
-    conntrack::track(flow, key, service, picked.backend_id, &picked.backend)?;
-    rewrite(
-        ctx,
-        flow,
-        End::Destination,
-        picked.backend.addr_be,
-        picked.backend.port_be,
-    )
-    .map_err(|_| (DROP, stat::DROP_REWRITE))?;
-    if let Some(entry) = &picked.remember {
-        lookup::remember(entry);
-    }
-    Ok((PASS, stat::DNAT_NEW))
+    Ok(Some((PASS, reason)))
 }
 
 /// Answers `flow` with ICMP port unreachable (`sliceway_reject` counts `reason`);
@@ -90,19 +99,29 @@ fn reject_or_drop(ctx: &TcContext, flow: &Flow, reason: u32) -> Exit {
     (DROP, stat::DROP_REJECT)
 }
 
-/// A packet to no frontend: a reply of a tracked flow gets its frontend back as the
-/// source; anything else passes untouched.
+/// A reply of a live connection gets its frontend back as the source (and its
+/// client's own port back if it was remapped); anything else passes untouched.
 #[inline(always)]
-fn reply(ctx: &TcContext, flow: &Flow, key: &FlowKey) -> Result<Exit, Exit> {
-    match conntrack::reverse(key) {
-        Some(ct) => {
-            rewrite(ctx, flow, End::Source, ct.addr_be, ct.port_be)
+fn from_backend(ctx: &TcContext, flow: &Flow, key: &CtKey, now: u64) -> Result<Exit, Exit> {
+    match conntrack::reverse(flow, key, now) {
+        Ok(Some(orig)) => {
+            rewrite(ctx, flow, End::Source, orig.dst_be[0], orig.dport_be)
                 .map_err(|_| (DROP, stat::DROP_REWRITE))?;
+            if orig.sport_be != flow.dport_be {
+                rewrite(ctx, flow, End::Destination, flow.dst_be, orig.sport_be)
+                    .map_err(|_| (DROP, stat::DROP_REWRITE))?;
+            }
             Ok((PASS, stat::REVNAT))
         }
-        // A ClusterIP on a port or protocol its Service does not declare: rejected,
-        // as kube-proxy's nftables `cluster-ips` set does, never passed on.
-        None if lookup::is_clusterip(flow) => Ok(reject_or_drop(ctx, flow, stat::REJECT_NO_PORT)),
-        None => Ok((PASS, stat::PASS_NO_SERVICE)),
+        Ok(None) => {
+            conntrack::direct(flow, key);
+            // A ClusterIP on a port or protocol its Service does not declare: rejected,
+            // as kube-proxy's nftables `cluster-ips` set does, never passed on.
+            if lookup::is_clusterip(flow) {
+                return Ok(reject_or_drop(ctx, flow, stat::REJECT_NO_PORT));
+            }
+            Ok((PASS, stat::PASS_NO_SERVICE))
+        }
+        Err(()) => Ok((PASS, stat::PASS_STALE_CONNTRACK)),
     }
 }

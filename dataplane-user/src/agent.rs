@@ -51,6 +51,8 @@ pub struct Settings {
     pub pins: Option<PinDir>,
     /// Address for `/metrics` and `/healthz`; `None` serves nothing.
     pub metrics_addr: Option<SocketAddr>,
+    /// Conntrack timeouts and sweeping.
+    pub conntrack: crate::conntrack::Settings,
 }
 
 /// The pure part of a sync: the incremental compiler and the map writer. Objects go
@@ -228,6 +230,8 @@ impl Syncer {
 fn start_datapath(settings: &Settings) -> anyhow::Result<(Datapath, MapWriter)> {
     let mut dp = Datapath::load(&settings.capacities, settings.pins.as_ref())
         .context("loading the datapath")?;
+    dp.set_ct_timeouts(&settings.conntrack.timeouts.0)
+        .context("writing the conntrack timeouts")?;
     // Adopt what an earlier run left in pinned maps: the first sync then writes only
     // the difference and flushes nothing (conntrack included).
     let writer = match &settings.pins {
@@ -293,6 +297,8 @@ struct Scanner {
     /// retried at every scan, reported once.
     failed: BTreeSet<(String, u32)>,
     metrics: Arc<Metrics>,
+    /// The conntrack sweeper, run between the same waits.
+    sweep: crate::conntrack::SweepTask,
 }
 
 impl Scanner {
@@ -307,12 +313,13 @@ impl Scanner {
             tick,
             failed: BTreeSet::new(),
             metrics,
+            sweep: crate::conntrack::SweepTask::new(&settings.conntrack),
         }
     }
 
     /// Resolves at the next scan time; never without patterns or names to follow.
-    async fn due(&mut self) {
-        match &mut self.tick {
+    async fn due(tick: &mut Option<tokio::time::Interval>) {
+        match tick {
             Some(tick) => {
                 tick.tick().await;
             }
@@ -367,7 +374,8 @@ impl Scanner {
         loop {
             tokio::select! {
                 out = &mut fut => return Some(out),
-                _ = self.due() => self.rescan(dp),
+                _ = Self::due(&mut self.tick) => self.rescan(dp),
+                _ = self.sweep.due() => self.sweep.run(dp, &self.metrics),
                 _ = &mut *shutdown => return None,
             }
         }

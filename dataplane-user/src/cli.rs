@@ -144,9 +144,20 @@ pub struct RunArgs {
     /// Capacity of the slots map (sum of backends over frontends).
     #[arg(long, default_value_t = Limits::default().slots)]
     pub max_slots: u32,
-    /// Capacity of the conntrack map (LRU).
+    /// Capacity of the conntrack map (LRU; two entries per connection).
     #[arg(long, default_value_t = Capacities::default().conntrack)]
     pub max_conntrack: u32,
+    /// A conntrack idle timeout, STATE=SECONDS (repeatable); states: tcp_syn_sent,
+    /// tcp_established, tcp_fin_wait, tcp_time_wait, tcp_close, udp_unreplied,
+    /// udp_replied, other. Defaults in the README.
+    #[arg(long)]
+    pub conntrack_timeout: Vec<String>,
+    /// Time between rounds of the conntrack sweeper, in milliseconds.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..))]
+    pub conntrack_sweep_interval_ms: u64,
+    /// Conntrack keys the sweeper looks at per round.
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..))]
+    pub conntrack_sweep_batch: u64,
     /// bpffs directory for pinned maps and links (kept across restarts).
     #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
     pub bpffs_dir: PathBuf,

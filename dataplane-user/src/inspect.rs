@@ -58,7 +58,7 @@ pub fn list(pins: &PinDir) -> Result<Listing, KernelError> {
     let backends: BpfHashMap<MapData, u32, Backend> = open_pinned(pins, map_name::BACKENDS)?;
     let names: BpfHashMap<MapData, u32, ServiceName> = open_pinned(pins, map_name::SERVICE_NAMES)?;
     let stats: PerCpuArray<MapData, u64> = open_pinned(pins, map_name::STATS)?;
-    let conntrack: BpfHashMap<MapData, dataplane_common::FlowKey, dataplane_common::NatTarget> =
+    let conntrack: BpfHashMap<MapData, dataplane_common::CtKey, dataplane_common::CtEntry> =
         open_pinned(pins, map_name::CONNTRACK)?;
     let state = KernelState {
         services: services.iter().filter_map(Result::ok).collect(),

@@ -18,7 +18,7 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use dataplane_common::{
-    map_name, stat, Backend, FlowKey, NatTarget, ServiceKey, ServiceName, ServiceValue, SlotKey,
+    map_name, stat, Backend, CtEntry, CtKey, ServiceKey, ServiceName, ServiceValue, SlotKey,
     MAP_LAYOUT_VERSION,
 };
 
@@ -175,7 +175,8 @@ fn expected_sizes(name: &str) -> (usize, usize) {
         map_name::SERVICES => (size_of::<ServiceKey>(), size_of::<ServiceValue>()),
         map_name::SLOTS => (size_of::<SlotKey>(), size_of::<u32>()),
         map_name::BACKENDS => (size_of::<u32>(), size_of::<Backend>()),
-        map_name::CONNTRACK => (size_of::<FlowKey>(), size_of::<NatTarget>()),
+        map_name::CONNTRACK => (size_of::<CtKey>(), size_of::<CtEntry>()),
+        map_name::CT_TIMEOUTS => (size_of::<u32>(), size_of::<u64>()),
         map_name::STATS => (size_of::<u32>(), size_of::<u64>()),
         map_name::SERVICE_NAMES => (size_of::<u32>(), size_of::<ServiceName>()),
         map_name::JUMP => (size_of::<u32>(), size_of::<u32>()),
@@ -242,7 +243,7 @@ pub fn cleanup(base: &Path) -> std::io::Result<()> {
 pub struct Datapath {
     ebpf: Ebpf,
     pub maps: KernelMaps,
-    conntrack: BpfHashMap<MapData, FlowKey, NatTarget>,
+    conntrack: BpfHashMap<MapData, CtKey, CtEntry>,
     stats: PerCpuArray<MapData, u64>,
     /// Held for as long as the datapath lives: the kernel empties a program array no
     /// process or pin holds.
@@ -638,8 +639,40 @@ impl Datapath {
     }
 
     /// Conntrack entries (forward and reverse).
-    pub fn conntrack(&self) -> Vec<(FlowKey, NatTarget)> {
+    pub fn conntrack(&self) -> Vec<(CtKey, CtEntry)> {
         self.conntrack.iter().filter_map(Result::ok).collect()
+    }
+
+    /// The conntrack map, for the sweeper (`crate::conntrack`).
+    pub fn conntrack_map(&mut self) -> &mut BpfHashMap<MapData, CtKey, CtEntry> {
+        &mut self.conntrack
+    }
+
+    /// Capacity of the conntrack map as loaded.
+    pub fn conntrack_capacity(&self) -> u32 {
+        use aya::maps::IterableMap;
+        self.conntrack
+            .map()
+            .info()
+            .map(|i| i.max_entries())
+            .unwrap_or(0)
+    }
+
+    /// Writes the conntrack idle timeouts the program uses (seconds, by state).
+    pub fn set_ct_timeouts(&mut self, seconds: &[u64]) -> Result<(), KernelError> {
+        let name = map_name::CT_TIMEOUTS;
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or(KernelError::MissingMap(name))?;
+        let mut array: aya::maps::Array<&mut MapData, u64> =
+            aya::maps::Array::try_from(map).map_err(|source| KernelError::Map { name, source })?;
+        for (i, s) in seconds.iter().enumerate() {
+            array
+                .set(i as u32, s, 0)
+                .map_err(|source| KernelError::Map { name, source })?;
+        }
+        Ok(())
     }
 }
 

@@ -5,6 +5,7 @@ pub mod agent;
 pub mod categorize;
 pub mod cli;
 pub mod compiler;
+pub mod conntrack;
 pub mod dump;
 pub mod inspect;
 pub mod interfaces;

@@ -61,6 +61,14 @@ fn main() -> anyhow::Result<()> {
                     },
                     pins: (!args.no_pin).then(|| PinDir::new(args.bpffs_dir)),
                     metrics_addr: (!args.no_metrics).then_some(args.metrics_addr),
+                    conntrack: sliceway_agent::conntrack::Settings {
+                        timeouts: sliceway_agent::conntrack::Timeouts::parse(
+                            &args.conntrack_timeout,
+                        )
+                        .map_err(anyhow::Error::msg)?,
+                        sweep_interval: Duration::from_millis(args.conntrack_sweep_interval_ms),
+                        sweep_batch: args.conntrack_sweep_batch as usize,
+                    },
                 };
                 agent::run(settings, shutdown_signal()).await
             })
