@@ -316,6 +316,94 @@ pub struct Stores {
     pub index: Arc<Index>,
 }
 
+/// Services by the label pairs of their selectors, so the Services of a Pod are found
+/// from the Pod's own labels (one lookup per label), whatever the number of Services,
+/// instead of testing every selector of its namespace. Kept from the Service watch
+/// events, rebuilt from the store after every list.
+#[derive(Debug, Default)]
+pub struct SelectorIndex {
+    /// (namespace, key, value) → names of the Services whose selector has the pair.
+    by_pair: HashMap<(String, String, String), std::collections::BTreeSet<String>>,
+    /// namespace → names of the Services with an empty selector (it selects every Pod
+    /// of the namespace).
+    select_all: HashMap<String, std::collections::BTreeSet<String>>,
+    /// (namespace, name) → the selector indexed for it.
+    indexed: HashMap<(String, String), std::collections::BTreeMap<String, String>>,
+}
+
+impl SelectorIndex {
+    /// Indexes a Service's selector (replacing what was indexed for it).
+    pub fn put(&mut self, svc: &Service) {
+        let key = (svc.namespace().unwrap_or_default(), svc.name_any());
+        self.remove(&key.0, &key.1);
+        let Some(selector) = svc.spec.as_ref().and_then(|s| s.selector.clone()) else {
+            return;
+        };
+        if selector.is_empty() {
+            self.select_all
+                .entry(key.0.clone())
+                .or_default()
+                .insert(key.1.clone());
+        }
+        for (k, v) in &selector {
+            self.by_pair
+                .entry((key.0.clone(), k.clone(), v.clone()))
+                .or_default()
+                .insert(key.1.clone());
+        }
+        self.indexed.insert(key, selector);
+    }
+
+    /// Takes a Service out.
+    pub fn remove(&mut self, namespace: &str, name: &str) {
+        let key = (namespace.to_string(), name.to_string());
+        let Some(selector) = self.indexed.remove(&key) else {
+            return;
+        };
+        if let Some(names) = self.select_all.get_mut(namespace) {
+            names.remove(name);
+        }
+        for (k, v) in selector {
+            let pair = (key.0.clone(), k, v);
+            if let Some(names) = self.by_pair.get_mut(&pair) {
+                names.remove(name);
+                if names.is_empty() {
+                    self.by_pair.remove(&pair);
+                }
+            }
+        }
+    }
+
+    /// Indexes exactly the Services of `services`.
+    pub fn rebuild<'a>(&mut self, services: impl IntoIterator<Item = &'a Service>) {
+        *self = Self::default();
+        for svc in services {
+            self.put(svc);
+        }
+    }
+
+    /// Names of the Services of `namespace` whose selectors the Pod labels `labels`
+    /// may match: every one with a pair the labels have, and those with an empty
+    /// selector. The caller checks the whole selector.
+    pub fn candidates(
+        &self,
+        namespace: &str,
+        labels: Option<&std::collections::BTreeMap<String, String>>,
+    ) -> std::collections::BTreeSet<String> {
+        let mut out: std::collections::BTreeSet<String> =
+            self.select_all.get(namespace).cloned().unwrap_or_default();
+        for (k, v) in labels.into_iter().flatten() {
+            if let Some(names) = self
+                .by_pair
+                .get(&(namespace.to_string(), k.clone(), v.clone()))
+            {
+                out.extend(names.iter().cloned());
+            }
+        }
+        out
+    }
+}
+
 /// Names of Pods by namespace and of EndpointSlices by (namespace, Service name),
 /// kept current from the watch events (rebuilt from the store after every list).
 #[derive(Debug, Default)]
@@ -1077,12 +1165,29 @@ pub async fn run(
     let (services, services_w) = reflector::store::<Service>();
     let deletions = sweep_tx.clone();
     let deleted_tracker = tracker.clone();
+    let selectors = Arc::new(Mutex::new(SelectorIndex::default()));
+    let (selectors_w, services_for_selectors) = (selectors.clone(), services.clone());
     let service_events = reflector::reflector(
         services_w,
         watcher(Api::<Service>::all(client.clone()), cfg.clone()),
     )
     .default_backoff()
     .inspect(watch_health(&metrics, "service"))
+    .inspect_ok(move |event| {
+        let mut index = selectors_w.lock().expect("selector index");
+        match event {
+            watcher::Event::Apply(svc) | watcher::Event::InitApply(svc) => index.put(svc),
+            watcher::Event::Delete(svc) => {
+                index.remove(&svc.namespace().unwrap_or_default(), &svc.name_any())
+            }
+            // The store holds the list's result: what vanished without an event goes.
+            watcher::Event::InitDone => {
+                let all = services_for_selectors.state();
+                index.rebuild(all.iter().map(|s| &**s));
+            }
+            watcher::Event::Init => {}
+        }
+    })
     .inspect_ok(move |event| {
         if let watcher::Event::Delete(svc) = event {
             if let Some(uid) = svc.metadata.uid.as_deref() {
@@ -1112,17 +1217,23 @@ pub async fn run(
                     .as_ref()
                     .is_some_and(|old| crate::util::selector_matches(sel, old.as_ref()))
         };
-        svc_for_pods
-            .state()
+        let mut names = {
+            let index = selectors.lock().expect("selector index");
+            let mut names = index.candidates(&ns, pod.metadata.labels.as_ref());
+            if let Some(old) = &old {
+                names.extend(index.candidates(&ns, old.as_ref()));
+            }
+            names
+        };
+        names.retain(|name| {
+            svc_for_pods
+                .get(&ObjectRef::new(name).within(&ns))
+                .and_then(|s| s.spec.as_ref()?.selector.clone())
+                .is_some_and(|sel| selects(&sel))
+        });
+        names
             .into_iter()
-            .filter(|s| s.namespace().as_deref() == Some(ns.as_str()))
-            .filter(|s| {
-                s.spec
-                    .as_ref()
-                    .and_then(|sp| sp.selector.as_ref())
-                    .is_some_and(selects)
-            })
-            .map(|s| ObjectRef::from_obj(&*s))
+            .map(|name| ObjectRef::new(&name).within(&ns))
             .collect::<Vec<_>>()
     };
     // Pod changes reach a Service at most `batch_period` after the first of them

@@ -860,3 +860,56 @@ fn the_index_follows_watch_events_and_lists() {
     stores.index.slice_event(&event, &slices);
     assert!(stores.snapshot_for("default", "web").slices.is_empty());
 }
+
+/// Issue 14: a Pod's Services are found from its labels through an index of the
+/// Services' selectors, not by testing every Service of the namespace; the index
+/// follows changed and deleted Services, and an empty selector selects every Pod.
+#[test]
+fn the_selector_index_finds_a_pods_services_from_its_labels() {
+    use controller::controller::SelectorIndex;
+    let svc = |ns: &str, name: &str, selector: Option<serde_json::Value>| -> Service {
+        let mut spec = json!({});
+        if let Some(sel) = selector {
+            spec["selector"] = sel;
+        }
+        serde_json::from_value(json!({"metadata": {"name": name, "namespace": ns}, "spec": spec}))
+            .unwrap()
+    };
+    let labels = |pairs: &[(&str, &str)]| -> std::collections::BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let mut index = SelectorIndex::default();
+    index.put(&svc(
+        "a",
+        "web",
+        Some(json!({"app": "web", "tier": "front"})),
+    ));
+    index.put(&svc("a", "all", Some(json!({}))));
+    index.put(&svc("a", "none", None));
+    index.put(&svc("b", "web", Some(json!({"app": "web"}))));
+    let pod = labels(&[("app", "web")]);
+    let names = |idx: &SelectorIndex, ns: &str, l: &std::collections::BTreeMap<String, String>| {
+        idx.candidates(ns, Some(l)).into_iter().collect::<Vec<_>>()
+    };
+    // Candidates only: "web" of namespace a has the pair (its whole selector is
+    // checked by the caller), "all" selects everything, "none" nothing.
+    assert_eq!(names(&index, "a", &pod), ["all", "web"]);
+    assert_eq!(names(&index, "b", &pod), ["web"]);
+    assert_eq!(names(&index, "a", &labels(&[("app", "db")])), ["all"]);
+    // A changed selector replaces the old one; a deleted Service goes.
+    index.put(&svc("a", "web", Some(json!({"app": "db"}))));
+    assert_eq!(names(&index, "a", &pod), ["all"]);
+    assert_eq!(
+        names(&index, "a", &labels(&[("app", "db")])),
+        ["all", "web"]
+    );
+    index.remove("a", "all");
+    assert_eq!(names(&index, "a", &pod), Vec::<String>::new());
+    // Rebuilt from a list.
+    index.rebuild([&svc("a", "web", Some(json!({"app": "web"})))]);
+    assert_eq!(names(&index, "a", &pod), ["web"]);
+    assert_eq!(names(&index, "b", &pod), Vec::<String>::new());
+}
