@@ -27,6 +27,9 @@ pub mod capacity {
     /// Conntrack entries, two per connection; LRU, so when full the least recently
     /// used go first (both entries of a connection are touched by every packet).
     pub const CONNTRACK: u32 = 262_144;
+    /// Datagrams being fragmented at once; LRU, an entry is only needed until the
+    /// last fragment went by.
+    pub const FRAGMENTS: u32 = 8_192;
 }
 
 /// Key of the `SERVICES` hash map: one frontend.
@@ -254,6 +257,29 @@ pub mod ct {
     }
 }
 
+/// Key of the `FRAGMENTS` map: one IPv4 datagram being fragmented (RFC 791: source,
+/// destination, protocol and identification name it).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct FragKey {
+    pub src_be: u32,
+    pub dst_be: u32,
+    pub id_be: u16,
+    pub proto: u8,
+    pub _pad: u8,
+}
+const _: () = assert!(size_of::<FragKey>() == 12);
+
+/// Value of the `FRAGMENTS` map: the L4 ports the first fragment carried, so later
+/// fragments (which carry none) are matched to the same connection.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct FragPorts {
+    pub sport_be: u16,
+    pub dport_be: u16,
+}
+const _: () = assert!(size_of::<FragPorts>() == 4);
+
 /// Bytes of a frontend's name kept in the `SERVICE_NAMES` map.
 pub const SERVICE_NAME_LEN: usize = 124;
 
@@ -301,7 +327,8 @@ pub mod stat {
     pub const PASS_NOT_IPV4: u32 = 0;
     /// IPv4 but neither TCP nor UDP: passed untouched.
     pub const PASS_NOT_L4: u32 = 1;
-    /// A non-first fragment carries no ports: passed untouched.
+    /// A non-first fragment of a datagram whose first fragment was seen, to no
+    /// frontend and no tracked connection: passed untouched.
     pub const PASS_FRAGMENT: u32 = 2;
     /// Destination is not a frontend and the flow is not a reply: passed.
     pub const PASS_NO_SERVICE: u32 = 3;
@@ -331,8 +358,14 @@ pub mod stat {
     pub const DNAT_PORT_REMAPPED: u32 = 13;
     /// Such a connection for which no free source port was found: dropped.
     pub const DROP_CT_CLASH: u32 = 14;
+    /// A non-first fragment whose first fragment was never seen (its ports unknown):
+    /// dropped, so nothing reaches a VIP untranslated.
+    pub const DROP_FRAGMENT_ORPHAN: u32 = 15;
+    /// A non-first fragment of a translated datagram: its addresses translated as
+    /// the first fragment's were.
+    pub const NAT_FRAGMENT: u32 = 16;
     /// Number of slots.
-    pub const COUNT: u32 = 15;
+    pub const COUNT: u32 = 17;
 
     /// Names, indexed by slot, as `list` and metrics print them.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -351,6 +384,8 @@ pub mod stat {
         "pass_stale_conntrack",
         "dnat_port_remapped",
         "drop_ct_clash",
+        "drop_fragment_orphan",
+        "nat_fragment",
     ];
 }
 
@@ -364,9 +399,10 @@ pub mod map_name {
     pub const STATS: &str = "STATS";
     pub const SERVICE_NAMES: &str = "SERVICE_NAMES";
     pub const CT_TIMEOUTS: &str = "CT_TIMEOUTS";
+    pub const FRAGMENTS: &str = "FRAGMENTS";
 
     /// Every map, in the order the agent pins them.
-    pub const ALL: [&str; 7] = [
+    pub const ALL: [&str; 8] = [
         SERVICES,
         SLOTS,
         BACKENDS,
@@ -374,6 +410,7 @@ pub mod map_name {
         STATS,
         SERVICE_NAMES,
         CT_TIMEOUTS,
+        FRAGMENTS,
     ];
 }
 
@@ -432,6 +469,8 @@ mod user {
     unsafe impl aya::Pod for Backend {}
     unsafe impl aya::Pod for CtKey {}
     unsafe impl aya::Pod for CtEntry {}
+    unsafe impl aya::Pod for FragKey {}
+    unsafe impl aya::Pod for FragPorts {}
     unsafe impl aya::Pod for ServiceName {}
 }
 

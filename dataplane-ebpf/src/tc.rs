@@ -13,7 +13,7 @@ use dataplane_common::{stat, CtKey};
 use crate::{
     conntrack::{self, Forward},
     counters::{count, Exit},
-    lookup,
+    lookup, maps,
     nat::{rewrite, End},
     packet::Flow,
     parse::parse,
@@ -48,26 +48,31 @@ fn try_sliceway_tc(ctx: &TcContext) -> Result<Exit, Exit> {
 #[inline(always)]
 fn from_client(ctx: &TcContext, flow: &Flow, key: &CtKey, now: u64) -> Result<Option<Exit>, Exit> {
     let (entry, reason) = match conntrack::forward(flow, key, now) {
+        Forward::Tracked(entry) if flow.later_fragment => (entry, stat::NAT_FRAGMENT),
         Forward::Tracked(entry) => (entry, stat::DNAT_ESTABLISHED),
         Forward::New => {
             let Some(service) = lookup::frontend(flow) else {
                 return Ok(None);
             };
+            if flow.later_fragment {
+                // The first fragment made no connection (it was dropped, or the
+                // connection expired since): never pass the rest untranslated.
+                return Err((DROP, stat::DROP_FRAGMENT_ORPHAN));
+            }
             let (backend_id, backend) = lookup::pick(flow, &service)?;
-            let (entry, remapped) =
-                conntrack::track(flow, key, service.id, backend_id, &backend, now)?;
-            let reason = if remapped {
-                stat::DNAT_PORT_REMAPPED
-            } else {
-                stat::DNAT_NEW
+            let reason = match conntrack::track(flow, key, service.id, backend_id, &backend) {
+                conntrack::TRACKED => stat::DNAT_NEW,
+                conntrack::TRACKED_REMAPPED => stat::DNAT_PORT_REMAPPED,
+                reason => return Err((DROP, reason)),
             };
+            let entry = maps::conntrack(key).ok_or((DROP, stat::DROP_CONNTRACK))?;
             (entry, reason)
         }
     };
     let to = &entry.pair;
     rewrite(ctx, flow, End::Destination, to.src_be[0], to.sport_be)
         .map_err(|_| (DROP, stat::DROP_REWRITE))?;
-    if to.dport_be != flow.sport_be {
+    if to.dport_be != flow.sport_be && !flow.later_fragment {
         rewrite(ctx, flow, End::Source, flow.src_be, to.dport_be)
             .map_err(|_| (DROP, stat::DROP_REWRITE))?;
     }
@@ -82,12 +87,16 @@ fn from_backend(ctx: &TcContext, flow: &Flow, key: &CtKey, now: u64) -> Result<E
         Ok(Some(orig)) => {
             rewrite(ctx, flow, End::Source, orig.dst_be[0], orig.dport_be)
                 .map_err(|_| (DROP, stat::DROP_REWRITE))?;
-            if orig.sport_be != flow.dport_be {
+            if orig.sport_be != flow.dport_be && !flow.later_fragment {
                 rewrite(ctx, flow, End::Destination, flow.dst_be, orig.sport_be)
                     .map_err(|_| (DROP, stat::DROP_REWRITE))?;
             }
+            if flow.later_fragment {
+                return Ok((PASS, stat::NAT_FRAGMENT));
+            }
             Ok((PASS, stat::REVNAT))
         }
+        Ok(None) if flow.later_fragment => Ok((PASS, stat::PASS_FRAGMENT)),
         Ok(None) => {
             conntrack::direct(flow, key);
             Ok((PASS, stat::PASS_NO_SERVICE))

@@ -203,6 +203,35 @@ fn no_udp_csum(mut p: Vec<u8>) -> Vec<u8> {
     p
 }
 
+/// Recomputes the IPv4 header checksum.
+fn fix_ip_csum(mut p: Vec<u8>) -> Vec<u8> {
+    let ihl = ((p[ETH] & 0x0f) as usize) * 4;
+    p[ETH + 10..ETH + 12].copy_from_slice(&[0, 0]);
+    let c = sliceway_agent::packet::checksum(&p[ETH..ETH + ihl], 0);
+    p[ETH + 10..ETH + 12].copy_from_slice(&c.to_be_bytes());
+    p
+}
+
+/// Makes `p` a fragment of datagram `id`: offset in 8-byte units, more fragments to
+/// follow or not. A later fragment's bytes after the IP header are payload.
+fn fragment(mut p: Vec<u8>, id: u16, offset: u16, more: bool) -> Vec<u8> {
+    p[ETH + 4..ETH + 6].copy_from_slice(&id.to_be_bytes());
+    let flags = offset | if more { 0x2000 } else { 0 };
+    p[ETH + 6..ETH + 8].copy_from_slice(&flags.to_be_bytes());
+    fix_ip_csum(p)
+}
+
+/// `p` with its destination (source) address replaced, IP checksum recomputed.
+fn with_dst(mut p: Vec<u8>, to: &str) -> Vec<u8> {
+    p[ETH + 16..ETH + 20].copy_from_slice(&addr(to).ip().octets());
+    fix_ip_csum(p)
+}
+
+fn with_src(mut p: Vec<u8>, to: &str) -> Vec<u8> {
+    p[ETH + 12..ETH + 16].copy_from_slice(&addr(to).ip().octets());
+    fix_ip_csum(p)
+}
+
 /// The same bytes with one byte changed.
 fn poke(mut p: Vec<u8>, at: usize, value: u8) -> Vec<u8> {
     p[at] = value;
@@ -433,17 +462,89 @@ static FIXTURES: &[Fixture] = &[
         }],
     },
     Fixture {
-        description: "a non-first fragment passes unchanged",
+        description: "a later fragment whose first fragment was never seen is dropped",
+        maps: ONE_BACKEND,
+        remaps: &[],
+        steps: &[Step {
+            input: || fragment(udp(client(5002), VIP_DNS, b"xxxxxxxx"), 0x99, 1, false),
+            verdict: DROP,
+            reason: stat::DROP_FRAGMENT_ORPHAN,
+            output: Out::Dropped,
+        }],
+    },
+    Fixture {
+        description: "a fragmented datagram through a VIP both ways: later fragments are translated as the first one was",
+        maps: ONE_BACKEND,
+        remaps: &[],
+        steps: &[
+            Step {
+                input: || fragment(udp(client(5020), VIP_DNS, b"firstpart"), 7, 0, true),
+                verdict: PASS,
+                reason: stat::DNAT_NEW,
+                output: Out::Packet(|| {
+                    fragment(udp(client(5020), BACKEND_DNS, b"firstpart"), 7, 0, true)
+                }),
+            },
+            Step {
+                input: || fragment(udp(client(5020), VIP_DNS, b"secondpt"), 7, 2, false),
+                verdict: PASS,
+                reason: stat::NAT_FRAGMENT,
+                output: Out::Packet(|| {
+                    let p = fragment(udp(client(5020), VIP_DNS, b"secondpt"), 7, 2, false);
+                    with_dst(p, BACKEND_DNS)
+                }),
+            },
+            Step {
+                input: || fragment(udp_to(BACKEND_DNS, client(5020), b"answer1"), 8, 0, true),
+                verdict: PASS,
+                reason: stat::REVNAT,
+                output: Out::Packet(|| {
+                    fragment(udp_to(VIP_DNS, client(5020), b"answer1"), 8, 0, true)
+                }),
+            },
+            Step {
+                input: || fragment(udp_to(BACKEND_DNS, client(5020), b"answer2"), 8, 3, false),
+                verdict: PASS,
+                reason: stat::NAT_FRAGMENT,
+                output: Out::Packet(|| {
+                    let p = fragment(udp_to(BACKEND_DNS, client(5020), b"answer2"), 8, 3, false);
+                    with_src(p, VIP_DNS)
+                }),
+            },
+        ],
+    },
+    Fixture {
+        description: "later fragments of a datagram that is no Service's pass unchanged",
+        maps: ONE_BACKEND,
+        remaps: &[],
+        steps: &[
+            Step {
+                input: || fragment(udp(client(5021), BACKEND_DNS, b"direct"), 9, 0, true),
+                verdict: PASS,
+                reason: stat::PASS_NO_SERVICE,
+                output: Out::Unchanged,
+            },
+            Step {
+                input: || fragment(udp(client(5021), BACKEND_DNS, b"direct2"), 9, 1, false),
+                verdict: PASS,
+                reason: stat::PASS_FRAGMENT,
+                output: Out::Unchanged,
+            },
+        ],
+    },
+    Fixture {
+        description: "a packet whose IP total length ends before its L4 header is malformed, not rewritten",
         maps: ONE_BACKEND,
         remaps: &[],
         steps: &[Step {
             input: || {
-                let p = udp(client(5002), VIP_DNS, b"x");
-                poke(poke(p, ETH + 6, 0x00), ETH + 7, 0x10)
+                let mut p = udp(client(5022), VIP_DNS, b"trailing bytes");
+                p[ETH + 2..ETH + 4].copy_from_slice(&24u16.to_be_bytes());
+                fix_ip_csum(p)
             },
-            verdict: PASS,
-            reason: stat::PASS_FRAGMENT,
-            output: Out::Unchanged,
+            verdict: DROP,
+            reason: stat::DROP_MALFORMED,
+            output: Out::Dropped,
         }],
     },
     Fixture {
@@ -761,7 +862,14 @@ fn run(fixture: &Fixture) -> Result<(), String> {
         }
         // The expected bytes come from the same builder; check the checksums on their
         // own too, so a fixture with a wrong expectation cannot hide a wrong rewrite.
-        if rewritten {
+        let later_fragment = out.packet.len() > ETH + 8
+            && u16::from_be_bytes([out.packet[ETH + 6], out.packet[ETH + 7]]) & 0x1fff != 0;
+        if rewritten && later_fragment {
+            let ihl = ((out.packet[ETH] & 0x0f) as usize) * 4;
+            if sliceway_agent::packet::checksum(&out.packet[ETH..ETH + ihl], 0) != 0 {
+                return Err(format!("{at}: bad IP checksum in a rewritten fragment"));
+            }
+        } else if rewritten {
             match parse(&out.packet) {
                 Some(p) if p.ip_csum_ok && p.l4_csum_ok => {}
                 other => return Err(format!("{at}: rewritten packet not valid: {other:?}")),
