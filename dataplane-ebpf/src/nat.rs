@@ -77,7 +77,7 @@ pub fn rewrite(
 /// Rewrites the IPv4 address at `addr_off` (into the IP header) from `old` to `new`
 /// and updates the header checksum.
 #[inline(always)]
-fn rewrite_addr(ctx: &TcContext, addr_off: usize, old: u32, new: u32) -> Result<(), ()> {
+pub fn rewrite_addr(ctx: &TcContext, addr_off: usize, old: u32, new: u32) -> Result<(), ()> {
     let csum_at = ETH_LEN + ipv4::CSUM;
     let check: u16 = load(ctx, csum_at).ok_or(())?;
     store(ctx, csum_at, csum_replace4(check, old, new)).ok_or(())?;

@@ -43,6 +43,15 @@ pub mod tcp {
     pub const FLAG_ACK: u8 = 0x10;
 }
 
+/// ICMP header fields (RFC 792).
+pub mod icmp {
+    pub const HDR_LEN: usize = 8;
+    pub const TYPE: usize = 0;
+    pub const CSUM: usize = 2;
+    pub const DEST_UNREACH: u8 = 3;
+    pub const TIME_EXCEEDED: u8 = 11;
+}
+
 /// UDP header fields (RFC 768).
 pub mod udp {
     pub const LEN: usize = 8;
@@ -92,6 +101,19 @@ pub fn store<T: Copy>(ctx: &TcContext, offset: usize, value: T) -> Option<()> {
     // and no reference into the packet is alive anywhere in the program.
     unsafe { core::ptr::write_unaligned((start + offset) as *mut T, value) };
     Some(())
+}
+
+/// What parsing found.
+pub enum Packet {
+    /// TCP or UDP.
+    L4(Flow),
+    /// ICMP, not a fragment: source (network byte order), offset of the ICMP header,
+    /// end of the IP datagram (offset into the packet).
+    Icmp {
+        src_be: u32,
+        l4_off: usize,
+        ip_end: usize,
+    },
 }
 
 /// The fields of an IPv4 TCP/UDP packet the programs decide on, network byte order.

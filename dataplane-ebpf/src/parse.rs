@@ -15,18 +15,18 @@
 //! out of order.
 
 use aya_ebpf::programs::TcContext;
-use dataplane_common::{stat, FragKey, FragPorts, PROTO_TCP, PROTO_UDP};
+use dataplane_common::{stat, FragKey, FragPorts, PROTO_ICMP, PROTO_TCP, PROTO_UDP};
 
 use crate::{
     counters::Exit,
     maps::{self, FRAGMENTS},
-    packet::{ipv4, load, tcp, udp, Flow, ETH_LEN, ETH_P_IP, ETH_TYPE_OFF},
+    packet::{ipv4, load, tcp, udp, Flow, Packet, ETH_LEN, ETH_P_IP, ETH_TYPE_OFF},
     tc::{DROP, PASS},
 };
 
 /// Parses the packet. `Err` carries the exit for packets the program does not handle.
 #[inline(always)]
-pub fn parse(ctx: &TcContext) -> Result<Flow, Exit> {
+pub fn parse(ctx: &TcContext) -> Result<Packet, Exit> {
     let ether_type: [u8; 2] = load(ctx, ETH_TYPE_OFF).ok_or((DROP, stat::DROP_MALFORMED))?;
     if u16::from_be_bytes(ether_type) != ETH_P_IP {
         return Err((PASS, stat::PASS_NOT_IPV4));
@@ -40,7 +40,7 @@ pub fn parse(ctx: &TcContext) -> Result<Flow, Exit> {
         return Err((DROP, stat::DROP_MALFORMED));
     }
     let proto = ip[ipv4::PROTO];
-    if proto != PROTO_TCP && proto != PROTO_UDP {
+    if proto != PROTO_TCP && proto != PROTO_UDP && proto != PROTO_ICMP {
         return Err((PASS, stat::PASS_NOT_L4));
     }
     let total = u16::from_be_bytes([ip[ipv4::TOTAL_LEN], ip[ipv4::TOTAL_LEN + 1]]) as usize;
@@ -58,9 +58,20 @@ pub fn parse(ctx: &TcContext) -> Result<Flow, Exit> {
         proto,
         _pad: 0,
     };
+    if proto == PROTO_ICMP {
+        // Only whole ICMP messages are looked at (errors are small).
+        if frag & (ipv4::FRAG_OFFSET_MASK | ipv4::FLAG_MF) != 0 {
+            return Err((PASS, stat::PASS_NOT_L4));
+        }
+        return Ok(Packet::Icmp {
+            src_be,
+            l4_off,
+            ip_end: ETH_LEN + total,
+        });
+    }
     if frag & ipv4::FRAG_OFFSET_MASK != 0 {
         let ports = maps::fragment(&frag_key).ok_or((DROP, stat::DROP_FRAGMENT_ORPHAN))?;
-        return Ok(Flow {
+        return Ok(Packet::L4(Flow {
             src_be,
             dst_be,
             sport_be: ports.sport_be,
@@ -71,7 +82,7 @@ pub fn parse(ctx: &TcContext) -> Result<Flow, Exit> {
             tcp_flags: 0,
             udp_no_csum: false,
             later_fragment: true,
-        });
+        }));
     }
     let l4_len = if proto == PROTO_TCP {
         tcp::MIN_LEN
@@ -104,7 +115,7 @@ pub fn parse(ctx: &TcContext) -> Result<Flow, Exit> {
         // they are dropped as orphans, never passed untranslated.
         let _ = FRAGMENTS.insert(frag_key, FragPorts { sport_be, dport_be }, 0);
     }
-    Ok(Flow {
+    Ok(Packet::L4(Flow {
         src_be,
         dst_be,
         sport_be,
@@ -115,7 +126,7 @@ pub fn parse(ctx: &TcContext) -> Result<Flow, Exit> {
         tcp_flags,
         udp_no_csum,
         later_fragment: false,
-    })
+    }))
 }
 
 #[inline(always)]

@@ -13,9 +13,9 @@ use dataplane_common::{stat, CtKey};
 use crate::{
     conntrack::{self, Forward},
     counters::{count, Exit},
-    lookup, maps,
+    icmp, lookup, maps,
     nat::{rewrite, End},
-    packet::Flow,
+    packet::{Flow, Packet},
     parse::parse,
 };
 
@@ -33,7 +33,14 @@ pub fn sliceway_tc(ctx: TcContext) -> i32 {
 }
 
 fn try_sliceway_tc(ctx: &TcContext) -> Result<Exit, Exit> {
-    let flow = parse(ctx)?;
+    let flow = match parse(ctx)? {
+        Packet::L4(flow) => flow,
+        Packet::Icmp {
+            src_be,
+            l4_off,
+            ip_end,
+        } => return icmp::error(ctx, src_be, l4_off, ip_end, conntrack::now()),
+    };
     let key = conntrack::key_of(&flow);
     let now = conntrack::now();
     match from_client(ctx, &flow, &key, now)? {
