@@ -13,6 +13,7 @@ use core::mem::size_of;
 pub const MAP_LAYOUT_VERSION: u32 = 2;
 
 /// Protocol numbers as they appear in the IPv4 header.
+pub const PROTO_ICMP: u8 = 1;
 pub const PROTO_TCP: u8 = 6;
 pub const PROTO_UDP: u8 = 17;
 
@@ -30,6 +31,9 @@ pub mod capacity {
     pub const CONNTRACK: u32 = 262_144;
     /// Clients remembered by session affinity (per client and frontend); LRU.
     pub const AFFINITY: u32 = 65_536;
+    /// Datagrams being fragmented at once; LRU, an entry is only needed until the
+    /// last fragment went by.
+    pub const FRAGMENTS: u32 = 8_192;
 }
 
 /// Key of the `SERVICES` hash map: one frontend.
@@ -265,6 +269,29 @@ pub mod ct {
     }
 }
 
+/// Key of the `FRAGMENTS` map: one IPv4 datagram being fragmented (RFC 791: source,
+/// destination, protocol and identification name it).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct FragKey {
+    pub src_be: u32,
+    pub dst_be: u32,
+    pub id_be: u16,
+    pub proto: u8,
+    pub _pad: u8,
+}
+const _: () = assert!(size_of::<FragKey>() == 12);
+
+/// Value of the `FRAGMENTS` map: the L4 ports the first fragment carried, so later
+/// fragments (which carry none) are matched to the same connection.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct FragPorts {
+    pub sport_be: u16,
+    pub dport_be: u16,
+}
+const _: () = assert!(size_of::<FragPorts>() == 4);
+
 /// Bytes of a frontend's name kept in the `SERVICE_NAMES` map.
 pub const SERVICE_NAME_LEN: usize = 124;
 
@@ -343,9 +370,11 @@ pub const CT_REVERSE: u8 = 2;
 pub mod stat {
     /// Not IPv4 (the agent handles IPv4 only today): passed untouched.
     pub const PASS_NOT_IPV4: u32 = 0;
-    /// IPv4 but neither TCP nor UDP: passed untouched.
+    /// IPv4 but neither TCP nor UDP, nor an ICMP error about a translated
+    /// connection: passed untouched.
     pub const PASS_NOT_L4: u32 = 1;
-    /// A non-first fragment carries no ports: passed untouched.
+    /// A non-first fragment of a datagram whose first fragment was seen, to no
+    /// frontend and no tracked connection: passed untouched.
     pub const PASS_FRAGMENT: u32 = 2;
     /// Destination is not a frontend and the flow is not a reply: passed.
     pub const PASS_NO_SERVICE: u32 = 3;
@@ -375,16 +404,25 @@ pub mod stat {
     pub const DNAT_PORT_REMAPPED: u32 = 13;
     /// Such a connection for which no free source port was found: dropped.
     pub const DROP_CT_CLASH: u32 = 14;
+    /// A non-first fragment whose first fragment was never seen (its ports unknown):
+    /// dropped, so nothing reaches a VIP untranslated.
+    pub const DROP_FRAGMENT_ORPHAN: u32 = 15;
+    /// A non-first fragment of a translated datagram: its addresses translated as
+    /// the first fragment's were.
+    pub const NAT_FRAGMENT: u32 = 16;
+    /// An ICMP error about a translated connection: the quoted packet (and the
+    /// error's source, if it was the backend) translated back.
+    pub const NAT_ICMP_ERROR: u32 = 17;
     /// Frontend without endpoints anywhere: ICMP port unreachable sent back.
-    pub const REJECT_NO_BACKEND: u32 = 15;
+    pub const REJECT_NO_BACKEND: u32 = 18;
     /// A ClusterIP on a port or protocol its Service does not declare: ICMP port
     /// unreachable sent back.
-    pub const REJECT_NO_PORT: u32 = 16;
+    pub const REJECT_NO_PORT: u32 = 19;
     /// A reject whose reply could not be built (IP options, a helper failed):
     /// dropped instead.
-    pub const DROP_REJECT: u32 = 17;
+    pub const DROP_REJECT: u32 = 20;
     /// Number of slots.
-    pub const COUNT: u32 = 18;
+    pub const COUNT: u32 = 21;
 
     /// Names, indexed by slot, as `list` and metrics print them.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -403,6 +441,9 @@ pub mod stat {
         "pass_stale_conntrack",
         "dnat_port_remapped",
         "drop_ct_clash",
+        "drop_fragment_orphan",
+        "nat_fragment",
+        "nat_icmp_error",
         "reject_no_backend",
         "reject_no_port",
         "drop_reject",
@@ -419,6 +460,7 @@ pub mod map_name {
     pub const STATS: &str = "STATS";
     pub const SERVICE_NAMES: &str = "SERVICE_NAMES";
     pub const CT_TIMEOUTS: &str = "CT_TIMEOUTS";
+    pub const FRAGMENTS: &str = "FRAGMENTS";
     pub const AFFINITY: &str = "AFFINITY";
     /// Tail-call targets. Pinned like the others: the kernel empties a program array
     /// once no process and no pin holds it, and the attached program must keep its
@@ -426,7 +468,7 @@ pub mod map_name {
     pub const JUMP: &str = "JUMP";
 
     /// Every map, in the order the agent pins them.
-    pub const ALL: [&str; 9] = [
+    pub const ALL: [&str; 10] = [
         SERVICES,
         SLOTS,
         BACKENDS,
@@ -434,6 +476,7 @@ pub mod map_name {
         STATS,
         SERVICE_NAMES,
         CT_TIMEOUTS,
+        FRAGMENTS,
         AFFINITY,
         JUMP,
     ];
@@ -492,6 +535,15 @@ pub fn csum_replace4(check: u16, from: u32, to: u32) -> u16 {
     !(sum as u16)
 }
 
+/// RFC 1624 eqn. 3 for a 16-bit field, as [`csum_replace4`].
+#[inline(always)]
+pub fn csum_replace2(check: u16, from: u16, to: u16) -> u16 {
+    let sum = (!check) as u32 + (!from) as u32 + to as u32;
+    let sum = (sum & 0xffff) + (sum >> 16);
+    let sum = (sum & 0xffff) + (sum >> 16);
+    !(sum as u16)
+}
+
 #[cfg(feature = "user")]
 mod user {
     use super::*;
@@ -503,6 +555,8 @@ mod user {
     unsafe impl aya::Pod for Backend {}
     unsafe impl aya::Pod for CtKey {}
     unsafe impl aya::Pod for CtEntry {}
+    unsafe impl aya::Pod for FragKey {}
+    unsafe impl aya::Pod for FragPorts {}
     unsafe impl aya::Pod for ServiceName {}
 }
 

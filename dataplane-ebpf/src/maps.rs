@@ -9,8 +9,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray},
 };
 use dataplane_common::{
-    capacity, ct, stat, AffinityKey, AffinityValue, Backend, CtEntry, CtKey, ServiceKey,
-    ServiceName, ServiceValue, SlotKey,
+    capacity, ct, stat, AffinityKey, AffinityValue, Backend, CtEntry, CtKey, FragKey, FragPorts,
+    ServiceKey, ServiceName, ServiceValue, SlotKey,
 };
 
 /// Frontends: (VIP, port, proto) → (id, slot count). Written by the agent.
@@ -32,6 +32,12 @@ pub static BACKENDS: HashMap<u32, Backend> = HashMap::with_max_entries(capacity:
 #[map]
 pub static CONNTRACK: LruHashMap<CtKey, CtEntry> =
     LruHashMap::with_max_entries(capacity::CONNTRACK, 0);
+
+/// Fragmented datagrams: (src, dst, id, proto) → the ports of the first fragment.
+/// Written by the program for every first fragment; LRU.
+#[map]
+pub static FRAGMENTS: LruHashMap<FragKey, FragPorts> =
+    LruHashMap::with_max_entries(capacity::FRAGMENTS, 0);
 
 /// Idle timeouts in seconds, indexed by `ct::state::*`; zero means the default.
 /// Written by the agent.
@@ -101,6 +107,15 @@ pub fn affinity(key: &AffinityKey) -> Option<AffinityValue> {
     unsafe { AFFINITY.get(key).copied() }
 }
 
+/// Runs `f` on the conntrack entry at `key` without copying it out (an entry is 64
+/// bytes, and copies of several would not fit the 512-byte BPF stack).
+#[inline(always)]
+pub fn with_conntrack<R>(key: &CtKey, f: impl FnOnce(&CtEntry) -> R) -> Option<R> {
+    // SAFETY: the reference lives only during `f`, which cannot return it (`R` does
+    // not borrow from the entry); map values stay valid for the program's run.
+    unsafe { CONNTRACK.get(key).map(f) }
+}
+
 /// Updates the conntrack entry at `key` in place (state and last-seen time). Another
 /// CPU may update the same entry at the same time; the fields are independent and a
 /// lost update of either is repaired by the next packet.
@@ -128,4 +143,11 @@ pub fn timeout(state: u8) -> u64 {
         Some(&t) if t != 0 => t,
         _ => ct::DEFAULTS[i],
     }
+}
+
+/// The ports the first fragment of datagram `key` carried, if it was seen.
+#[inline(always)]
+pub fn fragment(key: &FragKey) -> Option<FragPorts> {
+    // SAFETY: as in `service`.
+    unsafe { FRAGMENTS.get(key).copied() }
 }

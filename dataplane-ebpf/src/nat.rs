@@ -49,6 +49,10 @@ pub fn rewrite(
     };
     // TCP and UDP keep their ports at the same offsets.
     const _: () = assert!(tcp::SPORT == udp::SPORT && tcp::DPORT == udp::DPORT);
+    if flow.later_fragment {
+        // No L4 header here: the first fragment carried ports and checksum.
+        return rewrite_addr(ctx, addr_off, old_addr, addr_be);
+    }
     if !flow.udp_no_csum {
         let (csum_off, flags) = if flow.proto == PROTO_TCP {
             (flow.l4_off + tcp::CSUM, 0)
@@ -66,10 +70,16 @@ pub fn rewrite(
             .map_err(|_| ())?;
     }
     // The helpers may have moved the packet: `load` and `store` check afresh.
+    rewrite_addr(ctx, addr_off, old_addr, addr_be)?;
+    store(ctx, port_off, port_be).ok_or(())
+}
+
+/// Rewrites the IPv4 address at `addr_off` (into the IP header) from `old` to `new`
+/// and updates the header checksum.
+#[inline(always)]
+pub fn rewrite_addr(ctx: &TcContext, addr_off: usize, old: u32, new: u32) -> Result<(), ()> {
     let csum_at = ETH_LEN + ipv4::CSUM;
     let check: u16 = load(ctx, csum_at).ok_or(())?;
-    store(ctx, csum_at, csum_replace4(check, old_addr, addr_be)).ok_or(())?;
-    store(ctx, ETH_LEN + addr_off, addr_be).ok_or(())?;
-    store(ctx, port_off, port_be).ok_or(())?;
-    Ok(())
+    store(ctx, csum_at, csum_replace4(check, old, new)).ok_or(())?;
+    store(ctx, ETH_LEN + addr_off, new).ok_or(())
 }

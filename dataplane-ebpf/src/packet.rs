@@ -17,6 +17,8 @@ pub mod ipv4 {
     /// IHL is 4 bits of 32-bit words: at most 60 bytes of header.
     pub const MAX_LEN: usize = 60;
     pub const VERSION_IHL: usize = 0;
+    pub const TOTAL_LEN: usize = 2;
+    pub const ID: usize = 4;
     pub const FLAGS_FRAG: usize = 6;
     pub const PROTO: usize = 9;
     pub const CSUM: usize = 10;
@@ -24,6 +26,8 @@ pub mod ipv4 {
     pub const DST: usize = 16;
     /// The fragment offset bits of the flags/fragment field.
     pub const FRAG_OFFSET_MASK: u16 = 0x1fff;
+    /// More fragments follow.
+    pub const FLAG_MF: u16 = 0x2000;
 }
 
 /// TCP header fields (RFC 9293).
@@ -39,6 +43,15 @@ pub mod tcp {
     pub const FLAG_ACK: u8 = 0x10;
 }
 
+/// ICMP header fields (RFC 792).
+pub mod icmp {
+    pub const HDR_LEN: usize = 8;
+    pub const TYPE: usize = 0;
+    pub const CSUM: usize = 2;
+    pub const DEST_UNREACH: u8 = 3;
+    pub const TIME_EXCEEDED: u8 = 11;
+}
+
 /// UDP header fields (RFC 768).
 pub mod udp {
     pub const LEN: usize = 8;
@@ -47,10 +60,19 @@ pub mod udp {
     pub const CSUM: usize = 6;
 }
 
+/// No header the programs read lies further into the packet than this. Checking it
+/// gives the verifier a bound on offsets that went through memory (a `Flow` field
+/// read back from the stack carries none); well under the verifier's own limit
+/// (`MAX_PACKET_OFF`, 0xffff, on offset plus size), beyond which it marks no range.
+const MAX_OFFSET: usize = 1024;
+
 /// A copy of the `T` at `offset` bytes into the packet, or `None` if the packet is
 /// too short. `T` is plain bytes (`[u8; N]`, integers), read unaligned.
 #[inline(always)]
 pub fn load<T: Copy>(ctx: &TcContext, offset: usize) -> Option<T> {
+    if offset > MAX_OFFSET {
+        return None;
+    }
     let start = ctx.data();
     let end = ctx.data_end();
     // This comparison right before the access is what the verifier needs.
@@ -67,6 +89,9 @@ pub fn load<T: Copy>(ctx: &TcContext, offset: usize) -> Option<T> {
 /// move the packet.
 #[inline(always)]
 pub fn store<T: Copy>(ctx: &TcContext, offset: usize, value: T) -> Option<()> {
+    if offset > MAX_OFFSET {
+        return None;
+    }
     let start = ctx.data();
     let end = ctx.data_end();
     if start + offset + size_of::<T>() > end {
@@ -76,6 +101,19 @@ pub fn store<T: Copy>(ctx: &TcContext, offset: usize, value: T) -> Option<()> {
     // and no reference into the packet is alive anywhere in the program.
     unsafe { core::ptr::write_unaligned((start + offset) as *mut T, value) };
     Some(())
+}
+
+/// What parsing found.
+pub enum Packet {
+    /// TCP or UDP.
+    L4(Flow),
+    /// ICMP, not a fragment: source (network byte order), offset of the ICMP header,
+    /// end of the IP datagram (offset into the packet).
+    Icmp {
+        src_be: u32,
+        l4_off: usize,
+        ip_end: usize,
+    },
 }
 
 /// The fields of an IPv4 TCP/UDP packet the programs decide on, network byte order.
@@ -93,4 +131,7 @@ pub struct Flow {
     pub tcp_flags: u8,
     /// UDP packet sent without a checksum (zero): left without one.
     pub udp_no_csum: bool,
+    /// A non-first fragment: no L4 header here, ports from the first fragment; only
+    /// addresses are rewritten.
+    pub later_fragment: bool,
 }

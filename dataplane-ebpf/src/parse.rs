@@ -1,19 +1,32 @@
 //! Parsing: Ethernet + IPv4 + TCP/UDP into a [`Flow`]. Deliberate policy for what
-//! the program does not handle: other EtherTypes, other IP protocols and non-first
-//! fragments pass untouched; truncated or malformed headers drop.
+//! the program does not handle: other EtherTypes and other IP protocols pass
+//! untouched; truncated or malformed headers drop, and so does a packet whose IP total
+//! length ends before its L4 header (never rewritten: the bytes after the datagram
+//! are not ours).
+//!
+//! Fragments, as Cilium's fragment map does
+//! (https://github.com/cilium/cilium/blob/main/bpf/lib/ipv4.h): the first fragment
+//! carries the ports, which are remembered per (source, destination, id, protocol);
+//! later fragments take them from there and are translated like the first one
+//! (addresses only: they carry no L4 header). A later fragment whose first one was
+//! never seen is dropped and counted: its ports, so its Service, are unknown, and it
+//! must not reach a VIP untranslated. This also drops out-of-order fragments of
+//! traffic that is not a Service's; on the veth links of a node they do not arrive
+//! out of order.
 
 use aya_ebpf::programs::TcContext;
-use dataplane_common::{stat, PROTO_TCP, PROTO_UDP};
+use dataplane_common::{stat, FragKey, FragPorts, PROTO_ICMP, PROTO_TCP, PROTO_UDP};
 
 use crate::{
     counters::Exit,
-    packet::{ipv4, load, tcp, udp, Flow, ETH_LEN, ETH_P_IP, ETH_TYPE_OFF},
+    maps::{self, FRAGMENTS},
+    packet::{ipv4, load, tcp, udp, Flow, Packet, ETH_LEN, ETH_P_IP, ETH_TYPE_OFF},
     tc::{DROP, PASS},
 };
 
 /// Parses the packet. `Err` carries the exit for packets the program does not handle.
 #[inline(always)]
-pub fn parse(ctx: &TcContext) -> Result<Flow, Exit> {
+pub fn parse(ctx: &TcContext) -> Result<Packet, Exit> {
     let ether_type: [u8; 2] = load(ctx, ETH_TYPE_OFF).ok_or((DROP, stat::DROP_MALFORMED))?;
     if u16::from_be_bytes(ether_type) != ETH_P_IP {
         return Err((PASS, stat::PASS_NOT_IPV4));
@@ -27,17 +40,58 @@ pub fn parse(ctx: &TcContext) -> Result<Flow, Exit> {
         return Err((DROP, stat::DROP_MALFORMED));
     }
     let proto = ip[ipv4::PROTO];
-    if proto != PROTO_TCP && proto != PROTO_UDP {
+    if proto != PROTO_TCP && proto != PROTO_UDP && proto != PROTO_ICMP {
         return Err((PASS, stat::PASS_NOT_L4));
     }
-    // Fragment offset non-zero: no L4 header here.
-    let frag = u16::from_be_bytes([ip[ipv4::FLAGS_FRAG], ip[ipv4::FLAGS_FRAG + 1]]);
-    if frag & ipv4::FRAG_OFFSET_MASK != 0 {
-        return Err((PASS, stat::PASS_FRAGMENT));
+    let total = u16::from_be_bytes([ip[ipv4::TOTAL_LEN], ip[ipv4::TOTAL_LEN + 1]]) as usize;
+    if total < ihl {
+        return Err((DROP, stat::DROP_MALFORMED));
     }
     let src_be = u32::from_ne_bytes(field4(&ip, ipv4::SRC));
     let dst_be = u32::from_ne_bytes(field4(&ip, ipv4::DST));
     let l4_off = ETH_LEN + ihl;
+    let frag = u16::from_be_bytes([ip[ipv4::FLAGS_FRAG], ip[ipv4::FLAGS_FRAG + 1]]);
+    let frag_key = FragKey {
+        src_be,
+        dst_be,
+        id_be: u16::from_ne_bytes(field2(&ip, ipv4::ID)),
+        proto,
+        _pad: 0,
+    };
+    if proto == PROTO_ICMP {
+        // Only whole ICMP messages are looked at (errors are small).
+        if frag & (ipv4::FRAG_OFFSET_MASK | ipv4::FLAG_MF) != 0 {
+            return Err((PASS, stat::PASS_NOT_L4));
+        }
+        return Ok(Packet::Icmp {
+            src_be,
+            l4_off,
+            ip_end: ETH_LEN + total,
+        });
+    }
+    if frag & ipv4::FRAG_OFFSET_MASK != 0 {
+        let ports = maps::fragment(&frag_key).ok_or((DROP, stat::DROP_FRAGMENT_ORPHAN))?;
+        return Ok(Packet::L4(Flow {
+            src_be,
+            dst_be,
+            sport_be: ports.sport_be,
+            dport_be: ports.dport_be,
+            proto,
+            l4_off,
+            syn_only: false,
+            tcp_flags: 0,
+            udp_no_csum: false,
+            later_fragment: true,
+        }));
+    }
+    let l4_len = if proto == PROTO_TCP {
+        tcp::MIN_LEN
+    } else {
+        udp::LEN
+    };
+    if total < ihl + l4_len {
+        return Err((DROP, stat::DROP_MALFORMED));
+    }
     let (sport_be, dport_be, tcp_flags, udp_no_csum) = if proto == PROTO_TCP {
         let h: [u8; tcp::MIN_LEN] = load(ctx, l4_off).ok_or((DROP, stat::DROP_MALFORMED))?;
         let flags = h[tcp::FLAGS];
@@ -56,7 +110,12 @@ pub fn parse(ctx: &TcContext) -> Result<Flow, Exit> {
             field2(&h, udp::CSUM) == [0, 0],
         )
     };
-    Ok(Flow {
+    if frag & ipv4::FLAG_MF != 0 {
+        // A first fragment: later ones find their ports here. If the map refuses,
+        // they are dropped as orphans, never passed untranslated.
+        let _ = FRAGMENTS.insert(frag_key, FragPorts { sport_be, dport_be }, 0);
+    }
+    Ok(Packet::L4(Flow {
         src_be,
         dst_be,
         sport_be,
@@ -66,7 +125,8 @@ pub fn parse(ctx: &TcContext) -> Result<Flow, Exit> {
         syn_only: tcp_flags & (tcp::FLAG_SYN | tcp::FLAG_ACK) == tcp::FLAG_SYN,
         tcp_flags,
         udp_no_csum,
-    })
+        later_fragment: false,
+    }))
 }
 
 #[inline(always)]

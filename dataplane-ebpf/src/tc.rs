@@ -14,9 +14,9 @@ use dataplane_common::{stat, CtKey, SVC_F_DROP_EMPTY};
 use crate::{
     conntrack::{self, Forward},
     counters::{count, Exit},
-    lookup,
+    icmp, lookup, maps,
     nat::{rewrite, End},
-    packet::Flow,
+    packet::{Flow, Packet},
     parse::parse,
     reject,
 };
@@ -35,7 +35,14 @@ pub fn sliceway_tc(ctx: TcContext) -> i32 {
 }
 
 fn try_sliceway_tc(ctx: &TcContext) -> Result<Exit, Exit> {
-    let flow = parse(ctx)?;
+    let flow = match parse(ctx)? {
+        Packet::L4(flow) => flow,
+        Packet::Icmp {
+            src_be,
+            l4_off,
+            ip_end,
+        } => return icmp::error(ctx, src_be, l4_off, ip_end, conntrack::now()),
+    };
     let key = conntrack::key_of(&flow);
     let now = conntrack::now();
     match from_client(ctx, &flow, &key, now)? {
@@ -50,11 +57,17 @@ fn try_sliceway_tc(ctx: &TcContext) -> Result<Exit, Exit> {
 #[inline(always)]
 fn from_client(ctx: &TcContext, flow: &Flow, key: &CtKey, now: u64) -> Result<Option<Exit>, Exit> {
     let (entry, reason) = match conntrack::forward(flow, key, now) {
+        Forward::Tracked(entry) if flow.later_fragment => (entry, stat::NAT_FRAGMENT),
         Forward::Tracked(entry) => (entry, stat::DNAT_ESTABLISHED),
         Forward::New => {
             let Some(service) = lookup::frontend(flow) else {
                 return Ok(None);
             };
+            if flow.later_fragment {
+                // The first fragment made no connection (it was dropped, or the
+                // connection expired since): never pass the rest untranslated.
+                return Err((DROP, stat::DROP_FRAGMENT_ORPHAN));
+            }
             if service.count == 0 {
                 // Never let a packet reach the VIP untranslated: with endpoints on
                 // other nodes only and a Local policy, drop (kube-proxy's "drop");
@@ -65,26 +78,20 @@ fn from_client(ctx: &TcContext, flow: &Flow, key: &CtKey, now: u64) -> Result<Op
                 return Ok(Some(reject_or_drop(ctx, flow, stat::REJECT_NO_BACKEND)));
             }
             let picked = lookup::pick(flow, &service, now)?;
-            let (entry, remapped) = conntrack::track(
-                flow,
-                key,
-                service.id,
-                picked.backend_id,
-                &picked.backend,
-                now,
-            )?;
-            let reason = if remapped {
-                stat::DNAT_PORT_REMAPPED
-            } else {
-                stat::DNAT_NEW
-            };
+            let reason =
+                match conntrack::track(flow, key, service.id, picked.backend_id, &picked.backend) {
+                    conntrack::TRACKED => stat::DNAT_NEW,
+                    conntrack::TRACKED_REMAPPED => stat::DNAT_PORT_REMAPPED,
+                    reason => return Err((DROP, reason)),
+                };
+            let entry = maps::conntrack(key).ok_or((DROP, stat::DROP_CONNTRACK))?;
             (entry, reason)
         }
     };
     let to = &entry.pair;
     rewrite(ctx, flow, End::Destination, to.src_be[0], to.sport_be)
         .map_err(|_| (DROP, stat::DROP_REWRITE))?;
-    if to.dport_be != flow.sport_be {
+    if to.dport_be != flow.sport_be && !flow.later_fragment {
         rewrite(ctx, flow, End::Source, flow.src_be, to.dport_be)
             .map_err(|_| (DROP, stat::DROP_REWRITE))?;
     }
@@ -107,12 +114,16 @@ fn from_backend(ctx: &TcContext, flow: &Flow, key: &CtKey, now: u64) -> Result<E
         Ok(Some(orig)) => {
             rewrite(ctx, flow, End::Source, orig.dst_be[0], orig.dport_be)
                 .map_err(|_| (DROP, stat::DROP_REWRITE))?;
-            if orig.sport_be != flow.dport_be {
+            if orig.sport_be != flow.dport_be && !flow.later_fragment {
                 rewrite(ctx, flow, End::Destination, flow.dst_be, orig.sport_be)
                     .map_err(|_| (DROP, stat::DROP_REWRITE))?;
             }
+            if flow.later_fragment {
+                return Ok((PASS, stat::NAT_FRAGMENT));
+            }
             Ok((PASS, stat::REVNAT))
         }
+        Ok(None) if flow.later_fragment => Ok((PASS, stat::PASS_FRAGMENT)),
         Ok(None) => {
             conntrack::direct(flow, key);
             // A ClusterIP on a port or protocol its Service does not declare: rejected,

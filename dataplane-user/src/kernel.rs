@@ -177,6 +177,10 @@ fn expected_sizes(name: &str) -> (usize, usize) {
         map_name::BACKENDS => (size_of::<u32>(), size_of::<Backend>()),
         map_name::CONNTRACK => (size_of::<CtKey>(), size_of::<CtEntry>()),
         map_name::CT_TIMEOUTS => (size_of::<u32>(), size_of::<u64>()),
+        map_name::FRAGMENTS => (
+            size_of::<dataplane_common::FragKey>(),
+            size_of::<dataplane_common::FragPorts>(),
+        ),
         map_name::STATS => (size_of::<u32>(), size_of::<u64>()),
         map_name::SERVICE_NAMES => (size_of::<u32>(), size_of::<ServiceName>()),
         map_name::JUMP => (size_of::<u32>(), size_of::<u32>()),

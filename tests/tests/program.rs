@@ -241,6 +241,57 @@ fn no_udp_csum(mut p: Vec<u8>) -> Vec<u8> {
     p
 }
 
+/// Recomputes the IPv4 header checksum.
+fn fix_ip_csum(mut p: Vec<u8>) -> Vec<u8> {
+    let ihl = ((p[ETH] & 0x0f) as usize) * 4;
+    p[ETH + 10..ETH + 12].copy_from_slice(&[0, 0]);
+    let c = sliceway_agent::packet::checksum(&p[ETH..ETH + ihl], 0);
+    p[ETH + 10..ETH + 12].copy_from_slice(&c.to_be_bytes());
+    p
+}
+
+/// Makes `p` a fragment of datagram `id`: offset in 8-byte units, more fragments to
+/// follow or not. A later fragment's bytes after the IP header are payload.
+fn fragment(mut p: Vec<u8>, id: u16, offset: u16, more: bool) -> Vec<u8> {
+    p[ETH + 4..ETH + 6].copy_from_slice(&id.to_be_bytes());
+    let flags = offset | if more { 0x2000 } else { 0 };
+    p[ETH + 6..ETH + 8].copy_from_slice(&flags.to_be_bytes());
+    fix_ip_csum(p)
+}
+
+/// `p` with its destination (source) address replaced, IP checksum recomputed.
+fn with_dst(mut p: Vec<u8>, to: &str) -> Vec<u8> {
+    p[ETH + 16..ETH + 20].copy_from_slice(&addr(to).ip().octets());
+    fix_ip_csum(p)
+}
+
+fn with_src(mut p: Vec<u8>, to: &str) -> Vec<u8> {
+    p[ETH + 12..ETH + 16].copy_from_slice(&addr(to).ip().octets());
+    fix_ip_csum(p)
+}
+
+/// An ICMP error (`kind`, `code`) from `from` to `to` quoting the first `quote`
+/// bytes of the IP packet in the frame `quoted`, checksums computed.
+fn icmp_error(from: &str, to: &str, kind: u8, code: u8, quoted: &[u8], quote: usize) -> Vec<u8> {
+    let from: std::net::Ipv4Addr = from.parse().unwrap();
+    let to: std::net::Ipv4Addr = to.parse().unwrap();
+    let mut p = quoted[..ETH].to_vec();
+    let total = 20 + 8 + quote;
+    p.extend_from_slice(&[0x45, 0]);
+    p.extend_from_slice(&(total as u16).to_be_bytes());
+    p.extend_from_slice(&[0x43, 0x21, 0, 0, 64, 1, 0, 0]);
+    p.extend_from_slice(&from.octets());
+    p.extend_from_slice(&to.octets());
+    // Fragmentation needed carries the next hop's MTU in the last two bytes.
+    p.extend_from_slice(&[kind, code, 0, 0, 0, 0, 0x05, 0xdc]);
+    p.extend_from_slice(&quoted[ETH..ETH + quote]);
+    let c = sliceway_agent::packet::checksum(&p[ETH + 20..], 0);
+    p[ETH + 22..ETH + 24].copy_from_slice(&c.to_be_bytes());
+    fix_ip_csum(p)
+}
+
+const ROUTER: &str = "10.244.99.1";
+
 /// The same bytes with one byte changed.
 fn poke(mut p: Vec<u8>, at: usize, value: u8) -> Vec<u8> {
     p[at] = value;
@@ -328,7 +379,7 @@ static FIXTURES: &[Fixture] = &[
         ],
     },
     Fixture {
-        description: "a retransmitted SYN keeps its backend; a SYN after the connection was answered picks again",
+        description: "a SYN without ACK always starts a new connection on its tuple, before and after an answer",
         maps: ONE_BACKEND,
         remaps: &[],
         steps: &[
@@ -341,7 +392,7 @@ static FIXTURES: &[Fixture] = &[
             Step {
                 input: || tcp(client(40006), VIP_HTTP, TCP_SYN),
                 verdict: PASS,
-                reason: stat::DNAT_ESTABLISHED,
+                reason: stat::DNAT_NEW,
                 output: Out::Packet(|| tcp(client(40006), BACKEND_HTTP, TCP_SYN)),
             },
             Step {
@@ -512,18 +563,146 @@ static FIXTURES: &[Fixture] = &[
         }],
     },
     Fixture {
-        description: "a non-first fragment passes unchanged",
+        description: "a later fragment whose first fragment was never seen is dropped",
+        maps: ONE_BACKEND,
+        remaps: &[],
+        steps: &[Step {
+            input: || fragment(udp(client(5002), VIP_DNS, b"xxxxxxxx"), 0x99, 1, false),
+            verdict: DROP,
+            reason: stat::DROP_FRAGMENT_ORPHAN,
+            output: Out::Dropped,
+        }],
+    },
+    Fixture {
+        description: "a fragmented datagram through a VIP both ways: later fragments are translated as the first one was",
+        maps: ONE_BACKEND,
+        remaps: &[],
+        steps: &[
+            Step {
+                input: || fragment(udp(client(5020), VIP_DNS, b"firstpart"), 7, 0, true),
+                verdict: PASS,
+                reason: stat::DNAT_NEW,
+                output: Out::Packet(|| {
+                    fragment(udp(client(5020), BACKEND_DNS, b"firstpart"), 7, 0, true)
+                }),
+            },
+            Step {
+                input: || fragment(udp(client(5020), VIP_DNS, b"secondpt"), 7, 2, false),
+                verdict: PASS,
+                reason: stat::NAT_FRAGMENT,
+                output: Out::Packet(|| {
+                    let p = fragment(udp(client(5020), VIP_DNS, b"secondpt"), 7, 2, false);
+                    with_dst(p, BACKEND_DNS)
+                }),
+            },
+            Step {
+                input: || fragment(udp_to(BACKEND_DNS, client(5020), b"answer1"), 8, 0, true),
+                verdict: PASS,
+                reason: stat::REVNAT,
+                output: Out::Packet(|| {
+                    fragment(udp_to(VIP_DNS, client(5020), b"answer1"), 8, 0, true)
+                }),
+            },
+            Step {
+                input: || fragment(udp_to(BACKEND_DNS, client(5020), b"answer2"), 8, 3, false),
+                verdict: PASS,
+                reason: stat::NAT_FRAGMENT,
+                output: Out::Packet(|| {
+                    let p = fragment(udp_to(BACKEND_DNS, client(5020), b"answer2"), 8, 3, false);
+                    with_src(p, VIP_DNS)
+                }),
+            },
+        ],
+    },
+    Fixture {
+        description: "later fragments of a datagram that is no Service's pass unchanged",
+        maps: ONE_BACKEND,
+        remaps: &[],
+        steps: &[
+            Step {
+                input: || fragment(udp(client(5021), BACKEND_DNS, b"direct"), 9, 0, true),
+                verdict: PASS,
+                reason: stat::PASS_NO_SERVICE,
+                output: Out::Unchanged,
+            },
+            Step {
+                input: || fragment(udp(client(5021), BACKEND_DNS, b"direct2"), 9, 1, false),
+                verdict: PASS,
+                reason: stat::PASS_FRAGMENT,
+                output: Out::Unchanged,
+            },
+        ],
+    },
+    Fixture {
+        description: "a packet whose IP total length ends before its L4 header is malformed, not rewritten",
         maps: ONE_BACKEND,
         remaps: &[],
         steps: &[Step {
             input: || {
-                let p = udp(client(5002), VIP_DNS, b"x");
-                poke(poke(p, ETH + 6, 0x00), ETH + 7, 0x10)
+                let mut p = udp(client(5022), VIP_DNS, b"trailing bytes");
+                p[ETH + 2..ETH + 4].copy_from_slice(&24u16.to_be_bytes());
+                fix_ip_csum(p)
             },
-            verdict: PASS,
-            reason: stat::PASS_FRAGMENT,
-            output: Out::Unchanged,
+            verdict: DROP,
+            reason: stat::DROP_MALFORMED,
+            output: Out::Dropped,
         }],
+    },
+    Fixture {
+        description: "ICMP errors about a translated connection are translated back, quoted packet included",
+        maps: ONE_BACKEND,
+        remaps: &[],
+        steps: &[
+            Step {
+                input: || udp(client(5030), VIP_DNS, b"q"),
+                verdict: PASS,
+                reason: stat::DNAT_NEW,
+                output: Out::Packet(|| udp(client(5030), BACKEND_DNS, b"q")),
+            },
+            // Port unreachable from the backend: ECONNREFUSED for the client.
+            Step {
+                input: || {
+                    let quoted = udp(client(5030), BACKEND_DNS, b"q");
+                    icmp_error("10.244.11.2", CLIENT, 3, 3, &quoted, 28)
+                },
+                verdict: PASS,
+                reason: stat::NAT_ICMP_ERROR,
+                output: Out::Packet(|| {
+                    let quoted = udp(client(5030), VIP_DNS, b"q");
+                    icmp_error("10.96.0.10", CLIENT, 3, 3, &quoted, 28)
+                }),
+            },
+            Step {
+                input: || tcp(client(40070), VIP_HTTP, TCP_SYN),
+                verdict: PASS,
+                reason: stat::DNAT_NEW,
+                output: Out::Packet(|| tcp(client(40070), BACKEND_HTTP, TCP_SYN)),
+            },
+            // Fragmentation needed from a router on the way: path-MTU discovery. The
+            // quoted TCP header is whole, its checksum updated too.
+            Step {
+                input: || {
+                    let quoted = tcp(client(40070), BACKEND_HTTP, TCP_ACK);
+                    icmp_error(ROUTER, CLIENT, 3, 4, &quoted, 40)
+                },
+                verdict: PASS,
+                reason: stat::NAT_ICMP_ERROR,
+                output: Out::Packet(|| {
+                    let quoted = tcp(client(40070), VIP_HTTP, TCP_ACK);
+                    icmp_error(ROUTER, CLIENT, 3, 4, &quoted, 40)
+                }),
+            },
+            // Time exceeded about a flow nobody tracks: untouched.
+            Step {
+                input: || {
+                    let quoted = udp(client(5031), BACKEND_DNS, b"q");
+                    icmp_error(ROUTER, CLIENT, 11, 0, &quoted, 28)
+                },
+                verdict: PASS,
+                reason: stat::PASS_NOT_L4,
+                output: Out::Unchanged,
+            },
+        ],
     },
     Fixture {
         description: "a TCP header cut short drops",
@@ -846,7 +1025,23 @@ fn run(fixture: &Fixture) -> Result<(), String> {
         }
         // The expected bytes come from the same builder; check the checksums on their
         // own too, so a fixture with a wrong expectation cannot hide a wrong rewrite.
-        if rewritten {
+        let later_fragment = out.packet.len() > ETH + 8
+            && u16::from_be_bytes([out.packet[ETH + 6], out.packet[ETH + 7]]) & 0x1fff != 0;
+        let icmp = out.packet.len() > ETH + 20 && out.packet[ETH + 9] == 1;
+        if rewritten && icmp {
+            let ihl = ((out.packet[ETH] & 0x0f) as usize) * 4;
+            let c = sliceway_agent::packet::checksum;
+            if c(&out.packet[ETH..ETH + ihl], 0) != 0 || c(&out.packet[ETH + ihl..], 0) != 0 {
+                return Err(format!(
+                    "{at}: bad IP or ICMP checksum in a rewritten ICMP error"
+                ));
+            }
+        } else if rewritten && later_fragment {
+            let ihl = ((out.packet[ETH] & 0x0f) as usize) * 4;
+            if sliceway_agent::packet::checksum(&out.packet[ETH..ETH + ihl], 0) != 0 {
+                return Err(format!("{at}: bad IP checksum in a rewritten fragment"));
+            }
+        } else if rewritten {
             match parse(&out.packet) {
                 Some(p) if p.ip_csum_ok && p.l4_csum_ok => {}
                 other => return Err(format!("{at}: rewritten packet not valid: {other:?}")),
