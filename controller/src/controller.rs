@@ -75,6 +75,34 @@ impl SliceTracker {
                 .insert(uid.clone(), generation);
         }
     }
+    /// Whether a slice event should sync its Service: not when it only shows this
+    /// controller's own write coming back (upstream's endpointSliceTracker
+    /// `ShouldSync`, <https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/controller/util/endpointslice/endpointslice_tracker.go>):
+    /// a generation newer than the one written, or a slice never written, syncs.
+    pub fn should_sync(&self, slice: &EndpointSlice) -> bool {
+        let Some(uid) = slice.metadata.uid.as_deref() else {
+            return true;
+        };
+        let generation = slice.metadata.generation.unwrap_or(0);
+        let managed = managed_by(slice);
+        let owner = slice
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.controller == Some(true))
+            .map(|o| o.uid.clone());
+        let written = match owner.and_then(|owner| self.by_service.get(&(owner, managed.clone()))) {
+            Some(gens) => gens.get(uid).copied(),
+            None => self.by_service.iter().find_map(|((_, m), gens)| {
+                (*m == managed).then(|| gens.get(uid).copied()).flatten()
+            }),
+        };
+        match written {
+            Some(g) => generation > g,
+            None => true,
+        }
+    }
     /// Records a deleted slice.
     pub fn deleted(&mut self, service_uid: &str, slice: &EndpointSlice) {
         if let Some(uid) = &slice.metadata.uid {
@@ -1254,8 +1282,13 @@ pub async fn run(
     );
     let ctrl = Controller::for_stream(service_events, services.clone()).reconcile_on(pod_requests);
     let svc_for_nodes = services.clone();
+    let own_writes = tracker.clone();
     let ctrl = ctrl
-        .watches_stream(slices, |s: EndpointSlice| {
+        .watches_stream(slices, move |s: EndpointSlice| {
+            // This controller's own writes coming back do not sync again.
+            if !own_writes.lock().expect("tracker").should_sync(&s) {
+                return None;
+            }
             let name = s.labels().get(crate::util::LABEL_SERVICE_NAME).cloned();
             let ns = s.namespace().unwrap_or_default();
             name.map(|n| ObjectRef::new(&n).within(&ns))

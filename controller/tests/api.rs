@@ -913,3 +913,25 @@ fn the_selector_index_finds_a_pods_services_from_its_labels() {
     assert_eq!(names(&index, "a", &pod), ["web"]);
     assert_eq!(names(&index, "b", &pod), Vec::<String>::new());
 }
+
+/// Issue 14: this controller's own slice writes coming back through the watch do not
+/// sync their Service again (upstream's ShouldSync); a newer generation, written by
+/// someone else, does.
+#[test]
+fn own_slice_writes_coming_back_do_not_sync_again() {
+    let mut tracker = SliceTracker::default();
+    let mut written = slice("default", Some("web-abcde"), &[]);
+    written.metadata.uid = Some("uid-web-abcde".into());
+    written.metadata.generation = Some(3);
+    written.metadata.owner_references = Some(vec![serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service", "name": "web", "uid": "svc-uid",
+        "controller": true, "blockOwnerDeletion": true,
+    }))
+    .unwrap()]);
+    assert!(tracker.should_sync(&written), "never written: syncs");
+    tracker.written("svc-uid", &written);
+    assert!(!tracker.should_sync(&written), "our own write");
+    let mut theirs = written.clone();
+    theirs.metadata.generation = Some(4);
+    assert!(tracker.should_sync(&theirs), "changed by someone else");
+}
