@@ -353,6 +353,17 @@ impl Cluster {
         }
         self.start_etcd()?;
         self.start_apiserver(&spec.apiserver_args)?;
+        // The API server makes the `kubernetes` Service shortly after it answers; on a
+        // loaded machine, seconds after.
+        wait_until(
+            "the kubernetes Service made by kube-apiserver",
+            Duration::from_secs(60),
+            || {
+                self.kubectl(&["-n", "default", "get", "svc", "kubernetes"])
+                    .is_ok()
+            },
+        )
+        .with_context(|| self.log_tail("kube-apiserver"))?;
         if spec.workloads {
             self.start_controller_manager()?;
             self.start_scheduler()?;
