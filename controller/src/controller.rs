@@ -437,28 +437,100 @@ impl SelectorIndex {
 #[derive(Debug, Default)]
 pub struct Index {
     pods: std::sync::RwLock<HashMap<String, std::collections::BTreeSet<String>>>,
+    /// (namespace, label key, value) → names of the Pods with that label, so a
+    /// Service's Pods are found from one pair of its selector, not by testing every
+    /// Pod of the namespace.
+    pod_labels: std::sync::RwLock<PodLabels>,
     slices: std::sync::RwLock<HashMap<Key, std::collections::BTreeSet<String>>>,
     slice_service: std::sync::RwLock<HashMap<Key, String>>,
 }
 
+/// Pods by label pair, and the labels indexed for each Pod (to take them out again).
+#[derive(Debug, Default)]
+struct PodLabels {
+    by_pair: HashMap<(String, String, String), std::collections::BTreeSet<String>>,
+    of: HashMap<(String, String), std::collections::BTreeMap<String, String>>,
+}
+
+impl PodLabels {
+    fn remove(&mut self, ns: &str, name: &str) {
+        let Some(labels) = self.of.remove(&(ns.to_string(), name.to_string())) else {
+            return;
+        };
+        for (k, v) in labels {
+            let pair = (ns.to_string(), k, v);
+            if let Some(names) = self.by_pair.get_mut(&pair) {
+                names.remove(name);
+                if names.is_empty() {
+                    self.by_pair.remove(&pair);
+                }
+            }
+        }
+    }
+    fn put(&mut self, ns: &str, name: &str, labels: std::collections::BTreeMap<String, String>) {
+        self.remove(ns, name);
+        for (k, v) in &labels {
+            self.by_pair
+                .entry((ns.to_string(), k.clone(), v.clone()))
+                .or_default()
+                .insert(name.to_string());
+        }
+        self.of.insert((ns.to_string(), name.to_string()), labels);
+    }
+}
+
 impl Index {
     fn add_pod(&self, p: &Pod) {
+        let (ns, name) = (p.namespace().unwrap_or_default(), p.name_any());
         self.pods
             .write()
             .expect("index")
-            .entry(p.namespace().unwrap_or_default())
+            .entry(ns.clone())
             .or_default()
-            .insert(p.name_any());
+            .insert(name.clone());
+        self.pod_labels.write().expect("index").put(
+            &ns,
+            &name,
+            p.metadata.labels.clone().unwrap_or_default(),
+        );
     }
     fn remove_pod(&self, p: &Pod) {
-        if let Some(names) = self
-            .pods
-            .write()
-            .expect("index")
-            .get_mut(&p.namespace().unwrap_or_default())
-        {
-            names.remove(&p.name_any());
+        let (ns, name) = (p.namespace().unwrap_or_default(), p.name_any());
+        if let Some(names) = self.pods.write().expect("index").get_mut(&ns) {
+            names.remove(&name);
         }
+        self.pod_labels.write().expect("index").remove(&ns, &name);
+    }
+    /// Names of the Pods of `ns` that `selector` may select: those with its rarest
+    /// label pair (every Pod of the namespace for an empty selector). The caller
+    /// checks the whole selector.
+    pub fn pods_for_selector(
+        &self,
+        ns: &str,
+        selector: &std::collections::BTreeMap<String, String>,
+    ) -> Vec<String> {
+        if selector.is_empty() {
+            return self
+                .pods
+                .read()
+                .expect("index")
+                .get(ns)
+                .map(|n| n.iter().cloned().collect())
+                .unwrap_or_default();
+        }
+        let labels = self.pod_labels.read().expect("index");
+        let mut rarest: Option<&std::collections::BTreeSet<String>> = None;
+        for (k, v) in selector {
+            match labels.by_pair.get(&(ns.to_string(), k.clone(), v.clone())) {
+                // A pair no Pod has: the selector selects nothing.
+                None => return Vec::new(),
+                Some(names) if rarest.is_none_or(|r| names.len() < r.len()) => rarest = Some(names),
+                Some(_) => {}
+            }
+        }
+        rarest
+            .map(|n| n.iter().cloned().collect())
+            .unwrap_or_default()
     }
     fn add_slice(&self, s: &EndpointSlice) {
         self.remove_slice(s);
@@ -493,6 +565,7 @@ impl Index {
     /// Rebuilds the Pod part from the store's content.
     pub fn rebuild_pods(&self, pods: &Store<Pod>) {
         self.pods.write().expect("index").clear();
+        *self.pod_labels.write().expect("index") = PodLabels::default();
         for p in pods.state() {
             self.add_pod(&p);
         }
@@ -583,15 +656,7 @@ impl Stores {
         }
         let mut node_names = std::collections::BTreeSet::new();
         if let Some(selector) = selector {
-            let names: Vec<String> = self
-                .index
-                .pods
-                .read()
-                .expect("index")
-                .get(ns)
-                .map(|n| n.iter().cloned().collect())
-                .unwrap_or_default();
-            for pod in names {
+            for pod in self.index.pods_for_selector(ns, &selector) {
                 let Some(p) = self.pods.get(&ObjectRef::new(&pod).within(ns)) else {
                     continue;
                 };

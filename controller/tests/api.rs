@@ -935,3 +935,74 @@ fn own_slice_writes_coming_back_do_not_sync_again() {
     theirs.metadata.generation = Some(4);
     assert!(tracker.should_sync(&theirs), "changed by someone else");
 }
+
+/// Issue 14: a reconcile finds its Service's Pods through the index by label pair (the
+/// rarest pair of the selector), not by testing every Pod of the namespace; the index
+/// follows relabelled and deleted Pods and is rebuilt by a list.
+#[test]
+fn pods_are_found_by_the_rarest_pair_of_a_selector() {
+    use controller::controller::Index;
+    let (pods, mut pods_w) = reflector::store::<Pod>();
+    let index = Index::default();
+    let pod = |name: &str, labels: serde_json::Value| -> Pod {
+        serde_json::from_value(
+            json!({"metadata": {"name": name, "namespace": "ns", "labels": labels}}),
+        )
+        .unwrap()
+    };
+    let mut apply = |p: Pod| {
+        let event = watcher::Event::Apply(p);
+        pods_w.apply_watcher_event(&event);
+        index.pod_event(&event, &pods);
+    };
+    for i in 0..50 {
+        apply(pod(
+            &format!("front-{i}"),
+            json!({"tier": "front", "app": format!("a{}", i % 5)}),
+        ));
+    }
+    apply(pod("db-0", json!({"tier": "back", "app": "db"})));
+    let sel = |pairs: &[(&str, &str)]| -> std::collections::BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    // "app=a1" (10 Pods) is rarer than "tier=front" (50): only those are candidates.
+    assert_eq!(
+        index
+            .pods_for_selector("ns", &sel(&[("tier", "front"), ("app", "a1")]))
+            .len(),
+        10
+    );
+    assert_eq!(
+        index.pods_for_selector("ns", &sel(&[("app", "db")])),
+        ["db-0"]
+    );
+    assert!(index
+        .pods_for_selector("ns", &sel(&[("app", "nope")]))
+        .is_empty());
+    assert_eq!(index.pods_for_selector("ns", &sel(&[])).len(), 51);
+    // Relabelled: found under its new labels only.
+    apply(pod("db-0", json!({"tier": "back", "app": "cache"})));
+    assert!(index
+        .pods_for_selector("ns", &sel(&[("app", "db")]))
+        .is_empty());
+    assert_eq!(
+        index.pods_for_selector("ns", &sel(&[("app", "cache")])),
+        ["db-0"]
+    );
+    let event = watcher::Event::Delete(pod("db-0", json!({})));
+    pods_w.apply_watcher_event(&event);
+    index.pod_event(&event, &pods);
+    assert!(index
+        .pods_for_selector("ns", &sel(&[("app", "cache")]))
+        .is_empty());
+    index.rebuild_pods(&pods);
+    assert_eq!(
+        index
+            .pods_for_selector("ns", &sel(&[("tier", "front")]))
+            .len(),
+        50
+    );
+}
