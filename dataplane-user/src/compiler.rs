@@ -322,15 +322,21 @@ pub fn compile_model(services: &[ServiceInfo], slices: &[SliceInfo], opts: &Opti
     let mut compiled = ServiceOut::default();
     // Every claim with its place: (order, group, index in the group).
     let mut claims: Vec<(ClaimOrder, GroupKey, u32, Claim)> = Vec::new();
+    // The Services of a group are consecutive (sorted above): the index in the group
+    // runs on until the group changes.
+    let mut place: (GroupKey, u32) = Default::default();
     for svc in services {
         let group = (
             svc.namespace.clone().unwrap_or_default(),
             svc.name.clone().unwrap_or_default(),
         );
-        let before = claims.iter().filter(|(_, g, _, _)| *g == group).count() as u32;
+        if place.0 != group {
+            place = (group.clone(), 0);
+        }
         compile_service(svc, &endpoints, opts, &mut compiled);
-        for (i, claim) in compiled.claims.drain(..).enumerate() {
-            claims.push((claim.order.clone(), group.clone(), before + i as u32, claim));
+        for claim in compiled.claims.drain(..) {
+            claims.push((claim.order.clone(), group.clone(), place.1, claim));
+            place.1 += 1;
         }
     }
     claims.sort_by(|a, b| (&a.0, &a.1, a.2).cmp(&(&b.0, &b.1, b.2)));
