@@ -13,7 +13,7 @@
 use aya_ebpf::helpers::bpf_ktime_get_ns;
 use dataplane_common::{
     ct::{self, flag, state},
-    flow_hash, stat, Backend, CtEntry, CtKey, CT_FORWARD, CT_REVERSE, PROTO_TCP, PROTO_UDP,
+    stat, Backend, CtEntry, CtKey, CT_FORWARD, CT_REVERSE, PROTO_TCP, PROTO_UDP,
 };
 
 use crate::{
@@ -239,13 +239,7 @@ fn track_inner(
     );
     let mut remapped = false;
     if reply_taken(&reply, key, now) {
-        let hash = flow_hash(
-            flow.src_be,
-            flow.dst_be,
-            flow.sport_be,
-            flow.dport_be,
-            flow.proto,
-        );
+        let hash = flow.hash();
         let span = 65_536 - REMAP_PORT_MIN;
         let mut found = false;
         for i in 0..REMAP_TRIES {

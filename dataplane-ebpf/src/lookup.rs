@@ -2,8 +2,8 @@
 //! proto), then session affinity or the flow hash for the slot, backend by id.
 
 use dataplane_common::{
-    clusterip_marker, flow_hash, stat, AffinityKey, AffinityValue, Backend, ServiceKey,
-    ServiceValue, SlotKey, SVC_F_AFFINITY,
+    clusterip_marker, stat, AffinityKey, AffinityValue, Backend, ServiceKey, ServiceValue, SlotKey,
+    SVC_F_AFFINITY,
 };
 
 use crate::{counters::Exit, maps, packet::Flow, tc::DROP};
@@ -48,13 +48,7 @@ pub fn pick(flow: &Flow, service: &ServiceValue, now: u64) -> Result<Picked, Exi
     let (slot, backend_id) = match remembered {
         Some(found) => found,
         None => {
-            let hash = flow_hash(
-                flow.src_be,
-                flow.dst_be,
-                flow.sport_be,
-                flow.dport_be,
-                flow.proto,
-            );
+            let hash = flow.hash();
             let slot = hash % service.count;
             let id = maps::slot(&SlotKey {
                 service_id: service.id,

@@ -135,3 +135,17 @@ pub struct Flow {
     /// addresses are rewritten.
     pub later_fragment: bool,
 }
+
+impl Flow {
+    /// The flow's hash: `flow_hash` of its addresses, ports and protocol.
+    #[inline(always)]
+    pub fn hash(&self) -> u32 {
+        dataplane_common::flow_hash(
+            self.src_be,
+            self.dst_be,
+            self.sport_be,
+            self.dport_be,
+            self.proto,
+        )
+    }
+}
