@@ -62,6 +62,7 @@ fn the_scale_measurement_runs_on_a_small_cluster() -> anyhow::Result<()> {
         pods_per_service: 3,
         nodes: 3,
         changes: 12,
+        profile: None,
     };
     let r = cluster::scale::run(&spec, &parent.join(&prefix), &prefix)?;
     assert_eq!((r.services, r.pods, r.changes), (30, 90, 12));

@@ -65,6 +65,10 @@ enum Cmd {
         nodes: usize,
         #[arg(long, default_value_t = 200)]
         changes: usize,
+        /// Record the controller with `perf record --call-graph dwarf` into FILE while the changes run
+        /// (needs Debian's linux-perf; read it with `perf report -i FILE`).
+        #[arg(long)]
+        profile: Option<PathBuf>,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -145,6 +149,7 @@ fn main() -> Result<()> {
             pods_per_service,
             nodes,
             changes,
+            profile,
             json,
         } => {
             let spec = cluster::scale::ScaleSpec {
@@ -152,6 +157,7 @@ fn main() -> Result<()> {
                 pods_per_service,
                 nodes,
                 changes,
+                profile,
             };
             let prefix = format!("{}-{}-scale", cluster::NS_PREFIX, std::process::id());
             let r = cluster::scale::run(&spec, &dir.join("scale"), &prefix)?;

@@ -40,6 +40,8 @@ pub struct ScaleSpec {
     pub nodes: usize,
     /// Single-Pod changes measured.
     pub changes: usize,
+    /// Where to write a `perf record --call-graph dwarf` profile of the controller over the changes.
+    pub profile: Option<std::path::PathBuf>,
 }
 
 /// What was measured.
@@ -277,6 +279,18 @@ async fn measure(cluster: &Cluster, spec: &ScaleSpec) -> Result<ScaleResult> {
     let total = spec.services * per;
     // Spread over the cluster: a fixed stride through the pods.
     let picks: Vec<usize> = (0..spec.changes).map(|k| (k * 7919 + 13) % total).collect();
+    let profiler = match &spec.profile {
+        Some(file) => Some(
+            std::process::Command::new("perf")
+                .args(["record", "--call-graph", "dwarf,16384", "-F", "500", "-o"])
+                .arg(file)
+                .args(["-p", &pid.to_string()])
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .context("starting perf record (Debian's linux-perf) for --profile")?,
+        ),
+        None => None,
+    };
     let (cpu0, t0) = (cpu_ns(pid)?, Instant::now());
     for (k, &i) in picks.iter().enumerate() {
         // Flip off, then (on the next change of the same pod) on.
@@ -296,6 +310,13 @@ async fn measure(cluster: &Cluster, spec: &ScaleSpec) -> Result<ScaleResult> {
         }
     }
     let (busy_ns, busy) = (cpu_ns(pid)? - cpu0, t0.elapsed());
+    if let Some(mut perf) = profiler {
+        // perf writes its file on SIGINT.
+        let _ = std::process::Command::new("kill")
+            .args(["-INT", &perf.id().to_string()])
+            .status();
+        perf.wait().context("waiting for perf record")?;
+    }
     // The same span with nothing changing.
     let (cpu1, t1) = (cpu_ns(pid)?, Instant::now());
     tokio::time::sleep(busy.max(Duration::from_secs(5))).await;
