@@ -16,6 +16,10 @@ pub const MAP_LAYOUT_VERSION: u32 = 2;
 pub const PROTO_ICMP: u8 = 1;
 pub const PROTO_TCP: u8 = 6;
 pub const PROTO_UDP: u8 = 17;
+pub const PROTO_SCTP: u8 = 132;
+
+/// Slots of the `JUMP` program array (the programs the TC program tail-calls).
+pub const JUMP_SLOTS: u32 = 2;
 
 /// Capacity defaults. The agent may size maps differently at load time.
 pub mod capacity {
@@ -195,9 +199,15 @@ pub mod ct {
         pub const UDP_UNREPLIED: u8 = 5;
         /// UDP: the backend answered.
         pub const UDP_REPLIED: u8 = 6;
-        /// Any other protocol (SCTP, ICMP when tracked).
+        /// Any other protocol (ICMP when tracked).
         pub const OTHER: u8 = 7;
-        pub const COUNT: u32 = 8;
+        /// SCTP: INIT from the client seen, nothing from the backend yet.
+        pub const SCTP_UNREPLIED: u8 = 8;
+        /// SCTP: the backend answered and no ABORT or SHUTDOWN COMPLETE was seen.
+        pub const SCTP_ESTABLISHED: u8 = 9;
+        /// SCTP: an ABORT or SHUTDOWN COMPLETE seen.
+        pub const SCTP_CLOSED: u8 = 10;
+        pub const COUNT: u32 = 11;
 
         pub const NAMES: [&str; COUNT as usize] = [
             "tcp_syn_sent",
@@ -208,6 +218,9 @@ pub mod ct {
             "udp_unreplied",
             "udp_replied",
             "other",
+            "sctp_unreplied",
+            "sctp_established",
+            "sctp_closed",
         ];
     }
 
@@ -219,7 +232,7 @@ pub mod ct {
         pub const FIN_ORIG: u8 = 2;
         /// FIN from the backend.
         pub const FIN_REPLY: u8 = 4;
-        /// RST from either side.
+        /// RST (TCP), ABORT or SHUTDOWN COMPLETE (SCTP) from either side.
         pub const RST: u8 = 8;
     }
 
@@ -236,6 +249,9 @@ pub mod ct {
     /// | UDP unreplied | 30 | 30 (udp_timeout) | 60 (regular-any) |
     /// | UDP replied | 120 | 120 (udp_timeout_stream) | 60 (regular-any) |
     /// | other | 30 | 30 (icmp), 600 (generic) | 60 (regular-any) |
+    /// | SCTP unreplied | 30 | 3 + 3 (cookie_wait, cookie_echoed) | 60 (regular-any) |
+    /// | SCTP ESTABLISHED | 86400 | 432000 (established) | 60 (regular-any) |
+    /// | SCTP closed (ABORT, SHUTDOWN COMPLETE) | 10 | 10 (closed) | 60 (regular-any) |
     ///
     /// Reasons: a ClusterIP connection through sliceway must last as long as it does
     /// through kube-proxy, so ESTABLISHED is kube-proxy's 24 hours
@@ -246,7 +262,11 @@ pub mod ct {
     /// entries here are per Service connection only, and a peer that half-closes and
     /// keeps sending is refreshed by its own packets. SYN_SENT is Cilium's 60 s: a
     /// SYN retransmitted for longer than that picks again. UDP and the rest follow
-    /// netfilter, whose reply-seen rule sliceway copies.
+    /// netfilter, whose reply-seen rule sliceway copies. SCTP is tracked by who has
+    /// spoken, as UDP, not by netfilter's handshake states: an association is
+    /// established once the backend answered, with TCP's day for the same reason,
+    /// and closed by an ABORT or SHUTDOWN COMPLETE chunk (netfilter's `sctp_timeouts`,
+    /// https://github.com/torvalds/linux/blob/master/net/netfilter/nf_conntrack_proto_sctp.c).
     ///
     /// Sources: netfilter's `tcp_timeouts` and `udp_timeouts`
     /// (https://github.com/torvalds/linux/blob/master/net/netfilter/nf_conntrack_proto_tcp.c,
@@ -255,7 +275,8 @@ pub mod ct {
     /// (https://github.com/kubernetes/kubernetes/blob/master/pkg/proxy/apis/config/v1alpha1/defaults.go),
     /// Cilium's `bpf-ct-timeout-*` flags
     /// (https://github.com/cilium/cilium/blob/main/pkg/defaults/defaults.go).
-    pub const DEFAULTS: [u64; state::COUNT as usize] = [60, 86_400, 120, 120, 10, 30, 120, 30];
+    pub const DEFAULTS: [u64; state::COUNT as usize] =
+        [60, 86_400, 120, 120, 10, 30, 120, 30, 30, 86_400, 10];
 
     /// Nanoseconds per second.
     pub const NS: u64 = 1_000_000_000;
@@ -544,6 +565,108 @@ pub fn csum_replace2(check: u16, from: u16, to: u16) -> u16 {
     !(sum as u16)
 }
 
+/// SCTP's checksum, CRC32c (RFC 9260, appendix A: the Castagnoli polynomial,
+/// reflected, stored little-endian), updated for a changed port without reading the
+/// payload.
+///
+/// A CRC is linear: for two messages of one length, `crc(a) ^ crc(b)` is the CRC with
+/// zero initial value and no final XOR of `a ^ b`, which here is zero except for the
+/// two bytes of a port. Its register after those two bytes is carried through the
+/// `after` zero bytes that follow by a multiplication with x^(8·after) modulo the
+/// polynomial (as zlib's `crc32_combine` does), taken from two tables of 256 powers
+/// each. The cost is two fixed 32-step multiplications, whatever the packet's length.
+pub mod crc32c {
+    /// The polynomial, reflected.
+    pub const POLY: u32 = 0x82f6_3b78;
+    /// x^0 in the reflected representation (the coefficient of x^i is bit 31 - i).
+    const ONE: u32 = 0x8000_0000;
+    /// x^8: one byte's shift.
+    const X8: u32 = ONE >> 8;
+
+    /// `b · x` modulo the polynomial.
+    #[inline(always)]
+    const fn times_x(b: u32) -> u32 {
+        (b >> 1) ^ (POLY & 0u32.wrapping_sub(b & 1))
+    }
+
+    /// `a · b` modulo the polynomial, for the tables (evaluated by the compiler).
+    const fn mul_const(a: u32, b: u32) -> u32 {
+        let mut p = 0u32;
+        let mut b = b;
+        let mut i = 0;
+        while i < 32 {
+            p ^= b & 0u32.wrapping_sub((a >> (31 - i)) & 1);
+            b = times_x(b);
+            i += 1;
+        }
+        p
+    }
+
+    /// All-zero or all-one masks, read through memory: the verifier forks its state
+    /// on an AND of a value it knows is 0 or -1 (the branch-free select the compiler
+    /// makes of `0 - bit`), 2^64 paths for a multiplication; a value loaded from a
+    /// table it does not know, so one path.
+    static SELECT: [u32; 2] = [0, u32::MAX];
+
+    #[inline(always)]
+    fn select(bit: u32) -> u32 {
+        // SAFETY: an index of 0 or 1 into a two-element static.
+        unsafe { core::ptr::read_volatile(&SELECT[(bit & 1) as usize]) }
+    }
+
+    /// `a · b` modulo the polynomial, in 32 steps without branches.
+    #[inline(always)]
+    pub fn mul(a: u32, b: u32) -> u32 {
+        let mut p = 0u32;
+        let mut b = b;
+        let mut i = 0;
+        while i < 32 {
+            p ^= b & select(a >> (31 - i));
+            b = (b >> 1) ^ (POLY & select(b));
+            i += 1;
+        }
+        p
+    }
+
+    /// The CRC register (zero initial value) after the byte `d`.
+    #[inline(always)]
+    fn byte(reg: u32, d: u8) -> u32 {
+        let mut r = reg ^ d as u32;
+        let mut i = 0;
+        while i < 8 {
+            r = (r >> 1) ^ (POLY & select(r));
+            i += 1;
+        }
+        r
+    }
+
+    const fn powers(step: u32) -> [u32; 256] {
+        let mut t = [0u32; 256];
+        t[0] = ONE;
+        let mut i = 1;
+        while i < 256 {
+            t[i] = mul_const(t[i - 1], step);
+            i += 1;
+        }
+        t
+    }
+
+    /// x^(8·i) for i < 256.
+    pub static POW_LO: [u32; 256] = powers(X8);
+    /// x^(8·256·j) for j < 256.
+    pub static POW_HI: [u32; 256] = powers(mul_const(powers(X8)[255], X8));
+
+    /// The XOR that turns the checksum (as a little-endian `u32`) of an SCTP packet
+    /// into the one of the same packet with the two bytes `old` replaced by `new`,
+    /// when `after` bytes of the packet follow them (`after` < 65,536).
+    #[inline(always)]
+    pub fn port_delta(old: [u8; 2], new: [u8; 2], after: usize) -> u32 {
+        let reg = byte(byte(0, old[0] ^ new[0]), old[1] ^ new[1]);
+        let n = after & 0xffff;
+        mul(mul(reg, POW_LO[n & 0xff]), POW_HI[n >> 8])
+    }
+}
+
 #[cfg(feature = "user")]
 mod user {
     use super::*;
@@ -563,6 +686,70 @@ mod user {
 #[cfg(test)]
 mod tests {
     use super::*;
+    extern crate std;
+
+    /// CRC32c of `data` with the checksum field (bytes 8..12) taken as zero, as
+    /// RFC 9260 computes it, bit by bit.
+    fn sctp_crc(data: &[u8]) -> u32 {
+        let mut crc = !0u32;
+        for (i, &b) in data.iter().enumerate() {
+            crc ^= if (8..12).contains(&i) { 0 } else { b as u32 };
+            for _ in 0..8 {
+                crc = if crc & 1 != 0 {
+                    (crc >> 1) ^ crc32c::POLY
+                } else {
+                    crc >> 1
+                };
+            }
+        }
+        !crc
+    }
+
+    #[test]
+    fn crc32c_matches_rfc_3720s_test_vector() {
+        // RFC 3720, B.4: 32 bytes of zeros have CRC32c 0x8a9136aa (stored aa 36 91 8a).
+        let mut crc = !0u32;
+        for _ in 0..32 {
+            for _ in 0..8 {
+                crc = if crc & 1 != 0 {
+                    (crc >> 1) ^ crc32c::POLY
+                } else {
+                    crc >> 1
+                };
+            }
+        }
+        assert_eq!(!crc, 0x8a91_36aa);
+    }
+
+    #[test]
+    fn sctp_port_delta_matches_a_full_recompute() {
+        let mut state = 0x9e37_79b9u32;
+        let mut next = || {
+            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            state
+        };
+        for round in 0..400 {
+            // Lengths from the bare common header to a jumbo frame and the 16-bit limit.
+            let len = match round % 4 {
+                0 => 12 + (next() as usize % 64),
+                1 => 12 + (next() as usize % 9000),
+                2 => 65_535 - 20,
+                _ => 12,
+            };
+            let mut pkt: std::vec::Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            let crc = sctp_crc(&pkt);
+            pkt[8..12].copy_from_slice(&crc.to_le_bytes());
+            for at in [0usize, 2] {
+                let old = [pkt[at], pkt[at + 1]];
+                let new = (next() as u16).to_be_bytes();
+                let field = u32::from_le_bytes([pkt[8], pkt[9], pkt[10], pkt[11]]);
+                let updated = field ^ crc32c::port_delta(old, new, len - at - 2);
+                pkt[at..at + 2].copy_from_slice(&new);
+                assert_eq!(updated, sctp_crc(&pkt), "length {len}, port at {at}");
+                pkt[8..12].copy_from_slice(&updated.to_le_bytes());
+            }
+        }
+    }
 
     /// The checksum of 16-bit big-endian words, computed from scratch.
     fn full(words: &[u16]) -> u16 {

@@ -13,7 +13,7 @@
 use aya_ebpf::helpers::bpf_ktime_get_ns;
 use dataplane_common::{
     ct::{self, flag, state},
-    stat, Backend, CtEntry, CtKey, CT_FORWARD, CT_REVERSE, PROTO_TCP, PROTO_UDP,
+    stat, Backend, CtEntry, CtKey, CT_FORWARD, CT_REVERSE, PROTO_SCTP, PROTO_TCP, PROTO_UDP,
 };
 
 use crate::{
@@ -61,6 +61,19 @@ fn next_state(proto: u8, seen: u8, tcp_flags: u8, from_client: bool) -> (u8, u8)
     let mut seen = seen;
     if !from_client {
         seen |= flag::REPLIED;
+    }
+    if proto == PROTO_SCTP {
+        if tcp_flags & tcp::FLAG_RST != 0 {
+            seen |= flag::RST;
+        }
+        let s = if seen & flag::RST != 0 {
+            state::SCTP_CLOSED
+        } else if seen & flag::REPLIED != 0 {
+            state::SCTP_ESTABLISHED
+        } else {
+            state::SCTP_UNREPLIED
+        };
+        return (s, seen);
     }
     if proto != PROTO_TCP {
         let s = if proto != PROTO_UDP {
@@ -121,7 +134,7 @@ pub fn forward(flow: &Flow, key: &CtKey, now: u64) -> Forward {
     if entry.dir != CT_FORWARD || !alive(&entry, now) {
         return Forward::New;
     }
-    if flow.proto == PROTO_TCP && flow.syn_only {
+    if flow.syn_only {
         return Forward::New;
     }
     if flow.proto == PROTO_UDP {
@@ -170,12 +183,12 @@ pub fn related(reply: &CtKey, now: u64) -> Option<CtKey> {
     live.then_some(fwd_key)
 }
 
-/// A TCP SYN sent straight to a pod (no frontend) on a tuple whose replies a Service
+/// A TCP SYN or SCTP INIT sent straight to a pod (no frontend) on a tuple whose replies a Service
 /// connection's reverse entry would catch: once that connection is closing or closed,
 /// its entries go, so the new direct connection is never rewritten.
 #[inline(always)]
 pub fn direct(flow: &Flow, key: &CtKey) {
-    if flow.proto != PROTO_TCP || !flow.syn_only {
+    if !flow.syn_only {
         return;
     }
     let reply = key.reversed();
@@ -186,7 +199,10 @@ pub fn direct(flow: &Flow, key: &CtKey) {
     };
     let live = maps::with_conntrack(&fwd_key, |f| {
         same(&f.pair, &reply)
-            && (f.state == state::TCP_SYN_SENT || f.state == state::TCP_ESTABLISHED)
+            && (f.state == state::TCP_SYN_SENT
+                || f.state == state::TCP_ESTABLISHED
+                || f.state == state::SCTP_UNREPLIED
+                || f.state == state::SCTP_ESTABLISHED)
     });
     if live != Some(true) {
         let _ = CONNTRACK.remove(reply);

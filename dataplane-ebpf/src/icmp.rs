@@ -12,7 +12,9 @@
 //! frontend if it was the backend. Errors about anything else pass untouched.
 
 use aya_ebpf::programs::TcContext;
-use dataplane_common::{csum_replace2, csum_replace4, stat, CtKey, PROTO_TCP, PROTO_UDP};
+use dataplane_common::{
+    csum_replace2, csum_replace4, stat, CtKey, PROTO_SCTP, PROTO_TCP, PROTO_UDP,
+};
 
 use crate::{
     conntrack,
@@ -47,7 +49,9 @@ pub fn error(
         return not_ours;
     };
     let proto = ip[ipv4::PROTO];
-    if ip[ipv4::VERSION_IHL] != 0x45 || (proto != PROTO_TCP && proto != PROTO_UDP) {
+    if ip[ipv4::VERSION_IHL] != 0x45
+        || (proto != PROTO_TCP && proto != PROTO_UDP && proto != PROTO_SCTP)
+    {
         return not_ours;
     }
     let Some(ports) = load::<[u8; 4]>(ctx, inner + ipv4::MIN_LEN) else {
@@ -75,6 +79,8 @@ pub fn error(
     icmp_csum = csum_replace2(icmp_csum, q_dport, vport);
     icmp_csum = csum_replace2(icmp_csum, q_sport, cport);
     // Quoted L4 checksum, if quoted: it covers the pseudo-header and the ports.
+    // SCTP's CRC covers the whole quoted packet, of which the error holds a part;
+    // it is left as quoted (the receiver matches the error by ports and tag).
     let l4_csum_at = inner
         + ipv4::MIN_LEN
         + if proto == PROTO_TCP {
@@ -82,7 +88,7 @@ pub fn error(
         } else {
             udp::CSUM
         };
-    if l4_csum_at + 2 <= ip_end {
+    if proto != PROTO_SCTP && l4_csum_at + 2 <= ip_end {
         if let Some(c) = load::<u16>(ctx, l4_csum_at) {
             if !(proto == PROTO_UDP && c == 0) {
                 let mut n = csum_replace4(c, q_dst, vip);

@@ -9,8 +9,8 @@
 #![cfg_attr(target_arch = "bpf", no_main)]
 
 // One file per concern: packet access and header fields, parsing, service lookup
-// and backend choice, conntrack, NAT rewrites, ICMP errors, counters, maps; `tc`
-// ties them up.
+// and backend choice, conntrack, NAT rewrites, ICMP errors, REJECT replies, SCTP
+// ports, counters, maps; `tc` ties them up.
 #[cfg(target_arch = "bpf")]
 mod conntrack;
 #[cfg(target_arch = "bpf")]
@@ -29,6 +29,8 @@ mod packet;
 mod parse;
 #[cfg(target_arch = "bpf")]
 mod reject;
+#[cfg(target_arch = "bpf")]
+mod sctp;
 #[cfg(target_arch = "bpf")]
 mod tc;
 

@@ -63,10 +63,10 @@ pub static AFFINITY: LruHashMap<AffinityKey, AffinityValue> =
 pub static SCRATCH: PerCpuArray<[u8; crate::reject::SUM_MAX]> = PerCpuArray::with_max_entries(1, 0);
 
 /// Programs the TC program hands a packet over to (tail calls): slot
-/// `JUMP_REJECT` is `sliceway_reject`. Filled by the agent at load (a restarted agent
+/// `JUMP_REJECT` is `sliceway_reject`, `JUMP_SCTP_NAT` is `sliceway_sctp_nat`. Filled by the agent at load (a restarted agent
 /// puts its own program in the pinned map).
 #[map]
-pub static JUMP: ProgramArray = ProgramArray::with_max_entries(1, 0);
+pub static JUMP: ProgramArray = ProgramArray::with_max_entries(dataplane_common::JUMP_SLOTS, 0);
 
 /// Exit counters, indexed by `stat::*`. Written by the program.
 #[map]

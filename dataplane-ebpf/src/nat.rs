@@ -8,9 +8,12 @@
 //! The IPv4 header checksum is always complete, so it is updated here, and the
 //! address and port are written straight into the packet: three helper calls fewer
 //! per rewritten packet.
+//!
+//! SCTP: only addresses here (its CRC32c covers none); ports are set by the
+//! `sliceway_sctp_nat` program (`crate::sctp`).
 
 use aya_ebpf::{bindings::BPF_F_PSEUDO_HDR, programs::TcContext};
-use dataplane_common::{csum_replace4, PROTO_TCP};
+use dataplane_common::{csum_replace4, PROTO_SCTP, PROTO_TCP};
 
 use crate::packet::{ipv4, load, store, tcp, udp, Flow, ETH_LEN};
 
@@ -49,8 +52,9 @@ pub fn rewrite(
     };
     // TCP and UDP keep their ports at the same offsets.
     const _: () = assert!(tcp::SPORT == udp::SPORT && tcp::DPORT == udp::DPORT);
-    if flow.later_fragment {
-        // No L4 header here: the first fragment carried ports and checksum.
+    if flow.later_fragment || flow.proto == PROTO_SCTP {
+        // No L4 header here (the first fragment carried ports and checksum), or
+        // SCTP, whose ports `crate::sctp` sets.
         return rewrite_addr(ctx, addr_off, old_addr, addr_be);
     }
     if !flow.udp_no_csum {

@@ -52,6 +52,23 @@ pub mod icmp {
     pub const TIME_EXCEEDED: u8 = 11;
 }
 
+/// SCTP common header fields and chunk types (RFC 9260). The ports lie where TCP's
+/// and UDP's do; the checksum is a CRC32c over the whole SCTP packet, no
+/// pseudo-header.
+pub mod sctp {
+    /// The common header (12 bytes) and the first chunk's type, flags and length:
+    /// the least an SCTP packet carries.
+    pub const MIN_LEN: usize = 16;
+    pub const SPORT: usize = 0;
+    pub const DPORT: usize = 2;
+    pub const CSUM: usize = 8;
+    /// The first chunk's type.
+    pub const CHUNK_TYPE: usize = 12;
+    pub const CHUNK_INIT: u8 = 1;
+    pub const CHUNK_ABORT: u8 = 6;
+    pub const CHUNK_SHUTDOWN_COMPLETE: u8 = 14;
+}
+
 /// UDP header fields (RFC 768).
 pub mod udp {
     pub const LEN: usize = 8;
@@ -105,7 +122,7 @@ pub fn store<T: Copy>(ctx: &TcContext, offset: usize, value: T) -> Option<()> {
 
 /// What parsing found.
 pub enum Packet {
-    /// TCP or UDP.
+    /// TCP, UDP or SCTP.
     L4(Flow),
     /// ICMP, not a fragment: source (network byte order), offset of the ICMP header,
     /// end of the IP datagram (offset into the packet).
@@ -116,7 +133,8 @@ pub enum Packet {
     },
 }
 
-/// The fields of an IPv4 TCP/UDP packet the programs decide on, network byte order.
+/// The fields of an IPv4 TCP/UDP/SCTP packet the programs decide on, network byte
+/// order.
 pub struct Flow {
     pub src_be: u32,
     pub dst_be: u32,
@@ -125,9 +143,14 @@ pub struct Flow {
     pub proto: u8,
     /// Offset of the L4 header.
     pub l4_off: usize,
-    /// TCP SYN without ACK: the first packet of a connection.
+    /// Length of the L4 packet (IP total length minus header), zero when unknown (a
+    /// first fragment: its datagram goes on in later ones). SCTP's checksum covers it.
+    pub l4_len: u16,
+    /// The first packet of a connection: TCP SYN without ACK, or SCTP INIT.
     pub syn_only: bool,
-    /// TCP flags (zero for UDP).
+    /// TCP flags (zero for UDP). SCTP's first chunk in the same terms, as conntrack
+    /// reads them: ABORT and SHUTDOWN COMPLETE end an association as RST ends a
+    /// connection, so they are `FLAG_RST`.
     pub tcp_flags: u8,
     /// UDP packet sent without a checksum (zero): left without one.
     pub udp_no_csum: bool,

@@ -1,4 +1,4 @@
-//! Parsing: Ethernet + IPv4 + TCP/UDP into a [`Flow`]. Deliberate policy for what
+//! Parsing: Ethernet + IPv4 + TCP/UDP/SCTP into a [`Flow`]. Deliberate policy for what
 //! the program does not handle: other EtherTypes and other IP protocols pass
 //! untouched; truncated or malformed headers drop, and so does a packet whose IP total
 //! length ends before its L4 header (never rewritten: the bytes after the datagram
@@ -15,12 +15,12 @@
 //! out of order.
 
 use aya_ebpf::programs::TcContext;
-use dataplane_common::{stat, FragKey, FragPorts, PROTO_ICMP, PROTO_TCP, PROTO_UDP};
+use dataplane_common::{stat, FragKey, FragPorts, PROTO_ICMP, PROTO_SCTP, PROTO_TCP, PROTO_UDP};
 
 use crate::{
     counters::Exit,
     maps::{self, FRAGMENTS},
-    packet::{ipv4, load, tcp, udp, Flow, Packet, ETH_LEN, ETH_P_IP, ETH_TYPE_OFF},
+    packet::{ipv4, load, sctp, tcp, udp, Flow, Packet, ETH_LEN, ETH_P_IP, ETH_TYPE_OFF},
     tc::{DROP, PASS},
 };
 
@@ -40,7 +40,7 @@ pub fn parse(ctx: &TcContext) -> Result<Packet, Exit> {
         return Err((DROP, stat::DROP_MALFORMED));
     }
     let proto = ip[ipv4::PROTO];
-    if proto != PROTO_TCP && proto != PROTO_UDP && proto != PROTO_ICMP {
+    if proto != PROTO_TCP && proto != PROTO_UDP && proto != PROTO_SCTP && proto != PROTO_ICMP {
         return Err((PASS, stat::PASS_NOT_L4));
     }
     let total = u16::from_be_bytes([ip[ipv4::TOTAL_LEN], ip[ipv4::TOTAL_LEN + 1]]) as usize;
@@ -78,27 +78,45 @@ pub fn parse(ctx: &TcContext) -> Result<Packet, Exit> {
             dport_be: ports.dport_be,
             proto,
             l4_off,
+            l4_len: 0,
             syn_only: false,
             tcp_flags: 0,
             udp_no_csum: false,
             later_fragment: true,
         }));
     }
-    let l4_len = if proto == PROTO_TCP {
+    let l4_min = if proto == PROTO_TCP {
         tcp::MIN_LEN
+    } else if proto == PROTO_SCTP {
+        sctp::MIN_LEN
     } else {
         udp::LEN
     };
-    if total < ihl + l4_len {
+    if total < ihl + l4_min {
         return Err((DROP, stat::DROP_MALFORMED));
     }
+    let mut syn_only = false;
     let (sport_be, dport_be, tcp_flags, udp_no_csum) = if proto == PROTO_TCP {
         let h: [u8; tcp::MIN_LEN] = load(ctx, l4_off).ok_or((DROP, stat::DROP_MALFORMED))?;
         let flags = h[tcp::FLAGS];
+        syn_only = flags & (tcp::FLAG_SYN | tcp::FLAG_ACK) == tcp::FLAG_SYN;
         (
             u16::from_ne_bytes(field2(&h, tcp::SPORT)),
             u16::from_ne_bytes(field2(&h, tcp::DPORT)),
             flags,
+            false,
+        )
+    } else if proto == PROTO_SCTP {
+        // Only the first chunk is read: INIT, SHUTDOWN COMPLETE are never bundled
+        // (RFC 9260, 6.10); an ABORT bundled after others is seen by the idle timeout.
+        let h: [u8; sctp::MIN_LEN] = load(ctx, l4_off).ok_or((DROP, stat::DROP_MALFORMED))?;
+        let chunk = h[sctp::CHUNK_TYPE];
+        syn_only = chunk == sctp::CHUNK_INIT;
+        let ends = chunk == sctp::CHUNK_ABORT || chunk == sctp::CHUNK_SHUTDOWN_COMPLETE;
+        (
+            u16::from_ne_bytes(field2(&h, sctp::SPORT)),
+            u16::from_ne_bytes(field2(&h, sctp::DPORT)),
+            if ends { tcp::FLAG_RST } else { 0 },
             false,
         )
     } else {
@@ -110,7 +128,8 @@ pub fn parse(ctx: &TcContext) -> Result<Packet, Exit> {
             field2(&h, udp::CSUM) == [0, 0],
         )
     };
-    if frag & ipv4::FLAG_MF != 0 {
+    let first_fragment = frag & ipv4::FLAG_MF != 0;
+    if first_fragment {
         // A first fragment: later ones find their ports here. If the map refuses,
         // they are dropped as orphans, never passed untranslated.
         let _ = FRAGMENTS.insert(frag_key, FragPorts { sport_be, dport_be }, 0);
@@ -122,7 +141,12 @@ pub fn parse(ctx: &TcContext) -> Result<Packet, Exit> {
         dport_be,
         proto,
         l4_off,
-        syn_only: tcp_flags & (tcp::FLAG_SYN | tcp::FLAG_ACK) == tcp::FLAG_SYN,
+        l4_len: if first_fragment {
+            0
+        } else {
+            (total - ihl) as u16
+        },
+        syn_only,
         tcp_flags,
         udp_no_csum,
         later_fragment: false,

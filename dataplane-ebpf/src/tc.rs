@@ -9,7 +9,7 @@ use aya_ebpf::{
     macros::classifier,
     programs::TcContext,
 };
-use dataplane_common::{stat, CtKey, SVC_F_DROP_EMPTY};
+use dataplane_common::{stat, CtKey, PROTO_SCTP, SVC_F_DROP_EMPTY};
 
 use crate::{
     conntrack::{self, Forward},
@@ -18,7 +18,7 @@ use crate::{
     nat::{rewrite, End},
     packet::{Flow, Packet},
     parse::parse,
-    reject,
+    reject, sctp,
 };
 
 pub const PASS: i32 = TC_ACT_OK;
@@ -91,11 +91,32 @@ fn from_client(ctx: &TcContext, flow: &Flow, key: &CtKey, now: u64) -> Result<Op
     let to = &entry.pair;
     rewrite(ctx, flow, End::Destination, to.src_be[0], to.sport_be)
         .map_err(|_| (DROP, stat::DROP_REWRITE))?;
+    if flow.proto == PROTO_SCTP && !flow.later_fragment {
+        return Ok(Some(sctp_ports(
+            ctx,
+            flow,
+            to.dport_be,
+            to.sport_be,
+            reason,
+        )));
+    }
     if to.dport_be != flow.sport_be && !flow.later_fragment {
         rewrite(ctx, flow, End::Source, flow.src_be, to.dport_be)
             .map_err(|_| (DROP, stat::DROP_REWRITE))?;
     }
     Ok(Some((PASS, reason)))
+}
+
+/// Sets the ports of an SCTP packet whose addresses are translated (in
+/// `sliceway_sctp_nat`, which counts `reason` and passes it); unchanged ports need no
+/// handover. The exit if the packet is not handed over.
+#[inline(always)]
+fn sctp_ports(ctx: &TcContext, flow: &Flow, sport_be: u16, dport_be: u16, reason: u32) -> Exit {
+    if sport_be == flow.sport_be && dport_be == flow.dport_be {
+        return (PASS, reason);
+    }
+    sctp::translate_ports(ctx, flow, sport_be, dport_be, reason);
+    (DROP, stat::DROP_REWRITE)
 }
 
 /// Answers `flow` with ICMP port unreachable (`sliceway_reject` counts `reason`);
@@ -114,6 +135,15 @@ fn from_backend(ctx: &TcContext, flow: &Flow, key: &CtKey, now: u64) -> Result<E
         Ok(Some(orig)) => {
             rewrite(ctx, flow, End::Source, orig.dst_be[0], orig.dport_be)
                 .map_err(|_| (DROP, stat::DROP_REWRITE))?;
+            if flow.proto == PROTO_SCTP && !flow.later_fragment {
+                return Ok(sctp_ports(
+                    ctx,
+                    flow,
+                    orig.dport_be,
+                    orig.sport_be,
+                    stat::REVNAT,
+                ));
+            }
             if orig.sport_be != flow.dport_be && !flow.later_fragment {
                 rewrite(ctx, flow, End::Destination, flow.dst_be, orig.sport_be)
                     .map_err(|_| (DROP, stat::DROP_REWRITE))?;

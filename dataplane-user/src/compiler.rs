@@ -29,7 +29,7 @@ use std::{
     net::Ipv4Addr,
 };
 
-use dataplane_common::{Backend, ServiceKey, PROTO_TCP, PROTO_UDP};
+use dataplane_common::{Backend, ServiceKey, PROTO_SCTP, PROTO_TCP, PROTO_UDP};
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 
 use crate::categorize::{self, EmptyVerdict, EndpointFacts, NodeFacts, PortPolicy};
@@ -382,8 +382,9 @@ fn protocol(p: Option<&str>) -> Result<u8, String> {
     match p {
         None | Some("TCP") => Ok(PROTO_TCP),
         Some("UDP") => Ok(PROTO_UDP),
+        Some("SCTP") => Ok(PROTO_SCTP),
         Some(other) => Err(format!(
-            "protocol {other} is not supported (TCP and UDP are)"
+            "protocol {other} is not supported (TCP, UDP and SCTP are)"
         )),
     }
 }
@@ -1170,11 +1171,12 @@ fn session_affinity(
     }
 }
 
-/// `TCP` / `UDP`, for messages and dumps.
+/// `TCP` / `UDP` / `SCTP`, for messages and dumps.
 pub fn proto_name(proto: u8) -> &'static str {
     match proto {
         PROTO_TCP => "TCP",
         PROTO_UDP => "UDP",
+        PROTO_SCTP => "SCTP",
         _ => "?",
     }
 }

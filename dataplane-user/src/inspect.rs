@@ -7,7 +7,7 @@ use std::{
 
 use aya::maps::{HashMap as BpfHashMap, Map, MapData, PerCpuArray};
 use dataplane_common::{
-    map_name, stat, Backend, ServiceKey, ServiceName, ServiceValue, SlotKey, PROTO_TCP,
+    map_name, stat, Backend, ServiceKey, ServiceName, ServiceValue, SlotKey, PROTO_SCTP, PROTO_TCP,
 };
 use serde::Serialize;
 
@@ -212,10 +212,10 @@ pub fn run_trace(
     dst: SocketAddrV4,
     proto: u8,
 ) -> Result<Trace, KernelError> {
-    let spec = if proto == PROTO_TCP {
-        PacketSpec::tcp(src, dst, TCP_SYN)
-    } else {
-        PacketSpec::udp(src, dst, b"trace")
+    let spec = match proto {
+        PROTO_TCP => PacketSpec::tcp(src, dst, TCP_SYN),
+        PROTO_SCTP => PacketSpec::sctp(src, dst, packet::SCTP_INIT),
+        _ => PacketSpec::udp(src, dst, b"trace"),
     };
     let before = dp.stats()?;
     let out = dp.test_run(&packet::build(&spec))?;

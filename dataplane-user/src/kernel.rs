@@ -31,6 +31,8 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(env!("SLICEWAY_EBPF_OBJECT"))
 pub const TC_PROGRAM: &str = "sliceway_tc";
 /// The program the TC program hands packets to reject to (tail call).
 pub const REJECT_PROGRAM: &str = "sliceway_reject";
+/// The program the TC program hands SCTP packets to for their ports (tail call).
+pub const SCTP_NAT_PROGRAM: &str = "sliceway_sctp_nat";
 
 /// Errors of the kernel edge, each saying what failed.
 #[derive(Debug, thiserror::Error)]
@@ -356,16 +358,26 @@ impl Datapath {
                 );
             }
             for (name, path) in &pin_paths {
-                // Counters are the one map that grows with the program (a new exit
-                // reason): a smaller pinned one is replaced, its counts start again
-                // (a counter reset, as after a restart), the old program keeps its own.
-                if *name == map_name::STATS {
+                // Three maps grow with the program: the counters (a new exit
+                // reason), the conntrack timeouts (a new state) and the tail-call
+                // table (a new program). A pinned one of another size is replaced:
+                // counts start again (a counter reset, as after a restart), timeouts
+                // and programs are written at every start anyway; the old program
+                // keeps its own.
+                let grows = match *name {
+                    map_name::STATS => Some(dataplane_common::stat::COUNT),
+                    map_name::CT_TIMEOUTS => Some(dataplane_common::ct::state::COUNT),
+                    map_name::JUMP => Some(dataplane_common::JUMP_SLOTS),
+                    _ => None,
+                };
+                if let Some(now) = grows {
                     if let Ok(info) = MapInfo::from_pin(path) {
-                        if info.max_entries() != dataplane_common::stat::COUNT {
+                        if info.max_entries() != now {
                             tracing::warn!(
+                                map = name,
                                 entries = info.max_entries(),
-                                now = dataplane_common::stat::COUNT,
-                                "the pinned counters have another number of reasons; starting new counters"
+                                now,
+                                "the pinned map was made for another number of entries; starting a new one"
                             );
                             let _ = std::fs::remove_file(path);
                         }
@@ -407,23 +419,29 @@ impl Datapath {
             .ok_or(KernelError::MissingProgram(TC_PROGRAM))?
             .try_into()?;
         program.load()?;
-        // The reject program, reached from the TC program by tail call (a stack of its
-        // own): loaded and put in slot 0 of JUMP.
-        let reject: &mut SchedClassifier = ebpf
-            .program_mut(REJECT_PROGRAM)
-            .ok_or(KernelError::MissingProgram(REJECT_PROGRAM))?
-            .try_into()?;
-        reject.load()?;
-        let reject_fd = reject
-            .fd()?
-            .try_clone()
-            .map_err(|e| KernelError::Program(aya::programs::ProgramError::IOError(e)))?;
+        // The programs reached from the TC program by tail call (a stack of their
+        // own), loaded and put in their slots of JUMP: reject in 0, SCTP ports in 1.
+        let mut fds = Vec::new();
+        for name in [REJECT_PROGRAM, SCTP_NAT_PROGRAM] {
+            let p: &mut SchedClassifier = ebpf
+                .program_mut(name)
+                .ok_or(KernelError::MissingProgram(name))?
+                .try_into()?;
+            p.load()?;
+            fds.push(
+                p.fd()?
+                    .try_clone()
+                    .map_err(|e| KernelError::Program(aya::programs::ProgramError::IOError(e)))?,
+            );
+        }
         let mut jump: aya::maps::ProgramArray<MapData> = take(&mut ebpf, map_name::JUMP)?;
-        jump.set(0, &reject_fd, 0)
-            .map_err(|source| KernelError::Map {
-                name: map_name::JUMP,
-                source,
-            })?;
+        for (slot, fd) in fds.iter().enumerate() {
+            jump.set(slot as u32, fd, 0)
+                .map_err(|source| KernelError::Map {
+                    name: map_name::JUMP,
+                    source,
+                })?;
+        }
         let maps = KernelMaps {
             services: take(&mut ebpf, map_name::SERVICES)?,
             slots: take(&mut ebpf, map_name::SLOTS)?,

@@ -7,7 +7,7 @@ use std::{
 
 use clap::Parser;
 
-use dataplane_common::{PROTO_TCP, PROTO_UDP};
+use dataplane_common::{PROTO_SCTP, PROTO_TCP, PROTO_UDP};
 use sliceway_agent::{
     agent,
     cli::{Cli, Command, From, Output, Proto},
@@ -90,19 +90,18 @@ fn main() -> anyhow::Result<()> {
                 })?),
             };
             let proto = match args.proto {
-                Proto::Tcp => Some(PROTO_TCP),
-                Proto::Udp => Some(PROTO_UDP),
-                Proto::Sctp => None,
+                Proto::Tcp => PROTO_TCP,
+                Proto::Udp => PROTO_UDP,
+                Proto::Sctp => PROTO_SCTP,
             };
-            let trace = match (args.from, proto) {
-                (From::Host, _) => inspect::not_yet(
+            let trace = match args.from {
+                From::Host => inspect::not_yet(
                     "traffic from the node itself does not pass the pod-facing program",
                 ),
-                (From::External, _) => inspect::not_yet(
+                From::External => inspect::not_yet(
                     "traffic from outside the node (NodePort, external and load-balancer IPs) is not handled",
                 ),
-                (From::Pod, None) => inspect::not_yet("SCTP is not handled; such packets pass"),
-                (From::Pod, Some(proto)) => match &args.manifests {
+                From::Pod => match &args.manifests {
                     Some(dir) => {
                         let (objects, problems) = local::load_dir(dir)?;
                         for p in problems {

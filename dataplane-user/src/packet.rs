@@ -1,12 +1,17 @@
-//! Crafting and checking IPv4 TCP/UDP packets, for `trace` and for program tests.
+//! Crafting and checking IPv4 TCP/UDP/SCTP packets, for `trace` and for program tests.
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 
-use dataplane_common::{PROTO_TCP, PROTO_UDP};
+use dataplane_common::{PROTO_SCTP, PROTO_TCP, PROTO_UDP};
 
 /// TCP flags.
 pub const TCP_SYN: u8 = 0x02;
 pub const TCP_ACK: u8 = 0x10;
+
+/// SCTP chunk types (RFC 9260, 3.2).
+pub const SCTP_DATA: u8 = 0;
+pub const SCTP_INIT: u8 = 1;
+pub const SCTP_ABORT: u8 = 6;
 
 /// What to put in a crafted packet.
 #[derive(Clone, Debug)]
@@ -14,7 +19,7 @@ pub struct PacketSpec {
     pub src: SocketAddrV4,
     pub dst: SocketAddrV4,
     pub proto: u8,
-    /// TCP flags (ignored for UDP).
+    /// TCP flags (ignored for UDP); for SCTP the chunk type (`payload` is the chunk).
     pub tcp_flags: u8,
     pub payload: Vec<u8>,
     /// Length of IPv4 options to add (a multiple of 4, at most 40), filled with NOPs.
@@ -32,6 +37,29 @@ impl PacketSpec {
             ip_options: 0,
         }
     }
+    /// An SCTP packet with one chunk of type `chunk` (an INIT has verification tag 0
+    /// and INIT's parameters; others carry tag 1 and 4 bytes of value).
+    pub fn sctp(src: SocketAddrV4, dst: SocketAddrV4, chunk: u8) -> Self {
+        let mut payload = vec![chunk, 0];
+        if chunk == SCTP_INIT {
+            payload.extend_from_slice(&20u16.to_be_bytes());
+            payload.extend_from_slice(&0x0102_0304u32.to_be_bytes()); // initiate tag
+            payload.extend_from_slice(&65_536u32.to_be_bytes()); // a_rwnd
+            payload.extend_from_slice(&[0, 10, 0, 10]); // streams out, in
+            payload.extend_from_slice(&1u32.to_be_bytes()); // initial TSN
+        } else {
+            payload.extend_from_slice(&8u16.to_be_bytes());
+            payload.extend_from_slice(b"data");
+        }
+        Self {
+            src,
+            dst,
+            proto: PROTO_SCTP,
+            tcp_flags: chunk,
+            payload,
+            ip_options: 0,
+        }
+    }
     pub fn udp(src: SocketAddrV4, dst: SocketAddrV4, payload: &[u8]) -> Self {
         Self {
             src,
@@ -44,10 +72,15 @@ impl PacketSpec {
     }
 }
 
-/// Builds Ethernet + IPv4 + TCP/UDP with correct checksums.
+/// Builds Ethernet + IPv4 + TCP/UDP/SCTP with correct checksums.
 pub fn build(spec: &PacketSpec) -> Vec<u8> {
     let ihl = 20 + spec.ip_options;
-    let l4_len = if spec.proto == PROTO_TCP { 20 } else { 8 } + spec.payload.len();
+    let header = match spec.proto {
+        PROTO_TCP => 20,
+        PROTO_SCTP => 12,
+        _ => 8,
+    };
+    let l4_len = header + spec.payload.len();
     let mut p = Vec::with_capacity(14 + ihl + l4_len);
     p.extend_from_slice(&[0x02, 0, 0, 0, 0, 2]); // dst MAC
     p.extend_from_slice(&[0x02, 0, 0, 0, 0, 1]); // src MAC
@@ -68,6 +101,15 @@ pub fn build(spec: &PacketSpec) -> Vec<u8> {
     let l4_start = p.len();
     p.extend_from_slice(&spec.src.port().to_be_bytes());
     p.extend_from_slice(&spec.dst.port().to_be_bytes());
+    if spec.proto == PROTO_SCTP {
+        let tag: u32 = if spec.tcp_flags == SCTP_INIT { 0 } else { 1 };
+        p.extend_from_slice(&tag.to_be_bytes());
+        p.extend_from_slice(&[0; 4]);
+        p.extend_from_slice(&spec.payload);
+        let crc = crc32c(&p[l4_start..]);
+        p[l4_start + 8..l4_start + 12].copy_from_slice(&crc.to_le_bytes());
+        return p;
+    }
     let csum_off = if spec.proto == PROTO_TCP {
         p.extend_from_slice(&1000u32.to_be_bytes()); // seq
         p.extend_from_slice(
@@ -128,13 +170,33 @@ pub fn parse(p: &[u8]) -> Option<Parsed> {
     let sport = u16::from_be_bytes([l4[0], l4[1]]);
     let dport = u16::from_be_bytes([l4[2], l4[3]]);
     let udp_no_csum = proto == PROTO_UDP && l4[6] == 0 && l4[7] == 0;
+    // An SCTP checksum of zero is one the kernel computes later (offload), as a UDP
+    // checksum of zero is none.
+    let l4_csum_ok = if proto == PROTO_SCTP {
+        l4.len() >= 12 && (l4[8..12] == [0; 4] || crc32c(l4).to_le_bytes() == l4[8..12])
+    } else {
+        udp_no_csum || l4_checksum(ip) == 0
+    };
     Some(Parsed {
         src: SocketAddrV4::new(src_ip, sport),
         dst: SocketAddrV4::new(dst_ip, dport),
         proto,
         ip_csum_ok: checksum(&ip[..ihl], 0) == 0,
-        l4_csum_ok: udp_no_csum || l4_checksum(ip) == 0,
+        l4_csum_ok,
     })
+}
+
+/// SCTP's CRC32c (RFC 9260, appendix A) of an SCTP packet, its checksum field
+/// (bytes 8 to 11) taken as zero; stored little-endian.
+pub fn crc32c(sctp: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for (i, &b) in sctp.iter().enumerate() {
+        crc ^= if (8..12).contains(&i) { 0 } else { b as u32 };
+        for _ in 0..8 {
+            crc = (crc >> 1) ^ (dataplane_common::crc32c::POLY & 0u32.wrapping_sub(crc & 1));
+        }
+    }
+    !crc
 }
 
 /// The L4 checksum over pseudo-header and segment of an IPv4 packet (starting at the

@@ -152,9 +152,9 @@ fn trace_and_list_tell_where_packets_go() {
 }
 
 /// `trace`'s contract: every answer has the same JSON shape (`snat` included); a
-/// packet from the node itself or from outside, and SCTP, are answered "pass" with a
-/// "not yet" reason until the datapath handles them; `--service-proxy-name` selects
-/// Services as `run` does.
+/// packet from the node itself or from outside is answered "pass" with a "not yet"
+/// reason until the datapath handles it; SCTP is traced like TCP and UDP;
+/// `--service-proxy-name` selects Services as `run` does.
 #[test]
 fn trace_answers_every_origin_and_follows_the_service_proxy_name() {
     let lab = Lab::new(1).unwrap();
@@ -183,11 +183,7 @@ fn trace_answers_every_origin_and_follows_the_service_proxy_name() {
         args.extend_from_slice(extra);
         agent_cli(&args)
     };
-    for extra in [
-        &["--from", "host"][..],
-        &["--from", "external"][..],
-        &["--proto", "sctp"][..],
-    ] {
+    for extra in [&["--from", "host"][..], &["--from", "external"][..]] {
         let t = trace(extra);
         assert_eq!(t["verdict"], "pass", "{extra:?}: {t}");
         assert!(t["reason"].as_str().unwrap().starts_with("not yet"), "{t}");
@@ -213,5 +209,28 @@ fn trace_answers_every_origin_and_follows_the_service_proxy_name() {
     assert_eq!(trace(&[])["verdict"], "pass");
     let t = trace(&["--service-proxy-name", "sliceway"]);
     assert_eq!(t["verdict"], "dnat", "{t}");
+    // SCTP: to a port the Service declares for TCP only, rejected as any undeclared
+    // port of a ClusterIP; to an SCTP port, translated.
+    let t = trace(&["--service-proxy-name", "sliceway", "--proto", "sctp"]);
+    assert_eq!(
+        (&t["verdict"], &t["reason"]),
+        (&"reject".into(), &"reject_no_port".into()),
+        "{t}"
+    );
+    lab.write_manifest(
+        "sctp.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: sig, namespace: default}\n\
+         spec: {clusterIP: 10.96.0.32, ports: [{name: s, port: 3868, protocol: SCTP, targetPort: 13868}]}\n\
+         ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+         metadata: {name: sig-1, namespace: default, labels: {kubernetes.io/service-name: sig}}\n\
+         addressType: IPv4\nports: [{name: s, port: 13868, protocol: SCTP}]\n\
+         endpoints: [{addresses: [10.244.7.7]}]\n",
+    )
+    .unwrap();
+    let mut args = vec!["trace", "--manifests", dir, "--src", "10.244.1.2:40000"];
+    args.extend(["--dst", "10.96.0.32:3868", "--proto", "sctp"]);
+    let t = agent_cli(&args);
+    assert_eq!(t["verdict"], "dnat", "{t}");
+    assert_eq!(t["backend"], "10.244.7.7:13868", "{t}");
     assert_eq!(t["snat"], Value::Null);
 }

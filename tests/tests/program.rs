@@ -15,7 +15,10 @@ use sliceway_agent::{
     compiler::{self, Options},
     kernel::{Capacities, Datapath, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT},
     local::parse_file,
-    packet::{build, icmp_port_unreachable, parse, PacketSpec, TCP_ACK, TCP_SYN},
+    packet::{
+        build, icmp_port_unreachable, parse, PacketSpec, SCTP_ABORT, SCTP_DATA, SCTP_INIT, TCP_ACK,
+        TCP_SYN,
+    },
     writer::MapWriter,
 };
 
@@ -174,6 +177,38 @@ ports: [{name: http, port: 8080, protocol: TCP}]
 endpoints: [{addresses: [10.244.11.2]}]
 "#;
 
+/// SCTP: a Service whose port differs from its target port (the CRC32c changes with
+/// the port), one whose ports are equal, and one without endpoints.
+const SCTP_SERVICES: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: diameter, namespace: default}
+spec:
+  clusterIP: 10.96.0.50
+  ports:
+  - {name: diameter, port: 3868, protocol: SCTP, targetPort: 13868}
+  - {name: m3ua, port: 2905, protocol: SCTP, targetPort: 2905}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: diameter-1, namespace: default, labels: {kubernetes.io/service-name: diameter}}
+addressType: IPv4
+ports: [{name: diameter, port: 13868, protocol: SCTP}, {name: m3ua, port: 2905, protocol: SCTP}]
+endpoints:
+- addresses: [10.244.11.2]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: idle, namespace: default}
+spec:
+  clusterIP: 10.96.0.51
+  ports: [{name: diameter, port: 3868, protocol: SCTP}]
+"#;
+const VIP_SCTP: &str = "10.96.0.50:3868";
+const BACKEND_SCTP: &str = "10.244.11.2:13868";
+const VIP_SCTP_SAME: &str = "10.96.0.50:2905";
+const BACKEND_SCTP_SAME: &str = "10.244.11.2:2905";
+
 const CLIENT: &str = "10.244.1.2";
 const VIP_API: &str = "10.96.0.11:80";
 const MOVED_DNS: &str = "10.244.12.2:5353";
@@ -233,6 +268,30 @@ fn udp(src: SocketAddrV4, dst: &str, payload: &[u8]) -> Vec<u8> {
 
 fn udp_to(src: &str, dst: SocketAddrV4, payload: &[u8]) -> Vec<u8> {
     build(&PacketSpec::udp(addr(src), dst, payload))
+}
+
+fn sctp(src: SocketAddrV4, dst: &str, chunk: u8) -> Vec<u8> {
+    build(&PacketSpec::sctp(src, addr(dst), chunk))
+}
+
+fn sctp_to(src: &str, dst: SocketAddrV4, chunk: u8) -> Vec<u8> {
+    build(&PacketSpec::sctp(addr(src), dst, chunk))
+}
+
+/// An SCTP DATA chunk of 1,400 bytes: the CRC covers far more than the header.
+fn sctp_big(src: SocketAddrV4, dst: &str) -> Vec<u8> {
+    let mut spec = PacketSpec::sctp(src, addr(dst), SCTP_DATA);
+    spec.payload = vec![SCTP_DATA, 3];
+    spec.payload.extend_from_slice(&1400u16.to_be_bytes());
+    spec.payload.extend((0..1396u32).map(|i| (i * 7) as u8));
+    build(&spec)
+}
+
+/// An SCTP packet whose CRC the kernel has yet to compute (the sender offloads it and
+/// leaves the field zero).
+fn no_sctp_csum(mut p: Vec<u8>) -> Vec<u8> {
+    p[ETH + 20 + 8..ETH + 20 + 12].copy_from_slice(&[0; 4]);
+    p
 }
 
 /// A UDP packet sent without a checksum (zero).
@@ -951,6 +1010,75 @@ static FIXTURES: &[Fixture] = &[
                 verdict: PASS,
                 reason: stat::DNAT_ESTABLISHED,
                 output: Out::Packet(|| tcp(client(40060), BACKEND_HTTP, TCP_ACK)),
+            },
+        ],
+    },
+    Fixture {
+        description: "SCTP: an INIT is DNATed with its CRC32c updated for the new port, replies and data follow",
+        maps: SCTP_SERVICES,
+        remaps: &[],
+        steps: &[
+            Step {
+                input: || sctp(client(7001), VIP_SCTP, SCTP_INIT),
+                verdict: PASS,
+                reason: stat::DNAT_NEW,
+                output: Out::Packet(|| sctp(client(7001), BACKEND_SCTP, SCTP_INIT)),
+            },
+            Step {
+                input: || sctp_to(BACKEND_SCTP, client(7001), SCTP_DATA),
+                verdict: PASS,
+                reason: stat::REVNAT,
+                output: Out::Packet(|| sctp_to(VIP_SCTP, client(7001), SCTP_DATA)),
+            },
+            Step {
+                input: || sctp_big(client(7001), VIP_SCTP),
+                verdict: PASS,
+                reason: stat::DNAT_ESTABLISHED,
+                output: Out::Packet(|| sctp_big(client(7001), BACKEND_SCTP)),
+            },
+            Step {
+                input: || sctp(client(7001), VIP_SCTP, SCTP_ABORT),
+                verdict: PASS,
+                reason: stat::DNAT_ESTABLISHED,
+                output: Out::Packet(|| sctp(client(7001), BACKEND_SCTP, SCTP_ABORT)),
+            },
+        ],
+    },
+    Fixture {
+        description: "SCTP: a checksum left to the kernel (zero) stays zero; equal ports change no CRC",
+        maps: SCTP_SERVICES,
+        remaps: &[],
+        steps: &[
+            Step {
+                input: || no_sctp_csum(sctp(client(7002), VIP_SCTP, SCTP_INIT)),
+                verdict: PASS,
+                reason: stat::DNAT_NEW,
+                output: Out::Packet(|| no_sctp_csum(sctp(client(7002), BACKEND_SCTP, SCTP_INIT))),
+            },
+            Step {
+                input: || sctp(client(7003), VIP_SCTP_SAME, SCTP_INIT),
+                verdict: PASS,
+                reason: stat::DNAT_NEW,
+                output: Out::Packet(|| sctp(client(7003), BACKEND_SCTP_SAME, SCTP_INIT)),
+            },
+        ],
+    },
+    Fixture {
+        description: "SCTP: a Service without endpoints rejects, a first fragment whose port must change drops",
+        maps: SCTP_SERVICES,
+        remaps: &[],
+        steps: &[
+            Step {
+                input: || sctp(client(7004), "10.96.0.51:3868", SCTP_INIT),
+                verdict: REJECT,
+                reason: stat::REJECT_NO_BACKEND,
+                output: Out::Rejected,
+            },
+            Step {
+                input: || fragment(sctp(client(7005), VIP_SCTP, SCTP_INIT), 77, 0, true),
+                verdict: DROP,
+                reason: stat::DROP_REWRITE,
+                output: Out::Dropped,
             },
         ],
     },
