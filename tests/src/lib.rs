@@ -194,6 +194,23 @@ impl Lab {
         Ok(pod)
     }
 
+    /// Starts SCTP servers in every backend on [`BACKEND_PORT`] (the kernel must
+    /// have SCTP: [`servers::sctp_supported`]).
+    pub fn start_sctp_servers(&mut self) -> Result<()> {
+        for pod in &self.backends {
+            let server = BackendServers::start_sctp(std::slice::from_ref(pod), BACKEND_PORT)?;
+            self.added_servers.push((pod.ns.clone(), server));
+        }
+        Ok(())
+    }
+
+    /// One SCTP request from the client pod: the answering backend.
+    pub fn sctp_request(&self, vip: SocketAddrV4) -> Result<Reply> {
+        in_netns(&self.client.ns, move || {
+            servers::sctp_request(vip, Duration::from_secs(3))
+        })?
+    }
+
     /// Node-side interfaces of all pods: where the agent attaches.
     pub fn pod_interfaces(&self) -> Vec<String> {
         std::iter::once(&self.client)

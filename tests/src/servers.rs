@@ -5,6 +5,10 @@
 //! known pattern, so the client can check that a long transfer arrived intact;
 //! `echo` gets the line and then every further line echoed back, for connections that
 //! stay open. An HTTP `GET` gets the line as an HTTP/1.1 response, for curl.
+//!
+//! SCTP speaks the same protocol: a one-to-one style SCTP socket (`SOCK_STREAM`,
+//! RFC 6458) is read and written as a TCP stream is, so the TCP code serves it
+//! through std's stream types.
 
 use std::{
     io::{BufRead, BufReader, Read, Write},
@@ -59,6 +63,108 @@ impl BackendServers {
         }
         Ok(Self { stop, threads })
     }
+}
+
+impl BackendServers {
+    /// Servers answering on SCTP at `port`, as [`BackendServers::start`] does on TCP.
+    pub fn start_sctp(pods: &[Pod], port: u16) -> Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut threads = Vec::new();
+        for pod in pods {
+            let ident = format!("{} {}\n", pod.name, pod.ip);
+            let listener = in_netns(&pod.ns, move || -> Result<TcpListener> {
+                let l = sctp_listener(port)?;
+                l.set_nonblocking(true)?;
+                Ok(l)
+            })??;
+            let s = stop.clone();
+            threads.push(std::thread::spawn(move || serve_tcp(listener, ident, s)));
+        }
+        Ok(Self { stop, threads })
+    }
+}
+
+/// A one-to-one SCTP socket, or why this kernel has none (`EPROTONOSUPPORT` where
+/// SCTP is not built or its module is missing).
+fn sctp_socket() -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: a plain socket(2) call; the descriptor is owned from here on.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, libc::IPPROTO_SCTP) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor just returned by socket(2), owned by no one else.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+/// Whether this kernel opens SCTP sockets; the error says why not.
+pub fn sctp_supported() -> std::io::Result<()> {
+    sctp_socket().map(drop)
+}
+
+fn sockaddr(addr: SocketAddrV4) -> libc::sockaddr_in {
+    libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: addr.port().to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(*addr.ip()).to_be(),
+        },
+        sin_zero: [0; 8],
+    }
+}
+
+/// An SCTP listener on every address at `port`.
+fn sctp_listener(port: u16) -> std::io::Result<TcpListener> {
+    use std::os::fd::AsRawFd;
+    let fd = sctp_socket()?;
+    let sa = sockaddr(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port));
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: `sa` is a valid sockaddr_in of `len` bytes for the call's duration.
+    if unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&sa as *const libc::sockaddr_in).cast(),
+            len,
+        )
+    } != 0
+    {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: listen(2) on a socket this function owns.
+    if unsafe { libc::listen(fd.as_raw_fd(), 64) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(TcpListener::from(fd))
+}
+
+/// Opens an SCTP association to `to`, sends `hello`, reads the answer.
+pub fn sctp_request(to: SocketAddrV4, timeout: Duration) -> Result<Reply> {
+    use std::os::fd::AsRawFd;
+    let fd = sctp_socket().context("opening an SCTP socket")?;
+    let conn = TcpStream::from(fd);
+    // A blocking connect bounded by the send timeout (SO_SNDTIMEO bounds connect(2)).
+    conn.set_write_timeout(Some(timeout))?;
+    conn.set_read_timeout(Some(timeout))?;
+    let sa = sockaddr(to);
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: `sa` is a valid sockaddr_in of `len` bytes for the call's duration.
+    if unsafe {
+        libc::connect(
+            conn.as_raw_fd(),
+            (&sa as *const libc::sockaddr_in).cast(),
+            len,
+        )
+    } != 0
+    {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("SCTP association to {to}"));
+    }
+    (&conn).write_all(b"hello\n")?;
+    let mut line = String::new();
+    BufReader::new(&conn)
+        .read_line(&mut line)
+        .with_context(|| format!("reading from {to} over SCTP"))?;
+    parse_ident(&line)
 }
 
 impl Drop for BackendServers {

@@ -454,3 +454,41 @@ fn an_exact_interface_name_that_does_not_exist_is_an_error() {
         agent.logged("nosuch0: no such interface")
     });
 }
+
+/// SCTP through a VIP with real sockets, its port translated (3868 to the backends'
+/// 8080, so the CRC32c is updated): with full checksums from the pods, which the
+/// receivers verify, and with the pods' SCTP checksum offload on, where the kernel
+/// computes the CRC after the program. Needs a kernel with SCTP (the VM tier's Debian
+/// kernel has it); a kernel without it is reported and the test ends there.
+#[test]
+fn sctp_through_the_vip_reaches_every_backend_with_its_port_translated() {
+    if let Err(e) = sliceway_lab::servers::sctp_supported() {
+        eprintln!("not run: this kernel opens no SCTP socket ({e})");
+        return;
+    }
+    let vip = SocketAddrV4::new(VIP, 3868);
+    for mut lab in [
+        Lab::new(3).unwrap(),
+        Lab::with_pod_checksum_offload(3).unwrap(),
+    ] {
+        lab.start_sctp_servers().unwrap();
+        let mut yaml = String::from(
+            "apiVersion: v1\nkind: Service\nmetadata: {name: sig, namespace: default}\n\
+             spec:\n  clusterIP: 10.96.0.10\n  ports: [{name: s, port: 3868, protocol: SCTP, targetPort: 8080}]\n\
+             ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+             metadata: {name: sig-1, namespace: default, labels: {kubernetes.io/service-name: sig}}\n\
+             addressType: IPv4\nports: [{name: s, port: 8080, protocol: SCTP}]\nendpoints:\n",
+        );
+        for b in &lab.backends {
+            yaml.push_str(&format!("- addresses: [\"{}\"]\n", b.ip));
+        }
+        lab.write_manifest("sig.yaml", &yaml).unwrap();
+        let _agent = lab.start_agent().unwrap();
+        let mut seen = BTreeSet::new();
+        for _ in 0..24 {
+            let reply = lab.sctp_request(vip).unwrap();
+            seen.insert(reply.backend);
+        }
+        assert_eq!(seen.len(), 3, "every backend answers over SCTP: {seen:?}");
+    }
+}
