@@ -37,6 +37,21 @@ pub enum Command {
     /// Where would this packet go, and why? Runs one crafted packet through the
     /// programs (BPF_PROG_TEST_RUN); nothing is attached and no traffic is sent.
     Trace(TraceArgs),
+    /// The connections the datapath tracks (from the pinned conntrack map), or with
+    /// `--flush-backend` forget every connection to one backend.
+    Conntrack {
+        #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
+        bpffs_dir: PathBuf,
+        /// Only the connections of this Service (`namespace/name`).
+        #[arg(long)]
+        service: Option<String>,
+        /// Remove every connection to this backend (`IP:PORT`): their next packets
+        /// pick a backend again.
+        #[arg(long, value_name = "IP:PORT")]
+        flush_backend: Option<std::net::SocketAddrV4>,
+        #[arg(short, long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
     /// Remove all pinned maps and links: programs detach, conntrack is dropped.
     Cleanup {
         #[arg(long, default_value = DEFAULT_BPFFS_DIR)]

@@ -7,6 +7,7 @@ pub mod cli;
 pub mod compiler;
 pub mod conntrack;
 pub mod dump;
+pub mod flows;
 pub mod inspect;
 pub mod interfaces;
 pub mod kernel;

@@ -82,6 +82,30 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Conntrack {
+            bpffs_dir,
+            service,
+            flush_backend,
+            output,
+        } => {
+            let pins = PinDir::new(bpffs_dir);
+            if let Some(backend) = flush_backend {
+                let n = sliceway_agent::flows::flush_backend(&pins, backend)?;
+                println!("removed {n} connections to {backend}");
+                return Ok(());
+            }
+            let flows = sliceway_agent::flows::flows(
+                &pins,
+                service.as_deref(),
+                sliceway_agent::conntrack::now_ns(),
+            )?;
+            match output {
+                Output::Table => print!("{}", sliceway_agent::flows::render_table(&flows)),
+                Output::Json => println!("{}", serde_json::to_string_pretty(&flows)?),
+                Output::Yaml => print!("{}", serde_yaml_ng::to_string(&flows)?),
+            }
+            Ok(())
+        }
         Command::Trace(args) => {
             let src = match args.src.parse::<SocketAddrV4>() {
                 Ok(s) => s,

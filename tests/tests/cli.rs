@@ -234,3 +234,86 @@ fn trace_answers_every_origin_and_follows_the_service_proxy_name() {
     assert_eq!(t["backend"], "10.244.7.7:13868", "{t}");
     assert_eq!(t["snat"], Value::Null);
 }
+
+/// `conntrack` lists a running agent's connections from its pinned map (client,
+/// frontend, Service, backend, state), filters by Service, and `--flush-backend`
+/// forgets the connections of one backend.
+#[test]
+fn conntrack_lists_tracked_connections_and_flushes_a_backend() {
+    let lab = Lab::new(2).unwrap();
+    lab.write_manifest(
+        "web.yaml",
+        &lab.service_yaml("web", Ipv4Addr::new(10, 96, 0, 10), 80, &[0, 1]),
+    )
+    .unwrap();
+    let _agent = lab.start_agent().unwrap();
+    let bpffs = lab.bpffs.to_str().unwrap();
+    let vip = "10.96.0.10:80".parse().unwrap();
+    // A connection that stays open while the listing is read.
+    let conn = sliceway_lab::in_netns(&lab.client.ns, move || {
+        sliceway_lab::servers::EchoConn::open(vip, std::time::Duration::from_secs(2))
+    })
+    .unwrap()
+    .unwrap();
+    let backend = lab
+        .backends
+        .iter()
+        .find(|b| b.name == conn.reply.backend)
+        .unwrap();
+    let backend_addr = format!("{}:8080", backend.ip);
+
+    let flows = agent_cli(&["conntrack", "--bpffs-dir", bpffs, "-o", "json"]);
+    let flows = flows.as_array().unwrap();
+    assert_eq!(flows.len(), 1, "{flows:?}");
+    let f = &flows[0];
+    assert_eq!(f["protocol"], "TCP");
+    assert!(
+        f["client"].as_str().unwrap().starts_with("10.244.1.2:"),
+        "{f}"
+    );
+    assert_eq!(f["frontend"], "10.96.0.10:80");
+    assert_eq!(f["service"], "default/web:http");
+    assert_eq!(f["backend"], backend_addr.as_str());
+    assert_eq!(f["state"], "tcp_established");
+    assert!(f["expires_in_s"].as_u64().unwrap() > 3_600, "{f}");
+
+    let other = agent_cli(&[
+        "conntrack",
+        "--bpffs-dir",
+        bpffs,
+        "--service",
+        "default/other",
+        "-o",
+        "json",
+    ]);
+    assert_eq!(other, Value::Array(vec![]));
+    let mine = agent_cli(&[
+        "conntrack",
+        "--bpffs-dir",
+        bpffs,
+        "--service",
+        "default/web",
+        "-o",
+        "json",
+    ]);
+    assert_eq!(mine.as_array().unwrap().len(), 1);
+
+    let out = Command::new(workspace_binary("sliceway-agent").unwrap())
+        .args([
+            "conntrack",
+            "--bpffs-dir",
+            bpffs,
+            "--flush-backend",
+            &backend_addr,
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("removed 1 connections to {backend_addr}")
+    );
+    let after = agent_cli(&["conntrack", "--bpffs-dir", bpffs, "-o", "json"]);
+    assert_eq!(after, Value::Array(vec![]), "{after}");
+    drop(conn);
+}
