@@ -425,8 +425,9 @@ pub mod stat {
     pub const DNAT_PORT_REMAPPED: u32 = 13;
     /// Such a connection for which no free source port was found: dropped.
     pub const DROP_CT_CLASH: u32 = 14;
-    /// A non-first fragment whose first fragment was never seen (its ports unknown):
-    /// dropped, so nothing reaches a VIP untranslated.
+    /// A non-first fragment whose first fragment was never seen (its ports unknown),
+    /// or whose first fragment made no connection to a frontend or ClusterIP it is
+    /// addressed to: dropped, so nothing reaches a VIP untranslated.
     pub const DROP_FRAGMENT_ORPHAN: u32 = 15;
     /// A non-first fragment of a translated datagram: its addresses translated as
     /// the first fragment's were.
@@ -681,6 +682,8 @@ mod user {
     unsafe impl aya::Pod for FragKey {}
     unsafe impl aya::Pod for FragPorts {}
     unsafe impl aya::Pod for ServiceName {}
+    unsafe impl aya::Pod for AffinityKey {}
+    unsafe impl aya::Pod for AffinityValue {}
 }
 
 #[cfg(test)]

@@ -153,6 +153,12 @@ fn from_backend(ctx: &TcContext, flow: &Flow, key: &CtKey, now: u64) -> Result<E
             }
             Ok((PASS, stat::REVNAT))
         }
+        // The rest of a datagram whose first fragment made no connection: to a
+        // ClusterIP (the first was rejected) it is dropped, never passed to the VIP
+        // untranslated; anything else passes.
+        Ok(None) if flow.later_fragment && lookup::is_clusterip(flow) => {
+            Ok((DROP, stat::DROP_FRAGMENT_ORPHAN))
+        }
         Ok(None) if flow.later_fragment => Ok((PASS, stat::PASS_FRAGMENT)),
         Ok(None) => {
             conntrack::direct(flow, key);

@@ -14,6 +14,8 @@
 
 pub mod bench;
 pub mod cluster;
+pub mod datapath_model;
+pub mod fuzz;
 pub mod netns;
 pub mod servers;
 

@@ -54,6 +54,19 @@ enum Task {
         #[arg(long)]
         only: Option<String>,
     },
+    /// The differential fuzzer: random maps and packets through the TC program,
+    /// each result compared with the reference model.
+    Fuzz {
+        /// Packets to run.
+        #[arg(long, default_value_t = 1_000_000)]
+        packets: u64,
+        /// Seed (a run is repeatable by its seed).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Print every packet with its exit reason.
+        #[arg(long)]
+        verbose: bool,
+    },
 }
 
 fn main() -> Result<()> {
@@ -99,6 +112,27 @@ fn main() -> Result<()> {
             run(Command::new("target/debug/sliceway-cluster").args(args))
         }
         Task::Bench { quick, only } => bench::bench(&root, quick, only.as_deref()),
+        Task::Fuzz {
+            packets,
+            seed,
+            verbose,
+        } => {
+            require_root("the fuzzer (BPF programs)")?;
+            setup(&root)?;
+            build_ebpf()?;
+            build_lab_binaries()?;
+            let mut cmd = Command::new("target/debug/sliceway-fuzz");
+            cmd.args([
+                "--packets",
+                &packets.to_string(),
+                "--seed",
+                &seed.to_string(),
+            ]);
+            if verbose {
+                cmd.arg("--verbose");
+            }
+            run(&mut cmd)
+        }
     }
 }
 
