@@ -1,6 +1,8 @@
 //! Node-lab tests of connection tracking with real sockets, in network namespaces:
 //! connections that outlive their Service, two Services sharing a backend hit from
-//! one client port, and a UDP flow whose backend is removed. Need root.
+//! one client port, a UDP flow whose backend is removed, an idle connection under
+//! eviction pressure, large UDP datagrams in fragments both ways, and a path-MTU
+//! drop behind the backend reported to the client. Need root.
 
 use std::{
     net::{Ipv4Addr, SocketAddrV4, UdpSocket},
@@ -219,4 +221,195 @@ fn conntrack_entries(lab: &Lab) -> Option<u64> {
         .ok()?;
     let listing: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
     listing["conntrack_entries"].as_u64()
+}
+
+/// Datapath exit counters of the lab agent, as `sliceway-agent list` prints them.
+fn counter(lab: &Lab, reason: &str) -> u64 {
+    let out = std::process::Command::new(sliceway_lab::workspace_binary("sliceway-agent").unwrap())
+        .args(["list", "-o", "json", "--bpffs-dir"])
+        .arg(&lab.bpffs)
+        .output()
+        .unwrap();
+    let listing: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    listing["counters"][reason].as_u64().unwrap_or(0)
+}
+
+/// A UDP server in `ns` that sends every datagram back whole.
+fn udp_echo(ns: &str, port: u16) -> std::thread::JoinHandle<()> {
+    let socket = in_netns(ns, move || UdpSocket::bind(("0.0.0.0", port)))
+        .unwrap()
+        .unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 65_536];
+        while let Ok((n, peer)) = socket.recv_from(&mut buf) {
+            if socket.send_to(&buf[..n], peer).is_err() {
+                return;
+            }
+        }
+    })
+}
+
+/// A Service on `port` of one protocol, whose one endpoint is `addr:port`.
+fn one_port_service(name: &str, vip: Ipv4Addr, port: u16, proto: &str, addr: Ipv4Addr) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  clusterIP: {vip}\n  ports: [{{name: p, port: {port}, protocol: {proto}}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}-1, namespace: default, labels: {{kubernetes.io/service-name: {name}}}}}\naddressType: IPv4\nports: [{{name: p, port: {port}, protocol: {proto}}}]\nendpoints:\n- {{addresses: [\"{addr}\"], conditions: {{ready: true}}, nodeName: node-1}}\n"
+    )
+}
+
+/// Datagrams larger than the links' MTU leave the client and the backend in IP
+/// fragments; every fragment is translated (the first by its ports, the others by
+/// the ports the first one recorded), so whole datagrams arrive both ways and the
+/// client's connected socket, which only takes datagrams from the VIP, gets them.
+#[test]
+fn large_udp_datagrams_go_through_a_vip_in_fragments_both_ways() {
+    const PORT: u16 = 9200;
+    let lab = Lab::new(1).unwrap();
+    let _echo = udp_echo(&lab.backends[0].ns, PORT);
+    lab.write_manifest(
+        "big.yaml",
+        &one_port_service("big", VIP, PORT, "UDP", lab.backends[0].ip),
+    )
+    .unwrap();
+    let _agent = lab.start_agent().unwrap();
+    let fragments_before = counter(&lab, "nat_fragment");
+    let results = in_netns(&lab.client.ns, || -> std::io::Result<Vec<usize>> {
+        let s = UdpSocket::bind(("0.0.0.0", 0))?;
+        s.set_read_timeout(Some(Duration::from_secs(2)))?;
+        s.connect(SocketAddrV4::new(VIP, PORT))?;
+        let mut ok = Vec::new();
+        for size in [1_000usize, 3_000, 8_000, 30_000, 60_000] {
+            let sent: Vec<u8> = (0..size).map(|i| (i * 7 + size) as u8).collect();
+            s.send(&sent)?;
+            let mut buf = vec![0u8; 65_536];
+            let n = s.recv(&mut buf)?;
+            if buf[..n] == sent[..] {
+                ok.push(size);
+            }
+        }
+        Ok(ok)
+    })
+    .unwrap()
+    .unwrap_or_else(|e| panic!("a large datagram got no answer: {e}"));
+    assert_eq!(results, [1_000, 3_000, 8_000, 30_000, 60_000]);
+    // Fragments went through the program: 60,000 bytes are about 41 fragments each
+    // way, all but the first translated as later fragments.
+    let fragments = counter(&lab, "nat_fragment") - fragments_before;
+    assert!(
+        fragments >= 2 * (2 + 5 + 20 + 40),
+        "only {fragments} later fragments were translated"
+    );
+}
+
+/// A path-MTU drop behind the backend's side: the backend pod routes to the real
+/// server over a link whose pod end has MTU 1200, so a full-size TCP segment from the client (DF
+/// set) makes the pod send ICMP fragmentation-needed quoting client → server. The
+/// node translates the quoted packet back to client → VIP, the client's kernel
+/// finds its socket, lowers the path MTU to the VIP and sends smaller segments: a
+/// 256 KiB upload completes, and the client's route cache shows the MTU.
+#[test]
+fn a_path_mtu_drop_between_client_and_backend_reaches_the_client() {
+    const PORT: u16 = 9300;
+    let lab = Lab::new(1).unwrap();
+    let pod = lab.backends[0].clone();
+    // A server one hop behind the backend pod, over a link of MTU 1200.
+    let far = sliceway_lab::Netns::create(&format!("{}-far", lab.prefix)).unwrap();
+    let far_ip = Ipv4Addr::new(10, 244, 111, 2);
+    sliceway_lab::netns::ip(&[
+        "link", "add", "far0", "netns", &pod.ns, "type", "veth", "peer", "name", "eth0", "netns",
+        &far.name,
+    ])
+    .unwrap();
+    for cmd in [
+        "ip addr add 10.244.111.1/24 dev far0",
+        "ip link set far0 mtu 1200 up",
+        "ethtool -K far0 tx off",
+        "sysctl -qw net.ipv4.ip_forward=1",
+    ] {
+        let args: Vec<&str> = cmd.split(' ').collect();
+        sliceway_lab::netns::nsenter(&pod.ns, args[0], &args[1..]).unwrap();
+    }
+    for cmd in [
+        // The server's side keeps MTU 1500, so it offers the client a full MSS.
+        "ip addr add 10.244.111.2/24 dev eth0",
+        "ip link set eth0 up",
+        "ethtool -K eth0 tx off",
+        "ip route add default via 10.244.111.1",
+    ] {
+        let args: Vec<&str> = cmd.split(' ').collect();
+        far.run(args[0], &args[1..]).unwrap();
+    }
+    lab.node
+        .run(
+            "ip",
+            &[
+                "route",
+                "add",
+                "10.244.111.0/24",
+                "via",
+                &pod.ip.to_string(),
+            ],
+        )
+        .unwrap();
+    // The server reads everything and answers with the byte count.
+    let listener = in_netns(&far.name, move || {
+        std::net::TcpListener::bind(("0.0.0.0", PORT))
+    })
+    .unwrap()
+    .unwrap();
+    let server = std::thread::spawn(move || -> std::io::Result<usize> {
+        use std::io::{Read, Write};
+        let (mut conn, _) = listener.accept()?;
+        conn.set_read_timeout(Some(Duration::from_secs(20)))?;
+        let mut total = 0;
+        let mut buf = vec![0u8; 65_536];
+        loop {
+            let n = conn.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            total += n;
+        }
+        conn.write_all(format!("{total}\n").as_bytes())?;
+        Ok(total)
+    });
+    lab.write_manifest(
+        "far.yaml",
+        &one_port_service("far", VIP, PORT, "TCP", far_ip),
+    )
+    .unwrap();
+    let _agent = lab.start_agent().unwrap();
+    let icmp_before = counter(&lab, "nat_icmp_error");
+    const SIZE: usize = 256 * 1024;
+    let answer = in_netns(&lab.client.ns, || -> std::io::Result<String> {
+        use std::io::{Read, Write};
+        let mut conn = std::net::TcpStream::connect_timeout(
+            &SocketAddrV4::new(VIP, PORT).into(),
+            Duration::from_secs(2),
+        )?;
+        conn.set_write_timeout(Some(Duration::from_secs(20)))?;
+        conn.set_read_timeout(Some(Duration::from_secs(20)))?;
+        conn.write_all(&vec![7u8; SIZE])?;
+        conn.shutdown(std::net::Shutdown::Write)?;
+        let mut answer = String::new();
+        conn.read_to_string(&mut answer)?;
+        Ok(answer)
+    })
+    .unwrap()
+    .unwrap_or_else(|e| panic!("the upload through the smaller path MTU failed: {e}"));
+    assert_eq!(answer.trim(), SIZE.to_string());
+    assert_eq!(server.join().unwrap().unwrap(), SIZE);
+    assert!(
+        counter(&lab, "nat_icmp_error") > icmp_before,
+        "no ICMP error was translated"
+    );
+    let route =
+        sliceway_lab::netns::nsenter(&lab.client.ns, "ip", &["route", "get", &VIP.to_string()])
+            .unwrap_or_else(|e| panic!("ip route get: {e:#}"));
+    assert!(
+        route.contains("mtu 1200"),
+        "the client's route to the VIP does not show the path MTU: {route}"
+    );
 }
