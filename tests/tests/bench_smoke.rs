@@ -27,6 +27,7 @@ fn bench_smoke_writes_every_figure() {
     for heading in [
         "## Targets",
         "## 1. Kernel cost per packet",
+        "### Conntrack garbage collection",
         "## 2. New-connection latency through the node",
         "## 3. Programming time",
         "## 4. Agent memory",
@@ -37,7 +38,15 @@ fn bench_smoke_writes_every_figure() {
     assert!(!md.contains("Not measured:"), "a figure failed:\n{md}");
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
-    for fig in ["fig1", "fig2", "fig3", "fig4", "fig5", "targets"] {
+    for fig in [
+        "fig1",
+        "conntrack_gc",
+        "fig2",
+        "fig3",
+        "fig4",
+        "fig5",
+        "targets",
+    ] {
         assert!(json.get(fig).is_some(), "{fig} missing from report.json");
     }
     for png in [

@@ -1,7 +1,8 @@
 //! `cargo xtask bench`: sliceway measured side by side with kube-proxy's iptables and
 //! nftables rules, on the same machine, in the same run.
 //!
-//! Figures: (1) kernel cost per packet through BPF_PROG_TEST_RUN, (2) new-connection
+//! Figures: (1) kernel cost per packet through BPF_PROG_TEST_RUN, and the cost of
+//! collecting expired conntrack entries from a table of a million, (2) new-connection
 //! latency through a node lab, (3) programming time, full and for one endpoint
 //! change, (4) the agent's memory, (5) the controller's API writes and cold start.
 //! Each figure says how it was measured; runs are repeated and reported as median
@@ -51,6 +52,8 @@ pub struct Config {
     pub rounds: usize,
     /// Distinct tuples of figure 1's cross-check.
     pub fresh_tuples: usize,
+    /// Connections (two conntrack entries each) the sweeper's pass is timed over.
+    pub gc_connections: u32,
     pub fig2_sizes: Vec<usize>,
     pub fig2_connections: usize,
     /// How figure 2 loads the iptables rules.
@@ -88,6 +91,7 @@ impl Config {
                 repeat: 1_000,
                 rounds: 2,
                 fresh_tuples: 10,
+                gc_connections: 1_000,
                 fig2_sizes: vec![10],
                 fig2_connections: 20,
                 fig2_iptables: node::Loader::IptablesRestore,
@@ -111,6 +115,7 @@ impl Config {
                 repeat: 100_000,
                 rounds: 5,
                 fresh_tuples: 200,
+                gc_connections: 500_000,
                 fig2_sizes: vec![100, 1_000, 10_000],
                 fig2_connections: 300,
                 fig2_iptables: node::Loader::IptablesLegacyRestore,
@@ -134,6 +139,7 @@ impl Config {
                 repeat: 1_000_000,
                 rounds: 11,
                 fresh_tuples: 1_000,
+                gc_connections: 500_000,
                 fig2_sizes: vec![100, 1_000, 10_000],
                 fig2_connections: 2_000,
                 fig2_iptables: node::Loader::IptablesRestore,
@@ -234,6 +240,8 @@ pub struct Report {
     pub config: Config,
     pub environment: Environment,
     pub fig1: Outcome<kernel_cost::Fig1>,
+    /// With figure 1: the conntrack sweeper's pass over a million entries.
+    pub conntrack_gc: Outcome<kernel_cost::ConntrackGc>,
     pub fig2: Outcome<node::Fig2>,
     pub fig3: Outcome<Fig3>,
     pub fig4: Outcome<node::Fig4>,
@@ -245,7 +253,7 @@ impl Report {
     /// Whether every selected figure was measured.
     pub fn complete(&self) -> bool {
         let c = &self.config;
-        (!c.runs(1) || self.fig1.ok().is_some())
+        (!c.runs(1) || (self.fig1.ok().is_some() && self.conntrack_gc.ok().is_some()))
             && (!c.runs(2) || self.fig2.ok().is_some())
             && (!c.runs(3) || self.fig3.ok().is_some())
             && (!c.runs(4) || self.fig4.ok().is_some())
@@ -289,6 +297,12 @@ pub fn run(cfg: &Config, out: &Path) -> Result<Report> {
     let fig1 = if cfg.runs(1) {
         progress("figure 1: kernel cost per packet (BPF_PROG_TEST_RUN)");
         Outcome::from(kernel_cost::per_packet(cfg))
+    } else {
+        Outcome::not_selected()
+    };
+    let conntrack_gc = if cfg.runs(1) {
+        progress("figure 1: conntrack sweep over a full table");
+        Outcome::from(kernel_cost::conntrack_gc(cfg.gc_connections))
     } else {
         Outcome::not_selected()
     };
@@ -383,6 +397,7 @@ pub fn run(cfg: &Config, out: &Path) -> Result<Report> {
             ..environment
         },
         fig1,
+        conntrack_gc,
         fig2,
         fig3,
         fig4,
