@@ -261,7 +261,17 @@ impl Harness {
                 Err(_) => {}
             }
         }
-        let invariants = invariants(frame, &out.packet, out.verdict);
+        let mut invariants = invariants(frame, &out.packet, out.verdict);
+        // A packet of no Service and no tracked connection leaves untouched, whatever
+        // the model says.
+        if let [(reason, _)] = counted[..] {
+            if UNTOUCHED.contains(&(reason as u32)) && out.packet != frame {
+                invariants = Err(format!(
+                    "a packet that took {} was changed",
+                    stat::NAMES[reason]
+                ));
+            }
+        }
         // The model follows the kernel: the outcome that matched, or the early one.
         let chosen = match &result {
             Ok(o) => o.clone(),
