@@ -28,7 +28,7 @@ use anyhow::{anyhow, Context, Result};
 use aya::maps::{HashMap as BpfHashMap, Map, MapData};
 use dataplane_common::{
     ct::state, map_name, stat, AffinityKey, AffinityValue, CtEntry, CtKey, FragKey, FragPorts,
-    CT_FORWARD, CT_REVERSE, PROTO_ICMP, PROTO_TCP, PROTO_UDP,
+    CT_FORWARD, CT_REVERSE, PROTO_ICMP, PROTO_SCTP, PROTO_TCP, PROTO_UDP,
 };
 use sliceway_agent::{
     compiler::{self, Options},
@@ -40,7 +40,7 @@ use sliceway_agent::{
 
 use crate::datapath_model::{
     self as model,
-    checksum::{l4_verifies, verifies},
+    checksum::{l4_verifies, sctp_crc, verifies},
     Maps, Outcome, Tables, Verdict, Write, ETH,
 };
 
@@ -612,10 +612,19 @@ fn invariants(input: &[u8], out: &[u8], verdict: i32) -> Result<(), String> {
             PROTO_TCP => 20,
             PROTO_UDP => 8,
             PROTO_ICMP => 8,
+            PROTO_SCTP => 16,
             _ => 0,
         };
         if need > 0 && total >= ihl + need {
-            if proto == PROTO_ICMP {
+            if proto == PROTO_SCTP {
+                let crc = |ip: &[u8]| {
+                    u32::from_le_bytes([ip[ihl + 8], ip[ihl + 9], ip[ihl + 10], ip[ihl + 11]])
+                };
+                let good = |ip: &[u8]| crc(ip) == sctp_crc(&ip[ihl..total]);
+                if crc(ip_in) != 0 && good(ip_in) && !good(ip_out) {
+                    return Err("a good SCTP CRC went bad".into());
+                }
+            } else if proto == PROTO_ICMP {
                 if verifies(&ip_in[ihl..total]) && !verifies(&ip_out[ihl..total]) {
                     return Err("a good ICMP checksum went bad".into());
                 }
@@ -746,6 +755,8 @@ const PORT_SETS: &[PortSet] = &[
     &[("dns", 53, "UDP", 5353)],
     &[("http", 80, "TCP", 8080), ("dns", 53, "UDP", 5353)],
     &[("dns", 53, "UDP", 53), ("dnstcp", 53, "TCP", 53)],
+    &[("sig", 3868, "SCTP", 3868)],
+    &[("sig", 3868, "SCTP", 13868), ("http", 80, "TCP", 8080)],
 ];
 
 /// Random Services and EndpointSlices, as YAML.
@@ -863,6 +874,25 @@ impl Gen {
         dst: std::net::SocketAddrV4,
         proto: u8,
     ) -> Vec<u8> {
+        if proto == PROTO_SCTP {
+            // The first chunk: INIT, DATA, ABORT, SHUTDOWN COMPLETE, any.
+            let chunk = match self.rng.below(8) {
+                0..=2 => 1,
+                3 | 4 => 0,
+                5 => 6,
+                6 => 14,
+                _ => self.rng.below(256) as u8,
+            };
+            let mut p = build(&PacketSpec::sctp(src, dst, chunk));
+            if self.rng.chance(15) {
+                // A CRC the kernel has yet to compute (a pod's offload).
+                p[ETH + 28..ETH + 32].copy_from_slice(&[0; 4]);
+            }
+            let id = self.rng.next_u64() as u16;
+            p[ETH + 4..ETH + 6].copy_from_slice(&id.to_be_bytes());
+            fix_ip_csum(&mut p);
+            return p;
+        }
         let payload: Vec<u8> = (0..self.rng.below(40))
             .map(|_| self.rng.next_u64() as u8)
             .collect();
@@ -970,7 +1000,10 @@ impl Gen {
         let k = *self.rng.pick(&keys);
         let (port, proto) = if k.proto == 0 {
             // A ClusterIP marker: some port and protocol of it.
-            (self.port(), *self.rng.pick(&[PROTO_TCP, PROTO_UDP]))
+            (
+                self.port(),
+                *self.rng.pick(&[PROTO_TCP, PROTO_UDP, PROTO_SCTP]),
+            )
         } else {
             (u16::from_be(k.port_be), k.proto)
         };
@@ -984,7 +1017,7 @@ impl Gen {
     fn direct(&mut self) -> Vec<u8> {
         let src = std::net::SocketAddrV4::new(self.pick_addr(&CLIENTS), self.port());
         let dst = std::net::SocketAddrV4::new(self.pick_addr(&PODS), self.port());
-        let proto = *self.rng.pick(&[PROTO_TCP, PROTO_UDP]);
+        let proto = *self.rng.pick(&[PROTO_TCP, PROTO_UDP, PROTO_SCTP]);
         self.l4(src, dst, proto)
     }
 
@@ -1045,10 +1078,10 @@ impl Gen {
 
     /// A datagram cut into fragments, queued to go out in any order.
     fn fragments(&mut self, maps: &Maps, tables: &Tables) {
-        let proto = if self.rng.chance(80) {
-            PROTO_UDP
-        } else {
-            PROTO_TCP
+        let proto = match self.rng.below(10) {
+            0..=6 => PROTO_UDP,
+            7 | 8 => PROTO_TCP,
+            _ => PROTO_SCTP,
         };
         let (src, dst) = match self.rng.below(3) {
             0 => match self
@@ -1077,18 +1110,22 @@ impl Gen {
         let payload: Vec<u8> = (0..48 + self.rng.below(160))
             .map(|_| self.rng.next_u64() as u8)
             .collect();
-        let mut spec = if proto == PROTO_TCP {
-            PacketSpec::tcp(src, dst, 0x18)
-        } else {
-            PacketSpec::udp(src, dst, &payload)
+        let mut spec = match proto {
+            PROTO_TCP => PacketSpec::tcp(src, dst, 0x18),
+            PROTO_SCTP => PacketSpec::sctp(src, dst, 0),
+            _ => PacketSpec::udp(src, dst, &payload),
         };
-        if proto == PROTO_TCP {
-            spec.payload = payload;
+        if proto != PROTO_UDP {
+            spec.payload.extend_from_slice(&payload);
         }
         let whole = build(&spec);
         let body = &whole[ETH + 20..];
         let id = self.rng.next_u64() as u16;
-        let min_first = if proto == PROTO_TCP { 24 } else { 8 };
+        let min_first = match proto {
+            PROTO_TCP => 24,
+            PROTO_SCTP => 16,
+            _ => 8,
+        };
         let cuts = 1 + self.rng.below(2);
         let mut bounds = vec![0usize];
         for _ in 0..cuts {
@@ -1188,6 +1225,9 @@ impl Gen {
                 if p[ETH + 9] == PROTO_UDP && p.len() >= ETH + 28 {
                     p[ETH + 26] = 0;
                     p[ETH + 27] = 0;
+                }
+                if p[ETH + 9] == PROTO_SCTP && p.len() >= ETH + 32 {
+                    p[ETH + 28..ETH + 32].copy_from_slice(&[0; 4]);
                 }
             }
             5 => {

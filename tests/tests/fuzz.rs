@@ -55,7 +55,7 @@ spec:
   clusterIP: 10.96.0.10
   ports: [{name: http, port: 80, protocol: TCP}]
 "#,
-        timeouts: [0; 8],
+        timeouts: [0; dataplane_common::ct::state::COUNT as usize],
         packets: &[
             // 10.244.9.2:40000 > 10.96.0.10:53 UDP, first fragment (rejected), then
             // the second (dropped).

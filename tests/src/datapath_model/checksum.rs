@@ -1,6 +1,8 @@
 //! The Internet checksum as the model computes it: RFC 1071's one's complement sum
 //! of 16-bit words, and RFC 1624's update of a checksum when words it covers change
-//! (HC' = ~(~HC + ~m + m'), eqn. 3), over big-endian words.
+//! (HC' = ~(~HC + ~m + m'), eqn. 3), over big-endian words; and SCTP's CRC32c
+//! (RFC 9260, appendix A) without its initial value and final complement, which is
+//! linear: the CRCs of two messages of one length differ by that of their XOR.
 
 /// A one's complement sum of 16-bit words in progress.
 #[derive(Clone, Copy, Debug)]
@@ -54,6 +56,44 @@ impl Checksum {
     }
 }
 
+/// CRC32c's polynomial, reflected (RFC 9260, appendix A).
+const CRC32C_POLY: u32 = 0x82f6_3b78;
+
+/// The CRC32c register over `data` from zero, without the final complement: the
+/// difference between the CRCs of two messages of `data`'s length whose XOR is
+/// `data`.
+pub fn crc32c_linear(data: &[u8]) -> u32 {
+    let mut r = 0u32;
+    for &b in data {
+        r ^= b as u32;
+        for _ in 0..8 {
+            r = if r & 1 != 0 {
+                (r >> 1) ^ CRC32C_POLY
+            } else {
+                r >> 1
+            };
+        }
+    }
+    r
+}
+
+/// SCTP's CRC32c of an SCTP packet, its checksum field taken as zero, as the field
+/// holds it (little-endian).
+pub fn sctp_crc(sctp: &[u8]) -> u32 {
+    let mut r = !0u32;
+    for (i, &b) in sctp.iter().enumerate() {
+        r ^= if (8..12).contains(&i) { 0 } else { b as u32 };
+        for _ in 0..8 {
+            r = if r & 1 != 0 {
+                (r >> 1) ^ CRC32C_POLY
+            } else {
+                r >> 1
+            };
+        }
+    }
+    !r
+}
+
 /// Whether `data` (a header or message with its checksum field in place) verifies.
 pub fn verifies(data: &[u8]) -> bool {
     matches!(Checksum::of(data).get(), 0)
@@ -78,6 +118,31 @@ pub fn l4_verifies(ip: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_crc_moves_by_the_crc_of_the_difference() {
+        let mut pkt: Vec<u8> = (0..60u8).map(|i| i.wrapping_mul(37)).collect();
+        let before = sctp_crc(&pkt);
+        let mut diff = vec![0u8; pkt.len()];
+        diff[0] = pkt[0] ^ 0x12;
+        diff[3] = pkt[3] ^ 0x9a;
+        pkt[0] = 0x12;
+        pkt[3] = 0x9a;
+        assert_eq!(sctp_crc(&pkt), before ^ crc32c_linear(&diff));
+        // RFC 9260's check value of CRC32c: "123456789" gives 0xe3069283.
+        let mut r = !0u32;
+        for &b in b"123456789" {
+            r ^= b as u32;
+            for _ in 0..8 {
+                r = if r & 1 != 0 {
+                    (r >> 1) ^ CRC32C_POLY
+                } else {
+                    r >> 1
+                };
+            }
+        }
+        assert_eq!(!r, 0xe306_9283);
+    }
 
     #[test]
     fn an_update_equals_a_full_sum() {

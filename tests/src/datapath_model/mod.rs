@@ -32,6 +32,14 @@
 //!   UDP) inside both the datagram and the frame, or it is malformed;
 //! - then conntrack, the frontend lookup and the backend pick, REJECT, reverse NAT,
 //!   as `step` spells out.
+//!
+//! SCTP (RFC 9260): an INIT starts an association, ABORT and SHUTDOWN COMPLETE end
+//! it; addresses are translated as for TCP and UDP (SCTP's CRC32c covers no
+//! address), ports under the CRC, which changes by the CRC of the ports' difference
+//! (the CRC is linear); a CRC field of zero (one the kernel has yet to compute) stays
+//! zero; a first fragment whose ports change cannot have its CRC updated and is
+//! dropped (`drop_rewrite`). An ICMP error quoting SCTP leaves the quoted CRC as it
+//! is (it covers bytes the quote does not hold).
 
 pub mod checksum;
 
@@ -40,8 +48,8 @@ use std::collections::HashMap;
 use dataplane_common::{
     ct::{self, flag, state},
     flow_hash, stat, AffinityKey, AffinityValue, Backend, CtEntry, CtKey, FragKey, FragPorts,
-    ServiceKey, ServiceValue, SlotKey, CT_FORWARD, CT_REVERSE, PROTO_ICMP, PROTO_TCP, PROTO_UDP,
-    SVC_F_AFFINITY, SVC_F_DROP_EMPTY,
+    ServiceKey, ServiceValue, SlotKey, CT_FORWARD, CT_REVERSE, PROTO_ICMP, PROTO_SCTP, PROTO_TCP,
+    PROTO_UDP, SVC_F_AFFINITY, SVC_F_DROP_EMPTY,
 };
 
 use checksum::Checksum;
@@ -52,6 +60,12 @@ const TCP_FIN: u8 = 0x01;
 const TCP_SYN: u8 = 0x02;
 const TCP_RST: u8 = 0x04;
 const TCP_ACK: u8 = 0x10;
+/// SCTP (RFC 9260): the common header and the first chunk's type, flags and length;
+/// an INIT starts an association, ABORT and SHUTDOWN COMPLETE end one.
+const SCTP_MIN: usize = 16;
+const SCTP_INIT: u8 = 1;
+const SCTP_ABORT: u8 = 6;
+const SCTP_SHUTDOWN_COMPLETE: u8 = 14;
 /// How many source ports a new connection whose reply tuple is taken tries, and
 /// where they come from: `1024 + (hash + i * 7919) % 64512` for the i-th try
 /// (netfilter's NAT likewise searches the unprivileged range on a clash).
@@ -153,7 +167,10 @@ struct Flow {
     dport: u16,
     proto: u8,
     l4: usize,
+    /// TCP flags; for SCTP, RST when the first chunk ends the association.
     tcp_flags: u8,
+    /// A TCP SYN without ACK, an SCTP INIT: the first packet of a connection.
+    starts: bool,
     udp_no_csum: bool,
     later_fragment: bool,
 }
@@ -163,7 +180,7 @@ impl Flow {
         CtKey::v4(self.src, self.dst, self.sport, self.dport, self.proto)
     }
     fn syn_only(&self) -> bool {
-        self.proto == PROTO_TCP && self.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN
+        self.starts
     }
     fn hash(&self) -> u32 {
         flow_hash(self.src, self.dst, self.sport, self.dport, self.proto)
@@ -285,7 +302,7 @@ impl Machine<'_> {
             return (DROP, stat::DROP_MALFORMED);
         }
         let proto = ip[9];
-        if proto != PROTO_TCP && proto != PROTO_UDP && proto != PROTO_ICMP {
+        if ![PROTO_TCP, PROTO_UDP, PROTO_SCTP, PROTO_ICMP].contains(&proto) {
             return (PASS, stat::PASS_NOT_L4);
         }
         let total = be16(ip, 2) as usize;
@@ -321,11 +338,16 @@ impl Machine<'_> {
                 proto,
                 l4,
                 tcp_flags: 0,
+                starts: false,
                 udp_no_csum: false,
                 later_fragment: true,
             }
         } else {
-            let need = if proto == PROTO_TCP { 20 } else { 8 };
+            let need = match proto {
+                PROTO_TCP => 20,
+                PROTO_SCTP => SCTP_MIN,
+                _ => 8,
+            };
             if total < ihl + need || p.len() < l4 + need {
                 return (DROP, stat::DROP_MALFORMED);
             }
@@ -336,7 +358,18 @@ impl Machine<'_> {
                 dport: ne16(p, l4 + 2),
                 proto,
                 l4,
-                tcp_flags: if proto == PROTO_TCP { p[l4 + 13] } else { 0 },
+                tcp_flags: match proto {
+                    PROTO_TCP => p[l4 + 13],
+                    PROTO_SCTP if [SCTP_ABORT, SCTP_SHUTDOWN_COMPLETE].contains(&p[l4 + 12]) => {
+                        TCP_RST
+                    }
+                    _ => 0,
+                },
+                starts: match proto {
+                    PROTO_TCP => p[l4 + 13] & (TCP_SYN | TCP_ACK) == TCP_SYN,
+                    PROTO_SCTP => p[l4 + 12] == SCTP_INIT,
+                    _ => false,
+                },
                 udp_no_csum: proto == PROTO_UDP && be16(p, l4 + 6) == 0,
                 later_fragment: false,
             };
@@ -425,6 +458,9 @@ impl Machine<'_> {
         };
         let to = entry.pair;
         self.set_addr(flow, false, to.src_be[0]);
+        if flow.proto == PROTO_SCTP && !flow.later_fragment {
+            return Some(self.sctp_ports(p, flow, to.dport_be, to.sport_be, reason));
+        }
         if !flow.later_fragment {
             self.set_port(flow, false, flow.dport, to.sport_be);
             if to.dport_be != flow.sport {
@@ -594,6 +630,15 @@ impl Machine<'_> {
                     if flow.later_fragment {
                         return (PASS, stat::NAT_FRAGMENT);
                     }
+                    if flow.proto == PROTO_SCTP {
+                        return self.sctp_ports(
+                            p,
+                            flow,
+                            fwd_key.dport_be,
+                            fwd_key.sport_be,
+                            stat::REVNAT,
+                        );
+                    }
                     self.set_port(flow, true, flow.sport, fwd_key.dport_be);
                     if fwd_key.sport_be != flow.dport {
                         self.set_port(flow, false, flow.dport, fwd_key.sport_be);
@@ -626,7 +671,13 @@ impl Machine<'_> {
                 let fwd = self.view.ct(&rev.pair);
                 let open = fwd.is_some_and(|f| {
                     f.pair == reply
-                        && (f.state == state::TCP_SYN_SENT || f.state == state::TCP_ESTABLISHED)
+                        && [
+                            state::TCP_SYN_SENT,
+                            state::TCP_ESTABLISHED,
+                            state::SCTP_UNREPLIED,
+                            state::SCTP_ESTABLISHED,
+                        ]
+                        .contains(&f.state)
                 });
                 if !open {
                     self.view.remove(reply);
@@ -704,7 +755,7 @@ impl Machine<'_> {
             return not_ours;
         }
         let proto = p[inner + 9];
-        if p[inner] != 0x45 || (proto != PROTO_TCP && proto != PROTO_UDP) {
+        if p[inner] != 0x45 || ![PROTO_TCP, PROTO_UDP, PROTO_SCTP].contains(&proto) {
             return not_ours;
         }
         let q_src = ne32(p, inner + 12);
@@ -727,7 +778,7 @@ impl Machine<'_> {
         // Every change inside the ICMP message also moves the ICMP checksum.
         let icmp_csum = l4 + 2;
         let q_l4_csum = inner + 20 + if proto == PROTO_TCP { 16 } else { 6 };
-        if q_l4_csum + 2 <= ip_end && q_l4_csum + 2 <= p.len() {
+        if proto != PROTO_SCTP && q_l4_csum + 2 <= ip_end && q_l4_csum + 2 <= p.len() {
             let c = be16(p, q_l4_csum);
             if !(proto == PROTO_UDP && c == 0) {
                 let mut sum = Checksum::from_field(c);
@@ -777,9 +828,43 @@ impl Machine<'_> {
         self.loose.push(ETH + 10);
     }
 
-    /// The L4 checksum's offset, if the packet carries one to update.
+    /// An SCTP packet's ports set to `sport:dport` (its addresses are done): the
+    /// CRC32c moves by the CRC of the difference, over the SCTP packet's length as
+    /// the IP header gives it; a zero CRC (to be computed by the kernel) stays zero; a
+    /// first fragment's CRC covers bytes it does not hold: dropped.
+    fn sctp_ports(&mut self, p: &[u8], flow: &Flow, sport: u16, dport: u16, reason: u32) -> Exit {
+        if sport == flow.sport && dport == flow.dport {
+            return (PASS, reason);
+        }
+        let crc_at = flow.l4 + 8;
+        let field: [u8; 4] = self.out[crc_at..crc_at + 4].try_into().expect("4 bytes");
+        if field != [0; 4] {
+            if be16(p, ETH + 6) & 0x2000 != 0 {
+                return (DROP, stat::DROP_REWRITE);
+            }
+            let ihl = (p[ETH] & 0x0f) as usize * 4;
+            let len = be16(p, ETH + 2) as usize - ihl;
+            let mut diff = vec![0u8; len];
+            let (os, ns) = (flow.sport.to_ne_bytes(), sport.to_ne_bytes());
+            let (od, nd) = (flow.dport.to_ne_bytes(), dport.to_ne_bytes());
+            diff[..4].copy_from_slice(&[
+                os[0] ^ ns[0],
+                os[1] ^ ns[1],
+                od[0] ^ nd[0],
+                od[1] ^ nd[1],
+            ]);
+            let crc = u32::from_le_bytes(field) ^ checksum::crc32c_linear(&diff);
+            self.out[crc_at..crc_at + 4].copy_from_slice(&crc.to_le_bytes());
+        }
+        self.out[flow.l4..flow.l4 + 2].copy_from_slice(&sport.to_ne_bytes());
+        self.out[flow.l4 + 2..flow.l4 + 4].copy_from_slice(&dport.to_ne_bytes());
+        (PASS, reason)
+    }
+
+    /// The L4 checksum's offset, if the packet carries one to update (SCTP's CRC
+    /// covers no address: `sctp_ports` sees to it).
     fn l4_csum(&self, flow: &Flow) -> Option<usize> {
-        if flow.later_fragment || flow.udp_no_csum {
+        if flow.later_fragment || flow.udp_no_csum || flow.proto == PROTO_SCTP {
             return None;
         }
         Some(flow.l4 + if flow.proto == PROTO_TCP { 16 } else { 6 })
@@ -853,6 +938,19 @@ pub fn next_state(proto: u8, seen: u8, flags: u8, from_client: bool) -> (u8, u8)
                 state::TCP_ESTABLISHED
             } else {
                 state::TCP_SYN_SENT
+            };
+            (s, seen)
+        }
+        PROTO_SCTP => {
+            if flags & TCP_RST != 0 {
+                seen |= flag::RST;
+            }
+            let s = if seen & flag::RST != 0 {
+                state::SCTP_CLOSED
+            } else if seen & flag::REPLIED != 0 {
+                state::SCTP_ESTABLISHED
+            } else {
+                state::SCTP_UNREPLIED
             };
             (s, seen)
         }
