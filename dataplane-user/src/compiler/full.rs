@@ -1,0 +1,81 @@
+//! The whole compile at once: every Service and EndpointSlice in, every frontend out.
+
+use std::collections::{BTreeMap, HashMap};
+
+use dataplane_common::ServiceKey;
+use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+
+use super::claims::{conflict_messages, Claim, ClaimOrder};
+use super::service::{compile_service, GroupKey, ServiceOut};
+use super::slices::{classify_slice, merge_slice, EndpointsKey, PortEndpoints};
+use super::{Compiled, Options};
+use crate::model::{ServiceInfo, SliceInfo};
+
+/// Compiles Services and EndpointSlices into frontends.
+pub fn compile(services: &[Service], slices: &[EndpointSlice], opts: &Options) -> Compiled {
+    let services: Vec<ServiceInfo> = services.iter().map(ServiceInfo::from).collect();
+    let slices: Vec<SliceInfo> = slices.iter().map(SliceInfo::from).collect();
+    compile_model(&services, &slices, opts)
+}
+
+/// [`compile`] over the agent's model of the objects.
+pub fn compile_model(services: &[ServiceInfo], slices: &[SliceInfo], opts: &Options) -> Compiled {
+    let mut out = Compiled::default();
+    let mut slices: Vec<&SliceInfo> = slices.iter().collect();
+    slices.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    let mut endpoints: HashMap<EndpointsKey, PortEndpoints> = HashMap::new();
+    for slice in slices {
+        if let Some(key) = classify_slice(slice, opts, &mut out.ignored, &mut out.skipped) {
+            merge_slice(
+                slice,
+                opts,
+                endpoints.entry(key).or_default(),
+                &mut out.skipped,
+            );
+        }
+    }
+
+    let mut services: Vec<&ServiceInfo> = services.iter().collect();
+    services.sort_by(|a, b| group_of(a).cmp(&group_of(b)));
+    let mut compiled = ServiceOut::default();
+    // Every claim with its place: (order, group, index in the group).
+    let mut claims: Vec<(ClaimOrder, GroupKey, u32, Claim)> = Vec::new();
+    // The Services of a group are consecutive (sorted above): the index in the group
+    // runs on until the group changes.
+    let mut place: (GroupKey, u32) = Default::default();
+    for svc in services {
+        let group = (
+            svc.namespace.clone().unwrap_or_default(),
+            svc.name.clone().unwrap_or_default(),
+        );
+        if place.0 != group {
+            place = (group.clone(), 0);
+        }
+        compile_service(svc, &endpoints, opts, &mut compiled);
+        for claim in compiled.claims.drain(..) {
+            claims.push((claim.order.clone(), group.clone(), place.1, claim));
+            place.1 += 1;
+        }
+    }
+    claims.sort_by(|a, b| (&a.0, &a.1, a.2).cmp(&(&b.0, &b.1, b.2)));
+    let mut by_key: BTreeMap<ServiceKey, Vec<&Claim>> = BTreeMap::new();
+    for (_, _, _, claim) in &claims {
+        by_key.entry(claim.key).or_default().push(claim);
+    }
+    for (key, who) in by_key {
+        out.skipped.extend(conflict_messages(&key, &who));
+        out.frontends.insert(key, who[0].frontend.clone());
+    }
+    out.skipped.append(&mut compiled.skipped);
+    out.ignored.add(&compiled.ignored);
+    out.skipped.sort();
+    out
+}
+
+/// The compile order of Services: namespace and name, empty when unset.
+fn group_of(svc: &ServiceInfo) -> (&str, &str) {
+    (
+        svc.namespace.as_deref().unwrap_or_default(),
+        svc.name.as_deref().unwrap_or_default(),
+    )
+}

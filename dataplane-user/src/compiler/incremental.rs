@@ -1,0 +1,333 @@
+//! The compiler kept running between syncs: only what changed is recompiled.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use dataplane_common::ServiceKey;
+
+use super::claims::{conflict_messages, Claim, ClaimOrder};
+use super::service::{compile_service, GroupKey, ServiceOut};
+use super::slices::{classify_slice, merge_slice, EndpointsKey, PortEndpoints};
+use super::{Compiled, Frontend, Ignored, Options, Skipped};
+use crate::model::{Origin, ServiceId, ServiceInfo, SliceId, SliceInfo};
+
+/// The compiler kept running between syncs. Objects go in one at a time
+/// ([`put_service`](Self::put_service), [`remove_slice`](Self::remove_slice), ...);
+/// [`compile`](Self::compile) then recompiles only the Services whose Service object
+/// or EndpointSlices changed, and says which frontends changed. What it holds is
+/// always what [`compile`](crate::compiler::compile) gives for the same objects.
+#[derive(Debug, Default)]
+pub struct Incremental {
+    opts: Options,
+    services: BTreeMap<ServiceId, ServiceInfo>,
+    slices: BTreeMap<SliceId, SliceEntry>,
+    /// The used slices of each Service, in merge order.
+    slices_of: HashMap<EndpointsKey, Vec<SliceId>>,
+    endpoints: HashMap<EndpointsKey, PortEndpoints>,
+    groups: HashMap<GroupKey, ServiceOut>,
+    /// Who asks for each frontend, first (the owner) first: (group, claim index).
+    claims: HashMap<ServiceKey, Vec<(ClaimOrder, GroupKey, u32)>>,
+    frontends: BTreeMap<ServiceKey, Frontend>,
+    /// Slices and groups that have something skipped; frontends asked for twice.
+    slices_skipping: BTreeSet<SliceId>,
+    groups_skipping: BTreeSet<GroupKey>,
+    conflicts: BTreeSet<ServiceKey>,
+    ignored: Ignored,
+    dirty_endpoints: BTreeSet<EndpointsKey>,
+    dirty_groups: BTreeSet<GroupKey>,
+    /// Trigger times of the slices put since the last `take_trigger_times`.
+    trigger_times: Vec<((String, String), String)>,
+}
+
+/// A slice and what it gives on its own.
+#[derive(Debug)]
+struct SliceEntry {
+    info: SliceInfo,
+    /// The Service it belongs to, if it is used.
+    used_for: Option<EndpointsKey>,
+    skipped: Vec<Skipped>,
+    ignored: Ignored,
+}
+
+impl Incremental {
+    pub fn new(opts: Options) -> Self {
+        Self {
+            opts,
+            ..Default::default()
+        }
+    }
+
+    pub fn options(&self) -> &Options {
+        &self.opts
+    }
+
+    /// Sets this node's zone (from its Node object). Topology hints of every Service
+    /// are read against it, so a new zone recompiles them all. Whether it changed.
+    pub fn set_zone(&mut self, zone: Option<String>) -> bool {
+        if self.opts.zone == zone {
+            return false;
+        }
+        self.opts.zone = zone;
+        for id in self.services.keys() {
+            self.dirty_groups
+                .insert((id.namespace.clone(), id.name.clone()));
+        }
+        true
+    }
+
+    /// Adds or replaces a Service. Whether anything changed.
+    pub fn put_service(&mut self, origin: Origin, svc: ServiceInfo) -> bool {
+        let id = ServiceId::of(&svc, origin);
+        if self.services.get(&id) == Some(&svc) {
+            return false;
+        }
+        self.dirty_groups
+            .insert((id.namespace.clone(), id.name.clone()));
+        self.services.insert(id, svc);
+        true
+    }
+
+    /// Removes a Service. Whether it was there.
+    pub fn remove_service(&mut self, id: &ServiceId) -> bool {
+        if self.services.remove(id).is_none() {
+            return false;
+        }
+        self.dirty_groups
+            .insert((id.namespace.clone(), id.name.clone()));
+        true
+    }
+
+    /// Adds or replaces an EndpointSlice. Whether anything changed.
+    pub fn put_slice(&mut self, origin: Origin, slice: SliceInfo) -> bool {
+        let id = SliceId::of(&slice, origin);
+        if self.slices.get(&id).is_some_and(|e| e.info == slice) {
+            return false;
+        }
+        self.remove_slice(&id);
+        if let Some(t) = &slice.trigger_time {
+            self.trigger_times.push((
+                (
+                    id.namespace.clone().unwrap_or_default(),
+                    id.name.clone().unwrap_or_default(),
+                ),
+                t.clone(),
+            ));
+        }
+        let mut entry = SliceEntry {
+            info: slice,
+            used_for: None,
+            skipped: Vec::new(),
+            ignored: Ignored::default(),
+        };
+        entry.used_for = classify_slice(
+            &entry.info,
+            &self.opts,
+            &mut entry.ignored,
+            &mut entry.skipped,
+        );
+        if let Some(key) = &entry.used_for {
+            // Run once on its own for the messages; merged with its siblings later.
+            merge_slice(
+                &entry.info,
+                &self.opts,
+                &mut PortEndpoints::default(),
+                &mut entry.skipped,
+            );
+            let ids = self.slices_of.entry(key.clone()).or_default();
+            let at = ids.partition_point(|i| *i < id);
+            ids.insert(at, id.clone());
+            self.dirty_endpoints.insert(key.clone());
+        }
+        self.ignored.add(&entry.ignored);
+        if !entry.skipped.is_empty() {
+            self.slices_skipping.insert(id.clone());
+        }
+        self.slices.insert(id, entry);
+        true
+    }
+
+    /// Removes an EndpointSlice. Whether it was there.
+    pub fn remove_slice(&mut self, id: &SliceId) -> bool {
+        let Some(entry) = self.slices.remove(id) else {
+            return false;
+        };
+        self.ignored.sub(&entry.ignored);
+        self.slices_skipping.remove(id);
+        if let Some(key) = entry.used_for {
+            if let Some(ids) = self.slices_of.get_mut(&key) {
+                ids.retain(|i| i != id);
+                if ids.is_empty() {
+                    self.slices_of.remove(&key);
+                }
+            }
+            self.dirty_endpoints.insert(key);
+        }
+        true
+    }
+
+    /// The `last-change-trigger-time` of each slice added or changed since the last
+    /// call, by namespace and name (empty when unset): the agent's programming latency.
+    pub fn take_trigger_times(&mut self) -> Vec<((String, String), String)> {
+        std::mem::take(&mut self.trigger_times)
+    }
+
+    /// The Services held, by identity.
+    pub fn service_ids(&self) -> impl Iterator<Item = &ServiceId> {
+        self.services.keys()
+    }
+
+    /// The EndpointSlices held, by identity.
+    pub fn slice_ids(&self) -> impl Iterator<Item = &SliceId> {
+        self.slices.keys()
+    }
+
+    pub fn service_count(&self) -> usize {
+        self.services.len()
+    }
+
+    pub fn slice_count(&self) -> usize {
+        self.slices.len()
+    }
+
+    /// Recompiles what changed since the last call. Returns the frontends that were
+    /// added, changed or removed.
+    pub fn compile(&mut self) -> BTreeSet<ServiceKey> {
+        for key in std::mem::take(&mut self.dirty_endpoints) {
+            let merged = self.slices_of.get(&key).map(|ids| {
+                let mut merged = PortEndpoints::default();
+                let mut messages = Vec::new(); // kept per slice already
+                for id in ids {
+                    merge_slice(
+                        &self.slices[id].info,
+                        &self.opts,
+                        &mut merged,
+                        &mut messages,
+                    );
+                }
+                merged
+            });
+            let old = match merged {
+                Some(m) => self.endpoints.insert(key.clone(), m),
+                None => self.endpoints.remove(&key),
+            };
+            if old.as_ref() == self.endpoints.get(&key) {
+                continue;
+            }
+            // A Service without a namespace compiles with those of `default` but is
+            // ordered with those of the empty namespace.
+            if key.0 == "default" {
+                self.dirty_groups.insert((String::new(), key.1.clone()));
+            }
+            self.dirty_groups.insert(key);
+        }
+
+        let mut touched = BTreeSet::new();
+        for group in std::mem::take(&mut self.dirty_groups) {
+            if let Some(old) = self.groups.remove(&group) {
+                self.ignored.sub(&old.ignored);
+                self.groups_skipping.remove(&group);
+                for (i, claim) in old.claims.iter().enumerate() {
+                    if let Some(who) = self.claims.get_mut(&claim.key) {
+                        who.retain(|(_, g, j)| !(*g == group && *j == i as u32));
+                        if who.is_empty() {
+                            self.claims.remove(&claim.key);
+                        }
+                    }
+                    touched.insert(claim.key);
+                }
+            }
+            let mut out = ServiceOut::default();
+            let from = ServiceId {
+                namespace: group.0.clone(),
+                name: group.1.clone(),
+                origin: Origin::default(),
+            };
+            for (id, svc) in self.services.range(from..) {
+                if id.namespace != group.0 || id.name != group.1 {
+                    break;
+                }
+                compile_service(svc, &self.endpoints, &self.opts, &mut out);
+            }
+            if out.is_empty() {
+                continue;
+            }
+            self.ignored.add(&out.ignored);
+            if !out.skipped.is_empty() {
+                self.groups_skipping.insert(group.clone());
+            }
+            for (i, claim) in out.claims.iter().enumerate() {
+                let who = self.claims.entry(claim.key).or_default();
+                let at = (claim.order.clone(), group.clone(), i as u32);
+                let pos = who.partition_point(|c| *c < at);
+                who.insert(pos, at);
+                touched.insert(claim.key);
+            }
+            self.groups.insert(group, out);
+        }
+
+        let mut changed = BTreeSet::new();
+        for key in touched {
+            let who = self.claims.get(&key);
+            if who.is_some_and(|w| w.len() > 1) {
+                self.conflicts.insert(key);
+            } else {
+                self.conflicts.remove(&key);
+            }
+            let owner = who
+                .and_then(|w| w.first())
+                .map(|(_, g, i)| &self.groups[g].claims[*i as usize].frontend);
+            if owner == self.frontends.get(&key) {
+                continue;
+            }
+            match owner {
+                Some(f) => {
+                    self.frontends.insert(key, f.clone());
+                }
+                None => {
+                    self.frontends.remove(&key);
+                }
+            }
+            changed.insert(key);
+        }
+        changed
+    }
+
+    /// The frontends as of the last [`compile`](Self::compile).
+    pub fn frontends(&self) -> &BTreeMap<ServiceKey, Frontend> {
+        &self.frontends
+    }
+
+    /// What could not be used, sorted, as of the last [`compile`](Self::compile) (and
+    /// of the slices put since).
+    pub fn skipped(&self) -> Vec<Skipped> {
+        let mut all = Vec::new();
+        for id in &self.slices_skipping {
+            all.extend(self.slices[id].skipped.iter().cloned());
+        }
+        for group in &self.groups_skipping {
+            all.extend(self.groups[group].skipped.iter().cloned());
+        }
+        for key in &self.conflicts {
+            let who: Vec<&Claim> = self.claims[key]
+                .iter()
+                .map(|(_, g, i)| &self.groups[g].claims[*i as usize])
+                .collect();
+            all.extend(conflict_messages(key, &who));
+        }
+        all.sort();
+        all
+    }
+
+    /// Objects deliberately left alone, as of the last [`compile`](Self::compile).
+    pub fn ignored(&self) -> &Ignored {
+        &self.ignored
+    }
+
+    /// Everything, in the form [`compile`](crate::compiler::compile) gives.
+    pub fn compiled(&self) -> Compiled {
+        Compiled {
+            frontends: self.frontends.clone(),
+            skipped: self.skipped(),
+            ignored: self.ignored.clone(),
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! What the compiler gives: frontends (a Service port, its backends and policy), what
+//! it skipped and why, and what it left alone on purpose.
+
+use std::{collections::BTreeMap, fmt};
+
+use dataplane_common::{Backend, ServiceKey};
+
+use crate::categorize::EmptyVerdict;
+
+/// A Service port as kube-proxy names it: `namespace/name:port`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ServicePortName {
+    pub namespace: String,
+    pub name: String,
+    pub port: String,
+}
+
+impl ServicePortName {
+    /// Parses the `Display` form back (names read from the kernel's maps).
+    pub fn parse(s: &str) -> Self {
+        let (namespace, rest) = s.split_once('/').unwrap_or(("", s));
+        let (name, port) = rest.split_once(':').unwrap_or((rest, ""));
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+            port: port.into(),
+        }
+    }
+
+    /// The name of a frontend found in the maps without one.
+    pub fn unknown() -> Self {
+        Self {
+            namespace: String::new(),
+            name: "?".into(),
+            port: String::new(),
+        }
+    }
+}
+
+impl fmt::Display for ServicePortName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // As kube-proxy prints it: no colon for an unnamed port.
+        if self.port.is_empty() {
+            write!(f, "{}/{}", self.namespace, self.name)
+        } else {
+            write!(f, "{}/{}:{}", self.namespace, self.name, self.port)
+        }
+    }
+}
+
+/// One frontend to program: the Service port it belongs to and its backends, sorted
+/// and without duplicates.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Frontend {
+    pub service: ServicePortName,
+    pub backends: Vec<Backend>,
+    pub policy: FrontendPolicy,
+}
+
+/// What a frontend does besides picking among its backends.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FrontendPolicy {
+    /// What a new flow meets when there is no backend.
+    pub on_empty: EmptyVerdict,
+    /// `sessionAffinity: ClientIP`: the timeout in seconds.
+    pub affinity_timeout: Option<u32>,
+}
+
+/// kube-proxy's default `sessionAffinityConfig.clientIP.timeoutSeconds`
+/// (`v1.DefaultClientIPServiceAffinitySeconds`, three hours).
+pub const DEFAULT_AFFINITY_TIMEOUT: u32 = 10_800;
+/// The API's largest timeout (`v1.MaxClientIPServiceAffinitySeconds`, one day).
+pub const MAX_AFFINITY_TIMEOUT: i32 = 86_400;
+
+impl FrontendPolicy {
+    /// The `SERVICES` value of a frontend with this policy.
+    pub fn service_value(&self, id: u32, count: u32) -> dataplane_common::ServiceValue {
+        let mut flags = 0;
+        if self.on_empty == EmptyVerdict::Drop {
+            flags |= dataplane_common::SVC_F_DROP_EMPTY;
+        }
+        if self.affinity_timeout.is_some() {
+            flags |= dataplane_common::SVC_F_AFFINITY;
+        }
+        dataplane_common::ServiceValue {
+            id,
+            count,
+            flags,
+            affinity_timeout_s: self.affinity_timeout.unwrap_or(0),
+        }
+    }
+
+    /// The policy a `SERVICES` value carries (read back from pinned maps).
+    pub fn of(v: &dataplane_common::ServiceValue) -> Self {
+        Self {
+            on_empty: if v.flags & dataplane_common::SVC_F_DROP_EMPTY != 0 {
+                EmptyVerdict::Drop
+            } else {
+                EmptyVerdict::Reject
+            },
+            affinity_timeout: (v.flags & dataplane_common::SVC_F_AFFINITY != 0)
+                .then_some(v.affinity_timeout_s),
+        }
+    }
+}
+
+/// Which object a message is about.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectRef {
+    pub kind: &'static str,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl fmt::Display for ObjectRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.namespace.is_empty() {
+            write!(f, "{} {}", self.kind, self.name)
+        } else {
+            write!(f, "{} {}/{}", self.kind, self.namespace, self.name)
+        }
+    }
+}
+
+/// Something the compiler could not use, and why. The rest still compiles.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Skipped {
+    pub object: ObjectRef,
+    /// A short, stable name of the reason, for metrics.
+    pub code: &'static str,
+    pub reason: String,
+}
+
+/// Objects deliberately left alone (not an error): another proxy's, headless, and the
+/// like. Counted so that `list` and metrics can say why a Service has no frontend.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ignored {
+    pub other_proxy: usize,
+    pub headless: usize,
+    pub external_name: usize,
+    pub ipv6: usize,
+}
+
+/// The compiler's output.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Compiled {
+    pub frontends: BTreeMap<ServiceKey, Frontend>,
+    pub skipped: Vec<Skipped>,
+    pub ignored: Ignored,
+}
+
+impl Ignored {
+    pub(super) fn add(&mut self, o: &Ignored) {
+        self.other_proxy += o.other_proxy;
+        self.headless += o.headless;
+        self.external_name += o.external_name;
+        self.ipv6 += o.ipv6;
+    }
+    pub(super) fn sub(&mut self, o: &Ignored) {
+        self.other_proxy -= o.other_proxy;
+        self.headless -= o.headless;
+        self.external_name -= o.external_name;
+        self.ipv6 -= o.ipv6;
+    }
+}

@@ -1,0 +1,293 @@
+//! One Service with its merged endpoints into the frontends it asks for: its
+//! ClusterIPs, external and load-balancer IPs, ports, traffic policies and session
+//! affinity.
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    net::Ipv4Addr,
+};
+
+use dataplane_common::{Backend, ServiceKey};
+
+use super::claims::Claim;
+use super::slices::{port_number, protocol, EndpointsKey, MergedEndpoint, PortEndpoints};
+use super::{
+    is_other_proxys, Frontend, FrontendPolicy, Ignored, ObjectRef, Options, ServicePortName,
+    Skipped, DEFAULT_AFFINITY_TIMEOUT, MAX_AFFINITY_TIMEOUT,
+};
+use crate::categorize::{self, EmptyVerdict, NodeFacts, PortPolicy};
+use crate::model::ServiceInfo;
+
+/// Services compiled together, in order: same namespace and name (empty when unset).
+pub(super) type GroupKey = (String, String);
+
+/// What compiling some Services gave, before frontend conflicts are settled.
+#[derive(Clone, Debug, Default)]
+pub(super) struct ServiceOut {
+    pub(super) claims: Vec<Claim>,
+    pub(super) skipped: Vec<Skipped>,
+    pub(super) ignored: Ignored,
+}
+
+impl ServiceOut {
+    pub(super) fn is_empty(&self) -> bool {
+        self.claims.is_empty() && self.skipped.is_empty() && self.ignored == Ignored::default()
+    }
+}
+
+fn service_ref(svc: &ServiceInfo) -> ObjectRef {
+    ObjectRef {
+        kind: "Service",
+        namespace: svc.namespace.clone().unwrap_or_else(|| "default".into()),
+        name: svc.name.clone().unwrap_or_default(),
+    }
+}
+
+pub(super) fn compile_service(
+    svc: &ServiceInfo,
+    endpoints: &HashMap<EndpointsKey, PortEndpoints>,
+    opts: &Options,
+    out: &mut ServiceOut,
+) {
+    let me = service_ref(svc);
+    if me.name.is_empty() {
+        out.skipped.push(Skipped {
+            object: me,
+            code: "no_name",
+            reason: "metadata.name is empty".into(),
+        });
+        return;
+    }
+    if is_other_proxys(svc.proxy_name.as_ref(), opts) {
+        out.ignored.other_proxy += 1;
+        return;
+    }
+    let Some(spec) = svc.spec.as_ref() else {
+        out.skipped.push(Skipped {
+            object: me,
+            code: "no_spec",
+            reason: "no spec".into(),
+        });
+        return;
+    };
+    if spec.external_name {
+        out.ignored.external_name += 1;
+        return;
+    }
+    if spec.cluster_ips.iter().any(|ip| ip.as_str() == "None") {
+        out.ignored.headless += 1;
+        return;
+    }
+    if spec.cluster_ips.is_empty() {
+        out.skipped.push(Skipped {
+            object: me,
+            code: "no_cluster_ip",
+            reason: "no clusterIP assigned".into(),
+        });
+        return;
+    }
+    let mut vips: Vec<(Ipv4Addr, bool)> = Vec::new();
+    for ip in &spec.cluster_ips {
+        match ip.parse::<std::net::IpAddr>() {
+            Ok(std::net::IpAddr::V4(v4)) => match crate::model::refused_address(v4) {
+                None => vips.push((v4, true)),
+                Some(why) => out.skipped.push(Skipped {
+                    object: me.clone(),
+                    code: "refused_cluster_ip",
+                    reason: format!("clusterIP {v4} {why}; that address is skipped"),
+                }),
+            },
+            Ok(std::net::IpAddr::V6(_)) => out.ignored.ipv6 += 1,
+            Err(_) => {
+                out.skipped.push(Skipped {
+                    object: me,
+                    code: "bad_cluster_ip",
+                    reason: format!("clusterIP {ip:?} is not an IP address"),
+                });
+                return;
+            }
+        }
+    }
+    // External IPs and load-balancer ingress IPs reach the same endpoints; they follow
+    // externalTrafficPolicy, which only matters for traffic from outside the node.
+    for ip in &spec.external_ips {
+        match ip.parse::<Ipv4Addr>() {
+            Ok(v4) => match crate::model::refused_address(v4) {
+                None => vips.push((v4, false)),
+                Some(why) => out.skipped.push(Skipped {
+                    object: me.clone(),
+                    code: "refused_external_ip",
+                    reason: format!("external IP {v4} {why}; that frontend is skipped"),
+                }),
+            },
+            Err(_) => out.skipped.push(Skipped {
+                object: me.clone(),
+                code: "bad_external_ip",
+                reason: format!(
+                    "external IP {ip:?} is not an IPv4 address; that frontend is skipped"
+                ),
+            }),
+        }
+    }
+    let policy = PortPolicy {
+        internal_local: spec.internal_local,
+        external_local: spec.external_local,
+        // NodePorts and load-balancer IPs count here too once they are served.
+        externally_accessible: vips.iter().any(|(_, is_cluster_ip)| !is_cluster_ip),
+    };
+    let affinity_timeout = session_affinity(spec, &me, &mut out.skipped);
+    let node = NodeFacts {
+        name: opts.node_name.as_deref().unwrap_or_default(),
+        zone: opts.zone.as_deref().unwrap_or_default(),
+    };
+    let svc_endpoints = endpoints.get(&(me.namespace.clone(), me.name.clone()));
+    let mut seen_ports = BTreeSet::new();
+    for port in &spec.ports {
+        let port_name = &port.name;
+        let (proto, number) = match protocol(port.protocol.as_deref())
+            .and_then(|p| Ok((p, port_number(port.port)?)))
+        {
+            Ok(v) => v,
+            Err(reason) => {
+                out.skipped.push(Skipped {
+                    object: me.clone(),
+                    code: "bad_port",
+                    reason: format!("port {port_name:?}: {reason}; that port is skipped"),
+                });
+                continue;
+            }
+        };
+        if !seen_ports.insert((number, proto)) {
+            out.skipped.push(Skipped {
+                object: me.clone(),
+                code: "duplicate_port",
+                reason: format!("port {number} is listed twice; the second is skipped"),
+            });
+            continue;
+        }
+        let name = ServicePortName {
+            namespace: me.namespace.clone(),
+            name: me.name.clone(),
+            port: port_name.clone(),
+        };
+        let candidates: Vec<(&(Ipv4Addr, u16), &MergedEndpoint)> = svc_endpoints
+            .and_then(|e| e.get(&(port_name.clone(), proto)))
+            .map(|m| m.iter().collect())
+            .unwrap_or_default();
+        let facts: Vec<&MergedEndpoint> = candidates.iter().map(|(_, e)| *e).collect();
+        let sets = categorize::categorize(&facts, &policy, &node);
+        let to_backends = |idx: &[usize]| -> Vec<Backend> {
+            idx.iter()
+                .map(|&i| {
+                    let (ip, port) = candidates[i].0;
+                    Backend {
+                        addr_be: u32::from(*ip).to_be(),
+                        port_be: port.to_be(),
+                        proto,
+                        _pad: 0,
+                    }
+                })
+                .collect()
+        };
+        for &(vip, is_cluster_ip) in &vips {
+            // Traffic from this node's pods: to a ClusterIP it follows
+            // internalTrafficPolicy; to an external or load-balancer IP it is
+            // short-circuited to the cluster endpoints whatever
+            // externalTrafficPolicy says (the nftables proxier's EXT chain).
+            let (backends, mut on_empty) = if is_cluster_ip {
+                (
+                    to_backends(sets.internal(&policy)),
+                    sets.internal_empty_verdict(),
+                )
+            } else {
+                (
+                    to_backends(sets.cluster.as_deref().unwrap_or_default()),
+                    EmptyVerdict::Reject,
+                )
+            };
+            if !backends.is_empty() {
+                // Meaningless with backends: one value, so the maps do not change
+                // when only it would.
+                on_empty = EmptyVerdict::default();
+            }
+            let key = ServiceKey {
+                addr_be: u32::from(vip).to_be(),
+                port_be: number.to_be(),
+                proto,
+                _pad: 0,
+            };
+            out.claims.push(Claim {
+                key,
+                frontend: Frontend {
+                    service: name.clone(),
+                    backends,
+                    policy: FrontendPolicy {
+                        on_empty,
+                        affinity_timeout,
+                    },
+                },
+                order: (u8::from(!is_cluster_ip), svc.created.clone()),
+            });
+        }
+    }
+    // Each ClusterIP of a Service with a port is marked, so traffic to it on a port
+    // or protocol the Service does not declare is rejected (the nftables proxier's
+    // `cluster-ips` set, filled per service port).
+    if !seen_ports.is_empty() {
+        for &(vip, is_cluster_ip) in &vips {
+            if !is_cluster_ip {
+                continue;
+            }
+            out.claims.push(Claim {
+                key: dataplane_common::clusterip_marker(u32::from(vip).to_be()),
+                frontend: Frontend {
+                    service: ServicePortName {
+                        namespace: me.namespace.clone(),
+                        name: me.name.clone(),
+                        port: String::new(),
+                    },
+                    backends: Vec::new(),
+                    policy: FrontendPolicy::default(),
+                },
+                order: (0, svc.created.clone()),
+            });
+        }
+    }
+}
+
+/// `sessionAffinity: ClientIP` and its timeout (`pkg/proxy/serviceport.go`
+/// `newBaseServiceInfo`); a value the API would refuse is reported and the Service
+/// gets no affinity.
+fn session_affinity(
+    spec: &crate::model::ServiceSpecInfo,
+    me: &ObjectRef,
+    skipped: &mut Vec<Skipped>,
+) -> Option<u32> {
+    match spec.session_affinity.as_deref() {
+        None | Some("None") => None,
+        Some("ClientIP") => match spec.affinity_timeout {
+            None => Some(DEFAULT_AFFINITY_TIMEOUT),
+            Some(t) if (1..=MAX_AFFINITY_TIMEOUT).contains(&t) => Some(t as u32),
+            Some(t) => {
+                skipped.push(Skipped {
+                    object: me.clone(),
+                    code: "bad_affinity_timeout",
+                    reason: format!(
+                        "sessionAffinityConfig.clientIP.timeoutSeconds {t} is out of range 1-{MAX_AFFINITY_TIMEOUT}; the Service gets no session affinity"
+                    ),
+                });
+                None
+            }
+        },
+        Some(other) => {
+            skipped.push(Skipped {
+                object: me.clone(),
+                code: "bad_affinity",
+                reason: format!(
+                    "sessionAffinity {other:?} is unknown (None and ClientIP are); the Service gets no session affinity"
+                ),
+            });
+            None
+        }
+    }
+}

@@ -1,0 +1,229 @@
+//! EndpointSlices into endpoints per Service port, as kube-proxy's
+//! endpointslicecache merges them
+//! (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/endpointslicecache.go>).
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    net::Ipv4Addr,
+};
+
+use dataplane_common::{PROTO_SCTP, PROTO_TCP, PROTO_UDP};
+
+use super::{is_other_proxys, Ignored, ObjectRef, Options, Skipped, LABEL_SERVICE_NAME};
+use crate::categorize::EndpointFacts;
+use crate::model::{Address, SliceInfo};
+
+/// One endpoint of a Service port after merging its slices.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct MergedEndpoint {
+    ready: bool,
+    serving: bool,
+    terminating: bool,
+    local: bool,
+    zone_hints: Box<[std::sync::Arc<str>]>,
+    node_hints: Box<[std::sync::Arc<str>]>,
+}
+
+impl EndpointFacts for MergedEndpoint {
+    fn ready(&self) -> bool {
+        self.ready
+    }
+    fn serving(&self) -> bool {
+        self.serving
+    }
+    fn terminating(&self) -> bool {
+        self.terminating
+    }
+    fn local(&self) -> bool {
+        self.local
+    }
+    fn zone_hints(&self) -> &[std::sync::Arc<str>] {
+        &self.zone_hints
+    }
+    fn node_hints(&self) -> &[std::sync::Arc<str>] {
+        &self.node_hints
+    }
+}
+
+/// (port name, protocol) → address → endpoint.
+pub(super) type PortEndpoints = HashMap<(String, u8), BTreeMap<(Ipv4Addr, u16), MergedEndpoint>>;
+
+/// The slices of one Service: their namespace (`default` when unset) and the
+/// Service's name from their label.
+pub(super) type EndpointsKey = (String, String);
+
+/// Parses a protocol name; `None` (unset) means TCP, as the API defaults it.
+pub(super) fn protocol(p: Option<&str>) -> Result<u8, String> {
+    match p {
+        None | Some("TCP") => Ok(PROTO_TCP),
+        Some("UDP") => Ok(PROTO_UDP),
+        Some("SCTP") => Ok(PROTO_SCTP),
+        Some(other) => Err(format!(
+            "protocol {other} is not supported (TCP, UDP and SCTP are)"
+        )),
+    }
+}
+
+pub(super) fn port_number(p: i32) -> Result<u16, String> {
+    u16::try_from(p)
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| format!("port {p} is out of range 1-65535"))
+}
+
+fn slice_ref(slice: &SliceInfo) -> ObjectRef {
+    ObjectRef {
+        kind: "EndpointSlice",
+        namespace: slice.namespace.clone().unwrap_or_else(|| "default".into()),
+        name: slice.name.clone().unwrap_or_default(),
+    }
+}
+
+/// Whether a slice is used, and for which Service: what is not used is counted as
+/// ignored or skipped with a message.
+pub(super) fn classify_slice(
+    slice: &SliceInfo,
+    opts: &Options,
+    ignored: &mut Ignored,
+    skipped: &mut Vec<Skipped>,
+) -> Option<EndpointsKey> {
+    if is_other_proxys(slice.proxy_name.as_ref(), opts) {
+        ignored.other_proxy += 1;
+        return None;
+    }
+    if slice.headless {
+        ignored.headless += 1;
+        return None;
+    }
+    let Some(service) = &slice.service_name else {
+        skipped.push(Skipped {
+            object: slice_ref(slice),
+            code: "no_service_label",
+            reason: format!("no {LABEL_SERVICE_NAME} label: it belongs to no Service"),
+        });
+        return None;
+    };
+    match slice.address_type.as_str() {
+        "IPv4" => {}
+        "IPv6" => {
+            ignored.ipv6 += 1;
+            return None;
+        }
+        other => {
+            skipped.push(Skipped {
+                object: slice_ref(slice),
+                code: "address_type",
+                reason: format!("addressType {other} is not supported (IPv4 is)"),
+            });
+            return None;
+        }
+    }
+    Some((
+        slice.namespace.clone().unwrap_or_else(|| "default".into()),
+        service.clone(),
+    ))
+}
+
+/// Adds the endpoints of a used slice to its Service's, as kube-proxy's
+/// endpointslicecache merges them (slices in namespace and name order).
+pub(super) fn merge_slice(
+    slice: &SliceInfo,
+    opts: &Options,
+    by_port: &mut PortEndpoints,
+    skipped: &mut Vec<Skipped>,
+) {
+    for port in &slice.ports {
+        // endpointslicecache: a port without a name field, without a number or with
+        // number 0 is ignored (with an error in kube-proxy's log; here a message).
+        let Some(port_name) = &port.name else {
+            skipped.push(Skipped {
+                object: slice_ref(slice),
+                code: "port_without_name",
+                reason: "a port has no name field (unnamed ports have name \"\"); kube-proxy ignores it, so it is ignored".into(),
+            });
+            continue;
+        };
+        let Some(number) = port.port.filter(|n| *n != 0) else {
+            skipped.push(Skipped {
+                object: slice_ref(slice),
+                code: "port_without_number",
+                reason: format!("port {port_name:?} has no number (or 0); it is ignored as kube-proxy ignores it"),
+            });
+            continue;
+        };
+        let proto = match protocol(port.protocol.as_deref()) {
+            Ok(p) => p,
+            Err(reason) => {
+                skipped.push(Skipped {
+                    object: slice_ref(slice),
+                    code: "protocol",
+                    reason: format!("port {number}: {reason}"),
+                });
+                continue;
+            }
+        };
+        let number = match port_number(number) {
+            Ok(n) => n,
+            Err(reason) => {
+                skipped.push(Skipped {
+                    object: slice_ref(slice),
+                    code: "port_range",
+                    reason,
+                });
+                continue;
+            }
+        };
+        let addrs = by_port.entry((port_name.clone(), proto)).or_default();
+        for ep in &slice.endpoints {
+            let endpoint = MergedEndpoint {
+                ready: ep.ready.unwrap_or(true),
+                serving: ep.serving.unwrap_or(true),
+                terminating: ep.terminating.unwrap_or(false),
+                local: opts.node_name.as_deref().is_some_and(|n| !n.is_empty())
+                    && ep.node_name.as_deref() == opts.node_name.as_deref(),
+                zone_hints: ep.zone_hints.clone(),
+                node_hints: ep.node_hints.clone(),
+            };
+            // A slice endpoint has one address (the API allows more, only the first
+            // is used, as in kube-proxy).
+            let Some(addr) = &ep.address else {
+                continue;
+            };
+            let ip: Ipv4Addr = match addr {
+                Address::V4(ip) => match crate::model::refused_address(*ip) {
+                    None => *ip,
+                    Some(why) => {
+                        skipped.push(Skipped {
+                            object: slice_ref(slice),
+                            code: "refused_endpoint_address",
+                            reason: format!(
+                                "endpoint address {ip} {why}; that endpoint is skipped"
+                            ),
+                        });
+                        continue;
+                    }
+                },
+                Address::Other(addr) => {
+                    skipped.push(Skipped {
+                        object: slice_ref(slice),
+                        code: "bad_endpoint_address",
+                        reason: format!("endpoint address {addr:?} is not an IPv4 address"),
+                    });
+                    continue;
+                }
+            };
+            // endpointslicecache `addEndpoints`: a copy replaces an earlier one of the
+            // same address unless it is terminating.
+            match addrs.entry((ip, number)) {
+                std::collections::btree_map::Entry::Vacant(v) => {
+                    v.insert(endpoint);
+                }
+                std::collections::btree_map::Entry::Occupied(mut o) => {
+                    if !endpoint.terminating {
+                        o.insert(endpoint);
+                    }
+                }
+            }
+        }
+    }
+}
