@@ -16,8 +16,8 @@ use dataplane_common::{Backend, ServiceKey, SlotKey};
 use sliceway_agent::{
     agent::Pipeline,
     compiler::{compile, compile_model, Incremental, Options},
-    dump::MemoryMaps,
     local::{parse_file, ManifestDir},
+    memory_maps::MemoryMaps,
     model::{
         Address, EndpointInfo, Origin, ServiceId, ServiceInfo, ServicePortInfo, ServiceSpecInfo,
         SliceId, SliceInfo, SlicePortInfo,

@@ -1,4 +1,4 @@
-//! Map state in memory, and its text dump.
+//! The service maps in memory (`MemoryMaps`), and their text dump.
 //!
 //! `MemoryMaps` implements the writer's `MapOps` without a kernel: tests and golden
 //! dumps use it, and it records every operation so tests can check write order and
