@@ -39,6 +39,7 @@ use std::{
     time::Duration,
 };
 
+use conventions::labels::{LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME};
 use futures::{future::FutureExt as _, stream, Stream, StreamExt as _};
 use k8s_openapi::api::{
     core::v1::{Node, Service},
@@ -55,7 +56,7 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::{
-    compiler::{Incremental, LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME},
+    compiler::Incremental,
     local::Objects,
     model::{Origin, ServiceId, ServiceInfo, SliceId, SliceInfo},
 };

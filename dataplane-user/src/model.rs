@@ -15,10 +15,10 @@ use k8s_openapi::api::{
     discovery::v1::{Endpoint, EndpointSlice},
 };
 
-use crate::compiler::{LABEL_HEADLESS, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME};
-
-/// The Node label kube-proxy reads topology hints against.
-pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
+use conventions::labels::{
+    ANNOTATION_TRIGGER_TIME, LABEL_HEADLESS, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME,
+    LABEL_ZONE,
+};
 
 /// What the agent reads of a Node: its name and zone.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -42,9 +42,6 @@ impl From<&k8s_openapi::api::core::v1::Node> for NodeInfo {
         }
     }
 }
-
-/// Annotation the EndpointSlice controller sets to the time of the change it reflects.
-pub const TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 
 /// What the compiler reads of a Service.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -331,7 +328,7 @@ impl From<&EndpointSlice> for SliceInfo {
                 .metadata
                 .annotations
                 .as_ref()
-                .and_then(|a| a.get(TRIGGER_TIME))
+                .and_then(|a| a.get(ANNOTATION_TRIGGER_TIME))
                 .cloned(),
         }
     }

@@ -41,13 +41,6 @@ pub use output::{
     DEFAULT_AFFINITY_TIMEOUT, MAX_AFFINITY_TIMEOUT,
 };
 
-/// Label that hands a Service to a specific proxy (kube-proxy skips these).
-pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
-/// Label kube-proxy uses to skip headless Services' slices.
-pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
-/// Label tying an EndpointSlice to its Service.
-pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
-
 /// What the compiler needs to know besides the objects.
 #[derive(Clone, Debug, Default)]
 pub struct Options {

@@ -9,7 +9,9 @@ use std::{
 
 use dataplane_common::{PROTO_SCTP, PROTO_TCP, PROTO_UDP};
 
-use super::{is_other_proxys, Ignored, ObjectRef, Options, Skipped, LABEL_SERVICE_NAME};
+use conventions::labels::LABEL_SERVICE_NAME;
+
+use super::{is_other_proxys, Ignored, ObjectRef, Options, Skipped};
 use crate::categorize::EndpointFacts;
 use crate::model::{Address, SliceInfo};
 
