@@ -1,5 +1,6 @@
 //! What both sliceway binaries, the agent and the controller, must agree on with
 //! Kubernetes and with each other: the well-known labels and annotations
-//! ([`labels`]).
+//! ([`labels`]), how a directory of manifests is read ([`manifests`]).
 
 pub mod labels;
+pub mod manifests;
