@@ -20,7 +20,6 @@ use prometheus_client::{
     },
     registry::Registry,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 type Labels = Vec<(String, String)>;
 
@@ -155,49 +154,22 @@ impl Metrics {
     }
 }
 
+impl conventions::http::Status for Metrics {
+    fn metrics(&self) -> String {
+        self.render()
+    }
+    fn health(&self) -> Result<(), String> {
+        if self.synced.load(Ordering::SeqCst) {
+            Ok(())
+        } else {
+            Err("not synced yet".into())
+        }
+    }
+}
+
 /// Serves `/metrics` and `/healthz` until the task is dropped.
 pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!(%addr, "serving /metrics and /healthz");
-    loop {
-        let (mut conn, _) = listener.accept().await?;
-        let metrics = metrics.clone();
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; 4096];
-            let mut len = 0;
-            // Read the request head (requests have no body here).
-            while len < buf.len() {
-                match conn.read(&mut buf[len..]).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => len += n,
-                }
-                if buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
-                    break;
-                }
-            }
-            let head = String::from_utf8_lossy(&buf[..len]);
-            let path = head.split_whitespace().nth(1).unwrap_or("/");
-            let (status, ctype, body) = match path {
-                "/metrics" => (
-                    "200 OK",
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    metrics.render(),
-                ),
-                "/healthz" if metrics.synced.load(Ordering::SeqCst) => {
-                    ("200 OK", "text/plain", "ok\n".into())
-                }
-                "/healthz" => (
-                    "503 Service Unavailable",
-                    "text/plain",
-                    "not synced yet\n".into(),
-                ),
-                _ => ("404 Not Found", "text/plain", "not found\n".into()),
-            };
-            let response = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = conn.write_all(response.as_bytes()).await;
-        });
-    }
+    conventions::http::serve_on(listener, metrics).await
 }

@@ -1,0 +1,133 @@
+//! The small HTTP endpoint both binaries serve: `/metrics` (Prometheus' text format)
+//! and `/healthz` (200 `ok`, or 503 with the reason), nothing else. One request per
+//! connection, no request body; anything it cannot read is closed.
+
+use std::{net::SocketAddr, sync::Arc};
+
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+/// What the endpoint serves.
+pub trait Status: Send + Sync + 'static {
+    /// The metrics, in the OpenMetrics text format.
+    fn metrics(&self) -> String;
+    /// `Ok` when healthy, else why not (the body of the 503).
+    fn health(&self) -> Result<(), String>;
+}
+
+/// The longest request head read; a longer one is answered from what was read.
+const MAX_HEAD: usize = 4096;
+
+/// Binds `addr` and serves `/metrics` and `/healthz` until the task is dropped. Only
+/// binding fails; a connection that fails is dropped alone.
+pub async fn serve<S: Status + ?Sized>(addr: SocketAddr, status: Arc<S>) -> std::io::Result<()> {
+    serve_on(tokio::net::TcpListener::bind(addr).await?, status).await
+}
+
+/// [`serve`] on a listener already bound.
+pub async fn serve_on<S: Status + ?Sized>(
+    listener: tokio::net::TcpListener,
+    status: Arc<S>,
+) -> std::io::Result<()> {
+    loop {
+        let Ok((conn, _)) = listener.accept().await else {
+            // Out of file descriptors and the like: the next accept may work.
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            continue;
+        };
+        tokio::spawn(answer(conn, status.clone()));
+    }
+}
+
+async fn answer<S: Status + ?Sized>(mut conn: tokio::net::TcpStream, status: Arc<S>) {
+    let mut buf = vec![0u8; MAX_HEAD];
+    let mut len = 0;
+    // Read the request head (requests have no body here).
+    while len < buf.len() {
+        match conn.read(&mut buf[len..]).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => len += n,
+        }
+        if buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
+            break;
+        }
+    }
+    let head = String::from_utf8_lossy(&buf[..len]);
+    let path = head.split_whitespace().nth(1).unwrap_or("/");
+    let (code, ctype, body) = response(path, &*status);
+    let response = format!(
+        "HTTP/1.1 {code}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = conn.write_all(response.as_bytes()).await;
+}
+
+/// Status line, content type and body for a path.
+fn response<S: Status + ?Sized>(path: &str, status: &S) -> (&'static str, &'static str, String) {
+    match path {
+        "/metrics" => (
+            "200 OK",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            status.metrics(),
+        ),
+        "/healthz" => match status.health() {
+            Ok(()) => ("200 OK", "text/plain", "ok\n".into()),
+            Err(why) => ("503 Service Unavailable", "text/plain", format!("{why}\n")),
+        },
+        _ => ("404 Not Found", "text/plain", "not found\n".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Fixed(Result<(), String>);
+
+    impl Status for Fixed {
+        fn metrics(&self) -> String {
+            "# EOF\n".into()
+        }
+        fn health(&self) -> Result<(), String> {
+            self.0.clone()
+        }
+    }
+
+    async fn get(addr: SocketAddr, path: &str) -> String {
+        let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+        conn.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut out = String::new();
+        conn.read_to_string(&mut out).await.unwrap();
+        out
+    }
+
+    #[tokio::test]
+    async fn serves_metrics_health_and_nothing_else() {
+        for (health, code, body) in [
+            (Ok(()), "200 OK", "ok\n"),
+            (
+                Err("not synced yet".to_string()),
+                "503 Service Unavailable",
+                "not synced yet\n",
+            ),
+        ] {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let server = tokio::spawn(serve_on(listener, Arc::new(Fixed(health))));
+            let healthz = get(addr, "/healthz").await;
+            assert!(
+                healthz.starts_with(&format!("HTTP/1.1 {code}\r\n")),
+                "{healthz}"
+            );
+            assert!(healthz.ends_with(body), "{healthz}");
+            let metrics = get(addr, "/metrics").await;
+            assert!(metrics.starts_with("HTTP/1.1 200 OK\r\n"), "{metrics}");
+            assert!(metrics.ends_with("\r\n\r\n# EOF\n"), "{metrics}");
+            assert!(get(addr, "/other")
+                .await
+                .starts_with("HTTP/1.1 404 Not Found"));
+            server.abort();
+        }
+    }
+}
