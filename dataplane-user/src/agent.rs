@@ -19,9 +19,11 @@ use crate::{
     compiler::{self, Skipped},
     interfaces::{self, Selection},
     kernel::{Attached, Capacities, Datapath, PinDir},
-    kube_source::{KubeSource, KubeSourceConfig},
-    local::ManifestDir,
     metrics::Metrics,
+    source::{
+        kube::{KubeSource, KubeSourceConfig},
+        local::ManifestDir,
+    },
     writer::{ApplyReport, MapOps, MapWriter},
 };
 
@@ -412,7 +414,7 @@ pub async fn run(
     tokio::pin!(shutdown);
     match &settings.source {
         Source::Manifests { dir, poll } => {
-            let mut manifests = ManifestDir::new(dir);
+            let mut manifests = ManifestDir::new(dir, settings.compiler.node_name.clone());
             loop {
                 match manifests.rescan(&mut syncer.pipeline.compiler) {
                     Ok(scan) => {

@@ -14,8 +14,8 @@ use serde::Serialize;
 use crate::{
     compiler::{self, backend_addr, frontend_addr},
     kernel::{Capacities, Datapath, KernelError, PinDir, TC_ACT_REDIRECT, TC_ACT_SHOT},
-    local::Objects,
     packet::{self, PacketSpec, TCP_SYN},
+    source::local::Objects,
     writer::{KernelState, MapWriter},
 };
 

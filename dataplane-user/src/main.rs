@@ -14,7 +14,7 @@ use sliceway_agent::{
     compiler, inspect, interfaces, kernel,
     kernel::Capacities,
     kernel::PinDir,
-    local,
+    source::local,
     writer::Limits,
 };
 

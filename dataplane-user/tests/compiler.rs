@@ -9,8 +9,8 @@ use std::{collections::BTreeMap, convert::Infallible, fmt::Write as _, fs, path:
 use dataplane_common::{Backend, ServiceKey, ServiceName, ServiceValue, SlotKey, PROTO_TCP};
 use sliceway_agent::{
     compiler::{compile, Frontend, Options, ServicePortName},
-    local::parse_file,
     memory_maps::{MemoryMaps, Op},
+    source::local::parse_file,
     writer::{Limits, MapOps, MapWriter},
 };
 

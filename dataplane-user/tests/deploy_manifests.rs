@@ -252,7 +252,7 @@ fn the_agent_may_list_and_watch_what_it_reads() {
         .find(|r| r.metadata.name.as_deref() == Some(&binding.role_ref.name))
         .expect("the bound ClusterRole");
     let granted = granted(role.rules.iter().flatten());
-    // What kube_source watches: Services, EndpointSlices and the agent's own Node.
+    // What the API source watches: Services, EndpointSlices and the agent's own Node.
     for (group, resource) in [
         ("", "services"),
         ("discovery.k8s.io", "endpointslices"),

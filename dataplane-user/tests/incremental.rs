@@ -16,12 +16,12 @@ use dataplane_common::{Backend, ServiceKey, SlotKey};
 use sliceway_agent::{
     agent::Pipeline,
     compiler::{compile, compile_model, Incremental, Options},
-    local::{parse_file, ManifestDir},
     memory_maps::MemoryMaps,
     model::{
         Address, EndpointInfo, Origin, ServiceId, ServiceInfo, ServicePortInfo, ServiceSpecInfo,
         SliceId, SliceInfo, SlicePortInfo,
     },
+    source::local::{parse_file, ManifestDir},
     writer::{Limits, MapWriter},
 };
 
@@ -515,7 +515,7 @@ fn rescans_feed_the_compiler_as_a_full_read_would() {
         .map(|f| dir.join(f))
         .collect();
     let mut rng = Rng(0x600d_f11e);
-    let mut manifests = ManifestDir::new(&dir);
+    let mut manifests = ManifestDir::new(&dir, None);
     let mut compiler = Incremental::default();
     // The text each file last parsed with: what the compiler must hold.
     let mut good: BTreeMap<PathBuf, String> = BTreeMap::new();

@@ -33,8 +33,8 @@ use dataplane_common::{
 use sliceway_agent::{
     compiler::{self, Options},
     kernel::{Capacities, Datapath, PinDir, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT},
-    local::parse_file,
     packet::{build, PacketSpec},
+    source::local::parse_file,
     writer::MapWriter,
 };
 

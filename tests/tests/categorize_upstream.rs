@@ -15,7 +15,7 @@ use sliceway_agent::{
     categorize::PortPolicy,
     compiler::{self, frontend_addr, Options},
     inspect,
-    local::parse_file,
+    source::local::parse_file,
 };
 
 include!("../../dataplane-user/tests/data/categorize_cases.rs");

@@ -10,8 +10,8 @@ use sliceway_agent::{
     compiler::{self, Options},
     conntrack::{now_ns, Sweeper, Timeouts},
     kernel::{Capacities, Datapath},
-    local::parse_file,
     packet::{build, PacketSpec, TCP_ACK, TCP_SYN},
+    source::local::parse_file,
     writer::MapWriter,
 };
 

@@ -17,7 +17,7 @@ use kube::{
     Api,
 };
 use serde_json::json;
-use sliceway_agent::local::parse_file;
+use sliceway_agent::source::local::parse_file;
 use sliceway_lab::{cluster, in_netns, Agent, Lab};
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);

@@ -32,8 +32,8 @@ use kube::{
 use serde::{de::DeserializeOwned, Serialize};
 use serde_json::json;
 use sliceway_agent::{
-    kube_source::{Error, KubeSource, KubeSourceConfig},
-    local::Objects,
+    source::kube::{Error, KubeSource, KubeSourceConfig},
+    source::local::Objects,
 };
 use sliceway_lab::cluster::{
     self,

@@ -14,11 +14,11 @@ use dataplane_common::stat;
 use sliceway_agent::{
     compiler::{self, Options},
     kernel::{Capacities, Datapath, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT},
-    local::parse_file,
     packet::{
         build, icmp_port_unreachable, parse, PacketSpec, SCTP_ABORT, SCTP_DATA, SCTP_INIT, TCP_ACK,
         TCP_SYN,
     },
+    source::local::parse_file,
     writer::MapWriter,
 };
 

@@ -15,9 +15,9 @@ use sliceway_agent::{
     agent::Pipeline,
     compiler::{self, Frontend, Incremental, ServicePortName},
     kernel::{Capacities, Datapath},
-    local,
     model::{Origin, ServiceInfo, SliceInfo},
     packet::{build, PacketSpec, TCP_ACK, TCP_SYN},
+    source::local,
     writer::{Limits, MapWriter},
 };
 

@@ -107,7 +107,7 @@ mod tests {
     fn yaml_parses_and_compiles_to_the_same_frontends() {
         let c = fake_cluster(3, 2);
         let (objects, problems) =
-            sliceway_agent::local::parse_file(std::path::Path::new("x.yaml"), &yaml(&c));
+            sliceway_agent::source::local::parse_file(std::path::Path::new("x.yaml"), &yaml(&c));
         assert!(problems.is_empty(), "{problems:?}");
         let objects = objects.unwrap();
         let compiled = sliceway_agent::compiler::compile(

@@ -25,10 +25,8 @@ use k8s_openapi::api::{
     discovery::v1::EndpointSlice,
 };
 
-use crate::{
-    compiler::Incremental,
-    model::{NodeInfo, Origin, ServiceId, ServiceInfo, SliceId, SliceInfo},
-};
+use super::Sink;
+use crate::model::{NodeInfo, Origin, ServiceId, ServiceInfo, SliceId, SliceInfo};
 
 /// The objects of one directory.
 #[derive(Clone, Debug, Default)]
@@ -60,12 +58,14 @@ struct FileObjects {
 #[derive(Debug)]
 pub struct ManifestDir {
     files: Files<FileObjects>,
+    /// The own Node, whose zone is handed to the sink.
+    node_name: Option<String>,
 }
 
-/// Brings the compiler to the files a rescan reads.
-struct ToCompiler<'a>(&'a mut Incremental);
+/// Brings a sink to the files a rescan reads.
+struct ToSink<'a>(&'a mut dyn Sink);
 
-impl Reader<FileObjects> for ToCompiler<'_> {
+impl Reader<FileObjects> for ToSink<'_> {
     fn read(
         &mut self,
         path: &Path,
@@ -96,9 +96,11 @@ impl Reader<FileObjects> for ToCompiler<'_> {
 }
 
 impl ManifestDir {
-    pub fn new(dir: impl Into<std::path::PathBuf>) -> Self {
+    /// A directory; `node_name` is the own Node, whose zone its Node object gives.
+    pub fn new(dir: impl Into<std::path::PathBuf>, node_name: Option<String>) -> Self {
         Self {
             files: Files::new(dir),
+            node_name,
         }
     }
 
@@ -107,13 +109,17 @@ impl ManifestDir {
     }
 
     /// Looks for added, changed and removed files, parses the changed ones and brings
-    /// `compiler` to the directory's objects: those of removed files go, those of
-    /// changed files are put (the compiler tells which really differ), and a file that
-    /// no longer parses keeps the objects it last gave.
-    pub fn rescan(&mut self, compiler: &mut Incremental) -> std::io::Result<Scan> {
-        let scan = self.files.rescan(&mut ToCompiler(compiler))?;
-        let own = compiler.options().node_name.clone();
-        compiler.set_zone(own.and_then(|name| self.node_zone(&name)));
+    /// `sink` to the directory's objects: those of removed files go, those of
+    /// changed files are put (the sink tells which really differ), and a file that
+    /// no longer parses keeps the objects it last gave. The own Node's zone is set
+    /// every time (a no-op when it did not change).
+    pub fn rescan(&mut self, sink: &mut dyn Sink) -> std::io::Result<Scan> {
+        let scan = self.files.rescan(&mut ToSink(sink))?;
+        let zone = self
+            .node_name
+            .as_deref()
+            .and_then(|name| self.node_zone(name));
+        sink.set_zone(zone);
         Ok(scan)
     }
 
@@ -154,7 +160,7 @@ fn put_file(
     path: &Path,
     objects: ModelObjects,
     old: Option<&FileObjects>,
-    compiler: &mut Incremental,
+    compiler: &mut dyn Sink,
 ) -> (Vec<ServiceId>, Vec<SliceId>) {
     let file: Arc<Path> = Arc::from(path);
     let mut seen: HashMap<(String, String), u32> = HashMap::new();
@@ -289,6 +295,7 @@ mod tests {
     use std::fs;
 
     use super::*;
+    use crate::compiler::Incremental;
 
     #[test]
     fn multi_document_file_yields_each_kind() {
@@ -363,7 +370,7 @@ spec: {clusterIP: 10.96.0.11}
             "apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec: {clusterIP: 10.96.0.1}\n",
         )
         .unwrap();
-        let mut m = ManifestDir::new(&dir);
+        let mut m = ManifestDir::new(&dir, None);
         let mut c = Incremental::default();
         assert!(m.rescan(&mut c).unwrap().changed);
         assert_eq!(c.service_count(), 1);
@@ -399,7 +406,7 @@ spec: {clusterIP: 10.96.0.11}
             format!("apiVersion: v1\nkind: Node\nmetadata: {{name: node-1, labels: {{topology.kubernetes.io/zone: {zone}}}}}\n---\napiVersion: v1\nkind: Node\nmetadata: {{name: node-2, labels: {{topology.kubernetes.io/zone: zone-b}}}}\n")
         };
         fs::write(dir.join("node.yaml"), node("zone-a")).unwrap();
-        let mut m = ManifestDir::new(&dir);
+        let mut m = ManifestDir::new(&dir, Some("node-1".into()));
         let mut c = Incremental::new(crate::compiler::Options {
             node_name: Some("node-1".into()),
             ..Default::default()
@@ -440,7 +447,7 @@ spec: {clusterIP: 10.96.0.11}
             format!("---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\nspec: {{clusterIP: {ip}, ports: [{{port: 80}}]}}\n")
         };
         fs::write(&file, doc("a", "10.96.0.1") + &doc("b", "10.96.0.2")).unwrap();
-        let mut m = ManifestDir::new(&dir);
+        let mut m = ManifestDir::new(&dir, None);
         let mut c = Incremental::default();
         m.rescan(&mut c).unwrap();
         // A frontend and a ClusterIP marker each.

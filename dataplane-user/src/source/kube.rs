@@ -56,9 +56,8 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::{
-    compiler::Incremental,
-    local::Objects,
     model::{Origin, ServiceId, ServiceInfo, SliceId, SliceInfo},
+    source::{local::Objects, Sink},
 };
 
 /// How long [`KubeSource::next_batch`] keeps absorbing changes when the caller has no
@@ -311,10 +310,10 @@ impl KubeSource {
         std::mem::take(&mut *self.changed.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
-    /// Brings `compiler` to the stores: the objects named in `changes` are put or
+    /// Brings `compiler` (the sink) to the stores: the objects named in `changes` are put or
     /// removed; after a relist, every object is put and those gone are removed. The
     /// own Node's zone is set every time (a no-op when it did not change).
-    pub fn feed(&self, changes: &Changes, compiler: &mut Incremental) {
+    pub fn feed(&self, changes: &Changes, compiler: &mut dyn Sink) {
         let zone = self
             .node
             .state()
@@ -329,9 +328,9 @@ impl KubeSource {
                 compiler.put_service(Origin::default(), svc);
             }
             let gone: Vec<ServiceId> = compiler
-                .service_ids()
-                .filter(|id| !present.contains(*id))
-                .cloned()
+                .services_held()
+                .into_iter()
+                .filter(|id| !present.contains(id))
                 .collect();
             for id in &gone {
                 compiler.remove_service(id);
@@ -343,9 +342,9 @@ impl KubeSource {
                 compiler.put_slice(Origin::default(), slice);
             }
             let gone: Vec<SliceId> = compiler
-                .slice_ids()
-                .filter(|id| !present.contains(*id))
-                .cloned()
+                .slices_held()
+                .into_iter()
+                .filter(|id| !present.contains(id))
                 .collect();
             for id in &gone {
                 compiler.remove_slice(id);
@@ -554,6 +553,7 @@ fn check_subdomain(v: &str) -> Result<(), &'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::compiler::Incremental;
 
     fn service(name: &str, ip: &str) -> Service {
         serde_json::from_value(serde_json::json!({

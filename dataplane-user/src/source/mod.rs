@@ -1,0 +1,57 @@
+//! Where the agent's objects come from. Two sources, one shape: a source hands the
+//! Services and EndpointSlices it sees change, and its own Node's zone, to a
+//! [`Sink`] (the incremental compiler is one); the agent then drives the compile.
+//!
+//! - [`local`]: a directory of ordinary Kubernetes YAML (local mode), rescanned;
+//! - [`kube`]: the API server through kube-rs reflector stores, with kube-proxy's
+//!   selectors.
+
+pub mod kube;
+pub mod local;
+
+use crate::{
+    compiler::Incremental,
+    model::{Origin, ServiceId, ServiceInfo, SliceId, SliceInfo},
+};
+
+/// What a source hands its objects to. Each call says whether anything changed.
+pub trait Sink {
+    /// Adds or replaces a Service.
+    fn put_service(&mut self, origin: Origin, svc: ServiceInfo) -> bool;
+    /// Removes a Service.
+    fn remove_service(&mut self, id: &ServiceId) -> bool;
+    /// Adds or replaces an EndpointSlice.
+    fn put_slice(&mut self, origin: Origin, slice: SliceInfo) -> bool;
+    /// Removes an EndpointSlice.
+    fn remove_slice(&mut self, id: &SliceId) -> bool;
+    /// Sets this node's zone (from its Node object; `None` without one).
+    fn set_zone(&mut self, zone: Option<String>) -> bool;
+    /// The Services held: a source that lists everything anew removes the others.
+    fn services_held(&self) -> Vec<ServiceId>;
+    /// The EndpointSlices held, as [`services_held`](Self::services_held).
+    fn slices_held(&self) -> Vec<SliceId>;
+}
+
+impl Sink for Incremental {
+    fn put_service(&mut self, origin: Origin, svc: ServiceInfo) -> bool {
+        Incremental::put_service(self, origin, svc)
+    }
+    fn remove_service(&mut self, id: &ServiceId) -> bool {
+        Incremental::remove_service(self, id)
+    }
+    fn put_slice(&mut self, origin: Origin, slice: SliceInfo) -> bool {
+        Incremental::put_slice(self, origin, slice)
+    }
+    fn remove_slice(&mut self, id: &SliceId) -> bool {
+        Incremental::remove_slice(self, id)
+    }
+    fn set_zone(&mut self, zone: Option<String>) -> bool {
+        Incremental::set_zone(self, zone)
+    }
+    fn services_held(&self) -> Vec<ServiceId> {
+        self.service_ids().cloned().collect()
+    }
+    fn slices_held(&self) -> Vec<SliceId> {
+        self.slice_ids().cloned().collect()
+    }
+}
