@@ -1,6 +1,7 @@
-//! The agent loop: take the objects that changed from a source (a manifest directory,
-//! or the API server through reflectors), recompile the Services they belong to, write
-//! the difference to the maps, publish metrics.
+//! The agent loop: a source (a manifest directory, or the API server through
+//! reflectors) hands the objects that changed to the incremental compiler, which
+//! recompiles the Services they belong to; the writer writes the difference to the
+//! maps; metrics are published. One loop for either source ([`follow`]).
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -21,8 +22,10 @@ use crate::{
     kernel::{Attached, Capacities, Datapath, PinDir},
     metrics::Metrics,
     source::{
-        kube::{KubeSource, KubeSourceConfig},
-        local::ManifestDir,
+        self,
+        kube::{ApiSource, KubeSourceConfig},
+        local::{LocalSource, ManifestDir},
+        Fed,
     },
     writer::{ApplyReport, MapOps, MapWriter},
 };
@@ -414,66 +417,44 @@ pub async fn run(
     tokio::pin!(shutdown);
     match &settings.source {
         Source::Manifests { dir, poll } => {
-            let mut manifests = ManifestDir::new(dir, settings.compiler.node_name.clone());
-            loop {
-                match manifests.rescan(&mut syncer.pipeline.compiler) {
-                    Ok(scan) => {
-                        for p in &scan.new_problems {
-                            warn!(file = %p.file.display(), "{}", p.reason);
-                        }
-                        if scan.changed || syncer.syncs == 0 {
-                            syncer.sync(&mut dp);
-                        }
-                    }
-                    Err(e) => {
-                        warn!(dir = %dir.display(), "cannot read the manifest directory: {e}; keeping the current state")
-                    }
-                }
-                let wait = tokio::time::sleep(*poll);
-                if scanner.during(wait, &mut dp, &mut shutdown).await.is_none() {
-                    break;
-                }
-            }
+            let dir = ManifestDir::new(dir, settings.compiler.node_name.clone());
+            let source = LocalSource::new(dir, *poll);
+            follow(source, &mut syncer, &mut scanner, &mut dp, &mut shutdown).await?;
         }
         Source::Kubernetes { client, batch } => {
             let cfg = KubeSourceConfig {
                 node_name: settings.compiler.node_name.clone(),
                 proxy_name: settings.compiler.proxy_name.clone(),
             };
-            let (mut source, task) = KubeSource::start(client.clone(), &cfg)?;
-            // Nothing is written before every cache has listed once: a restart never
-            // shrinks a Service to the first slice seen.
-            info!("waiting for Services, EndpointSlices and the Node to sync");
-            match scanner
-                .during(source.wait_synced(), &mut dp, &mut shutdown)
-                .await
-            {
-                Some(r) => r?,
-                None => {
-                    task.abort();
-                    return Ok(());
-                }
-            }
-            loop {
-                let mut changes = source.take_changes();
-                // The first sync reads every object; later ones those that changed.
-                changes.relisted |= syncer.syncs == 0;
-                source.feed(&changes, &mut syncer.pipeline.compiler);
-                syncer.sync(&mut dp);
-                // The batch future lives across scans: it is not cancel-safe.
-                match scanner
-                    .during(source.next_batch(*batch), &mut dp, &mut shutdown)
-                    .await
-                {
-                    Some(r) => {
-                        r?;
-                    }
-                    None => break,
-                }
-            }
-            task.abort();
+            let source = ApiSource::start(client.clone(), &cfg, *batch)?;
+            follow(source, &mut syncer, &mut scanner, &mut dp, &mut shutdown).await?;
         }
     }
     info!("shutting down; pinned programs and maps stay for the next agent");
     Ok(())
+}
+
+/// The agent loop, the same for either source: wait for the source (following the
+/// interfaces and sweeping conntrack meanwhile), let it hand what changed to the
+/// compiler, sync. Returns when `shutdown` resolves.
+async fn follow<S: source::Source>(
+    mut source: S,
+    syncer: &mut Syncer,
+    scanner: &mut Scanner,
+    dp: &mut Datapath,
+    shutdown: &mut (impl Future<Output = ()> + Unpin),
+) -> Result<(), S::Error> {
+    loop {
+        // The wait lives across scans: it is not cancel-safe.
+        match scanner.during(source.wait(), dp, shutdown).await {
+            Some(r) => r?,
+            None => return Ok(()),
+        }
+        match source.feed(&mut syncer.pipeline.compiler) {
+            Fed::Failed => {}
+            // The first sync writes even an empty state, and says the agent is ready.
+            Fed::Unchanged if syncer.syncs > 0 => {}
+            Fed::Changed | Fed::Unchanged => syncer.sync(dp),
+        }
+    }
 }

@@ -12,10 +12,10 @@ use dataplane_common::{
 use serde::Serialize;
 
 use crate::{
-    compiler::{self, backend_addr, frontend_addr},
+    agent::Pipeline,
+    compiler::{backend_addr, frontend_addr, Incremental},
     kernel::{Capacities, Datapath, KernelError, PinDir, TC_ACT_REDIRECT, TC_ACT_SHOT},
     packet::{self, PacketSpec, TCP_SYN},
-    source::local::Objects,
     writer::{KernelState, MapWriter},
 };
 
@@ -178,22 +178,24 @@ pub struct TraceSkipped {
     pub reason: String,
 }
 
-/// Compiles `objects`, loads the programs with private maps (no attach, no pinning),
-/// and runs one crafted packet through BPF_PROG_TEST_RUN.
+/// Loads the programs with private maps (no attach, no pinning), writes what
+/// `compiler` holds into them as the agent's loop does (the incremental compiler's
+/// first sync through the map writer), and runs one crafted packet through
+/// BPF_PROG_TEST_RUN. `trace --manifests` fills `compiler` from the local source,
+/// as `run` does.
 pub fn trace(
-    objects: &Objects,
-    opts: &compiler::Options,
+    compiler: Incremental,
     src: SocketAddrV4,
     dst: SocketAddrV4,
     proto: u8,
 ) -> Result<Trace, KernelError> {
-    let compiled = compiler::compile(&objects.services, &objects.slices, opts);
     let mut dp = Datapath::load(&Capacities::default(), None)?;
-    let mut writer = MapWriter::new(dp.limits());
-    writer.apply(&compiled.frontends, &mut dp.maps);
+    let mut pipeline = Pipeline::new(compiler, MapWriter::new(dp.limits()));
+    pipeline.sync(&mut dp.maps);
     let mut trace = run_trace(&dp, src, dst, proto)?;
-    trace.skipped = compiled
-        .skipped
+    trace.skipped = pipeline
+        .compiler
+        .skipped()
         .iter()
         .map(|s| TraceSkipped {
             object: s.object.to_string(),

@@ -5,6 +5,7 @@ use std::{
     time::Duration,
 };
 
+use anyhow::Context as _;
 use clap::Parser;
 
 use dataplane_common::{PROTO_SCTP, PROTO_TCP, PROTO_UDP};
@@ -14,7 +15,7 @@ use sliceway_agent::{
     compiler, inspect, interfaces, kernel,
     kernel::Capacities,
     kernel::PinDir,
-    source::local,
+    source::local::ManifestDir,
     writer::Limits,
 };
 
@@ -127,25 +128,22 @@ fn main() -> anyhow::Result<()> {
                 ),
                 From::Pod => match &args.manifests {
                     Some(dir) => {
-                        let (objects, problems) = local::load_dir(dir)?;
-                        for p in problems {
+                        // The same source and compiler as `run`: the local source hands
+                        // the directory (the Node's zone included) to the incremental
+                        // compiler, whose first sync fills the maps.
+                        let mut compiler = compiler::Incremental::new(compiler::Options {
+                            node_name: args.node.clone(),
+                            proxy_name: args.service_proxy_name,
+                            zone: None,
+                        });
+                        let mut manifests = ManifestDir::new(dir, args.node);
+                        manifests.rescan(&mut compiler).with_context(|| {
+                            format!("reading the manifest directory {}", dir.display())
+                        })?;
+                        for p in manifests.problems() {
                             tracing::warn!(file = %p.file.display(), "{}", p.reason);
                         }
-                        // The node's zone from its Node object in the directory, as `run`.
-                        let zone = args.node.as_deref().and_then(|name| {
-                            objects
-                                .nodes
-                                .iter()
-                                .map(sliceway_agent::model::NodeInfo::from)
-                                .find(|n| n.name == name)
-                                .and_then(|n| n.zone)
-                        });
-                        let opts = compiler::Options {
-                            node_name: args.node,
-                            proxy_name: args.service_proxy_name,
-                            zone,
-                        };
-                        inspect::trace(&objects, &opts, src, args.dst, proto)?
+                        inspect::trace(compiler, src, args.dst, proto)?
                     }
                     None => {
                         let dp = inspect::live_datapath(&PinDir::new(&args.bpffs_dir))?;

@@ -13,8 +13,9 @@ use std::{collections::BTreeSet, fmt::Write as _, net::SocketAddrV4, sync::Arc};
 use dataplane_common::PROTO_TCP;
 use sliceway_agent::{
     categorize::PortPolicy,
-    compiler::{self, frontend_addr, Options},
+    compiler::{self, frontend_addr, Incremental, Options},
     inspect,
+    model::{Origin, ServiceInfo, SliceInfo},
     source::local::parse_file,
 };
 
@@ -162,9 +163,16 @@ fn every_upstream_categorize_case_through_the_compiler_and_the_program() {
             );
         }
 
+        // As `trace --manifests`: the objects through the incremental compiler.
+        let mut incremental = Incremental::new(opts.clone());
+        for svc in &objects.services {
+            incremental.put_service(Origin::default(), ServiceInfo::from(svc));
+        }
+        for slice in &objects.slices {
+            incremental.put_slice(Origin::default(), SliceInfo::from(slice));
+        }
         let trace = inspect::trace(
-            &objects,
-            &opts,
+            incremental,
             "10.244.1.2:40000".parse::<SocketAddrV4>().unwrap(),
             format!("{vip}:80").parse().unwrap(),
             PROTO_TCP,

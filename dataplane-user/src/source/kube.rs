@@ -397,6 +397,61 @@ impl KubeSource {
     }
 }
 
+/// The API source as the agent follows it: the watches running on a task of their
+/// own (stopped when this is dropped), bursts of changes batched for `batch`.
+#[derive(Debug)]
+pub struct ApiSource {
+    source: KubeSource,
+    task: tokio::task::JoinHandle<()>,
+    batch: Duration,
+    synced: bool,
+    fed: bool,
+}
+
+impl ApiSource {
+    /// Starts the watches on the current tokio runtime.
+    pub fn start(client: Client, cfg: &KubeSourceConfig, batch: Duration) -> Result<Self, Error> {
+        let (source, task) = KubeSource::start(client, cfg)?;
+        Ok(Self {
+            source,
+            task,
+            batch,
+            synced: false,
+            fed: false,
+        })
+    }
+}
+
+impl Drop for ApiSource {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl super::Source for ApiSource {
+    type Error = Error;
+
+    async fn wait(&mut self) -> Result<(), Error> {
+        if !self.synced {
+            // Nothing is written before every cache has listed once: a restart never
+            // shrinks a Service to the first slice seen.
+            info!("waiting for Services, EndpointSlices and the Node to sync");
+            self.source.wait_synced().await?;
+            self.synced = true;
+            return Ok(());
+        }
+        self.source.next_batch(self.batch).await.map(|_| ())
+    }
+
+    fn feed(&mut self, sink: &mut dyn Sink) -> super::Fed {
+        let mut changes = self.source.take_changes();
+        // The first feed hands over every object; later ones those that changed.
+        changes.relisted |= !std::mem::replace(&mut self.fed, true);
+        self.source.feed(&changes, sink);
+        super::Fed::Changed
+    }
+}
+
 fn object_ref<K: Resource<DynamicType = ()>>(
     namespace: &Option<String>,
     name: &str,

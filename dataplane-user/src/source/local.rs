@@ -138,6 +138,54 @@ impl ManifestDir {
     }
 }
 
+/// A manifest directory as the agent follows it: read at once, then every `poll`.
+#[derive(Debug)]
+pub struct LocalSource {
+    dir: ManifestDir,
+    poll: std::time::Duration,
+    started: bool,
+}
+
+impl LocalSource {
+    pub fn new(dir: ManifestDir, poll: std::time::Duration) -> Self {
+        Self {
+            dir,
+            poll,
+            started: false,
+        }
+    }
+}
+
+impl super::Source for LocalSource {
+    type Error = std::convert::Infallible;
+
+    async fn wait(&mut self) -> Result<(), Self::Error> {
+        if std::mem::replace(&mut self.started, true) {
+            tokio::time::sleep(self.poll).await;
+        }
+        Ok(())
+    }
+
+    fn feed(&mut self, sink: &mut dyn Sink) -> super::Fed {
+        match self.dir.rescan(sink) {
+            Ok(scan) => {
+                for p in &scan.new_problems {
+                    tracing::warn!(file = %p.file.display(), "{}", p.reason);
+                }
+                if scan.changed {
+                    super::Fed::Changed
+                } else {
+                    super::Fed::Unchanged
+                }
+            }
+            Err(e) => {
+                tracing::warn!(dir = %self.dir.dir().display(), "cannot read the manifest directory: {e}; keeping the current state");
+                super::Fed::Failed
+            }
+        }
+    }
+}
+
 /// Where the next object named `key` in `file` comes from: the file, and how many of
 /// that name came before it there.
 fn next_origin<K: std::hash::Hash + Eq>(
@@ -190,25 +238,6 @@ fn put_file(
         }
     }
     (services, slices)
-}
-
-/// Reads a directory once, as API objects.
-pub fn load_dir(dir: &Path) -> std::io::Result<(Objects, Vec<Problem>)> {
-    let mut all = Objects::default();
-    let mut problems = Vec::new();
-    for path in manifests::yaml_files(dir)? {
-        let (text, mut p) = manifests::read(&path);
-        problems.append(&mut p);
-        let Some(text) = text else { continue };
-        let (objects, mut p) = parse_file(&path, &text);
-        problems.append(&mut p);
-        if let Some(o) = objects {
-            all.services.extend(o.services);
-            all.slices.extend(o.slices);
-            all.nodes.extend(o.nodes);
-        }
-    }
-    Ok((all, problems))
 }
 
 /// A usable object of a document (boxed: API objects are large and of unequal sizes).

@@ -55,3 +55,30 @@ impl Sink for Incremental {
         self.slice_ids().cloned().collect()
     }
 }
+
+/// What one [`Source::feed`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fed {
+    /// Objects were handed over: some may have changed.
+    Changed,
+    /// Nothing changed since the last feed.
+    Unchanged,
+    /// The source could not be read this time and handed nothing; what the sink
+    /// holds stays as it was (said in the log).
+    Failed,
+}
+
+/// A source as the agent drives it: wait until there is something, then hand it
+/// over. Both sources have this shape, so the agent has one loop.
+pub trait Source {
+    /// Why the source cannot go on.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// Waits until there is something to hand over: the first time until the source
+    /// has everything once (nothing may be written from a partial view), then until
+    /// changes come. Not cancel-safe: poll it to completion.
+    fn wait(&mut self) -> impl std::future::Future<Output = Result<(), Self::Error>>;
+
+    /// Hands to `sink` what changed since the last feed (everything, the first time).
+    fn feed(&mut self, sink: &mut dyn Sink) -> Fed;
+}
