@@ -12,14 +12,13 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use anyhow::{bail, Context as _};
 use dataplane_common::{map_name, stat};
 use tracing::{info, warn};
 
 use crate::{
     compiler::{self, Skipped},
     interfaces::{self, Selection},
-    kernel::{Attached, Capacities, Datapath, PinDir},
+    kernel::{Attached, Capacities, Datapath, KernelError, PinDir},
     metrics::Metrics,
     source::{
         self,
@@ -39,6 +38,34 @@ pub enum Source {
         client: kube::Client,
         batch: Duration,
     },
+}
+
+/// Why the agent could not start, or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("loading the datapath")]
+    Load(#[source] Box<KernelError>),
+    #[error("writing the conntrack timeouts")]
+    CtTimeouts(#[source] Box<KernelError>),
+    #[error("listing network interfaces")]
+    ListInterfaces(#[source] std::io::Error),
+    #[error(
+        "attaching to {0}: no such interface (an exact name must exist at start; \
+         a pattern such as {0}* also takes interfaces that appear later)"
+    )]
+    NoSuchInterface(String),
+    #[error("attaching to {0}")]
+    Attach(String, #[source] Box<KernelError>),
+    #[error("removing stale pinned links")]
+    UnpinLinks(#[source] Box<KernelError>),
+    #[error(transparent)]
+    Kubernetes(#[from] source::kube::Error),
+}
+
+impl From<std::convert::Infallible> for Error {
+    fn from(never: std::convert::Infallible) -> Self {
+        match never {}
+    }
 }
 
 /// Settings of `sliceway-agent run`.
@@ -232,11 +259,11 @@ impl Syncer {
 /// Loads the datapath (adopting pinned state) and attaches it to the selected
 /// interfaces. An exact name that does not exist is an error; pinned links of
 /// interfaces no longer there (or no longer selected) are removed.
-fn start_datapath(settings: &Settings) -> anyhow::Result<(Datapath, MapWriter)> {
+fn start_datapath(settings: &Settings) -> Result<(Datapath, MapWriter), Error> {
     let mut dp = Datapath::load(&settings.capacities, settings.pins.as_ref())
-        .context("loading the datapath")?;
+        .map_err(|e| Error::Load(e.into()))?;
     dp.set_ct_timeouts(&settings.conntrack.timeouts.0)
-        .context("writing the conntrack timeouts")?;
+        .map_err(|e| Error::CtTimeouts(e.into()))?;
     // Adopt what an earlier run left in pinned maps: the first sync then writes only
     // the difference and flushes nothing (conntrack included).
     let writer = match &settings.pins {
@@ -254,13 +281,10 @@ fn start_datapath(settings: &Settings) -> anyhow::Result<(Datapath, MapWriter)> 
     };
     let selection = &settings.interfaces;
     if !selection.is_empty() {
-        let present = interfaces::list().context("listing network interfaces")?;
+        let present = interfaces::list().map_err(Error::ListInterfaces)?;
         for name in selection.exact() {
             if !present.iter().any(|(_, n)| n == name) {
-                bail!(
-                    "attaching to {name}: no such interface (an exact name must exist at start; \
-                     a pattern such as {name}* also takes interfaces that appear later)"
-                );
+                return Err(Error::NoSuchInterface(name.to_string()));
             }
         }
         let plan = interfaces::plan(selection, &dp.attached(), &present);
@@ -268,7 +292,7 @@ fn start_datapath(settings: &Settings) -> anyhow::Result<(Datapath, MapWriter)> 
             match dp.attach(iface) {
                 Ok(how) => log_attached(iface, how),
                 Err(e) if selection.exact().any(|n| n == iface) => {
-                    return Err(e).with_context(|| format!("attaching to {iface}"));
+                    return Err(Error::Attach(iface.clone(), e.into()));
                 }
                 // Matched by a pattern only: it may have gone since the listing; the
                 // next scan tries again.
@@ -278,7 +302,7 @@ fn start_datapath(settings: &Settings) -> anyhow::Result<(Datapath, MapWriter)> 
     }
     for iface in dp
         .unpin_other_links()
-        .context("removing stale pinned links")?
+        .map_err(|e| Error::UnpinLinks(e.into()))?
     {
         info!(interface = %iface, "removed the pinned link of an interface that is gone or not selected");
     }
@@ -391,7 +415,7 @@ impl Scanner {
 pub async fn run(
     settings: Settings,
     shutdown: impl std::future::Future<Output = ()>,
-) -> anyhow::Result<()> {
+) -> Result<(), Error> {
     let metrics = Arc::new(Metrics::new());
     if let Some(addr) = settings.metrics_addr {
         let m = metrics.clone();

@@ -71,7 +71,8 @@ fn main() -> anyhow::Result<()> {
                         sweep_batch: args.conntrack_sweep_batch as usize,
                     },
                 };
-                agent::run(settings, shutdown_signal()).await
+                agent::run(settings, shutdown_signal()).await?;
+                anyhow::Ok(())
             })
         }
         Command::List { bpffs_dir, output } => {

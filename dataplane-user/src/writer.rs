@@ -80,9 +80,37 @@ pub struct ApplyReport {
     pub map_writes: usize,
     pub map_deletes: usize,
     /// Frontends that kept their previous state, and why.
-    pub rejected: Vec<(ServicePortName, String)>,
+    pub rejected: Vec<(ServicePortName, Rejected)>,
     /// Map operations that failed.
-    pub errors: Vec<String>,
+    pub errors: Vec<MapOpError>,
+}
+
+/// Why a frontend kept its previous state.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Rejected {
+    /// It does not fit: nothing of it was written.
+    #[error("the {map} map is full ({capacity} entries)")]
+    Full { map: &'static str, capacity: u32 },
+    /// A backend could not be written; the backends written before it were taken back.
+    #[error("could not write a backend: {0}")]
+    BackendWrite(String),
+}
+
+/// A map operation that failed: what the writer was doing, and the map's error.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{what}: {error}")]
+pub struct MapOpError {
+    pub what: String,
+    pub error: String,
+}
+
+impl MapOpError {
+    fn new(what: String, error: &impl std::fmt::Display) -> Self {
+        Self {
+            what,
+            error: error.to_string(),
+        }
+    }
 }
 
 /// Ids handed out from 0 upward, reusing freed ones.
@@ -258,13 +286,15 @@ impl MapWriter {
             if let Err(e) = maps.del_slot(&key) {
                 report
                     .errors
-                    .push(format!("deleting stale slot {key:?}: {e}"));
+                    .push(MapOpError::new(format!("deleting stale slot {key:?}"), &e));
             }
             report.map_deletes += 1;
         }
         for id in std::mem::take(&mut self.stale_names) {
             if let Err(e) = maps.del_name(id) {
-                report.errors.push(format!("deleting stale name {id}: {e}"));
+                report
+                    .errors
+                    .push(MapOpError::new(format!("deleting stale name {id}"), &e));
             }
             report.map_deletes += 1;
         }
@@ -328,7 +358,7 @@ impl MapWriter {
         frontend: &Frontend,
         maps: &mut M,
         report: &mut ApplyReport,
-    ) -> Result<(), String> {
+    ) -> Result<(), Rejected> {
         let old = self.frontends.get(key);
         if old.is_some_and(|o| {
             o.service == frontend.service
@@ -347,22 +377,22 @@ impl MapWriter {
             .count() as u64;
         let old_slots = old.map_or(0, |o| o.slots.len()) as u64;
         if old.is_none() && self.frontends.len() as u64 >= self.limits.services as u64 {
-            return Err(format!(
-                "the services map is full ({} entries)",
-                self.limits.services
-            ));
+            return Err(Rejected::Full {
+                map: "services",
+                capacity: self.limits.services,
+            });
         }
         if self.backends.len() as u64 + new_backends > self.limits.backends as u64 {
-            return Err(format!(
-                "the backends map is full ({} entries)",
-                self.limits.backends
-            ));
+            return Err(Rejected::Full {
+                map: "backends",
+                capacity: self.limits.backends,
+            });
         }
         if self.slot_count - old_slots + frontend.backends.len() as u64 > self.limits.slots as u64 {
-            return Err(format!(
-                "the slots map is full ({} entries)",
-                self.limits.slots
-            ));
+            return Err(Rejected::Full {
+                map: "slots",
+                capacity: self.limits.slots,
+            });
         }
 
         // 1. Backends first.
@@ -375,10 +405,12 @@ impl MapWriter {
                     let id = self.backend_ids.take();
                     if let Err(e) = maps.put_backend(id, b) {
                         self.backend_ids.give_back(id);
-                        report.errors.push(format!("writing backend {id}: {e}"));
+                        report
+                            .errors
+                            .push(MapOpError::new(format!("writing backend {id}"), &e));
                         // Nothing refers to the backends written so far: take them back.
                         self.collect_orphans(written, maps, report);
-                        return Err(format!("could not write a backend: {e}"));
+                        return Err(Rejected::BackendWrite(e.to_string()));
                     }
                     written.push(id);
                     report.map_writes += 1;
@@ -403,9 +435,10 @@ impl MapWriter {
                     slot: i as u32,
                 };
                 if let Err(e) = maps.put_slot(&slot, *backend_id) {
-                    report
-                        .errors
-                        .push(format!("writing slot {i} of {}: {e}", frontend.service));
+                    report.errors.push(MapOpError::new(
+                        format!("writing slot {i} of {}", frontend.service),
+                        &e,
+                    ));
                 }
                 report.map_writes += 1;
             }
@@ -421,18 +454,20 @@ impl MapWriter {
         // new slot count.
         if old.is_none_or(|o| o.service != frontend.service) {
             if let Err(e) = maps.put_name(id, &ServiceName::new(&frontend.service.to_string())) {
-                report
-                    .errors
-                    .push(format!("writing the name of {}: {e}", frontend.service));
+                report.errors.push(MapOpError::new(
+                    format!("writing the name of {}", frontend.service),
+                    &e,
+                ));
             }
             report.map_writes += 1;
         }
         if old_slots.len() != new_slots.len() || old.is_none_or(|o| o.policy != frontend.policy) {
             let value = frontend.policy.service_value(id, new_slots.len() as u32);
             if let Err(e) = maps.put_service(key, &value) {
-                report
-                    .errors
-                    .push(format!("writing service {}: {e}", frontend.service));
+                report.errors.push(MapOpError::new(
+                    format!("writing service {}", frontend.service),
+                    &e,
+                ));
             }
             report.map_writes += 1;
         }
@@ -443,9 +478,10 @@ impl MapWriter {
                 service_id: id,
                 slot: i as u32,
             }) {
-                report
-                    .errors
-                    .push(format!("deleting slot {i} of {}: {e}", frontend.service));
+                report.errors.push(MapOpError::new(
+                    format!("deleting slot {i} of {}", frontend.service),
+                    &e,
+                ));
             }
             report.map_deletes += 1;
         }
@@ -479,9 +515,10 @@ impl MapWriter {
         };
         // The service entry goes first, so no packet follows it to a deleted slot.
         if let Err(e) = maps.del_service(key) {
-            report
-                .errors
-                .push(format!("deleting service {}: {e}", old.service));
+            report.errors.push(MapOpError::new(
+                format!("deleting service {}", old.service),
+                &e,
+            ));
         }
         report.map_deletes += 1;
         for i in 0..old.slots.len() {
@@ -489,16 +526,18 @@ impl MapWriter {
                 service_id: old.id,
                 slot: i as u32,
             }) {
-                report
-                    .errors
-                    .push(format!("deleting slot {i} of {}: {e}", old.service));
+                report.errors.push(MapOpError::new(
+                    format!("deleting slot {i} of {}", old.service),
+                    &e,
+                ));
             }
             report.map_deletes += 1;
         }
         if let Err(e) = maps.del_name(old.id) {
-            report
-                .errors
-                .push(format!("deleting the name of {}: {e}", old.service));
+            report.errors.push(MapOpError::new(
+                format!("deleting the name of {}", old.service),
+                &e,
+            ));
         }
         report.map_deletes += 1;
         for b in &old.slots {
@@ -533,7 +572,9 @@ impl MapWriter {
                 continue; // picked up again by another frontend
             }
             if let Err(e) = maps.del_backend(id) {
-                report.errors.push(format!("deleting backend {id}: {e}"));
+                report
+                    .errors
+                    .push(MapOpError::new(format!("deleting backend {id}"), &e));
             }
             report.map_deletes += 1;
             self.backends.remove(&backend);

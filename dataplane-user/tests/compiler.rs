@@ -329,7 +329,10 @@ fn a_service_that_does_not_fit_keeps_its_previous_state_and_others_are_untouched
     assert_eq!(report.rejected.len(), 1, "{report:?}");
     assert_eq!(report.rejected[0].0.name, "svc-1");
     assert!(
-        report.rejected[0].1.contains("backends map is full"),
+        report.rejected[0]
+            .1
+            .to_string()
+            .contains("backends map is full"),
         "{report:?}"
     );
     let now = resolve(&maps);

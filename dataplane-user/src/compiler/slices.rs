@@ -55,22 +55,29 @@ pub(super) type PortEndpoints = HashMap<(String, u8), BTreeMap<(Ipv4Addr, u16), 
 pub(super) type EndpointsKey = (String, String);
 
 /// Parses a protocol name; `None` (unset) means TCP, as the API defaults it.
-pub(super) fn protocol(p: Option<&str>) -> Result<u8, String> {
+pub(super) fn protocol(p: Option<&str>) -> Result<u8, PortError> {
     match p {
         None | Some("TCP") => Ok(PROTO_TCP),
         Some("UDP") => Ok(PROTO_UDP),
         Some("SCTP") => Ok(PROTO_SCTP),
-        Some(other) => Err(format!(
-            "protocol {other} is not supported (TCP, UDP and SCTP are)"
-        )),
+        Some(other) => Err(PortError::Protocol(other.to_string())),
     }
 }
 
-pub(super) fn port_number(p: i32) -> Result<u16, String> {
+pub(super) fn port_number(p: i32) -> Result<u16, PortError> {
     u16::try_from(p)
         .ok()
         .filter(|p| *p != 0)
-        .ok_or_else(|| format!("port {p} is out of range 1-65535"))
+        .ok_or(PortError::Range(p))
+}
+
+/// What is wrong with a port of a Service or an EndpointSlice.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub(super) enum PortError {
+    #[error("protocol {0} is not supported (TCP, UDP and SCTP are)")]
+    Protocol(String),
+    #[error("port {0} is out of range 1-65535")]
+    Range(i32),
 }
 
 fn slice_ref(slice: &SliceInfo) -> ObjectRef {
@@ -170,7 +177,7 @@ pub(super) fn merge_slice(
                 skipped.push(Skipped {
                     object: slice_ref(slice),
                     code: "port_range",
-                    reason,
+                    reason: reason.to_string(),
                 });
                 continue;
             }
