@@ -192,25 +192,51 @@ pub struct Object {
     /// `metadata.name`, or `<unnamed>`.
     pub name: String,
     pub value: serde_yaml_ng::Value,
+    /// Which document of the file it is (from 1), and which item of a `v1 List`.
+    pub document: usize,
+    pub item: Option<usize>,
 }
 
 impl Object {
+    /// Where it stands in its file, as problems name it: `document 2` or
+    /// `document 2, List item 3`.
+    pub fn place(&self) -> String {
+        place(self.document, self.item)
+    }
+
     /// The object as a typed API object.
     pub fn typed<T: serde::de::DeserializeOwned>(self) -> Result<T, serde_yaml_ng::Error> {
         serde_yaml_ng::from_value(self.value)
     }
 }
 
+fn place(document: usize, item: Option<usize>) -> String {
+    match item {
+        None => format!("document {document}"),
+        Some(i) => format!("document {document}, List item {i}"),
+    }
+}
+
+/// What [`objects`] read of a file.
+#[derive(Debug, Default)]
+pub struct Read {
+    /// Documents in the file (a `v1 List` is one).
+    pub documents: usize,
+    /// Problems of single documents; the other documents were read.
+    pub problems: Vec<Problem>,
+}
+
 /// Reads the documents of a file one at a time and gives each object to `each`
 /// (the items of a `v1 List` one by one). A reason `each` returns, or a document
 /// without `apiVersion` or `kind`, becomes a problem naming the document (and the
 /// List item); the other objects are still read. `Err` when the YAML itself is
-/// broken: nothing in the file is trusted then.
+/// broken: nothing in the file is trusted then, and what `each` was given before
+/// must be dropped.
 pub fn objects(
     path: &Path,
     text: &str,
     each: &mut dyn FnMut(Object) -> Result<(), String>,
-) -> Result<Vec<Problem>, Problem> {
+) -> Result<Read, Problem> {
     let mut problems = Vec::new();
     let problem = |reason: String| Problem {
         file: path.to_path_buf(),
@@ -222,23 +248,23 @@ pub fn objects(
             Ok(serde_yaml_ng::Value::Null) => {}
             Ok(v) => {
                 n += 1;
-                object(v, each, &mut |item, reason| {
-                    let at = match item {
-                        None => format!("document {n}"),
-                        Some(i) => format!("document {n}, List item {i}"),
-                    };
-                    problems.push(problem(format!("{at}: {reason}")))
+                object(v, n, each, &mut |item, reason| {
+                    problems.push(problem(format!("{}: {reason}", place(n, item))))
                 });
             }
             Err(e) => return Err(problem(format!("not valid YAML: {e}"))),
         }
     }
-    Ok(problems)
+    Ok(Read {
+        documents: n,
+        problems,
+    })
 }
 
 /// One document: a `v1 List`'s items each, or the object itself.
 fn object(
     mut doc: serde_yaml_ng::Value,
+    document: usize,
     each: &mut dyn FnMut(Object) -> Result<(), String>,
     report: &mut dyn FnMut(Option<usize>, String),
 ) {
@@ -258,13 +284,13 @@ fn object(
         for (i, item) in items.into_iter().enumerate() {
             let api_version = field(&item, "apiVersion");
             let kind = field(&item, "kind");
-            if let Err(reason) = take(api_version, kind, item, each) {
+            if let Err(reason) = take(api_version, kind, item, (document, Some(i + 1)), each) {
                 report(Some(i + 1), reason);
             }
         }
         return;
     }
-    if let Err(reason) = take(api_version, kind, doc, each) {
+    if let Err(reason) = take(api_version, kind, doc, (document, None), each) {
         report(None, reason);
     }
 }
@@ -273,6 +299,7 @@ fn take(
     api_version: String,
     kind: String,
     value: serde_yaml_ng::Value,
+    (document, item): (usize, Option<usize>),
     each: &mut dyn FnMut(Object) -> Result<(), String>,
 ) -> Result<(), String> {
     if api_version.is_empty() || kind.is_empty() {
@@ -289,6 +316,8 @@ fn take(
         kind,
         name,
         value,
+        document,
+        item,
     })
 }
 
@@ -386,6 +415,11 @@ impl<T: Default> Files<T> {
             let old = self.files.remove(&path).map(|f| f.kept);
             let (text, mut problems) = read(&path);
             let new = text.and_then(|text| reader.read(&path, &text, old.as_ref(), &mut problems));
+            if new.is_none() && old.is_some() {
+                if let Some(last) = problems.last_mut() {
+                    last.reason.push_str(" (its last good version is kept)");
+                }
+            }
             let kept = new.or(old).unwrap_or_default();
             scan.new_problems.extend(problems.iter().cloned());
             self.files.insert(
@@ -421,12 +455,12 @@ mod tests {
     /// The names of the objects of a text, and that nothing was wrong with them.
     fn names(text: &str) -> Vec<String> {
         let mut names = Vec::new();
-        let problems = objects(Path::new("f.yaml"), text, &mut |o| {
+        let read = objects(Path::new("f.yaml"), text, &mut |o| {
             names.push(o.name);
             Ok(())
         })
         .expect("valid YAML");
-        assert!(problems.is_empty(), "{problems:?}");
+        assert!(read.problems.is_empty(), "{:?}", read.problems);
         names
     }
 
@@ -487,13 +521,17 @@ mod tests {
     fn list_items_are_objects_and_problems_name_document_and_item() {
         let text = "apiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: Service, metadata: {name: one}}\n- {kind: Service}\n---\n---\nkind: Service\n";
         let mut names = Vec::new();
-        let problems = objects(Path::new("f.yaml"), text, &mut |o| {
+        let mut places = Vec::new();
+        let read = objects(Path::new("f.yaml"), text, &mut |o| {
+            places.push(o.place());
             names.push(o.name);
             Ok(())
         })
         .unwrap();
         assert_eq!(names, ["one"]);
-        let reasons: Vec<&str> = problems.iter().map(|p| p.reason.as_str()).collect();
+        assert_eq!(places, ["document 1, List item 1"]);
+        assert_eq!(read.documents, 2);
+        let reasons: Vec<&str> = read.problems.iter().map(|p| p.reason.as_str()).collect();
         assert_eq!(
             reasons,
             [

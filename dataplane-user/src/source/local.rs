@@ -261,7 +261,7 @@ pub fn parse_file(path: &Path, text: &str) -> (Option<Objects>, Vec<Problem>) {
         Ok(())
     });
     match problems {
-        Ok(problems) => (Some(objects), problems),
+        Ok(read) => (Some(objects), read.problems),
         Err(problem) => (None, vec![problem]),
     }
 }
@@ -279,7 +279,7 @@ pub fn parse_file_model(path: &Path, text: &str) -> (Option<ModelObjects>, Vec<P
         Ok(())
     });
     match problems {
-        Ok(problems) => (Some(objects), problems),
+        Ok(read) => (Some(objects), read.problems),
         Err(problem) => (None, vec![problem]),
     }
 }
@@ -413,6 +413,9 @@ spec: {clusterIP: 10.96.0.11}
         assert!(scan.changed);
         assert_eq!(scan.new_problems.len(), 1);
         assert!(scan.new_problems[0].reason.starts_with("not valid YAML"));
+        assert!(scan.new_problems[0]
+            .reason
+            .ends_with("(its last good version is kept)"));
         assert_eq!(c.service_count(), 1, "last good objects kept");
         fs::remove_file(&file).unwrap();
         assert!(m.rescan(&mut c).unwrap().changed);
