@@ -250,35 +250,40 @@ enum Found {
 /// Parses one file. `None` when the YAML itself is broken (nothing in the file is
 /// trusted then); otherwise the usable objects and a problem per unusable document.
 pub fn parse_file(path: &Path, text: &str) -> (Option<Objects>, Vec<Problem>) {
-    let mut objects = Objects::default();
-    let problems = manifests::objects(path, text, &mut |o| {
-        match accept(o)? {
-            Some(Found::Service(s)) => objects.services.push(*s),
-            Some(Found::Slice(s)) => objects.slices.push(*s),
-            Some(Found::Node(n)) => objects.nodes.push(*n),
-            None => {}
-        }
-        Ok(())
-    });
-    match problems {
-        Ok(read) => (Some(objects), read.problems),
-        Err(problem) => (None, vec![problem]),
-    }
+    parse_into(path, text, |objects: &mut Objects, found| match found {
+        Found::Service(s) => objects.services.push(*s),
+        Found::Slice(s) => objects.slices.push(*s),
+        Found::Node(n) => objects.nodes.push(*n),
+    })
 }
 
 /// [`parse_file`], each object turned into the agent's model as soon as it is read.
 pub fn parse_file_model(path: &Path, text: &str) -> (Option<ModelObjects>, Vec<Problem>) {
-    let mut objects = ModelObjects::default();
-    let problems = manifests::objects(path, text, &mut |o| {
-        match accept(o)? {
-            Some(Found::Service(s)) => objects.services.push(ServiceInfo::from(&*s)),
-            Some(Found::Slice(s)) => objects.slices.push(SliceInfo::from(&*s)),
-            Some(Found::Node(n)) => objects.nodes.push(NodeInfo::from(&*n)),
-            None => {}
+    parse_into(
+        path,
+        text,
+        |objects: &mut ModelObjects, found| match found {
+            Found::Service(s) => objects.services.push(ServiceInfo::from(&*s)),
+            Found::Slice(s) => objects.slices.push(SliceInfo::from(&*s)),
+            Found::Node(n) => objects.nodes.push(NodeInfo::from(&*n)),
+        },
+    )
+}
+
+/// Reads a file's documents, adding each object of a kind the agent reads to `T`.
+fn parse_into<T: Default>(
+    path: &Path,
+    text: &str,
+    add: impl Fn(&mut T, Found),
+) -> (Option<T>, Vec<Problem>) {
+    let mut objects = T::default();
+    let read = manifests::objects(path, text, &mut |o| {
+        if let Some(found) = accept(o)? {
+            add(&mut objects, found);
         }
         Ok(())
     });
-    match problems {
+    match read {
         Ok(read) => (Some(objects), read.problems),
         Err(problem) => (None, vec![problem]),
     }
