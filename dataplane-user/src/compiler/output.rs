@@ -112,6 +112,17 @@ pub struct ObjectRef {
     pub name: String,
 }
 
+impl ObjectRef {
+    /// An object of `kind` by its metadata: namespace `default` when unset.
+    pub(super) fn new(kind: &'static str, namespace: Option<&str>, name: Option<&str>) -> Self {
+        Self {
+            kind,
+            namespace: namespace.unwrap_or("default").into(),
+            name: name.unwrap_or_default().into(),
+        }
+    }
+}
+
 impl fmt::Display for ObjectRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.namespace.is_empty() {

@@ -36,11 +36,7 @@ impl ServiceOut {
 }
 
 fn service_ref(svc: &ServiceInfo) -> ObjectRef {
-    ObjectRef {
-        kind: "Service",
-        namespace: svc.namespace.clone().unwrap_or_else(|| "default".into()),
-        name: svc.name.clone().unwrap_or_default(),
-    }
+    ObjectRef::new("Service", svc.namespace.as_deref(), svc.name.as_deref())
 }
 
 pub(super) fn compile_service(

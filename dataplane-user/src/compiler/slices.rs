@@ -81,11 +81,11 @@ pub(super) enum PortError {
 }
 
 fn slice_ref(slice: &SliceInfo) -> ObjectRef {
-    ObjectRef {
-        kind: "EndpointSlice",
-        namespace: slice.namespace.clone().unwrap_or_else(|| "default".into()),
-        name: slice.name.clone().unwrap_or_default(),
-    }
+    ObjectRef::new(
+        "EndpointSlice",
+        slice.namespace.as_deref(),
+        slice.name.as_deref(),
+    )
 }
 
 /// Whether a slice is used, and for which Service: what is not used is counted as
