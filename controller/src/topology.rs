@@ -14,12 +14,11 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointHints, EndpointSlice, ForNode, ForZone};
 
+use conventions::labels::{LABEL_NODE_ROLE_CONTROL_PLANE, LABEL_NODE_ROLE_MASTER};
+
 use crate::reconciler::Options;
 
-/// `service.kubernetes.io/topology-mode`.
-pub const ANNOTATION_TOPOLOGY_MODE: &str = "service.kubernetes.io/topology-mode";
-/// The deprecated `service.kubernetes.io/topology-aware-hints`.
-pub const ANNOTATION_TOPOLOGY_AWARE_HINTS: &str = "service.kubernetes.io/topology-aware-hints";
+pub use conventions::labels::{ANNOTATION_TOPOLOGY_AWARE_HINTS, ANNOTATION_TOPOLOGY_MODE};
 /// A zone may receive up to this fraction more endpoints than its CPU share.
 const OVERLOAD_THRESHOLD: f64 = 0.2;
 
@@ -74,8 +73,8 @@ impl TopologyInfo {
         for node in nodes {
             let labels = node.metadata.labels.as_ref();
             if labels.is_some_and(|l| {
-                l.contains_key("node-role.kubernetes.io/control-plane")
-                    || l.contains_key("node-role.kubernetes.io/master")
+                l.contains_key(LABEL_NODE_ROLE_CONTROL_PLANE)
+                    || l.contains_key(LABEL_NODE_ROLE_MASTER)
             }) {
                 continue;
             }
