@@ -1,5 +1,5 @@
-//! Prometheus metrics of the controller and a tiny HTTP endpoint that serves them
-//! (`/metrics`, `/healthz`), with the health the endpoint reports.
+//! Prometheus metrics of the controller and the health `/healthz` reports, served
+//! by `conventions::http` (`/metrics`, `/healthz`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -10,7 +10,6 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::plan::Plan;
 use crate::store::Outcome;
@@ -194,47 +193,27 @@ impl Metrics {
     }
 }
 
-/// Serves `/metrics` and `/healthz` on the address until the task is dropped.
+impl conventions::http::Status for Metrics {
+    fn metrics(&self) -> String {
+        self.render()
+    }
+    fn health(&self) -> std::result::Result<(), String> {
+        match self.health.problem(Instant::now()) {
+            None => Ok(()),
+            Some(problem) => Err(problem),
+        }
+    }
+}
+
+/// Serves `/metrics` and `/healthz` on the address until the task is dropped
+/// (`conventions::http`, the agent's endpoint too).
 pub async fn serve(addr: std::net::SocketAddr, metrics: Metrics) -> crate::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr)
+    conventions::http::serve(addr, Arc::new(metrics))
         .await
         .map_err(|source| crate::Error::Io {
             path: addr.to_string(),
             source,
-        })?;
-    loop {
-        let Ok((mut sock, _)) = listener.accept().await else {
-            continue;
-        };
-        let metrics = metrics.clone();
-        tokio::spawn(async move {
-            let mut buf = [0u8; 2048];
-            let n = sock.read(&mut buf).await.unwrap_or(0);
-            let req = String::from_utf8_lossy(&buf[..n]);
-            let path = req.split_whitespace().nth(1).unwrap_or("/");
-            let (status, ctype, body) = match path {
-                "/metrics" => (
-                    "200 OK",
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    metrics.render(),
-                ),
-                "/healthz" => match metrics.health.problem(Instant::now()) {
-                    None => ("200 OK", "text/plain", "ok\n".to_string()),
-                    Some(problem) => (
-                        "503 Service Unavailable",
-                        "text/plain",
-                        format!("{problem}\n"),
-                    ),
-                },
-                _ => ("404 Not Found", "text/plain", "not found\n".to_string()),
-            };
-            let resp = format!(
-                "HTTP/1.1 {status}\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = sock.write_all(resp.as_bytes()).await;
-        });
-    }
+        })
 }
 
 #[cfg(test)]
