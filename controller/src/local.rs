@@ -1,8 +1,9 @@
-//! Local mode: a directory of ordinary Kubernetes YAML as the cluster. Services,
-//! Pods, Nodes, Endpoints and EndpointSlices are read from every `*.yaml`/`*.yml`
-//! file (multi-document files and `kind: List` too); the objects the controllers
-//! manage are written back, one file per object, and kept current as the
-//! directory changes (polled).
+//! Local mode: a directory of ordinary Kubernetes YAML as the cluster, read as
+//! [`conventions::manifests`] reads it (the agent reads it the same way): Services,
+//! Pods, Nodes, Endpoints and EndpointSlices from every `*.yaml`/`*.yml` file
+//! (multi-document files and `v1 List` too, each document screened first); the
+//! objects the controllers manage are written back, one file per object, and kept
+//! current as the directory changes (polled; only changed files are read again).
 //!
 //! Files people wrote are never rewritten or deleted: the controller writes only
 //! files it owns (they begin with [`HEADER`]). An object it manages that a person
@@ -12,9 +13,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use serde::de::DeserializeOwned;
+use conventions::manifests::{self, Files, Object as Document, Problem, Reader};
 
 use crate::plan::{Object, Plan};
 use crate::store::{self, Key, Snapshot};
@@ -55,24 +56,8 @@ pub struct Loaded {
     pub sources: BTreeMap<(String, Key), Source>,
 }
 
-fn yaml_files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let rd = std::fs::read_dir(dir).map_err(|source| Error::Io {
-        path: dir.display().to_string(),
-        source,
-    })?;
-    let mut files: Vec<PathBuf> = rd
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .filter(|p| {
-            p.is_file() && matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml"))
-        })
-        .collect();
-    files.sort();
-    Ok(files)
-}
-
-fn typed<T: DeserializeOwned>(v: serde_yaml_ng::Value) -> std::result::Result<T, String> {
-    serde_yaml_ng::from_value(v).map_err(|e| e.to_string())
+fn typed<T: serde::de::DeserializeOwned>(d: Document) -> std::result::Result<T, String> {
+    d.typed().map_err(|e| e.to_string())
 }
 
 /// Objects of kinds the controllers do not read are ignored.
@@ -81,31 +66,10 @@ fn add_object(
     path: &Path,
     documents: usize,
     owned: bool,
-    v: serde_yaml_ng::Value,
+    v: Document,
 ) -> std::result::Result<(), String> {
-    let kind = v
-        .get("kind")
-        .and_then(|k| k.as_str())
-        .ok_or("missing kind")?
-        .to_string();
     let snap = &mut loaded.snapshot;
-    match kind.as_str() {
-        "List" => {
-            let items = v
-                .get("items")
-                .and_then(|i| i.as_sequence())
-                .cloned()
-                .unwrap_or_default();
-            // One bad item is reported and skipped; the items after it still count.
-            for (i, item) in items.into_iter().enumerate() {
-                if let Err(reason) = add_object(loaded, path, documents + 1, owned, item) {
-                    loaded.rejected.push(Rejected {
-                        path: path.to_path_buf(),
-                        reason: format!("List item {}: {reason}", i + 1),
-                    });
-                }
-            }
-        }
+    match v.kind.as_str() {
         "Service" => {
             let mut s: k8s_openapi::api::core::v1::Service = typed(v)?;
             fill_uid(&mut s.metadata, "Service");
@@ -175,82 +139,88 @@ fn fill_uid(m: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta, 
     }
 }
 
+/// What a file gave when it last parsed: its objects, how many documents it has
+/// and whether the controller wrote it.
+#[derive(Debug, Default)]
+pub struct FileDocs {
+    owned: bool,
+    documents: usize,
+    objects: Vec<Document>,
+}
+
+/// The directory's files as last read, each with its last good objects.
+pub type LastGood = Files<FileDocs>;
+
+struct ToDocs;
+
+impl Reader<FileDocs> for ToDocs {
+    fn read(
+        &mut self,
+        path: &Path,
+        text: &str,
+        _old: Option<&FileDocs>,
+        problems: &mut Vec<Problem>,
+    ) -> Option<FileDocs> {
+        let mut objects = Vec::new();
+        match manifests::objects(path, text, &mut |o| {
+            objects.push(o);
+            Ok(())
+        }) {
+            Ok(read) => {
+                problems.extend(read.problems);
+                Some(FileDocs {
+                    owned: text.starts_with(HEADER),
+                    documents: read.documents,
+                    objects,
+                })
+            }
+            Err(problem) => {
+                problems.push(problem);
+                None
+            }
+        }
+    }
+
+    fn gone(&mut self, _path: &Path, _kept: FileDocs) {}
+}
+
 /// Reads every YAML file of a directory. Unreadable files and documents are
 /// reported in [`Loaded::rejected`] and skipped.
 pub fn load_dir(dir: &Path) -> Result<Loaded> {
-    load_dir_keeping(dir, &mut BTreeMap::new())
+    load_dir_keeping(&mut LastGood::new(dir))
 }
 
-/// Parses a file's documents; the first error ends it.
-fn documents(text: &str) -> std::result::Result<Vec<serde_yaml_ng::Value>, String> {
-    let mut docs = Vec::new();
-    for de in serde_yaml_ng::Deserializer::from_str(text) {
-        match <serde_yaml_ng::Value as serde::Deserialize>::deserialize(de) {
-            Ok(serde_yaml_ng::Value::Null) => {}
-            Ok(v) => docs.push(v),
-            Err(e) => return Err(e.to_string()),
-        }
-    }
-    Ok(docs)
-}
-
-/// Like [`load_dir`], but a file that no longer parses keeps the objects of its last
-/// good version (from `last_good`, which this updates), as the agent does: a typo
-/// in a file must not delete the slices of the Services it holds. Files the
-/// controller owns are read after the others, so their copies win.
-pub fn load_dir_keeping(dir: &Path, last_good: &mut BTreeMap<PathBuf, String>) -> Result<Loaded> {
-    let mut loaded = Loaded::default();
-    let mut files = Vec::new();
-    for path in yaml_files(dir)? {
-        match std::fs::read_to_string(&path) {
-            Ok(text) => files.push((path, text)),
-            Err(e) => {
-                let reason = e.to_string();
-                match last_good.get(&path) {
-                    Some(text) => {
-                        loaded.rejected.push(Rejected {
-                            path: path.clone(),
-                            reason: format!("{reason} (its last good version is kept)"),
-                        });
-                        files.push((path, text.clone()));
-                    }
-                    None => loaded.rejected.push(Rejected { path, reason }),
-                }
-            }
-        }
-    }
-    last_good.retain(|p, _| files.iter().any(|(f, _)| f == p));
-    files.sort_by_key(|(path, text)| (text.starts_with(HEADER), path.clone()));
-    for (path, text) in files {
-        let owned = text.starts_with(HEADER);
-        let docs = match documents(&text) {
-            Ok(docs) => {
-                last_good.insert(path.clone(), text);
-                docs
-            }
-            Err(reason) => {
-                let kept = last_good.get(&path).and_then(|t| documents(t).ok());
-                let note = if kept.is_some() {
-                    " (its last good version is kept)"
-                } else {
-                    ""
-                };
+/// Like [`load_dir`], over the files as last read: only changed files are read
+/// again, and a file that no longer parses keeps the objects of its last good
+/// version, as the agent does: a typo in a file must not delete the slices of the
+/// Services it holds. Files the controller owns are read after the others, so their
+/// copies win.
+pub fn load_dir_keeping(files: &mut LastGood) -> Result<Loaded> {
+    files.rescan(&mut ToDocs).map_err(|source| Error::Io {
+        path: files.dir().display().to_string(),
+        source,
+    })?;
+    let mut loaded = Loaded {
+        rejected: files
+            .problems()
+            .into_iter()
+            .map(|p| Rejected {
+                path: p.file,
+                reason: p.reason,
+            })
+            .collect(),
+        ..Default::default()
+    };
+    let mut all: Vec<(&Path, &FileDocs)> = files.kept().collect();
+    all.sort_by_key(|(path, f)| (f.owned, path.to_path_buf()));
+    for (path, f) in all {
+        for o in &f.objects {
+            // An item of a List never has a file to itself.
+            let documents = f.documents + usize::from(o.item.is_some());
+            if let Err(reason) = add_object(&mut loaded, path, documents, f.owned, o.clone()) {
                 loaded.rejected.push(Rejected {
-                    path: path.clone(),
-                    reason: format!("{reason}{note}"),
-                });
-                match kept {
-                    Some(docs) => docs,
-                    None => continue,
-                }
-            }
-        };
-        let n = docs.len();
-        for (i, v) in docs.into_iter().enumerate() {
-            if let Err(reason) = add_object(&mut loaded, &path, n, owned, v) {
-                loaded.rejected.push(Rejected {
-                    path: path.clone(),
-                    reason: format!("document {}: {reason}", i + 1),
+                    path: path.to_path_buf(),
+                    reason: format!("{}: {reason}", o.place()),
                 });
             }
         }
@@ -373,17 +343,16 @@ pub fn plan_dir(
     opts: &store::Options,
     state: &mut store::State,
 ) -> Result<(Plan, Loaded, store::Outcome)> {
-    plan_dir_keeping(dir, opts, state, &mut BTreeMap::new())
+    plan_dir_keeping(&mut LastGood::new(dir), opts, state)
 }
 
 /// [`plan_dir`] over [`load_dir_keeping`].
 pub fn plan_dir_keeping(
-    dir: &Path,
+    files: &mut LastGood,
     opts: &store::Options,
     state: &mut store::State,
-    last_good: &mut BTreeMap<PathBuf, String>,
 ) -> Result<(Plan, Loaded, store::Outcome)> {
-    let loaded = load_dir_keeping(dir, last_good)?;
+    let loaded = load_dir_keeping(files)?;
     let mut outcome = store::plan_all(&loaded.snapshot, opts, state);
     let taken: BTreeSet<Key> = loaded.snapshot.slices.keys().cloned().collect();
     outcome.plan.assign_names(&taken);
@@ -391,8 +360,8 @@ pub fn plan_dir_keeping(
 }
 
 /// A cheap fingerprint of the directory's YAML files (names, sizes, mtimes).
-fn fingerprint(dir: &Path) -> Vec<(PathBuf, u64, Option<SystemTime>)> {
-    yaml_files(dir)
+fn fingerprint(dir: &Path) -> Vec<(PathBuf, u64, Option<std::time::SystemTime>)> {
+    manifests::yaml_files(dir)
         .unwrap_or_default()
         .into_iter()
         .map(|p| {
@@ -416,7 +385,7 @@ pub async fn run(
     stop: impl std::future::Future<Output = ()>,
 ) -> Result<()> {
     let mut state = store::State::default();
-    let mut last_good = BTreeMap::new();
+    let mut last_good = LastGood::new(dir);
     let mut known: BTreeSet<Key> = BTreeSet::new();
     let mut last = None;
     let mut retry_at: Option<tokio::time::Instant> = None;
@@ -426,12 +395,7 @@ pub async fn run(
         let due = retry_at.is_some_and(|t| tokio::time::Instant::now() >= t);
         if last.as_ref() != Some(&fp) || due {
             retry_at = None;
-            let (plan, loaded, outcome) = match plan_dir_keeping(
-                dir,
-                opts,
-                &mut state,
-                &mut last_good,
-            ) {
+            let (plan, loaded, outcome) = match plan_dir_keeping(&mut last_good, opts, &mut state) {
                 Ok(r) => r,
                 Err(e) => {
                     // The directory itself could not be read: retry at the next poll.

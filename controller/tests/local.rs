@@ -156,12 +156,12 @@ fn a_file_with_a_syntax_error_keeps_its_last_good_objects() {
     for f in ["service.yaml", "pods.yaml", "node.yaml"] {
         std::fs::copy(examples().join(f), dir.join(f)).unwrap();
     }
-    let mut last_good = std::collections::BTreeMap::new();
-    let loaded = local::load_dir_keeping(&dir, &mut last_good).unwrap();
+    let mut last_good = local::LastGood::new(&dir);
+    let loaded = local::load_dir_keeping(&mut last_good).unwrap();
     assert_eq!(loaded.snapshot.pods.len(), 3);
     let pods = std::fs::read_to_string(dir.join("pods.yaml")).unwrap();
     std::fs::write(dir.join("pods.yaml"), format!("{pods}\n  bad: [indent\n")).unwrap();
-    let loaded = local::load_dir_keeping(&dir, &mut last_good).unwrap();
+    let loaded = local::load_dir_keeping(&mut last_good).unwrap();
     assert_eq!(loaded.snapshot.pods.len(), 3, "the last good Pods are kept");
     assert_eq!(loaded.rejected.len(), 1);
     assert!(
