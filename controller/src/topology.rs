@@ -16,8 +16,6 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointHints, EndpointSlice, Fo
 
 use conventions::labels::{LABEL_NODE_ROLE_CONTROL_PLANE, LABEL_NODE_ROLE_MASTER};
 
-use crate::reconciler::Options;
-
 pub use conventions::labels::{ANNOTATION_TOPOLOGY_AWARE_HINTS, ANNOTATION_TOPOLOGY_MODE};
 /// A zone may receive up to this fraction more endpoints than its CPU share.
 const OVERLOAD_THRESHOLD: f64 = 0.2;
@@ -137,12 +135,22 @@ fn zone_hint(zone: &str) -> EndpointHints {
     }
 }
 
+/// Which sources of hints are honoured (the reconciler's options say).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HintSources {
+    /// `service.kubernetes.io/topology-mode: Auto` (upstream: the topology cache
+    /// exists).
+    pub topology_mode: bool,
+    /// `spec.trafficDistribution` (upstream: the ServiceTrafficDistribution gate).
+    pub traffic_distribution: bool,
+}
+
 /// Sets or removes hints on the slices being written, moving (copies of) unchanged
 /// slices whose hints must change into `update`. Returns events to report.
 pub fn reconcile_hints(
     svc: &Service,
     topo: Option<&TopologyInfo>,
-    opts: &Options,
+    opts: HintSources,
     create: &mut [EndpointSlice],
     update: &mut Vec<EndpointSlice>,
     unchanged: Vec<&EndpointSlice>,
@@ -151,7 +159,7 @@ pub fn reconcile_hints(
     let use_traffic_distribution = opts.traffic_distribution && !annotation;
     let mut events = Vec::new();
     let mut unchanged = unchanged;
-    if opts.topology_hints && annotation {
+    if opts.topology_mode && annotation {
         match add_hints(topo, create, update, &mut unchanged) {
             Ok(()) => {}
             Err(reason) => {

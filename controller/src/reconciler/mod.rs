@@ -561,7 +561,10 @@ fn reconcile_by_address_type(
     let events = topology::reconcile_hints(
         svc,
         input.topology,
-        opts,
+        topology::HintSources {
+            topology_mode: opts.topology_hints,
+            traffic_distribution: opts.traffic_distribution,
+        },
         &mut create,
         &mut update,
         unchanged,
