@@ -23,6 +23,7 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource, ResourceExt};
 use tracing::instrument;
 
+use crate::events::Regarding;
 use crate::metrics::Metrics;
 use crate::plan::{Object, Plan};
 use crate::store::{self, Key, Snapshot};
@@ -907,13 +908,12 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action> {
             ..Default::default()
         },
     };
-    for (kind, _, msg) in &outcome.events {
-        let (reason, note) = msg.split_once(": ").unwrap_or(("Warning", msg));
-        let regarding = match kind.as_str() {
-            "Endpoints" => endpoints_ref(),
-            _ => svc.object_ref(&()),
+    for (about, _, warning) in &outcome.events {
+        let regarding = match about {
+            Regarding::Endpoints => endpoints_ref(),
+            Regarding::Service => svc.object_ref(&()),
         };
-        publish(&ctx, &regarding, reason, note).await;
+        publish(&ctx, &regarding, warning.reason, &warning.note).await;
     }
     if let Err(e) = apply_plan(
         &ctx.client,

@@ -9,6 +9,7 @@
 pub mod bench;
 pub mod controller;
 pub mod endpoints;
+pub mod events;
 pub mod leader;
 pub mod local;
 pub mod metrics;

@@ -12,6 +12,7 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::endpoints::repack_subsets;
+use crate::events::Warning;
 use crate::util::{self, EndpointSet, PortMapKey};
 
 /// Upstream's default `--mirroring-max-endpoints-per-subset`.
@@ -45,7 +46,7 @@ pub struct MirrorPlan {
     /// Slices to delete.
     pub delete: Vec<EndpointSlice>,
     /// Warnings (invalid or too many addresses), reported as events.
-    pub warnings: Vec<String>,
+    pub warnings: Vec<Warning>,
 }
 
 /// Whether Endpoints are mirrored at all (shouldMirror): not labelled
@@ -152,14 +153,18 @@ pub fn reconcile_endpoints(
         skipped += total - added;
     }
     if invalid > 0 {
-        warnings.push(format!(
-            "InvalidIPAddress: Skipped {invalid} invalid IP addresses when mirroring to EndpointSlices"
+        warnings.push(Warning::new(
+            "InvalidIPAddress",
+            format!("Skipped {invalid} invalid IP addresses when mirroring to EndpointSlices"),
         ));
     }
     if skipped > invalid {
-        warnings.push(format!(
-            "TooManyAddressesToMirror: A max of {} addresses can be mirrored to EndpointSlices per Endpoints subset. {skipped} addresses were skipped",
-            opts.max_endpoints_per_subset
+        warnings.push(Warning::new(
+            "TooManyAddressesToMirror",
+            format!(
+                "A max of {} addresses can be mirrored to EndpointSlices per Endpoints subset. {skipped} addresses were skipped",
+                opts.max_endpoints_per_subset
+            ),
         ));
     }
 

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use k8s_openapi::api::core::v1::{Endpoints, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
+use crate::events::{Regarding, Warning};
 use crate::plan::{Object, Plan};
 use crate::topology::TopologyInfo;
 use crate::util::{self, TriggerTimeTracker};
@@ -212,7 +213,7 @@ pub struct Outcome {
     /// Services to retry, with the reason.
     pub retry: Vec<(Key, String)>,
     /// Warnings to report, with the object they are about (`kind`, key).
-    pub events: Vec<(String, Key, String)>,
+    pub events: Vec<(Regarding, Key, Warning)>,
     /// Per-Service figures, for metrics.
     pub services: BTreeMap<Key, ServiceReport>,
 }
@@ -286,7 +287,7 @@ fn sync_service_with(
             out.retry.push((key.clone(), r));
         }
         for e in p.events {
-            out.events.push(("Service".into(), key.clone(), e));
+            out.events.push((Regarding::Service, key.clone(), e));
         }
         out.plan.extend_slices(p.create, p.update, p.delete);
     }
@@ -320,7 +321,7 @@ fn sync_service_with(
         if eps.is_some() || !existing.is_empty() {
             let m = mirroring::reconcile(svc, eps, &existing, &opts.mirroring);
             for w in m.warnings {
-                out.events.push(("Endpoints".into(), key.clone(), w));
+                out.events.push((Regarding::Endpoints, key.clone(), w));
             }
             out.plan.extend_slices(m.create, m.update, m.delete);
         }

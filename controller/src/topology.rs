@@ -16,6 +16,8 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointHints, EndpointSlice, Fo
 
 use conventions::labels::{LABEL_NODE_ROLE_CONTROL_PLANE, LABEL_NODE_ROLE_MASTER};
 
+use crate::events::Warning;
+
 pub use conventions::labels::{ANNOTATION_TOPOLOGY_AWARE_HINTS, ANNOTATION_TOPOLOGY_MODE};
 /// A zone may receive up to this fraction more endpoints than its CPU share.
 const OVERLOAD_THRESHOLD: f64 = 0.2;
@@ -154,7 +156,7 @@ pub fn reconcile_hints(
     create: &mut [EndpointSlice],
     update: &mut Vec<EndpointSlice>,
     unchanged: Vec<&EndpointSlice>,
-) -> Vec<String> {
+) -> Vec<Warning> {
     let annotation = hints_enabled(svc);
     let use_traffic_distribution = opts.traffic_distribution && !annotation;
     let mut events = Vec::new();
@@ -163,7 +165,7 @@ pub fn reconcile_hints(
         match add_hints(topo, create, update, &mut unchanged) {
             Ok(()) => {}
             Err(reason) => {
-                events.push(format!("TopologyAwareHintsDisabled: {reason}"));
+                events.push(Warning::new("TopologyAwareHintsDisabled", reason));
                 remove_hints(create, update, &mut unchanged);
             }
         }

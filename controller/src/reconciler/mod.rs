@@ -95,7 +95,7 @@ pub struct SlicePlan {
     /// Pods skipped for now (unknown Node); the Service must be retried.
     pub retry: Vec<String>,
     /// Events to report (topology hints).
-    pub events: Vec<String>,
+    pub events: Vec<crate::events::Warning>,
     /// Desired endpoints (for metrics).
     pub endpoints_desired: usize,
     /// Slices after this plan is applied (for metrics).
