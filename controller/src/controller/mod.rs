@@ -1,0 +1,375 @@
+//! The kube-rs edge: reflectors for Services, Pods, Nodes, EndpointSlices and
+//! Endpoints feed a runtime Controller keyed by Service; each reconcile builds a
+//! [`Snapshot`] of the stores for that name, runs the pure reconcilers
+//! ([`store::sync_service`]) and applies the plan with create/update/delete under a
+//! named field manager. A [`SliceTracker`] keeps it from acting on a stale slice
+//! cache (upstream's EndpointSliceTracker). The Controller never reconciles a name
+//! whose Service is gone, so a [`sweep`] deletes the Endpoints and mirrored slices
+//! of deleted Services, at start and on each deletion.
+
+mod apply;
+mod reconcile;
+mod retry;
+mod stores;
+mod sweep;
+mod tracker;
+
+pub use apply::*;
+pub use reconcile::*;
+pub use retry::*;
+pub use stores::*;
+pub use sweep::*;
+pub use tracker::*;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Endpoints, Node, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::controller::Controller;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client, ResourceExt};
+
+use crate::metrics::Metrics;
+use crate::store::{self};
+use crate::Result;
+
+/// Shared state of reconciles.
+pub struct Context {
+    /// The API client.
+    pub client: Client,
+    /// Publishes Kubernetes Events.
+    pub recorder: Recorder,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Options of the reconcilers.
+    pub options: store::Options,
+    /// Field manager of writes.
+    pub field_manager: String,
+    /// Reflector stores.
+    pub stores: Stores,
+    /// Trigger-time state.
+    pub state: Mutex<store::State>,
+    /// Written generations (shared with the slice watch, which forgets deleted ones).
+    pub tracker: Arc<Mutex<SliceTracker>>,
+    /// Consecutive failures per Service and the overall retry budget.
+    pub failures: Mutex<RateLimiter>,
+}
+
+/// Each request of `requests` comes out `period` after the first request for the same
+/// Service that is still waiting; later requests within that window join it (the
+/// delaying queue's `AddAfter`, measured from the first change, not a trailing
+/// debounce that a busy Service could postpone forever). A zero period passes every
+/// request through at once.
+pub fn batched<S>(
+    requests: S,
+    period: Duration,
+) -> impl futures::Stream<Item = ObjectRef<Service>> + Send
+where
+    S: futures::Stream<Item = Vec<ObjectRef<Service>>> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<ObjectRef<Service>>();
+    tokio::spawn(async move {
+        let mut requests = std::pin::pin!(requests);
+        let mut due: std::collections::BTreeMap<tokio::time::Instant, Vec<ObjectRef<Service>>> =
+            Default::default();
+        let mut waiting: std::collections::HashSet<ObjectRef<Service>> = Default::default();
+        loop {
+            let next = due.keys().next().copied();
+            tokio::select! {
+                r = requests.next() => {
+                    let Some(refs) = r else { break };
+                    for r in refs {
+                        if period.is_zero() {
+                            let _ = tx.send(r);
+                        } else if waiting.insert(r.clone()) {
+                            let at = tokio::time::Instant::now() + period;
+                            due.entry(at).or_default().push(r);
+                        }
+                    }
+                }
+                () = tokio::time::sleep_until(next.unwrap_or_else(tokio::time::Instant::now)), if next.is_some() => {
+                    if let Some((_, refs)) = due.pop_first() {
+                        for r in refs {
+                            waiting.remove(&r);
+                            let _ = tx.send(r);
+                        }
+                    }
+                }
+            }
+        }
+    });
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) })
+}
+
+/// Reports each item of a watch stream to `/healthz`: an error marks the watch as
+/// failing until its next success.
+fn watch_health<T, E>(
+    metrics: &Metrics,
+    kind: &'static str,
+) -> impl Fn(&std::result::Result<T, E>) {
+    let health = metrics.health.clone();
+    move |item| health.observe(kind, item.is_ok(), std::time::Instant::now())
+}
+
+/// Runs the controllers against the API server until the process is stopped.
+pub async fn run(
+    client: Client,
+    options: store::Options,
+    metrics: Metrics,
+    field_manager: String,
+    batch_period: Duration,
+) -> Result<()> {
+    let cfg = watcher::Config::default();
+    let (pods_r, pods_w) = reflector::store::<Pod>();
+    let (nodes_r, nodes_w) = reflector::store::<Node>();
+    let (slices_r, slices_w) = reflector::store::<EndpointSlice>();
+    let (eps_r, eps_w) = reflector::store::<Endpoints>();
+    // A Pod whose labels changed also concerns the Services its old labels selected
+    // (upstream's GetServicesToUpdateOnPodChange): the watch remembers each Pod's
+    // labels and hands the previous ones to the mapper below when they change.
+    type Labels = Option<std::collections::BTreeMap<String, String>>;
+    let pod_labels: Arc<Mutex<HashMap<(String, String), Labels>>> = Arc::default();
+    let previous_labels: Arc<Mutex<HashMap<(String, String), Labels>>> = Arc::default();
+    let (labels_seen, labels_changed) = (pod_labels.clone(), previous_labels.clone());
+    let index = Arc::new(Index::default());
+    let (pod_index, pods_for_index) = (index.clone(), pods_r.clone());
+    let pods = reflector::reflector(
+        pods_w,
+        watcher(Api::<Pod>::all(client.clone()), cfg.clone()),
+    )
+    .default_backoff()
+    .inspect(watch_health(&metrics, "pod"))
+    .inspect_ok(move |event| pod_index.pod_event(event, &pods_for_index))
+    .inspect_ok(move |event| match event {
+        watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
+            let key = (p.namespace().unwrap_or_default(), p.name_any());
+            let old = labels_seen
+                .lock()
+                .expect("pod labels")
+                .insert(key.clone(), p.metadata.labels.clone());
+            if let Some(old) = old.filter(|old| *old != p.metadata.labels) {
+                labels_changed.lock().expect("pod labels").insert(key, old);
+            }
+        }
+        watcher::Event::Delete(p) => {
+            let key = (p.namespace().unwrap_or_default(), p.name_any());
+            labels_seen.lock().expect("pod labels").remove(&key);
+        }
+        _ => {}
+    })
+    .touched_objects();
+    let nodes = reflector::reflector(
+        nodes_w,
+        watcher(Api::<Node>::all(client.clone()), cfg.clone()),
+    )
+    .default_backoff()
+    .inspect(watch_health(&metrics, "node"))
+    .touched_objects();
+    // A slice deleted by anyone, or taken out of this controller's hands by a changed
+    // managed-by label, leaves the tracker at once (upstream's onEndpointSliceDelete
+    // and HandleDeletion), so its Service is not held "stale" waiting for it.
+    let tracker = Arc::new(Mutex::new(SliceTracker::default()));
+    let ours = [
+        options.slices.controller_name.clone(),
+        options.mirroring.controller_name.clone(),
+    ];
+    let forgetting = tracker.clone();
+    let (slice_index, slices_for_index) = (index.clone(), slices_r.clone());
+    let slices = reflector::reflector(
+        slices_w,
+        watcher(Api::<EndpointSlice>::all(client.clone()), cfg.clone()),
+    )
+    .default_backoff()
+    .inspect(watch_health(&metrics, "endpointslice"))
+    .inspect_ok(move |event| slice_index.slice_event(event, &slices_for_index))
+    .inspect_ok(move |event| {
+        let gone = match event {
+            watcher::Event::Delete(s) => Some(s),
+            watcher::Event::Apply(s) if !ours.contains(&managed_by(s)) => Some(s),
+            _ => None,
+        };
+        if let Some(uid) = gone.and_then(|s| s.metadata.uid.as_deref()) {
+            forgetting.lock().expect("tracker").forget(uid);
+        }
+    })
+    .touched_objects();
+    let endpoints_tracker = tracker.clone();
+    let eps = reflector::reflector(
+        eps_w,
+        watcher(Api::<Endpoints>::all(client.clone()), cfg.clone()),
+    )
+    .default_backoff()
+    .inspect(watch_health(&metrics, "endpoints"))
+    .inspect_ok(move |event| {
+        // Endpoints deleted by anyone: whatever this controller last wrote of them
+        // will never show in the cache, so it must not hold their Service stale.
+        if let watcher::Event::Delete(e) = event {
+            endpoints_tracker
+                .lock()
+                .expect("tracker")
+                .endpoints_forget(&e.namespace().unwrap_or_default(), &e.name_any());
+        }
+    })
+    .touched_objects();
+
+    // The Service watch feeds the Controller and tells the sweep about deletions,
+    // which the Controller never reconciles.
+    let (sweep_tx, sweep_rx) = tokio::sync::mpsc::unbounded_channel::<Sweep>();
+    let (services, services_w) = reflector::store::<Service>();
+    let deletions = sweep_tx.clone();
+    let deleted_tracker = tracker.clone();
+    let selectors = Arc::new(Mutex::new(SelectorIndex::default()));
+    let (selectors_w, services_for_selectors) = (selectors.clone(), services.clone());
+    let service_events = reflector::reflector(
+        services_w,
+        watcher(Api::<Service>::all(client.clone()), cfg.clone()),
+    )
+    .default_backoff()
+    .inspect(watch_health(&metrics, "service"))
+    .inspect_ok(move |event| {
+        let mut index = selectors_w.lock().expect("selector index");
+        match event {
+            watcher::Event::Apply(svc) | watcher::Event::InitApply(svc) => index.put(svc),
+            watcher::Event::Delete(svc) => {
+                index.remove(&svc.namespace().unwrap_or_default(), &svc.name_any())
+            }
+            // The store holds the list's result: what vanished without an event goes.
+            watcher::Event::InitDone => {
+                let all = services_for_selectors.state();
+                index.rebuild(all.iter().map(|s| &**s));
+            }
+            watcher::Event::Init => {}
+        }
+    })
+    .inspect_ok(move |event| {
+        if let watcher::Event::Delete(svc) = event {
+            if let Some(uid) = svc.metadata.uid.as_deref() {
+                deleted_tracker.lock().expect("tracker").forget_service(uid);
+            }
+        }
+        let request = match event {
+            watcher::Event::Delete(svc) => Sweep::Name(key_of_meta(&svc.metadata)),
+            // A (re)list drops Services deleted meanwhile without an event.
+            watcher::Event::InitDone => Sweep::All,
+            _ => return,
+        };
+        // The receiver lives as long as the controller runs.
+        let _ = deletions.send(request);
+    })
+    .applied_objects();
+    let svc_for_pods = services.clone();
+    let pod_to_services = move |pod: Pod| {
+        let ns = pod.namespace().unwrap_or_default();
+        let old = previous_labels
+            .lock()
+            .expect("pod labels")
+            .remove(&(ns.clone(), pod.name_any()));
+        let selects = |sel: &std::collections::BTreeMap<String, String>| {
+            crate::util::selector_matches(sel, pod.metadata.labels.as_ref())
+                || old
+                    .as_ref()
+                    .is_some_and(|old| crate::util::selector_matches(sel, old.as_ref()))
+        };
+        let mut names = {
+            let index = selectors.lock().expect("selector index");
+            let mut names = index.candidates(&ns, pod.metadata.labels.as_ref());
+            if let Some(old) = &old {
+                names.extend(index.candidates(&ns, old.as_ref()));
+            }
+            names
+        };
+        names.retain(|name| {
+            svc_for_pods
+                .get(&ObjectRef::new(name).within(&ns))
+                .and_then(|s| s.spec.as_ref()?.selector.clone())
+                .is_some_and(|sel| selects(&sel))
+        });
+        names
+            .into_iter()
+            .map(|name| ObjectRef::new(&name).within(&ns))
+            .collect::<Vec<_>>()
+    };
+    // Pod changes reach a Service at most `batch_period` after the first of them
+    // (upstream's --endpoint-updates-batch-period, default 0: at once); changes of
+    // the Service, its slices, Endpoints and Nodes are not delayed.
+    let pod_requests = batched(
+        pods.filter_map(|pod| {
+            futures::future::ready(match pod {
+                Ok(pod) => Some(pod),
+                Err(e) => {
+                    tracing::warn!(error = %e, "pod watch");
+                    None
+                }
+            })
+        })
+        .map(pod_to_services),
+        batch_period,
+    );
+    let ctrl = Controller::for_stream(service_events, services.clone()).reconcile_on(pod_requests);
+    let svc_for_nodes = services.clone();
+    let own_writes = tracker.clone();
+    let ctrl = ctrl
+        .watches_stream(slices, move |s: EndpointSlice| {
+            // This controller's own writes coming back do not sync again.
+            if !own_writes.lock().expect("tracker").should_sync(&s) {
+                return None;
+            }
+            let name = s.labels().get(crate::util::LABEL_SERVICE_NAME).cloned();
+            let ns = s.namespace().unwrap_or_default();
+            name.map(|n| ObjectRef::new(&n).within(&ns))
+        })
+        .watches_stream(eps, |e: Endpoints| {
+            Some(ObjectRef::new(&e.name_any()).within(&e.namespace().unwrap_or_default()))
+        })
+        .watches_stream(nodes, move |_node: Node| {
+            // Zones and capacity matter to Services with topology hints.
+            svc_for_nodes
+                .state()
+                .into_iter()
+                .filter(|s| crate::topology::hints_enabled(s))
+                .map(|s| ObjectRef::from_obj(&*s))
+                .collect::<Vec<_>>()
+        })
+        .shutdown_on_signal();
+    let reporter = Reporter {
+        controller: "sliceway-controller".into(),
+        instance: std::env::var("POD_NAME").ok(),
+    };
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(client.clone(), reporter),
+        client,
+        metrics,
+        options,
+        field_manager,
+        stores: Stores {
+            services,
+            pods: pods_r,
+            nodes: nodes_r,
+            slices: slices_r,
+            endpoints: eps_r,
+            index,
+        },
+        state: Mutex::new(store::State::default()),
+        tracker,
+        failures: Mutex::new(RateLimiter::default()),
+    });
+    let sweeping = sweeper(ctx.clone(), sweep_tx, sweep_rx, Duration::from_secs(5));
+    let controlling = ctrl
+        .run(reconcile, error_policy, ctx)
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "reconcile");
+            }
+        });
+    // The sweep never ends by itself; the Controller ends on a signal.
+    tokio::select! {
+        () = controlling => {}
+        () = sweeping => {}
+    }
+    Ok(())
+}
