@@ -1,0 +1,223 @@
+//! Loading: the embedded object with maps sized from the capacities (pinned maps of an
+//! earlier run adopted), the TC program and the reject program it tail-calls.
+
+use std::{collections::BTreeMap, path::PathBuf};
+
+use aya::{
+    maps::{MapData, MapError, MapInfo},
+    programs::SchedClassifier,
+    Ebpf, EbpfLoader,
+};
+use dataplane_common::{map_name, MAP_LAYOUT_VERSION};
+
+use super::{
+    pin::{expected_sizes, prepare_bpffs},
+    Capacities, Datapath, KernelError, KernelMaps, PinDir,
+};
+
+/// The kernel object, built by `cargo xtask build-ebpf` (or this crate's build script).
+static OBJECT: &[u8] = aya::include_bytes_aligned!(env!("SLICEWAY_EBPF_OBJECT"));
+
+/// Name of the TC program in the object.
+pub const TC_PROGRAM: &str = "sliceway_tc";
+/// The program the TC program hands packets to reject to (tail call).
+pub const REJECT_PROGRAM: &str = "sliceway_reject";
+/// The program the TC program hands SCTP packets to for their ports (tail call).
+pub const SCTP_NAT_PROGRAM: &str = "sliceway_sctp_nat";
+
+fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, KernelError>
+where
+    T: TryFrom<aya::maps::Map, Error = MapError>,
+{
+    let map = ebpf.take_map(name).ok_or(KernelError::MissingMap(name))?;
+    T::try_from(map).map_err(|source| KernelError::Map { name, source })
+}
+
+impl Datapath {
+    /// Loads the object with maps of the given sizes and loads (not attaches) the TC
+    /// program. With `pins`, maps are pinned there, and maps already pinned by an
+    /// earlier run are adopted as they are (contents, conntrack and capacity).
+    pub fn load(caps: &Capacities, pins: Option<&PinDir>) -> Result<Self, KernelError> {
+        Self::load_with(caps, pins, &map_name::ALL)
+    }
+
+    /// Loads the programs over the service maps pinned by a running agent, with private
+    /// conntrack and counters, for `trace` against live state. Nothing is attached.
+    pub fn load_over_pinned_services(pins: &PinDir) -> Result<Self, KernelError> {
+        for name in [
+            map_name::SERVICES,
+            map_name::SLOTS,
+            map_name::BACKENDS,
+            map_name::SERVICE_NAMES,
+        ] {
+            if !pins.map(name).exists() {
+                return Err(KernelError::Pin {
+                    path: pins.map(name),
+                    reason: "no pinned map: is an agent running with this --bpffs-dir?".into(),
+                });
+            }
+        }
+        let caps = Capacities {
+            conntrack: 1024,
+            ..Capacities::default()
+        };
+        Self::load_with(
+            &caps,
+            Some(pins),
+            &[
+                map_name::SERVICES,
+                map_name::SLOTS,
+                map_name::BACKENDS,
+                map_name::SERVICE_NAMES,
+            ],
+        )
+    }
+
+    fn load_with(
+        caps: &Capacities,
+        pins: Option<&PinDir>,
+        pinned: &[&'static str],
+    ) -> Result<Self, KernelError> {
+        raise_memlock();
+        let mut limits = caps.limits;
+        let mut loader = EbpfLoader::new();
+        loader
+            .map_max_entries(map_name::SERVICES, caps.limits.services)
+            .map_max_entries(map_name::SERVICE_NAMES, caps.limits.services)
+            .map_max_entries(map_name::SLOTS, caps.limits.slots)
+            .map_max_entries(map_name::BACKENDS, caps.limits.backends)
+            .map_max_entries(map_name::CONNTRACK, caps.conntrack);
+        let pin_paths: Vec<(&str, PathBuf)> = pins
+            .map(|p| pinned.iter().map(|n| (*n, p.map(n))).collect())
+            .unwrap_or_default();
+        if let Some(pins) = pins {
+            prepare_bpffs(&pins.dir())?;
+            for old in pins.other_layouts() {
+                tracing::warn!(
+                    path = %old.display(),
+                    "maps of another layout version are pinned here; this agent uses v{MAP_LAYOUT_VERSION} \
+                     and ignores them (remove them with `sliceway-agent cleanup` once no program uses them)"
+                );
+            }
+            for (name, path) in &pin_paths {
+                // Three maps grow with the program: the counters (a new exit
+                // reason), the conntrack timeouts (a new state) and the tail-call
+                // table (a new program). A pinned one of another size is replaced:
+                // counts start again (a counter reset, as after a restart), timeouts
+                // and programs are written at every start anyway; the old program
+                // keeps its own.
+                let grows = match *name {
+                    map_name::STATS => Some(dataplane_common::stat::COUNT),
+                    map_name::CT_TIMEOUTS => Some(dataplane_common::ct::state::COUNT),
+                    map_name::JUMP => Some(dataplane_common::JUMP_SLOTS),
+                    _ => None,
+                };
+                if let Some(now) = grows {
+                    if let Ok(info) = MapInfo::from_pin(path) {
+                        if info.max_entries() != now {
+                            tracing::warn!(
+                                map = name,
+                                entries = info.max_entries(),
+                                now,
+                                "the pinned map was made for another number of entries; starting a new one"
+                            );
+                            let _ = std::fs::remove_file(path);
+                        }
+                    }
+                }
+                if let Ok(info) = MapInfo::from_pin(path) {
+                    let (k, v) = expected_sizes(name);
+                    if (info.key_size() as usize, info.value_size() as usize) != (k, v) {
+                        return Err(KernelError::Layout {
+                            path: path.clone(),
+                            key: info.key_size(),
+                            value: info.value_size(),
+                            want_key: k as u32,
+                            want_value: v as u32,
+                        });
+                    }
+                    tracing::info!(
+                        map = name,
+                        entries = info.max_entries(),
+                        "adopting pinned map"
+                    );
+                    match *name {
+                        map_name::SERVICES => limits.services = info.max_entries(),
+                        map_name::SLOTS => limits.slots = info.max_entries(),
+                        map_name::BACKENDS => limits.backends = info.max_entries(),
+                        _ => {}
+                    }
+                }
+                loader.map_pin_path(name, path.as_path());
+            }
+        }
+        let mut ebpf = loader.load(OBJECT)?;
+        // Kernel-side logging exists only in a debug build of the object.
+        if let Err(e) = aya_log::EbpfLogger::init(&mut ebpf) {
+            tracing::debug!("no kernel-side logging: {e}");
+        }
+        let program: &mut SchedClassifier = ebpf
+            .program_mut(TC_PROGRAM)
+            .ok_or(KernelError::MissingProgram(TC_PROGRAM))?
+            .try_into()?;
+        program.load()?;
+        // The programs reached from the TC program by tail call (a stack of their
+        // own), loaded and put in their slots of JUMP: reject in 0, SCTP ports in 1.
+        let mut fds = Vec::new();
+        for name in [REJECT_PROGRAM, SCTP_NAT_PROGRAM] {
+            let p: &mut SchedClassifier = ebpf
+                .program_mut(name)
+                .ok_or(KernelError::MissingProgram(name))?
+                .try_into()?;
+            p.load()?;
+            fds.push(
+                p.fd()?
+                    .try_clone()
+                    .map_err(|e| KernelError::Program(aya::programs::ProgramError::IOError(e)))?,
+            );
+        }
+        let mut jump: aya::maps::ProgramArray<MapData> = take(&mut ebpf, map_name::JUMP)?;
+        for (slot, fd) in fds.iter().enumerate() {
+            jump.set(slot as u32, fd, 0)
+                .map_err(|source| KernelError::Map {
+                    name: map_name::JUMP,
+                    source,
+                })?;
+        }
+        let maps = KernelMaps {
+            services: take(&mut ebpf, map_name::SERVICES)?,
+            slots: take(&mut ebpf, map_name::SLOTS)?,
+            backends: take(&mut ebpf, map_name::BACKENDS)?,
+            names: take(&mut ebpf, map_name::SERVICE_NAMES)?,
+        };
+        let conntrack = take(&mut ebpf, map_name::CONNTRACK)?;
+        let stats = take(&mut ebpf, map_name::STATS)?;
+        Ok(Self {
+            ebpf,
+            maps,
+            conntrack,
+            stats,
+            _jump: jump,
+            pins: pins.cloned(),
+            limits,
+            links: BTreeMap::new(),
+        })
+    }
+}
+
+/// BPF memory is charged to the memory cgroup on current kernels; older ones count it
+/// against RLIMIT_MEMLOCK. Raising the limit may be refused: that is not fatal.
+fn raise_memlock() {
+    let rlim = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: plain syscall with a valid pointer.
+    let ret = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &rlim) };
+    if ret != 0 {
+        tracing::debug!(
+            "could not raise RLIMIT_MEMLOCK: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}

@@ -1,0 +1,125 @@
+//! Maps: the service maps as the writer sees them (`MapOps`), conntrack for the
+//! sweeper, the exit counters and the conntrack timeouts.
+
+use aya::maps::{HashMap as BpfHashMap, MapData, MapError};
+use dataplane_common::{
+    map_name, stat, Backend, CtEntry, CtKey, ServiceKey, ServiceName, ServiceValue, SlotKey,
+};
+
+use super::{Datapath, KernelError};
+use crate::writer::{KernelState, MapOps};
+
+/// The service maps, as the writer sees them.
+pub struct KernelMaps {
+    pub(super) services: BpfHashMap<MapData, ServiceKey, ServiceValue>,
+    pub(super) slots: BpfHashMap<MapData, SlotKey, u32>,
+    pub(super) backends: BpfHashMap<MapData, u32, Backend>,
+    pub(super) names: BpfHashMap<MapData, u32, ServiceName>,
+}
+
+impl KernelMaps {
+    /// Reads the maps back, for a restarted agent's writer and for `list`.
+    pub fn state(&self) -> KernelState {
+        KernelState {
+            services: self.services.iter().filter_map(Result::ok).collect(),
+            slots: self.slots.iter().filter_map(Result::ok).collect(),
+            backends: self.backends.iter().filter_map(Result::ok).collect(),
+            names: self
+                .names
+                .iter()
+                .filter_map(Result::ok)
+                .map(|(id, n)| (id, n.as_str().to_string()))
+                .collect(),
+        }
+    }
+}
+
+impl Datapath {
+    /// Exit counters summed over CPUs, indexed by `stat::*`.
+    pub fn stats(&self) -> Result<[u64; stat::COUNT as usize], KernelError> {
+        let mut out = [0u64; stat::COUNT as usize];
+        for (i, slot) in out.iter_mut().enumerate() {
+            let values = self
+                .stats
+                .get(&(i as u32), 0)
+                .map_err(|source| KernelError::Map {
+                    name: map_name::STATS,
+                    source,
+                })?;
+            *slot = values.iter().sum();
+        }
+        Ok(out)
+    }
+
+    /// Conntrack entries (forward and reverse).
+    pub fn conntrack(&self) -> Vec<(CtKey, CtEntry)> {
+        self.conntrack.iter().filter_map(Result::ok).collect()
+    }
+
+    /// The conntrack map, for the sweeper (`crate::conntrack`).
+    pub fn conntrack_map(&mut self) -> &mut BpfHashMap<MapData, CtKey, CtEntry> {
+        &mut self.conntrack
+    }
+
+    /// Capacity of the conntrack map as loaded.
+    pub fn conntrack_capacity(&self) -> u32 {
+        use aya::maps::IterableMap;
+        self.conntrack
+            .map()
+            .info()
+            .map(|i| i.max_entries())
+            .unwrap_or(0)
+    }
+
+    /// Writes the conntrack idle timeouts the program uses (seconds, by state).
+    pub fn set_ct_timeouts(&mut self, seconds: &[u64]) -> Result<(), KernelError> {
+        let name = map_name::CT_TIMEOUTS;
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or(KernelError::MissingMap(name))?;
+        let mut array: aya::maps::Array<&mut MapData, u64> =
+            aya::maps::Array::try_from(map).map_err(|source| KernelError::Map { name, source })?;
+        for (i, s) in seconds.iter().enumerate() {
+            array
+                .set(i as u32, s, 0)
+                .map_err(|source| KernelError::Map { name, source })?;
+        }
+        Ok(())
+    }
+}
+
+impl MapOps for KernelMaps {
+    type Error = MapError;
+    fn put_backend(&mut self, id: u32, backend: &Backend) -> Result<(), MapError> {
+        self.backends.insert(id, backend, 0)
+    }
+    fn del_backend(&mut self, id: u32) -> Result<(), MapError> {
+        ignore_missing(self.backends.remove(&id))
+    }
+    fn put_slot(&mut self, key: &SlotKey, backend_id: u32) -> Result<(), MapError> {
+        self.slots.insert(key, backend_id, 0)
+    }
+    fn del_slot(&mut self, key: &SlotKey) -> Result<(), MapError> {
+        ignore_missing(self.slots.remove(key))
+    }
+    fn put_service(&mut self, key: &ServiceKey, value: &ServiceValue) -> Result<(), MapError> {
+        self.services.insert(key, value, 0)
+    }
+    fn del_service(&mut self, key: &ServiceKey) -> Result<(), MapError> {
+        ignore_missing(self.services.remove(key))
+    }
+    fn put_name(&mut self, id: u32, name: &ServiceName) -> Result<(), MapError> {
+        self.names.insert(id, name, 0)
+    }
+    fn del_name(&mut self, id: u32) -> Result<(), MapError> {
+        ignore_missing(self.names.remove(&id))
+    }
+}
+
+fn ignore_missing(r: Result<(), MapError>) -> Result<(), MapError> {
+    match r {
+        Err(MapError::KeyNotFound) => Ok(()),
+        other => other,
+    }
+}

@@ -1,0 +1,157 @@
+//! The kernel edge: loads the embedded object (`load`), pins maps and links under
+//! bpffs (`pin`), attaches the TC program to interfaces (`link`), exposes the maps to
+//! the writer and the sweeper (`maps`), and runs packets through the program with
+//! BPF_PROG_TEST_RUN (here).
+
+mod link;
+mod load;
+mod maps;
+mod pin;
+
+use std::{collections::BTreeMap, path::PathBuf};
+
+use aya::{
+    maps::{HashMap as BpfHashMap, MapData, MapError, PerCpuArray},
+    programs::{SchedClassifier, TestRun, TestRunOptions},
+    Ebpf,
+};
+use dataplane_common::{CtEntry, CtKey, MAP_LAYOUT_VERSION};
+
+use crate::writer::Limits;
+
+pub use link::Attached;
+use link::InterfaceLink;
+pub use load::{REJECT_PROGRAM, SCTP_NAT_PROGRAM, TC_PROGRAM};
+pub use maps::KernelMaps;
+pub use pin::{cleanup, PinDir};
+
+/// Errors of the kernel edge, each saying what failed.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    #[error("loading the kernel object failed: {0}")]
+    Load(#[from] aya::EbpfError),
+    #[error("the kernel object has no map {0}")]
+    MissingMap(&'static str),
+    #[error("the kernel object has no program {0}")]
+    MissingProgram(&'static str),
+    #[error("map {name}: {source}")]
+    Map {
+        name: &'static str,
+        source: MapError,
+    },
+    #[error("loading a program: {0}")]
+    Program(#[from] aya::programs::ProgramError),
+    #[error("attaching to interface {iface}: {source}")]
+    Attach {
+        iface: String,
+        source: aya::programs::ProgramError,
+    },
+    #[error("interface {iface}: {source}")]
+    Interface {
+        iface: String,
+        source: std::io::Error,
+    },
+    #[error("pinning under {path}: {reason}")]
+    Pin { path: PathBuf, reason: String },
+    #[error(
+        "the map pinned at {path} has key size {key} and value size {value}, but this agent's \
+         layout v{MAP_LAYOUT_VERSION} needs {want_key} and {want_value}: it was written by an \
+         incompatible build; run `sliceway-agent cleanup` (this drops conntrack) and start again"
+    )]
+    Layout {
+        path: PathBuf,
+        key: u32,
+        value: u32,
+        want_key: u32,
+        want_value: u32,
+    },
+}
+
+/// Map sizes chosen at load time.
+#[derive(Clone, Copy, Debug)]
+pub struct Capacities {
+    pub limits: Limits,
+    pub conntrack: u32,
+}
+
+impl Default for Capacities {
+    fn default() -> Self {
+        Self {
+            limits: Limits::default(),
+            conntrack: dataplane_common::capacity::CONNTRACK,
+        }
+    }
+}
+
+/// A loaded datapath: programs and maps, private to this process.
+pub struct Datapath {
+    ebpf: Ebpf,
+    pub maps: KernelMaps,
+    conntrack: BpfHashMap<MapData, CtKey, CtEntry>,
+    stats: PerCpuArray<MapData, u64>,
+    /// Held for as long as the datapath lives: the kernel empties a program array no
+    /// process or pin holds.
+    _jump: aya::maps::ProgramArray<MapData>,
+    pins: Option<PinDir>,
+    limits: Limits,
+    /// Interfaces the program is attached to by this agent.
+    links: BTreeMap<String, InterfaceLink>,
+}
+
+impl Datapath {
+    /// Capacities of the maps as loaded (an adopted pinned map keeps the capacity it
+    /// was created with).
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    fn program(&self) -> &SchedClassifier {
+        self.ebpf
+            .program(TC_PROGRAM)
+            .and_then(|p| <&SchedClassifier>::try_from(p).ok())
+            .expect("loaded in Datapath::load")
+    }
+
+    /// Runs one packet (starting at the Ethernet header) through the TC program.
+    /// Returns the TC verdict and the packet as the program left it.
+    pub fn test_run(&self, packet: &[u8]) -> Result<TestRunOutput, KernelError> {
+        let mut out = vec![0u8; packet.len() + 256];
+        let result = self.program().test_run(TestRunOptions {
+            data_in: Some(packet),
+            data_out: Some(&mut out),
+            ..TestRunOptions::new()
+        })?;
+        out.truncate(result.data_size_out as usize);
+        Ok(TestRunOutput {
+            verdict: result.return_value as i32,
+            packet: out,
+            duration: result.duration,
+        })
+    }
+
+    /// Runs one packet `repeat` times and returns the kernel-measured time per run.
+    pub fn time_run(&self, packet: &[u8], repeat: u32) -> Result<std::time::Duration, KernelError> {
+        let mut out = vec![0u8; packet.len() + 256];
+        let result = self.program().test_run(TestRunOptions {
+            data_in: Some(packet),
+            data_out: Some(&mut out),
+            repeat,
+            ..TestRunOptions::new()
+        })?;
+        Ok(result.duration)
+    }
+}
+
+/// Result of one BPF_PROG_TEST_RUN.
+#[derive(Debug)]
+pub struct TestRunOutput {
+    pub verdict: i32,
+    pub packet: Vec<u8>,
+    pub duration: std::time::Duration,
+}
+
+/// TC verdicts as the program returns them.
+pub const TC_ACT_OK: i32 = 0;
+pub const TC_ACT_SHOT: i32 = 2;
+/// The packet was redirected (a reply the program made, sent back where it came from).
+pub const TC_ACT_REDIRECT: i32 = 7;

@@ -1,0 +1,150 @@
+//! Pinning: where maps and links live under bpffs (`BASE/v<layout>/`), the size check
+//! of pinned maps, mounting bpffs, and removing pins.
+
+use std::{
+    mem::size_of,
+    path::{Path, PathBuf},
+};
+
+use dataplane_common::{
+    map_name, Backend, CtEntry, CtKey, ServiceKey, ServiceName, ServiceValue, SlotKey,
+    MAP_LAYOUT_VERSION,
+};
+
+use super::KernelError;
+
+/// Where the maps and links of one agent are pinned: `BASE/v<layout>/`. The layout
+/// version in the path means an agent never opens maps of another layout.
+#[derive(Clone, Debug)]
+pub struct PinDir {
+    pub base: PathBuf,
+}
+
+impl PinDir {
+    pub fn new(base: impl Into<PathBuf>) -> Self {
+        Self { base: base.into() }
+    }
+    pub fn dir(&self) -> PathBuf {
+        self.base.join(format!("v{MAP_LAYOUT_VERSION}"))
+    }
+    pub fn map(&self, name: &str) -> PathBuf {
+        self.dir().join(name)
+    }
+    pub fn link(&self, iface: &str) -> PathBuf {
+        self.dir().join(format!("{LINK_PREFIX}{iface}"))
+    }
+    /// Interfaces that have a pinned link in this layout directory.
+    pub fn linked_interfaces(&self) -> Vec<String> {
+        std::fs::read_dir(self.dir())
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .filter_map(|e| {
+                e.file_name()
+                    .to_str()
+                    .and_then(|n| n.strip_prefix(LINK_PREFIX))
+                    .map(str::to_string)
+            })
+            .collect()
+    }
+    /// Layout directories of other versions found under the base.
+    pub fn other_layouts(&self) -> Vec<PathBuf> {
+        let mine = self.dir();
+        std::fs::read_dir(&self.base)
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| {
+                p != &mine
+                    && p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with('v'))
+            })
+            .collect()
+    }
+}
+
+/// File name prefix of a pinned link; the interface name follows.
+const LINK_PREFIX: &str = "link-";
+
+/// Key and value sizes of each map, to check pinned maps against.
+pub(super) fn expected_sizes(name: &str) -> (usize, usize) {
+    match name {
+        map_name::SERVICES => (size_of::<ServiceKey>(), size_of::<ServiceValue>()),
+        map_name::SLOTS => (size_of::<SlotKey>(), size_of::<u32>()),
+        map_name::BACKENDS => (size_of::<u32>(), size_of::<Backend>()),
+        map_name::CONNTRACK => (size_of::<CtKey>(), size_of::<CtEntry>()),
+        map_name::CT_TIMEOUTS => (size_of::<u32>(), size_of::<u64>()),
+        map_name::FRAGMENTS => (
+            size_of::<dataplane_common::FragKey>(),
+            size_of::<dataplane_common::FragPorts>(),
+        ),
+        map_name::STATS => (size_of::<u32>(), size_of::<u64>()),
+        map_name::SERVICE_NAMES => (size_of::<u32>(), size_of::<ServiceName>()),
+        map_name::JUMP => (size_of::<u32>(), size_of::<u32>()),
+        map_name::AFFINITY => (
+            size_of::<dataplane_common::AffinityKey>(),
+            size_of::<dataplane_common::AffinityValue>(),
+        ),
+        _ => (0, 0),
+    }
+}
+
+/// Makes sure a bpffs is mounted at `dir`'s mount point (`/sys/fs/bpf` is not mounted
+/// on every host) and that `dir` exists.
+pub(super) fn prepare_bpffs(dir: &Path) -> Result<(), KernelError> {
+    let pin_err = |reason: String| KernelError::Pin {
+        path: dir.to_path_buf(),
+        reason,
+    };
+    let root = Path::new("/sys/fs/bpf");
+    if dir.starts_with(root) && !is_bpffs(root) {
+        let src = c"bpf";
+        let target = c"/sys/fs/bpf";
+        // SAFETY: valid NUL-terminated strings; mounting bpffs has no other inputs.
+        let ret = unsafe {
+            libc::mount(
+                src.as_ptr(),
+                target.as_ptr(),
+                src.as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        if ret != 0 {
+            return Err(pin_err(format!(
+                "mounting bpffs at /sys/fs/bpf: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        tracing::info!("mounted bpffs at /sys/fs/bpf");
+    }
+    std::fs::create_dir_all(dir).map_err(|e| pin_err(e.to_string()))
+}
+
+fn is_bpffs(path: &Path) -> bool {
+    const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    // SAFETY: statfs fills the zeroed struct; the path is NUL-terminated.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == BPF_FS_MAGIC }
+}
+
+/// Removes every pinned map and link under `base`: programs detach, maps and
+/// conntrack go away. For uninstalling, or after a layout change.
+pub fn cleanup(base: &Path) -> std::io::Result<()> {
+    match std::fs::remove_dir_all(base) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+/// Removes a pin file; one already gone is fine.
+pub(super) fn unpin(path: &Path) -> std::io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
