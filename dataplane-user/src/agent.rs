@@ -18,7 +18,7 @@ use tracing::{info, warn};
 use crate::{
     compiler::{self, Skipped},
     interfaces::{self, Selection},
-    kernel::{Attached, Capacities, Datapath, KernelError, PinDir},
+    kernel::{AttachMode, Attached, Capacities, Datapath, KernelError, PinDir},
     metrics::Metrics,
     source::{
         self,
@@ -58,6 +58,8 @@ pub enum Error {
     Attach(String, #[source] Box<KernelError>),
     #[error("removing stale pinned links")]
     UnpinLinks(#[source] Box<KernelError>),
+    #[error("choosing how to attach")]
+    ChooseAttach(#[source] Box<KernelError>),
     #[error(transparent)]
     Kubernetes(#[from] source::kube::Error),
 }
@@ -81,6 +83,8 @@ pub struct Settings {
     /// Where maps and links are pinned; `None` keeps them private to this process
     /// (programs detach when it exits).
     pub pins: Option<PinDir>,
+    /// tcx, a TC filter, or whichever the kernel has.
+    pub attach: AttachMode,
     /// Address for `/metrics` and `/healthz`; `None` serves nothing.
     pub metrics_addr: Option<SocketAddr>,
     /// Conntrack timeouts and sweeping.
@@ -279,6 +283,10 @@ fn start_datapath(settings: &Settings) -> Result<(Datapath, MapWriter), Error> {
         }
         None => MapWriter::new(dp.limits()),
     };
+    let path = dp
+        .choose_attach(settings.attach)
+        .map_err(|e| Error::ChooseAttach(e.into()))?;
+    info!(path = %path.as_str(), "attach path");
     let selection = &settings.interfaces;
     if !selection.is_empty() {
         let present = interfaces::list().map_err(Error::ListInterfaces)?;
@@ -304,7 +312,7 @@ fn start_datapath(settings: &Settings) -> Result<(Datapath, MapWriter), Error> {
         .unpin_other_links()
         .map_err(|e| Error::UnpinLinks(e.into()))?
     {
-        info!(interface = %iface, "removed the pinned link of an interface that is gone or not selected");
+        info!(interface = %iface, "removed the pinned link or TC filter of an interface that is gone or not selected, or of the other attach path");
     }
     Ok((dp, writer))
 }
@@ -313,6 +321,12 @@ fn log_attached(iface: &str, how: Attached) {
     match how {
         Attached::NewPinned => info!(interface = %iface, "attached (pinned link)"),
         Attached::Replaced => info!(interface = %iface, "took over the pinned link"),
+        Attached::NewFilter => {
+            info!(interface = %iface, "attached (TC filter, kept across restarts)")
+        }
+        Attached::ReplacedFilter => {
+            info!(interface = %iface, "replaced the program of the TC filter")
+        }
         Attached::Unpinned => info!(interface = %iface, "attached (until the agent exits)"),
     }
 }

@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand};
 
 use crate::{
     interfaces::{Selection, SelectionError},
-    kernel::Capacities,
+    kernel::{AttachMode, Capacities},
     writer::Limits,
 };
 
@@ -179,6 +179,10 @@ pub struct RunArgs {
     /// Do not pin: maps are private and programs detach when the agent exits.
     #[arg(long)]
     pub no_pin: bool,
+    /// How the TC program is attached: tcx (Linux 6.6+), a clsact qdisc with a TC
+    /// filter (`tc`, any kernel), or `auto`: tcx where the kernel has it.
+    #[arg(long, value_enum, default_value_t = AttachMode::Auto)]
+    pub attach: AttachMode,
 }
 
 /// One `--interfaces` entry, checked as [`Selection::parse`] will take it.

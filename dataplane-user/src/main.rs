@@ -61,6 +61,7 @@ fn main() -> anyhow::Result<()> {
                         conntrack: args.max_conntrack,
                     },
                     pins: (!args.no_pin).then(|| PinDir::new(args.bpffs_dir)),
+                    attach: args.attach,
                     metrics_addr: (!args.no_metrics).then_some(args.metrics_addr),
                     conntrack: sliceway_agent::conntrack::Settings {
                         timeouts: sliceway_agent::conntrack::Timeouts::parse(
@@ -173,11 +174,14 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Cleanup { bpffs_dir } => {
-            kernel::cleanup(&bpffs_dir)?;
+            let filters = kernel::cleanup(&bpffs_dir)?;
             println!(
                 "removed pinned maps and links under {}",
                 bpffs_dir.display()
             );
+            for iface in filters {
+                println!("removed the TC filter on {iface}");
+            }
             Ok(())
         }
     }

@@ -61,6 +61,8 @@ pub struct Lab {
     added_servers: Vec<(String, BackendServers)>,
     /// Whether the pods' interfaces keep veth's TX checksum offload.
     pod_offload: bool,
+    /// More arguments for the agents the lab starts (`--attach tc`, say).
+    pub agent_args: Vec<String>,
 }
 
 /// Prefix of every namespace a lab makes.
@@ -109,6 +111,7 @@ impl Lab {
             servers: None,
             added_servers: Vec::new(),
             pod_offload,
+            agent_args: Vec::new(),
         };
         node_sysctls(&lab.node.name)?;
         lab.client = lab.add_pod("client", 1)?;
@@ -241,11 +244,12 @@ impl Lab {
             "--manifests".into(),
             self.manifests.clone().into_os_string(),
         ];
-        let agent = Agent::start(
+        let agent = Agent::start_with_args(
             &self.node.name,
             &source,
             &self.pod_interfaces(),
             &self.bpffs,
+            &self.agent_args,
         )?;
         agent.wait_for_sync(1, Duration::from_secs(20))?;
         Ok(agent)
@@ -259,7 +263,13 @@ impl Lab {
             self.manifests.clone().into_os_string(),
         ];
         let interfaces: Vec<String> = interfaces.iter().map(|s| s.to_string()).collect();
-        let agent = Agent::start(&self.node.name, &source, &interfaces, &self.bpffs)?;
+        let agent = Agent::start_with_args(
+            &self.node.name,
+            &source,
+            &interfaces,
+            &self.bpffs,
+            &self.agent_args,
+        )?;
         agent.wait_for_sync(1, Duration::from_secs(20))?;
         Ok(agent)
     }
@@ -361,6 +371,17 @@ impl Agent {
         interfaces: &[String],
         bpffs: &Path,
     ) -> Result<Self> {
+        Self::start_with_args(node_ns, source, interfaces, bpffs, &[])
+    }
+
+    /// [`Agent::start`] with more arguments for `sliceway-agent run`.
+    pub fn start_with_args(
+        node_ns: &str,
+        source: &[std::ffi::OsString],
+        interfaces: &[String],
+        bpffs: &Path,
+        extra: &[String],
+    ) -> Result<Self> {
         let bin = workspace_binary("sliceway-agent")?;
         let mut child = Command::new("nsenter")
             .arg(format!("--net=/var/run/netns/{node_ns}"))
@@ -372,6 +393,7 @@ impl Agent {
             .args(["--node", "node-1", "--poll-interval-ms", "100"])
             .arg("--bpffs-dir")
             .arg(bpffs)
+            .args(extra)
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())

@@ -210,14 +210,47 @@ fn a_broken_manifest_is_reported_and_the_rest_still_works() {
 }
 
 /// Issue 3: a restart of the agent drops nothing. Programs stay attached through
-/// pinned links, maps are pinned and adopted, conntrack is kept.
+/// pinned links (tcx) or kept TC filters (kernels without tcx), maps are pinned and
+/// adopted, conntrack is kept.
 #[test]
 fn a_killed_and_restarted_agent_drops_no_connection() {
+    killed_and_restarted_under_load(&[]);
+}
+
+/// Issue 18: the same with a clsact qdisc and a TC filter, as on kernels without tcx
+/// (6.1, 5.15): the restarted agent replaces the program of the filter the killed one
+/// left, in place, and no interface ever has two.
+#[test]
+fn a_killed_and_restarted_agent_drops_no_connection_with_tc_filters() {
+    killed_and_restarted_under_load(&["--attach", "tc"]);
+}
+
+/// sliceway's TC filters (`tc filter show`) at ingress of `iface` in the node: their
+/// program ids.
+fn tc_filters(lab: &Lab, iface: &str) -> Vec<String> {
+    let out = lab
+        .node
+        .run("tc", &["filter", "show", "dev", iface, "ingress"])
+        .unwrap();
+    out.lines()
+        .filter(|l| l.contains("sliceway_tc"))
+        .map(|l| {
+            l.split_whitespace()
+                .skip_while(|w| *w != "id")
+                .nth(1)
+                .unwrap_or("?")
+                .to_string()
+        })
+        .collect()
+}
+
+fn killed_and_restarted_under_load(agent_args: &[&str]) {
     use std::sync::{
         atomic::{AtomicBool, AtomicUsize, Ordering},
         Arc,
     };
-    let lab = Lab::new(3).unwrap();
+    let mut lab = Lab::new(3).unwrap();
+    lab.agent_args = agent_args.iter().map(|a| a.to_string()).collect();
     lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1, 2]))
         .unwrap();
     let mut agent = lab.start_agent().unwrap();
@@ -251,6 +284,25 @@ fn a_killed_and_restarted_agent_drops_no_connection() {
             .unwrap()
         })
     };
+    // tcx where the kernel has it (and nobody asked for tc), a TC filter otherwise.
+    let path = |p: &str| {
+        let field = format!("path={p}");
+        agent
+            .log()
+            .iter()
+            .any(|l| l.contains("attach path") && l.split_whitespace().any(|w| w == field))
+    };
+    let tc = path("tc");
+    assert!(tc || path("tcx"), "{:#?}", agent.log());
+    assert_eq!(
+        tc,
+        !agent_args.is_empty() || sliceway_agent::kernel::probe_tcx().is_err()
+    );
+    let ifaces = lab.pod_interfaces();
+    let before: Vec<Vec<String>> = ifaces.iter().map(|i| tc_filters(&lab, i)).collect();
+    for (iface, filters) in ifaces.iter().zip(&before) {
+        assert_eq!(filters.len(), usize::from(tc), "{iface}: {filters:?}");
+    }
     std::thread::sleep(Duration::from_millis(300));
     agent.kill();
     let during_outage = ok.load(Ordering::SeqCst);
@@ -277,11 +329,22 @@ fn a_killed_and_restarted_agent_drops_no_connection() {
     );
     // The restarted agent adopted the maps: nothing to rewrite, conntrack kept.
     assert!(agent.logged("adopted pinned maps"), "{:#?}", agent.log());
-    assert!(
-        agent.logged("took over the pinned link"),
-        "{:#?}",
-        agent.log()
-    );
+    let took_over = if tc {
+        "replaced the program of the TC filter"
+    } else {
+        "took over the pinned link"
+    };
+    for iface in &ifaces {
+        assert!(logged_for(&agent, took_over, iface), "{:#?}", agent.log());
+    }
+    // One filter per interface still, now running the new agent's program.
+    for (iface, old) in ifaces.iter().zip(&before) {
+        let now = tc_filters(&lab, iface);
+        assert_eq!(now.len(), old.len(), "{iface}: {now:?}");
+        if tc {
+            assert_ne!(&now, old, "{iface}: the filter still runs the old program");
+        }
+    }
     assert!(
         agent
             .log()
@@ -432,6 +495,109 @@ fn interfaces_matching_a_pattern_are_followed_as_pods_come_and_go() {
         .filter(|l| l.contains("WARN") || l.contains("ERROR"))
         .collect();
     assert!(problems.is_empty(), "{problems:#?}");
+}
+
+/// Issue 18: TC filters (`--attach tc`, what kernels without tcx get) follow the
+/// interfaces as pinned links do: a pod that comes later gets one, a deleted pod's is
+/// dropped without error; they stay when the agent stops (traffic goes on) and are
+/// replaced, not added to, by the next agent; an agent on the other path removes them
+/// (and the tc agent removes pinned tcx links), so no interface runs two programs;
+/// `cleanup` removes them with the pins.
+#[test]
+fn tc_filters_follow_interfaces_survive_a_stop_and_are_cleaned_up() {
+    let mut lab = Lab::new(2).unwrap();
+    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1]))
+        .unwrap();
+    let pins = sliceway_agent::kernel::PinDir::new(&lab.bpffs);
+    lab.agent_args = vec!["--attach".into(), "tc".into()];
+    let mut agent = lab.start_agent_with(&["v*"]).unwrap();
+    let one_filter_each = |lab: &Lab| {
+        for iface in lab.pod_interfaces() {
+            assert_eq!(tc_filters(lab, &iface).len(), 1, "{iface}");
+        }
+    };
+    one_filter_each(&lab);
+
+    // A pod after the agent: its interface gets a filter, the pod serves.
+    let late = lab.add_backend().unwrap();
+    wait_until(&agent, "a filter on the new pod's interface", || {
+        logged_for(
+            &agent,
+            "attached (TC filter, kept across restarts)",
+            &late.node_iface,
+        )
+    });
+    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1, 2]))
+        .unwrap();
+    reaches(&lab, &late.name);
+    // The pod goes: its link is dropped, nothing else changes.
+    let gone = lab.remove_backend().unwrap();
+    wait_until(&agent, "dropping the deleted pod's link", || {
+        logged_for(&agent, "dropped its link", &gone.node_iface)
+    });
+    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1]))
+        .unwrap();
+    one_filter_each(&lab);
+
+    // A clean stop leaves the filters; traffic goes on without an agent.
+    agent.stop();
+    one_filter_each(&lab);
+    lab.tcp_request(vip()).unwrap();
+
+    // The other path, where the kernel has it: the TC filters go, pinned links come.
+    if sliceway_agent::kernel::probe_tcx().is_ok() {
+        lab.agent_args.clear();
+        agent = lab.start_agent_with(&["v*"]).unwrap();
+        for iface in lab.pod_interfaces() {
+            assert!(tc_filters(&lab, &iface).is_empty(), "{iface}");
+            assert!(pins.link(&iface).exists(), "{iface}");
+        }
+        lab.tcp_request(vip()).unwrap();
+        agent.kill();
+        // And back: the pinned links go, the filters come.
+        lab.agent_args = vec!["--attach".into(), "tc".into()];
+        agent = lab.start_agent_with(&["v*"]).unwrap();
+        for iface in lab.pod_interfaces() {
+            assert!(!pins.link(&iface).exists(), "{iface}");
+        }
+        one_filter_each(&lab);
+    } else {
+        agent = lab.start_agent_with(&["v*"]).unwrap();
+        for iface in lab.pod_interfaces() {
+            assert!(
+                logged_for(&agent, "replaced the program of the TC filter", &iface),
+                "{:#?}",
+                agent.log()
+            );
+        }
+        one_filter_each(&lab);
+    }
+    lab.tcp_request(vip()).unwrap();
+    let problems: Vec<String> = agent
+        .log()
+        .into_iter()
+        .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+        .collect();
+    assert!(problems.is_empty(), "{problems:#?}");
+    agent.stop();
+
+    // cleanup: pins and filters gone.
+    let bin = sliceway_lab::workspace_binary("sliceway-agent").unwrap();
+    let out = lab
+        .node
+        .run(
+            bin.to_str().unwrap(),
+            &["cleanup", "--bpffs-dir", lab.bpffs.to_str().unwrap()],
+        )
+        .unwrap();
+    for iface in lab.pod_interfaces() {
+        assert!(tc_filters(&lab, &iface).is_empty(), "{iface}");
+        assert!(
+            out.contains(&format!("removed the TC filter on {iface}")),
+            "{out}"
+        );
+    }
+    assert!(!lab.bpffs.exists());
 }
 
 #[test]

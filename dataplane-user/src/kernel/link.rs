@@ -1,18 +1,78 @@
-//! Links: attaching the TC program at ingress of an interface, taking over pinned
-//! links of an earlier run, and dropping links of interfaces that went away.
+//! Links: attaching the TC program at ingress of an interface on one of two paths,
+//! taking over what an earlier run left attached, and dropping links of interfaces
+//! that went away.
+//!
+//! - tcx (Linux 6.6+): a BPF link per interface, pinned as `link-<iface>` so it
+//!   outlives the agent; a restarted agent swaps its program in with
+//!   `BPF_LINK_UPDATE`.
+//! - clsact and a netlink TC filter (`cls_bpf`, direct action), where tcx is missing
+//!   (Linux 6.1, 5.15): the filter sits at a fixed priority and handle
+//!   ([`TC_PRIORITY`], [`TC_HANDLE`]) and stays after the agent exits; a restarted
+//!   agent replaces the program of that same filter (`RTM_NEWTFILTER` without
+//!   `NLM_F_CREATE`, which cls_bpf turns into an RCU swap of the filter), never
+//!   deleting and adding, so no packet passes without a program and no second copy is
+//!   ever attached.
 
 use std::{collections::BTreeMap, path::PathBuf};
 
-use aya::{
-    programs::{
-        links::{FdLink, PinnedLink},
-        tc::{self, SchedClassifierLink, SchedClassifierLinkId, TcAttachOptions},
-        LinkOrder, SchedClassifier, TcAttachType,
-    },
-    util::KernelVersion,
+use aya::programs::{
+    links::{FdLink, PinnedLink},
+    tc::{self, NlOptions, SchedClassifierLink, SchedClassifierLinkId, TcAttachOptions, TcHandle},
+    Link as _, LinkOrder, SchedClassifier, TcAttachType,
 };
 
 use super::{load::TC_PROGRAM, pin::unpin, Datapath, KernelError};
+
+/// Priority of sliceway's TC filter at clsact ingress (lower runs first). Fixed, so a
+/// restarted agent finds the filter an earlier run left.
+pub const TC_PRIORITY: u16 = 0x5157;
+/// Handle of sliceway's TC filter at [`TC_PRIORITY`].
+pub const TC_HANDLE: u32 = 0x5157;
+
+/// How the TC program is attached (`--attach`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum AttachMode {
+    /// tcx where the kernel has it, a clsact TC filter otherwise.
+    Auto,
+    /// tcx only (Linux 6.6+); an error where the kernel lacks it.
+    Tcx,
+    /// A clsact qdisc and a netlink TC filter, on any kernel.
+    Tc,
+}
+
+/// The attach path chosen for this datapath.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TcPath {
+    Tcx,
+    Netlink,
+}
+
+impl TcPath {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TcPath::Tcx => "tcx",
+            TcPath::Netlink => "tc",
+        }
+    }
+}
+
+/// Whether the running kernel has tcx: a `BPF_PROG_QUERY` of tcx ingress on the
+/// loopback interface, which every namespace has; kernels without tcx refuse the
+/// attach type (EINVAL). A probe rather than a version check, so a kernel that
+/// backports tcx is used as such.
+pub fn probe_tcx() -> Result<(), String> {
+    SchedClassifier::query_tcx("lo", TcAttachType::Ingress)
+        .map(|_| ())
+        .map_err(|e| {
+            let mut msg = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                msg.push_str(&format!(": {s}"));
+                source = s.source();
+            }
+            msg
+        })
+}
 
 /// This agent's attachment to one interface.
 #[derive(Debug)]
@@ -23,6 +83,8 @@ pub(super) struct InterfaceLink {
     /// A link owned by the program (unpinned); a pinned link is held by its pin file.
     owned: Option<SchedClassifierLinkId>,
     pin: Option<PathBuf>,
+    /// A TC filter at sliceway's priority and handle, kept after the agent exits.
+    filter: bool,
 }
 
 /// How `attach` attached.
@@ -33,16 +95,53 @@ pub enum Attached {
     /// A pinned link of an earlier run now runs this agent's program (atomic swap, no
     /// packet sees no program).
     Replaced,
-    /// Attached for the life of this process only (no pinning, or no tcx).
+    /// A new TC filter at sliceway's priority and handle: it outlives the agent.
+    NewFilter,
+    /// The TC filter an earlier run left now runs this agent's program (replaced in
+    /// place, atomically).
+    ReplacedFilter,
+    /// Attached for the life of this process only (no pinning).
     Unpinned,
 }
 
 impl Datapath {
-    /// Attaches the TC program at ingress of `iface`: tcx on kernels that have it
-    /// (6.6+), clsact otherwise. With pinning and tcx the link is pinned and outlives
-    /// the agent; a link pinned by an earlier run is taken over atomically. A pinned
-    /// link left from an interface that was deleted and re-created under the same name
-    /// is defunct (the kernel refuses to update it): it is replaced by a new link.
+    /// Chooses the attach path: `Auto` probes for tcx; `Tcx` insists on it. Called
+    /// before the first attach (or the first attach calls it with `Auto`).
+    pub fn choose_attach(&mut self, mode: AttachMode) -> Result<TcPath, KernelError> {
+        let path = match mode {
+            AttachMode::Tc => TcPath::Netlink,
+            AttachMode::Tcx => {
+                probe_tcx().map_err(|reason| KernelError::NoTcx { reason })?;
+                TcPath::Tcx
+            }
+            AttachMode::Auto => match probe_tcx() {
+                Ok(()) => TcPath::Tcx,
+                Err(reason) => {
+                    tracing::info!(
+                        "this kernel has no tcx ({reason}); attaching with a clsact qdisc and a TC filter"
+                    );
+                    TcPath::Netlink
+                }
+            },
+        };
+        self.path = Some(path);
+        Ok(path)
+    }
+
+    /// The attach path in use (probed on first use).
+    pub fn attach_path(&mut self) -> Result<TcPath, KernelError> {
+        match self.path {
+            Some(p) => Ok(p),
+            None => self.choose_attach(AttachMode::Auto),
+        }
+    }
+
+    /// Attaches the TC program at ingress of `iface` on the chosen path (see the
+    /// module's doc). With pinning the attachment outlives the agent, and what an
+    /// earlier run left is taken over atomically. A pinned tcx link left from an
+    /// interface that was deleted and re-created under the same name is defunct (the
+    /// kernel refuses to update it): it is replaced by a new link. Without pinning the
+    /// program detaches when the agent exits.
     pub fn attach(&mut self, iface: &str) -> Result<Attached, KernelError> {
         let attach_err = |source| KernelError::Attach {
             iface: iface.to_string(),
@@ -52,18 +151,59 @@ impl Datapath {
             iface: iface.to_string(),
             source,
         })?;
-        let tcx = KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0));
-        let link_pin = self.pins.as_ref().filter(|_| tcx).map(|p| p.link(iface));
+        let path = self.attach_path()?;
+        let pinned = self.pins.is_some();
+        let link_pin = self
+            .pins
+            .as_ref()
+            .filter(|_| path == TcPath::Tcx)
+            .map(|p| p.link(iface));
         let program: &mut SchedClassifier = self
             .ebpf
             .program_mut(TC_PROGRAM)
             .ok_or(KernelError::MissingProgram(TC_PROGRAM))?
             .try_into()?;
-        let Some(link_pin) = link_pin else {
-            // Needed for the netlink attach before 6.6 (EEXIST when already there).
+        if path == TcPath::Netlink {
+            // The filter needs the clsact qdisc (EEXIST when it is there already).
             let _ = tc::qdisc_add_clsact(iface);
+            if !pinned {
+                let id = program
+                    .attach_with_options(
+                        iface,
+                        TcAttachType::Ingress,
+                        TcAttachOptions::Netlink(NlOptions::default()),
+                    )
+                    .map_err(attach_err)?;
+                self.links.insert(
+                    iface.to_string(),
+                    InterfaceLink {
+                        ifindex,
+                        owned: Some(id),
+                        pin: None,
+                        filter: false,
+                    },
+                );
+                return Ok(Attached::Unpinned);
+            }
+            let how = attach_filter(program, iface).map_err(attach_err)?;
+            self.links.insert(
+                iface.to_string(),
+                InterfaceLink {
+                    ifindex,
+                    owned: None,
+                    pin: None,
+                    filter: true,
+                },
+            );
+            return Ok(how);
+        }
+        let Some(link_pin) = link_pin else {
             let id = program
-                .attach(iface, TcAttachType::Ingress)
+                .attach_with_options(
+                    iface,
+                    TcAttachType::Ingress,
+                    TcAttachOptions::TcxOrder(LinkOrder::default()),
+                )
                 .map_err(attach_err)?;
             self.links.insert(
                 iface.to_string(),
@@ -71,6 +211,7 @@ impl Datapath {
                     ifindex,
                     owned: Some(id),
                     pin: None,
+                    filter: false,
                 },
             );
             return Ok(Attached::Unpinned);
@@ -117,14 +258,17 @@ impl Datapath {
                 ifindex,
                 owned: None,
                 pin: Some(link_pin),
+                filter: false,
             },
         );
         Ok(how)
     }
 
     /// Drops this agent's link on `iface` (for an interface that is gone or was
-    /// re-created): a pinned link is unpinned, an owned one closed. Nothing happens to
-    /// other interfaces. Returns whether there was a link.
+    /// re-created): a pinned link is unpinned, an owned one closed, a kept TC filter
+    /// deleted if its interface is still the one it was put on (a deleted interface
+    /// took its filters with it). Nothing happens to other interfaces. Returns whether
+    /// there was a link.
     pub fn detach(&mut self, iface: &str) -> Result<bool, KernelError> {
         let Some(link) = self.links.remove(iface) else {
             return Ok(false);
@@ -145,6 +289,12 @@ impl Datapath {
                 reason: e.to_string(),
             })?;
         }
+        if link.filter && ifindex(iface).is_ok_and(|i| i == link.ifindex) {
+            delete_filter(iface).map_err(|source| KernelError::Attach {
+                iface: iface.to_string(),
+                source,
+            })?;
+        }
         Ok(true)
     }
 
@@ -156,27 +306,95 @@ impl Datapath {
             .collect()
     }
 
-    /// Removes pinned links of interfaces this agent has not attached to: left by an
-    /// earlier run for interfaces deleted since, or no longer selected. Their
-    /// programs detach. Returns the interfaces whose links were removed.
+    /// Removes what earlier runs left attached to interfaces this agent has not
+    /// attached to (deleted since, or no longer selected), and whatever the other
+    /// attach path left anywhere (an agent that switched between tcx and a TC filter
+    /// must not leave both running): pinned tcx links and sliceway's TC filters. Their
+    /// programs detach. Returns the interfaces whose attachments were removed.
     pub fn unpin_other_links(&self) -> Result<Vec<String>, KernelError> {
         let Some(pins) = &self.pins else {
             return Ok(Vec::new());
         };
+        let path = self.path.unwrap_or(TcPath::Tcx);
         let mut removed = Vec::new();
         for iface in pins.linked_interfaces() {
-            if self.links.contains_key(&iface) {
+            if path == TcPath::Tcx && self.links.contains_key(&iface) {
                 continue;
             }
-            let path = pins.link(&iface);
-            unpin(&path).map_err(|e| KernelError::Pin {
-                path: path.clone(),
+            let link = pins.link(&iface);
+            unpin(&link).map_err(|e| KernelError::Pin {
+                path: link.clone(),
                 reason: e.to_string(),
             })?;
             removed.push(iface);
         }
+        let present = crate::interfaces::list().unwrap_or_default();
+        for (_, iface) in present {
+            if path == TcPath::Netlink && self.links.contains_key(&iface) {
+                continue;
+            }
+            if remove_filters(&iface) && !removed.contains(&iface) {
+                removed.push(iface);
+            }
+        }
         Ok(removed)
     }
+}
+
+/// Puts the program into sliceway's TC filter on `iface`: replaces the program of
+/// the filter an earlier run left (atomic), or creates the filter.
+fn attach_filter(
+    program: &mut SchedClassifier,
+    iface: &str,
+) -> Result<Attached, aya::programs::ProgramError> {
+    let existing = SchedClassifierLink::attached(
+        iface,
+        TcAttachType::Ingress,
+        TC_PRIORITY,
+        TcHandle::from(TC_HANDLE),
+        None,
+    )
+    .map_err(|e| aya::programs::ProgramError::from(tc::TcError::IoError(e)))?;
+    // Without NLM_F_CREATE the kernel only changes a filter that exists (ENOENT
+    // otherwise), so this never adds a second one.
+    let (id, how) = match program.attach_to_link(existing) {
+        Ok(id) => (id, Attached::ReplacedFilter),
+        Err(_) => {
+            let id = program.attach_with_options(
+                iface,
+                TcAttachType::Ingress,
+                TcAttachOptions::Netlink(NlOptions {
+                    priority: TC_PRIORITY,
+                    handle: TcHandle::from(TC_HANDLE),
+                    classid: None,
+                }),
+            )?;
+            (id, Attached::NewFilter)
+        }
+    };
+    // The filter is to outlive this process, as a pinned link does: the link is
+    // forgotten, not dropped (dropping it would delete the filter).
+    std::mem::forget(program.take_link(id)?);
+    Ok(how)
+}
+
+/// Deletes sliceway's TC filter on `iface`.
+fn delete_filter(iface: &str) -> Result<(), aya::programs::ProgramError> {
+    SchedClassifierLink::attached(
+        iface,
+        TcAttachType::Ingress,
+        TC_PRIORITY,
+        TcHandle::from(TC_HANDLE),
+        None,
+    )
+    .map_err(|e| aya::programs::ProgramError::from(tc::TcError::IoError(e)))?
+    .detach()
+}
+
+/// Deletes every TC filter of sliceway's program at ingress of `iface` (any priority:
+/// an unpinned agent's filters too). Returns whether there was one.
+pub(super) fn remove_filters(iface: &str) -> bool {
+    tc::qdisc_detach_program(iface, TcAttachType::Ingress, TC_PROGRAM).is_ok()
 }
 
 /// The index of interface `name` in the calling thread's network namespace.

@@ -201,6 +201,7 @@ impl Datapath {
             pins: pins.cloned(),
             limits,
             links: BTreeMap::new(),
+            path: None,
         })
     }
 }

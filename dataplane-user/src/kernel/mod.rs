@@ -19,11 +19,11 @@ use dataplane_common::{CtEntry, CtKey, MAP_LAYOUT_VERSION};
 
 use crate::writer::Limits;
 
-pub use link::Attached;
 use link::InterfaceLink;
+pub use link::{probe_tcx, AttachMode, Attached, TcPath, TC_HANDLE, TC_PRIORITY};
 pub use load::{REJECT_PROGRAM, SCTP_NAT_PROGRAM, TC_PROGRAM};
 pub use maps::KernelMaps;
-pub use pin::{cleanup, PinDir};
+pub use pin::PinDir;
 
 /// Errors of the kernel edge, each saying what failed.
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +51,8 @@ pub enum KernelError {
         iface: String,
         source: std::io::Error,
     },
+    #[error("--attach tcx: this kernel has no tcx (Linux 6.6 or later has it): {reason}")]
+    NoTcx { reason: String },
     #[error("pinning under {path}: {reason}")]
     Pin { path: PathBuf, reason: String },
     #[error(
@@ -96,6 +98,21 @@ pub struct Datapath {
     limits: Limits,
     /// Interfaces the program is attached to by this agent.
     links: BTreeMap<String, InterfaceLink>,
+    /// The attach path, chosen before the first attach.
+    path: Option<TcPath>,
+}
+
+/// Removes every pinned map and link under `base` and sliceway's TC filters on the
+/// interfaces of the calling thread's network namespace: programs detach, maps and
+/// conntrack go away. For uninstalling, or after a layout change. Returns the
+/// interfaces whose TC filters were removed.
+pub fn cleanup(base: &std::path::Path) -> std::io::Result<Vec<String>> {
+    pin::remove_pins(base)?;
+    Ok(crate::interfaces::list()?
+        .into_iter()
+        .map(|(_, name)| name)
+        .filter(|name| link::remove_filters(name))
+        .collect())
 }
 
 impl Datapath {

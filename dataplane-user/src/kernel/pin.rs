@@ -134,7 +134,7 @@ fn is_bpffs(path: &Path) -> bool {
 
 /// Removes every pinned map and link under `base`: programs detach, maps and
 /// conntrack go away. For uninstalling, or after a layout change.
-pub fn cleanup(base: &Path) -> std::io::Result<()> {
+pub(super) fn remove_pins(base: &Path) -> std::io::Result<()> {
     match std::fs::remove_dir_all(base) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         other => other,
