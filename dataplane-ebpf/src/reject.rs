@@ -41,6 +41,9 @@ const ICMP_HDR: usize = 8;
 pub const QUOTE_MAX: usize = 576 - IP_HDR - ICMP_HDR;
 /// Bytes the checksum is summed over at most: ICMP header and quote.
 pub const SUM_MAX: usize = ICMP_HDR + QUOTE_MAX;
+/// Bytes summed by the first of two `bpf_csum_diff` calls (a multiple of 4, under
+/// the 512 older kernels take per call).
+const CSUM_PART: usize = 256;
 const ICMP_DEST_UNREACH: u8 = 3;
 const ICMP_PORT_UNREACH: u8 = 3;
 /// IPTOS_PREC_INTERNETCONTROL, as the kernel's own ICMP errors carry.
@@ -155,7 +158,35 @@ fn build(ctx: &TcContext, l4_off: usize) -> Result<i32, ()> {
         if copied != 0 {
             return Err(());
         }
-        bpf_csum_diff(core::ptr::null_mut(), 0, buf as *mut u32, len as u32, 0)
+        // bpf_csum_diff sums at most 512 bytes per call on older kernels (its
+        // per-CPU scratch pad; EINVAL above that, measured on Debian's 6.1), so a
+        // longer quote is summed in two calls, the first of a constant size.
+        if len <= CSUM_PART {
+            bpf_csum_diff(core::ptr::null_mut(), 0, buf as *mut u32, len as u32, 0)
+        } else {
+            let rest = len - CSUM_PART;
+            // Bounded again for the verifier: rest fits behind the first part.
+            if rest > SUM_MAX - CSUM_PART {
+                return Err(());
+            }
+            let first = bpf_csum_diff(
+                core::ptr::null_mut(),
+                0,
+                buf as *mut u32,
+                CSUM_PART as u32,
+                0,
+            );
+            if first < 0 {
+                return Err(());
+            }
+            bpf_csum_diff(
+                core::ptr::null_mut(),
+                0,
+                (buf as *mut u8).add(CSUM_PART) as *mut u32,
+                rest as u32,
+                first as u32,
+            )
+        }
     };
     if sum < 0 {
         return Err(());
