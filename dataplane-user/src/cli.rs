@@ -52,6 +52,13 @@ pub enum Command {
         #[arg(short, long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
+    /// Load the programs into this kernel and report each one's instructions and
+    /// verifier cost, or the verifier's log where the kernel refuses one; and
+    /// whether the agent would attach with tcx or a TC filter. Nothing is attached.
+    Check {
+        #[arg(short, long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
     /// Remove all pinned maps and links: programs detach, conntrack is dropped.
     Cleanup {
         #[arg(long, default_value = DEFAULT_BPFFS_DIR)]

@@ -173,6 +173,18 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Check { output } => {
+            let check = kernel::check()?;
+            match output {
+                Output::Table => print!("{}", kernel::render_check(&check)),
+                Output::Json => println!("{}", serde_json::to_string_pretty(&check)?),
+                Output::Yaml => print!("{}", serde_yaml_ng::to_string(&check)?),
+            }
+            if !check.ok() {
+                anyhow::bail!("this kernel refuses a program (its verifier's log above)");
+            }
+            Ok(())
+        }
         Command::Cleanup { bpffs_dir } => {
             let filters = kernel::cleanup(&bpffs_dir)?;
             println!(

@@ -1,4 +1,4 @@
-//! `sliceway-agent list` and `trace`, run as a user would. Needs root.
+//! `sliceway-agent list`, `trace` and `check`, run as a user would. Needs root.
 
 use std::{net::Ipv4Addr, process::Command};
 
@@ -316,4 +316,36 @@ fn conntrack_lists_tracked_connections_and_flushes_a_backend() {
     let after = agent_cli(&["conntrack", "--bpffs-dir", bpffs, "-o", "json"]);
     assert_eq!(after, Value::Array(vec![]), "{after}");
     drop(conn);
+}
+
+/// Issue 18: `check` loads every program into the running kernel and says how the
+/// agent would attach, as the tcx probe finds it.
+#[test]
+fn check_reports_every_program_and_the_attach_path() {
+    let check = agent_cli(&["check", "-o", "json"]);
+    assert_eq!(
+        check["tcx"].as_bool(),
+        Some(sliceway_agent::kernel::probe_tcx().is_ok()),
+        "{check:#}"
+    );
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    assert_eq!(check["kernel"].as_str(), Some(release.trim()));
+    let programs = check["programs"].as_array().unwrap();
+    let names: Vec<&str> = programs
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["sliceway_tc", "sliceway_reject", "sliceway_sctp_nat"]
+    );
+    for p in programs {
+        assert!(p["error"].is_null(), "{p:#}");
+        // The TC program is thousands of instructions, the tail-called ones hundreds.
+        assert!(p["xlated_insns"].as_u64().unwrap() > 100, "{p:#}");
+        assert!(
+            p["verified_insns"].as_u64().unwrap() >= p["xlated_insns"].as_u64().unwrap() / 2,
+            "{p:#}"
+        );
+    }
 }

@@ -222,3 +222,112 @@ fn raise_memlock() {
         );
     }
 }
+
+/// One program as the running kernel took it (`sliceway-agent check`).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct ProgramCheck {
+    pub name: String,
+    /// Instructions after the kernel's rewrites (`xlated`, as `bpftool prog show`
+    /// counts them).
+    pub xlated_insns: Option<u32>,
+    /// Instructions the verifier processed: its measure of complexity (the limit is
+    /// 1,000,000); Linux 5.16 and later report it.
+    pub verified_insns: Option<u32>,
+    /// Why the kernel refused the program, with the verifier's log.
+    pub error: Option<String>,
+}
+
+/// What the running kernel makes of the datapath (`sliceway-agent check`).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct KernelCheck {
+    /// `uname -r`.
+    pub kernel: String,
+    /// Whether the kernel has tcx (else the agent attaches with a TC filter).
+    pub tcx: bool,
+    pub programs: Vec<ProgramCheck>,
+}
+
+impl KernelCheck {
+    /// Whether every program loaded.
+    pub fn ok(&self) -> bool {
+        self.programs.iter().all(|p| p.error.is_none())
+    }
+}
+
+/// Loads every program of the object into the running kernel (small private maps,
+/// nothing pinned or attached) and reports each one's size and verifier cost, or the
+/// verifier's log for one that is refused; the others are still tried.
+pub fn check() -> Result<KernelCheck, KernelError> {
+    raise_memlock();
+    let mut ebpf = EbpfLoader::new()
+        .map_max_entries(map_name::SERVICES, 16)
+        .map_max_entries(map_name::SERVICE_NAMES, 16)
+        .map_max_entries(map_name::SLOTS, 16)
+        .map_max_entries(map_name::BACKENDS, 16)
+        .map_max_entries(map_name::CONNTRACK, 16)
+        .load(OBJECT)?;
+    let mut programs = Vec::new();
+    for name in [TC_PROGRAM, REJECT_PROGRAM, SCTP_NAT_PROGRAM] {
+        let program: &mut SchedClassifier = ebpf
+            .program_mut(name)
+            .ok_or(KernelError::MissingProgram(name))?
+            .try_into()?;
+        let mut check = ProgramCheck {
+            name: name.to_string(),
+            xlated_insns: None,
+            verified_insns: None,
+            error: None,
+        };
+        match program.load().and_then(|()| program.info()) {
+            Ok(info) => {
+                // One instruction is 8 bytes.
+                check.xlated_insns = info.size_translated().map(|b| b / 8);
+                check.verified_insns = info.verified_instruction_count();
+            }
+            Err(e) => check.error = Some(e.to_string()),
+        }
+        programs.push(check);
+    }
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|e| format!("unknown ({e})"));
+    Ok(KernelCheck {
+        kernel,
+        tcx: super::probe_tcx().is_ok(),
+        programs,
+    })
+}
+
+/// `check`'s report as a table.
+pub fn render_check(c: &KernelCheck) -> String {
+    use std::fmt::Write;
+    let mut out = format!(
+        "kernel {}: attach with {}\n{:<16} {:>8} {:>10}  status\n",
+        c.kernel,
+        if c.tcx { "tcx" } else { "a TC filter (no tcx)" },
+        "program",
+        "xlated",
+        "verified"
+    );
+    let n = |v: Option<u32>| v.map_or("-".to_string(), |v| v.to_string());
+    for p in &c.programs {
+        let _ = writeln!(
+            out,
+            "{:<16} {:>8} {:>10}  {}",
+            p.name,
+            n(p.xlated_insns),
+            n(p.verified_insns),
+            if p.error.is_some() {
+                "REFUSED"
+            } else {
+                "loaded"
+            }
+        );
+    }
+    for p in &c.programs {
+        if let Some(e) = &p.error {
+            let _ = writeln!(out, "\n{} was refused: {e}", p.name);
+        }
+    }
+    out
+}

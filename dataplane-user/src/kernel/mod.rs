@@ -21,7 +21,9 @@ use crate::writer::Limits;
 
 use link::InterfaceLink;
 pub use link::{probe_tcx, AttachMode, Attached, TcPath, TC_HANDLE, TC_PRIORITY};
-pub use load::{REJECT_PROGRAM, SCTP_NAT_PROGRAM, TC_PROGRAM};
+pub use load::{
+    check, render_check, KernelCheck, ProgramCheck, REJECT_PROGRAM, SCTP_NAT_PROGRAM, TC_PROGRAM,
+};
 pub use maps::KernelMaps;
 pub use pin::PinDir;
 
