@@ -1098,8 +1098,22 @@ fn apply(writer: &mut MapWriter, dp: &mut Datapath, manifests: &str) {
     );
 }
 
+/// Maps far larger than any fixture needs, and small enough that loading one
+/// datapath per fixture stays quick where every preallocated entry costs (the VM
+/// tier's software emulation).
+fn fixture_capacities() -> Capacities {
+    Capacities {
+        limits: sliceway_agent::writer::Limits {
+            services: 1024,
+            backends: 4096,
+            slots: 16384,
+        },
+        conntrack: 4096,
+    }
+}
+
 fn datapath(manifests: &str) -> (Datapath, MapWriter) {
-    let caps = Capacities::default();
+    let caps = fixture_capacities();
     let mut dp = Datapath::load(&caps, None).expect("loading the datapath (needs root)");
     let mut writer = MapWriter::new(caps.limits);
     apply(&mut writer, &mut dp, manifests);
