@@ -7,7 +7,10 @@ set -euo pipefail
 
 BPF_LINKER_VERSION=0.13.0
 TOOLS_DIR="${SLICEWAY_TOOLS:-${CARGO_HOME:-$HOME/.cargo}}"
-APT_PACKAGES=(iproute2 iptables nftables conntrack ethtool tcpdump bpftool procps fonts-dejavu-core)
+APT_PACKAGES=(iproute2 iptables nftables conntrack ethtool tcpdump bpftool procps fonts-dejavu-core
+  # The VM tier (scripts/vm.sh): qemu, a static busybox for the initramfs, depmod
+  # and modprobe for the guest kernel's modules, and the tools to unpack them.
+  qemu-system-x86 busybox-static kmod cpio xz-utils zstd)
 
 say() { printf 'setup: %s\n' "$*" >&2; }
 
@@ -24,6 +27,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   say "installing Debian packages: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >/dev/null
+  # Never let an install take something away (qemu-system-x86 can conflict with a
+  # newer qemu-utils from elsewhere): say what it would remove and stop.
+  removals=$(apt-get install -s --no-install-recommends "${missing[@]}" 2>/dev/null | sed -n 's/^Remv \([^ ]*\).*/\1/p')
+  if [ -n "$removals" ]; then
+    say "installing ${missing[*]} would remove: $removals; install them by hand, or make room, and run again"
+    exit 1
+  fi
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 

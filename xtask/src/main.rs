@@ -13,6 +13,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod vm;
 
 #[derive(Parser)]
 #[command(name = "xtask", about = "sliceway's build and test tasks")]
@@ -29,8 +30,17 @@ enum Task {
     BuildEbpf,
     /// fmt check and clippy with -D warnings, the eBPF crate on its own target.
     Lint,
-    /// Everything: set-up, lint, unit, program and node-lab tests.
+    /// Everything: set-up, lint, unit, program, node-lab and cluster-lab tests, then
+    /// the VM tier on Debian's 6.1 kernel.
     Test,
+    /// The program fixtures and the node-lab tests that exercise the kernel, on
+    /// other kernels under qemu (`scripts/vm.sh`); results in target/vm/<kernel>.
+    TestVm {
+        /// debian-6.1 (Debian 12's kernel, the default), debian-bpo (the newest of
+        /// bookworm-backports), or all.
+        #[arg(long)]
+        kernel: Option<String>,
+    },
     /// Set up, build, and show traffic to a ClusterIP spread over three backends.
     Demo {
         /// The same on a two-node cluster lab with the real control plane, a
@@ -89,7 +99,14 @@ fn main() -> Result<()> {
             build_ebpf()?;
             lint()?;
             upstream(&root)?;
-            test()
+            test()?;
+            vm::test_vm(&root, &vm::default_kernels())
+        }
+        Task::TestVm { kernel } => {
+            let kernels = vm::parse_kernels(kernel.as_deref())?;
+            setup(&root)?;
+            build_ebpf()?;
+            vm::test_vm(&root, &kernels)
         }
         Task::Demo { cluster } => {
             setup(&root)?;

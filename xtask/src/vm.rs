@@ -1,0 +1,193 @@
+//! `cargo xtask test-vm [--kernel debian-6.1|debian-bpo|all]`: the program fixtures
+//! and the node-lab tests that exercise the kernel, run on other kernels under qemu
+//! (`scripts/vm.sh`), on the binaries built here. For each kernel it reports each
+//! test's result, `sliceway-agent check` (instructions per program, or the verifier's
+//! log of a program the kernel refuses), and keeps both in `target/vm/<kernel>/`
+//! (`console.log`, `check.json`), where `cargo xtask bench` finds the counts.
+
+use std::{fmt::Write as _, path::Path, process::Command};
+
+use anyhow::{bail, Context, Result};
+
+use super::{build_lab_binaries, cargo, require_root};
+
+/// The kernels `--kernel all` boots; the first is the default.
+pub const KERNELS: &[&str] = &["debian-6.1", "debian-bpo"];
+
+/// Test binaries of the `tests` crate and the tests of each that run in the VM (all
+/// when empty). Left out, to keep the tier to a few minutes under software emulation:
+/// tests of user-space logic (manifests, the compiler), which the kernel does not
+/// change; the pinned-link bookkeeping of tcx; session affinity and the long
+/// transfer, whose kernel paths the program fixtures and the other tests cover.
+const VM_TESTS: &[(&str, &[&str])] = &[
+    ("cli", &["check_reports_every_program_and_the_attach_path"]),
+    ("program", &[]),
+    (
+        "node_lab",
+        &[
+            "tcp_and_udp_through_the_vip_reach_every_backend",
+            "partial_checksums_from_pods_with_tx_offload_are_rewritten_correctly",
+            "a_service_without_endpoints_or_port_refuses_at_once",
+            "a_killed_and_restarted_agent_drops_no_connection",
+            "tc_filters_follow_interfaces_survive_a_stop_and_are_cleaned_up",
+        ],
+    ),
+];
+
+/// Runs the VM tier on `kernels`; fails if any test failed or any program was refused.
+pub fn test_vm(root: &Path, kernels: &[String]) -> Result<()> {
+    require_root("the VM tier (qemu, and the tests inside attach BPF programs)")?;
+    build_lab_binaries()?;
+    let binaries = test_binaries()?;
+    let mut failures = Vec::new();
+    let mut summary = String::new();
+    for kernel in kernels {
+        let out = root.join("target/vm").join(kernel);
+        let _ = std::fs::remove_dir_all(&out);
+        std::fs::create_dir_all(&out)?;
+        let script = out.join("run.sh");
+        std::fs::write(&script, guest_script(&out, &binaries))?;
+        eprintln!("test-vm: {kernel}: booting (the guest's console follows)");
+        let status = Command::new("bash")
+            .arg(root.join("scripts/vm.sh"))
+            .args(["run", kernel])
+            .arg(root)
+            .arg(&script)
+            .env("SLICEWAY_VM_OUT", &out)
+            .status()
+            .context("running scripts/vm.sh")?;
+        let console = std::fs::read_to_string(out.join("console.log")).unwrap_or_default();
+        let (passed, failed) = results(&console);
+        let _ = writeln!(
+            summary,
+            "test-vm: {kernel} ({}): {} passed, {} failed{}",
+            kernel_release(&console).unwrap_or("kernel unknown"),
+            passed.len(),
+            failed.len(),
+            if status.success() {
+                String::new()
+            } else {
+                format!(" (guest exit: {status})")
+            }
+        );
+        for t in &failed {
+            let _ = writeln!(summary, "  FAILED {t}");
+        }
+        if !status.success() || !failed.is_empty() {
+            failures.push(kernel.clone());
+        }
+    }
+    eprint!("{summary}");
+    if !failures.is_empty() {
+        bail!(
+            "the VM tier failed on {} (console logs in target/vm/<kernel>/console.log)",
+            failures.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// Builds the test binaries and returns (name, path) for those of [`VM_TESTS`].
+fn test_binaries() -> Result<Vec<(String, String)>> {
+    let mut cmd = cargo();
+    cmd.args(["test", "--package", "tests", "--no-run"]);
+    for (name, _) in VM_TESTS {
+        cmd.args(["--test", name]);
+    }
+    let out = cmd.output().context("building the test binaries")?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        bail!("building the test binaries failed:\n{stderr}");
+    }
+    // "  Executable tests/program.rs (target/debug/deps/program-0123abcd)"
+    let mut found = Vec::new();
+    for line in stderr.lines() {
+        let Some(rest) = line.trim().strip_prefix("Executable tests/") else {
+            continue;
+        };
+        let Some((file, path)) = rest.split_once(".rs (") else {
+            continue;
+        };
+        found.push((file.to_string(), path.trim_end_matches(')').to_string()));
+    }
+    for (name, _) in VM_TESTS {
+        if !found.iter().any(|(f, _)| f == name) {
+            bail!("cargo did not name the test binary of tests/{name}.rs:\n{stderr}");
+        }
+    }
+    Ok(found)
+}
+
+/// The script the guest runs in the workspace: `check`, then each test binary with
+/// its tests; exits with the number of steps that failed.
+fn guest_script(out: &Path, binaries: &[(String, String)]) -> String {
+    let mut s = String::from(
+        "# Written by `cargo xtask test-vm`; run inside the guest by scripts/vm.sh.\n\
+         failed=0\n\
+         echo 'test-vm: sliceway-agent check'\n",
+    );
+    let _ = writeln!(
+        s,
+        "./target/debug/sliceway-agent check -o json > '{0}/check.json' || failed=$((failed + 1))\n\
+         ./target/debug/sliceway-agent check",
+        out.display()
+    );
+    for (name, tests) in VM_TESTS {
+        let (_, path) = binaries
+            .iter()
+            .find(|(f, _)| f == name)
+            .expect("checked in test_binaries");
+        let filter = if tests.is_empty() {
+            String::new()
+        } else {
+            format!(" --exact {}", tests.join(" "))
+        };
+        let _ = writeln!(
+            s,
+            "echo 'test-vm: {name}'\n./{path} --color never{filter} || failed=$((failed + 1))"
+        );
+    }
+    s.push_str("exit $failed\n");
+    s
+}
+
+/// Tests that passed and failed, from libtest's lines in the console.
+fn results(console: &str) -> (Vec<String>, Vec<String>) {
+    let (mut passed, mut failed) = (Vec::new(), Vec::new());
+    for line in console.lines() {
+        let Some(rest) = line.trim().strip_prefix("test ") else {
+            continue;
+        };
+        if let Some(name) = rest.strip_suffix(" ... ok") {
+            passed.push(name.to_string());
+        } else if let Some(name) = rest.strip_suffix(" ... FAILED") {
+            failed.push(name.to_string());
+        }
+    }
+    (passed, failed)
+}
+
+/// The guest kernel's release, from the line the guest prints when it is up.
+fn kernel_release(console: &str) -> Option<&str> {
+    console.lines().find_map(|l| {
+        l.split("sliceway-vm: kernel ")
+            .nth(1)?
+            .trim()
+            .strip_suffix(" up")
+    })
+}
+
+/// The VM tier's default as `cargo xtask test` runs it.
+pub fn default_kernels() -> Vec<String> {
+    vec![KERNELS[0].to_string()]
+}
+
+/// `--kernel` values: a name, or `all`.
+pub fn parse_kernels(arg: Option<&str>) -> Result<Vec<String>> {
+    match arg {
+        None => Ok(default_kernels()),
+        Some("all") => Ok(KERNELS.iter().map(|k| k.to_string()).collect()),
+        Some(k) if KERNELS.contains(&k) => Ok(vec![k.to_string()]),
+        Some(k) => bail!("unknown kernel {k:?}: one of {} or all", KERNELS.join(", ")),
+    }
+}
