@@ -246,6 +246,9 @@ pub struct Report {
     pub fig3: Outcome<Fig3>,
     pub fig4: Outcome<node::Fig4>,
     pub fig5: controller::Fig5,
+    /// The programs' size and verifier cost on this kernel and on the VM tier's
+    /// kernels (`target/vm/<kernel>/check.json` of the last `cargo xtask test-vm`).
+    pub programs: Vec<sliceway_agent::kernel::KernelCheck>,
     pub targets: Vec<report::Target>,
 }
 
@@ -258,6 +261,35 @@ impl Report {
             && (!c.runs(3) || self.fig3.ok().is_some())
             && (!c.runs(4) || self.fig4.ok().is_some())
     }
+}
+
+/// `sliceway-agent check` here, then the VM tier's results next to `out`
+/// (`target/bench` → `target/vm/*/check.json`), sorted by kernel.
+fn program_checks(out: &std::path::Path) -> Vec<sliceway_agent::kernel::KernelCheck> {
+    let mut checks = Vec::new();
+    match sliceway_agent::kernel::check() {
+        Ok(c) => checks.push(c),
+        Err(e) => eprintln!("bench: the programs' check on this kernel failed: {e}"),
+    }
+    let vm = out.parent().map(|t| t.join("vm")).unwrap_or_default();
+    let mut files: Vec<_> = std::fs::read_dir(&vm)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .map(|e| e.path().join("check.json"))
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    for file in files {
+        match std::fs::read_to_string(&file)
+            .map_err(|e| e.to_string())
+            .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
+        {
+            Ok(c) => checks.push(c),
+            Err(e) => eprintln!("bench: {} skipped: {e}", file.display()),
+        }
+    }
+    checks
 }
 
 fn command_line(program: &str, args: &[&str]) -> String {
@@ -402,6 +434,7 @@ pub fn run(cfg: &Config, out: &Path) -> Result<Report> {
         fig3,
         fig4,
         fig5,
+        programs: program_checks(out),
         targets: Vec::new(),
     };
     report.targets = report::targets(&report);

@@ -282,6 +282,9 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
         );
     }
 
+    let _ = writeln!(m, "\n## Programs per kernel\n");
+    let _ = writeln!(m, "{}", programs_table(&r.programs));
+
     let _ = writeln!(m, "\n## 1. Kernel cost per packet\n");
     match &r.fig1 {
         Outcome::Done(f) => {
@@ -522,6 +525,41 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
         let _ = writeln!(m, "\n## Plots\n");
         for (file, title) in plots {
             let _ = writeln!(m, "- [{title}]({file})");
+        }
+    }
+    m
+}
+
+/// Each program's size and verifier cost per kernel (`sliceway-agent check`): this
+/// machine's, then the VM tier's of its last run.
+pub fn programs_table(checks: &[sliceway_agent::kernel::KernelCheck]) -> String {
+    let mut m = String::from(
+        "Instructions as loaded (`xlated`, what `bpftool prog show` counts) and \
+         instructions the verifier processed (its complexity measure, limit 1,000,000), \
+         from `sliceway-agent check` on this machine and, for other kernels, from the \
+         last `cargo xtask test-vm` (`target/vm/<kernel>/check.json`).\n\n\
+         | kernel | attach | program | xlated | verified | status |\n|---|---|---|---:|---:|---|\n",
+    );
+    if checks.is_empty() {
+        m.push_str("| (no check ran) | | | | | |\n");
+    }
+    let n = |v: Option<u32>| v.map_or("-".to_string(), |v| v.to_string());
+    for c in checks {
+        for p in &c.programs {
+            let _ = writeln!(
+                m,
+                "| {} | {} | {} | {} | {} | {} |",
+                c.kernel,
+                if c.tcx { "tcx" } else { "tc filter" },
+                p.name,
+                n(p.xlated_insns),
+                n(p.verified_insns),
+                if p.error.is_some() {
+                    "**refused**"
+                } else {
+                    "loaded"
+                }
+            );
         }
     }
     m
