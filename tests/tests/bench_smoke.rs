@@ -26,6 +26,7 @@ fn bench_smoke_writes_every_figure() {
     let md = std::fs::read_to_string(out.join("report.md")).unwrap();
     for heading in [
         "## Targets",
+        "## Programs per kernel",
         "## 1. Kernel cost per packet",
         "### Conntrack garbage collection",
         "## 2. New-connection latency through the node",
@@ -36,6 +37,17 @@ fn bench_smoke_writes_every_figure() {
         assert!(md.contains(heading), "{heading} missing from:\n{md}");
     }
     assert!(!md.contains("Not measured:"), "a figure failed:\n{md}");
+    // This kernel's row for each program, loaded (issue 18).
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    for program in ["sliceway_tc", "sliceway_reject"] {
+        assert!(
+            md.lines()
+                .any(|l| l.starts_with(&format!("| {} |", release.trim()))
+                    && l.contains(&format!("| {program} |"))
+                    && l.ends_with("| loaded |")),
+            "no row for {program} on this kernel:\n{md}"
+        );
+    }
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
     for fig in [
@@ -45,6 +57,7 @@ fn bench_smoke_writes_every_figure() {
         "fig3",
         "fig4",
         "fig5",
+        "programs",
         "targets",
     ] {
         assert!(json.get(fig).is_some(), "{fig} missing from report.json");
