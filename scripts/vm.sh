@@ -174,7 +174,7 @@ mkdir -p /newroot/.vm
 cp /bin/busybox /newroot/.vm/busybox
 cat > /newroot/.vm/stage2 <<STAGE2
 ip link set lo up
-cd '$(arg sliceway.dir)' && HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin sh '$(arg sliceway.script)'
+cd '$(arg sliceway.dir)' && HOME='$(arg sliceway.home)' PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin sh '$(arg sliceway.script)'
 echo "sliceway-vm: exit \$?"
 /.vm/busybox poweroff -f
 STAGE2
@@ -224,7 +224,7 @@ run_guest() {
     -virtfs "local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap" \
     "${out_dev[@]}" \
     -kernel "$dir/root/boot/vmlinuz-$kver" -initrd "$dir/initramfs.gz" \
-    -append "console=ttyS0 panic=-1 quiet loglevel=3 sliceway.modules=$dir/root/lib/modules sliceway.dir=$workdir sliceway.script=$script $out_arg" \
+    -append "console=ttyS0 panic=-1 quiet loglevel=3 sliceway.modules=$dir/root/lib/modules sliceway.dir=$workdir sliceway.script=$script sliceway.home=$HOME $out_arg" \
     2>&1 | sed -u -e 's/\x1b\[[0-9;?]*[a-zA-Z]//g' -e 's/\x1bc/\n/g' -e 's/\x1b([A-Z0-9]//g' -e 's/\r$//' -e 's/\r/\n/g' -e 's/[\x0e\x0f]//g' | tee "$log" || true
   if [ -n "${SLICEWAY_VM_OUT:-}" ]; then cp "$log" "$SLICEWAY_VM_OUT/console.log"; fi
   local rc
