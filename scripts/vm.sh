@@ -76,13 +76,18 @@ apt_bpo() {
 # Downloads and unpacks the kernel, builds the initramfs; prints the kernel's directory.
 prepare() {
   local entry="$1" pkg dir
+  # One preparation at a time: runs from several checkouts share the cache.
+  mkdir -p "$CACHE"
+  exec 9>"$CACHE/lock"
+  flock 9
   pkg=$(kernel_package "$entry")
   dir="$CACHE/$pkg"
   if [ -f "$dir/ready" ]; then
-    # The initramfs is this script's: built again when the script changed.
+    # The initramfs is this script's: one per version of the script, so checkouts
+    # with different versions do not rebuild each other's.
     local kver
     kver=$(cat "$dir/ready")
-    if [ "$(cat "$dir/initramfs.stamp" 2>/dev/null)" != "$SCRIPT_SUM" ]; then
+    if [ ! -f "$dir/initramfs-$SCRIPT_SUM.gz" ]; then
       build_initramfs "$dir" "$kver"
     fi
     echo "$dir"
@@ -182,8 +187,8 @@ echo "sliceway-vm: kernel $kver up"
 exec switch_root /newroot /.vm/busybox sh /.vm/stage2
 INIT
   chmod +x "$ird/init"
-  (cd "$ird" && find . | cpio -o -H newc --quiet | gzip -1) > "$dir/initramfs.gz"
-  echo "$SCRIPT_SUM" > "$dir/initramfs.stamp"
+  (cd "$ird" && find . | cpio -o -H newc --quiet | gzip -1) > "$dir/initramfs.tmp"
+  mv "$dir/initramfs.tmp" "$dir/initramfs-$SCRIPT_SUM.gz"
   rm -rf "$ird"
 }
 
@@ -195,7 +200,7 @@ kvm_works() {
   if [ -f "$stamp" ]; then [ "$(cat "$stamp")" = yes ]; return; fi
   local out
   out=$(timeout 60 qemu-system-x86_64 -accel kvm -cpu host -m 256 -nographic -no-reboot \
-    -kernel "$1/root/boot/vmlinuz-$(cat "$1/ready")" -initrd "$1/initramfs.gz" \
+    -kernel "$1/root/boot/vmlinuz-$(cat "$1/ready")" -initrd "$1/initramfs-$SCRIPT_SUM.gz" \
     -append "console=ttyS0 panic=-1 quiet" -nic none 2>&1 || true)
   if grep -q 'sliceway-vm:' <<<"$out"; then echo yes > "$stamp"; else echo no > "$stamp"; fi
   [ "$(cat "$stamp")" = yes ]
@@ -223,7 +228,7 @@ run_guest() {
     -nographic -no-reboot -nic none \
     -virtfs "local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap" \
     "${out_dev[@]}" \
-    -kernel "$dir/root/boot/vmlinuz-$kver" -initrd "$dir/initramfs.gz" \
+    -kernel "$dir/root/boot/vmlinuz-$kver" -initrd "$dir/initramfs-$SCRIPT_SUM.gz" \
     -append "console=ttyS0 panic=-1 quiet loglevel=3 sliceway.modules=$dir/root/lib/modules sliceway.dir=$workdir sliceway.script=$script sliceway.home=$HOME $out_arg" \
     2>&1 | sed -u -e 's/\x1b\[[0-9;?]*[a-zA-Z]//g' -e 's/\x1bc/\n/g' -e 's/\x1b([A-Z0-9]//g' -e 's/\r$//' -e 's/\r/\n/g' -e 's/[\x0e\x0f]//g' | tee "$log" || true
   if [ -n "${SLICEWAY_VM_OUT:-}" ]; then cp "$log" "$SLICEWAY_VM_OUT/console.log"; fi
