@@ -150,9 +150,46 @@ struct Syncer {
     metrics: Arc<Metrics>,
     /// Last `last-change-trigger-time` seen per slice, for programming latency.
     triggers: HashMap<(String, String), String>,
+    /// Why this kernel opens no SCTP socket, if it opens none.
+    no_kernel_sctp: Option<String>,
+    /// SCTP frontends already reported on such a kernel.
+    sctp_reported: BTreeSet<dataplane_common::ServiceKey>,
 }
 
 impl Syncer {
+    /// On a kernel without SCTP, says once per SCTP frontend that it is programmed
+    /// although no pod of this node can open an SCTP socket (the datapath translates
+    /// SCTP whatever the kernel; the pods cannot speak it), and counts them.
+    fn report_sctp(&mut self) {
+        let Some(why) = &self.no_kernel_sctp else {
+            return;
+        };
+        let sctp: BTreeSet<dataplane_common::ServiceKey> = self
+            .pipeline
+            .writer
+            .programmed()
+            .keys()
+            .filter(|k| k.proto == dataplane_common::PROTO_SCTP)
+            .copied()
+            .collect();
+        for key in sctp.difference(&self.sctp_reported) {
+            let service = self
+                .pipeline
+                .writer
+                .programmed()
+                .get(key)
+                .map(|p| p.service.to_string())
+                .unwrap_or_default();
+            warn!(
+                frontend = %compiler::frontend_addr(key),
+                %service,
+                "an SCTP frontend on a kernel without SCTP ({why}): it is translated, but no pod on this node can open an SCTP association"
+            );
+        }
+        self.metrics.sctp_without_kernel_sctp.set(sctp.len() as i64);
+        self.sctp_reported = sctp;
+    }
+
     fn sync(&mut self, dp: &mut Datapath) {
         let started = Instant::now();
         let synced = self.pipeline.sync(&mut dp.maps);
@@ -172,6 +209,7 @@ impl Syncer {
         for e in &report.errors {
             warn!("map write failed: {e}");
         }
+        self.report_sctp();
         self.syncs += 1;
         self.observe(&skipped, dp, written, started.elapsed());
         let report = &synced.report;
@@ -451,6 +489,8 @@ pub async fn run(
         syncs: 0,
         metrics,
         triggers: HashMap::new(),
+        no_kernel_sctp: kernel_sctp().err(),
+        sctp_reported: BTreeSet::new(),
     };
     tokio::pin!(shutdown);
     match &settings.source {
@@ -495,4 +535,17 @@ async fn follow<S: source::Source>(
             Fed::Changed | Fed::Unchanged => syncer.sync(dp),
         }
     }
+}
+
+/// Whether this kernel opens SCTP sockets (`EPROTONOSUPPORT` where SCTP is not built
+/// or its module is missing); the error says why not.
+fn kernel_sctp() -> Result<(), String> {
+    // SAFETY: a plain socket(2) call; the descriptor is closed right after.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, libc::IPPROTO_SCTP) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error().to_string());
+    }
+    // SAFETY: the descriptor just opened, closed once.
+    unsafe { libc::close(fd) };
+    Ok(())
 }

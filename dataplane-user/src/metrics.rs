@@ -35,6 +35,7 @@ pub struct Metrics {
     pub programming_latency: Histogram,
     pub rejected: Counter,
     pub interfaces: Gauge,
+    pub sctp_without_kernel_sctp: Gauge,
     /// Set after the first sync: `/healthz` answers 503 before.
     pub synced: AtomicBool,
 }
@@ -104,6 +105,12 @@ impl Metrics {
             "Interfaces the TC program is attached to by this agent",
             interfaces.clone(),
         );
+        let sctp_without_kernel_sctp = Gauge::default();
+        registry.register(
+            "sctp_frontends_without_kernel_sctp",
+            "SCTP frontends programmed on a node whose kernel has no SCTP sockets",
+            sctp_without_kernel_sctp.clone(),
+        );
         Self {
             registry,
             syncs,
@@ -115,6 +122,7 @@ impl Metrics {
             programming_latency,
             rejected,
             interfaces,
+            sctp_without_kernel_sctp,
             synced: AtomicBool::new(false),
         }
     }

@@ -125,6 +125,8 @@ fn guest_script(out: &Path, binaries: &[(String, String)]) -> String {
     let mut s = String::from(
         "# Written by `cargo xtask test-vm`; run inside the guest by scripts/vm.sh.\n\
          failed=0\n\
+         # Debian's kernels have SCTP: its node-lab test must run, not report its absence.\n\
+         export SLICEWAY_REQUIRE_SCTP=1\n\
          echo 'test-vm: sliceway-agent check'\n",
     );
     let _ = writeln!(
