@@ -12,7 +12,7 @@
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 
-use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData};
+use aya::maps::{Array, HashMap as BpfHashMap, MapData};
 use dataplane_common::{
     ct, map_name, CtEntry, CtKey, ServiceKey, ServiceName, ServiceValue, CT_FORWARD, CT_REVERSE,
 };
@@ -20,6 +20,7 @@ use serde::Serialize;
 
 use crate::{
     compiler::proto_name,
+    inspect::open_pinned,
     kernel::{KernelError, PinDir},
 };
 
@@ -39,16 +40,6 @@ pub struct TrackedFlow {
     pub expires_in_s: u64,
 }
 
-fn pinned(pins: &PinDir, name: &'static str) -> Result<MapData, KernelError> {
-    MapData::from_pin(pins.map(name)).map_err(|source| KernelError::Map { name, source })
-}
-
-fn conntrack_map(pins: &PinDir) -> Result<BpfHashMap<MapData, CtKey, CtEntry>, KernelError> {
-    let name = map_name::CONNTRACK;
-    BpfHashMap::try_from(Map::LruHashMap(pinned(pins, name)?))
-        .map_err(|source| KernelError::Map { name, source })
-}
-
 fn v4(addr_be: u32, port_be: u16) -> SocketAddrV4 {
     SocketAddrV4::new(Ipv4Addr::from(u32::from_be(addr_be)), u16::from_be(port_be))
 }
@@ -57,11 +48,7 @@ fn v4(addr_be: u32, port_be: u16) -> SocketAddrV4 {
 /// defaults, as the program reads them.
 fn timeouts(pins: &PinDir) -> [u64; ct::state::COUNT as usize] {
     let mut out = ct::DEFAULTS;
-    let name = map_name::CT_TIMEOUTS;
-    let Ok(array) = pinned(pins, name).and_then(|d| {
-        Array::<MapData, u64>::try_from(Map::Array(d))
-            .map_err(|source| KernelError::Map { name, source })
-    }) else {
+    let Ok(array) = open_pinned::<Array<MapData, u64>>(pins, map_name::CT_TIMEOUTS) else {
         return out;
     };
     for (i, t) in out.iter_mut().enumerate() {
@@ -82,21 +69,10 @@ pub fn flows(
     service: Option<&str>,
     now_ns: u64,
 ) -> Result<Vec<TrackedFlow>, KernelError> {
-    let conntrack = conntrack_map(pins)?;
-    let services: BpfHashMap<MapData, ServiceKey, ServiceValue> = BpfHashMap::try_from(
-        Map::HashMap(pinned(pins, map_name::SERVICES)?),
-    )
-    .map_err(|source| KernelError::Map {
-        name: map_name::SERVICES,
-        source,
-    })?;
-    let names: BpfHashMap<MapData, u32, ServiceName> =
-        BpfHashMap::try_from(Map::HashMap(pinned(pins, map_name::SERVICE_NAMES)?)).map_err(
-            |source| KernelError::Map {
-                name: map_name::SERVICE_NAMES,
-                source,
-            },
-        )?;
+    let conntrack: BpfHashMap<MapData, CtKey, CtEntry> = open_pinned(pins, map_name::CONNTRACK)?;
+    let services: BpfHashMap<MapData, ServiceKey, ServiceValue> =
+        open_pinned(pins, map_name::SERVICES)?;
+    let names: BpfHashMap<MapData, u32, ServiceName> = open_pinned(pins, map_name::SERVICE_NAMES)?;
     let timeouts = timeouts(pins);
     let mut out = Vec::new();
     for (key, entry) in conntrack.iter().filter_map(Result::ok) {
@@ -157,7 +133,8 @@ pub fn flows(
 /// of the backend's old replies are no longer translated. Returns how many
 /// connections were removed.
 pub fn flush_backend(pins: &PinDir, backend: SocketAddrV4) -> Result<usize, KernelError> {
-    let mut conntrack = conntrack_map(pins)?;
+    let mut conntrack: BpfHashMap<MapData, CtKey, CtEntry> =
+        open_pinned(pins, map_name::CONNTRACK)?;
     let addr_be = u32::from(*backend.ip()).to_be();
     let port_be = backend.port().to_be();
     let doomed: Vec<(CtKey, CtKey)> = conntrack

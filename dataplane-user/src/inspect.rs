@@ -36,7 +36,8 @@ pub struct Listing {
     pub conntrack_entries: usize,
 }
 
-fn open_pinned<T: TryFrom<Map, Error = aya::maps::MapError>>(
+/// A pinned map of this agent's layout, typed.
+pub(crate) fn open_pinned<T: TryFrom<Map, Error = aya::maps::MapError>>(
     pins: &PinDir,
     name: &'static str,
 ) -> Result<T, KernelError> {
@@ -45,6 +46,7 @@ fn open_pinned<T: TryFrom<Map, Error = aya::maps::MapError>>(
     let map = match name {
         map_name::STATS => Map::PerCpuArray(data),
         map_name::CONNTRACK => Map::LruHashMap(data),
+        map_name::CT_TIMEOUTS => Map::Array(data),
         _ => Map::HashMap(data),
     };
     T::try_from(map).map_err(|source| KernelError::Map { name, source })
