@@ -152,12 +152,6 @@ impl Datapath {
             source,
         })?;
         let path = self.attach_path()?;
-        let pinned = self.pins.is_some();
-        let link_pin = self
-            .pins
-            .as_ref()
-            .filter(|_| path == TcPath::Tcx)
-            .map(|p| p.link(iface));
         let program: &mut SchedClassifier = self
             .ebpf
             .program_mut(TC_PROGRAM)
@@ -166,44 +160,15 @@ impl Datapath {
         if path == TcPath::Netlink {
             // The filter needs the clsact qdisc (EEXIST when it is there already).
             let _ = tc::qdisc_add_clsact(iface);
-            if !pinned {
-                let id = program
-                    .attach_with_options(
-                        iface,
-                        TcAttachType::Ingress,
-                        TcAttachOptions::Netlink(NlOptions::default()),
-                    )
-                    .map_err(attach_err)?;
-                self.links.insert(
-                    iface.to_string(),
-                    InterfaceLink {
-                        ifindex,
-                        owned: Some(id),
-                        pin: None,
-                        filter: false,
-                    },
-                );
-                return Ok(Attached::Unpinned);
-            }
-            let how = attach_filter(program, iface).map_err(attach_err)?;
-            self.links.insert(
-                iface.to_string(),
-                InterfaceLink {
-                    ifindex,
-                    owned: None,
-                    pin: None,
-                    filter: true,
-                },
-            );
-            return Ok(how);
         }
-        let Some(link_pin) = link_pin else {
+        let Some(link_pin) = self.pins.as_ref().map(|p| p.link(iface)) else {
+            // Not pinned: the attachment is this process's and goes when it exits.
+            let options = match path {
+                TcPath::Netlink => TcAttachOptions::Netlink(NlOptions::default()),
+                TcPath::Tcx => TcAttachOptions::TcxOrder(LinkOrder::default()),
+            };
             let id = program
-                .attach_with_options(
-                    iface,
-                    TcAttachType::Ingress,
-                    TcAttachOptions::TcxOrder(LinkOrder::default()),
-                )
+                .attach_with_options(iface, TcAttachType::Ingress, options)
                 .map_err(attach_err)?;
             self.links.insert(
                 iface.to_string(),
@@ -216,6 +181,19 @@ impl Datapath {
             );
             return Ok(Attached::Unpinned);
         };
+        if path == TcPath::Netlink {
+            let how = attach_filter(program, iface).map_err(attach_err)?;
+            self.links.insert(
+                iface.to_string(),
+                InterfaceLink {
+                    ifindex,
+                    owned: None,
+                    pin: None,
+                    filter: true,
+                },
+            );
+            return Ok(how);
+        }
         let pin_err = |reason: String| KernelError::Pin {
             path: link_pin.clone(),
             reason,
