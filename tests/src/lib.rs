@@ -447,6 +447,14 @@ impl Agent {
         )
     }
 
+    /// Runs `change` (a manifest written or removed) and waits until the agent has
+    /// synced after it, so what follows sees the change applied.
+    pub fn applies(&self, change: impl FnOnce() -> Result<()>) -> Result<()> {
+        let before = self.syncs();
+        change()?;
+        self.wait_for_sync(before + 1, Duration::from_secs(10))
+    }
+
     /// Whether a log line contains `needle`.
     pub fn logged(&self, needle: &str) -> bool {
         self.log.lock().unwrap().iter().any(|l| l.contains(needle))

@@ -19,15 +19,6 @@ fn vip() -> SocketAddrV4 {
     SocketAddrV4::new(VIP, PORT)
 }
 
-/// Replaces a manifest and waits until the agent has applied it.
-fn change(agent: &sliceway_lab::Agent, apply: impl FnOnce()) {
-    let before = agent.syncs();
-    apply();
-    agent
-        .wait_for_sync(before + 1, Duration::from_secs(5))
-        .unwrap_or_else(|e| panic!("{e:#}: {:#?}", agent.log()));
-}
-
 #[test]
 fn an_open_connection_survives_the_deletion_of_its_service() {
     let lab = Lab::new(2).unwrap();
@@ -40,7 +31,7 @@ fn an_open_connection_survives_the_deletion_of_its_service() {
     .unwrap()
     .unwrap();
     echo.roundtrip("before").unwrap();
-    change(&agent, || lab.remove_manifest("web.yaml").unwrap());
+    agent.applies(|| lab.remove_manifest("web.yaml")).unwrap();
     // New connections find no Service...
     assert!(
         lab.tcp_request(vip()).is_err(),
@@ -122,10 +113,9 @@ fn a_udp_flow_whose_backend_is_removed_moves_on() {
     let first = ask(&socket);
     assert_eq!(ask(&socket), first, "a UDP flow keeps its backend");
     let kept = lab.backends.iter().position(|b| b.name != first).unwrap();
-    change(&agent, || {
-        lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[kept]))
-            .unwrap()
-    });
+    agent
+        .applies(|| lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[kept])))
+        .unwrap();
     assert_eq!(
         ask(&socket),
         lab.backends[kept].name,

@@ -80,11 +80,8 @@ fn removing_an_endpoint_from_the_yaml_stops_new_flows_to_it() {
     lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1, 2]))
         .unwrap();
     let agent = lab.start_agent().unwrap();
-    let before = agent.syncs();
-    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 2]))
-        .unwrap();
     agent
-        .wait_for_sync(before + 1, Duration::from_secs(5))
+        .applies(|| lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 2])))
         .unwrap();
 
     let removed = &lab.backends[1].name;
@@ -423,11 +420,8 @@ fn interfaces_matching_a_pattern_are_followed_as_pods_come_and_go() {
         logged_for(&agent, "attached (pinned link)", &late.node_iface)
     });
     assert!(pins.link(&late.node_iface).exists());
-    let before = agent.syncs();
-    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1, 2]))
-        .unwrap();
     agent
-        .wait_for_sync(before + 1, Duration::from_secs(5))
+        .applies(|| lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1, 2])))
         .unwrap();
     reaches(&lab, &late.name);
 
@@ -463,11 +457,8 @@ fn interfaces_matching_a_pattern_are_followed_as_pods_come_and_go() {
     for pod in std::iter::once(&lab.client).chain(&lab.backends) {
         assert!(pins.link(&pod.node_iface).exists(), "{}", pod.node_iface);
     }
-    let before = agent.syncs();
-    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1]))
-        .unwrap();
     agent
-        .wait_for_sync(before + 1, Duration::from_secs(5))
+        .applies(|| lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1])))
         .unwrap();
     for _ in 0..20 {
         let r = lab.tcp_request(vip()).unwrap();
@@ -527,7 +518,8 @@ fn tc_filters_follow_interfaces_survive_a_stop_and_are_cleaned_up() {
             &late.node_iface,
         )
     });
-    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1, 2]))
+    agent
+        .applies(|| lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1, 2])))
         .unwrap();
     reaches(&lab, &late.name);
     // The pod goes: its link is dropped, nothing else changes.
@@ -535,7 +527,8 @@ fn tc_filters_follow_interfaces_survive_a_stop_and_are_cleaned_up() {
     wait_until(&agent, "dropping the deleted pod's link", || {
         logged_for(&agent, "dropped its link", &gone.node_iface)
     });
-    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1]))
+    agent
+        .applies(|| lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1])))
         .unwrap();
     one_filter_each(&lab);
 
