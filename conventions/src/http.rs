@@ -1,8 +1,9 @@
-//! The small HTTP endpoint both binaries serve: `/metrics` (Prometheus' text format)
-//! and `/healthz` (200 `ok`, or 503 with the reason), nothing else. One request per
-//! connection, no request body; anything it cannot read is closed.
+//! The small HTTP endpoint both binaries serve: `/metrics` (Prometheus' text format),
+//! `/healthz` and `/livez` (200 `ok`, or 503 with the reason), and the paths a binary
+//! adds ([`Status::extra`]); nothing else. One request per connection, no request
+//! body; anything it cannot read is closed.
 
-use std::{net::SocketAddr, sync::Arc};
+use std::{future::Future, net::SocketAddr, pin::Pin, sync::Arc, time::Duration};
 
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
@@ -12,7 +13,29 @@ pub trait Status: Send + Sync + 'static {
     fn metrics(&self) -> String;
     /// `Ok` when healthy, else why not (the body of the 503).
     fn health(&self) -> Result<(), String>;
+    /// `/livez`: `Ok` while the process does its work, else why not. By default
+    /// always `Ok` (a process that answers is alive).
+    fn live(&self) -> Result<(), String> {
+        Ok(())
+    }
+    /// Brings values read on demand up to date before `/metrics` renders them; waited
+    /// for at most [`REFRESH_WAIT`] (then the last values are served).
+    fn refresh(&self) -> Reply<'_, ()> {
+        Box::pin(async {})
+    }
+    /// Another path this binary serves: `Some` with its answer (`Ok` body for a 200,
+    /// `Err` reason for a 503), `None` for a 404.
+    fn extra(&self, path: &str) -> Option<Reply<'_, Result<String, String>>> {
+        let _ = path;
+        None
+    }
 }
+
+/// An answer that takes a while to come.
+pub type Reply<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// How long `/metrics` waits for [`Status::refresh`].
+pub const REFRESH_WAIT: Duration = Duration::from_secs(1);
 
 /// The longest request head read; a longer one is answered from what was read.
 const MAX_HEAD: usize = 4096;
@@ -53,7 +76,7 @@ async fn answer<S: Status + ?Sized>(mut conn: tokio::net::TcpStream, status: Arc
     }
     let head = String::from_utf8_lossy(&buf[..len]);
     let path = head.split_whitespace().nth(1).unwrap_or("/");
-    let (code, ctype, body) = response(path, &*status);
+    let (code, ctype, body) = response(path, &*status).await;
     let response = format!(
         "HTTP/1.1 {code}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
@@ -62,18 +85,30 @@ async fn answer<S: Status + ?Sized>(mut conn: tokio::net::TcpStream, status: Arc
 }
 
 /// Status line, content type and body for a path.
-fn response<S: Status + ?Sized>(path: &str, status: &S) -> (&'static str, &'static str, String) {
+async fn response<S: Status + ?Sized>(
+    path: &str,
+    status: &S,
+) -> (&'static str, &'static str, String) {
+    let text = |r: Result<String, String>| match r {
+        Ok(body) => ("200 OK", "text/plain", body),
+        Err(why) => ("503 Service Unavailable", "text/plain", format!("{why}\n")),
+    };
     match path {
-        "/metrics" => (
-            "200 OK",
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            status.metrics(),
-        ),
-        "/healthz" => match status.health() {
-            Ok(()) => ("200 OK", "text/plain", "ok\n".into()),
-            Err(why) => ("503 Service Unavailable", "text/plain", format!("{why}\n")),
+        "/metrics" => {
+            // A refresh that does not come in time leaves the last values.
+            let _ = tokio::time::timeout(REFRESH_WAIT, status.refresh()).await;
+            (
+                "200 OK",
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                status.metrics(),
+            )
+        }
+        "/healthz" => text(status.health().map(|()| "ok\n".into())),
+        "/livez" => text(status.live().map(|()| "ok\n".into())),
+        _ => match status.extra(path) {
+            Some(reply) => text(reply.await),
+            None => ("404 Not Found", "text/plain", "not found\n".into()),
         },
-        _ => ("404 Not Found", "text/plain", "not found\n".into()),
     }
 }
 
@@ -124,6 +159,8 @@ mod tests {
             let metrics = get(addr, "/metrics").await;
             assert!(metrics.starts_with("HTTP/1.1 200 OK\r\n"), "{metrics}");
             assert!(metrics.ends_with("\r\n\r\n# EOF\n"), "{metrics}");
+            let livez = get(addr, "/livez").await;
+            assert!(livez.starts_with("HTTP/1.1 200 OK\r\n"), "{livez}");
             assert!(get(addr, "/other")
                 .await
                 .starts_with("HTTP/1.1 404 Not Found"));

@@ -8,7 +8,7 @@ use std::{
     future::Future,
     net::SocketAddr,
     path::PathBuf,
-    sync::{atomic::Ordering, Arc},
+    sync::Arc,
     time::{Duration, Instant, SystemTime},
 };
 
@@ -16,10 +16,11 @@ use dataplane_common::{map_name, stat};
 use tracing::{info, warn};
 
 use crate::{
+    audit::AuditReport,
     compiler::{self, Skipped},
     interfaces::{self, Selection},
     kernel::{AttachMode, Attached, Capacities, Datapath, KernelError, PinDir},
-    metrics::Metrics,
+    metrics::{Ask, Metrics},
     source::{
         self,
         kube::{ApiSource, KubeSourceConfig},
@@ -89,6 +90,14 @@ pub struct Settings {
     pub metrics_addr: Option<SocketAddr>,
     /// Conntrack timeouts and sweeping.
     pub conntrack: crate::conntrack::Settings,
+    /// How long a change may wait for its sync, and a watch of the API server fail,
+    /// before `/healthz` answers 503 (kube-proxy's rule; see [`crate::health`]).
+    pub health_timeout: Duration,
+    /// How often the datapath's counters are read into the metrics (also at every
+    /// scrape).
+    pub counters_interval: Duration,
+    /// How often the service maps are audited for drift; `None`: only when asked.
+    pub audit_interval: Option<Duration>,
 }
 
 /// The pure part of a sync: the incremental compiler and the map writer. Objects go
@@ -154,6 +163,9 @@ struct Syncer {
     no_kernel_sctp: Option<String>,
     /// SCTP frontends already reported on such a kernel.
     sctp_reported: BTreeSet<dataplane_common::ServiceKey>,
+    /// Whether a map write of a sync failed since the maps were last known whole:
+    /// the change stays queued for `/healthz` until an audit repairs the maps.
+    writes_failed: bool,
 }
 
 impl Syncer {
@@ -207,7 +219,12 @@ impl Syncer {
             self.metrics.rejected.inc();
         }
         for e in &report.errors {
-            warn!("map write failed: {e}");
+            warn!("map write failed (the next drift audit writes it again): {e}");
+        }
+        if report.errors.is_empty() && !self.writes_failed {
+            self.metrics.health.updated();
+        } else {
+            self.writes_failed = true;
         }
         self.report_sctp();
         self.syncs += 1;
@@ -270,11 +287,7 @@ impl Syncer {
             limits.backends,
         );
         m.set_map(map_name::SLOTS, writer.slot_count(), limits.slots);
-        if let Ok(stats) = dp.stats() {
-            for (i, v) in stats.iter().enumerate() {
-                m.set_datapath(stat::NAMES[i], *v);
-            }
-        }
+        publish_counters(dp, m);
         // Network programming latency, as kube-proxy reports it: for each slice whose
         // trigger time changed, from that time to this write. The first sync only
         // records what it saw (those changes happened before the agent started).
@@ -294,7 +307,52 @@ impl Syncer {
                 }
             }
         }
-        m.synced.store(true, Ordering::SeqCst);
+    }
+
+    /// Compares the service maps with what the writer wrote and repairs what differs
+    /// (see [`crate::audit`]). Before the first sync there is nothing to compare.
+    fn audit(&mut self, dp: &mut Datapath) -> Result<AuditReport, String> {
+        if self.syncs == 0 {
+            return Err("not synced yet: nothing to audit".into());
+        }
+        let actual = dp.maps.state();
+        let report = crate::audit::audit(&self.pipeline.writer, &actual, &mut dp.maps);
+        for d in &report.drift {
+            warn!(
+                map = %d.map,
+                entry = %d.entry,
+                kind = ?d.kind,
+                service = d.service.as_deref().unwrap_or("-"),
+                "drift: the kernel map differs from what the agent wrote; rewritten"
+            );
+        }
+        for e in &report.errors {
+            warn!("repairing drift failed (the next audit tries again): {e}");
+        }
+        let m = &self.metrics;
+        m.audits.inc();
+        m.drift_repaired.inc_by(report.repaired as u64);
+        for (map, n) in report.per_map() {
+            m.drift_entries
+                .get_or_create(&vec![("map".to_string(), map)])
+                .set(n as i64);
+        }
+        if report.errors.is_empty() && std::mem::take(&mut self.writes_failed) {
+            m.health.updated();
+        }
+        Ok(report)
+    }
+}
+
+/// Reads the datapath's counters into the metrics.
+fn publish_counters(dp: &Datapath, m: &Metrics) {
+    match dp.stats() {
+        Ok(stats) => {
+            for (i, v) in stats.iter().enumerate() {
+                m.set_datapath(stat::NAMES[i], *v);
+            }
+        }
+        Err(e) => tracing::debug!("reading the datapath counters: {e}"),
     }
 }
 
@@ -369,8 +427,10 @@ fn log_attached(iface: &str, how: Attached) {
     }
 }
 
-/// Follows the interfaces of the namespace: attaches to new ones that match, drops
-/// the links of those that went away.
+/// What the agent does between syncs: follows the interfaces of the namespace
+/// (attaches to new ones that match, drops the links of those that went away), sweeps
+/// conntrack, reads the datapath's counters, audits the maps for drift, and answers
+/// what the HTTP endpoint asks.
 struct Scanner {
     selection: Selection,
     tick: Option<tokio::time::Interval>,
@@ -380,6 +440,16 @@ struct Scanner {
     metrics: Arc<Metrics>,
     /// The conntrack sweeper, run between the same waits.
     sweep: crate::conntrack::SweepTask,
+    counters: tokio::time::Interval,
+    audit: Option<tokio::time::Interval>,
+    asks: tokio::sync::mpsc::Receiver<Ask>,
+}
+
+/// A timer that does not catch up on missed ticks and waits one period first.
+fn every(period: Duration) -> tokio::time::Interval {
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick
 }
 
 impl Scanner {
@@ -389,22 +459,40 @@ impl Scanner {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             tick
         });
+        // A handful of asks may wait; more are answered "busy" by the endpoint.
+        let (ask, asks) = tokio::sync::mpsc::channel(16);
+        metrics.answer_asks(ask);
         Self {
             selection: settings.interfaces.clone(),
             tick,
             failed: BTreeSet::new(),
             metrics,
             sweep: crate::conntrack::SweepTask::new(&settings.conntrack),
+            counters: every(settings.counters_interval),
+            audit: settings.audit_interval.map(every),
+            asks,
         }
     }
 
-    /// Resolves at the next scan time; never without patterns or names to follow.
+    /// Resolves at the next tick of `tick`; never without one.
     async fn due(tick: &mut Option<tokio::time::Interval>) {
         match tick {
             Some(tick) => {
                 tick.tick().await;
             }
             None => std::future::pending().await,
+        }
+    }
+
+    fn answer(&mut self, ask: Ask, dp: &mut Datapath, syncer: &mut Syncer) {
+        match ask {
+            Ask::Refresh(done) => {
+                publish_counters(dp, &self.metrics);
+                let _ = done.send(());
+            }
+            Ask::Audit(done) => {
+                let _ = done.send(syncer.audit(dp));
+            }
         }
     }
 
@@ -443,12 +531,13 @@ impl Scanner {
         self.metrics.interfaces.set(dp.attached().len() as i64);
     }
 
-    /// Waits for `fut`, following the interfaces meanwhile. `None` if `shutdown`
+    /// Waits for `fut`, doing the work between syncs meanwhile. `None` if `shutdown`
     /// came first.
     async fn during<F: Future>(
         &mut self,
         fut: F,
         dp: &mut Datapath,
+        syncer: &mut Syncer,
         shutdown: &mut (impl Future<Output = ()> + Unpin),
     ) -> Option<F::Output> {
         tokio::pin!(fut);
@@ -457,6 +546,11 @@ impl Scanner {
                 out = &mut fut => return Some(out),
                 _ = Self::due(&mut self.tick) => self.rescan(dp),
                 _ = self.sweep.due() => self.sweep.run(dp, &self.metrics),
+                _ = self.counters.tick() => publish_counters(dp, &self.metrics),
+                _ = Self::due(&mut self.audit) => {
+                    let _ = syncer.audit(dp);
+                }
+                Some(ask) = self.asks.recv() => self.answer(ask, dp, syncer),
                 _ = &mut *shutdown => return None,
             }
         }
@@ -468,7 +562,7 @@ pub async fn run(
     settings: Settings,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), Error> {
-    let metrics = Arc::new(Metrics::new());
+    let metrics = Arc::new(Metrics::new(settings.health_timeout));
     if let Some(addr) = settings.metrics_addr {
         let m = metrics.clone();
         tokio::spawn(async move {
@@ -491,6 +585,7 @@ pub async fn run(
         triggers: HashMap::new(),
         no_kernel_sctp: kernel_sctp().err(),
         sctp_reported: BTreeSet::new(),
+        writes_failed: false,
     };
     tokio::pin!(shutdown);
     match &settings.source {
@@ -505,6 +600,7 @@ pub async fn run(
                 proxy_name: settings.compiler.proxy_name.clone(),
             };
             let source = ApiSource::start(client.clone(), &cfg, *batch)?;
+            syncer.metrics.health.follow(source.watches());
             follow(source, &mut syncer, &mut scanner, &mut dp, &mut shutdown).await?;
         }
     }
@@ -524,14 +620,20 @@ async fn follow<S: source::Source>(
 ) -> Result<(), S::Error> {
     loop {
         // The wait lives across scans: it is not cancel-safe.
-        match scanner.during(source.wait(), dp, shutdown).await {
+        match scanner.during(source.wait(), dp, syncer, shutdown).await {
             Some(r) => r?,
             None => return Ok(()),
         }
+        // Something may have changed: it counts as queued until a sync writes it.
+        syncer.metrics.health.queued();
         match source.feed(&mut syncer.pipeline.compiler) {
             Fed::Failed => {}
             // The first sync writes even an empty state, and says the agent is ready.
-            Fed::Unchanged if syncer.syncs > 0 => {}
+            Fed::Unchanged if syncer.syncs > 0 => {
+                if !syncer.writes_failed {
+                    syncer.metrics.health.updated();
+                }
+            }
             Fed::Changed | Fed::Unchanged => syncer.sync(dp),
         }
     }

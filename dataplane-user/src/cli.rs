@@ -59,6 +59,16 @@ pub enum Command {
         #[arg(short, long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
+    /// Ask the running agent to compare the service maps in the kernel with what it
+    /// wrote, entry by entry, and to repair what differs (it also does so every
+    /// --audit-interval-seconds). Prints what differed.
+    Audit {
+        /// The running agent's --metrics-addr.
+        #[arg(long, default_value = "127.0.0.1:10256")]
+        metrics_addr: std::net::SocketAddr,
+        #[arg(short, long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
     /// Remove all pinned maps and links: programs detach, conntrack is dropped.
     Cleanup {
         #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
@@ -134,12 +144,25 @@ pub struct RunArgs {
     /// How long a burst of API changes is collected into one sync, in milliseconds.
     #[arg(long, default_value_t = 100)]
     pub batch_delay_ms: u64,
-    /// Address for /metrics and /healthz (kube-proxy's port; localhost by default).
+    /// Address for /metrics, /healthz, /livez and /audit (kube-proxy's port;
+    /// localhost by default).
     #[arg(long, default_value = "127.0.0.1:10256")]
     pub metrics_addr: std::net::SocketAddr,
     /// Serve no metrics.
     #[arg(long)]
     pub no_metrics: bool,
+    /// /healthz answers 503 when a change has waited this long for a sync that
+    /// writes it (kube-proxy's rule, with twice its 30 s sync period), or a watch of
+    /// the API server has failed this long; /livez only on the former.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub healthz_timeout_seconds: u64,
+    /// How often the datapath's counters are read into /metrics (also at each scrape).
+    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(100..))]
+    pub counters_interval_ms: u64,
+    /// How often the service maps are audited for drift and repaired; 0: only when
+    /// asked (`sliceway-agent audit`).
+    #[arg(long, default_value_t = 60)]
+    pub audit_interval_seconds: u64,
     /// Pod-facing interfaces to attach the TC program to, comma-separated: exact
     /// names (must exist at start) or glob patterns with `*` and `?` (`veth*`,
     /// `cali*`, `lxc*`), matched again every --interface-scan-interval-ms.

@@ -2,11 +2,13 @@
 //! kernel edge and the agent loop. The `sliceway-agent` binary is a thin CLI over it.
 
 pub mod agent;
+pub mod audit;
 pub mod categorize;
 pub mod cli;
 pub mod compiler;
 pub mod conntrack;
 pub mod flows;
+pub mod health;
 pub mod inspect;
 pub mod interfaces;
 pub mod kernel;

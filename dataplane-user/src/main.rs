@@ -71,6 +71,10 @@ fn main() -> anyhow::Result<()> {
                         sweep_interval: Duration::from_millis(args.conntrack_sweep_interval_ms),
                         sweep_batch: args.conntrack_sweep_batch as usize,
                     },
+                    health_timeout: Duration::from_secs(args.healthz_timeout_seconds),
+                    counters_interval: Duration::from_millis(args.counters_interval_ms),
+                    audit_interval: (args.audit_interval_seconds > 0)
+                        .then(|| Duration::from_secs(args.audit_interval_seconds)),
                 };
                 agent::run(settings, shutdown_signal()).await?;
                 anyhow::Ok(())
@@ -82,6 +86,18 @@ fn main() -> anyhow::Result<()> {
                 Output::Table => print!("{}", inspect::render_table(&listing)),
                 Output::Json => println!("{}", serde_json::to_string_pretty(&listing)?),
                 Output::Yaml => print!("{}", serde_yaml_ng::to_string(&listing)?),
+            }
+            Ok(())
+        }
+        Command::Audit {
+            metrics_addr,
+            output,
+        } => {
+            let report = sliceway_agent::audit::ask(metrics_addr)?;
+            match output {
+                Output::Table => print!("{}", sliceway_agent::audit::render_table(&report)),
+                Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+                Output::Yaml => print!("{}", serde_yaml_ng::to_string(&report)?),
             }
             Ok(())
         }

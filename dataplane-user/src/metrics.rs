@@ -1,14 +1,21 @@
-//! Prometheus metrics and health, served on `/metrics` and `/healthz` (port 10256 as
-//! kube-proxy, on localhost unless told otherwise).
+//! Prometheus metrics and health, served on `/metrics`, `/healthz` and `/livez` (port
+//! 10256 as kube-proxy, on localhost unless told otherwise), and `/audit`, which asks
+//! the agent loop for a drift audit (`sliceway-agent audit`).
+//!
+//! Values that live in the kernel (the datapath's counters) are read by the agent
+//! loop on a timer and again when `/metrics` is scraped: the endpoint asks the loop
+//! ([`Ask::Refresh`]) and serves the last values if the loop does not answer in time.
 
 use std::{
     collections::BTreeMap,
     net::SocketAddr,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    },
+    sync::{Arc, OnceLock},
+    time::Instant,
 };
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::{audit::AuditReport, health::Health};
 
 use prometheus_client::{
     encoding::text::encode,
@@ -36,18 +43,33 @@ pub struct Metrics {
     pub rejected: Counter,
     pub interfaces: Gauge,
     pub sctp_without_kernel_sctp: Gauge,
-    /// Set after the first sync: `/healthz` answers 503 before.
-    pub synced: AtomicBool,
+    pub drift_entries: Family<Labels, Gauge>,
+    pub drift_repaired: Counter,
+    pub audits: Counter,
+    /// What `/healthz` and `/livez` say.
+    pub health: Health,
+    /// The agent loop, for what the endpoint asks of it.
+    asks: OnceLock<mpsc::Sender<Ask>>,
+}
+
+/// What the HTTP endpoint asks of the agent loop.
+#[derive(Debug)]
+pub enum Ask {
+    /// Read the kernel's counters into the metrics now.
+    Refresh(oneshot::Sender<()>),
+    /// Audit the maps for drift now and repair it.
+    Audit(oneshot::Sender<Result<AuditReport, String>>),
 }
 
 impl Default for Metrics {
     fn default() -> Self {
-        Self::new()
+        Self::new(crate::health::DEFAULT_TIMEOUT)
     }
 }
 
 impl Metrics {
-    pub fn new() -> Self {
+    /// Metrics, with health judged against `health_timeout`.
+    pub fn new(health_timeout: std::time::Duration) -> Self {
         let mut registry = Registry::with_prefix("sliceway");
         let syncs = Counter::default();
         registry.register(
@@ -111,6 +133,20 @@ impl Metrics {
             "SCTP frontends programmed on a node whose kernel has no SCTP sockets",
             sctp_without_kernel_sctp.clone(),
         );
+        let drift_entries = Family::<Labels, Gauge>::default();
+        registry.register(
+            "drift_entries",
+            "Entries of each service map that differed from what the agent wrote, at the last audit (repaired)",
+            drift_entries.clone(),
+        );
+        let drift_repaired = Counter::default();
+        registry.register(
+            "drift_repaired",
+            "Map operations that repaired drift",
+            drift_repaired.clone(),
+        );
+        let audits = Counter::default();
+        registry.register("audits", "Drift audits of the service maps", audits.clone());
         Self {
             registry,
             syncs,
@@ -123,8 +159,24 @@ impl Metrics {
             rejected,
             interfaces,
             sctp_without_kernel_sctp,
-            synced: AtomicBool::new(false),
+            drift_entries,
+            drift_repaired,
+            audits,
+            health: Health::new(health_timeout),
+            asks: OnceLock::new(),
         }
+    }
+
+    /// Where the endpoint's asks go; the agent loop reads the other end. Set once.
+    pub fn answer_asks(&self, to: mpsc::Sender<Ask>) {
+        let _ = self.asks.set(to);
+    }
+
+    /// Sends `ask` to the agent loop; `None` if no loop reads asks.
+    fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Ask) -> Option<oneshot::Receiver<T>> {
+        let (tx, rx) = oneshot::channel();
+        self.asks.get()?.try_send(make(tx)).ok()?;
+        Some(rx)
     }
 
     /// Replaces the skipped-object gauges with `counts` (kind, reason) → n.
@@ -167,17 +219,37 @@ impl conventions::http::Status for Metrics {
         self.render()
     }
     fn health(&self) -> Result<(), String> {
-        if self.synced.load(Ordering::SeqCst) {
-            Ok(())
-        } else {
-            Err("not synced yet".into())
+        self.health.healthz_at(Instant::now())
+    }
+    fn live(&self) -> Result<(), String> {
+        self.health.livez_at(Instant::now())
+    }
+    fn refresh(&self) -> conventions::http::Reply<'_, ()> {
+        let answer = self.ask(Ask::Refresh);
+        Box::pin(async move {
+            if let Some(rx) = answer {
+                let _ = rx.await;
+            }
+        })
+    }
+    fn extra(&self, path: &str) -> Option<conventions::http::Reply<'_, Result<String, String>>> {
+        if path != "/audit" {
+            return None;
         }
+        let answer = self.ask(Ask::Audit);
+        Some(Box::pin(async move {
+            let report = answer
+                .ok_or("the agent loop takes no requests")?
+                .await
+                .map_err(|_| "the agent loop stopped".to_string())??;
+            serde_json::to_string_pretty(&report).map_err(|e| e.to_string())
+        }))
     }
 }
 
-/// Serves `/metrics` and `/healthz` until the task is dropped.
+/// Serves `/metrics`, `/healthz`, `/livez` and `/audit` until the task is dropped.
 pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(%addr, "serving /metrics and /healthz");
+    tracing::info!(%addr, "serving /metrics, /healthz, /livez and /audit");
     conventions::http::serve_on(listener, metrics).await
 }

@@ -240,6 +240,27 @@ impl MapWriter {
         w
     }
 
+    /// The service maps as the writer wrote them: what the kernel must hold.
+    pub fn expected(&self) -> KernelState {
+        let mut out = KernelState::default();
+        for (key, p) in &self.frontends {
+            out.services
+                .push((*key, p.policy.service_value(p.id, p.slots.len() as u32)));
+            out.names.push((p.id, p.service.to_string()));
+            for (slot, b) in p.slots.iter().enumerate() {
+                out.slots.push((
+                    SlotKey {
+                        service_id: p.id,
+                        slot: slot as u32,
+                    },
+                    *b,
+                ));
+            }
+        }
+        out.backends = self.backend_by_id.iter().map(|(id, b)| (*id, *b)).collect();
+        out
+    }
+
     /// What the kernel holds, as far as the writer knows.
     pub fn programmed(&self) -> &BTreeMap<ServiceKey, Programmed> {
         &self.frontends

@@ -497,3 +497,31 @@ impl Drop for Agent {
         self.stop();
     }
 }
+
+/// `GET path` from the agent's metrics endpoint (its default `127.0.0.1:10256`)
+/// inside network namespace `ns`: the whole HTTP answer, head and body.
+pub fn agent_http(ns: &str, path: &str) -> Result<String> {
+    use std::io::{Read as _, Write as _};
+    let path = path.to_string();
+    in_netns(ns, move || -> Result<String> {
+        let mut c = std::net::TcpStream::connect("127.0.0.1:10256")
+            .context("connecting to the agent's metrics endpoint")?;
+        c.set_read_timeout(Some(Duration::from_secs(30)))?;
+        write!(c, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n")?;
+        let mut s = String::new();
+        c.read_to_string(&mut s)?;
+        Ok(s)
+    })?
+}
+
+/// The value of the sample `series` (name with its labels, as printed) in a
+/// Prometheus text answer.
+pub fn metric_value(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}

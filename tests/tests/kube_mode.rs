@@ -133,3 +133,64 @@ fn the_agent_follows_the_api_server() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// Issue 15: health that tells the truth. With the API server cut off (every
+/// connection closed, new ones turned away) `/healthz` turns 503 once the watches
+/// have failed for `--healthz-timeout-seconds`, naming the watch, while `/livez`
+/// stays 200 (a restart would not bring the API server back); when the API server is
+/// reachable again, `/healthz` is 200 again.
+#[test]
+fn healthz_follows_the_api_watch_and_livez_the_process() {
+    let cp = cluster::shared_control_plane().unwrap();
+    let lab = Lab::new(2).unwrap();
+    let forwarder = cp
+        .forwarder(Some(&lab.node.name), cluster::kubelet::NODE_APISERVER_PORT)
+        .unwrap();
+    let kubeconfig = cp
+        .agent_kubeconfig(
+            &format!(
+                "https://127.0.0.1:{}",
+                cluster::kubelet::NODE_APISERVER_PORT
+            ),
+            &lab.manifests.join("kubeconfig"),
+        )
+        .unwrap();
+    let source = ["--kubeconfig".into(), kubeconfig.into_os_string()];
+    let agent = Agent::start_with_args(
+        &lab.node.name,
+        &source,
+        &lab.pod_interfaces(),
+        &lab.bpffs,
+        &["--healthz-timeout-seconds".into(), "2".into()],
+    )
+    .unwrap();
+    agent.wait_for_sync(1, Duration::from_secs(20)).unwrap();
+    let status = |path: &'static str| http_get(&lab.node.name, path);
+    let wait_for = |path: &'static str, code: &str, what: &str| -> String {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let answer = status(path);
+            if answer.starts_with(&format!("HTTP/1.1 {code}")) {
+                return answer;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: {path} still answers {answer}; agent log:\n{}",
+                agent.log().join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    assert!(status("/healthz").starts_with("HTTP/1.1 200"));
+    assert!(status("/livez").starts_with("HTTP/1.1 200"));
+
+    forwarder.hold();
+    let unhealthy = wait_for("/healthz", "503", "the API server cut off");
+    assert!(unhealthy.contains("the watch of"), "{unhealthy}");
+    let live = status("/livez");
+    assert!(live.starts_with("HTTP/1.1 200"), "{live}");
+
+    forwarder.release();
+    wait_for("/healthz", "200", "the API server back");
+    assert!(status("/livez").starts_with("HTTP/1.1 200"));
+}

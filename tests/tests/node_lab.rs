@@ -675,3 +675,126 @@ fn sctp_through_the_vip_reaches_every_backend_with_its_port_translated() {
         assert_eq!(seen.len(), 3, "every backend answers over SCTP: {seen:?}");
     }
 }
+
+/// Issue 15: the service maps changed behind the agent's back (a frontend deleted,
+/// a backend added) are found by `sliceway-agent audit`, each difference named with
+/// its Service, counted and repaired (the VIP answers again); a second audit finds
+/// nothing. Then, with an audit on a timer, a deletion is repaired without asking.
+#[test]
+fn drift_behind_the_agents_back_is_found_named_and_repaired() {
+    use aya::maps::{HashMap as BpfHashMap, Map, MapData};
+    use dataplane_common::{map_name, Backend, ServiceKey, ServiceValue};
+    let mut lab = Lab::new(2).unwrap();
+    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1]))
+        .unwrap();
+    lab.agent_args = vec!["--audit-interval-seconds".into(), "0".into()];
+    let mut agent = lab.start_agent().unwrap();
+    agent.wait_for_sync(1, Duration::from_secs(10)).unwrap();
+    lab.tcp_request(vip()).unwrap();
+
+    let pins = sliceway_agent::kernel::PinDir::new(&lab.bpffs);
+    let open = |name: &str| {
+        let data = MapData::from_pin(pins.map(name)).unwrap();
+        Map::from_map_data(data).unwrap()
+    };
+    let key = ServiceKey {
+        addr_be: u32::from(VIP).to_be(),
+        port_be: PORT.to_be(),
+        proto: dataplane_common::PROTO_TCP,
+        _pad: 0,
+    };
+    let corrupt = || {
+        let mut services: BpfHashMap<MapData, ServiceKey, ServiceValue> =
+            BpfHashMap::try_from(open(map_name::SERVICES)).unwrap();
+        services.remove(&key).unwrap();
+        let mut backends: BpfHashMap<MapData, u32, Backend> =
+            BpfHashMap::try_from(open(map_name::BACKENDS)).unwrap();
+        backends.insert(9999, Backend::default(), 0).unwrap();
+    };
+    corrupt();
+
+    let bin = sliceway_lab::workspace_binary("sliceway-agent").unwrap();
+    let audit = |output: &str| {
+        lab.node
+            .run(bin.to_str().unwrap(), &["audit", "-o", output])
+            .unwrap()
+    };
+    let report: serde_json::Value = serde_json::from_str(&audit("json")).unwrap();
+    let drift = report["drift"].as_array().unwrap();
+    assert_eq!(drift.len(), 2, "{report:#}");
+    assert!(
+        drift.iter().any(|d| d["map"] == "SERVICES"
+            && d["kind"] == "missing"
+            && d["entry"] == "10.96.0.10:80/TCP"
+            && d["service"] == "default/web:http"),
+        "{report:#}"
+    );
+    assert!(
+        drift
+            .iter()
+            .any(|d| d["map"] == "BACKENDS" && d["kind"] == "extra"),
+        "{report:#}"
+    );
+    assert_eq!(report["repaired"], 2, "{report:#}");
+    lab.tcp_request(vip()).unwrap();
+    assert!(
+        agent.logged("drift: the kernel map differs"),
+        "{:#?}",
+        agent.log()
+    );
+    let metrics = sliceway_lab::agent_http(&lab.node.name, "/metrics").unwrap();
+    for (series, value) in [
+        ("sliceway_drift_entries{map=\"SERVICES\"}", 1.0),
+        ("sliceway_drift_entries{map=\"BACKENDS\"}", 1.0),
+        ("sliceway_drift_entries{map=\"SLOTS\"}", 0.0),
+        ("sliceway_drift_repaired_total", 2.0),
+        ("sliceway_audits_total", 1.0),
+    ] {
+        assert_eq!(
+            sliceway_lab::metric_value(&metrics, series),
+            Some(value),
+            "{series} in\n{metrics}"
+        );
+    }
+    // Repaired: nothing left to find.
+    let table = audit("table");
+    assert!(
+        table.contains("0 entries differed; 0 map operations"),
+        "{table}"
+    );
+
+    // On a timer, without asking.
+    agent.kill();
+    lab.agent_args = vec!["--audit-interval-seconds".into(), "1".into()];
+    agent = lab.start_agent().unwrap();
+    agent.wait_for_sync(1, Duration::from_secs(10)).unwrap();
+    corrupt();
+    wait_until(&agent, "the timed audit repairing the frontend", || {
+        agent.logged("drift: the kernel map differs")
+    });
+    lab.tcp_request(vip()).unwrap();
+}
+
+/// Issue 15: the datapath's counters reach `/metrics` when it is scraped, with no
+/// sync in between, and count exactly the connections made.
+#[test]
+fn datapath_counters_are_read_at_scrape_and_count_each_connection() {
+    let lab = Lab::new(2).unwrap();
+    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1]))
+        .unwrap();
+    let agent = lab.start_agent().unwrap();
+    agent.wait_for_sync(1, Duration::from_secs(10)).unwrap();
+    let series = "sliceway_datapath_packets{reason=\"dnat_new\"}";
+    let read = || {
+        let text = sliceway_lab::agent_http(&lab.node.name, "/metrics").unwrap();
+        sliceway_lab::metric_value(&text, series).unwrap_or(0.0)
+    };
+    let before = read();
+    const N: usize = 17;
+    for _ in 0..N {
+        lab.tcp_request(vip()).unwrap();
+    }
+    let syncs = agent.syncs();
+    assert_eq!(read() - before, N as f64);
+    assert_eq!(agent.syncs(), syncs, "no sync came between");
+}

@@ -56,6 +56,7 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::{
+    health::Watches,
     model::{Origin, ServiceId, ServiceInfo, SliceId, SliceInfo},
     source::{local::Objects, Sink},
 };
@@ -147,6 +148,8 @@ pub struct KubeSource {
     changes: watch::Receiver<u64>,
     seen: u64,
     changed: Arc<Mutex<Changes>>,
+    /// Which watches are failing, for `/healthz`.
+    watches: Arc<Watches>,
 }
 
 impl KubeSource {
@@ -166,16 +169,21 @@ impl KubeSource {
             Api::<EndpointSlice>::all(client.clone()),
             watcher::Config::default().labels(&labels),
         );
-        let node = match cfg.node_field_selector() {
+        let fields = cfg.node_field_selector();
+        let node = match &fields {
             Some(fields) => watcher(
-                Api::<Node>::all(client),
-                watcher::Config::default().fields(&fields),
+                Api::<Node>::all(client.clone()),
+                watcher::Config::default().fields(fields),
             )
             .boxed(),
             None => synced_empty().boxed(),
         };
         info!(labels = %labels, node = ?cfg.node_name, "watching the Kubernetes API");
-        Ok(Self::from_streams(services, slices, node))
+        let (source, run) = Self::from_streams(services, slices, node);
+        let probe = probe_failing(client, labels, fields, source.watches.clone());
+        Ok((source, async move {
+            futures::join!(run, probe);
+        }))
     }
 
     /// [`KubeSource::new`], with the driving future spawned on the current tokio
@@ -209,12 +217,14 @@ impl KubeSource {
         let (services_store, services_writer) = reflector::store();
         let (slices_store, slices_writer) = reflector::store();
         let (node_store, node_writer) = reflector::store();
+        let watches = Arc::new(Watches::default());
         let run = {
             let a = reflect(
                 "Service",
                 services,
                 services_writer,
                 tx.clone(),
+                watches.clone(),
                 recorder(changed.clone(), |c| &mut c.services),
             );
             let b = reflect(
@@ -222,10 +232,18 @@ impl KubeSource {
                 slices,
                 slices_writer,
                 tx.clone(),
+                watches.clone(),
                 recorder(changed.clone(), |c| &mut c.slices),
             );
             // The compiler does not read the Node.
-            let c = reflect("Node", node, node_writer, tx, |_: &watcher::Event<Node>| {});
+            let c = reflect(
+                "Node",
+                node,
+                node_writer,
+                tx,
+                watches.clone(),
+                |_: &watcher::Event<Node>| {},
+            );
             async move {
                 futures::join!(a, b, c);
             }
@@ -237,6 +255,7 @@ impl KubeSource {
             changes: rx,
             seen: 0,
             changed,
+            watches,
         };
         (source, run)
     }
@@ -422,6 +441,13 @@ impl ApiSource {
     }
 }
 
+impl ApiSource {
+    /// Which of its watches are failing, since when.
+    pub fn watches(&self) -> Arc<Watches> {
+        self.source.watches.clone()
+    }
+}
+
 impl Drop for ApiSource {
     fn drop(&mut self) {
         self.task.abort();
@@ -492,6 +518,7 @@ async fn reflect<K, S>(
     events: S,
     writer: reflector::store::Writer<K>,
     changes: Arc<watch::Sender<u64>>,
+    watches: Arc<Watches>,
     record: impl Fn(&watcher::Event<K>),
 ) where
     K: Resource<DynamicType = ()> + Clone + Debug + Send + Sync + 'static,
@@ -509,6 +536,7 @@ async fn reflect<K, S>(
             Ok(event) => {
                 if failing {
                     info!(kind, "watch recovered");
+                    watches.recovered(kind);
                     failing = false;
                 }
                 if changes_store(&event) {
@@ -525,12 +553,60 @@ async fn reflect<K, S>(
                     watcher::Error::WatchError(status) if status.code == 410 => {
                         info!(kind, "watch expired, relisting: {e}")
                     }
-                    _ => warn!(kind, "watch failed, retrying with backoff: {e}"),
+                    _ => {
+                        warn!(kind, "watch failed, retrying with backoff: {e}");
+                        watches.failed(kind, &e);
+                    }
                 }
             }
         }
     }
     warn!(kind, "watch stream ended; no more updates of this kind");
+}
+
+/// While a watch fails, asks the API server every second for one object of its kind
+/// (the same selector): when that works again the watch counts as recovered. A
+/// watcher that resumes from its resource version says nothing until the next
+/// change, so its silence cannot tell a recovered watch from a broken one; its next
+/// retry (at most the watcher's 30 s backoff away) succeeds as the probe did, and a
+/// watch that fails again starts a new failure.
+async fn probe_failing(
+    client: Client,
+    labels: String,
+    node_fields: Option<String>,
+    watches: Arc<Watches>,
+) {
+    use kube::api::ListParams;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        for kind in watches.failing_kinds() {
+            let by_labels = ListParams::default().labels(&labels).limit(1);
+            let answered = match kind {
+                "Service" => Api::<Service>::all(client.clone())
+                    .list_metadata(&by_labels)
+                    .await
+                    .is_ok(),
+                "EndpointSlice" => Api::<EndpointSlice>::all(client.clone())
+                    .list_metadata(&by_labels)
+                    .await
+                    .is_ok(),
+                "Node" => {
+                    let fields = node_fields.as_deref().unwrap_or_default();
+                    Api::<Node>::all(client.clone())
+                        .list_metadata(&ListParams::default().fields(fields).limit(1))
+                        .await
+                        .is_ok()
+                }
+                _ => false,
+            };
+            if answered {
+                info!(kind, "the API server answers again for this kind");
+                watches.recovered(kind);
+            }
+        }
+    }
 }
 
 /// Whether applying `event` to a store changed what the store holds.
