@@ -38,7 +38,45 @@ pub mod capacity {
     /// Datagrams being fragmented at once; LRU, an entry is only needed until the
     /// last fragment went by.
     pub const FRAGMENTS: u32 = 8_192;
+    /// Frontends with counters of their own (`FRONTEND_COUNTERS`, per CPU: 40 bytes
+    /// times the possible CPUs each). Ids are handed out densely from 0, so these are
+    /// the first 16,384 frontends; one beyond is served but not counted.
+    pub const COUNTED_FRONTENDS: u32 = 16_384;
+    /// Backends with counters of their own (`BACKEND_COUNTERS`, 24 bytes per CPU each).
+    pub const COUNTED_BACKENDS: u32 = 32_768;
 }
+
+/// Per-frontend counters (`FRONTEND_COUNTERS`, per CPU, indexed by frontend id):
+/// what clients sent to the frontend. Zeroed by the agent when it gives the id to a
+/// frontend.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct FrontendCounters {
+    /// Connections (flows) given a backend.
+    pub new: u64,
+    /// Packets from clients translated to a backend (of new and tracked flows).
+    pub packets: u64,
+    /// Their bytes, as the interface saw them (frame length).
+    pub bytes: u64,
+    /// New flows dropped: no backend on this node and a `Local` policy.
+    pub drops: u64,
+    /// New flows refused (ICMP port unreachable, or TCP reset where answered): no
+    /// backend at all.
+    pub rejects: u64,
+}
+const _: () = assert!(size_of::<FrontendCounters>() == 40);
+
+/// Per-backend counters (`BACKEND_COUNTERS`, per CPU, indexed by backend id): what
+/// clients sent to the backend through any frontend. Zeroed by the agent when it
+/// gives the id to a backend.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct BackendCounters {
+    pub new: u64,
+    pub packets: u64,
+    pub bytes: u64,
+}
+const _: () = assert!(size_of::<BackendCounters>() == 24);
 
 /// Key of the `SERVICES` hash map: one frontend.
 #[repr(C)]
@@ -488,9 +526,11 @@ pub mod map_name {
     /// once no process and no pin holds it, and the attached program must keep its
     /// targets while the agent restarts.
     pub const JUMP: &str = "JUMP";
+    pub const FRONTEND_COUNTERS: &str = "FRONTEND_COUNTERS";
+    pub const BACKEND_COUNTERS: &str = "BACKEND_COUNTERS";
 
     /// Every map, in the order the agent pins them.
-    pub const ALL: [&str; 10] = [
+    pub const ALL: [&str; 12] = [
         SERVICES,
         SLOTS,
         BACKENDS,
@@ -501,6 +541,8 @@ pub mod map_name {
         FRAGMENTS,
         AFFINITY,
         JUMP,
+        FRONTEND_COUNTERS,
+        BACKEND_COUNTERS,
     ];
 }
 
@@ -684,6 +726,8 @@ mod user {
     unsafe impl aya::Pod for ServiceName {}
     unsafe impl aya::Pod for AffinityKey {}
     unsafe impl aya::Pod for AffinityValue {}
+    unsafe impl aya::Pod for FrontendCounters {}
+    unsafe impl aya::Pod for BackendCounters {}
 }
 
 #[cfg(test)]

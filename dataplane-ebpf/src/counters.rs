@@ -1,6 +1,8 @@
-//! Exit counters: every exit of a program is counted once in `STATS`, by reason.
+//! Counters: every exit of a program is counted once in `STATS`, by reason; what
+//! clients send to a frontend and a backend in `FRONTEND_COUNTERS` and
+//! `BACKEND_COUNTERS` (per CPU, so plain adds).
 
-use crate::maps::STATS;
+use crate::maps::{BACKEND_COUNTERS, FRONTEND_COUNTERS, STATS};
 
 /// A verdict and the `stat` slot that explains it.
 pub type Exit = (i32, u32);
@@ -11,5 +13,44 @@ pub fn count(reason: u32) {
     if let Some(p) = STATS.get_ptr_mut(reason) {
         // SAFETY: a per-CPU slot; only this CPU writes it while the program runs.
         unsafe { *p += 1 };
+    }
+}
+
+/// Counts one packet from a client of frontend `frontend_id` sent to backend
+/// `backend_id`, `bytes` long; `new` for the packet that gave the flow its backend.
+#[inline(always)]
+pub fn translated(frontend_id: u32, backend_id: u32, bytes: u64, new: bool) {
+    let new = new as u64;
+    if let Some(p) = FRONTEND_COUNTERS.get_ptr_mut(frontend_id) {
+        // SAFETY: a per-CPU slot; only this CPU writes it while the program runs.
+        unsafe {
+            (*p).new += new;
+            (*p).packets += 1;
+            (*p).bytes += bytes;
+        }
+    }
+    if let Some(p) = BACKEND_COUNTERS.get_ptr_mut(backend_id) {
+        // SAFETY: as above.
+        unsafe {
+            (*p).new += new;
+            (*p).packets += 1;
+            (*p).bytes += bytes;
+        }
+    }
+}
+
+/// Counts a new flow to frontend `frontend_id` that found no backend: dropped, or
+/// refused.
+#[inline(always)]
+pub fn refused(frontend_id: u32, dropped: bool) {
+    if let Some(p) = FRONTEND_COUNTERS.get_ptr_mut(frontend_id) {
+        // SAFETY: as in `translated`.
+        unsafe {
+            if dropped {
+                (*p).drops += 1;
+            } else {
+                (*p).rejects += 1;
+            }
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! The maps, one doc line each (key → value, who writes it), and getters that return
 //! copies of map values, so no reference into a map outlives a lookup. Only the
 //! agent's map writer writes `SERVICES`, `SLOTS` and `BACKENDS`; the programs write
-//! only `CONNTRACK`, `AFFINITY`, `SCRATCH` and `STATS`. Capacities here are defaults, the agent resizes the
+//! only `CONNTRACK`, `AFFINITY`, `SCRATCH` and the counters. Capacities here are defaults, the agent resizes the
 //! maps at load time.
 
 use aya_ebpf::{
@@ -9,8 +9,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray},
 };
 use dataplane_common::{
-    capacity, ct, stat, AffinityKey, AffinityValue, Backend, CtEntry, CtKey, FragKey, FragPorts,
-    ServiceKey, ServiceName, ServiceValue, SlotKey,
+    capacity, ct, stat, AffinityKey, AffinityValue, Backend, BackendCounters, CtEntry, CtKey,
+    FragKey, FragPorts, FrontendCounters, ServiceKey, ServiceName, ServiceValue, SlotKey,
 };
 
 /// Frontends: (VIP, port, proto) → (id, slot count). Written by the agent.
@@ -71,6 +71,17 @@ pub static JUMP: ProgramArray = ProgramArray::with_max_entries(dataplane_common:
 /// Exit counters, indexed by `stat::*`. Written by the program.
 #[map]
 pub static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stat::COUNT, 0);
+
+/// Per-frontend counters, indexed by frontend id. Written by the program; zeroed by
+/// the agent when an id is given to a frontend.
+#[map]
+pub static FRONTEND_COUNTERS: PerCpuArray<FrontendCounters> =
+    PerCpuArray::with_max_entries(capacity::COUNTED_FRONTENDS, 0);
+
+/// Per-backend counters, indexed by backend id. As `FRONTEND_COUNTERS`.
+#[map]
+pub static BACKEND_COUNTERS: PerCpuArray<BackendCounters> =
+    PerCpuArray::with_max_entries(capacity::COUNTED_BACKENDS, 0);
 
 /// The frontend at `key`, if any.
 #[inline(always)]

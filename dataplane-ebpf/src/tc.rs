@@ -13,7 +13,7 @@ use dataplane_common::{stat, CtKey, PROTO_SCTP, SVC_F_DROP_EMPTY};
 
 use crate::{
     conntrack::{self, Forward},
-    counters::{count, Exit},
+    counters::{self, count, Exit},
     icmp, lookup, maps,
     nat::{rewrite, End},
     packet::{Flow, Packet},
@@ -73,8 +73,10 @@ fn from_client(ctx: &TcContext, flow: &Flow, key: &CtKey, now: u64) -> Result<Op
                 // other nodes only and a Local policy, drop (kube-proxy's "drop");
                 // with none anywhere, reject.
                 if service.flags & SVC_F_DROP_EMPTY != 0 {
+                    counters::refused(service.id, true);
                     return Ok(Some((DROP, stat::DROP_NO_BACKEND)));
                 }
+                counters::refused(service.id, false);
                 return Ok(Some(reject_or_drop(ctx, flow, stat::REJECT_NO_BACKEND)));
             }
             let picked = lookup::pick(flow, &service, now)?;
@@ -88,6 +90,12 @@ fn from_client(ctx: &TcContext, flow: &Flow, key: &CtKey, now: u64) -> Result<Op
             (entry, reason)
         }
     };
+    counters::translated(
+        entry.service_id,
+        entry.backend_id,
+        ctx.len() as u64,
+        reason != stat::DNAT_ESTABLISHED && reason != stat::NAT_FRAGMENT,
+    );
     let to = &entry.pair;
     rewrite(ctx, flow, End::Destination, to.src_be[0], to.sport_be)
         .map_err(|_| (DROP, stat::DROP_REWRITE))?;

@@ -98,6 +98,8 @@ pub struct Settings {
     pub counters_interval: Duration,
     /// How often the service maps are audited for drift; `None`: only when asked.
     pub audit_interval: Option<Duration>,
+    /// Whether `/metrics` has per-backend series (one per backend of the cluster).
+    pub backend_metrics: bool,
 }
 
 /// The pure part of a sync: the incremental compiler and the map writer. Objects go
@@ -166,6 +168,8 @@ struct Syncer {
     /// Whether a map write of a sync failed since the maps were last known whole:
     /// the change stays queued for `/healthz` until an audit repairs the maps.
     writes_failed: bool,
+    /// Whether per-backend counters are published.
+    per_backend: bool,
 }
 
 impl Syncer {
@@ -287,7 +291,7 @@ impl Syncer {
             limits.backends,
         );
         m.set_map(map_name::SLOTS, writer.slot_count(), limits.slots);
-        publish_counters(dp, m);
+        publish_counters(dp, m, writer, self.per_backend);
         // Network programming latency, as kube-proxy reports it: for each slice whose
         // trigger time changed, from that time to this write. The first sync only
         // records what it saw (those changes happened before the agent started).
@@ -307,6 +311,10 @@ impl Syncer {
                 }
             }
         }
+    }
+
+    fn publish_counters(&self, dp: &Datapath) {
+        publish_counters(dp, &self.metrics, &self.pipeline.writer, self.per_backend);
     }
 
     /// Compares the service maps with what the writer wrote and repairs what differs
@@ -344,8 +352,10 @@ impl Syncer {
     }
 }
 
-/// Reads the datapath's counters into the metrics.
-fn publish_counters(dp: &Datapath, m: &Metrics) {
+/// Reads the datapath's counters into the metrics: exits by reason, and what each
+/// frontend and (unless `per_backend` is off) each backend the writer wrote has seen.
+fn publish_counters(dp: &Datapath, m: &Metrics, writer: &MapWriter, per_backend: bool) {
+    use crate::metrics::{BackendCount, FrontendCount};
     match dp.stats() {
         Ok(stats) => {
             for (i, v) in stats.iter().enumerate() {
@@ -354,6 +364,44 @@ fn publish_counters(dp: &Datapath, m: &Metrics) {
         }
         Err(e) => tracing::debug!("reading the datapath counters: {e}"),
     }
+    let frontends: Vec<_> = writer
+        .programmed()
+        .iter()
+        .filter(|(k, _)| !compiler::is_clusterip_marker(k))
+        .collect();
+    let ids = frontends.iter().map(|(_, p)| p.id + 1).max().unwrap_or(0);
+    let counts = dp.maps.frontend_counters(ids);
+    let frontends: Vec<FrontendCount> = frontends
+        .into_iter()
+        .filter_map(|(key, p)| {
+            Some(FrontendCount {
+                labels: vec![
+                    ("namespace".into(), p.service.namespace.clone()),
+                    ("service".into(), p.service.name.clone()),
+                    ("port".into(), p.service.port.clone()),
+                    ("frontend".into(), compiler::frontend_addr(key)),
+                ],
+                counts: *counts.get(p.id as usize)?,
+            })
+        })
+        .collect();
+    let backends: Option<Vec<BackendCount>> = per_backend.then(|| {
+        let ids = writer.backends().map(|(id, _)| id + 1).max().unwrap_or(0);
+        let counts = dp.maps.backend_counters(ids);
+        writer
+            .backends()
+            .filter_map(|(id, b)| {
+                Some(BackendCount {
+                    labels: vec![
+                        ("backend".into(), compiler::backend_addr(b)),
+                        ("protocol".into(), compiler::proto_name(b.proto).into()),
+                    ],
+                    counts: *counts.get(id as usize)?,
+                })
+            })
+            .collect()
+    });
+    m.publish_flows(&frontends, backends.as_deref());
 }
 
 /// Loads the datapath (adopting pinned state) and attaches it to the selected
@@ -487,7 +535,7 @@ impl Scanner {
     fn answer(&mut self, ask: Ask, dp: &mut Datapath, syncer: &mut Syncer) {
         match ask {
             Ask::Refresh(done) => {
-                publish_counters(dp, &self.metrics);
+                syncer.publish_counters(dp);
                 let _ = done.send(());
             }
             Ask::Audit(done) => {
@@ -546,7 +594,7 @@ impl Scanner {
                 out = &mut fut => return Some(out),
                 _ = Self::due(&mut self.tick) => self.rescan(dp),
                 _ = self.sweep.due() => self.sweep.run(dp, &self.metrics),
-                _ = self.counters.tick() => publish_counters(dp, &self.metrics),
+                _ = self.counters.tick() => syncer.publish_counters(dp),
                 _ = Self::due(&mut self.audit) => {
                     let _ = syncer.audit(dp);
                 }
@@ -586,6 +634,7 @@ pub async fn run(
         no_kernel_sctp: kernel_sctp().err(),
         sctp_reported: BTreeSet::new(),
         writes_failed: false,
+        per_backend: settings.backend_metrics,
     };
     tokio::pin!(shutdown);
     match &settings.source {

@@ -31,6 +31,9 @@ pub enum Command {
     List {
         #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
         bpffs_dir: PathBuf,
+        /// Only the frontends of this Service (`namespace/name`) and their backends.
+        #[arg(long)]
+        service: Option<String>,
         #[arg(short, long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
@@ -159,6 +162,10 @@ pub struct RunArgs {
     /// How often the datapath's counters are read into /metrics (also at each scrape).
     #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(100..))]
     pub counters_interval_ms: u64,
+    /// No per-backend series in /metrics (one per backend of the cluster; the
+    /// per-frontend ones stay).
+    #[arg(long)]
+    pub no_backend_metrics: bool,
     /// How often the service maps are audited for drift and repaired; 0: only when
     /// asked (`sliceway-agent audit`).
     #[arg(long, default_value_t = 60)]

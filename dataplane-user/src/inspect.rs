@@ -25,12 +25,41 @@ pub struct ListedFrontend {
     pub frontend: String,
     pub service: String,
     pub backends: Vec<String>,
+    /// What clients sent it since it got its id (`None` for ClusterIP markers and
+    /// frontends beyond the counted ones).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub counters: Option<Counts>,
+    #[serde(skip)]
+    id: u32,
+}
+
+/// Counts of a frontend or backend, summed over CPUs.
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct Counts {
+    pub connections: u64,
+    pub packets: u64,
+    pub bytes: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drops: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rejects: Option<u64>,
+}
+
+/// One backend's counts as `list` shows them.
+#[derive(Clone, Debug, Serialize)]
+pub struct ListedBackend {
+    pub backend: String,
+    pub protocol: &'static str,
+    pub counters: Counts,
 }
 
 /// What `list` prints.
 #[derive(Clone, Debug, Serialize)]
 pub struct Listing {
     pub frontends: Vec<ListedFrontend>,
+    /// Backends of the listed frontends, with what clients sent them through any
+    /// frontend.
+    pub backends: Vec<ListedBackend>,
     /// Datapath exit counters by reason, summed over CPUs.
     pub counters: BTreeMap<String, u64>,
     pub conntrack_entries: usize,
@@ -44,7 +73,9 @@ pub(crate) fn open_pinned<T: TryFrom<Map, Error = aya::maps::MapError>>(
     let path = pins.map(name);
     let data = MapData::from_pin(&path).map_err(|source| KernelError::Map { name, source })?;
     let map = match name {
-        map_name::STATS => Map::PerCpuArray(data),
+        map_name::STATS | map_name::FRONTEND_COUNTERS | map_name::BACKEND_COUNTERS => {
+            Map::PerCpuArray(data)
+        }
         map_name::CONNTRACK => Map::LruHashMap(data),
         map_name::CT_TIMEOUTS => Map::Array(data),
         _ => Map::HashMap(data),
@@ -52,8 +83,9 @@ pub(crate) fn open_pinned<T: TryFrom<Map, Error = aya::maps::MapError>>(
     T::try_from(map).map_err(|source| KernelError::Map { name, source })
 }
 
-/// Reads the pinned maps of a running (or stopped) agent.
-pub fn list(pins: &PinDir) -> Result<Listing, KernelError> {
+/// Reads the pinned maps of a running (or stopped) agent; with `service`
+/// (`namespace/name`), only that Service's frontends and their backends.
+pub fn list(pins: &PinDir, service: Option<&str>) -> Result<Listing, KernelError> {
     let services: BpfHashMap<MapData, ServiceKey, ServiceValue> =
         open_pinned(pins, map_name::SERVICES)?;
     let slots: BpfHashMap<MapData, SlotKey, u32> = open_pinned(pins, map_name::SLOTS)?;
@@ -80,8 +112,69 @@ pub fn list(pins: &PinDir) -> Result<Listing, KernelError> {
             .unwrap_or(0);
         counters.insert(name.to_string(), v);
     }
+    let frontend_counters: PerCpuArray<MapData, dataplane_common::FrontendCounters> =
+        open_pinned(pins, map_name::FRONTEND_COUNTERS)?;
+    let backend_counters: PerCpuArray<MapData, dataplane_common::BackendCounters> =
+        open_pinned(pins, map_name::BACKEND_COUNTERS)?;
+    let mut frontends = list_state(&state);
+    if let Some(svc) = service {
+        frontends.retain(|f| {
+            f.service == svc
+                || f.service
+                    .strip_prefix(svc)
+                    .is_some_and(|r| r.starts_with(':'))
+        });
+    }
+    for f in &mut frontends {
+        if f.frontend.ends_with(":*") {
+            continue;
+        }
+        f.counters = frontend_counters.get(&f.id, 0).ok().map(|per_cpu| {
+            per_cpu.iter().fold(
+                Counts {
+                    drops: Some(0),
+                    rejects: Some(0),
+                    ..Counts::default()
+                },
+                |mut t, v| {
+                    t.connections += v.new;
+                    t.packets += v.packets;
+                    t.bytes += v.bytes;
+                    t.drops = t.drops.map(|d| d + v.drops);
+                    t.rejects = t.rejects.map(|r| r + v.rejects);
+                    t
+                },
+            )
+        });
+    }
+    let wanted: std::collections::BTreeSet<&str> = frontends
+        .iter()
+        .flat_map(|f| f.backends.iter().map(String::as_str))
+        .collect();
+    let mut backends: Vec<ListedBackend> = state
+        .backends
+        .iter()
+        .filter(|(_, b)| wanted.contains(backend_addr(b).as_str()))
+        .map(|(id, b)| ListedBackend {
+            backend: backend_addr(b),
+            protocol: crate::compiler::proto_name(b.proto),
+            counters: backend_counters
+                .get(id, 0)
+                .map(|per_cpu| {
+                    per_cpu.iter().fold(Counts::default(), |mut t, v| {
+                        t.connections += v.new;
+                        t.packets += v.packets;
+                        t.bytes += v.bytes;
+                        t
+                    })
+                })
+                .unwrap_or_default(),
+        })
+        .collect();
+    backends.sort_by(|a, b| (&a.backend, a.protocol).cmp(&(&b.backend, b.protocol)));
     Ok(Listing {
-        frontends: list_state(&state),
+        frontends,
+        backends,
         counters,
         conntrack_entries: conntrack.keys().count(),
     })
@@ -118,6 +211,8 @@ pub fn list_state(state: &KernelState) -> Vec<ListedFrontend> {
                     frontend: frontend_addr(key),
                     service,
                     backends,
+                    counters: None,
+                    id: value.id,
                 },
             )
         })
@@ -128,17 +223,47 @@ pub fn list_state(state: &KernelState) -> Vec<ListedFrontend> {
 
 /// `list -o table`.
 pub fn render_table(l: &Listing) -> String {
-    let mut s = format!("{:<24} {:<40} BACKENDS\n", "FRONTEND", "SERVICE");
+    let mut s = format!(
+        "{:<24} {:<32} {:>8} {:>10} {:>12} {:>6} {:>7} BACKENDS\n",
+        "FRONTEND", "SERVICE", "CONNS", "PACKETS", "BYTES", "DROPS", "REJECTS"
+    );
     for f in &l.frontends {
         let backends = if f.backends.is_empty() {
             "(none: new flows dropped)".to_string()
         } else {
             f.backends.join(", ")
         };
+        let c = f.counters.unwrap_or_default();
+        let n = |v: u64| {
+            if f.counters.is_some() {
+                v.to_string()
+            } else {
+                "-".into()
+            }
+        };
         s.push_str(&format!(
-            "{:<24} {:<40} {}\n",
-            f.frontend, f.service, backends
+            "{:<24} {:<32} {:>8} {:>10} {:>12} {:>6} {:>7} {}\n",
+            f.frontend,
+            f.service,
+            n(c.connections),
+            n(c.packets),
+            n(c.bytes),
+            n(c.drops.unwrap_or(0)),
+            n(c.rejects.unwrap_or(0)),
+            backends
         ));
+    }
+    if !l.backends.is_empty() {
+        s.push_str(&format!(
+            "\n{:<24} {:<6} {:>8} {:>10} {:>12}\n",
+            "BACKEND", "PROTO", "CONNS", "PACKETS", "BYTES"
+        ));
+        for b in &l.backends {
+            s.push_str(&format!(
+                "{:<24} {:<6} {:>8} {:>10} {:>12}\n",
+                b.backend, b.protocol, b.counters.connections, b.counters.packets, b.counters.bytes
+            ));
+        }
     }
     s.push_str(&format!(
         "\nconntrack entries: {}\ncounters:\n",

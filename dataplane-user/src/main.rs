@@ -73,6 +73,7 @@ fn main() -> anyhow::Result<()> {
                     },
                     health_timeout: Duration::from_secs(args.healthz_timeout_seconds),
                     counters_interval: Duration::from_millis(args.counters_interval_ms),
+                    backend_metrics: !args.no_backend_metrics,
                     audit_interval: (args.audit_interval_seconds > 0)
                         .then(|| Duration::from_secs(args.audit_interval_seconds)),
                 };
@@ -80,8 +81,12 @@ fn main() -> anyhow::Result<()> {
                 anyhow::Ok(())
             })
         }
-        Command::List { bpffs_dir, output } => {
-            let listing = inspect::list(&PinDir::new(bpffs_dir))?;
+        Command::List {
+            bpffs_dir,
+            service,
+            output,
+        } => {
+            let listing = inspect::list(&PinDir::new(bpffs_dir), service.as_deref())?;
             match output {
                 Output::Table => print!("{}", inspect::render_table(&listing)),
                 Output::Json => println!("{}", serde_json::to_string_pretty(&listing)?),

@@ -7,9 +7,9 @@
 //! ([`Ask::Refresh`]) and serves the last values if the loop does not answer in time.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     net::SocketAddr,
-    sync::{Arc, OnceLock},
+    sync::{Arc, Mutex, OnceLock, PoisonError},
     time::Instant,
 };
 
@@ -46,6 +46,8 @@ pub struct Metrics {
     pub drift_entries: Family<Labels, Gauge>,
     pub drift_repaired: Counter,
     pub audits: Counter,
+    /// Per-frontend and per-backend counters, from the kernel.
+    pub flows: Mutex<FlowCounters>,
     /// What `/healthz` and `/livez` say.
     pub health: Health,
     /// The agent loop, for what the endpoint asks of it.
@@ -147,6 +149,7 @@ impl Metrics {
         );
         let audits = Counter::default();
         registry.register("audits", "Drift audits of the service maps", audits.clone());
+        let flows = FlowCounters::register(&mut registry);
         Self {
             registry,
             syncs,
@@ -162,6 +165,7 @@ impl Metrics {
             drift_entries,
             drift_repaired,
             audits,
+            flows: Mutex::new(flows),
             health: Health::new(health_timeout),
             asks: OnceLock::new(),
         }
@@ -211,6 +215,167 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);
         out
+    }
+}
+
+/// A counter family whose values are read from the kernel: each read adds the
+/// growth since the last one. A value below the last (the id was given to a new
+/// frontend or backend with the same labels, and its counts started again at zero)
+/// adds the whole value.
+struct KernelCounter {
+    family: Family<Labels, Counter>,
+    last: HashMap<Labels, u64>,
+}
+
+impl KernelCounter {
+    fn register(registry: &mut Registry, name: &str, help: &str) -> Self {
+        let family = Family::<Labels, Counter>::default();
+        registry.register(name, help, family.clone());
+        Self {
+            family,
+            last: HashMap::new(),
+        }
+    }
+
+    fn set(&mut self, labels: &Labels, value: u64) {
+        let last = self.last.insert(labels.clone(), value).unwrap_or(0);
+        let add = if value >= last { value - last } else { value };
+        self.family.get_or_create(labels).inc_by(add);
+    }
+
+    /// Drops the series whose labels are not in `keep` (a frontend or backend gone).
+    fn retain(&mut self, keep: &std::collections::HashSet<Labels>) {
+        let family = &self.family;
+        self.last.retain(|labels, _| {
+            let kept = keep.contains(labels);
+            if !kept {
+                family.remove(labels);
+            }
+            kept
+        });
+    }
+}
+
+/// One frontend's counts, with its labels.
+pub struct FrontendCount {
+    pub labels: Labels,
+    pub counts: dataplane_common::FrontendCounters,
+}
+
+/// One backend's counts, with its labels.
+pub struct BackendCount {
+    pub labels: Labels,
+    pub counts: dataplane_common::BackendCounters,
+}
+
+/// The per-frontend and per-backend counter families.
+pub struct FlowCounters {
+    connections: KernelCounter,
+    packets: KernelCounter,
+    bytes: KernelCounter,
+    drops: KernelCounter,
+    rejects: KernelCounter,
+    backend_connections: KernelCounter,
+    backend_packets: KernelCounter,
+    backend_bytes: KernelCounter,
+}
+
+impl FlowCounters {
+    fn register(r: &mut Registry) -> Self {
+        Self {
+            connections: KernelCounter::register(
+                r,
+                "frontend_connections",
+                "New connections (flows) given a backend, per frontend",
+            ),
+            packets: KernelCounter::register(
+                r,
+                "frontend_packets",
+                "Packets from clients translated to a backend, per frontend",
+            ),
+            bytes: KernelCounter::register(
+                r,
+                "frontend_bytes",
+                "Bytes of those packets (frame length), per frontend",
+            ),
+            drops: KernelCounter::register(
+                r,
+                "frontend_drops",
+                "New flows dropped, per frontend and reason",
+            ),
+            rejects: KernelCounter::register(
+                r,
+                "frontend_rejects",
+                "New flows refused, per frontend and reason",
+            ),
+            backend_connections: KernelCounter::register(
+                r,
+                "backend_connections",
+                "New connections given to a backend, through any frontend",
+            ),
+            backend_packets: KernelCounter::register(
+                r,
+                "backend_packets",
+                "Packets from clients translated to a backend",
+            ),
+            backend_bytes: KernelCounter::register(
+                r,
+                "backend_bytes",
+                "Bytes of those packets (frame length)",
+            ),
+        }
+    }
+
+    /// Publishes the counts read from the kernel; series of frontends and backends
+    /// not in the lists go.
+    pub fn publish(&mut self, frontends: &[FrontendCount], backends: Option<&[BackendCount]>) {
+        let mut keep = std::collections::HashSet::new();
+        let mut keep_reason = std::collections::HashSet::new();
+        for f in frontends {
+            self.connections.set(&f.labels, f.counts.new);
+            self.packets.set(&f.labels, f.counts.packets);
+            self.bytes.set(&f.labels, f.counts.bytes);
+            let with = |reason: &str| {
+                let mut l = f.labels.clone();
+                l.push(("reason".into(), reason.into()));
+                l
+            };
+            let (dropped, refused) = (with("no_local_backend"), with("no_backend"));
+            self.drops.set(&dropped, f.counts.drops);
+            self.rejects.set(&refused, f.counts.rejects);
+            keep_reason.insert(dropped);
+            keep_reason.insert(refused);
+            keep.insert(f.labels.clone());
+        }
+        for c in [&mut self.connections, &mut self.packets, &mut self.bytes] {
+            c.retain(&keep);
+        }
+        self.drops.retain(&keep_reason);
+        self.rejects.retain(&keep_reason);
+        let mut keep = std::collections::HashSet::new();
+        for b in backends.unwrap_or_default() {
+            self.backend_connections.set(&b.labels, b.counts.new);
+            self.backend_packets.set(&b.labels, b.counts.packets);
+            self.backend_bytes.set(&b.labels, b.counts.bytes);
+            keep.insert(b.labels.clone());
+        }
+        for c in [
+            &mut self.backend_connections,
+            &mut self.backend_packets,
+            &mut self.backend_bytes,
+        ] {
+            c.retain(&keep);
+        }
+    }
+}
+
+impl Metrics {
+    /// See [`FlowCounters::publish`].
+    pub fn publish_flows(&self, frontends: &[FrontendCount], backends: Option<&[BackendCount]>) {
+        self.flows
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .publish(frontends, backends);
     }
 }
 

@@ -270,6 +270,11 @@ impl MapWriter {
         self.backend_by_id.get(&id)
     }
 
+    /// Every backend the writer wrote, with its id.
+    pub fn backends(&self) -> impl Iterator<Item = (u32, &Backend)> {
+        self.backend_by_id.iter().map(|(id, b)| (*id, b))
+    }
+
     pub fn backend_count(&self) -> usize {
         self.backends.len()
     }

@@ -798,3 +798,139 @@ fn datapath_counters_are_read_at_scrape_and_count_each_connection() {
     assert_eq!(read() - before, N as f64);
     assert_eq!(agent.syncs(), syncs, "no sync came between");
 }
+
+/// Issue 15: per-frontend and per-backend counters count exactly what the test
+/// sent: new connections per frontend and per backend (summed over backends, the
+/// same number), UDP datagrams and their bytes (frame length: 14 + 20 + 8 + 5), and
+/// each refused connection to a frontend without endpoints; in `/metrics` and in
+/// `sliceway-agent list --service`.
+#[test]
+fn frontend_and_backend_counters_count_exactly_what_was_sent() {
+    let lab = Lab::new(2).unwrap();
+    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1]))
+        .unwrap();
+    let empty_vip = Ipv4Addr::new(10, 96, 0, 20);
+    lab.write_manifest(
+        "empty.yaml",
+        &lab.service_yaml("empty", empty_vip, PORT, &[]),
+    )
+    .unwrap();
+    let agent = lab.start_agent().unwrap();
+    agent.wait_for_sync(1, Duration::from_secs(10)).unwrap();
+    const TCP: usize = 9;
+    const UDP: usize = 7;
+    const REFUSED: usize = 4;
+    for _ in 0..TCP {
+        lab.tcp_request(vip()).unwrap();
+    }
+    for _ in 0..UDP {
+        lab.udp_request(vip()).unwrap();
+    }
+    let empty = SocketAddrV4::new(empty_vip, PORT);
+    sliceway_lab::netns::in_netns(&lab.client.ns.clone(), move || {
+        for _ in 0..REFUSED {
+            let r = std::net::TcpStream::connect_timeout(&empty.into(), Duration::from_secs(3));
+            assert_eq!(
+                r.map(drop).map_err(|e| e.kind()),
+                Err(std::io::ErrorKind::ConnectionRefused)
+            );
+        }
+    })
+    .unwrap();
+
+    let metrics = sliceway_lab::agent_http(&lab.node.name, "/metrics").unwrap();
+    let value = |series: &str| {
+        sliceway_lab::metric_value(&metrics, series)
+            .unwrap_or_else(|| panic!("{series} missing from\n{metrics}"))
+    };
+    let web = |port: &str, frontend: &str| {
+        format!("namespace=\"default\",service=\"web\",port=\"{port}\",frontend=\"{frontend}\"")
+    };
+    let tcp = web("http", "10.96.0.10:80/TCP");
+    let udp = web("dns", "10.96.0.10:80/UDP");
+    assert_eq!(
+        value(&format!("sliceway_frontend_connections_total{{{tcp}}}")),
+        TCP as f64
+    );
+    assert_eq!(
+        value(&format!("sliceway_frontend_connections_total{{{udp}}}")),
+        UDP as f64
+    );
+    assert_eq!(
+        value(&format!("sliceway_frontend_packets_total{{{udp}}}")),
+        UDP as f64
+    );
+    assert_eq!(
+        value(&format!("sliceway_frontend_bytes_total{{{udp}}}")),
+        (UDP * 47) as f64
+    );
+    let refused =
+        "namespace=\"default\",service=\"empty\",port=\"http\",frontend=\"10.96.0.20:80/TCP\"";
+    assert_eq!(
+        value(&format!(
+            "sliceway_frontend_rejects_total{{{refused},reason=\"no_backend\"}}"
+        )),
+        REFUSED as f64
+    );
+    let per_backend: f64 = lab
+        .backends
+        .iter()
+        .map(|b| {
+            sliceway_lab::metric_value(
+                &metrics,
+                &format!(
+                    "sliceway_backend_connections_total{{backend=\"{}:{}\",protocol=\"TCP\"}}",
+                    b.ip,
+                    sliceway_lab::BACKEND_PORT
+                ),
+            )
+            .unwrap_or(0.0)
+        })
+        .sum();
+    assert_eq!(per_backend, TCP as f64, "{metrics}");
+
+    // The same counts in `list`, for one Service.
+    let bin = sliceway_lab::workspace_binary("sliceway-agent").unwrap();
+    let out = lab
+        .node
+        .run(
+            bin.to_str().unwrap(),
+            &[
+                "list",
+                "--bpffs-dir",
+                lab.bpffs.to_str().unwrap(),
+                "--service",
+                "default/web",
+                "-o",
+                "json",
+            ],
+        )
+        .unwrap();
+    let listing: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let frontends = listing["frontends"].as_array().unwrap();
+    assert!(
+        frontends
+            .iter()
+            .all(|f| f["service"] == "default/web" // the ClusterIP's marker
+                || f["service"].as_str().unwrap().starts_with("default/web:")),
+        "{listing:#}"
+    );
+    let of = |addr: &str| {
+        frontends
+            .iter()
+            .find(|f| f["frontend"] == addr)
+            .unwrap_or_else(|| panic!("{addr} not listed: {listing:#}"))["counters"]
+            .clone()
+    };
+    assert_eq!(of("10.96.0.10:80/TCP")["connections"], TCP);
+    assert_eq!(of("10.96.0.10:80/UDP")["packets"], UDP);
+    // Two pods, each a TCP and a UDP backend.
+    let backends = listing["backends"].as_array().unwrap();
+    assert_eq!(backends.len(), 4, "{listing:#}");
+    let listed: u64 = backends
+        .iter()
+        .filter(|b| b["protocol"] == "TCP")
+        .map(|b| b["counters"]["connections"].as_u64().unwrap())
+        .sum();
+    assert_eq!(listed, TCP as u64, "{listing:#}");
+}

@@ -189,6 +189,8 @@ impl Datapath {
             slots: take(&mut ebpf, map_name::SLOTS)?,
             backends: take(&mut ebpf, map_name::BACKENDS)?,
             names: take(&mut ebpf, map_name::SERVICE_NAMES)?,
+            frontend_counters: take(&mut ebpf, map_name::FRONTEND_COUNTERS)?,
+            backend_counters: take(&mut ebpf, map_name::BACKEND_COUNTERS)?,
         };
         let conntrack = take(&mut ebpf, map_name::CONNTRACK)?;
         let stats = take(&mut ebpf, map_name::STATS)?;

@@ -1,9 +1,10 @@
 //! Maps: the service maps as the writer sees them (`MapOps`), conntrack for the
 //! sweeper, the exit counters and the conntrack timeouts.
 
-use aya::maps::{HashMap as BpfHashMap, MapData, MapError};
+use aya::maps::{HashMap as BpfHashMap, MapData, MapError, PerCpuArray, PerCpuValues};
 use dataplane_common::{
-    map_name, stat, Backend, CtEntry, CtKey, ServiceKey, ServiceName, ServiceValue, SlotKey,
+    map_name, stat, Backend, BackendCounters, CtEntry, CtKey, FrontendCounters, ServiceKey,
+    ServiceName, ServiceValue, SlotKey,
 };
 
 use super::{Datapath, KernelError};
@@ -15,6 +16,72 @@ pub struct KernelMaps {
     pub(super) slots: BpfHashMap<MapData, SlotKey, u32>,
     pub(super) backends: BpfHashMap<MapData, u32, Backend>,
     pub(super) names: BpfHashMap<MapData, u32, ServiceName>,
+    pub(super) frontend_counters: PerCpuArray<MapData, FrontendCounters>,
+    pub(super) backend_counters: PerCpuArray<MapData, BackendCounters>,
+}
+
+/// Sets every CPU's copy of slot `index` to zero; an index beyond the map is not
+/// counted, and a failure leaves counts that started earlier (never an error of the
+/// write it accompanies).
+fn zero<T: aya::Pod + Default + Clone>(map: &mut PerCpuArray<MapData, T>, index: u32) {
+    let Ok(cpus) = aya::util::nr_cpus() else {
+        return;
+    };
+    if let Ok(values) = PerCpuValues::try_from(vec![T::default(); cpus]) {
+        let _ = map.set(index, values, 0);
+    }
+}
+
+/// Sums every CPU's copy of each slot below `n`.
+fn sums<T: aya::Pod>(
+    map: &PerCpuArray<MapData, T>,
+    n: u32,
+    add: impl Fn(&mut T, &T),
+    zero: T,
+) -> Vec<T> {
+    (0..n.min(map.len()))
+        .map(|i| {
+            let mut total = zero;
+            if let Ok(values) = map.get(&i, 0) {
+                for v in values.iter() {
+                    add(&mut total, v);
+                }
+            }
+            total
+        })
+        .collect()
+}
+
+impl KernelMaps {
+    /// Per-frontend counters summed over CPUs, indexed by frontend id (ids below `n`).
+    pub fn frontend_counters(&self, n: u32) -> Vec<FrontendCounters> {
+        sums(
+            &self.frontend_counters,
+            n,
+            |t, v| {
+                t.new += v.new;
+                t.packets += v.packets;
+                t.bytes += v.bytes;
+                t.drops += v.drops;
+                t.rejects += v.rejects;
+            },
+            FrontendCounters::default(),
+        )
+    }
+
+    /// Per-backend counters summed over CPUs, indexed by backend id (ids below `n`).
+    pub fn backend_counters(&self, n: u32) -> Vec<BackendCounters> {
+        sums(
+            &self.backend_counters,
+            n,
+            |t, v| {
+                t.new += v.new;
+                t.packets += v.packets;
+                t.bytes += v.bytes;
+            },
+            BackendCounters::default(),
+        )
+    }
 }
 
 impl KernelMaps {
@@ -92,6 +159,8 @@ impl Datapath {
 impl MapOps for KernelMaps {
     type Error = MapError;
     fn put_backend(&mut self, id: u32, backend: &Backend) -> Result<(), MapError> {
+        // A new backend for this id: its counts start at zero.
+        zero(&mut self.backend_counters, id);
         self.backends.insert(id, backend, 0)
     }
     fn del_backend(&mut self, id: u32) -> Result<(), MapError> {
@@ -110,6 +179,9 @@ impl MapOps for KernelMaps {
         ignore_missing(self.services.remove(key))
     }
     fn put_name(&mut self, id: u32, name: &ServiceName) -> Result<(), MapError> {
+        // Written for a new frontend (or one whose Service port changed name): its
+        // counts start at zero.
+        zero(&mut self.frontend_counters, id);
         self.names.insert(id, name, 0)
     }
     fn del_name(&mut self, id: u32) -> Result<(), MapError> {

@@ -86,6 +86,14 @@ pub(super) fn expected_sizes(name: &str) -> (usize, usize) {
             size_of::<dataplane_common::AffinityKey>(),
             size_of::<dataplane_common::AffinityValue>(),
         ),
+        map_name::FRONTEND_COUNTERS => (
+            size_of::<u32>(),
+            size_of::<dataplane_common::FrontendCounters>(),
+        ),
+        map_name::BACKEND_COUNTERS => (
+            size_of::<u32>(),
+            size_of::<dataplane_common::BackendCounters>(),
+        ),
         _ => (0, 0),
     }
 }
