@@ -170,6 +170,11 @@ struct Syncer {
     writes_failed: bool,
     /// Whether per-backend counters are published.
     per_backend: bool,
+    /// Problems first met in the last sync, for the source to record as Events.
+    problems: Vec<source::events::Problem>,
+    /// Frontends rejected by the last sync (service, reason): a rejection is
+    /// reported when it first happens, not at every retry.
+    rejected: BTreeSet<(String, String)>,
 }
 
 impl Syncer {
@@ -216,12 +221,32 @@ impl Syncer {
         let now: BTreeSet<Skipped> = skipped.iter().cloned().collect();
         for s in now.difference(&self.reported) {
             warn!(object = %s.object, "skipped: {}", s.reason);
+            self.problems.push(source::events::Problem {
+                kind: s.object.kind,
+                namespace: s.object.namespace.clone(),
+                name: s.object.name.clone(),
+                code: s.code.to_string(),
+                message: s.reason.clone(),
+            });
         }
         self.reported = now;
+        let mut rejected = BTreeSet::new();
         for (service, reason) in &report.rejected {
             warn!(%service, "kept its previous state: {reason}");
             self.metrics.rejected.inc();
+            let entry = (service.to_string(), reason.to_string());
+            if !self.rejected.contains(&entry) {
+                self.problems.push(source::events::Problem {
+                    kind: "Service",
+                    namespace: service.namespace.clone(),
+                    name: service.name.clone(),
+                    code: "frontend_rejected".into(),
+                    message: format!("{service} kept its previous state: {reason}"),
+                });
+            }
+            rejected.insert(entry);
         }
+        self.rejected = rejected;
         for e in &report.errors {
             warn!("map write failed (the next drift audit writes it again): {e}");
         }
@@ -635,6 +660,8 @@ pub async fn run(
         sctp_reported: BTreeSet::new(),
         writes_failed: false,
         per_backend: settings.backend_metrics,
+        problems: Vec::new(),
+        rejected: BTreeSet::new(),
     };
     tokio::pin!(shutdown);
     match &settings.source {
@@ -683,7 +710,10 @@ async fn follow<S: source::Source>(
                     syncer.metrics.health.updated();
                 }
             }
-            Fed::Changed | Fed::Unchanged => syncer.sync(dp),
+            Fed::Changed | Fed::Unchanged => {
+                syncer.sync(dp);
+                source.report(&std::mem::take(&mut syncer.problems));
+            }
         }
     }
 }

@@ -194,3 +194,98 @@ fn healthz_follows_the_api_watch_and_livez_the_process() {
     wait_for("/healthz", "200", "the API server back");
     assert!(status("/livez").starts_with("HTTP/1.1 200"));
 }
+
+/// Issue 15: a Service the agent cannot program gets a Kubernetes Event. Service `b`
+/// asks, through an external IP, for the frontend that is `a`'s ClusterIP:port: the
+/// agent keeps it for `a` and records a `FrontendConflict` warning on `b` (reported
+/// by sliceway-agent, with `b`'s uid, so `kubectl describe service b` shows it).
+/// The Services carry a service-proxy-name of this test's own, so the agents of the
+/// other tests of the shared control plane leave them alone (and this one theirs).
+#[test]
+fn a_service_the_agent_cannot_program_gets_an_event() {
+    use k8s_openapi::api::events::v1::Event;
+    const PROXY: &str = "sliceway-events-test";
+    let cp = cluster::shared_control_plane().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let admin = rt.block_on(cp.client()).unwrap();
+    let ns = rt.block_on(cp.namespace("kube-events")).unwrap();
+    let lab = Lab::new(1).unwrap();
+    let _forwarder = cp
+        .forwarder(Some(&lab.node.name), cluster::kubelet::NODE_APISERVER_PORT)
+        .unwrap();
+    let services = Api::<Service>::namespaced(admin.clone(), &ns);
+    let pp = PostParams::default();
+    let service = |name: &str, external: Option<String>| -> Service {
+        serde_json::from_value(json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {
+                "name": name,
+                "labels": {"service.kubernetes.io/service-proxy-name": PROXY},
+            },
+            "spec": {
+                "ports": [{"name": "http", "port": 80, "protocol": "TCP"}],
+                "externalIPs": external.into_iter().collect::<Vec<_>>(),
+            },
+        }))
+        .unwrap()
+    };
+    let a = rt
+        .block_on(services.create(&pp, &service("a", None)))
+        .unwrap();
+    let a_ip = a.spec.unwrap().cluster_ip.unwrap();
+    let b = rt
+        .block_on(services.create(&pp, &service("b", Some(a_ip.clone()))))
+        .unwrap();
+
+    let kubeconfig = cp
+        .agent_kubeconfig(
+            &format!(
+                "https://127.0.0.1:{}",
+                cluster::kubelet::NODE_APISERVER_PORT
+            ),
+            &lab.manifests.join("kubeconfig"),
+        )
+        .unwrap();
+    let source = ["--kubeconfig".into(), kubeconfig.into_os_string()];
+    let agent = Agent::start_with_args(
+        &lab.node.name,
+        &source,
+        &lab.pod_interfaces(),
+        &lab.bpffs,
+        &["--service-proxy-name".into(), PROXY.into()],
+    )
+    .unwrap();
+    agent.wait_for_sync(1, Duration::from_secs(20)).unwrap();
+
+    let events = Api::<Event>::namespaced(admin, &ns);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let event = loop {
+        let list = rt.block_on(events.list(&Default::default())).unwrap();
+        if let Some(e) = list.items.into_iter().find(|e| {
+            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("b")
+                && e.reason.as_deref() == Some("FrontendConflict")
+        }) {
+            break e;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no FrontendConflict event on b; agent log:\n{}",
+            agent.log().join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    assert_eq!(
+        event.reporting_controller.as_deref(),
+        Some("sliceway-agent")
+    );
+    let regarding = event.regarding.unwrap();
+    assert_eq!(regarding.uid, b.metadata.uid);
+    assert_eq!(regarding.kind.as_deref(), Some("Service"));
+    let note = event.note.unwrap_or_default();
+    assert!(
+        note.contains(&format!("{a_ip}:80/TCP")) && note.contains(&format!("{ns}/a")),
+        "{note}"
+    );
+}

@@ -425,11 +425,13 @@ pub struct ApiSource {
     batch: Duration,
     synced: bool,
     fed: bool,
+    events: super::events::Events,
 }
 
 impl ApiSource {
     /// Starts the watches on the current tokio runtime.
     pub fn start(client: Client, cfg: &KubeSourceConfig, batch: Duration) -> Result<Self, Error> {
+        let events = super::events::Events::new(client.clone(), cfg.node_name.as_deref());
         let (source, task) = KubeSource::start(client, cfg)?;
         Ok(Self {
             source,
@@ -437,6 +439,7 @@ impl ApiSource {
             batch,
             synced: false,
             fed: false,
+            events,
         })
     }
 }
@@ -467,6 +470,25 @@ impl super::Source for ApiSource {
             return Ok(());
         }
         self.source.next_batch(self.batch).await.map(|_| ())
+    }
+
+    fn report(&mut self, problems: &[super::events::Problem]) {
+        for p in problems {
+            let key = ObjectRef::new(&p.name).within(&p.namespace);
+            let object = match p.kind {
+                "Service" => self.source.services().get(&key).map(|o| o.object_ref(&())),
+                "EndpointSlice" => self
+                    .source
+                    .slices()
+                    .get(&ObjectRef::new(&p.name).within(&p.namespace))
+                    .map(|o| o.object_ref(&())),
+                _ => None,
+            };
+            // Gone since: nothing to record it on.
+            if let Some(object) = object {
+                self.events.record(p, object);
+            }
+        }
     }
 
     fn feed(&mut self, sink: &mut dyn Sink) -> super::Fed {

@@ -6,6 +6,7 @@
 //! - [`kube`]: the API server through kube-rs reflector stores, with kube-proxy's
 //!   selectors.
 
+pub mod events;
 pub mod kube;
 pub mod local;
 
@@ -81,4 +82,11 @@ pub trait Source {
 
     /// Hands to `sink` what changed since the last feed (everything, the first time).
     fn feed(&mut self, sink: &mut dyn Sink) -> Fed;
+
+    /// Problems the agent met with objects of this source, each once (the log has
+    /// them already): the API source records them as Events on the objects; a
+    /// directory has nowhere to put them.
+    fn report(&mut self, problems: &[events::Problem]) {
+        let _ = problems;
+    }
 }

@@ -787,10 +787,18 @@ impl Cluster {
         path: &Path,
     ) -> Result<PathBuf> {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        self.kubectl_stdin(
-            &["apply", "-f", "-"],
-            &manifest_without(&root.join("deploy").join(manifest), skip)?,
-        )?;
+        {
+            // Tests of one process apply the same objects at once; two concurrent
+            // `kubectl apply` can both try to create one (AlreadyExists).
+            static APPLY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+            let _one = APPLY
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            self.kubectl_stdin(
+                &["apply", "-f", "-"],
+                &manifest_without(&root.join("deploy").join(manifest), skip)?,
+            )?;
+        }
         let token = self.kubectl(&[
             "-n",
             "kube-system",
