@@ -72,6 +72,21 @@ pub enum Command {
         #[arg(short, long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
+    /// The busiest frontends (new connections, packets, bytes and refused flows per
+    /// second), refreshed like `top`; from the pinned maps of the running agent.
+    Top {
+        #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
+        bpffs_dir: PathBuf,
+        /// Time between screens, in milliseconds.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(100..))]
+        interval_ms: u64,
+        /// Stop after this many screens (0: until interrupted).
+        #[arg(long, default_value_t = 0)]
+        iterations: u64,
+        /// Frontends shown per screen.
+        #[arg(long, default_value_t = 20)]
+        rows: usize,
+    },
     /// Remove all pinned maps and links: programs detach, conntrack is dropped.
     Cleanup {
         #[arg(long, default_value = DEFAULT_BPFFS_DIR)]

@@ -17,4 +17,5 @@ pub mod metrics;
 pub mod model;
 pub mod packet;
 pub mod source;
+pub mod top;
 pub mod writer;

@@ -94,6 +94,25 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Top {
+            bpffs_dir,
+            interval_ms,
+            iterations,
+            rows,
+        } => {
+            use std::io::IsTerminal as _;
+            let stdout = std::io::stdout();
+            let terminal = stdout.is_terminal();
+            sliceway_agent::top::run(
+                &PinDir::new(bpffs_dir),
+                Duration::from_millis(interval_ms),
+                iterations,
+                rows,
+                &mut stdout.lock(),
+                terminal,
+            )?;
+            Ok(())
+        }
         Command::Audit {
             metrics_addr,
             output,

@@ -934,3 +934,86 @@ fn frontend_and_backend_counters_count_exactly_what_was_sent() {
         .sum();
     assert_eq!(listed, TCP as u64, "{listing:#}");
 }
+
+/// Issue 15: `sliceway-agent top` on a terminal (a pseudo-terminal here) redraws a
+/// screen at each interval, and the frontend that takes connections shows a rate.
+#[test]
+fn top_redraws_the_busiest_frontends_on_a_terminal() {
+    use std::{
+        io::Read,
+        os::fd::{FromRawFd, OwnedFd},
+        process::{Command, Stdio},
+    };
+    let lab = Lab::new(2).unwrap();
+    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1]))
+        .unwrap();
+    let agent = lab.start_agent().unwrap();
+    agent.wait_for_sync(1, Duration::from_secs(10)).unwrap();
+
+    let (mut master, mut slave) = (0, 0);
+    // SAFETY: openpty fills two descriptors it opened; no name, termios or size.
+    let r = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(r, 0, "openpty: {}", std::io::Error::last_os_error());
+    // SAFETY: both descriptors were just opened and are owned here alone.
+    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    const SCREENS: usize = 4;
+    let bin = sliceway_lab::workspace_binary("sliceway-agent").unwrap();
+    let mut top = Command::new(bin)
+        .args(["top", "--bpffs-dir"])
+        .arg(&lab.bpffs)
+        .args(["--interval-ms", "500", "--iterations", &SCREENS.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(slave))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let traffic = {
+        let stop = stop.clone();
+        let ns = lab.client.ns.clone();
+        std::thread::spawn(move || {
+            sliceway_lab::netns::in_netns(&ns, move || {
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let _ =
+                        std::net::TcpStream::connect_timeout(&vip().into(), Duration::from_secs(1));
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            })
+            .unwrap()
+        })
+    };
+    let mut screen = Vec::new();
+    let mut file = std::fs::File::from(master);
+    // Read until the child is gone and the terminal hangs up (EIO).
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = file.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        screen.extend_from_slice(&buf[..n]);
+    }
+    let status = top.wait().unwrap();
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    traffic.join().unwrap();
+    let mut err = String::new();
+    top.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(status.success(), "{err}");
+    let text = String::from_utf8_lossy(&screen);
+    assert_eq!(text.matches("\x1b[H\x1b[2J").count(), SCREENS, "{text}");
+    let rates: Vec<f64> = text
+        .lines()
+        .filter(|l| l.starts_with("10.96.0.10:80/TCP"))
+        .map(|l| l.split_whitespace().nth(2).unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(rates.len(), SCREENS, "{text}");
+    assert!(rates.iter().any(|r| *r > 0.0), "{text}");
+    assert!(text.contains("default/web:http"), "{text}");
+}
