@@ -4,6 +4,19 @@
 
 use crate::maps::{BACKEND_COUNTERS, FRONTEND_COUNTERS, STATS};
 
+/// Whether the per-frontend and per-backend counters count (1) or not (0). Set by
+/// the loader (`--no-flow-counters`, and the benchmark that measures what counting
+/// costs); read-only data the verifier knows, so the branch not taken is dropped.
+#[no_mangle]
+static FLOW_COUNTERS: u8 = 1;
+
+#[inline(always)]
+fn flow_counters() -> bool {
+    // SAFETY: a plain read of a static; volatile so the compiler keeps the read the
+    // loader's value decides.
+    unsafe { core::ptr::read_volatile(&FLOW_COUNTERS) != 0 }
+}
+
 /// A verdict and the `stat` slot that explains it.
 pub type Exit = (i32, u32);
 
@@ -20,6 +33,9 @@ pub fn count(reason: u32) {
 /// `backend_id`, `bytes` long; `new` for the packet that gave the flow its backend.
 #[inline(always)]
 pub fn translated(frontend_id: u32, backend_id: u32, bytes: u64, new: bool) {
+    if !flow_counters() {
+        return;
+    }
     let new = new as u64;
     if let Some(p) = FRONTEND_COUNTERS.get_ptr_mut(frontend_id) {
         // SAFETY: a per-CPU slot; only this CPU writes it while the program runs.
@@ -43,6 +59,9 @@ pub fn translated(frontend_id: u32, backend_id: u32, bytes: u64, new: bool) {
 /// refused.
 #[inline(always)]
 pub fn refused(frontend_id: u32, dropped: bool) {
+    if !flow_counters() {
+        return;
+    }
     if let Some(p) = FRONTEND_COUNTERS.get_ptr_mut(frontend_id) {
         // SAFETY: as in `translated`.
         unsafe {

@@ -177,6 +177,10 @@ pub struct RunArgs {
     /// How often the datapath's counters are read into /metrics (also at each scrape).
     #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(100..))]
     pub counters_interval_ms: u64,
+    /// The program counts nothing per frontend or backend (the counting code is
+    /// left out of the verified program; `list`, `top` and /metrics show zeros).
+    #[arg(long)]
+    pub no_flow_counters: bool,
     /// No per-backend series in /metrics (one per backend of the cluster; the
     /// per-frontend ones stay).
     #[arg(long)]

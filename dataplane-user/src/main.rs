@@ -59,6 +59,7 @@ fn main() -> anyhow::Result<()> {
                             slots: args.max_slots,
                         },
                         conntrack: args.max_conntrack,
+                        flow_counters: !args.no_flow_counters,
                     },
                     pins: (!args.no_pin).then(|| PinDir::new(args.bpffs_dir)),
                     attach: args.attach,

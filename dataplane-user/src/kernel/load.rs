@@ -80,13 +80,15 @@ impl Datapath {
     ) -> Result<Self, KernelError> {
         raise_memlock();
         let mut limits = caps.limits;
+        let flow_counters = u8::from(caps.flow_counters);
         let mut loader = EbpfLoader::new();
         loader
             .map_max_entries(map_name::SERVICES, caps.limits.services)
             .map_max_entries(map_name::SERVICE_NAMES, caps.limits.services)
             .map_max_entries(map_name::SLOTS, caps.limits.slots)
             .map_max_entries(map_name::BACKENDS, caps.limits.backends)
-            .map_max_entries(map_name::CONNTRACK, caps.conntrack);
+            .map_max_entries(map_name::CONNTRACK, caps.conntrack)
+            .override_global("FLOW_COUNTERS", &flow_counters, true);
         let pin_paths: Vec<(&str, PathBuf)> = pins
             .map(|p| pinned.iter().map(|n| (*n, p.map(n))).collect())
             .unwrap_or_default();

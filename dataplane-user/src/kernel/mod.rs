@@ -76,6 +76,9 @@ pub enum KernelError {
 pub struct Capacities {
     pub limits: Limits,
     pub conntrack: u32,
+    /// Whether the program counts per frontend and per backend (set at load time;
+    /// off, the counting code is not in the verified program).
+    pub flow_counters: bool,
 }
 
 impl Default for Capacities {
@@ -83,6 +86,7 @@ impl Default for Capacities {
         Self {
             limits: Limits::default(),
             conntrack: dataplane_common::capacity::CONNTRACK,
+            flow_counters: true,
         }
     }
 }

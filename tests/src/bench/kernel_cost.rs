@@ -40,6 +40,9 @@ pub struct Fig1Row {
     pub new_flow_ns: Summary,
     /// The established path (`DNAT_ESTABLISHED`), `repeat` runs.
     pub established_ns: Summary,
+    /// The same with the program loaded without its per-frontend and per-backend
+    /// counters (`--no-flow-counters`), interleaved with the above.
+    pub established_without_counters_ns: Summary,
     /// Cross-check: mean over distinct, never-seen tuples, one run each.
     pub new_flow_fresh_tuples_ns: Summary,
     /// The floor measured the same way (one run each), to compare with the above.
@@ -145,6 +148,14 @@ pub fn per_packet(cfg: &Config) -> Result<Fig1> {
     let dp = Datapath::load(&caps, None).context("loading the datapath")?;
     let mut dp = dp;
     let mut writer = MapWriter::new(caps.limits);
+    // The same program without flow counters, over the same maps contents.
+    let uncounted_caps = Capacities {
+        flow_counters: false,
+        ..caps
+    };
+    let mut uncounted =
+        Datapath::load(&uncounted_caps, None).context("loading the datapath without counters")?;
+    let mut uncounted_writer = MapWriter::new(caps.limits);
 
     let client = Ipv4Addr::new(10, 244, 1, 2);
     let target = SocketAddrV4::new(services[0].vip, services[0].port);
@@ -176,15 +187,25 @@ pub fn per_packet(cfg: &Config) -> Result<Fig1> {
             report.errors,
             report.rejected
         );
+        let report = uncounted_writer.apply(&fig1_frontends(&services, n), &mut uncounted.maps);
+        ensure!(
+            report.errors.is_empty() && report.rejected.is_empty(),
+            "filling the maps (without counters) for {n} Services: {:?} {:?}",
+            report.errors,
+            report.rejected
+        );
         // The established flow's conntrack entry: its first packet is a new flow.
         let first = dp.test_run(&ack)?;
         ensure!(first.packet == ack, "the identity DNAT changed the packet");
+        uncounted.test_run(&ack)?;
         let (mut floor_ns, mut new_ns, mut est_ns, mut fresh_ns, mut floor1_ns) =
             (vec![], vec![], vec![], vec![], vec![]);
+        let mut est_uncounted_ns = vec![];
         for _ in 0..cfg.rounds {
             floor_ns.push(timed(&dp, &floor, cfg.repeat, stat::PASS_NO_SERVICE)?);
             new_ns.push(timed(&dp, &syn, cfg.repeat, stat::DNAT_NEW)?);
             est_ns.push(timed(&dp, &ack, cfg.repeat, stat::DNAT_ESTABLISHED)?);
+            est_uncounted_ns.push(timed(&uncounted, &ack, cfg.repeat, stat::DNAT_ESTABLISHED)?);
             // Cross-check of the new-flow path with tuples never seen before, one
             // run each (so the figure includes the timer's own cost once per packet).
             let mut sum_new = 0.0;
@@ -208,6 +229,7 @@ pub fn per_packet(cfg: &Config) -> Result<Fig1> {
             no_match_ns: Summary::of(&floor_ns),
             new_flow_ns: Summary::of(&new_ns),
             established_ns: Summary::of(&est_ns),
+            established_without_counters_ns: Summary::of(&est_uncounted_ns),
             new_flow_fresh_tuples_ns: Summary::of(&fresh_ns),
             no_match_single_run_ns: Summary::of(&floor1_ns),
         });
@@ -225,7 +247,9 @@ pub fn per_packet(cfg: &Config) -> Result<Fig1> {
              backend is its own VIP:port (a SYN on a tracked tuple starts a new connection, so \
              every rerun picks a backend, writes both conntrack entries and rewrites, and the \
              identity DNAT leaves the packet as it was); established = TCP ACK on that Service \
-             after its first packet created the conntrack entry. Cross-check: SYNs from {fresh} \
+             after its first packet created the conntrack entry; the same packet through the \
+             program loaded without its per-frontend and per-backend counters, over the same \
+             maps, interleaved round by round, gives what counting costs. Cross-check: SYNs from {fresh} \
              distinct never-seen tuples, repeat=1 each (this includes the kernel timer's own \
              cost per packet, shown by the no-match floor measured the same way).",
             repeat = cfg.repeat,
