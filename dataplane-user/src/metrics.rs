@@ -404,7 +404,7 @@ impl conventions::http::Status for Metrics {
         let answer = self.ask(Ask::Audit);
         Some(Box::pin(async move {
             let report = answer
-                .ok_or("the agent loop takes no requests")?
+                .ok_or("the agent loop is not taking requests (busy, or not started)")?
                 .await
                 .map_err(|_| "the agent loop stopped".to_string())??;
             serde_json::to_string_pretty(&report).map_err(|e| e.to_string())

@@ -1,4 +1,5 @@
-//! Maps: the service maps as the writer sees them (`MapOps`), conntrack for the
+//! Maps: the service maps as the writer sees them (`MapOps`; a new frontend or backend
+//! id gets its counters zeroed), the per-frontend and per-backend counters, conntrack for the
 //! sweeper, the exit counters and the conntrack timeouts.
 
 use aya::maps::{HashMap as BpfHashMap, MapData, MapError, PerCpuArray, PerCpuValues};
