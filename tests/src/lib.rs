@@ -37,6 +37,12 @@ pub use servers::{BackendServers, Reply};
 /// Port the backend servers listen on (TCP and UDP).
 pub const BACKEND_PORT: u16 = 8080;
 
+/// How long an agent may take to load, attach and sync once. A second or two on a
+/// machine of its own; under the VM tier's software emulation, with several agents
+/// loading at once (each verifies the programs and allocates its per-CPU counters),
+/// tens of seconds.
+pub const AGENT_START: Duration = Duration::from_secs(90);
+
 /// A pod: its namespace, its address, and the node-side interface it hangs off.
 #[derive(Debug, Clone)]
 pub struct Pod {
@@ -251,7 +257,7 @@ impl Lab {
             &self.bpffs,
             &self.agent_args,
         )?;
-        agent.wait_for_sync(1, Duration::from_secs(20))?;
+        agent.wait_for_sync(1, AGENT_START)?;
         Ok(agent)
     }
 
@@ -270,7 +276,7 @@ impl Lab {
             &self.bpffs,
             &self.agent_args,
         )?;
-        agent.wait_for_sync(1, Duration::from_secs(20))?;
+        agent.wait_for_sync(1, AGENT_START)?;
         Ok(agent)
     }
 

@@ -79,7 +79,7 @@ fn the_agent_follows_the_api_server() {
         .unwrap();
     let source = ["--kubeconfig".into(), kubeconfig.into_os_string()];
     let agent = Agent::start(&lab.node.name, &source, &lab.pod_interfaces(), &lab.bpffs).unwrap();
-    agent.wait_for_sync(1, Duration::from_secs(20)).unwrap();
+    agent.wait_for_sync(1, sliceway_lab::AGENT_START).unwrap();
     assert_eq!(backends_seen(&lab, 30).len(), 3);
 
     // An endpoint leaves the slice in the API server: new flows stop going there.
@@ -164,7 +164,7 @@ fn healthz_follows_the_api_watch_and_livez_the_process() {
         &["--healthz-timeout-seconds".into(), "2".into()],
     )
     .unwrap();
-    agent.wait_for_sync(1, Duration::from_secs(20)).unwrap();
+    agent.wait_for_sync(1, sliceway_lab::AGENT_START).unwrap();
     let status = |path: &'static str| http_get(&lab.node.name, path);
     let wait_for = |path: &'static str, code: &str, what: &str| -> String {
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -256,7 +256,7 @@ fn a_service_the_agent_cannot_program_gets_an_event() {
         &["--service-proxy-name".into(), PROXY.into()],
     )
     .unwrap();
-    agent.wait_for_sync(1, Duration::from_secs(20)).unwrap();
+    agent.wait_for_sync(1, sliceway_lab::AGENT_START).unwrap();
 
     let events = Api::<Event>::namespaced(admin, &ns);
     let deadline = Instant::now() + Duration::from_secs(20);
