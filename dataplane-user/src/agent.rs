@@ -257,8 +257,6 @@ impl Syncer {
         }
         self.report_sctp();
         self.syncs += 1;
-        self.observe(&skipped, dp, written, started.elapsed());
-        let report = &synced.report;
         let writer = &self.pipeline.writer;
         // Service ports, and apart from them the ClusterIPs marked for rejecting
         // their undeclared ports (both are SERVICES entries).
@@ -267,11 +265,18 @@ impl Syncer {
             .keys()
             .filter(|k| crate::compiler::is_clusterip_marker(k))
             .count();
+        let frontends = writer.programmed().len() - clusterips;
+        self.metrics.frontends.set(frontends as i64);
+        self.metrics.map_writes.inc_by(report.map_writes as u64);
+        self.metrics.map_deletes.inc_by(report.map_deletes as u64);
+        self.observe(&skipped, dp, written, started.elapsed());
+        let report = &synced.report;
+        let writer = &self.pipeline.writer;
         info!(
             sync = self.syncs,
             services = self.pipeline.compiler.service_count(),
             slices = self.pipeline.compiler.slice_count(),
-            frontends = writer.programmed().len() - clusterips,
+            frontends,
             clusterips,
             backends = writer.backend_count(),
             changed = synced.changed,
@@ -285,7 +290,6 @@ impl Syncer {
 
     fn observe(&mut self, skipped: &[Skipped], dp: &Datapath, written: SystemTime, took: Duration) {
         let m = &self.metrics;
-        m.syncs.inc();
         m.sync_duration.observe(took.as_secs_f64());
         let mut counts: BTreeMap<(String, String), i64> = BTreeMap::new();
         for s in skipped {
@@ -336,6 +340,8 @@ impl Syncer {
                 }
             }
         }
+        // Last: a reader that sees the sync counted sees everything above.
+        m.syncs.inc();
     }
 
     fn publish_counters(&self, dp: &Datapath) {

@@ -35,6 +35,9 @@ pub struct Metrics {
     registry: Registry,
     pub syncs: Counter,
     pub sync_duration: Histogram,
+    pub frontends: Gauge,
+    pub map_writes: Counter,
+    pub map_deletes: Counter,
     pub skipped: Family<Labels, Gauge>,
     pub map_entries: Family<Labels, Gauge>,
     pub map_capacity: Family<Labels, Gauge>,
@@ -84,6 +87,24 @@ impl Metrics {
             "sync_duration_seconds",
             "Time to compile and write one sync",
             sync_duration.clone(),
+        );
+        let frontends = Gauge::default();
+        registry.register(
+            "frontends",
+            "Service frontends (address, port and protocol) programmed by the last sync",
+            frontends.clone(),
+        );
+        let map_writes = Counter::default();
+        registry.register(
+            "map_writes",
+            "BPF map entries written (added or changed) by syncs",
+            map_writes.clone(),
+        );
+        let map_deletes = Counter::default();
+        registry.register(
+            "map_deletes",
+            "BPF map entries deleted by syncs",
+            map_deletes.clone(),
         );
         let skipped = Family::<Labels, Gauge>::default();
         registry.register(
@@ -154,6 +175,9 @@ impl Metrics {
             registry,
             syncs,
             sync_duration,
+            frontends,
+            map_writes,
+            map_deletes,
             skipped,
             map_entries,
             map_capacity,

@@ -362,10 +362,48 @@ pub fn workspace_binary(name: &str) -> Result<PathBuf> {
     )
 }
 
-/// A running `sliceway-agent`, its log captured. Stopped on drop.
+/// A running `sliceway-agent`, its log captured. Stopped on drop. Its state (syncs,
+/// frontends, map writes) is read from its `/metrics`, served on a loopback port of
+/// its own inside its network namespace; the log is for messages and for failures.
 pub struct Agent {
     child: Child,
     log: Arc<Mutex<Vec<String>>>,
+    /// The network namespace the agent runs in.
+    ns: String,
+    /// Its `--metrics-addr`, inside that namespace.
+    metrics_addr: SocketAddrV4,
+}
+
+/// The first metrics port of the lab's agents; each agent of a process takes the
+/// next, so two agents in one node namespace never share one.
+const AGENT_METRICS_PORT: u16 = 20256;
+
+/// The value of the sample `series` in a Prometheus text exposition: the metric's
+/// name with its labels as printed (`sliceway_map_entries{map="SERVICES"}`).
+pub fn metric_value(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+/// `GET path` on `addr` from inside network namespace `ns`: the whole response,
+/// status line first.
+pub fn http_get(ns: &str, addr: SocketAddrV4, path: &str) -> Result<String> {
+    use std::io::{Read as _, Write as _};
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    in_netns(ns, move || -> Result<String> {
+        let timeout = Duration::from_secs(5);
+        let mut c = std::net::TcpStream::connect_timeout(&addr.into(), timeout)?;
+        c.set_read_timeout(Some(timeout))?;
+        c.write_all(request.as_bytes())?;
+        let mut response = String::new();
+        c.read_to_string(&mut response)?;
+        Ok(response)
+    })?
 }
 
 impl Agent {
@@ -388,6 +426,9 @@ impl Agent {
         bpffs: &Path,
         extra: &[String],
     ) -> Result<Self> {
+        static PORTS: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+        let port = AGENT_METRICS_PORT + PORTS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let metrics_addr = SocketAddrV4::new(Ipv4Addr::LOCALHOST, port);
         let bin = workspace_binary("sliceway-agent")?;
         let mut child = Command::new("nsenter")
             .arg(format!("--net=/var/run/netns/{node_ns}"))
@@ -399,6 +440,8 @@ impl Agent {
             .args(["--node", "node-1", "--poll-interval-ms", "100"])
             .arg("--bpffs-dir")
             .arg(bpffs)
+            .arg("--metrics-addr")
+            .arg(metrics_addr.to_string())
             .args(extra)
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
@@ -418,7 +461,12 @@ impl Agent {
                 sink.lock().unwrap().push(line);
             }
         });
-        Ok(Self { child, log })
+        Ok(Self {
+            child,
+            log,
+            ns: node_ns.to_string(),
+            metrics_addr,
+        })
     }
 
     /// The log so far.
@@ -426,29 +474,52 @@ impl Agent {
         self.log.lock().unwrap().clone()
     }
 
-    /// Number of syncs the agent has logged.
-    pub fn syncs(&self) -> u64 {
-        self.log
-            .lock()
-            .unwrap()
-            .iter()
-            .filter_map(|l| l.split("sync=").nth(1))
-            .filter_map(|rest| rest.split_whitespace().next()?.parse().ok())
-            .max()
-            .unwrap_or(0)
+    /// Where the agent serves `/metrics` (its `--metrics-addr`, inside its namespace).
+    pub fn metrics_addr(&self) -> SocketAddrV4 {
+        self.metrics_addr
     }
 
-    /// Waits until the agent logged sync number `n`.
+    /// `GET path` on the agent's metrics endpoint: the whole response.
+    pub fn http(&self, path: &str) -> Result<String> {
+        http_get(&self.ns, self.metrics_addr, path)
+    }
+
+    /// The agent's `/metrics` now.
+    pub fn metrics(&self) -> Result<String> {
+        let response = self.http("/metrics")?;
+        match response.split_once("\r\n\r\n") {
+            Some((head, body)) if head.starts_with("HTTP/1.1 200") => Ok(body.to_string()),
+            _ => bail!("the agent's /metrics answered:\n{response}"),
+        }
+    }
+
+    /// The value of one sample of the agent's `/metrics` (see [`metric_value`]); `None`
+    /// when the agent does not show it (yet).
+    pub fn metric(&self, name: &str) -> Result<Option<f64>> {
+        Ok(metric_value(&self.metrics()?, name))
+    }
+
+    /// Syncs the agent has made (`sliceway_syncs_total`).
+    pub fn syncs(&self) -> Result<u64> {
+        Ok(self.metric("sliceway_syncs_total")?.unwrap_or(0.0) as u64)
+    }
+
+    /// Waits until the agent has made `n` syncs.
     pub fn wait_for_sync(&self, n: u64, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
+        let mut last = None;
         while Instant::now() < deadline {
-            if self.syncs() >= n {
-                return Ok(());
+            // Until its metrics server is up, the agent has not synced.
+            match self.syncs() {
+                Ok(syncs) if syncs >= n => return Ok(()),
+                Ok(syncs) => last = Some(format!("{syncs} syncs")),
+                Err(e) => last = Some(format!("{e:#}")),
             }
             std::thread::sleep(Duration::from_millis(20));
         }
         bail!(
-            "the agent did not reach sync {n} within {timeout:?}; its log:\n{}",
+            "the agent did not reach sync {n} within {timeout:?} ({}); its log:\n{}",
+            last.unwrap_or_default(),
             self.log().join("\n")
         )
     }
@@ -456,7 +527,7 @@ impl Agent {
     /// Runs `change` (a manifest written or removed) and waits until the agent has
     /// synced after it, so what follows sees the change applied.
     pub fn applies(&self, change: impl FnOnce() -> Result<()>) -> Result<()> {
-        let before = self.syncs();
+        let before = self.syncs()?;
         change()?;
         self.wait_for_sync(before + 1, Duration::from_secs(10))
     }
@@ -502,32 +573,4 @@ impl Drop for Agent {
     fn drop(&mut self) {
         self.stop();
     }
-}
-
-/// `GET path` from the agent's metrics endpoint (its default `127.0.0.1:10256`)
-/// inside network namespace `ns`: the whole HTTP answer, head and body.
-pub fn agent_http(ns: &str, path: &str) -> Result<String> {
-    use std::io::{Read as _, Write as _};
-    let path = path.to_string();
-    in_netns(ns, move || -> Result<String> {
-        let mut c = std::net::TcpStream::connect("127.0.0.1:10256")
-            .context("connecting to the agent's metrics endpoint")?;
-        c.set_read_timeout(Some(Duration::from_secs(30)))?;
-        write!(c, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n")?;
-        let mut s = String::new();
-        c.read_to_string(&mut s)?;
-        Ok(s)
-    })?
-}
-
-/// The value of the sample `series` (name with its labels, as printed) in a
-/// Prometheus text answer.
-pub fn metric_value(text: &str, series: &str) -> Option<f64> {
-    text.lines().find_map(|l| {
-        l.strip_prefix(series)?
-            .strip_prefix(' ')?
-            .trim()
-            .parse()
-            .ok()
-    })
 }

@@ -5,8 +5,7 @@
 //! traffic through the VIP. Also `/metrics` and `/healthz`. Needs root.
 
 use std::{
-    io::{Read, Write},
-    net::{Ipv4Addr, SocketAddrV4, TcpStream},
+    net::{Ipv4Addr, SocketAddrV4},
     path::Path,
     time::{Duration, Instant},
 };
@@ -18,7 +17,7 @@ use kube::{
 };
 use serde_json::json;
 use sliceway_agent::source::local::parse_file;
-use sliceway_lab::{cluster, in_netns, Agent, Lab};
+use sliceway_lab::{cluster, Agent, Lab};
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 
@@ -32,17 +31,6 @@ fn objects(lab: &Lab, ns: &str, backends: &[usize]) -> (Service, EndpointSlice) 
     svc.metadata.namespace = Some(ns.into());
     slice.metadata.namespace = Some(ns.into());
     (svc, slice)
-}
-
-fn http_get(ns: &str, path: &'static str) -> String {
-    in_netns(ns, move || {
-        let mut c = TcpStream::connect("127.0.0.1:10256").unwrap();
-        write!(c, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
-        let mut s = String::new();
-        c.read_to_string(&mut s).unwrap();
-        s
-    })
-    .unwrap()
 }
 
 fn backends_seen(lab: &Lab, n: usize) -> std::collections::BTreeSet<String> {
@@ -84,7 +72,7 @@ fn the_agent_follows_the_api_server() {
 
     // An endpoint leaves the slice in the API server: new flows stop going there.
     let (_, smaller) = objects(&lab, &ns, &[0, 2]);
-    let syncs = agent.syncs();
+    let syncs = agent.syncs().unwrap();
     let patch = json!({
         "metadata": {"annotations": {
             "endpoints.kubernetes.io/last-change-trigger-time": "2026-01-01T00:00:00Z",
@@ -105,9 +93,9 @@ fn the_agent_follows_the_api_server() {
     assert_eq!(seen.len(), 2);
 
     // Health and metrics, from inside the node (localhost only).
-    let health = http_get(&lab.node.name, "/healthz");
+    let health = agent.http("/healthz").unwrap();
     assert!(health.starts_with("HTTP/1.1 200"), "{health}");
-    let metrics = http_get(&lab.node.name, "/metrics");
+    let metrics = agent.metrics().unwrap();
     for needle in [
         "sliceway_syncs_total",
         "sliceway_sync_duration_seconds",
@@ -165,7 +153,7 @@ fn healthz_follows_the_api_watch_and_livez_the_process() {
     )
     .unwrap();
     agent.wait_for_sync(1, sliceway_lab::AGENT_START).unwrap();
-    let status = |path: &'static str| http_get(&lab.node.name, path);
+    let status = |path: &'static str| agent.http(path).unwrap();
     let wait_for = |path: &'static str, code: &str, what: &str| -> String {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {

@@ -25,7 +25,7 @@ use super::{
     stats::{percentile, Rng, Summary},
     Config,
 };
-use crate::{in_netns, servers, Agent, Lab, NS_PREFIX};
+use crate::{in_netns, metric_value, servers, Agent, Lab, NS_PREFIX};
 
 /// The proxies compared.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -154,12 +154,14 @@ pub struct AgentProc {
     started: Instant,
 }
 
-/// What the agent logged about a sync.
+/// A sync, as the agent's metrics show it.
 #[derive(Clone, Copy, Debug)]
 pub struct Synced {
-    /// From the agent's start to the sync's log line.
+    /// From the agent's start to its metrics showing the sync.
     pub since_start: Duration,
-    /// The agent's own measure of the sync (compile + map writes), microseconds.
+    /// The agent's own measure of its syncs until then (compile + map writes, from
+    /// `sliceway_sync_duration_seconds`), microseconds: the first sync programs the
+    /// whole manifest directory, so this is that one sync.
     pub micros: u64,
 }
 
@@ -179,15 +181,17 @@ impl AgentProc {
     pub fn wait_synced(&mut self, frontends: usize, timeout: Duration) -> Result<Synced> {
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
-            let found = self.agent.log().iter().find_map(|l| {
-                (l.contains("synced") && field(l, "frontends") == Some(frontends as u64))
-                    .then(|| field(l, "micros").unwrap_or(0))
-            });
-            if let Some(micros) = found {
-                return Ok(Synced {
-                    since_start: self.started.elapsed(),
-                    micros,
-                });
+            // Until its metrics server is up, the agent has programmed nothing.
+            if let Ok(metrics) = self.agent.metrics() {
+                let programmed = metric_value(&metrics, "sliceway_frontends");
+                if programmed == Some(frontends as f64) {
+                    let seconds = metric_value(&metrics, "sliceway_sync_duration_seconds_sum")
+                        .context("no sliceway_sync_duration_seconds_sum in the agent's metrics")?;
+                    return Ok(Synced {
+                        since_start: self.started.elapsed(),
+                        micros: (seconds * 1e6) as u64,
+                    });
+                }
             }
             if let Some(status) = self.agent.exit_status() {
                 bail!(
@@ -221,13 +225,6 @@ impl AgentProc {
     pub fn stop(&mut self) {
         self.agent.stop();
     }
-}
-
-/// `key=NUMBER` in a log line.
-fn field(line: &str, key: &str) -> Option<u64> {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
-        .and_then(|v| v.parse().ok())
 }
 
 /// Timeout for a sync of `n` Services (YAML parsing dominates).
@@ -653,7 +650,7 @@ pub struct Fig4Row {
     pub peak_rss_mib: Summary,
     /// Resident set size after the first sync (`VmRSS`), MiB.
     pub rss_mib: Summary,
-    /// From the agent's start to its first full sync logged, milliseconds.
+    /// From the agent's start to its metrics showing its first full sync, milliseconds.
     pub start_to_synced_ms: Summary,
     /// The agent's own measure of that sync (compile + map writes), milliseconds.
     pub agent_sync_ms: Summary,

@@ -58,9 +58,8 @@ fn main() -> Result<()> {
         "\n== removing {} ({}) from the EndpointSlice",
         removed.name, removed.ip
     );
-    let before = agent.syncs();
-    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 2]))?;
-    agent.wait_for_sync(before + 1, Duration::from_secs(5))?;
+    agent
+        .applies(|| lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 2])))?;
     println!("   agent re-synced\n\n== {REQUESTS} more connections to {vip}");
     let counts = round(&lab, vip)?;
     anyhow::ensure!(
