@@ -6,7 +6,6 @@
 //! the cluster; [`local`] (a directory of YAML) and [`controller`] (a real API server
 //! through kube-rs) are the edges that feed snapshots in and apply plans out.
 
-pub mod bench;
 pub mod controller;
 pub mod endpoints;
 pub mod events;

@@ -1,5 +1,5 @@
 //! The `sliceway-controller` binary: `run` (against an API server or a manifest
-//! directory), `plan`, and the benchmarks.
+//! directory) and `plan`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -28,27 +28,6 @@ enum Command {
     Run(RunArgs),
     /// One reconcile pass over a manifest directory; prints the plan, writes nothing.
     Plan(PlanArgs),
-    /// Benchmark: a Service's Pods replaced one by one; counts API writes and bytes.
-    BenchRollingUpdate {
-        /// Pods in the Service.
-        #[arg(long, default_value_t = 5000)]
-        pods: usize,
-        /// Output format.
-        #[arg(short = 'o', long, value_enum, default_value_t = Format::Json)]
-        output: Format,
-    },
-    /// Benchmark: time one reconcile pass over many Services from nothing.
-    BenchColdStart {
-        /// Services.
-        #[arg(long, default_value_t = 10_000)]
-        services: usize,
-        /// Pods, spread evenly over the Services.
-        #[arg(long, default_value_t = 100_000)]
-        pods: usize,
-        /// Output format.
-        #[arg(short = 'o', long, value_enum, default_value_t = Format::Json)]
-        output: Format,
-    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -239,30 +218,6 @@ async fn main() -> anyhow::Result<()> {
             };
             server.abort();
             result?;
-        }
-        Command::BenchRollingUpdate { pods, output } => {
-            let r = controller::bench::rolling_update(pods);
-            match output {
-                Format::Json => print_out(&format!("{}\n", serde_json::to_string_pretty(&r)?))?,
-                Format::Table => println!(
-                    "pods {}: slices {} writes / {} bytes, endpoints {} writes / {} bytes, {} slices at end",
-                    r.pods, r.slice_writes, r.slice_bytes, r.endpoints_writes, r.endpoints_bytes, r.slices_at_end
-                ),
-            }
-        }
-        Command::BenchColdStart {
-            services,
-            pods,
-            output,
-        } => {
-            let r = controller::bench::cold_start(services, pods);
-            match output {
-                Format::Json => print_out(&format!("{}\n", serde_json::to_string_pretty(&r)?))?,
-                Format::Table => println!(
-                    "{} services, {} pods: {} slices in {:.1} ms",
-                    r.services, r.pods, r.slices, r.millis
-                ),
-            }
         }
     }
     Ok(())

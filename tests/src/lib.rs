@@ -12,7 +12,6 @@
 //! Namespaces are entered with `setns` (threads) or `nsenter --net` (processes),
 //! never `ip netns exec`, which remounts `/sys` and hides `/sys/fs/bpf`.
 
-pub mod bench;
 pub mod cluster;
 pub mod datapath_model;
 pub mod fuzz;

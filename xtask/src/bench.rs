@@ -20,9 +20,7 @@ pub fn bench(root: &std::path::Path, quick: bool, only: Option<&str>) -> Result<
         "--package",
         "dataplane-user",
         "--package",
-        "tests",
-        "--package",
-        "controller",
+        "bench",
     ]))?;
     let mut cmd = Command::new(root.join("target/release/sliceway-bench"));
     cmd.arg("--out").arg(root.join("target/bench"));

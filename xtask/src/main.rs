@@ -250,7 +250,8 @@ extern "C" {
     fn libc_getuid() -> u32;
 }
 
-/// The binaries the node-lab tests and the demo start (debug build).
+/// The binaries the node-lab tests, the benchmarks' smoke test and the demo start
+/// (debug build).
 fn build_lab_binaries() -> Result<()> {
     run(cargo().args([
         "build",
@@ -261,6 +262,8 @@ fn build_lab_binaries() -> Result<()> {
         "controller",
         "--package",
         "tests",
+        "--package",
+        "bench",
     ]))
 }
 

@@ -444,7 +444,7 @@ mod tests {
 
     #[test]
     fn one_svc_chain_per_service_and_one_sep_per_endpoint() {
-        let c = super::super::model::fake_cluster(2, 3);
+        let c = crate::model::fake_cluster(2, 3);
         let text = iptables_full(&c, true);
         assert_eq!(text.matches(":KUBE-SVC-").count(), 2);
         assert_eq!(text.matches(":KUBE-SEP-").count(), 6);

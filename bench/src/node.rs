@@ -25,7 +25,7 @@ use super::{
     stats::{percentile, Rng, Summary},
     Config,
 };
-use crate::{in_netns, metric_value, servers, Agent, Lab, NS_PREFIX};
+use sliceway_lab::{in_netns, metric_value, servers, Agent, Lab, NS_PREFIX};
 
 /// The proxies compared.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

@@ -510,31 +510,29 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
     let f = &r.fig5;
     let _ = writeln!(m, "{}\n", f.method);
     if let Some(v) = &f.rolling_update {
-        let g = |k: &str| v.get(k).map_or("?".to_string(), |x| x.to_string());
         let _ = writeln!(
             m,
             "| rolling update of {} pods | API writes | bytes written | vs EndpointSlices (writes, bytes) |\n|---|---:|---:|---:|\n| EndpointSlices | {} | {} | 1.00x, 1.00x |\n| Endpoints, truncated to 1000 addresses (as upstream writes them) | {} | {} | {}, {} |\n| Endpoints with every address | {} | {} | {}, {} |\n",
-            g("pods"),
-            g("slice_writes"),
-            g("slice_bytes"),
-            g("endpoints_writes"),
-            g("endpoints_bytes"),
+            v.pods,
+            v.slice_writes,
+            v.slice_bytes,
+            v.endpoints_writes,
+            v.endpoints_bytes,
             fmt_ratio(f.writes_ratio),
             fmt_ratio(f.bytes_ratio),
-            g("endpoints_untruncated_writes"),
-            g("endpoints_untruncated_bytes"),
+            v.endpoints_untruncated_writes,
+            v.endpoints_untruncated_bytes,
             fmt_ratio(f.untruncated_writes_ratio),
             fmt_ratio(f.untruncated_bytes_ratio)
         );
     }
     if let Some(v) = &f.cold_start {
-        let g = |k: &str| v.get(k).map_or("?".to_string(), |x| x.to_string());
         let _ = writeln!(
             m,
             "Cold start: {} Services, {} pods, {} EndpointSlices reconciled in {} ms.\n",
-            g("services"),
-            g("pods"),
-            g("slices"),
+            v.services,
+            v.pods,
+            v.slices,
             f.cold_start_ms.show(1)
         );
     }

@@ -25,7 +25,7 @@ use std::{path::Path, time::Instant};
 use anyhow::{Context, Result};
 use serde::Serialize;
 
-use crate::Lab;
+use sliceway_lab::Lab;
 
 /// How long and how large a run is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

@@ -1,4 +1,4 @@
-//! `sliceway-bench`: runs the benchmarks (see `sliceway_lab::bench`), writes
+//! `sliceway-bench`: runs the benchmarks (see the `sliceway_bench` library), writes
 //! `report.md`, `report.json` and PNG plots into `--out`, and prints the report.
 //! `cargo xtask bench` builds and runs it. Needs root (BPF, network namespaces).
 
@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 use clap::Parser;
-use sliceway_lab::bench::{self, Config, Mode};
+use sliceway_bench::{self as bench, Config, Mode};
 
 #[derive(Parser)]
 #[command(

@@ -1,18 +1,15 @@
 //! Smoke test of the benchmark harness: `sliceway-bench --smoke` on tiny sizes must
 //! write the report, its JSON and plots, with every figure measured. Benchmarks are
 //! not tests; this only keeps the harness from rotting. Needs root, like the other
-//! node-lab tests, and the binaries built (`cargo xtask test` builds them).
+//! node-lab tests, and the agent built (`cargo xtask test` builds it).
 
 use std::process::Command;
-
-use sliceway_lab::workspace_binary;
 
 #[test]
 fn bench_smoke_writes_every_figure() {
     let out = std::env::temp_dir().join(format!("sliceway-bench-smoke-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
-    let bin = workspace_binary("sliceway-bench").unwrap();
-    let run = Command::new(bin)
+    let run = Command::new(env!("CARGO_BIN_EXE_sliceway-bench"))
         .args(["--smoke", "--out"])
         .arg(&out)
         .output()

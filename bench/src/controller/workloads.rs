@@ -1,7 +1,6 @@
-//! Benchmarks in pure code (no API server): the rolling update of a large Service,
-//! counting writes and bytes for EndpointSlices and for Endpoints, and a cold start
-//! of many Services. `cargo xtask bench` calls these through
-//! `sliceway-controller bench-rolling-update` and `bench-cold-start`.
+//! The controllers' workloads of figure 5, in pure code through the `controller`
+//! library (no API server): the rolling update of a large Service, counting writes
+//! and bytes for EndpointSlices and for Endpoints, and a cold start of many Services.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -12,8 +11,8 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
 
-use crate::plan::{Object, Plan};
-use crate::store::{self, Snapshot};
+use controller::plan::{Object, Plan};
+use controller::store::{self, Snapshot};
 
 /// Writes and bytes of a rolling update.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -57,7 +56,7 @@ fn node(i: usize) -> Node {
         metadata: ObjectMeta {
             name: Some(format!("node-{i}")),
             labels: Some(BTreeMap::from([(
-                crate::util::LABEL_ZONE.to_string(),
+                controller::util::LABEL_ZONE.to_string(),
                 format!("zone-{}", i % 3),
             )])),
             ..Default::default()
