@@ -154,10 +154,6 @@ impl Datapath {
             }
         }
         let mut ebpf = loader.load(OBJECT)?;
-        // Kernel-side logging exists only in a debug build of the object.
-        if let Err(e) = aya_log::EbpfLogger::init(&mut ebpf) {
-            tracing::debug!("no kernel-side logging: {e}");
-        }
         let program: &mut SchedClassifier = ebpf
             .program_mut(TC_PROGRAM)
             .ok_or(KernelError::MissingProgram(TC_PROGRAM))?
