@@ -340,64 +340,12 @@ impl KubeSource {
             .and_then(|n| crate::model::NodeInfo::from(&**n).zone);
         compiler.set_zone(zone);
         if changes.relisted {
-            let mut present = HashSet::new();
-            for svc in self.services.state() {
-                let svc = ServiceInfo::from(&*svc);
-                present.insert(ServiceId::of(&svc, Origin::default()));
-                compiler.put_service(Origin::default(), svc);
-            }
-            let gone: Vec<ServiceId> = compiler
-                .services_held()
-                .into_iter()
-                .filter(|id| !present.contains(id))
-                .collect();
-            for id in &gone {
-                compiler.remove_service(id);
-            }
-            let mut present = HashSet::new();
-            for slice in self.slices.state() {
-                let slice = SliceInfo::from(&*slice);
-                present.insert(SliceId::of(&slice, Origin::default()));
-                compiler.put_slice(Origin::default(), slice);
-            }
-            let gone: Vec<SliceId> = compiler
-                .slices_held()
-                .into_iter()
-                .filter(|id| !present.contains(id))
-                .collect();
-            for id in &gone {
-                compiler.remove_slice(id);
-            }
+            relist(&self.services, compiler);
+            relist(&self.slices, compiler);
             return;
         }
-        for (namespace, name) in &changes.services {
-            match self.services.get(&object_ref(namespace, name)) {
-                Some(svc) => {
-                    compiler.put_service(Origin::default(), ServiceInfo::from(&*svc));
-                }
-                None => {
-                    compiler.remove_service(&ServiceId {
-                        namespace: namespace.clone().unwrap_or_default(),
-                        name: name.clone(),
-                        origin: Origin::default(),
-                    });
-                }
-            }
-        }
-        for (namespace, name) in &changes.slices {
-            match self.slices.get(&object_ref(namespace, name)) {
-                Some(slice) => {
-                    compiler.put_slice(Origin::default(), SliceInfo::from(&*slice));
-                }
-                None => {
-                    compiler.remove_slice(&SliceId {
-                        namespace: namespace.clone(),
-                        name: Some(name.clone()),
-                        origin: Origin::default(),
-                    });
-                }
-            }
-        }
+        put_changed(&self.services, &changes.services, compiler);
+        put_changed(&self.slices, &changes.slices, compiler);
     }
 
     /// The Service store (reader side).
@@ -497,6 +445,99 @@ impl super::Source for ApiSource {
         changes.relisted |= !std::mem::replace(&mut self.fed, true);
         self.source.feed(&changes, sink);
         super::Fed::Changed
+    }
+}
+
+/// What [`KubeSource::feed`] does alike for Services and EndpointSlices: the lean
+/// copy the sink takes, its identity there, and the sink's calls for the kind.
+trait Kind: Resource<DynamicType = ()> + Clone + 'static {
+    type Info;
+    type Id: Eq + std::hash::Hash;
+    fn info(&self) -> Self::Info;
+    fn id(info: &Self::Info) -> Self::Id;
+    /// The identity of an object of the store named `key`, which may be gone.
+    fn id_of(key: &ObjectKey) -> Self::Id;
+    fn put(sink: &mut dyn Sink, info: Self::Info);
+    fn remove(sink: &mut dyn Sink, id: &Self::Id);
+    fn held(sink: &dyn Sink) -> Vec<Self::Id>;
+}
+
+impl Kind for Service {
+    type Info = ServiceInfo;
+    type Id = ServiceId;
+    fn info(&self) -> ServiceInfo {
+        ServiceInfo::from(self)
+    }
+    fn id(info: &ServiceInfo) -> ServiceId {
+        ServiceId::of(info, Origin::default())
+    }
+    fn id_of((namespace, name): &ObjectKey) -> ServiceId {
+        ServiceId {
+            namespace: namespace.clone().unwrap_or_default(),
+            name: name.clone(),
+            origin: Origin::default(),
+        }
+    }
+    fn put(sink: &mut dyn Sink, info: ServiceInfo) {
+        sink.put_service(Origin::default(), info);
+    }
+    fn remove(sink: &mut dyn Sink, id: &ServiceId) {
+        sink.remove_service(id);
+    }
+    fn held(sink: &dyn Sink) -> Vec<ServiceId> {
+        sink.services_held()
+    }
+}
+
+impl Kind for EndpointSlice {
+    type Info = SliceInfo;
+    type Id = SliceId;
+    fn info(&self) -> SliceInfo {
+        SliceInfo::from(self)
+    }
+    fn id(info: &SliceInfo) -> SliceId {
+        SliceId::of(info, Origin::default())
+    }
+    fn id_of((namespace, name): &ObjectKey) -> SliceId {
+        SliceId {
+            namespace: namespace.clone(),
+            name: Some(name.clone()),
+            origin: Origin::default(),
+        }
+    }
+    fn put(sink: &mut dyn Sink, info: SliceInfo) {
+        sink.put_slice(Origin::default(), info);
+    }
+    fn remove(sink: &mut dyn Sink, id: &SliceId) {
+        sink.remove_slice(id);
+    }
+    fn held(sink: &dyn Sink) -> Vec<SliceId> {
+        sink.slices_held()
+    }
+}
+
+/// After a relist: every object of `store` is put, and what `sink` holds of the kind
+/// that the store no longer has is removed.
+fn relist<K: Kind>(store: &Store<K>, sink: &mut dyn Sink) {
+    let mut present = HashSet::new();
+    for obj in store.state() {
+        let info = obj.info();
+        present.insert(K::id(&info));
+        K::put(sink, info);
+    }
+    for id in K::held(sink).iter().filter(|id| !present.contains(id)) {
+        K::remove(sink, id);
+    }
+}
+
+/// The objects named in `keys` are put as `store` has them, or removed where it no
+/// longer does.
+fn put_changed<K: Kind>(store: &Store<K>, keys: &BTreeSet<ObjectKey>, sink: &mut dyn Sink) {
+    for key in keys {
+        match store.get(&object_ref(&key.0, &key.1)) {
+            Some(obj) => K::put(sink, obj.info()),
+            None => K::remove(sink, &K::id_of(key)),
+        }
     }
 }
 
