@@ -196,10 +196,22 @@ pub fn load_dir(dir: &Path) -> Result<Loaded> {
 /// Services it holds. Files the controller owns are read after the others, so their
 /// copies win.
 pub fn load_dir_keeping(files: &mut LastGood) -> Result<Loaded> {
-    files.rescan(&mut ToDocs).map_err(|source| Error::Io {
+    rescan(files)?;
+    Ok(loaded(files))
+}
+
+/// Reads the files that were added or changed since the last rescan; whether any
+/// file was added, changed or removed.
+fn rescan(files: &mut LastGood) -> Result<bool> {
+    let scan = files.rescan(&mut ToDocs).map_err(|source| Error::Io {
         path: files.dir().display().to_string(),
         source,
     })?;
+    Ok(scan.changed)
+}
+
+/// The objects of the files as last read.
+fn loaded(files: &LastGood) -> Loaded {
     let mut loaded = Loaded {
         rejected: files
             .problems()
@@ -225,7 +237,7 @@ pub fn load_dir_keeping(files: &mut LastGood) -> Result<Loaded> {
             }
         }
     }
-    Ok(loaded)
+    loaded
 }
 
 /// The file a new managed object is written to: `<kind>-<namespace>-<name>.yaml`,
@@ -352,25 +364,19 @@ pub fn plan_dir_keeping(
     opts: &store::Options,
     state: &mut store::State,
 ) -> Result<(Plan, Loaded, store::Outcome)> {
-    let loaded = load_dir_keeping(files)?;
+    Ok(plan_loaded(load_dir_keeping(files)?, opts, state))
+}
+
+/// The plan (names assigned) for what was read.
+fn plan_loaded(
+    loaded: Loaded,
+    opts: &store::Options,
+    state: &mut store::State,
+) -> (Plan, Loaded, store::Outcome) {
     let mut outcome = store::plan_all(&loaded.snapshot, opts, state);
     let taken: BTreeSet<Key> = loaded.snapshot.slices.keys().cloned().collect();
     outcome.plan.assign_names(&taken);
-    Ok((outcome.plan.clone(), loaded, outcome))
-}
-
-/// A cheap fingerprint of the directory's YAML files (names, sizes, mtimes).
-fn fingerprint(dir: &Path) -> Vec<(PathBuf, u64, Option<std::time::SystemTime>)> {
-    manifests::yaml_files(dir)
-        .unwrap_or_default()
-        .into_iter()
-        .map(|p| {
-            let md = std::fs::metadata(&p).ok();
-            let len = md.as_ref().map_or(0, |m| m.len());
-            let mtime = md.and_then(|m| m.modified().ok());
-            (p, len, mtime)
-        })
-        .collect()
+    (outcome.plan.clone(), loaded, outcome)
 }
 
 /// Runs the controllers over a directory until `stop` resolves: one pass at start,
@@ -387,27 +393,29 @@ pub async fn run(
     let mut state = store::State::default();
     let mut last_good = LastGood::new(dir);
     let mut known: BTreeSet<Key> = BTreeSet::new();
-    let mut last = None;
+    // A pass is due at start, and after a pass that wrote or could not read.
+    let mut again = true;
     let mut retry_at: Option<tokio::time::Instant> = None;
     tokio::pin!(stop);
     loop {
-        let fp = fingerprint(dir);
-        let due = retry_at.is_some_and(|t| tokio::time::Instant::now() >= t);
-        if last.as_ref() != Some(&fp) || due {
-            retry_at = None;
-            let (plan, loaded, outcome) = match plan_dir_keeping(&mut last_good, opts, &mut state) {
-                Ok(r) => r,
-                Err(e) => {
-                    // The directory itself could not be read: retry at the next poll.
-                    tracing::warn!(error = %e, "reading the manifest directory failed; retrying");
-                    last = None;
-                    tokio::select! {
-                        _ = &mut stop => return Ok(()),
-                        _ = tokio::time::sleep(poll) => {}
-                    }
-                    continue;
+        // The rescan reads only files added or changed (by name, size and mtime).
+        let changed = match rescan(&mut last_good) {
+            Ok(changed) => changed,
+            Err(e) => {
+                // The directory itself could not be read: retry at the next poll.
+                tracing::warn!(error = %e, "reading the manifest directory failed; retrying");
+                again = true;
+                tokio::select! {
+                    _ = &mut stop => return Ok(()),
+                    _ = tokio::time::sleep(poll) => {}
                 }
-            };
+                continue;
+            }
+        };
+        let due = retry_at.is_some_and(|t| tokio::time::Instant::now() >= t);
+        if changed || again || due {
+            retry_at = None;
+            let (plan, loaded, outcome) = plan_loaded(loaded(&last_good), opts, &mut state);
             for r in &loaded.rejected {
                 tracing::warn!(file = %r.path.display(), reason = %r.reason, "skipping manifest");
             }
@@ -455,7 +463,7 @@ pub async fn run(
             };
             // Our own writes change the directory; the next pass must find nothing
             // to do, which re-checks the plan is stable.
-            last = if written == 0 { Some(fp) } else { None };
+            again = written != 0;
         }
         tokio::select! {
             _ = &mut stop => return Ok(()),
