@@ -7,44 +7,24 @@
 //! (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/nftables/proxier.go>,
 //! `internalTrafficFilterVerdict`).
 //!
-//! Pure, over any endpoint type that says its conditions, its locality and its hints.
-//! Results are indices into the slice given, in its order.
+//! Pure, over the facts of each endpoint ([`EndpointFacts`]: conditions, locality,
+//! hints), owned or borrowed. Results are indices into the slice given, in its order.
 
-use std::sync::Arc;
+use std::{borrow::Borrow, sync::Arc};
 
 /// What categorizing needs to know of an endpoint (after kube-proxy's defaulting of
 /// nil conditions, see `endpointslicecache.go`).
-pub trait EndpointFacts {
-    fn ready(&self) -> bool;
-    fn serving(&self) -> bool;
-    fn terminating(&self) -> bool;
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EndpointFacts {
+    pub ready: bool,
+    pub serving: bool,
+    pub terminating: bool,
     /// On this node.
-    fn local(&self) -> bool;
+    pub local: bool,
     /// `hints.forZones` names; empty when the endpoint has no zone hint.
-    fn zone_hints(&self) -> &[Arc<str>];
+    pub zone_hints: Box<[Arc<str>]>,
     /// `hints.forNodes` names; empty when the endpoint has no node hint.
-    fn node_hints(&self) -> &[Arc<str>];
-}
-
-impl<E: EndpointFacts> EndpointFacts for &E {
-    fn ready(&self) -> bool {
-        (**self).ready()
-    }
-    fn serving(&self) -> bool {
-        (**self).serving()
-    }
-    fn terminating(&self) -> bool {
-        (**self).terminating()
-    }
-    fn local(&self) -> bool {
-        (**self).local()
-    }
-    fn zone_hints(&self) -> &[Arc<str>] {
-        (**self).zone_hints()
-    }
-    fn node_hints(&self) -> &[Arc<str>] {
-        (**self).node_hints()
-    }
+    pub node_hints: Box<[Arc<str>]>,
 }
 
 /// What a Service port asks of categorizing (kube-proxy's `ServicePort`).
@@ -140,20 +120,20 @@ pub enum EmptyVerdict {
 /// one is for this node; else same-zone when every ready endpoint has a zone hint and
 /// one is for this node's zone; else none. Node hints always count: the
 /// PreferSameTrafficDistribution gate is GA and locked on since Kubernetes 1.35.
-pub fn topology_mode<E: EndpointFacts>(endpoints: &[E], node: &NodeFacts) -> TopologyMode {
+pub fn topology_mode<E: Borrow<EndpointFacts>>(endpoints: &[E], node: &NodeFacts) -> TopologyMode {
     let mut any_ready = false;
     let (mut all_node_hints, mut for_node) = (true, false);
     let (mut all_zone_hints, mut for_zone) = (true, false);
-    for ep in endpoints.iter().filter(|e| e.ready()) {
+    for ep in endpoints.iter().map(Borrow::borrow).filter(|e| e.ready) {
         any_ready = true;
-        if ep.node_hints().is_empty() {
+        if ep.node_hints.is_empty() {
             all_node_hints = false;
-        } else if ep.node_hints().iter().any(|n| &**n == node.name) {
+        } else if ep.node_hints.iter().any(|n| &**n == node.name) {
             for_node = true;
         }
-        if ep.zone_hints().is_empty() {
+        if ep.zone_hints.is_empty() {
             all_zone_hints = false;
-        } else if ep.zone_hints().iter().any(|z| &**z == node.zone) {
+        } else if ep.zone_hints.iter().any(|z| &**z == node.zone) {
             for_zone = true;
         }
     }
@@ -169,19 +149,22 @@ pub fn topology_mode<E: EndpointFacts>(endpoints: &[E], node: &NodeFacts) -> Top
 }
 
 /// `availableForTopology`.
-fn available<E: EndpointFacts>(ep: &E, mode: TopologyMode, node: &NodeFacts) -> bool {
+fn available(ep: &EndpointFacts, mode: TopologyMode, node: &NodeFacts) -> bool {
     match mode {
         TopologyMode::None => true,
-        TopologyMode::PreferSameNode => ep.node_hints().iter().any(|n| &**n == node.name),
-        TopologyMode::PreferSameZone => ep.zone_hints().iter().any(|z| &**z == node.zone),
+        TopologyMode::PreferSameNode => ep.node_hints.iter().any(|n| &**n == node.name),
+        TopologyMode::PreferSameZone => ep.zone_hints.iter().any(|z| &**z == node.zone),
     }
 }
 
-fn indices<E>(endpoints: &[E], keep: impl Fn(&E) -> bool) -> Vec<usize> {
+fn indices<E: Borrow<EndpointFacts>>(
+    endpoints: &[E],
+    keep: impl Fn(&EndpointFacts) -> bool,
+) -> Vec<usize> {
     endpoints
         .iter()
         .enumerate()
-        .filter(|(_, e)| keep(e))
+        .filter(|(_, e)| keep((*e).borrow()))
         .map(|(i, _)| i)
         .collect()
 }
@@ -189,7 +172,7 @@ fn indices<E>(endpoints: &[E], keep: impl Fn(&E) -> bool) -> Vec<usize> {
 /// `CategorizeEndpoints`: the cluster, local and all-reachable sets of one Service
 /// port, each falling back to serving-and-terminating endpoints on its own when it
 /// has no ready ones (KEP-1669), and whether there are usable endpoints anywhere.
-pub fn categorize<E: EndpointFacts>(
+pub fn categorize<E: Borrow<EndpointFacts>>(
     endpoints: &[E],
     policy: &PortPolicy,
     node: &NodeFacts,
@@ -198,11 +181,11 @@ pub fn categorize<E: EndpointFacts>(
     if endpoints.is_empty() {
         return out;
     }
-    let serving_terminating = |e: &E| e.serving() && e.terminating();
+    let serving_terminating = |e: &EndpointFacts| e.serving && e.terminating;
     let mut mode = TopologyMode::None;
     if policy.uses_cluster() {
         mode = topology_mode(endpoints, node);
-        let mut cluster = indices(endpoints, |e| e.ready() && available(e, mode, node));
+        let mut cluster = indices(endpoints, |e| e.ready && available(e, mode, node));
         if cluster.is_empty() {
             // Topology was already ignored if no ready endpoint fits it, so none is
             // ready anywhere: fall back to the terminating ones that still serve.
@@ -216,19 +199,19 @@ pub fn categorize<E: EndpointFacts>(
         return out;
     }
     let (mut local_ready, mut local_serving_terminating) = (false, false);
-    for ep in endpoints {
-        if ep.ready() {
+    for ep in endpoints.iter().map(Borrow::borrow) {
+        if ep.ready {
             out.has_any = true;
-            local_ready |= ep.local();
+            local_ready |= ep.local;
         } else if serving_terminating(ep) {
             out.has_any = true;
-            local_serving_terminating |= ep.local();
+            local_serving_terminating |= ep.local;
         }
     }
     let local = if local_ready {
-        indices(endpoints, |e| e.local() && e.ready())
+        indices(endpoints, |e| e.local && e.ready)
     } else if local_serving_terminating {
-        indices(endpoints, |e| e.local() && serving_terminating(e))
+        indices(endpoints, |e| e.local && serving_terminating(e))
     } else {
         Vec::new()
     };
@@ -263,24 +246,15 @@ mod tests {
 
     include!("../tests/data/categorize_cases.rs");
 
-    impl EndpointFacts for Ep {
-        fn ready(&self) -> bool {
-            self.ready
-        }
-        fn serving(&self) -> bool {
-            self.serving
-        }
-        fn terminating(&self) -> bool {
-            self.terminating
-        }
-        fn local(&self) -> bool {
-            self.local
-        }
-        fn zone_hints(&self) -> &[Arc<str>] {
-            &self.zones
-        }
-        fn node_hints(&self) -> &[Arc<str>] {
-            &self.nodes
+    /// What categorizing reads of a case's endpoint.
+    fn facts(e: &Ep) -> EndpointFacts {
+        EndpointFacts {
+            ready: e.ready,
+            serving: e.serving,
+            terminating: e.terminating,
+            local: e.local,
+            zone_hints: e.zones.clone().into(),
+            node_hints: e.nodes.clone().into(),
         }
     }
 
@@ -305,7 +279,8 @@ mod tests {
                 name: c.node,
                 zone: c.zone,
             };
-            let got = categorize(&c.endpoints, &c.policy, &node);
+            let facts: Vec<EndpointFacts> = c.endpoints.iter().map(facts).collect();
+            let got = categorize(&facts, &c.policy, &node);
             // Upstream's checks: an expected empty set (nil or empty) means none.
             let want_cluster = sorted(c.cluster.unwrap_or_default());
             let want_local = sorted(c.local.unwrap_or_default());
@@ -353,16 +328,16 @@ mod tests {
     #[test]
     fn a_clusterip_without_local_endpoints_drops_when_others_have_some_and_rejects_when_none_do() {
         let itp_local = policy(true, false, false);
-        let remote = [ready("10.0.0.1:80")];
+        let remote = [facts(&ready("10.0.0.1:80"))];
         let got = categorize(&remote, &itp_local, &NodeFacts::default());
         assert!(got.internal(&itp_local).is_empty());
         assert_eq!(got.internal_empty_verdict(), EmptyVerdict::Drop);
 
-        let none: [Ep; 0] = [];
+        let none: [EndpointFacts; 0] = [];
         let got = categorize(&none, &itp_local, &NodeFacts::default());
         assert_eq!(got.internal_empty_verdict(), EmptyVerdict::Reject);
 
-        let not_serving = [unready(ready("10.0.0.1:80"))];
+        let not_serving = [facts(&unready(ready("10.0.0.1:80")))];
         let got = categorize(&not_serving, &CLUSTER, &NodeFacts::default());
         assert!(got.internal(&CLUSTER).is_empty());
         assert_eq!(got.internal_empty_verdict(), EmptyVerdict::Reject);

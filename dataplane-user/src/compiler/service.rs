@@ -10,12 +10,12 @@ use std::{
 use dataplane_common::{Backend, ServiceKey};
 
 use super::claims::Claim;
-use super::slices::{port_number, protocol, EndpointsKey, MergedEndpoint, PortEndpoints};
+use super::slices::{port_number, protocol, EndpointsKey, PortEndpoints};
 use super::{
     is_other_proxys, Frontend, FrontendPolicy, Ignored, ObjectRef, Options, ServicePortName,
     Skipped, DEFAULT_AFFINITY_TIMEOUT, MAX_AFFINITY_TIMEOUT,
 };
-use crate::categorize::{self, EmptyVerdict, NodeFacts, PortPolicy};
+use crate::categorize::{self, EmptyVerdict, EndpointFacts, NodeFacts, PortPolicy};
 use crate::model::ServiceInfo;
 
 /// Services compiled together, in order: same namespace and name (empty when unset).
@@ -166,11 +166,11 @@ pub(super) fn compile_service(
             name: me.name.clone(),
             port: port_name.clone(),
         };
-        let candidates: Vec<(&(Ipv4Addr, u16), &MergedEndpoint)> = svc_endpoints
+        let candidates: Vec<(&(Ipv4Addr, u16), &EndpointFacts)> = svc_endpoints
             .and_then(|e| e.get(&(port_name.clone(), proto)))
             .map(|m| m.iter().collect())
             .unwrap_or_default();
-        let facts: Vec<&MergedEndpoint> = candidates.iter().map(|(_, e)| *e).collect();
+        let facts: Vec<&EndpointFacts> = candidates.iter().map(|(_, e)| *e).collect();
         let sets = categorize::categorize(&facts, &policy, &node);
         let to_backends = |idx: &[usize]| -> Vec<Backend> {
             idx.iter()

@@ -15,40 +15,8 @@ use super::{is_other_proxys, Ignored, ObjectRef, Options, Skipped};
 use crate::categorize::EndpointFacts;
 use crate::model::{Address, SliceInfo};
 
-/// One endpoint of a Service port after merging its slices.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct MergedEndpoint {
-    ready: bool,
-    serving: bool,
-    terminating: bool,
-    local: bool,
-    zone_hints: Box<[std::sync::Arc<str>]>,
-    node_hints: Box<[std::sync::Arc<str>]>,
-}
-
-impl EndpointFacts for MergedEndpoint {
-    fn ready(&self) -> bool {
-        self.ready
-    }
-    fn serving(&self) -> bool {
-        self.serving
-    }
-    fn terminating(&self) -> bool {
-        self.terminating
-    }
-    fn local(&self) -> bool {
-        self.local
-    }
-    fn zone_hints(&self) -> &[std::sync::Arc<str>] {
-        &self.zone_hints
-    }
-    fn node_hints(&self) -> &[std::sync::Arc<str>] {
-        &self.node_hints
-    }
-}
-
-/// (port name, protocol) → address → endpoint.
-pub(super) type PortEndpoints = HashMap<(String, u8), BTreeMap<(Ipv4Addr, u16), MergedEndpoint>>;
+/// (port name, protocol) → address → endpoint, its slices merged.
+pub(super) type PortEndpoints = HashMap<(String, u8), BTreeMap<(Ipv4Addr, u16), EndpointFacts>>;
 
 /// The slices of one Service: their namespace (`default` when unset) and the
 /// Service's name from their label.
@@ -184,7 +152,7 @@ pub(super) fn merge_slice(
         };
         let addrs = by_port.entry((port_name.clone(), proto)).or_default();
         for ep in &slice.endpoints {
-            let endpoint = MergedEndpoint {
+            let endpoint = EndpointFacts {
                 ready: ep.ready.unwrap_or(true),
                 serving: ep.serving.unwrap_or(true),
                 terminating: ep.terminating.unwrap_or(false),
