@@ -662,7 +662,7 @@ pub async fn run(
         syncs: 0,
         metrics,
         triggers: HashMap::new(),
-        no_kernel_sctp: kernel_sctp().err(),
+        no_kernel_sctp: crate::kernel::probe_sctp().err().map(|e| e.to_string()),
         sctp_reported: BTreeSet::new(),
         writes_failed: false,
         per_backend: settings.backend_metrics,
@@ -722,17 +722,4 @@ async fn follow<S: source::Source>(
             }
         }
     }
-}
-
-/// Whether this kernel opens SCTP sockets (`EPROTONOSUPPORT` where SCTP is not built
-/// or its module is missing); the error says why not.
-fn kernel_sctp() -> Result<(), String> {
-    // SAFETY: a plain socket(2) call; the descriptor is closed right after.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, libc::IPPROTO_SCTP) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error().to_string());
-    }
-    // SAFETY: the descriptor just opened, closed once.
-    unsafe { libc::close(fd) };
-    Ok(())
 }

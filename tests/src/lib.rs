@@ -205,7 +205,7 @@ impl Lab {
     }
 
     /// Starts SCTP servers in every backend on [`BACKEND_PORT`] (the kernel must
-    /// have SCTP: [`servers::sctp_supported`]).
+    /// have SCTP: `sliceway_agent::kernel::probe_sctp`).
     pub fn start_sctp_servers(&mut self) -> Result<()> {
         for pod in &self.backends {
             let server = BackendServers::start_sctp(std::slice::from_ref(pod), BACKEND_PORT)?;

@@ -84,24 +84,6 @@ impl BackendServers {
     }
 }
 
-/// A one-to-one SCTP socket, or why this kernel has none (`EPROTONOSUPPORT` where
-/// SCTP is not built or its module is missing).
-fn sctp_socket() -> std::io::Result<std::os::fd::OwnedFd> {
-    use std::os::fd::FromRawFd;
-    // SAFETY: a plain socket(2) call; the descriptor is owned from here on.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, libc::IPPROTO_SCTP) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a descriptor just returned by socket(2), owned by no one else.
-    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
-}
-
-/// Whether this kernel opens SCTP sockets; the error says why not.
-pub fn sctp_supported() -> std::io::Result<()> {
-    sctp_socket().map(drop)
-}
-
 fn sockaddr(addr: SocketAddrV4) -> libc::sockaddr_in {
     libc::sockaddr_in {
         sin_family: libc::AF_INET as libc::sa_family_t,
@@ -116,7 +98,7 @@ fn sockaddr(addr: SocketAddrV4) -> libc::sockaddr_in {
 /// An SCTP listener on every address at `port`.
 fn sctp_listener(port: u16) -> std::io::Result<TcpListener> {
     use std::os::fd::AsRawFd;
-    let fd = sctp_socket()?;
+    let fd = sliceway_agent::kernel::sctp_socket()?;
     let sa = sockaddr(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port));
     let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
     // SAFETY: `sa` is a valid sockaddr_in of `len` bytes for the call's duration.
@@ -140,7 +122,7 @@ fn sctp_listener(port: u16) -> std::io::Result<TcpListener> {
 /// Opens an SCTP association to `to`, sends `hello`, reads the answer.
 pub fn sctp_request(to: SocketAddrV4, timeout: Duration) -> Result<Reply> {
     use std::os::fd::AsRawFd;
-    let fd = sctp_socket().context("opening an SCTP socket")?;
+    let fd = sliceway_agent::kernel::sctp_socket().context("opening an SCTP socket")?;
     let conn = TcpStream::from(fd);
     // A blocking connect bounded by the send timeout (SO_SNDTIMEO bounds connect(2)).
     conn.set_write_timeout(Some(timeout))?;

@@ -637,7 +637,7 @@ fn sctp_service_yaml(lab: &Lab) -> String {
 /// serve the rest as usual.
 #[test]
 fn sctp_through_the_vip_reaches_every_backend_with_its_port_translated() {
-    if let Err(e) = sliceway_lab::servers::sctp_supported() {
+    if let Err(e) = sliceway_agent::kernel::probe_sctp() {
         assert!(
             std::env::var_os("SLICEWAY_REQUIRE_SCTP").is_none(),
             "this kernel opens no SCTP socket ({e})"

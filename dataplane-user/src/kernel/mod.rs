@@ -27,6 +27,25 @@ pub use load::{
 pub use maps::KernelMaps;
 pub use pin::PinDir;
 
+/// A one-to-one SCTP socket (IPv4), or why this kernel opens none
+/// (`EPROTONOSUPPORT` where SCTP is not built or its module is missing).
+pub fn sctp_socket() -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: a plain socket(2) call; the descriptor is owned from here on.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, libc::IPPROTO_SCTP) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor just returned by socket(2), owned by no one else.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+/// Whether this kernel opens SCTP sockets; the error says why not. The socket is
+/// closed at once.
+pub fn probe_sctp() -> std::io::Result<()> {
+    sctp_socket().map(drop)
+}
+
 /// Errors of the kernel edge, each saying what failed.
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {
