@@ -461,8 +461,8 @@ pub const SWEEP_BATCH: usize = 4096;
 /// Measures one sweep pass over `connections` connections (two entries each), every
 /// other one expired an hour ago in TIME_WAIT, the rest ESTABLISHED and fresh.
 pub fn conntrack_gc(connections: u32) -> Result<ConntrackGc> {
-    use dataplane_common::{ct::state, CtEntry, CtKey, CT_FORWARD, CT_REVERSE, PROTO_TCP as TCP};
-    use sliceway_agent::conntrack::{now_ns, Sweeper, Timeouts};
+    use dataplane_common::{ct::state, CtKey, PROTO_TCP as TCP};
+    use sliceway_agent::conntrack::{connection_entries, now_ns, Sweeper, Timeouts};
     let caps = Capacities {
         conntrack: 2 * connections + 1024,
         ..Capacities::default()
@@ -496,23 +496,9 @@ pub fn conntrack_gc(connections: u32) -> Result<ConntrackGc> {
                 now.saturating_sub(3_600 * dataplane_common::ct::NS),
             )
         };
-        let e = CtEntry {
-            pair: rev,
-            last_seen_ns: seen,
-            dir: CT_FORWARD,
-            state: st,
-            ..CtEntry::default()
-        };
-        map.insert(fwd, e, 0)?;
-        map.insert(
-            rev,
-            CtEntry {
-                pair: fwd,
-                dir: CT_REVERSE,
-                ..e
-            },
-            0,
-        )?;
+        for (key, entry) in connection_entries(fwd, rev, st, seen) {
+            map.insert(key, entry, 0)?;
+        }
     }
     let fill_s = fill.elapsed().as_secs_f64();
     let entries = 2 * connections as usize;

@@ -285,6 +285,31 @@ impl Sweeper {
     }
 }
 
+/// A connection's two entries as the datapath writes them: the forward one (client
+/// to frontend) and the reverse one (backend to client), each naming the other, both
+/// in `state` and last seen at `last_seen_ns`. For filling a map in tests and
+/// benchmarks.
+pub fn connection_entries(
+    fwd: CtKey,
+    rev: CtKey,
+    state: u8,
+    last_seen_ns: u64,
+) -> [(CtKey, CtEntry); 2] {
+    let forward = CtEntry {
+        pair: rev,
+        last_seen_ns,
+        dir: CT_FORWARD,
+        state,
+        ..CtEntry::default()
+    };
+    let reverse = CtEntry {
+        pair: fwd,
+        dir: CT_REVERSE,
+        ..forward
+    };
+    [(fwd, forward), (rev, reverse)]
+}
+
 /// Fill level above which the agent warns: LRU eviction of live connections is near.
 pub const FILL_WARNING: f64 = 0.9;
 
@@ -299,22 +324,7 @@ mod tests {
     fn conn(map: &mut BTreeMap<CtKey, CtEntry>, port: u16, state: u8, seen: u64) -> (CtKey, CtKey) {
         let fwd = CtKey::v4(0x0a00_0001, 0x0a60_000a, port, 80, PROTO_TCP);
         let rev = CtKey::v4(0x0af4_0b02, 0x0a00_0001, 8080, port, PROTO_TCP);
-        let e = CtEntry {
-            pair: rev,
-            last_seen_ns: seen,
-            dir: CT_FORWARD,
-            state,
-            ..CtEntry::default()
-        };
-        map.insert(fwd, e);
-        map.insert(
-            rev,
-            CtEntry {
-                pair: fwd,
-                dir: CT_REVERSE,
-                ..e
-            },
-        );
+        map.extend(connection_entries(fwd, rev, state, seen));
         (fwd, rev)
     }
 

@@ -5,10 +5,10 @@
 
 use std::{net::SocketAddrV4, time::Instant};
 
-use dataplane_common::{ct::state, stat, CtEntry, CtKey, CT_FORWARD, CT_REVERSE, PROTO_TCP};
+use dataplane_common::{ct::state, stat, CtKey, PROTO_TCP};
 use sliceway_agent::{
     compiler::{self, Options},
-    conntrack::{now_ns, Sweeper, Timeouts},
+    conntrack::{connection_entries, now_ns, Sweeper, Timeouts},
     kernel::{Capacities, Datapath},
     packet::{build, PacketSpec, TCP_ACK, TCP_SYN},
     source::local::parse_file,
@@ -143,24 +143,9 @@ fn sweeping_a_large_table_costs_a_bounded_time_per_entry() {
         } else {
             (state::TCP_TIME_WAIT, now - 3_600 * dataplane_common::ct::NS)
         };
-        let e = CtEntry {
-            pair: rev,
-            last_seen_ns: seen,
-            dir: CT_FORWARD,
-            state: st,
-            ..CtEntry::default()
-        };
-        map.insert(fwd, e, 0).unwrap();
-        map.insert(
-            rev,
-            CtEntry {
-                pair: fwd,
-                dir: CT_REVERSE,
-                ..e
-            },
-            0,
-        )
-        .unwrap();
+        for (key, entry) in connection_entries(fwd, rev, st, seen) {
+            map.insert(key, entry, 0).unwrap();
+        }
     }
     let filled = fill.elapsed();
     let mut sweeper = Sweeper::new(16_384, Timeouts::default());
