@@ -395,14 +395,7 @@ pub fn repack_subsets(subsets: &[EndpointSubset]) -> Vec<EndpointSubset> {
             ports.iter().map(Some).collect()
         };
         for port in ports {
-            let addrs = subset.addresses.iter().flatten().map(|a| (a, true)).chain(
-                subset
-                    .not_ready_addresses
-                    .iter()
-                    .flatten()
-                    .map(|a| (a, false)),
-            );
-            for (addr, ready) in addrs {
+            for (addr, ready) in util::subset_addresses(subset) {
                 entries.push((port, Addr::Given(addr), ready));
             }
         }

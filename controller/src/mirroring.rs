@@ -127,14 +127,7 @@ pub fn reconcile_endpoints(
         let total = subset.addresses.as_ref().map_or(0, Vec::len)
             + subset.not_ready_addresses.as_ref().map_or(0, Vec::len);
         let mut added = 0usize;
-        let addrs = subset.addresses.iter().flatten().map(|a| (a, true)).chain(
-            subset
-                .not_ready_addresses
-                .iter()
-                .flatten()
-                .map(|a| (a, false)),
-        );
-        for (addr, ready) in addrs {
+        for (addr, ready) in util::subset_addresses(&subset) {
             if added >= opts.max_endpoints_per_subset {
                 break;
             }

@@ -1,10 +1,13 @@
-//! What the reconcilers read of Pods and Services: readiness, IPs, ports, selectors
+//! What the reconcilers read of Pods, Services and Endpoints: readiness, IPs, ports,
+//! selectors, an Endpoints subset's addresses
 //! (upstream's podutil and endpointutil helpers,
 //! <https://github.com/kubernetes/kubernetes/blob/master/pkg/controller/util/endpoint/controller_utils.go>).
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{ObjectReference, Pod, Service, ServicePort};
+use k8s_openapi::api::core::v1::{
+    EndpointAddress, EndpointSubset, ObjectReference, Pod, Service, ServicePort,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
@@ -160,4 +163,16 @@ pub fn pod_reference(pod: &Pod) -> ObjectReference {
         uid: pod.metadata.uid.clone(),
         ..Default::default()
     }
+}
+
+/// The addresses of an Endpoints subset with their readiness: `addresses` (ready),
+/// then `notReadyAddresses`.
+pub fn subset_addresses(subset: &EndpointSubset) -> impl Iterator<Item = (&EndpointAddress, bool)> {
+    let ready = subset.addresses.iter().flatten().map(|a| (a, true));
+    let not_ready = subset
+        .not_ready_addresses
+        .iter()
+        .flatten()
+        .map(|a| (a, false));
+    ready.chain(not_ready)
 }
