@@ -33,6 +33,32 @@ fn objects(lab: &Lab, ns: &str, backends: &[usize]) -> (Service, EndpointSlice) 
     (svc, slice)
 }
 
+/// The agent in the lab's node, on the API server through the node's forwarder with
+/// its DaemonSet's identity, with `extra` arguments; once it has synced.
+fn api_agent(cp: &cluster::Cluster, lab: &Lab, extra: &[&str]) -> Agent {
+    let kubeconfig = cp
+        .agent_kubeconfig(
+            &format!(
+                "https://127.0.0.1:{}",
+                cluster::kubelet::NODE_APISERVER_PORT
+            ),
+            &lab.manifests.join("kubeconfig"),
+        )
+        .unwrap();
+    let source = ["--kubeconfig".into(), kubeconfig.into_os_string()];
+    let extra: Vec<String> = extra.iter().map(|a| a.to_string()).collect();
+    let agent = Agent::start_with_args(
+        &lab.node.name,
+        &source,
+        &lab.pod_interfaces(),
+        &lab.bpffs,
+        &extra,
+    )
+    .unwrap();
+    agent.wait_for_sync(1, sliceway_lab::AGENT_START).unwrap();
+    agent
+}
+
 fn backends_seen(lab: &Lab, n: usize) -> std::collections::BTreeSet<String> {
     (0..n)
         .map(|_| lab.tcp_request(SocketAddrV4::new(VIP, 80)).unwrap().backend)
@@ -56,18 +82,7 @@ fn the_agent_follows_the_api_server() {
     rt.block_on(services.create(&pp, &svc)).unwrap();
     rt.block_on(slices.create(&pp, &slice)).unwrap();
 
-    let kubeconfig = cp
-        .agent_kubeconfig(
-            &format!(
-                "https://127.0.0.1:{}",
-                cluster::kubelet::NODE_APISERVER_PORT
-            ),
-            &lab.manifests.join("kubeconfig"),
-        )
-        .unwrap();
-    let source = ["--kubeconfig".into(), kubeconfig.into_os_string()];
-    let agent = Agent::start(&lab.node.name, &source, &lab.pod_interfaces(), &lab.bpffs).unwrap();
-    agent.wait_for_sync(1, sliceway_lab::AGENT_START).unwrap();
+    let agent = api_agent(cp, &lab, &[]);
     assert_eq!(backends_seen(&lab, 30).len(), 3);
 
     // An endpoint leaves the slice in the API server: new flows stop going there.
@@ -134,25 +149,7 @@ fn healthz_follows_the_api_watch_and_livez_the_process() {
     let forwarder = cp
         .forwarder(Some(&lab.node.name), cluster::kubelet::NODE_APISERVER_PORT)
         .unwrap();
-    let kubeconfig = cp
-        .agent_kubeconfig(
-            &format!(
-                "https://127.0.0.1:{}",
-                cluster::kubelet::NODE_APISERVER_PORT
-            ),
-            &lab.manifests.join("kubeconfig"),
-        )
-        .unwrap();
-    let source = ["--kubeconfig".into(), kubeconfig.into_os_string()];
-    let agent = Agent::start_with_args(
-        &lab.node.name,
-        &source,
-        &lab.pod_interfaces(),
-        &lab.bpffs,
-        &["--healthz-timeout-seconds".into(), "2".into()],
-    )
-    .unwrap();
-    agent.wait_for_sync(1, sliceway_lab::AGENT_START).unwrap();
+    let agent = api_agent(cp, &lab, &["--healthz-timeout-seconds", "2"]);
     let status = |path: &'static str| agent.http(path).unwrap();
     let wait_for = |path: &'static str, code: &str, what: &str| -> String {
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -226,25 +223,7 @@ fn a_service_the_agent_cannot_program_gets_an_event() {
         .block_on(services.create(&pp, &service("b", Some(a_ip.clone()))))
         .unwrap();
 
-    let kubeconfig = cp
-        .agent_kubeconfig(
-            &format!(
-                "https://127.0.0.1:{}",
-                cluster::kubelet::NODE_APISERVER_PORT
-            ),
-            &lab.manifests.join("kubeconfig"),
-        )
-        .unwrap();
-    let source = ["--kubeconfig".into(), kubeconfig.into_os_string()];
-    let agent = Agent::start_with_args(
-        &lab.node.name,
-        &source,
-        &lab.pod_interfaces(),
-        &lab.bpffs,
-        &["--service-proxy-name".into(), PROXY.into()],
-    )
-    .unwrap();
-    agent.wait_for_sync(1, sliceway_lab::AGENT_START).unwrap();
+    let agent = api_agent(cp, &lab, &["--service-proxy-name", PROXY]);
 
     let events = Api::<Event>::namespaced(admin, &ns);
     let deadline = Instant::now() + Duration::from_secs(20);
