@@ -164,19 +164,24 @@ fn the_daemon_set_runs_the_agent_with_arguments_it_accepts() {
         );
     }
 
-    // The liveness probe reaches /healthz where the agent serves it: the kubelet
-    // probes from the node's namespace, which is the agent's (hostNetwork).
-    let probe = container
-        .liveness_probe
-        .as_ref()
-        .and_then(|p| p.http_get.as_ref())
-        .expect("an HTTP liveness probe");
+    // The liveness probe reaches /livez and the readiness probe /healthz where the
+    // agent serves them: the kubelet probes from the node's namespace, which is the
+    // agent's (hostNetwork).
     let addr: SocketAddr = run.metrics_addr;
     assert!(!run.no_metrics);
-    assert_eq!(probe.path.as_deref(), Some("/healthz"));
-    assert_eq!(probe.port, IntOrString::Int(addr.port() as i32));
-    if addr.ip().is_loopback() {
-        assert_eq!(probe.host.as_deref(), Some(addr.ip().to_string().as_str()));
+    for (probe, path) in [
+        (&container.liveness_probe, "/livez"),
+        (&container.readiness_probe, "/healthz"),
+    ] {
+        let probe = probe
+            .as_ref()
+            .and_then(|p| p.http_get.as_ref())
+            .unwrap_or_else(|| panic!("an HTTP probe of {path}"));
+        assert_eq!(probe.path.as_deref(), Some(path));
+        assert_eq!(probe.port, IntOrString::Int(addr.port() as i32));
+        if addr.ip().is_loopback() {
+            assert_eq!(probe.host.as_deref(), Some(addr.ip().to_string().as_str()));
+        }
     }
 
     // Pins live on the node's bpffs.
