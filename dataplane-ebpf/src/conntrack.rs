@@ -325,7 +325,7 @@ fn reply_taken(reply: &CtKey, key: &CtKey, now: u64) -> bool {
 /// Key equality field by field: a derived `==` on the arrays becomes a `bcmp` call,
 /// which BPF does not have.
 #[inline(always)]
-fn same(a: &CtKey, b: &CtKey) -> bool {
+pub fn same(a: &CtKey, b: &CtKey) -> bool {
     a.src_be[0] == b.src_be[0]
         && a.src_be[1] == b.src_be[1]
         && a.src_be[2] == b.src_be[2]

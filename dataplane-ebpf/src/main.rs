@@ -12,6 +12,8 @@
 // and backend choice, conntrack, NAT rewrites, ICMP errors, REJECT replies, SCTP
 // ports, counters, maps; `tc` ties them up.
 #[cfg(target_arch = "bpf")]
+mod bridge;
+#[cfg(target_arch = "bpf")]
 mod conntrack;
 #[cfg(target_arch = "bpf")]
 mod counters;

@@ -1,7 +1,7 @@
 //! The maps, one doc line each (key → value, who writes it), and getters that return
 //! copies of map values, so no reference into a map outlives a lookup. Only the
 //! agent's map writer writes `SERVICES`, `SLOTS` and `BACKENDS`; the programs write
-//! only `CONNTRACK`, `AFFINITY`, `SCRATCH` and the counters. Capacities here are defaults, the agent resizes the
+//! only `CONNTRACK`, `AFFINITY`, `SCRATCH` and the counters (and, migrating, `CT_V1`). Capacities here are defaults, the agent resizes the
 //! maps at load time.
 
 use aya_ebpf::{
@@ -67,6 +67,13 @@ pub static SCRATCH: PerCpuArray<[u8; crate::reject::SUM_MAX]> = PerCpuArray::wit
 /// puts its own program in the pinned map).
 #[map]
 pub static JUMP: ProgramArray = ProgramArray::with_max_entries(dataplane_common::JUMP_SLOTS, 0);
+
+/// Layout v1's conntrack, read and written only by `sliceway_bridge` while an agent
+/// migrates from v1: the agent then loads the object over the pinned v1 map; the rest
+/// of the time this is a small private map nothing uses.
+#[map]
+pub static CT_V1: LruHashMap<dataplane_common::v1::FlowKey, dataplane_common::v1::NatTarget> =
+    LruHashMap::with_max_entries(16, 0);
 
 /// Exit counters, indexed by `stat::*`. Written by the program.
 #[map]

@@ -12,6 +12,7 @@ use aya_ebpf::{
 use dataplane_common::{stat, CtKey, PROTO_SCTP, SVC_F_DROP_EMPTY};
 
 use crate::{
+    bridge,
     conntrack::{self, Forward},
     counters::{self, count, Exit},
     icmp, lookup, maps,
@@ -26,7 +27,14 @@ pub const DROP: i32 = TC_ACT_SHOT;
 
 #[classifier]
 pub fn sliceway_tc(ctx: TcContext) -> i32 {
-    let (action, reason) = match try_sliceway_tc(&ctx) {
+    run::<false>(&ctx)
+}
+
+/// The program's body; `BRIDGE` adds what `sliceway_bridge` does while an agent
+/// migrates from layout v1 (`bridge.rs`), compiled out of `sliceway_tc`.
+#[inline(always)]
+pub fn run<const BRIDGE: bool>(ctx: &TcContext) -> i32 {
+    let (action, reason) = match try_sliceway_tc::<BRIDGE>(ctx) {
         Ok(exit) => exit,
         Err(exit) => exit,
     };
@@ -34,7 +42,7 @@ pub fn sliceway_tc(ctx: TcContext) -> i32 {
     action
 }
 
-fn try_sliceway_tc(ctx: &TcContext) -> Result<Exit, Exit> {
+fn try_sliceway_tc<const BRIDGE: bool>(ctx: &TcContext) -> Result<Exit, Exit> {
     let flow = match parse(ctx)? {
         Packet::L4(flow) => flow,
         Packet::Icmp {
@@ -45,9 +53,9 @@ fn try_sliceway_tc(ctx: &TcContext) -> Result<Exit, Exit> {
     };
     let key = conntrack::key_of(&flow);
     let now = conntrack::now();
-    match from_client(ctx, &flow, &key, now)? {
+    match from_client::<BRIDGE>(ctx, &flow, &key, now)? {
         Some(exit) => Ok(exit),
-        None => from_backend(ctx, &flow, &key, now),
+        None => from_backend::<BRIDGE>(ctx, &flow, &key, now),
     }
 }
 
@@ -55,8 +63,17 @@ fn try_sliceway_tc(ctx: &TcContext) -> Result<Exit, Exit> {
 /// a new packet to a frontend picks a backend and is tracked. Then DNAT (and a source
 /// port rewrite if the connection's reply tuple needed one). `None`: neither.
 #[inline(always)]
-fn from_client(ctx: &TcContext, flow: &Flow, key: &CtKey, now: u64) -> Result<Option<Exit>, Exit> {
-    let (entry, reason) = match conntrack::forward(flow, key, now) {
+fn from_client<const BRIDGE: bool>(
+    ctx: &TcContext,
+    flow: &Flow,
+    key: &CtKey,
+    now: u64,
+) -> Result<Option<Exit>, Exit> {
+    let mut tracked = conntrack::forward(flow, key, now);
+    if BRIDGE && matches!(tracked, Forward::New) && bridge::adopt_forward(flow, now) {
+        tracked = conntrack::forward(flow, key, now);
+    }
+    let (entry, reason) = match tracked {
         Forward::Tracked(entry) if flow.later_fragment => (entry, stat::NAT_FRAGMENT),
         Forward::Tracked(entry) => (entry, stat::DNAT_ESTABLISHED),
         Forward::New => {
@@ -87,6 +104,9 @@ fn from_client(ctx: &TcContext, flow: &Flow, key: &CtKey, now: u64) -> Result<Op
                     reason => return Err((DROP, reason)),
                 };
             let entry = maps::conntrack(key).ok_or((DROP, stat::DROP_CONNTRACK))?;
+            if BRIDGE {
+                bridge::mirror(flow, &entry);
+            }
             (entry, reason)
         }
     };
@@ -138,8 +158,17 @@ fn reject_or_drop(ctx: &TcContext, flow: &Flow, reason: u32) -> Exit {
 /// A reply of a live connection gets its frontend back as the source (and its
 /// client's own port back if it was remapped); anything else passes untouched.
 #[inline(always)]
-fn from_backend(ctx: &TcContext, flow: &Flow, key: &CtKey, now: u64) -> Result<Exit, Exit> {
-    match conntrack::reverse(flow, key, now) {
+fn from_backend<const BRIDGE: bool>(
+    ctx: &TcContext,
+    flow: &Flow,
+    key: &CtKey,
+    now: u64,
+) -> Result<Exit, Exit> {
+    let mut reply = conntrack::reverse(flow, key, now);
+    if BRIDGE && matches!(reply, Ok(None)) && bridge::adopt_reply(flow, now) {
+        reply = conntrack::reverse(flow, key, now);
+    }
+    match reply {
         Ok(Some(orig)) => {
             rewrite(ctx, flow, End::Source, orig.dst_be[0], orig.dport_be)
                 .map_err(|_| (DROP, stat::DROP_REWRITE))?;
