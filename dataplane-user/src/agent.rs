@@ -13,7 +13,7 @@ use std::{
 };
 
 use dataplane_common::{map_name, stat};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::{
     audit::AuditReport,
@@ -470,6 +470,22 @@ fn start_datapath(settings: &Settings) -> Result<(Datapath, MapWriter), Error> {
                 return Err(Error::NoSuchInterface(name.to_string()));
             }
         }
+    }
+    if dp.migration_pending() {
+        // The v1 program keeps translating with v1's maps until the first sync has
+        // filled this layout's; then `migrate` switches the links.
+        info!("attaching after the first sync, once layout v1 is migrated");
+        return Ok((dp, writer));
+    }
+    attach_selected(&mut dp, selection)?;
+    Ok((dp, writer))
+}
+
+/// Attaches to the selected interfaces that exist (an exact name that fails is an
+/// error) and removes what earlier runs left elsewhere.
+fn attach_selected(dp: &mut Datapath, selection: &Selection) -> Result<(), Error> {
+    if !selection.is_empty() {
+        let present = interfaces::list().map_err(Error::ListInterfaces)?;
         let plan = interfaces::plan(selection, &dp.attached(), &present);
         for (iface, _) in &plan.attach {
             match dp.attach(iface) {
@@ -489,7 +505,48 @@ fn start_datapath(settings: &Settings) -> Result<(Datapath, MapWriter), Error> {
     {
         info!(interface = %iface, "removed the pinned link or TC filter of an interface that is gone or not selected, or of the other attach path");
     }
-    Ok((dp, writer))
+    Ok(())
+}
+
+/// After the first sync, with layout v1 pinned beside this one: moves its
+/// connections and links over without a failed connection (`kernel/migrate.rs`),
+/// attaches as at any start, and removes v1's pins. A failure is reported with what
+/// was left: the v1 pins stay for the next start to try again.
+fn migrate(dp: &mut Datapath, selection: &Selection) {
+    let started = std::time::Instant::now();
+    let migrated = match dp.migrate_from_v1() {
+        Ok(m) => {
+            info!(
+                copied = m.before_switch.copied + m.after_switch.copied,
+                links = m.links.len(),
+                "layout v1 migrated: connections copied, links switched in place"
+            );
+            true
+        }
+        Err(e) => {
+            error!(
+                "migrating layout v1 failed: {e}; attaching anyway (v1 links not yet \
+                 switched keep the v1 program), the v1 pins stay for the next start"
+            );
+            false
+        }
+    };
+    if let Err(e) = attach_selected(dp, selection) {
+        error!("attaching after the v1 migration: {e:#}; the v1 pins stay for the next start");
+        dp.keep_v1();
+        return;
+    }
+    if !migrated {
+        dp.keep_v1();
+        return;
+    }
+    match dp.finish_migration() {
+        Ok(()) => info!(
+            took_ms = started.elapsed().as_millis() as u64,
+            "layout v1 migration complete"
+        ),
+        Err(e) => error!("{e}; the links run this agent's program, only the pins are left"),
+    }
 }
 
 fn log_attached(iface: &str, how: Attached) {
@@ -576,6 +633,10 @@ impl Scanner {
     }
 
     fn rescan(&mut self, dp: &mut Datapath) {
+        if dp.migration_pending() {
+            // Links wait for the v1 migration after the first sync.
+            return;
+        }
         let present = match interfaces::list() {
             Ok(present) => present,
             Err(e) => {
@@ -719,6 +780,10 @@ async fn follow<S: source::Source>(
             Fed::Changed | Fed::Unchanged => {
                 syncer.sync(dp);
                 source.report(&std::mem::take(&mut syncer.problems));
+                if dp.migration_pending() {
+                    migrate(dp, &scanner.selection);
+                    scanner.metrics.interfaces.set(dp.attached().len() as i64);
+                }
             }
         }
     }

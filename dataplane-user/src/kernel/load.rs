@@ -11,6 +11,7 @@ use aya::{
 use dataplane_common::{map_name, MAP_LAYOUT_VERSION};
 
 use super::{
+    migrate::V1Layout,
     pin::{expected_sizes, prepare_bpffs},
     Capacities, Datapath, KernelError, KernelMaps, PinDir,
 };
@@ -37,8 +38,10 @@ impl Datapath {
     /// Loads the object with maps of the given sizes and loads (not attaches) the TC
     /// program. With `pins`, maps are pinned there, and maps already pinned by an
     /// earlier run are adopted as they are (contents, conntrack and capacity).
+    /// A v1 layout pinned beside this one is taken up for migration
+    /// ([`Datapath::migrate_from_v1`]): its conntrack map becomes `CT_V1`.
     pub fn load(caps: &Capacities, pins: Option<&PinDir>) -> Result<Self, KernelError> {
-        Self::load_with(caps, pins, &map_name::ALL)
+        Self::load_with(caps, pins, &map_name::ALL, true)
     }
 
     /// Loads the programs over the service maps pinned by a running agent, with private
@@ -70,6 +73,7 @@ impl Datapath {
                 map_name::BACKENDS,
                 map_name::SERVICE_NAMES,
             ],
+            false,
         )
     }
 
@@ -77,6 +81,7 @@ impl Datapath {
         caps: &Capacities,
         pins: Option<&PinDir>,
         pinned: &[&'static str],
+        migrate: bool,
     ) -> Result<Self, KernelError> {
         raise_memlock();
         let mut limits = caps.limits;
@@ -92,9 +97,24 @@ impl Datapath {
         let pin_paths: Vec<(&str, PathBuf)> = pins
             .map(|p| pinned.iter().map(|n| (*n, p.map(n))).collect())
             .unwrap_or_default();
+        let mut v1 = None;
         if let Some(pins) = pins {
             prepare_bpffs(&pins.dir())?;
+            v1 = migrate.then(|| V1Layout::find(pins)).flatten();
+            if let Some(v1) = &v1 {
+                tracing::info!(
+                    dir = %v1.dir.display(),
+                    conntrack = v1.conntrack.is_some(),
+                    "layout v1 is pinned here: migrating it after the first sync"
+                );
+                if let Some(ct) = &v1.conntrack {
+                    loader.map_pin_path(map_name::CT_V1, ct.as_path());
+                }
+            }
             for old in pins.other_layouts() {
+                if v1.as_ref().is_some_and(|v1| v1.dir == old) {
+                    continue;
+                }
                 tracing::warn!(
                     path = %old.display(),
                     "maps of another layout version are pinned here; this agent uses v{MAP_LAYOUT_VERSION} \
@@ -202,6 +222,7 @@ impl Datapath {
             limits,
             links: BTreeMap::new(),
             path: None,
+            v1,
         })
     }
 }

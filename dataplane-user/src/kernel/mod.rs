@@ -6,6 +6,7 @@
 mod link;
 mod load;
 mod maps;
+mod migrate;
 mod pin;
 
 use std::{collections::BTreeMap, path::PathBuf};
@@ -25,6 +26,7 @@ pub use load::{
     check, render_check, KernelCheck, ProgramCheck, REJECT_PROGRAM, SCTP_NAT_PROGRAM, TC_PROGRAM,
 };
 pub use maps::KernelMaps;
+pub use migrate::{plan_copy, CopyCounts, Migration, BRIDGE_PROGRAM, UNKNOWN_ID};
 pub use pin::PinDir;
 
 /// A one-to-one SCTP socket (IPv4), or why this kernel opens none
@@ -125,6 +127,8 @@ pub struct Datapath {
     links: BTreeMap<String, InterfaceLink>,
     /// The attach path, chosen before the first attach.
     path: Option<TcPath>,
+    /// A v1 layout beside this one, to migrate after the first sync.
+    v1: Option<migrate::V1Layout>,
 }
 
 /// Removes every pinned map and link under `base` and sliceway's TC filters on the

@@ -25,7 +25,11 @@ impl PinDir {
         Self { base: base.into() }
     }
     pub fn dir(&self) -> PathBuf {
-        self.base.join(format!("v{MAP_LAYOUT_VERSION}"))
+        self.layout_dir(MAP_LAYOUT_VERSION)
+    }
+    /// The directory of layout `version` under the same base.
+    pub fn layout_dir(&self, version: u32) -> PathBuf {
+        self.base.join(format!("v{version}"))
     }
     pub fn map(&self, name: &str) -> PathBuf {
         self.dir().join(name)
@@ -65,7 +69,7 @@ impl PinDir {
 }
 
 /// File name prefix of a pinned link; the interface name follows.
-const LINK_PREFIX: &str = "link-";
+pub(super) const LINK_PREFIX: &str = "link-";
 
 /// Key and value sizes of each map, to check pinned maps against.
 pub(super) fn expected_sizes(name: &str) -> (usize, usize) {
