@@ -260,6 +260,25 @@ impl Lab {
         Ok(agent)
     }
 
+    /// [`Lab::start_agent`] with another build of the agent (an older release, for
+    /// upgrade tests).
+    pub fn start_agent_binary(&self, bin: &Path) -> Result<Agent> {
+        let source = [
+            "--manifests".into(),
+            self.manifests.clone().into_os_string(),
+        ];
+        let agent = Agent::start_binary(
+            bin,
+            &self.node.name,
+            &source,
+            &self.pod_interfaces(),
+            &self.bpffs,
+            &self.agent_args,
+        )?;
+        agent.wait_for_sync(1, AGENT_START)?;
+        Ok(agent)
+    }
+
     /// Starts the agent in the node namespace with `--interfaces` built from
     /// `interfaces` (exact names or patterns), and waits for its first sync.
     pub fn start_agent_with(&self, interfaces: &[&str]) -> Result<Agent> {
@@ -425,10 +444,22 @@ impl Agent {
         bpffs: &Path,
         extra: &[String],
     ) -> Result<Self> {
+        let bin = workspace_binary("sliceway-agent")?;
+        Self::start_binary(&bin, node_ns, source, interfaces, bpffs, extra)
+    }
+
+    /// [`Agent::start_with_args`] with the agent binary at `bin`.
+    pub fn start_binary(
+        bin: &Path,
+        node_ns: &str,
+        source: &[std::ffi::OsString],
+        interfaces: &[String],
+        bpffs: &Path,
+        extra: &[String],
+    ) -> Result<Self> {
         static PORTS: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
         let port = AGENT_METRICS_PORT + PORTS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let metrics_addr = SocketAddrV4::new(Ipv4Addr::LOCALHOST, port);
-        let bin = workspace_binary("sliceway-agent")?;
         let mut child = Command::new("nsenter")
             .arg(format!("--net=/var/run/netns/{node_ns}"))
             .arg(bin)

@@ -322,6 +322,13 @@ impl EchoConn {
         })
     }
 
+    /// The client's end of the connection.
+    pub fn local_addr(&self) -> std::net::SocketAddr {
+        self.conn
+            .local_addr()
+            .expect("a connected socket has an address")
+    }
+
     /// Sends a line and checks it comes back.
     pub fn roundtrip(&mut self, text: &str) -> Result<()> {
         self.conn.write_all(format!("{text}\n").as_bytes())?;

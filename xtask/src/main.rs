@@ -13,6 +13,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod v1_agent;
 mod vm;
 
 #[derive(Parser)]
@@ -41,6 +42,10 @@ enum Task {
         #[arg(long)]
         kernel: Option<String>,
     },
+    /// Build the agent of the previous pinned layout (v1) from this repository's
+    /// history, for the upgrade test (cached by commit under target/v1-agent);
+    /// prints its path.
+    BuildV1Agent,
     /// Set up, build, and show traffic to a ClusterIP spread over three backends.
     Demo {
         /// The same on a two-node cluster lab with the real control plane, a
@@ -99,6 +104,7 @@ fn main() -> Result<()> {
             build_ebpf()?;
             lint()?;
             upstream(&root)?;
+            v1_agent(&root)?;
             test()?;
             vm::test_vm(&root, &vm::default_kernels())
         }
@@ -127,6 +133,11 @@ fn main() -> Result<()> {
                 build_lab_binaries()?;
             }
             run(Command::new("target/debug/sliceway-cluster").args(args))
+        }
+        Task::BuildV1Agent => {
+            setup(&root)?;
+            println!("{}", v1_agent::build(&root)?.display());
+            Ok(())
         }
         Task::Bench { quick, only } => bench::bench(&root, quick, only.as_deref()),
         Task::Fuzz {
@@ -206,6 +217,14 @@ fn upstream(root: &Path) -> Result<()> {
     let bin = String::from_utf8(out.stdout)?.trim().to_string();
     // SAFETY: single-threaded at this point; read by the commands started after.
     unsafe { env::set_var("SLICEWAY_UPSTREAM_BIN", bin) };
+    Ok(())
+}
+
+/// Builds the layout-v1 agent (once per commit) and tells the upgrade test where it is.
+fn v1_agent(root: &Path) -> Result<()> {
+    let bin = v1_agent::build(root)?;
+    // SAFETY: single-threaded at this point; read by the commands started after.
+    unsafe { env::set_var("SLICEWAY_V1_AGENT", bin) };
     Ok(())
 }
 
