@@ -532,6 +532,8 @@ pub mod map_name {
     /// from v1 (the pinned v1 map is reused); otherwise a small private map. Never
     /// pinned under this layout.
     pub const CT_V1: &str = "CT_V1";
+    /// v1 backend id → this layout's, for `sliceway_bridge`; written while migrating.
+    pub const BACKEND_IDS_V1: &str = "BACKEND_IDS_V1";
 
     /// Every map, in the order the agent pins them.
     pub const ALL: [&str; 12] = [
@@ -595,6 +597,12 @@ pub mod v1 {
     /// v1's direction values (v2 numbers them differently).
     pub const CT_FORWARD: u16 = 0;
     pub const CT_REVERSE: u16 = 1;
+
+    /// Frontend or backend id of a migrated connection whose frontend or backend the
+    /// new agent does not have (removed while no agent ran): a TCP connection keeps
+    /// its backend regardless (entries hold addresses); a UDP flow picks again, as
+    /// it would after its endpoint's removal.
+    pub const UNKNOWN_ID: u32 = u32::MAX;
 
     impl FlowKey {
         /// The v2 key of the same direction of the flow.

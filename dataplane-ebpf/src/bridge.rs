@@ -31,12 +31,6 @@ use crate::{
     tc,
 };
 
-/// Backend id of a connection adopted here: v1's ids mean nothing in v2, and the
-/// kernel has no index from address to id. Only a UDP flow reads it (it picks again
-/// when its id no longer holds its backend); the agent's copy that follows the
-/// switch writes the right one.
-const UNKNOWN_ID: u32 = u32::MAX;
-
 #[classifier]
 pub fn sliceway_bridge(ctx: TcContext) -> i32 {
     tc::run::<true>(&ctx)
@@ -107,28 +101,37 @@ fn adopt(key: &FlowKey, now: u64) -> bool {
         return false;
     }
     let fwd_key = key.to_v2();
+    // A v2 connection on the tuple is newer than anything v1 holds (alive or not:
+    // the check of its age does not fit the stack).
+    if maps::with_conntrack(&fwd_key, |e| e.dir == CT_FORWARD) == Some(true) {
+        return false;
+    }
     let reply = v1::reply_key(key, &target);
     if maps::with_conntrack(&reply, |r| !same(&r.pair, &fwd_key)) == Some(true) {
         return false;
     }
     let (state, flags) = v1::adopted_state(key.proto);
-    let forward = CtEntry {
-        pair: reply,
+    // One entry, made the reverse and then the forward one (the stack is tight).
+    let mut entry = CtEntry {
+        pair: fwd_key,
         last_seen_ns: now,
-        service_id: UNKNOWN_ID,
-        backend_id: UNKNOWN_ID,
-        dir: CT_FORWARD,
+        // Not read to translate; `conntrack` finds the Service by frontend.
+        service_id: v1::UNKNOWN_ID,
+        // This agent's id of the v1 backend, which the agent wrote before switching
+        // any link: a UDP flow keeps its backend while that id holds it.
+        backend_id: maps::backend_id_of_v1(target.backend_id).unwrap_or(v1::UNKNOWN_ID),
+        dir: CT_REVERSE,
         state,
         flags,
         _pad: [0; 5],
     };
-    let reverse = CtEntry {
-        pair: fwd_key,
-        dir: CT_REVERSE,
-        ..forward
-    };
     // Reverse first, as for a new connection.
-    CONNTRACK.insert(reply, reverse, 0).is_ok() && CONNTRACK.insert(fwd_key, forward, 0).is_ok()
+    if CONNTRACK.insert(reply, entry, 0).is_err() {
+        return false;
+    }
+    entry.pair = reply;
+    entry.dir = CT_FORWARD;
+    CONNTRACK.insert(fwd_key, entry, 0).is_ok()
 }
 
 /// A connection just made in v2 (`entry` is its forward entry): its v1 reverse entry,

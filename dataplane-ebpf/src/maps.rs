@@ -75,6 +75,21 @@ pub static JUMP: ProgramArray = ProgramArray::with_max_entries(dataplane_common:
 pub static CT_V1: LruHashMap<dataplane_common::v1::FlowKey, dataplane_common::v1::NatTarget> =
     LruHashMap::with_max_entries(16, 0);
 
+/// Layout v1's backend id → this agent's id of the same backend, written by the agent
+/// before it switches v1 links to `sliceway_bridge`, which gives the connections it
+/// takes from `CT_V1` their backend id here. Allocated as written (no preallocation):
+/// empty unless migrating.
+#[map]
+pub static BACKEND_IDS_V1: HashMap<u32, u32> =
+    HashMap::with_max_entries(capacity::BACKENDS, aya_ebpf::bindings::BPF_F_NO_PREALLOC);
+
+/// This agent's backend id of v1's backend `v1_id`, while migrating.
+#[inline(always)]
+pub fn backend_id_of_v1(v1_id: u32) -> Option<u32> {
+    // SAFETY: as in `service`.
+    unsafe { BACKEND_IDS_V1.get(v1_id).copied() }
+}
+
 /// Exit counters, indexed by `stat::*`. Written by the program.
 #[map]
 pub static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stat::COUNT, 0);

@@ -45,7 +45,7 @@ use aya::{
 use dataplane_common::{
     map_name,
     v1::{self, FlowKey, NatTarget},
-    CtEntry, CtKey, ServiceKey, CT_FORWARD, CT_REVERSE, PROTO_TCP, PROTO_UDP,
+    Backend, CtEntry, CtKey, ServiceKey, CT_FORWARD, CT_REVERSE, PROTO_TCP, PROTO_UDP,
 };
 use tracing::{info, warn};
 
@@ -57,10 +57,7 @@ use super::{
 /// The TC program that bridges the two layouts while links are switched.
 pub const BRIDGE_PROGRAM: &str = "sliceway_bridge";
 
-/// Frontend or backend id of a migrated connection whose frontend or backend this
-/// agent does not have (it was removed while no agent ran): a TCP connection keeps
-/// its backend regardless; a UDP flow picks again, as it would in v1.
-pub const UNKNOWN_ID: u32 = u32::MAX;
+pub use dataplane_common::v1::UNKNOWN_ID;
 
 /// A v1 layout found beside this one.
 #[derive(Debug)]
@@ -110,8 +107,7 @@ impl V1Layout {
 pub struct CopyCounts {
     /// Written to v2 conntrack (both entries).
     pub copied: u64,
-    /// Already in v2 (copied before, or taken over by `sliceway_bridge`); their
-    /// frontend and backend ids set where the bridge could not know them.
+    /// Already in v2 (copied before, or taken over by `sliceway_bridge`).
     pub present: u64,
     /// v2 has a newer connection on the same tuple: the v1 one had ended.
     pub superseded: u64,
@@ -156,12 +152,10 @@ impl Datapath {
             reason: "a v1 layout to migrate but no pin directory".into(),
         })?;
         let mut out = Migration::default();
-        if has_ct {
-            out.before_switch = self.copy_v1_conntrack();
-            log_copy("before switching links", &out.before_switch);
-        }
         // Without v1 links (a v1 agent on a kernel without tcx pinned none) there is
-        // nothing to switch, and the bridge is not loaded.
+        // nothing to switch, and the bridge is not loaded. It is loaded before the
+        // first copy, so that the verifier's time does not stand between the copy
+        // and the switch.
         let v1_links = linked_interfaces(&dir);
         if !v1_links.is_empty() {
             let bridge: &mut SchedClassifier = self
@@ -170,6 +164,13 @@ impl Datapath {
                 .ok_or(KernelError::MissingProgram(BRIDGE_PROGRAM))?
                 .try_into()?;
             bridge.load()?;
+        }
+        if !v1_links.is_empty() {
+            self.write_backend_ids(&dir);
+        }
+        if has_ct {
+            out.before_switch = self.copy_v1_conntrack();
+            log_copy("before switching links", &out.before_switch);
         }
         for iface in v1_links {
             let bridge: &mut SchedClassifier = self
@@ -249,6 +250,7 @@ impl Datapath {
             reason: format!("removing the v1 pins: {e}"),
         })?;
         drop(self.ebpf.take_map(map_name::CT_V1));
+        drop(self.ebpf.take_map(map_name::BACKEND_IDS_V1));
         if let Some(p) = self.ebpf.program_mut(BRIDGE_PROGRAM) {
             if let Ok(p) = <&mut SchedClassifier>::try_from(p) {
                 // A link that still runs it (an interface this agent failed to attach
@@ -258,6 +260,58 @@ impl Datapath {
         }
         info!(dir = %v1.dir.display(), "removed the v1 layout's pins");
         Ok(())
+    }
+
+    /// Fills `BACKEND_IDS_V1` (v1's backend id → this agent's, by address) from v1's
+    /// pinned backends, for the connections the bridge takes from v1 conntrack. A v1
+    /// backend this agent does not have is left out: the bridge gives its UDP flows
+    /// an unknown id (they pick again), TCP connections keep it regardless.
+    fn write_backend_ids(&mut self, dir: &Path) {
+        let path = dir.join(map_name::BACKENDS);
+        let old: BpfHashMap<MapData, u32, Backend> = match MapData::from_pin(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|m| {
+                BpfHashMap::try_from(aya::maps::Map::HashMap(m)).map_err(|e| e.to_string())
+            }) {
+            Ok(m) => m,
+            Err(e) => {
+                warn!(
+                    path = %path.display(),
+                    "v1 backends cannot be read ({e}); UDP flows the bridge takes from v1 \
+                     pick a backend again"
+                );
+                return;
+            }
+        };
+        let mine: HashMap<(u32, u16, u8), u32> = self
+            .maps
+            .backends
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(id, b)| ((b.addr_be, b.port_be, b.proto), id))
+            .collect();
+        let Some(map) = self.ebpf.map_mut(map_name::BACKEND_IDS_V1) else {
+            return;
+        };
+        let Ok(mut ids) = BpfHashMap::<&mut MapData, u32, u32>::try_from(map) else {
+            return;
+        };
+        let (mut mapped, mut unknown, mut failed) = (0u64, 0u64, 0u64);
+        for entry in old.iter() {
+            let Ok((v1_id, b)) = entry else {
+                failed += 1;
+                continue;
+            };
+            match mine.get(&(b.addr_be, b.port_be, b.proto)) {
+                Some(id) if ids.insert(v1_id, id, 0).is_ok() => mapped += 1,
+                Some(_) => failed += 1,
+                None => unknown += 1,
+            }
+        }
+        info!(
+            mapped,
+            unknown, failed, "v1 backend ids mapped to this agent's for the bridge program"
+        );
     }
 
     /// Writes every live v1 connection into v2 conntrack (see [`CopyCounts`]).
@@ -318,16 +372,6 @@ impl Datapath {
             match self.conntrack.get(&fwd_key, 0) {
                 Ok(e) if e.dir == CT_FORWARD && e.pair == reply => {
                     counts.present += 1;
-                    if e.backend_id == UNKNOWN_ID && forward.backend_id != UNKNOWN_ID
-                        || e.service_id == UNKNOWN_ID && forward.service_id != UNKNOWN_ID
-                    {
-                        let fixed = CtEntry {
-                            service_id: forward.service_id,
-                            backend_id: forward.backend_id,
-                            ..e
-                        };
-                        let _ = self.conntrack.insert(fwd_key, fixed, 0);
-                    }
                     continue;
                 }
                 Ok(_) => {
