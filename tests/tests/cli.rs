@@ -337,7 +337,12 @@ fn check_reports_every_program_and_the_attach_path() {
         .collect();
     assert_eq!(
         names,
-        ["sliceway_tc", "sliceway_reject", "sliceway_sctp_nat"]
+        [
+            "sliceway_tc",
+            "sliceway_reject",
+            "sliceway_sctp_nat",
+            "sliceway_bridge"
+        ]
     );
     for p in programs {
         assert!(p["error"].is_null(), "{p:#}");

@@ -288,7 +288,14 @@ pub fn check() -> Result<KernelCheck, KernelError> {
         .map_max_entries(map_name::CONNTRACK, 16)
         .load(OBJECT)?;
     let mut programs = Vec::new();
-    for name in [TC_PROGRAM, REJECT_PROGRAM, SCTP_NAT_PROGRAM] {
+    // The bridge is loaded only while migrating from layout v1; checked all the same,
+    // so a kernel that refuses it is known before an upgrade needs it.
+    for name in [
+        TC_PROGRAM,
+        REJECT_PROGRAM,
+        SCTP_NAT_PROGRAM,
+        super::BRIDGE_PROGRAM,
+    ] {
         let program: &mut SchedClassifier = ebpf
             .program_mut(name)
             .ok_or(KernelError::MissingProgram(name))?
