@@ -21,7 +21,7 @@
 use aya_ebpf::{macros::classifier, programs::TcContext};
 use dataplane_common::{
     v1::{self, FlowKey, NatTarget},
-    CtEntry, CtKey, CT_FORWARD, CT_REVERSE,
+    CtEntry, CtKey, ServiceKey, CT_FORWARD, CT_REVERSE,
 };
 
 use crate::{
@@ -115,8 +115,15 @@ fn adopt(key: &FlowKey, now: u64) -> bool {
     let mut entry = CtEntry {
         pair: fwd_key,
         last_seen_ns: now,
-        // Not read to translate; `conntrack` finds the Service by frontend.
-        service_id: v1::UNKNOWN_ID,
+        // This agent's id of the frontend (the per-frontend counters' key), if it
+        // still has it.
+        service_id: maps::service(&ServiceKey {
+            addr_be: key.dst_be,
+            port_be: key.dport_be,
+            proto: key.proto,
+            _pad: 0,
+        })
+        .map_or(v1::UNKNOWN_ID, |s| s.id),
         // This agent's id of the v1 backend, which the agent wrote before switching
         // any link: a UDP flow keeps its backend while that id holds it.
         backend_id: maps::backend_id_of_v1(target.backend_id).unwrap_or(v1::UNKNOWN_ID),
