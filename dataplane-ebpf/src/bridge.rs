@@ -3,7 +3,8 @@
 //!
 //! - a packet from a client whose connection v2 conntrack does not know but v1's does
 //!   (made by the v1 program, on this interface or another) first gets that
-//!   connection in v2 conntrack, with its v1 backend, and then goes on as tracked;
+//!   connection in v2 conntrack, with its v1 backend (and this agent's ids of its
+//!   frontend and backend), and then goes on as tracked;
 //! - likewise a reply whose v1 reverse and forward entries name each other;
 //! - a new connection also gets a v1 reverse entry, so its replies are translated on
 //!   an interface where the v1 program still runs.
@@ -13,8 +14,9 @@
 //! and others the v2 one, a connection made on one side must be known on the other,
 //! or its replies pass untranslated and the client resets it. This is the failure of a
 //! one-time copy of a conntrack map that the datapath itself keeps writing (Cilium's
-//! feature request cilium/cilium#28894: its migration at agent start interrupts
-//! traffic, and it has none for datapath-written maps). The agent switches every v1
+//! cilium/cilium#28894, https://github.com/cilium/cilium/issues/28894: its one-time
+//! migration at agent start interrupts traffic, and does not fit datapath-written
+//! maps). The agent switches every v1
 //! link to this program, copies what v1 conntrack still holds, then switches every
 //! link to `sliceway_tc`; see the agent's `kernel/migrate.rs`.
 

@@ -5,14 +5,18 @@
 //! writes conntrack, so connections made between the copy and the switch of programs
 //! are lost, and links are switched one interface at a time while a connection's
 //! packets enter on two (the client's and the backend's). That is the disruption of
-//! Cilium's upgrades with incompatible maps (cilium/cilium#28894: a one-time
-//! migration at agent start, none for datapath-written maps). Here:
+//! Cilium's upgrades with incompatible maps (cilium/cilium#28894,
+//! https://github.com/cilium/cilium/issues/28894: a one-time migration at agent
+//! start interrupts traffic, and does not fit maps the datapath writes). Here:
 //!
 //! 1. The object is loaded with `CT_V1` over v1's pinned conntrack (`load.rs`), and
 //!    the first sync writes the service maps from the compiler, as at any start.
-//! 2. Every live v1 forward entry becomes a v2 connection (both paired entries, the
-//!    backend kept, state established or replied, this agent's frontend and backend
-//!    ids); v1 had no session affinity or other state a client would notice losing.
+//! 2. The bridge program is loaded (the verifier's time comes before the copy, not
+//!    between the copy and the switch) and `BACKEND_IDS_V1` maps v1's backend ids to
+//!    this agent's. Every live v1 forward entry becomes a v2 connection (both paired
+//!    entries, the backend kept, state established or replied, this agent's frontend
+//!    and backend ids); v1 had no session affinity or other state a client would
+//!    notice losing.
 //! 3. Every pinned v1 tcx link is switched in place (`BPF_LINK_UPDATE`, atomic: no
 //!    packet sees no program) to `sliceway_bridge`, which reads and writes both
 //!    layouts' conntrack (see the kernel's `bridge.rs`), so whatever mix of v1 and
@@ -26,8 +30,8 @@
 //!    `sliceway_tc` (both read the same v2 maps, so the order does not matter).
 //! 5. The v1 directory is removed (its maps go with their last user).
 //!
-//! A v1 agent on a kernel without tcx pinned no links: its TC filters were private
-//! to its process; nothing is left to take over.
+//! A v1 agent on a kernel without tcx pinned no links: there is nothing to switch
+//! (its connections are copied all the same; not tested).
 
 use std::{
     collections::HashMap,
