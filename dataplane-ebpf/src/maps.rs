@@ -83,6 +83,11 @@ pub static CT_V1: LruHashMap<dataplane_common::v1::FlowKey, dataplane_common::v1
 pub static BACKEND_IDS_V1: HashMap<u32, u32> =
     HashMap::with_max_entries(capacity::BACKENDS, aya_ebpf::bindings::BPF_F_NO_PREALLOC);
 
+/// Scratch space of `sliceway_bridge` (one per CPU): the keys and entry of a
+/// connection it takes from `CT_V1`, kept off the stack.
+#[map]
+pub static ADOPTION: PerCpuArray<crate::bridge::Adoption> = PerCpuArray::with_max_entries(1, 0);
+
 /// This agent's backend id of v1's backend `v1_id`, while migrating.
 #[inline(always)]
 pub fn backend_id_of_v1(v1_id: u32) -> Option<u32> {

@@ -69,11 +69,11 @@ fn from_client<const BRIDGE: bool>(
     key: &CtKey,
     now: u64,
 ) -> Result<Option<Exit>, Exit> {
-    let mut tracked = conntrack::forward(flow, key, now);
-    if BRIDGE && matches!(tracked, Forward::New) && bridge::adopt_forward(flow, now) {
-        tracked = conntrack::forward(flow, key, now);
+    if BRIDGE {
+        // Before the lookup, which then finds what it adopted.
+        bridge::adopt_forward(flow, now);
     }
-    let (entry, reason) = match tracked {
+    let (entry, reason) = match conntrack::forward(flow, key, now) {
         Forward::Tracked(entry) if flow.later_fragment => (entry, stat::NAT_FRAGMENT),
         Forward::Tracked(entry) => (entry, stat::DNAT_ESTABLISHED),
         Forward::New => {
@@ -164,11 +164,10 @@ fn from_backend<const BRIDGE: bool>(
     key: &CtKey,
     now: u64,
 ) -> Result<Exit, Exit> {
-    let mut reply = conntrack::reverse(flow, key, now);
-    if BRIDGE && matches!(reply, Ok(None)) && bridge::adopt_reply(flow, now) {
-        reply = conntrack::reverse(flow, key, now);
+    if BRIDGE {
+        bridge::adopt_reply(flow, now);
     }
-    match reply {
+    match conntrack::reverse(flow, key, now) {
         Ok(Some(orig)) => {
             rewrite(ctx, flow, End::Source, orig.dst_be[0], orig.dport_be)
                 .map_err(|_| (DROP, stat::DROP_REWRITE))?;
