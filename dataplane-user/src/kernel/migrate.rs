@@ -49,7 +49,7 @@ use aya::{
 use dataplane_common::{
     map_name,
     v1::{self, FlowKey, NatTarget},
-    Backend, CtEntry, CtKey, ServiceKey, CT_FORWARD, CT_REVERSE, PROTO_TCP, PROTO_UDP,
+    Backend, CtEntry, CtKey, ServiceKey, CT_FORWARD, PROTO_TCP, PROTO_UDP,
 };
 use tracing::{info, warn};
 
@@ -447,24 +447,18 @@ pub fn plan_copy(
         proto: key.proto,
         _pad: 0,
     };
-    let forward = CtEntry {
-        pair: reply,
-        last_seen_ns: now_ns,
-        service_id: frontends.get(&frontend).copied().unwrap_or(UNKNOWN_ID),
-        backend_id: backends
-            .get(&(target.addr_be, target.port_be, key.proto))
-            .copied()
-            .unwrap_or(UNKNOWN_ID),
-        dir: CT_FORWARD,
-        state,
-        flags,
-        _pad: [0; 5],
-    };
-    let reverse = CtEntry {
-        pair: fwd_key,
-        dir: CT_REVERSE,
-        ..forward
-    };
+    let service_id = frontends.get(&frontend).copied().unwrap_or(UNKNOWN_ID);
+    let backend_id = backends
+        .get(&(target.addr_be, target.port_be, key.proto))
+        .copied()
+        .unwrap_or(UNKNOWN_ID);
+    let [(_, mut forward), (_, mut reverse)] =
+        crate::conntrack::connection_entries(fwd_key, reply, state, now_ns);
+    for e in [&mut forward, &mut reverse] {
+        e.flags = flags;
+        e.service_id = service_id;
+        e.backend_id = backend_id;
+    }
     Some((fwd_key, forward, reply, reverse))
 }
 
@@ -500,7 +494,10 @@ fn linked_interfaces(dir: &Path) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dataplane_common::ct::{flag, state};
+    use dataplane_common::{
+        ct::{flag, state},
+        CT_REVERSE,
+    };
 
     fn v4(s: &str) -> u32 {
         u32::from(s.parse::<std::net::Ipv4Addr>().unwrap()).to_be()
