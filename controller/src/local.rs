@@ -21,12 +21,23 @@ use crate::plan::{Object, Plan};
 use crate::store::{self, Key, Snapshot};
 use crate::{util, Error, Result};
 
-/// A file that could not be read or parsed, and why. It is skipped.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A file, or an object of it, that could not be read or used, and why. It is
+/// skipped; `plan` lists it under `skipped`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Rejected {
     /// The file.
+    #[serde(rename = "file")]
     pub path: PathBuf,
-    /// Why.
+    /// The object (`Service default/web`), or the file when no object was read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub object: Option<String>,
+    /// The field at fault, when known (`metadata.name`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    /// A short, stable name of the reason, for metrics (the reader's codes, and
+    /// `invalid_object` for an object that does not read as its kind).
+    pub code: &'static str,
+    /// Why, naming the document.
     pub reason: String,
 }
 
@@ -217,7 +228,11 @@ fn loaded(files: &LastGood) -> Loaded {
             .problems()
             .into_iter()
             .map(|p| Rejected {
+                // A file that gave no object is named as the object, as `trace` does.
+                object: p.object.or_else(|| Some(p.file.display().to_string())),
                 path: p.file,
+                field: p.field,
+                code: p.code,
                 reason: p.reason,
             })
             .collect(),
@@ -232,7 +247,10 @@ fn loaded(files: &LastGood) -> Loaded {
             if let Err(reason) = add_object(&mut loaded, path, documents, f.owned, o.clone()) {
                 loaded.rejected.push(Rejected {
                     path: path.to_path_buf(),
-                    reason: format!("{}: {reason}", o.place()),
+                    object: Some(format!("{} {}", o.kind, o.name)),
+                    field: None,
+                    code: "invalid_object",
+                    reason: format!("{}: {} {}: {reason}", o.place(), o.kind, o.name),
                 });
             }
         }
@@ -420,7 +438,7 @@ pub async fn run(
                 tracing::warn!(file = %r.path.display(), reason = %r.reason, "skipping manifest");
             }
             if let Some(m) = metrics {
-                m.record_pass(&outcome, loaded.rejected.len());
+                m.record_pass(&outcome, &loaded.rejected);
                 // Services gone from the directory leave no series behind.
                 for (ns, name) in known.difference(&outcome.services.keys().cloned().collect()) {
                     m.forget_service(ns, name);

@@ -188,8 +188,14 @@ async fn main() -> anyhow::Result<()> {
                 eprintln!("skipped {}: {}", r.path.display(), r.reason);
             }
             let text = match args.output {
-                Format::Json => format!("{}\n", plan.to_json()?),
-                Format::Table => plan.to_table(),
+                Format::Json => format!("{}\n", plan.to_json_with_skipped(&loaded.rejected)?),
+                Format::Table => {
+                    let mut text = plan.to_table();
+                    for r in &loaded.rejected {
+                        text.push_str(&format!("skipped: {}: {}\n", r.path.display(), r.reason));
+                    }
+                    text
+                }
             };
             print_out(&text)?;
         }

@@ -164,7 +164,7 @@ impl Metrics {
     }
 
     /// Records the per-Service figures of a pass.
-    pub fn record_pass(&self, outcome: &Outcome, rejected_files: usize) {
+    pub fn record_pass(&self, outcome: &Outcome, rejected: &[crate::local::Rejected]) {
         for ((ns, name), r) in &outcome.services {
             let l = labels(&[("namespace", ns), ("service", name)]);
             self.endpoints_desired
@@ -172,10 +172,11 @@ impl Metrics {
                 .set(r.endpoints_desired as i64);
             self.slices.get_or_create(&l).set(r.slices as i64);
         }
-        if rejected_files > 0 {
+        // Manifests skipped, by the reader's reason.
+        for r in rejected {
             self.skipped
-                .get_or_create(&labels(&[("reason", "unparsable_manifest")]))
-                .inc_by(rejected_files as u64);
+                .get_or_create(&labels(&[("reason", r.code)]))
+                .inc();
         }
         if !outcome.retry.is_empty() {
             self.skipped

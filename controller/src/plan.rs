@@ -151,6 +151,26 @@ impl Plan {
         serde_json::to_string_pretty(self).map_err(|e| crate::Error::Serialize(e.to_string()))
     }
 
+    /// JSON with what the manifest reader skipped: `{"create": [...], "update":
+    /// [...], "delete": [...], "skipped": [{"file", "object", "field", "code",
+    /// "reason"}, ...]}`.
+    pub fn to_json_with_skipped(
+        &self,
+        skipped: &[crate::local::Rejected],
+    ) -> crate::Result<String> {
+        #[derive(Serialize)]
+        struct WithSkipped<'a> {
+            #[serde(flatten)]
+            plan: &'a Plan,
+            skipped: &'a [crate::local::Rejected],
+        }
+        serde_json::to_string_pretty(&WithSkipped {
+            plan: self,
+            skipped,
+        })
+        .map_err(|e| crate::Error::Serialize(e.to_string()))
+    }
+
     /// A readable summary, one block per Service.
     pub fn to_table(&self) -> String {
         let mut rows: Vec<(String, String, &'static str, &'static str, String, usize)> = Vec::new();

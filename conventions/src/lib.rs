@@ -1,8 +1,10 @@
 //! What both sliceway binaries, the agent and the controller, must agree on with
 //! Kubernetes and with each other: the well-known labels and annotations
 //! ([`labels`]), how a directory of manifests is read ([`manifests`]), and the
-//! `/metrics` and `/healthz` endpoint ([`http`]).
+//! `/metrics` and `/healthz` endpoint ([`http`]), and the API server's rules an
+//! object read from a file must pass ([`validate`]).
 
 pub mod http;
 pub mod labels;
 pub mod manifests;
+pub mod validate;

@@ -24,10 +24,31 @@ use std::{
 use serde::Deserialize as _;
 
 /// A file, or a document in it, that could not be used, and why. The rest is used.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Problem {
     pub file: PathBuf,
+    /// The whole message: where in the file, the object, the field and why.
     pub reason: String,
+    /// The object it is about (`Service default/web`), when one was read.
+    pub object: Option<String>,
+    /// The field at fault (`metadata.name`), when one is known.
+    pub field: Option<String>,
+    /// A short, stable name of the reason, for metrics: `unreadable`, `not_utf8`,
+    /// `document_too_large`, `nested_too_deep`, `too_many_documents`,
+    /// `invalid_yaml`, `no_kind`, `invalid_object` (refused by
+    /// [`crate::validate`]) or `unusable_object` (refused by the reader's caller).
+    pub code: &'static str,
+}
+
+impl Problem {
+    fn file(path: &Path, code: &'static str, reason: String) -> Self {
+        Self {
+            file: path.to_path_buf(),
+            reason,
+            code,
+            ..Self::default()
+        }
+    }
 }
 
 /// The `*.yaml` and `*.yml` files of a directory, sorted.
@@ -58,10 +79,11 @@ pub fn read(path: &Path) -> (Option<String>, Vec<Problem>) {
         }
         Err(e) => (
             None,
-            vec![Problem {
-                file: path.to_path_buf(),
-                reason: format!("cannot read: {e}"),
-            }],
+            vec![Problem::file(
+                path,
+                "unreadable",
+                format!("cannot read: {e}"),
+            )],
         ),
     }
 }
@@ -72,6 +94,23 @@ pub const MAX_DOCUMENT_BYTES: usize = 4 << 20;
 /// Nesting of one document at most (flow collections and block sequences on a line);
 /// Kubernetes objects nest a dozen levels.
 pub const MAX_NESTING: usize = 64;
+/// Documents of one file at most; the rest of a file past them is left out.
+pub const MAX_DOCUMENTS: usize = 100_000;
+
+/// What screening a file cost and let through, counted (not timed), so tests can
+/// bound the work a hostile file causes: everything past screening is at most
+/// linear in `parsed_bytes` times `deepest`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cost {
+    /// Bytes of the file, all looked at once by the screening (linear).
+    pub bytes: usize,
+    /// Documents found.
+    pub documents: usize,
+    /// Bytes handed on to the YAML parser.
+    pub parsed_bytes: usize,
+    /// The deepest nesting among the documents handed on.
+    pub deepest: usize,
+}
 
 /// Screens a file's bytes before any YAML parsing, which can cost the square of a
 /// document's size on deep nesting: a byte-order mark at the start is dropped (as
@@ -79,47 +118,91 @@ pub const MAX_NESTING: usize = 64;
 /// [`MAX_DOCUMENT_BYTES`] or nests deeper than [`MAX_NESTING`] is left out with a
 /// problem naming it (the others are kept). Linear in the file's size.
 pub fn screen(path: &Path, bytes: &[u8]) -> (String, Vec<Problem>) {
+    let (text, problems, _) = screen_counted(path, bytes);
+    (text, problems)
+}
+
+/// [`screen`], with what it cost and let through. At most [`MAX_DOCUMENTS`]
+/// documents are kept; the rest of the file is left out with one problem.
+pub fn screen_counted(path: &Path, bytes: &[u8]) -> (String, Vec<Problem>, Cost) {
     let bytes = bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(bytes);
     let mut out = String::with_capacity(bytes.len());
     let mut problems = Vec::new();
-    for (n, (start, doc)) in documents(bytes).into_iter().enumerate() {
-        let line = 1 + bytes[..start].iter().filter(|b| **b == b'\n').count();
+    let docs = documents(bytes);
+    let mut cost = Cost {
+        bytes: bytes.len(),
+        documents: docs.len(),
+        ..Cost::default()
+    };
+    // Lines counted once, in order, not from the start for every document.
+    let (mut line, mut counted) = (1, 0);
+    for (n, (start, doc)) in docs.into_iter().enumerate() {
+        line += bytes[counted..start]
+            .iter()
+            .filter(|b| **b == b'\n')
+            .count();
+        counted = start;
+        if n == MAX_DOCUMENTS {
+            problems.push(Problem::file(
+                path,
+                "too_many_documents",
+                format!(
+                    "more than {MAX_DOCUMENTS} documents: the rest of the file from line {line} is skipped"
+                ),
+            ));
+            break;
+        }
+        let mut depth = 0;
         let reason = match std::str::from_utf8(doc) {
             Err(e) => {
                 let at = start + e.valid_up_to();
-                let line = 1 + bytes[..at].iter().filter(|b| **b == b'\n').count();
-                Some(format!(
-                    "byte 0x{:02x} on line {line} is not UTF-8",
-                    bytes[at]
+                let line = line + bytes[start..at].iter().filter(|b| **b == b'\n').count();
+                Some((
+                    "not_utf8",
+                    format!("byte 0x{:02x} on line {line} is not UTF-8", bytes[at]),
                 ))
             }
-            Ok(_) if doc.len() > MAX_DOCUMENT_BYTES => Some(format!(
-                "{} bytes, more than the {MAX_DOCUMENT_BYTES} a document may have",
-                doc.len()
+            Ok(_) if doc.len() > MAX_DOCUMENT_BYTES => Some((
+                "document_too_large",
+                format!(
+                    "{} bytes, more than the {MAX_DOCUMENT_BYTES} a document may have",
+                    doc.len()
+                ),
             )),
-            Ok(text) if nesting(text) > MAX_NESTING => {
-                Some(format!("nested deeper than {MAX_NESTING} levels"))
+            Ok(text)
+                if {
+                    depth = nesting(text);
+                    depth > MAX_NESTING
+                } =>
+            {
+                Some((
+                    "nested_too_deep",
+                    format!("nested deeper than {MAX_NESTING} levels"),
+                ))
             }
             Ok(text) => {
                 out.push_str(text);
+                cost.parsed_bytes += text.len();
+                cost.deepest = cost.deepest.max(depth);
                 None
             }
         };
-        if let Some(reason) = reason {
-            problems.push(Problem {
-                file: path.to_path_buf(),
-                reason: format!(
+        if let Some((code, reason)) = reason {
+            problems.push(Problem::file(
+                path,
+                code,
+                format!(
                     "the document starting on line {line} (document {}): {reason}; skipped",
                     n + 1
                 ),
-            });
+            ));
             // Keep the separator so the documents around it stay apart.
             if doc.starts_with(b"---") {
                 out.push_str("---\n");
             }
         }
     }
-    (out, problems)
+    (out, problems, cost)
 }
 
 /// The documents of a file: (offset, bytes), split before every line that starts
@@ -224,40 +307,75 @@ pub struct Read {
     pub documents: usize,
     /// Problems of single documents; the other documents were read.
     pub problems: Vec<Problem>,
+    /// Nodes (mappings, sequences, scalars) of the parsed documents, counted: what
+    /// reading the file held in memory at most, a document at a time.
+    pub nodes: usize,
+}
+
+/// Why an object was not handed on.
+struct Refusal {
+    object: Option<String>,
+    field: Option<String>,
+    code: &'static str,
+    reason: String,
+}
+
+/// Nodes of a parsed document (its depth is bounded by the parser's recursion limit).
+fn nodes(v: &serde_yaml_ng::Value) -> usize {
+    use serde_yaml_ng::Value;
+    1 + match v {
+        Value::Sequence(s) => s.iter().map(nodes).sum(),
+        Value::Mapping(m) => m.iter().map(|(k, v)| nodes(k) + nodes(v)).sum(),
+        Value::Tagged(t) => nodes(&t.value),
+        _ => 0,
+    }
 }
 
 /// Reads the documents of a file one at a time and gives each object to `each`
-/// (the items of a `v1 List` one by one). A reason `each` returns, or a document
-/// without `apiVersion` or `kind`, becomes a problem naming the document (and the
-/// List item); the other objects are still read. `Err` when the YAML itself is
-/// broken: nothing in the file is trusted then, and what `each` was given before
-/// must be dropped.
+/// (the items of a `v1 List` one by one). An object of a kind the binaries read
+/// passes [`crate::validate::object`] first (the API server's rules). A reason
+/// `each` returns, a refused object, or a document without `apiVersion` or `kind`,
+/// becomes a problem naming the document (and the List item), the object and the
+/// field; the other objects are still read. `Err` when the YAML itself is broken:
+/// nothing in the file is trusted then, and what `each` was given before must be
+/// dropped.
 pub fn objects(
     path: &Path,
     text: &str,
     each: &mut dyn FnMut(Object) -> Result<(), String>,
 ) -> Result<Read, Problem> {
     let mut problems = Vec::new();
-    let problem = |reason: String| Problem {
-        file: path.to_path_buf(),
-        reason,
-    };
     let mut n = 0;
+    let mut counted = 0;
     for doc in serde_yaml_ng::Deserializer::from_str(text) {
         match serde_yaml_ng::Value::deserialize(doc) {
             Ok(serde_yaml_ng::Value::Null) => {}
             Ok(v) => {
                 n += 1;
-                object(v, n, each, &mut |item, reason| {
-                    problems.push(problem(format!("{}: {reason}", place(n, item))))
+                counted += nodes(&v);
+                object(v, n, each, &mut |item, refusal| {
+                    problems.push(Problem {
+                        file: path.to_path_buf(),
+                        reason: format!("{}: {}", place(n, item), refusal.reason),
+                        object: refusal.object,
+                        field: refusal.field,
+                        code: refusal.code,
+                    })
                 });
             }
-            Err(e) => return Err(problem(format!("not valid YAML: {e}"))),
+            Err(e) => {
+                return Err(Problem::file(
+                    path,
+                    "invalid_yaml",
+                    format!("not valid YAML: {e}"),
+                ))
+            }
         }
     }
     Ok(Read {
         documents: n,
         problems,
+        nodes: counted,
     })
 }
 
@@ -266,7 +384,7 @@ fn object(
     mut doc: serde_yaml_ng::Value,
     document: usize,
     each: &mut dyn FnMut(Object) -> Result<(), String>,
-    report: &mut dyn FnMut(Option<usize>, String),
+    report: &mut dyn FnMut(Option<usize>, Refusal),
 ) {
     let field = |doc: &serde_yaml_ng::Value, name: &str| {
         doc.get(name)
@@ -301,16 +419,38 @@ fn take(
     value: serde_yaml_ng::Value,
     (document, item): (usize, Option<usize>),
     each: &mut dyn FnMut(Object) -> Result<(), String>,
-) -> Result<(), String> {
+) -> Result<(), Refusal> {
     if api_version.is_empty() || kind.is_empty() {
-        return Err("no apiVersion or kind; skipped".into());
+        return Err(Refusal {
+            object: None,
+            field: Some(
+                if api_version.is_empty() {
+                    "apiVersion"
+                } else {
+                    "kind"
+                }
+                .into(),
+            ),
+            code: "no_kind",
+            reason: "no apiVersion or kind; skipped".into(),
+        });
     }
-    let name = value
-        .get("metadata")
-        .and_then(|m| m.get("name"))
-        .and_then(|n| n.as_str())
-        .unwrap_or("<unnamed>")
-        .to_string();
+    let meta = value.get("metadata");
+    let text = |field: &str| meta.and_then(|m| m.get(field)).and_then(|n| n.as_str());
+    let name = text("name").unwrap_or("<unnamed>").to_string();
+    // As problems name it; the namespace only when given.
+    let object = match text("namespace") {
+        Some(ns) if !ns.is_empty() => format!("{kind} {ns}/{name}"),
+        _ => format!("{kind} {name}"),
+    };
+    if let Err(invalid) = crate::validate::object(&kind, &value) {
+        return Err(Refusal {
+            reason: format!("{object}: {}: {}; skipped", invalid.field, invalid.reason),
+            object: Some(object),
+            field: Some(invalid.field),
+            code: "invalid_object",
+        });
+    }
     each(Object {
         api_version,
         kind,
@@ -318,6 +458,12 @@ fn take(
         value,
         document,
         item,
+    })
+    .map_err(|reason| Refusal {
+        object: Some(object),
+        field: None,
+        code: "unusable_object",
+        reason,
     })
 }
 
@@ -539,6 +685,43 @@ mod tests {
                 "document 2: no apiVersion or kind; skipped"
             ]
         );
+    }
+
+    /// Issue 19: an object the API server would refuse is refused alone, named with
+    /// its field; what reading cost is counted.
+    #[test]
+    fn refused_objects_name_their_field_and_reading_is_counted() {
+        let text = "apiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: Service, metadata: {name: a/b}}\n- {apiVersion: v1, kind: Service, metadata: {name: one}}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: two, namespace: x}\nspec: {ports: [{name: p}]}\n";
+        let (text, problems, cost) = screen_counted(Path::new("f.yaml"), text.as_bytes());
+        assert!(problems.is_empty());
+        assert_eq!((cost.documents, cost.parsed_bytes), (2, text.len()));
+        let mut names = Vec::new();
+        let read = objects(Path::new("f.yaml"), &text, &mut |o| {
+            names.push(o.name);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(names, ["one"]);
+        let fields: Vec<_> = read
+            .problems
+            .iter()
+            .map(|p| (p.object.as_deref(), p.field.as_deref()))
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                (Some("Service a/b"), Some("metadata.name")),
+                (Some("Service x/two"), Some("spec.ports[0].port")),
+            ]
+        );
+        assert!(
+            read.problems[0]
+                .reason
+                .starts_with("document 1, List item 1: Service a/b: metadata.name: "),
+            "{:?}",
+            read.problems
+        );
+        assert!(read.nodes > 10 && read.nodes < text.len(), "{}", read.nodes);
     }
 
     #[test]

@@ -297,12 +297,33 @@ pub struct Trace {
     pub reason: String,
 }
 
-/// An object the compiler skipped, as `trace` shows it.
+/// An object the manifest reader or the compiler skipped, as `trace` shows it.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct TraceSkipped {
+    /// The object (`Service default/web`), or the file when no object could be read.
     pub object: String,
+    /// The field at fault, when the reader knows it (`metadata.name`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    /// The file the reader found it in (problems of the reader only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
     pub code: String,
     pub reason: String,
+}
+
+impl TraceSkipped {
+    /// A problem of the manifest reader (a file, a document or an object of it).
+    pub fn of_problem(p: &conventions::manifests::Problem) -> Self {
+        let file = p.file.display().to_string();
+        Self {
+            object: p.object.clone().unwrap_or_else(|| file.clone()),
+            field: p.field.clone(),
+            file: Some(file),
+            code: p.code.into(),
+            reason: p.reason.clone(),
+        }
+    }
 }
 
 /// Loads the programs with private maps (no attach, no pinning), writes what
@@ -326,6 +347,8 @@ pub fn trace(
         .iter()
         .map(|s| TraceSkipped {
             object: s.object.to_string(),
+            field: None,
+            file: None,
             code: s.code.into(),
             reason: s.reason.clone(),
         })

@@ -183,10 +183,17 @@ fn main() -> anyhow::Result<()> {
                         manifests.rescan(&mut compiler).with_context(|| {
                             format!("reading the manifest directory {}", dir.display())
                         })?;
-                        for p in manifests.problems() {
+                        let problems = manifests.problems();
+                        for p in &problems {
                             tracing::warn!(file = %p.file.display(), "{}", p.reason);
                         }
-                        inspect::trace(compiler, src, args.dst, proto)?
+                        // What the reader refused first, then what the compiler did.
+                        let mut trace = inspect::trace(compiler, src, args.dst, proto)?;
+                        let mut skipped: Vec<_> =
+                            problems.iter().map(inspect::TraceSkipped::of_problem).collect();
+                        skipped.append(&mut trace.skipped);
+                        trace.skipped = skipped;
+                        trace
                     }
                     None => {
                         let dp = inspect::live_datapath(&PinDir::new(&args.bpffs_dir))?;
@@ -208,7 +215,11 @@ fn main() -> anyhow::Result<()> {
                         trace.snat.as_deref().unwrap_or("-")
                     );
                     for s in &trace.skipped {
-                        println!("skipped: {}: {}", s.object, s.reason);
+                        match &s.file {
+                            // The reader's reason already names the document and field.
+                            Some(file) => println!("skipped: {file}: {}", s.reason),
+                            None => println!("skipped: {}: {}", s.object, s.reason),
+                        }
                     }
                 }
             }

@@ -63,7 +63,7 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action> {
             Some(&topology),
         )
     };
-    ctx.metrics.record_pass(&outcome, 0);
+    ctx.metrics.record_pass(&outcome, &[]);
     // Upstream's recorders: the EndpointSlice controller reports on the Service,
     // the mirroring controller on the Endpoints it mirrors.
     let endpoints_ref = || match snap.endpoints.get(&(ns.clone(), name.clone())) {
