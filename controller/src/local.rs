@@ -240,8 +240,37 @@ fn loaded(files: &LastGood) -> Loaded {
     };
     let mut all: Vec<(&Path, &FileDocs)> = files.kept().collect();
     all.sort_by_key(|(path, f)| (f.owned, path.to_path_buf()));
+    // Where each object was first read, to say when a person's files define one twice
+    // (an owned copy superseding a person's is meant, and not said).
+    let mut first: BTreeMap<(String, String, String), PathBuf> = BTreeMap::new();
     for (path, f) in all {
         for o in &f.objects {
+            let ns = o
+                .value
+                .get("metadata")
+                .and_then(|m| m.get("namespace"))
+                .and_then(|n| n.as_str())
+                .filter(|n| !n.is_empty())
+                .unwrap_or("default");
+            let key = (o.kind.clone(), ns.to_string(), o.name.clone());
+            if let Some(before) = first.get(&key) {
+                if !f.owned {
+                    let object = format!("{} {ns}/{}", o.kind, o.name);
+                    loaded.rejected.push(Rejected {
+                        path: path.to_path_buf(),
+                        code: "duplicate",
+                        field: None,
+                        reason: format!(
+                            "{}: {object} is defined again (first in {}); the last one read is used, keep one",
+                            o.place(),
+                            before.display()
+                        ),
+                        object: Some(object),
+                    });
+                }
+            } else {
+                first.insert(key, path.to_path_buf());
+            }
             // An item of a List never has a file to itself.
             let documents = f.documents + usize::from(o.item.is_some());
             if let Err(reason) = add_object(&mut loaded, path, documents, f.owned, o.clone()) {

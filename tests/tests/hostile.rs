@@ -25,7 +25,7 @@ use sliceway_agent::{compiler, source::local::ManifestDir};
 use sliceway_lab::{fuzz::Rng, netns, workspace_binary, Agent, Netns, NS_PREFIX};
 
 const SEED: u64 = 19;
-const CASES: usize = 54;
+const CASES: usize = 57;
 
 /// The good objects every case sits beside: a Service with one port, its slice,
 /// the Pod behind it and that Pod's Node.
@@ -113,12 +113,16 @@ fn slice(name: &str, service: &str, address_type: &str, address: &str) -> String
 
 const PORT: &str = "[{name: http, port: 80, protocol: TCP, targetPort: 8080}]";
 
+/// Kinds of hostile files, taken in turn.
+const KINDS: usize = 19;
+
 /// The `n`th case of the corpus: kinds in turn, their details from `rng`.
 fn case(n: usize, rng: &mut Rng) -> Case {
     let tag = format!("bad-{n:02}");
     let good_first = service(&tag, n, PORT, "");
     let both = |e| (e, e);
-    let (what, (agent, controller), text): (&'static str, (Expect, Expect), Vec<u8>) = match n % 18
+    let (what, (agent, controller), text): (&'static str, (Expect, Expect), Vec<u8>) = match n
+        % KINDS
     {
         0 => {
             let depth = MAX_NESTING + 1 + rng.below(100_000) as usize;
@@ -337,6 +341,16 @@ fn case(n: usize, rng: &mut Rng) -> Case {
             let text = format!("{good_first}{}", "---\n".repeat(docs));
             ("too many documents", both(Expect::Used), text.into())
         }
+        17 => {
+            // The same Service twice, and a slice of it twice.
+            let slice = slice(&format!("{tag}-x"), &tag, "IPv4", "10.244.1.9");
+            let text = format!("{good_first}---\n{slice}---\n{good_first}---\n{slice}");
+            (
+                "the same objects defined twice",
+                both(Expect::Named),
+                text.into(),
+            )
+        }
         _ => {
             let text = match rng.below(3) {
                 0 => format!(
@@ -361,7 +375,7 @@ fn case(n: usize, rng: &mut Rng) -> Case {
         }
     };
     // The objects that must be used: a List's good items too.
-    let used = match n % 18 {
+    let used = match n % KINDS {
         12 => vec![tag.clone(), format!("{tag}-after")],
         13 => vec![format!("a-{tag}")],
         _ => vec![tag.clone()],

@@ -60,6 +60,8 @@ pub struct ManifestDir {
     files: Files<FileObjects>,
     /// The own Node, whose zone is handed to the sink.
     node_name: Option<String>,
+    /// Services and EndpointSlices defined more than once, as last found.
+    duplicates: Vec<Problem>,
 }
 
 /// Brings a sink to the files a rescan reads.
@@ -101,6 +103,7 @@ impl ManifestDir {
         Self {
             files: Files::new(dir),
             node_name,
+            duplicates: Vec::new(),
         }
     }
 
@@ -114,7 +117,13 @@ impl ManifestDir {
     /// no longer parses keeps the objects it last gave. The own Node's zone is set
     /// every time (a no-op when it did not change).
     pub fn rescan(&mut self, sink: &mut dyn Sink) -> std::io::Result<Scan> {
-        let scan = self.files.rescan(&mut ToSink(sink))?;
+        let mut scan = self.files.rescan(&mut ToSink(sink))?;
+        if scan.changed {
+            let now = self.find_duplicates();
+            scan.new_problems
+                .extend(now.iter().filter(|p| !self.duplicates.contains(p)).cloned());
+            self.duplicates = now;
+        }
         let zone = self
             .node_name
             .as_deref()
@@ -132,9 +141,52 @@ impl ManifestDir {
             .and_then(|n| n.zone.clone())
     }
 
-    /// Problems of the files as they are now.
+    /// Problems of the files as they are now, duplicates included.
     pub fn problems(&self) -> Vec<Problem> {
-        self.files.problems()
+        let mut problems = self.files.problems();
+        problems.extend(self.duplicates.iter().cloned());
+        problems
+    }
+
+    /// Each Service and EndpointSlice defined again after its first definition (in
+    /// file order): an API server holds one object per name, so a second one is a
+    /// mistake worth saying. Both stay in use, as they were: two Services then claim
+    /// the same frontends (reported as a clash), two slices add their endpoints.
+    fn find_duplicates(&self) -> Vec<Problem> {
+        let mut first: HashMap<(&str, &str, &str), &Path> = HashMap::new();
+        let mut out = Vec::new();
+        for (path, f) in self.files.kept() {
+            let services = f
+                .services
+                .iter()
+                .map(|id| ("Service", id.namespace.as_str(), id.name.as_str()));
+            let slices = f.slices.iter().filter_map(|id| {
+                Some((
+                    "EndpointSlice",
+                    id.namespace.as_deref().unwrap_or("default"),
+                    id.name.as_deref()?,
+                ))
+            });
+            for key in services.chain(slices) {
+                let (kind, ns, name) = key;
+                match first.entry(key) {
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        e.insert(path);
+                    }
+                    std::collections::hash_map::Entry::Occupied(e) => out.push(Problem {
+                        file: path.to_path_buf(),
+                        object: Some(format!("{kind} {ns}/{name}")),
+                        code: "duplicate",
+                        reason: format!(
+                            "{kind} {ns}/{name} is defined again (first in {}); both are used, keep one",
+                            e.get().display()
+                        ),
+                        ..Problem::default()
+                    }),
+                }
+            }
+        }
+        out
     }
 }
 
