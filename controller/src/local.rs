@@ -324,16 +324,24 @@ fn to_yaml(obj: &Object) -> Result<String> {
 }
 
 fn write_file(path: &Path, text: &str) -> Result<()> {
-    // Write then rename, so a reader never sees half a file.
+    // Write then rename, so a reader never sees half a file and a failed write
+    // leaves the previous file as it was.
     let tmp = path.with_extension("yaml.tmp");
-    std::fs::write(&tmp, text).map_err(|source| Error::Io {
-        path: tmp.display().to_string(),
-        source,
-    })?;
-    std::fs::rename(&tmp, path).map_err(|source| Error::Io {
-        path: path.display().to_string(),
-        source,
-    })
+    let done = std::fs::write(&tmp, text)
+        .map_err(|source| Error::Io {
+            path: tmp.display().to_string(),
+            source,
+        })
+        .and_then(|()| {
+            std::fs::rename(&tmp, path).map_err(|source| Error::Io {
+                path: path.display().to_string(),
+                source,
+            })
+        });
+    if done.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    done
 }
 
 /// Whether `path` is a file this controller wrote.
@@ -348,12 +356,16 @@ pub struct Applied {
     pub written: usize,
     /// Objects to delete that live in files people wrote, left alone.
     pub left_alone: Vec<(String, Key, PathBuf)>,
+    /// Writes and removals that failed (the rest of the plan was applied); the
+    /// previous files are intact, and the next pass tries again.
+    pub failed: Vec<String>,
 }
 
 /// Applies a plan to the directory, touching only files the controller owns:
 /// creates and updates go to the object's owned file (or a new one named by
 /// [`file_name`]); deletes remove owned files, and leave objects in files people
-/// wrote where they are (reported in [`Applied::left_alone`]).
+/// wrote where they are (reported in [`Applied::left_alone`]). A failed write or
+/// removal does not stop the others; it is reported in [`Applied::failed`].
 pub fn apply_plan(
     dir: &Path,
     plan: &Plan,
@@ -373,19 +385,20 @@ pub fn apply_plan(
                 path
             }
         };
-        write_file(&path, &to_yaml(obj)?)?;
-        applied.written += 1;
+        match to_yaml(obj).and_then(|text| write_file(&path, &text)) {
+            Ok(()) => applied.written += 1,
+            Err(e) => applied.failed.push(e.to_string()),
+        }
     }
     for obj in &plan.delete {
         let key = obj.key();
         match sources.get(&(obj.kind().to_string(), key.clone())) {
-            Some(src) if src.owned && src.documents == 1 => {
-                std::fs::remove_file(&src.path).map_err(|source| Error::Io {
-                    path: src.path.display().to_string(),
-                    source,
-                })?;
-                applied.written += 1;
-            }
+            Some(src) if src.owned && src.documents == 1 => match std::fs::remove_file(&src.path) {
+                Ok(()) => applied.written += 1,
+                Err(e) => applied
+                    .failed
+                    .push(format!("removing {}: {e}", src.path.display())),
+            },
             Some(src) => applied
                 .left_alone
                 .push((obj.kind().to_string(), key, src.path.clone())),
@@ -499,7 +512,15 @@ pub async fn run(
                             "stale object in a file written by a person: left alone (delete it by hand)"
                         );
                     }
-                    applied.written
+                    for e in &applied.failed {
+                        // The previous file is intact; the next poll tries again.
+                        tracing::warn!(error = %e, "writing part of the plan failed; retrying");
+                    }
+                    if applied.failed.is_empty() {
+                        applied.written
+                    } else {
+                        usize::MAX
+                    }
                 }
                 Err(e) => {
                     // Earlier files stay intact (writes go to a temporary file first);

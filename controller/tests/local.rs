@@ -252,3 +252,63 @@ fn file_names_of_written_objects_are_safe() {
     assert_eq!(name, "endpointslice-a_b-_.._.._etc_x.yaml");
     assert!(!name.contains('/'));
 }
+
+/// Issue 19: a write that fails leaves the previous file intact, the rest of the
+/// plan is still written, and the next pass writes it.
+#[test]
+fn a_failed_write_leaves_the_previous_file_and_the_rest_of_the_plan_is_written() {
+    let dir = temp_dir("failed-write");
+    for entry in std::fs::read_dir(examples()).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.join(path.file_name().unwrap())).unwrap();
+    }
+    let opts = store::Options::default();
+    let pass = || {
+        let (plan, loaded, _) = local::plan_dir(&dir, &opts, &mut store::State::default()).unwrap();
+        local::apply_plan(&dir, &plan, &loaded.sources).unwrap()
+    };
+    let first = pass();
+    assert!(first.failed.is_empty() && first.written == 2, "{first:?}");
+    let slice_file = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("endpointslice-")
+        })
+        .unwrap();
+    let before = std::fs::read_to_string(&slice_file).unwrap();
+    let endpoints_file = dir.join("endpoints-default-web.yaml");
+    let endpoints_before = std::fs::read_to_string(&endpoints_file).unwrap();
+
+    // One Pod less: both files change. The slice's temporary file cannot be written
+    // (a directory stands in its place).
+    let blocker = slice_file.with_extension("yaml.tmp");
+    std::fs::create_dir(&blocker).unwrap();
+    let pods = dir.join("pods.yaml");
+    let text = std::fs::read_to_string(&pods).unwrap();
+    let first_pod_end = text.find("\n---").unwrap();
+    std::fs::write(&pods, &text[first_pod_end + 1..]).unwrap();
+    let failed = pass();
+    assert_eq!(failed.failed.len(), 1, "{failed:?}");
+    assert_eq!(
+        std::fs::read_to_string(&slice_file).unwrap(),
+        before,
+        "the old file is intact"
+    );
+    assert_ne!(
+        std::fs::read_to_string(&endpoints_file).unwrap(),
+        endpoints_before,
+        "the rest of the plan is written"
+    );
+    std::fs::remove_dir(&blocker).unwrap();
+    let retried = pass();
+    assert!(
+        retried.failed.is_empty() && retried.written == 1,
+        "{retried:?}"
+    );
+    assert_ne!(std::fs::read_to_string(&slice_file).unwrap(), before);
+    let _ = std::fs::remove_dir_all(&dir);
+}
