@@ -175,6 +175,8 @@ struct Syncer {
     /// Frontends rejected by the last sync (service, reason): a rejection is
     /// reported when it first happens, not at every retry.
     rejected: BTreeSet<(String, String)>,
+    /// What the source's reader refused, by reason, as of the last feed.
+    source_skipped: BTreeMap<String, i64>,
 }
 
 impl Syncer {
@@ -305,6 +307,10 @@ impl Syncer {
             ("ipv6", ignored.ipv6),
         ] {
             counts.insert(("ignored".into(), code.into()), n as i64);
+        }
+        // Files, documents and objects the source's reader refused.
+        for (code, n) in &self.source_skipped {
+            counts.insert(("manifest".into(), code.clone()), *n);
         }
         m.set_skipped(&counts);
         let limits = dp.limits();
@@ -729,6 +735,7 @@ pub async fn run(
         per_backend: settings.backend_metrics,
         problems: Vec::new(),
         rejected: BTreeSet::new(),
+        source_skipped: BTreeMap::new(),
     };
     tokio::pin!(shutdown);
     match &settings.source {
@@ -778,6 +785,7 @@ async fn follow<S: source::Source>(
                 }
             }
             Fed::Changed | Fed::Unchanged => {
+                syncer.source_skipped = source.skipped_by_reason();
                 syncer.sync(dp);
                 source.report(&std::mem::take(&mut syncer.problems));
                 if dp.migration_pending() {

@@ -618,6 +618,7 @@ fn a_running_agent_survives_the_corpus() {
     )
     .unwrap();
     agent.wait_for_sync(1, Duration::from_secs(30)).unwrap();
+    let mut codes = BTreeSet::new();
     for case in corpus() {
         let path = dir.join(&case.file);
         agent
@@ -629,6 +630,7 @@ fn a_running_agent_survives_the_corpus() {
             case.file
         );
         for p in check_cost(&case, &path) {
+            codes.insert(p.code);
             // The reader's reason, without the part added when an older version is kept.
             assert!(
                 agent.logged(&p.reason),
@@ -638,6 +640,18 @@ fn a_running_agent_survives_the_corpus() {
                 p.reason
             );
         }
+    }
+    // Healthy, and every reason the reader gave counted in /metrics.
+    let health = agent.http("/healthz").unwrap();
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    let metrics = agent.metrics().unwrap();
+    for code in codes {
+        assert!(
+            metrics.contains(&format!(
+                "sliceway_objects_skipped{{kind=\"manifest\",reason=\"{code}\"}}"
+            )),
+            "{code} not counted: {metrics}"
+        );
     }
     // All gone: the good Service alone, one frontend and one backend.
     let cases: Vec<PathBuf> = corpus().iter().map(|c| dir.join(&c.file)).collect();

@@ -218,6 +218,14 @@ impl super::Source for LocalSource {
         Ok(())
     }
 
+    fn skipped_by_reason(&self) -> std::collections::BTreeMap<String, i64> {
+        let mut counts = std::collections::BTreeMap::new();
+        for p in self.dir.problems() {
+            *counts.entry(p.code.to_string()).or_default() += 1;
+        }
+        counts
+    }
+
     fn feed(&mut self, sink: &mut dyn Sink) -> super::Fed {
         match self.dir.rescan(sink) {
             Ok(scan) => {

@@ -89,4 +89,10 @@ pub trait Source {
     fn report(&mut self, problems: &[events::Problem]) {
         let _ = problems;
     }
+
+    /// What the source's reader refuses now (files, documents, objects), counted by
+    /// reason, for `sliceway_objects_skipped{kind="manifest"}`.
+    fn skipped_by_reason(&self) -> std::collections::BTreeMap<String, i64> {
+        Default::default()
+    }
 }
