@@ -653,8 +653,28 @@ fn a_running_agent_survives_the_corpus() {
             "{code} not counted: {metrics}"
         );
     }
+    // 50 MB of documents just under the size limit, all parsed: read off the agent's
+    // loop, so /healthz answers (healthy) while it is read.
+    let doc = |i: usize| {
+        format!(
+            "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: c{i}}}\ndata: {{x: \"{}\"}}\n",
+            "x".repeat(MAX_DOCUMENT_BYTES - 100)
+        )
+    };
+    let big = dir.join("big.yaml");
+    let before = agent.syncs().unwrap();
+    std::fs::write(&big, (0..12).map(doc).collect::<String>()).unwrap();
+    let mut answered = 0;
+    while agent.syncs().unwrap() == before {
+        let health = agent.http("/healthz").unwrap();
+        assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+        answered += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(answered > 0);
     // All gone: the good Service alone, one frontend and one backend.
-    let cases: Vec<PathBuf> = corpus().iter().map(|c| dir.join(&c.file)).collect();
+    let mut cases: Vec<PathBuf> = corpus().iter().map(|c| dir.join(&c.file)).collect();
+    cases.push(big);
     agent
         .applies(|| {
             for path in &cases {

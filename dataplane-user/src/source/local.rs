@@ -191,19 +191,89 @@ impl ManifestDir {
 }
 
 /// A manifest directory as the agent follows it: read at once, then every `poll`.
+/// Files are read and parsed on a blocking thread while the agent loop waits (its
+/// health endpoint, interface scans and sweeps go on); `feed` only hands over what
+/// that reading recorded.
 #[derive(Debug)]
 pub struct LocalSource {
-    dir: ManifestDir,
+    /// `None` only while a reading thread holds it.
+    dir: Option<ManifestDir>,
     poll: std::time::Duration,
     started: bool,
+    /// What the last reading found, for `feed` to hand over.
+    read: Option<(Recorded, std::io::Result<Scan>)>,
 }
 
 impl LocalSource {
     pub fn new(dir: ManifestDir, poll: std::time::Duration) -> Self {
         Self {
-            dir,
+            dir: Some(dir),
             poll,
             started: false,
+            read: None,
+        }
+    }
+
+    fn dir(&self) -> &ManifestDir {
+        self.dir
+            .as_ref()
+            .expect("the directory is back once wait returns")
+    }
+}
+
+/// What a reading handed to its sink, in order, replayed into the real one.
+#[derive(Debug, Default)]
+pub struct Recorded(Vec<Op>);
+
+#[derive(Debug)]
+enum Op {
+    PutService(Origin, ServiceInfo),
+    RemoveService(ServiceId),
+    PutSlice(Origin, SliceInfo),
+    RemoveSlice(SliceId),
+    Zone(Option<String>),
+}
+
+impl Sink for Recorded {
+    fn put_service(&mut self, origin: Origin, svc: ServiceInfo) -> bool {
+        self.0.push(Op::PutService(origin, svc));
+        true
+    }
+    fn remove_service(&mut self, id: &ServiceId) -> bool {
+        self.0.push(Op::RemoveService(id.clone()));
+        true
+    }
+    fn put_slice(&mut self, origin: Origin, slice: SliceInfo) -> bool {
+        self.0.push(Op::PutSlice(origin, slice));
+        true
+    }
+    fn remove_slice(&mut self, id: &SliceId) -> bool {
+        self.0.push(Op::RemoveSlice(id.clone()));
+        true
+    }
+    fn set_zone(&mut self, zone: Option<String>) -> bool {
+        self.0.push(Op::Zone(zone));
+        true
+    }
+    // The directory's reading never asks what is held.
+    fn services_held(&self) -> Vec<ServiceId> {
+        Vec::new()
+    }
+    fn slices_held(&self) -> Vec<SliceId> {
+        Vec::new()
+    }
+}
+
+impl Recorded {
+    fn replay(self, sink: &mut dyn Sink) {
+        for op in self.0 {
+            match op {
+                Op::PutService(origin, svc) => sink.put_service(origin, svc),
+                Op::RemoveService(id) => sink.remove_service(&id),
+                Op::PutSlice(origin, slice) => sink.put_slice(origin, slice),
+                Op::RemoveSlice(id) => sink.remove_slice(&id),
+                Op::Zone(zone) => sink.set_zone(zone),
+            };
         }
     }
 }
@@ -215,19 +285,37 @@ impl super::Source for LocalSource {
         if std::mem::replace(&mut self.started, true) {
             tokio::time::sleep(self.poll).await;
         }
+        // Issue 19: a large file is read and parsed off the agent's (single-threaded)
+        // loop, which keeps answering /healthz meanwhile.
+        let mut dir = self.dir.take().expect("wait is polled to completion");
+        let reading = tokio::task::spawn_blocking(move || {
+            let mut recorded = Recorded::default();
+            let scan = dir.rescan(&mut recorded);
+            (dir, recorded, scan)
+        });
+        let (dir, recorded, scan) = match reading.await {
+            Ok(done) => done,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        };
+        self.dir = Some(dir);
+        self.read = Some((recorded, scan));
         Ok(())
     }
 
     fn skipped_by_reason(&self) -> std::collections::BTreeMap<String, i64> {
         let mut counts = std::collections::BTreeMap::new();
-        for p in self.dir.problems() {
+        for p in self.dir().problems() {
             *counts.entry(p.code.to_string()).or_default() += 1;
         }
         counts
     }
 
     fn feed(&mut self, sink: &mut dyn Sink) -> super::Fed {
-        match self.dir.rescan(sink) {
+        let Some((recorded, scan)) = self.read.take() else {
+            return super::Fed::Unchanged;
+        };
+        recorded.replay(sink);
+        match scan {
             Ok(scan) => {
                 for p in &scan.new_problems {
                     tracing::warn!(file = %p.file.display(), "{}", p.reason);
@@ -239,7 +327,7 @@ impl super::Source for LocalSource {
                 }
             }
             Err(e) => {
-                tracing::warn!(dir = %self.dir.dir().display(), "cannot read the manifest directory: {e}; keeping the current state");
+                tracing::warn!(dir = %self.dir().dir().display(), "cannot read the manifest directory: {e}; keeping the current state");
                 super::Fed::Failed
             }
         }
