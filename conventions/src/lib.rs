@@ -1,8 +1,8 @@
 //! What both sliceway binaries, the agent and the controller, must agree on with
 //! Kubernetes and with each other: the well-known labels and annotations
-//! ([`labels`]), how a directory of manifests is read ([`manifests`]), and the
-//! `/metrics` and `/healthz` endpoint ([`http`]), and the API server's rules an
-//! object read from a file must pass ([`validate`]).
+//! ([`labels`]), how a directory of manifests is read ([`manifests`]), the API
+//! server's rules an object read from a file must pass ([`validate`]), and the
+//! `/metrics` and `/healthz` endpoint ([`http`]).
 
 pub mod http;
 pub mod labels;
