@@ -107,22 +107,22 @@ pub fn iptables_full(services: &[Svc], base_jumps: bool) -> String {
     out
 }
 
+/// The endpoints of `a` that `b` lacks.
+fn only_in<'a>(a: &'a Svc, b: &Svc) -> Vec<&'a (std::net::Ipv4Addr, u16)> {
+    a.endpoints
+        .iter()
+        .filter(|e| !b.endpoints.contains(e))
+        .collect()
+}
+
 /// The iptables-restore input of kube-proxy's partial sync (`MinimizeIPTablesRestore`,
 /// on by default since 1.27) after one endpoint of `changed` was replaced: the
 /// top-level chains are written in full, of the Service chains only the changed one,
 /// the new endpoint's chain, and the stale endpoint chain is deleted.
 pub fn iptables_partial(services: &[Svc], changed: usize, stale: &Svc) -> String {
     let s = &services[changed];
-    let new_eps: Vec<_> = s
-        .endpoints
-        .iter()
-        .filter(|e| !stale.endpoints.contains(e))
-        .collect();
-    let gone: Vec<_> = stale
-        .endpoints
-        .iter()
-        .filter(|e| !s.endpoints.contains(e))
-        .collect();
+    let new_eps = only_in(s, stale);
+    let gone = only_in(stale, s);
     let mut out = String::new();
     write_filter(&mut out, false);
     out.push_str("*nat\n");
@@ -372,15 +372,11 @@ pub fn nft_full(services: &[Svc]) -> String {
 /// the new endpoint's chain added, the stale one flushed and deleted.
 pub fn nft_partial(services: &[Svc], changed: usize, stale: &Svc) -> String {
     let s = &services[changed];
-    let new_eps: Vec<_> = s
-        .endpoints
-        .iter()
-        .filter(|e| !stale.endpoints.contains(e))
-        .collect();
+    let new_eps = only_in(s, stale);
     let mut out = String::new();
     let _ = writeln!(out, "flush chain {T} {}", nft_service_chain(s));
     write_nft_service(&mut out, s, &new_eps);
-    for ep in stale.endpoints.iter().filter(|e| !s.endpoints.contains(e)) {
+    for ep in only_in(stale, s) {
         let chain = nft_endpoint_chain(s, ep);
         let _ = writeln!(out, "flush chain {T} {chain}");
         let _ = writeln!(out, "delete chain {T} {chain}");

@@ -71,6 +71,44 @@ const COLORS: [RGBColor; 8] = [
     RGBColor(0x17, 0xbe, 0xcf),
 ];
 
+/// Draws the mesh, one line with its points per series, and the legend, on a chart
+/// whose y axis is linear or logarithmic.
+fn lines<'a, Y>(
+    mut c: ChartContext<
+        'a,
+        BitMapBackend<'a>,
+        Cartesian2d<plotters::coord::combinators::LogCoord<f64>, Y>,
+    >,
+    y_label: &str,
+    series: &[Series],
+) -> Result<(), String>
+where
+    Y: Ranged<ValueType = f64> + plotters::coord::ranged1d::ValueFormatter<f64>,
+{
+    let err = |e: DrawingAreaErrorKind<_>| format!("{e:?}");
+    c.configure_mesh()
+        .x_desc("Services")
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_desc(y_label)
+        .draw()
+        .map_err(err)?;
+    for (i, (name, pts)) in series.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        c.draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
+            .map_err(err)?
+            .label(name.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        c.draw_series(pts.iter().map(|p| Circle::new(*p, 4, color.filled())))
+            .map_err(err)?;
+    }
+    c.configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
+    Ok(())
+}
+
 /// A line chart with a logarithmic x axis (Services) and a linear or log y axis.
 fn chart(
     path: &Path,
@@ -101,56 +139,18 @@ fn chart(
             .x_label_area_size(45)
             .y_label_area_size(80);
         if log_y {
-            let mut c = builder
+            let c = builder
                 .build_cartesian_2d(
                     x_range.clone(),
                     (ymin.max(1e-3) / 2.0..ymax * 2.0).log_scale(),
                 )
                 .map_err(err)?;
-            c.configure_mesh()
-                .x_desc("Services")
-                .x_label_formatter(&|x| format!("{x:.0}"))
-                .y_desc(y_label)
-                .draw()
-                .map_err(err)?;
-            for (i, (name, pts)) in series.iter().enumerate() {
-                let color = COLORS[i % COLORS.len()];
-                c.draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
-                    .map_err(err)?
-                    .label(name.as_str())
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-                c.draw_series(pts.iter().map(|p| Circle::new(*p, 4, color.filled())))
-                    .map_err(err)?;
-            }
-            c.configure_series_labels()
-                .background_style(WHITE.mix(0.8))
-                .border_style(BLACK)
-                .draw()
-                .map_err(err)?;
+            lines(c, y_label, series)?;
         } else {
-            let mut c = builder
+            let c = builder
                 .build_cartesian_2d(x_range.clone(), 0.0..ymax * 1.15)
                 .map_err(err)?;
-            c.configure_mesh()
-                .x_desc("Services")
-                .x_label_formatter(&|x| format!("{x:.0}"))
-                .y_desc(y_label)
-                .draw()
-                .map_err(err)?;
-            for (i, (name, pts)) in series.iter().enumerate() {
-                let color = COLORS[i % COLORS.len()];
-                c.draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
-                    .map_err(err)?
-                    .label(name.as_str())
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-                c.draw_series(pts.iter().map(|p| Circle::new(*p, 4, color.filled())))
-                    .map_err(err)?;
-            }
-            c.configure_series_labels()
-                .background_style(WHITE.mix(0.8))
-                .border_style(BLACK)
-                .draw()
-                .map_err(err)?;
+            lines(c, y_label, series)?;
         }
         Ok(())
     };

@@ -102,6 +102,21 @@ fn load_v1(a: &mut Adoption) -> bool {
     }
 }
 
+/// The scratch space with its v1 key set to `flow`'s tuple.
+#[inline(always)]
+fn scratch_for(flow: &Flow) -> Option<&'static mut Adoption> {
+    let a = scratch()?;
+    set_v1(
+        &mut a.v1_key,
+        flow.src_be,
+        flow.dst_be,
+        flow.sport_be,
+        flow.dport_be,
+        flow.proto,
+    );
+    Some(a)
+}
+
 /// A packet from a client that v2 conntrack does not track: adopts its v1
 /// connection, if there is one. Returns whether it did.
 #[inline(always)]
@@ -110,17 +125,9 @@ pub fn adopt_forward(flow: &Flow, now: u64) -> bool {
     if flow.syn_only {
         return false;
     }
-    let Some(a) = scratch() else {
+    let Some(a) = scratch_for(flow) else {
         return false;
     };
-    set_v1(
-        &mut a.v1_key,
-        flow.src_be,
-        flow.dst_be,
-        flow.sport_be,
-        flow.dport_be,
-        flow.proto,
-    );
     adopt(a, now)
 }
 
@@ -128,17 +135,9 @@ pub fn adopt_forward(flow: &Flow, now: u64) -> bool {
 /// adopts its v1 connection if its reverse and forward entries name each other.
 #[inline(always)]
 pub fn adopt_reply(flow: &Flow, now: u64) -> bool {
-    let Some(a) = scratch() else {
+    let Some(a) = scratch_for(flow) else {
         return false;
     };
-    set_v1(
-        &mut a.v1_key,
-        flow.src_be,
-        flow.dst_be,
-        flow.sport_be,
-        flow.dport_be,
-        flow.proto,
-    );
     if !load_v1(a) || a.v1_target.dir != v1::CT_REVERSE {
         return false;
     }

@@ -136,6 +136,16 @@ pub struct Migration {
 }
 
 impl Datapath {
+    /// This agent's backend ids by (address, port, protocol), from its BACKENDS map.
+    fn backend_ids_by_address(&self) -> HashMap<(u32, u16, u8), u32> {
+        self.maps
+            .backends
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(id, b)| ((b.addr_be, b.port_be, b.proto), id))
+            .collect()
+    }
+
     /// Whether a v1 layout waits to be migrated (after the first sync).
     pub fn migration_pending(&self) -> bool {
         self.v1.is_some()
@@ -160,7 +170,7 @@ impl Datapath {
         // nothing to switch, and the bridge is not loaded. It is loaded before the
         // first copy, so that the verifier's time does not stand between the copy
         // and the switch.
-        let v1_links = linked_interfaces(&dir);
+        let v1_links = super::pin::linked_interfaces_in(&dir);
         if !v1_links.is_empty() {
             let bridge: &mut SchedClassifier = self
                 .ebpf
@@ -287,13 +297,7 @@ impl Datapath {
                 return;
             }
         };
-        let mine: HashMap<(u32, u16, u8), u32> = self
-            .maps
-            .backends
-            .iter()
-            .filter_map(Result::ok)
-            .map(|(id, b)| ((b.addr_be, b.port_be, b.proto), id))
-            .collect();
+        let mine = self.backend_ids_by_address();
         let Some(map) = self.ebpf.map_mut(map_name::BACKEND_IDS_V1) else {
             return;
         };
@@ -351,13 +355,7 @@ impl Datapath {
             .filter_map(Result::ok)
             .map(|(k, v)| (k, v.id))
             .collect();
-        let backends: HashMap<(u32, u16, u8), u32> = self
-            .maps
-            .backends
-            .iter()
-            .filter_map(Result::ok)
-            .map(|(id, b)| ((b.addr_be, b.port_be, b.proto), id))
-            .collect();
+        let backends = self.backend_ids_by_address();
         let now = crate::conntrack::now_ns();
         let mut first_error = None;
         for (key, target) in entries {
@@ -472,23 +470,6 @@ fn log_copy(when: &str, c: &CopyCounts) {
         failed = c.failed,
         "v1 conntrack copied to this layout ({when})"
     );
-}
-
-/// Interfaces with a pinned link in a layout directory.
-fn linked_interfaces(dir: &Path) -> Vec<String> {
-    let mut out: Vec<String> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .filter_map(Result::ok)
-        .filter_map(|e| {
-            e.file_name()
-                .to_str()
-                .and_then(|n| n.strip_prefix(super::pin::LINK_PREFIX))
-                .map(str::to_string)
-        })
-        .collect();
-    out.sort();
-    out
 }
 
 #[cfg(test)]

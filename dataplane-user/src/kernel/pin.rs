@@ -39,17 +39,7 @@ impl PinDir {
     }
     /// Interfaces that have a pinned link in this layout directory.
     pub fn linked_interfaces(&self) -> Vec<String> {
-        std::fs::read_dir(self.dir())
-            .into_iter()
-            .flatten()
-            .filter_map(Result::ok)
-            .filter_map(|e| {
-                e.file_name()
-                    .to_str()
-                    .and_then(|n| n.strip_prefix(LINK_PREFIX))
-                    .map(str::to_string)
-            })
-            .collect()
+        linked_interfaces_in(&self.dir())
     }
     /// Layout directories of other versions found under the base.
     pub fn other_layouts(&self) -> Vec<PathBuf> {
@@ -100,6 +90,23 @@ pub(super) fn expected_sizes(name: &str) -> (usize, usize) {
         ),
         _ => (0, 0),
     }
+}
+
+/// Interfaces with a pinned link (`link-<iface>`) in layout directory `dir`, sorted.
+pub(super) fn linked_interfaces_in(dir: &Path) -> Vec<String> {
+    let mut out: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()
+                .and_then(|n| n.strip_prefix(LINK_PREFIX))
+                .map(str::to_string)
+        })
+        .collect();
+    out.sort();
+    out
 }
 
 /// Makes sure a bpffs is mounted at `dir`'s mount point (`/sys/fs/bpf` is not mounted
