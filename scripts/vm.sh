@@ -161,8 +161,19 @@ mount -t devtmpfs dev /newroot/dev
 mkdir -p /newroot/dev/pts /newroot/dev/shm
 mount -t devpts devpts /newroot/dev/pts
 mount -t tmpfs tmpfs /newroot/dev/shm
+# The guest gets a /tmp and a /run of its own; a work tree under either (a clone in
+# /tmp) would be hidden by them, so its view of the host is held and put back on top.
+work=$(arg sliceway.dir)
+mkdir -p /held
+mount --bind "/newroot$work" /held || fail "holding the work tree $work"
 mount -t tmpfs tmpfs /newroot/tmp
 mount -t tmpfs tmpfs /newroot/run
+case "$work" in
+  /tmp/*|/run/*)
+    mkdir -p "/newroot$work"
+    mount --bind /held "/newroot$work" || fail "putting back the work tree $work"
+    ;;
+esac
 mount -t bpf bpf /newroot/sys/fs/bpf
 mount -t debugfs debugfs /newroot/sys/kernel/debug 2>/dev/null
 mount -t tracefs tracefs /newroot/sys/kernel/tracing 2>/dev/null
