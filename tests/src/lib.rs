@@ -245,24 +245,27 @@ impl Lab {
     /// Starts the agent in the node namespace, on the pods' interfaces, and waits for
     /// its first sync.
     pub fn start_agent(&self) -> Result<Agent> {
-        let source = [
-            "--manifests".into(),
-            self.manifests.clone().into_os_string(),
-        ];
-        let agent = Agent::start_with_args(
-            &self.node.name,
-            &source,
-            &self.pod_interfaces(),
-            &self.bpffs,
-            &self.agent_args,
-        )?;
-        agent.wait_for_sync(1, AGENT_START)?;
-        Ok(agent)
+        let bin = workspace_binary("sliceway-agent")?;
+        self.start_manifests_agent(&bin, &self.pod_interfaces())
     }
 
     /// [`Lab::start_agent`] with another build of the agent (an older release, for
     /// upgrade tests).
     pub fn start_agent_binary(&self, bin: &Path) -> Result<Agent> {
+        self.start_manifests_agent(bin, &self.pod_interfaces())
+    }
+
+    /// Starts the agent in the node namespace with `--interfaces` built from
+    /// `interfaces` (exact names or patterns), and waits for its first sync.
+    pub fn start_agent_with(&self, interfaces: &[&str]) -> Result<Agent> {
+        let bin = workspace_binary("sliceway-agent")?;
+        let interfaces: Vec<String> = interfaces.iter().map(|s| s.to_string()).collect();
+        self.start_manifests_agent(&bin, &interfaces)
+    }
+
+    /// The agent at `bin` on the lab's manifest directory and `interfaces`, with the
+    /// lab's extra arguments; waits for its first sync.
+    fn start_manifests_agent(&self, bin: &Path, interfaces: &[String]) -> Result<Agent> {
         let source = [
             "--manifests".into(),
             self.manifests.clone().into_os_string(),
@@ -271,26 +274,7 @@ impl Lab {
             bin,
             &self.node.name,
             &source,
-            &self.pod_interfaces(),
-            &self.bpffs,
-            &self.agent_args,
-        )?;
-        agent.wait_for_sync(1, AGENT_START)?;
-        Ok(agent)
-    }
-
-    /// Starts the agent in the node namespace with `--interfaces` built from
-    /// `interfaces` (exact names or patterns), and waits for its first sync.
-    pub fn start_agent_with(&self, interfaces: &[&str]) -> Result<Agent> {
-        let source = [
-            "--manifests".into(),
-            self.manifests.clone().into_os_string(),
-        ];
-        let interfaces: Vec<String> = interfaces.iter().map(|s| s.to_string()).collect();
-        let agent = Agent::start_with_args(
-            &self.node.name,
-            &source,
-            &interfaces,
+            interfaces,
             &self.bpffs,
             &self.agent_args,
         )?;
