@@ -66,6 +66,17 @@ pub struct FrontendCounters {
 }
 const _: () = assert!(size_of::<FrontendCounters>() == 40);
 
+impl FrontendCounters {
+    /// Adds `o` (another CPU's copy) to these counts.
+    pub fn add(&mut self, o: &Self) {
+        self.new += o.new;
+        self.packets += o.packets;
+        self.bytes += o.bytes;
+        self.drops += o.drops;
+        self.rejects += o.rejects;
+    }
+}
+
 /// Per-backend counters (`BACKEND_COUNTERS`, per CPU, indexed by backend id): what
 /// clients sent to the backend through any frontend. Zeroed by the agent when it
 /// gives the id to a backend.
@@ -77,6 +88,15 @@ pub struct BackendCounters {
     pub bytes: u64,
 }
 const _: () = assert!(size_of::<BackendCounters>() == 24);
+
+impl BackendCounters {
+    /// Adds `o` (another CPU's copy) to these counts.
+    pub fn add(&mut self, o: &Self) {
+        self.new += o.new;
+        self.packets += o.packets;
+        self.bytes += o.bytes;
+    }
+}
 
 /// Key of the `SERVICES` hash map: one frontend.
 #[repr(C)]

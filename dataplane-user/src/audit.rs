@@ -146,7 +146,7 @@ pub fn render_table(r: &AuditReport) -> String {
 }
 
 /// Keyed comparison of one map: (key, expected, actual) for every key that differs.
-fn differ<K: Ord + Copy, V: PartialEq + Copy>(
+fn differ<K: Ord + Copy, V: PartialEq + Clone>(
     expected: &BTreeMap<K, V>,
     actual: &BTreeMap<K, V>,
 ) -> Vec<(K, Option<V>, Option<V>)> {
@@ -154,12 +154,12 @@ fn differ<K: Ord + Copy, V: PartialEq + Copy>(
     for (k, v) in expected {
         match actual.get(k) {
             Some(a) if a == v => {}
-            a => out.push((*k, Some(*v), a.copied())),
+            a => out.push((*k, Some(v.clone()), a.cloned())),
         }
     }
     for (k, a) in actual {
         if !expected.contains_key(k) {
-            out.push((*k, None, Some(*a)));
+            out.push((*k, None, Some(a.clone())));
         }
     }
     out
@@ -195,16 +195,14 @@ pub fn audit<M: MapOps>(writer: &MapWriter, actual: &KernelState, maps: &mut M) 
         &actual.backends.iter().copied().collect::<BTreeMap<_, _>>(),
     );
     // Names compared as the kernel holds them (a fixed-size, possibly cut string).
-    let stored = |s: &str| ServiceName::new(s).as_str().to_string();
-    let name_map = |v: &[(u32, String)]| -> BTreeMap<u32, u64> {
-        v.iter().map(|(id, n)| (*id, fingerprint(n))).collect()
-    };
-    let expected_names: Vec<(u32, String)> = expected
-        .names
-        .iter()
-        .map(|(id, n)| (*id, stored(n)))
-        .collect();
-    let name_diff = differ(&name_map(&expected_names), &name_map(&actual.names));
+    let name_diff = differ(
+        &expected
+            .names
+            .iter()
+            .map(|(id, n)| (*id, ServiceName::new(n).as_str().to_string()))
+            .collect(),
+        &actual.names.iter().cloned().collect::<BTreeMap<_, _>>(),
+    );
 
     let mut report = AuditReport::default();
     let service_of_id = |id: u32| names.get(&id).cloned();
@@ -316,14 +314,6 @@ pub fn audit<M: MapOps>(writer: &MapWriter, actual: &KernelState, maps: &mut M) 
     }
     report.errors = errors.iter().map(ToString::to_string).collect();
     report
-}
-
-/// A name compared by value (the comparison wants `Copy` values).
-fn fingerprint(s: &str) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    s.hash(&mut h);
-    h.finish()
 }
 
 #[cfg(test)]

@@ -11,9 +11,12 @@ use dataplane_common::{
 };
 use serde::Serialize;
 
+use dataplane_common::{BackendCounters, FrontendCounters};
+
 use crate::{
     agent::Pipeline,
     compiler::{backend_addr, frontend_addr, Incremental},
+    kernel::summed,
     kernel::{Capacities, Datapath, KernelError, PinDir, TC_ACT_REDIRECT, TC_ACT_SHOT},
     packet::{self, PacketSpec, TCP_SYN},
     writer::{KernelState, MapWriter},
@@ -112,9 +115,9 @@ pub fn list(pins: &PinDir, service: Option<&str>) -> Result<Listing, KernelError
             .unwrap_or(0);
         counters.insert(name.to_string(), v);
     }
-    let frontend_counters: PerCpuArray<MapData, dataplane_common::FrontendCounters> =
+    let frontend_counters: PerCpuArray<MapData, FrontendCounters> =
         open_pinned(pins, map_name::FRONTEND_COUNTERS)?;
-    let backend_counters: PerCpuArray<MapData, dataplane_common::BackendCounters> =
+    let backend_counters: PerCpuArray<MapData, BackendCounters> =
         open_pinned(pins, map_name::BACKEND_COUNTERS)?;
     let mut frontends = list_state(&state);
     if let Some(svc) = service {
@@ -129,22 +132,12 @@ pub fn list(pins: &PinDir, service: Option<&str>) -> Result<Listing, KernelError
         if f.frontend.ends_with(":*") {
             continue;
         }
-        f.counters = frontend_counters.get(&f.id, 0).ok().map(|per_cpu| {
-            per_cpu.iter().fold(
-                Counts {
-                    drops: Some(0),
-                    rejects: Some(0),
-                    ..Counts::default()
-                },
-                |mut t, v| {
-                    t.connections += v.new;
-                    t.packets += v.packets;
-                    t.bytes += v.bytes;
-                    t.drops = t.drops.map(|d| d + v.drops);
-                    t.rejects = t.rejects.map(|r| r + v.rejects);
-                    t
-                },
-            )
+        f.counters = summed(&frontend_counters, f.id, FrontendCounters::add).map(|c| Counts {
+            connections: c.new,
+            packets: c.packets,
+            bytes: c.bytes,
+            drops: Some(c.drops),
+            rejects: Some(c.rejects),
         });
     }
     let wanted: std::collections::BTreeSet<&str> = frontends
@@ -158,15 +151,12 @@ pub fn list(pins: &PinDir, service: Option<&str>) -> Result<Listing, KernelError
         .map(|(id, b)| ListedBackend {
             backend: backend_addr(b),
             protocol: crate::compiler::proto_name(b.proto),
-            counters: backend_counters
-                .get(id, 0)
-                .map(|per_cpu| {
-                    per_cpu.iter().fold(Counts::default(), |mut t, v| {
-                        t.connections += v.new;
-                        t.packets += v.packets;
-                        t.bytes += v.bytes;
-                        t
-                    })
+            counters: summed(&backend_counters, *id, BackendCounters::add)
+                .map(|c| Counts {
+                    connections: c.new,
+                    packets: c.packets,
+                    bytes: c.bytes,
+                    ..Counts::default()
                 })
                 .unwrap_or_default(),
         })

@@ -14,7 +14,7 @@ use dataplane_common::{map_name, FrontendCounters, ServiceKey, ServiceName, Serv
 use crate::{
     compiler::{frontend_addr, is_clusterip_marker},
     inspect::open_pinned,
-    kernel::{KernelError, PinDir},
+    kernel::{summed, KernelError, PinDir},
 };
 
 /// One frontend's counts at one read.
@@ -49,17 +49,9 @@ fn read(pins: &PinDir) -> Result<BTreeMap<(ServiceKey, u32), Sample>, KernelErro
         if is_clusterip_marker(&key) {
             continue;
         }
-        let Ok(per_cpu) = counters.get(&value.id, 0) else {
+        let Some(counts) = summed(&counters, value.id, FrontendCounters::add) else {
             continue;
         };
-        let mut counts = FrontendCounters::default();
-        for c in per_cpu.iter() {
-            counts.new += c.new;
-            counts.packets += c.packets;
-            counts.bytes += c.bytes;
-            counts.drops += c.drops;
-            counts.rejects += c.rejects;
-        }
         let service = names
             .get(&value.id, 0)
             .map(|n| n.as_str().to_string())

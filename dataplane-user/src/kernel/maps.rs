@@ -33,55 +33,33 @@ fn zero<T: aya::Pod + Default + Clone>(map: &mut PerCpuArray<MapData, T>, index:
     }
 }
 
-/// Sums every CPU's copy of each slot below `n`.
-fn sums<T: aya::Pod>(
+/// Every CPU's copy of slot `index` of a per-CPU counter map, summed.
+pub(crate) fn summed<T: aya::Pod + Default>(
     map: &PerCpuArray<MapData, T>,
-    n: u32,
-    add: impl Fn(&mut T, &T),
-    zero: T,
-) -> Vec<T> {
-    (0..n.min(map.len()))
-        .map(|i| {
-            let mut total = zero;
-            if let Ok(values) = map.get(&i, 0) {
-                for v in values.iter() {
-                    add(&mut total, v);
-                }
-            }
-            total
-        })
-        .collect()
+    index: u32,
+    add: fn(&mut T, &T),
+) -> Option<T> {
+    let values = map.get(&index, 0).ok()?;
+    let mut total = T::default();
+    for v in values.iter() {
+        add(&mut total, v);
+    }
+    Some(total)
 }
 
 impl KernelMaps {
     /// Per-frontend counters summed over CPUs, indexed by frontend id (ids below `n`).
     pub fn frontend_counters(&self, n: u32) -> Vec<FrontendCounters> {
-        sums(
-            &self.frontend_counters,
-            n,
-            |t, v| {
-                t.new += v.new;
-                t.packets += v.packets;
-                t.bytes += v.bytes;
-                t.drops += v.drops;
-                t.rejects += v.rejects;
-            },
-            FrontendCounters::default(),
-        )
+        (0..n.min(self.frontend_counters.len()))
+            .map(|i| summed(&self.frontend_counters, i, FrontendCounters::add).unwrap_or_default())
+            .collect()
     }
 
     /// Per-backend counters summed over CPUs, indexed by backend id (ids below `n`).
     pub fn backend_counters(&self, n: u32) -> Vec<BackendCounters> {
-        sums(
-            &self.backend_counters,
-            n,
-            |t, v| {
-                t.new += v.new;
-                t.packets += v.packets;
-                t.bytes += v.bytes;
-            },
-            BackendCounters::default(),
-        )
+        (0..n.min(self.backend_counters.len()))
+            .map(|i| summed(&self.backend_counters, i, BackendCounters::add).unwrap_or_default())
+            .collect()
     }
 }
 

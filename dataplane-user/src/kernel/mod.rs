@@ -25,6 +25,7 @@ pub use link::{probe_tcx, AttachMode, Attached, TcPath, TC_HANDLE, TC_PRIORITY};
 pub use load::{
     check, render_check, KernelCheck, ProgramCheck, REJECT_PROGRAM, SCTP_NAT_PROGRAM, TC_PROGRAM,
 };
+pub(crate) use maps::summed;
 pub use maps::KernelMaps;
 pub use migrate::{plan_copy, CopyCounts, Migration, BRIDGE_PROGRAM, UNKNOWN_ID};
 pub use pin::PinDir;
