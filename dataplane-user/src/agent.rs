@@ -444,14 +444,14 @@ fn publish_counters(dp: &Datapath, m: &Metrics, writer: &MapWriter, per_backend:
 /// Loads the datapath (adopting pinned state) and attaches it to the selected
 /// interfaces. An exact name that does not exist is an error; pinned links of
 /// interfaces no longer there (or no longer selected) are removed.
-fn start_datapath(settings: &Settings) -> Result<(Datapath, MapWriter), Error> {
+fn start_datapath(settings: &Settings, m: &Metrics) -> Result<(Datapath, MapWriter), Error> {
     let mut dp = Datapath::load(&settings.capacities, settings.pins.as_ref())
         .map_err(|e| Error::Load(e.into()))?;
     dp.set_ct_timeouts(&settings.conntrack.timeouts.0)
         .map_err(|e| Error::CtTimeouts(e.into()))?;
     // Adopt what an earlier run left in pinned maps: the first sync then writes only
     // the difference and flushes nothing (conntrack included).
-    let writer = match &settings.pins {
+    let (writer, maps) = match &settings.pins {
         Some(pins) => {
             let state = dp.maps.state();
             info!(
@@ -460,14 +460,21 @@ fn start_datapath(settings: &Settings) -> Result<(Datapath, MapWriter), Error> {
                 backends = state.backends.len(),
                 "adopted pinned maps"
             );
-            MapWriter::restore(dp.limits(), state)
+            let maps = if dp.adopted_pins() { "adopted" } else { "new" };
+            (MapWriter::restore(dp.limits(), state), maps)
         }
-        None => MapWriter::new(dp.limits()),
+        None => (MapWriter::new(dp.limits()), "none"),
     };
     let path = dp
         .choose_attach(settings.attach)
         .map_err(|e| Error::ChooseAttach(e.into()))?;
     info!(path = %path.as_str(), "attach path");
+    m.datapath_info
+        .get_or_create(&vec![
+            ("attach_path".into(), path.as_str().into()),
+            ("pinned_maps".into(), maps.into()),
+        ])
+        .set(1);
     let selection = &settings.interfaces;
     if !selection.is_empty() {
         let present = interfaces::list().map_err(Error::ListInterfaces)?;
@@ -481,21 +488,22 @@ fn start_datapath(settings: &Settings) -> Result<(Datapath, MapWriter), Error> {
         // The v1 program keeps translating with v1's maps until the first sync has
         // filled this layout's; then `migrate` switches the links.
         info!("attaching after the first sync, once layout v1 is migrated");
+        m.set_migration(1, "pending");
         return Ok((dp, writer));
     }
-    attach_selected(&mut dp, selection)?;
+    attach_selected(&mut dp, selection, m)?;
     Ok((dp, writer))
 }
 
 /// Attaches to the selected interfaces that exist (an exact name that fails is an
 /// error) and removes what earlier runs left elsewhere.
-fn attach_selected(dp: &mut Datapath, selection: &Selection) -> Result<(), Error> {
+fn attach_selected(dp: &mut Datapath, selection: &Selection, m: &Metrics) -> Result<(), Error> {
     if !selection.is_empty() {
         let present = interfaces::list().map_err(Error::ListInterfaces)?;
         let plan = interfaces::plan(selection, &dp.attached(), &present);
         for (iface, _) in &plan.attach {
             match dp.attach(iface) {
-                Ok(how) => log_attached(iface, how),
+                Ok(how) => attached(iface, how, m),
                 Err(e) if selection.exact().any(|n| n == iface) => {
                     return Err(Error::Attach(iface.clone(), e.into()));
                 }
@@ -510,6 +518,8 @@ fn attach_selected(dp: &mut Datapath, selection: &Selection) -> Result<(), Error
         .map_err(|e| Error::UnpinLinks(e.into()))?
     {
         info!(interface = %iface, "removed the pinned link or TC filter of an interface that is gone or not selected, or of the other attach path");
+        m.forget_link(&iface);
+        m.links_removed.inc();
     }
     Ok(())
 }
@@ -518,7 +528,7 @@ fn attach_selected(dp: &mut Datapath, selection: &Selection) -> Result<(), Error
 /// connections and links over without a failed connection (`kernel/migrate.rs`),
 /// attaches as at any start, and removes v1's pins. A failure is reported with what
 /// was left: the v1 pins stay for the next start to try again.
-fn migrate(dp: &mut Datapath, selection: &Selection) {
+fn migrate(dp: &mut Datapath, selection: &Selection, m: &Metrics) {
     let started = std::time::Instant::now();
     let migrated = match dp.migrate_from_v1() {
         Ok(m) => {
@@ -537,25 +547,35 @@ fn migrate(dp: &mut Datapath, selection: &Selection) {
             false
         }
     };
-    if let Err(e) = attach_selected(dp, selection) {
+    if let Err(e) = attach_selected(dp, selection, m) {
         error!("attaching after the v1 migration: {e:#}; the v1 pins stay for the next start");
         dp.keep_v1();
+        m.set_migration(1, "failed");
         return;
     }
     if !migrated {
         dp.keep_v1();
+        m.set_migration(1, "failed");
         return;
     }
     match dp.finish_migration() {
-        Ok(()) => info!(
-            took_ms = started.elapsed().as_millis() as u64,
-            "layout v1 migration complete"
-        ),
-        Err(e) => error!("{e}; the links run this agent's program, only the pins are left"),
+        Ok(()) => {
+            info!(
+                took_ms = started.elapsed().as_millis() as u64,
+                "layout v1 migration complete"
+            );
+            m.set_migration(1, "complete");
+        }
+        Err(e) => {
+            error!("{e}; the links run this agent's program, only the pins are left");
+            m.set_migration(1, "failed");
+        }
     }
 }
 
-fn log_attached(iface: &str, how: Attached) {
+/// Says that `iface` was attached, `how`: in the log and in the metrics.
+fn attached(iface: &str, how: Attached, m: &Metrics) {
+    m.set_link(iface, how.as_str());
     match how {
         Attached::NewPinned => info!(interface = %iface, "attached (pinned link)"),
         Attached::Replaced => info!(interface = %iface, "took over the pinned link"),
@@ -654,7 +674,9 @@ impl Scanner {
         for iface in &plan.detach {
             match dp.detach(iface) {
                 Ok(_) => {
-                    info!(interface = %iface, "interface gone or re-created: dropped its link")
+                    info!(interface = %iface, "interface gone or re-created: dropped its link");
+                    self.metrics.forget_link(iface);
+                    self.metrics.links_removed.inc();
                 }
                 Err(e) => warn!(interface = %iface, "dropping the link: {e}"),
             }
@@ -662,7 +684,7 @@ impl Scanner {
         for (iface, index) in &plan.attach {
             match dp.attach(iface) {
                 Ok(how) => {
-                    log_attached(iface, how);
+                    attached(iface, how, &self.metrics);
                     self.failed.remove(&(iface.clone(), *index));
                 }
                 Err(e) => {
@@ -717,7 +739,7 @@ pub async fn run(
             }
         });
     }
-    let (mut dp, writer) = start_datapath(&settings)?;
+    let (mut dp, writer) = start_datapath(&settings, &metrics)?;
     metrics.interfaces.set(dp.attached().len() as i64);
     let mut scanner = Scanner::new(&settings, metrics.clone());
     let mut syncer = Syncer {
@@ -789,7 +811,7 @@ async fn follow<S: source::Source>(
                 syncer.sync(dp);
                 source.report(&std::mem::take(&mut syncer.problems));
                 if dp.migration_pending() {
-                    migrate(dp, &scanner.selection);
+                    migrate(dp, &scanner.selection, &scanner.metrics);
                     scanner.metrics.interfaces.set(dp.attached().len() as i64);
                 }
             }

@@ -20,11 +20,13 @@ use sliceway_agent::{
 };
 
 fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
+    use tracing_subscriber::{layer::SubscriberExt as _, util::SubscriberInitExt as _};
+    tracing_subscriber::registry()
+        .with(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(sliceway_agent::metrics::LogCounter)
         .init();
     let cli = Cli::parse();
     match cli.command {

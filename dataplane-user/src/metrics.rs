@@ -30,6 +30,46 @@ use prometheus_client::{
 
 type Labels = Vec<(String, String)>;
 
+fn link_labels(iface: &str, how: &str) -> Labels {
+    vec![
+        ("interface".into(), iface.into()),
+        ("how".into(), how.into()),
+    ]
+}
+
+fn migration_labels(from: u32, state: &str) -> Labels {
+    vec![
+        ("from".into(), from.to_string()),
+        ("state".into(), state.into()),
+    ]
+}
+
+/// Warnings and errors logged, by level: one counter for the process, shared by
+/// every registry (the log is the process's, too). Fed by [`LogCounter`].
+static LOG_MESSAGES: std::sync::LazyLock<Family<Labels, Counter>> =
+    std::sync::LazyLock::new(Family::default);
+
+/// A tracing layer that counts the warnings and errors logged, so an operator (and a
+/// test) sees from `/metrics` that something went wrong without reading the log.
+pub struct LogCounter;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for LogCounter {
+    fn on_event(
+        &self,
+        event: &tracing::Event<'_>,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let level = match *event.metadata().level() {
+            tracing::Level::WARN => "warn",
+            tracing::Level::ERROR => "error",
+            _ => return,
+        };
+        LOG_MESSAGES
+            .get_or_create(&vec![("level".into(), level.into())])
+            .inc();
+    }
+}
+
 /// The agent's metrics.
 pub struct Metrics {
     registry: Registry,
@@ -49,6 +89,14 @@ pub struct Metrics {
     pub drift_entries: Family<Labels, Gauge>,
     pub drift_repaired: Counter,
     pub audits: Counter,
+    /// How the datapath runs: attach path and whether pinned maps were adopted.
+    pub datapath_info: Family<Labels, Gauge>,
+    /// One series per interface the program is attached to, with how.
+    pub links: Family<Labels, Gauge>,
+    /// Links and TC filters removed (interface gone, not selected, other path).
+    pub links_removed: Counter,
+    /// A migration from an older pinned layout, by state.
+    pub migration: Family<Labels, Gauge>,
     /// Per-frontend and per-backend counters, from the kernel.
     pub flows: Mutex<FlowCounters>,
     /// What `/healthz` and `/livez` say.
@@ -170,6 +218,35 @@ impl Metrics {
         );
         let audits = Counter::default();
         registry.register("audits", "Drift audits of the service maps", audits.clone());
+        let datapath_info = Family::<Labels, Gauge>::default();
+        registry.register(
+            "datapath_info",
+            "The datapath of this agent (value 1): attach path (tcx or tc) and pinned maps (adopted from an earlier run, new, or none when not pinned)",
+            datapath_info.clone(),
+        );
+        let links = Family::<Labels, Gauge>::default();
+        registry.register(
+            "interface_link",
+            "Interfaces the program is attached to (value 1), with how: new_link, took_over_link, new_filter, replaced_filter, unpinned",
+            links.clone(),
+        );
+        let links_removed = Counter::default();
+        registry.register(
+            "links_removed",
+            "Links and TC filters removed because their interface went away, is not selected, or uses the other attach path",
+            links_removed.clone(),
+        );
+        let migration = Family::<Labels, Gauge>::default();
+        registry.register(
+            "layout_migration",
+            "A migration from an older pinned layout (value 1): from which layout, and its state (pending, complete, failed)",
+            migration.clone(),
+        );
+        registry.register(
+            "log_messages",
+            "Messages this process logged, by level (warn, error)",
+            LOG_MESSAGES.clone(),
+        );
         let flows = FlowCounters::register(&mut registry);
         Self {
             registry,
@@ -189,10 +266,38 @@ impl Metrics {
             drift_entries,
             drift_repaired,
             audits,
+            datapath_info,
+            links,
+            links_removed,
+            migration,
             flows: Mutex::new(flows),
             health: Health::new(health_timeout),
             asks: OnceLock::new(),
         }
+    }
+
+    /// Records that `iface` has the program attached, `how`, replacing what was said
+    /// of it before.
+    pub fn set_link(&self, iface: &str, how: &str) {
+        self.forget_link(iface);
+        self.links.get_or_create(&link_labels(iface, how)).set(1);
+    }
+
+    /// Records that `iface` no longer has the program attached by this agent.
+    pub fn forget_link(&self, iface: &str) {
+        for how in crate::kernel::Attached::ALL {
+            self.links.remove(&link_labels(iface, how.as_str()));
+        }
+    }
+
+    /// Records the state of a migration from pinned layout `from`.
+    pub fn set_migration(&self, from: u32, state: &str) {
+        for s in ["pending", "complete", "failed"] {
+            self.migration.remove(&migration_labels(from, s));
+        }
+        self.migration
+            .get_or_create(&migration_labels(from, state))
+            .set(1);
     }
 
     /// Where the endpoint's asks go; the agent loop reads the other end. Set once.

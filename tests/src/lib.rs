@@ -513,6 +513,48 @@ impl Agent {
         Ok(metric_value(&self.metrics()?, name))
     }
 
+    /// The value of label `label` of the first sample of `/metrics` whose series
+    /// starts with `prefix` (a metric's name and its first labels as printed:
+    /// `sliceway_interface_link{interface="veth1",`); `None` when there is none.
+    pub fn metric_label(&self, prefix: &str, label: &str) -> Result<Option<String>> {
+        let text = self.metrics()?;
+        let needle = format!("{label}=\"");
+        Ok(text.lines().find_map(|l| {
+            let labels = l.strip_prefix(prefix)?;
+            let (_, rest) = labels.split_once(&needle)?;
+            Some(rest.split('"').next()?.to_string())
+        }))
+    }
+
+    /// How the agent attached its program to `iface` (`new_link`, `took_over_link`,
+    /// `new_filter`, `replaced_filter`, `unpinned`: `sliceway_interface_link`), or
+    /// `None` if it has not.
+    pub fn link(&self, iface: &str) -> Result<Option<String>> {
+        self.metric_label(
+            &format!("sliceway_interface_link{{interface=\"{iface}\","),
+            "how",
+        )
+    }
+
+    /// The agent's attach path, `tcx` or `tc` (`sliceway_datapath_info`).
+    pub fn attach_path(&self) -> Result<Option<String>> {
+        self.metric_label("sliceway_datapath_info{", "attach_path")
+    }
+
+    /// Warnings and errors the agent has logged (`sliceway_log_messages_total`).
+    pub fn problems_logged(&self) -> Result<u64> {
+        let text = self.metrics()?;
+        Ok(["warn", "error"]
+            .iter()
+            .filter_map(|l| {
+                metric_value(
+                    &text,
+                    &format!("sliceway_log_messages_total{{level=\"{l}\"}}"),
+                )
+            })
+            .sum::<f64>() as u64)
+    }
+
     /// Syncs the agent has made (`sliceway_syncs_total`).
     pub fn syncs(&self) -> Result<u64> {
         Ok(self.metric("sliceway_syncs_total")?.unwrap_or(0.0) as u64)

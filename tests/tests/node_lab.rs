@@ -282,15 +282,19 @@ fn killed_and_restarted_under_load(agent_args: &[&str]) {
         })
     };
     // tcx where the kernel has it (and nobody asked for tc), a TC filter otherwise.
-    let path = |p: &str| {
-        let field = format!("path={p}");
+    let path = agent.attach_path().unwrap();
+    assert!(
+        matches!(path.as_deref(), Some("tc" | "tcx")),
+        "{path:?}: {}",
+        agent.metrics().unwrap()
+    );
+    let tc = path.as_deref() == Some("tc");
+    let maps = |agent: &sliceway_lab::Agent| {
         agent
-            .log()
-            .iter()
-            .any(|l| l.contains("attach path") && l.split_whitespace().any(|w| w == field))
+            .metric_label("sliceway_datapath_info{", "pinned_maps")
+            .unwrap()
     };
-    let tc = path("tc");
-    assert!(tc || path("tcx"), "{:#?}", agent.log());
+    assert_eq!(maps(&agent).as_deref(), Some("new"));
     assert_eq!(
         tc,
         !agent_args.is_empty() || sliceway_agent::kernel::probe_tcx().is_err()
@@ -325,14 +329,18 @@ fn killed_and_restarted_under_load(agent_args: &[&str]) {
         ok.load(Ordering::SeqCst)
     );
     // The restarted agent adopted the maps: nothing to rewrite, conntrack kept.
-    assert!(agent.logged("adopted pinned maps"), "{:#?}", agent.log());
+    assert_eq!(maps(&agent).as_deref(), Some("adopted"));
     let took_over = if tc {
-        "replaced the program of the TC filter"
+        "replaced_filter"
     } else {
-        "took over the pinned link"
+        "took_over_link"
     };
     for iface in &ifaces {
-        assert!(logged_for(&agent, took_over, iface), "{:#?}", agent.log());
+        assert_eq!(
+            agent.link(iface).unwrap().as_deref(),
+            Some(took_over),
+            "{iface}"
+        );
     }
     // One filter per interface still, now running the new agent's program.
     for (iface, old) in ifaces.iter().zip(&before) {
@@ -369,13 +377,18 @@ fn wait_until(agent: &sliceway_lab::Agent, what: &str, cond: impl Fn() -> bool) 
     );
 }
 
-/// Whether the agent logged `message` for interface `iface`.
-fn logged_for(agent: &sliceway_lab::Agent, message: &str, iface: &str) -> bool {
-    let field = format!("interface={iface}");
-    agent
-        .log()
-        .iter()
-        .any(|l| l.contains(message) && l.split_whitespace().any(|w| w == field))
+/// Whether the agent says (in `/metrics`) it attached to `iface`, `how`.
+fn linked(agent: &sliceway_lab::Agent, iface: &str, how: &str) -> bool {
+    agent.link(iface).unwrap().as_deref() == Some(how)
+}
+
+/// Whether the agent says it has no link on `iface` and has removed a link.
+fn unlinked(agent: &sliceway_lab::Agent, iface: &str) -> bool {
+    agent.link(iface).unwrap().is_none()
+        && agent
+            .metric("sliceway_links_removed_total")
+            .unwrap()
+            .is_some_and(|n| n >= 1.0)
 }
 
 /// Requests through the VIP until `backend` answers; every request must succeed (a
@@ -406,17 +419,17 @@ fn interfaces_matching_a_pattern_are_followed_as_pods_come_and_go() {
     let mut agent = lab.start_agent_with(&["v*"]).unwrap();
     for pod in std::iter::once(&lab.client).chain(&lab.backends) {
         assert!(
-            logged_for(&agent, "attached (pinned link)", &pod.node_iface),
-            "{}: {:#?}",
+            linked(&agent, &pod.node_iface, "new_link"),
+            "{}: {}",
             pod.node_iface,
-            agent.log()
+            agent.metrics().unwrap()
         );
     }
 
     // A pod that starts after the agent.
     let late = lab.add_backend().unwrap();
     wait_until(&agent, "attaching to the new pod's interface", || {
-        logged_for(&agent, "attached (pinned link)", &late.node_iface)
+        linked(&agent, &late.node_iface, "new_link")
     });
     assert!(pins.link(&late.node_iface).exists());
     agent
@@ -428,9 +441,9 @@ fn interfaces_matching_a_pattern_are_followed_as_pods_come_and_go() {
     agent.kill();
     agent = lab.start_agent_with(&["v*"]).unwrap();
     assert!(
-        logged_for(&agent, "took over the pinned link", &late.node_iface),
-        "{:#?}",
-        agent.log()
+        linked(&agent, &late.node_iface, "took_over_link"),
+        "{}",
+        agent.metrics().unwrap()
     );
     reaches(&lab, &late.name);
 
@@ -441,16 +454,16 @@ fn interfaces_matching_a_pattern_are_followed_as_pods_come_and_go() {
     let late = lab.add_backend().unwrap();
     agent = lab.start_agent_with(&["v*"]).unwrap();
     assert!(
-        logged_for(&agent, "attached (pinned link)", &late.node_iface),
-        "{:#?}",
-        agent.log()
+        linked(&agent, &late.node_iface, "new_link"),
+        "{}",
+        agent.metrics().unwrap()
     );
     reaches(&lab, &late.name);
 
     // The pod goes while the agent runs: its link is dropped, the others stay.
     let gone = lab.remove_backend().unwrap();
     wait_until(&agent, "dropping the deleted pod's link", || {
-        logged_for(&agent, "dropped its link", &gone.node_iface)
+        unlinked(&agent, &gone.node_iface)
     });
     assert!(!pins.link(&gone.node_iface).exists());
     for pod in std::iter::once(&lab.client).chain(&lab.backends) {
@@ -473,18 +486,12 @@ fn interfaces_matching_a_pattern_are_followed_as_pods_come_and_go() {
     let gone = lab.remove_backend().unwrap();
     agent = lab.start_agent_with(&["v*"]).unwrap();
     assert!(
-        logged_for(&agent, "removed the pinned link", &gone.node_iface),
-        "{:#?}",
-        agent.log()
+        unlinked(&agent, &gone.node_iface),
+        "{}",
+        agent.metrics().unwrap()
     );
     assert!(!pins.link(&gone.node_iface).exists());
-
-    let problems: Vec<String> = agent
-        .log()
-        .into_iter()
-        .filter(|l| l.contains("WARN") || l.contains("ERROR"))
-        .collect();
-    assert!(problems.is_empty(), "{problems:#?}");
+    assert_eq!(agent.problems_logged().unwrap(), 0, "{:#?}", agent.log());
 }
 
 /// Issue 18: TC filters (`--attach tc`, what kernels without tcx get) follow the
@@ -511,11 +518,7 @@ fn tc_filters_follow_interfaces_survive_a_stop_and_are_cleaned_up() {
     // A pod after the agent: its interface gets a filter, the pod serves.
     let late = lab.add_backend().unwrap();
     wait_until(&agent, "a filter on the new pod's interface", || {
-        logged_for(
-            &agent,
-            "attached (TC filter, kept across restarts)",
-            &late.node_iface,
-        )
+        linked(&agent, &late.node_iface, "new_filter")
     });
     agent
         .applies(|| lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1, 2])))
@@ -524,7 +527,7 @@ fn tc_filters_follow_interfaces_survive_a_stop_and_are_cleaned_up() {
     // The pod goes: its link is dropped, nothing else changes.
     let gone = lab.remove_backend().unwrap();
     wait_until(&agent, "dropping the deleted pod's link", || {
-        logged_for(&agent, "dropped its link", &gone.node_iface)
+        unlinked(&agent, &gone.node_iface)
     });
     agent
         .applies(|| lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1])))
@@ -557,20 +560,15 @@ fn tc_filters_follow_interfaces_survive_a_stop_and_are_cleaned_up() {
         agent = lab.start_agent_with(&["v*"]).unwrap();
         for iface in lab.pod_interfaces() {
             assert!(
-                logged_for(&agent, "replaced the program of the TC filter", &iface),
-                "{:#?}",
-                agent.log()
+                linked(&agent, &iface, "replaced_filter"),
+                "{iface}: {}",
+                agent.metrics().unwrap()
             );
         }
         one_filter_each(&lab);
     }
     lab.tcp_request(vip()).unwrap();
-    let problems: Vec<String> = agent
-        .log()
-        .into_iter()
-        .filter(|l| l.contains("WARN") || l.contains("ERROR"))
-        .collect();
-    assert!(problems.is_empty(), "{problems:#?}");
+    assert_eq!(agent.problems_logged().unwrap(), 0, "{:#?}", agent.log());
     agent.stop();
 
     // cleanup: pins and filters gone.
@@ -649,11 +647,15 @@ fn sctp_through_the_vip_reaches_every_backend_with_its_port_translated() {
         lab.write_manifest("web.yaml", &lab.service_yaml("web", web, PORT, &[0, 1]))
             .unwrap();
         let agent = lab.start_agent().unwrap();
-        assert!(
-            agent.logged("an SCTP frontend on a kernel without SCTP"),
+        assert_eq!(
+            agent
+                .metric("sliceway_sctp_frontends_without_kernel_sctp")
+                .unwrap(),
+            Some(1.0),
             "{:?}",
             agent.log()
         );
+        assert!(agent.problems_logged().unwrap() >= 1, "said as a warning");
         lab.tcp_request(SocketAddrV4::new(web, PORT)).unwrap();
         return;
     }
@@ -740,11 +742,8 @@ fn drift_behind_the_agents_back_is_found_named_and_repaired() {
     );
     assert_eq!(report["repaired"], 2, "{report:#}");
     lab.tcp_request(vip()).unwrap();
-    assert!(
-        agent.logged("drift: the kernel map differs"),
-        "{:#?}",
-        agent.log()
-    );
+    // Said as a warning, too.
+    assert!(agent.problems_logged().unwrap() >= 1, "{:#?}", agent.log());
     let metrics = agent.metrics().unwrap();
     for (series, value) in [
         ("sliceway_drift_entries{map=\"SERVICES\"}", 1.0),
@@ -773,7 +772,10 @@ fn drift_behind_the_agents_back_is_found_named_and_repaired() {
     agent.wait_for_sync(1, sliceway_lab::AGENT_START).unwrap();
     corrupt();
     wait_until(&agent, "the timed audit repairing the frontend", || {
-        agent.logged("drift: the kernel map differs")
+        agent
+            .metric("sliceway_drift_repaired_total")
+            .unwrap()
+            .is_some_and(|n| n >= 1.0)
     });
     lab.tcp_request(vip()).unwrap();
 }

@@ -135,7 +135,12 @@ fn an_upgrade_from_layout_v1_under_load_fails_no_connection() {
     // The first sync has been logged; the migration follows at once (the bridge's
     // verification takes about a second here, far longer on a busy machine).
     let deadline = Instant::now() + sliceway_lab::AGENT_START;
-    while !agent.logged("layout v1 migration complete") {
+    while agent
+        .metric("sliceway_layout_migration{from=\"1\",state=\"complete\"}")
+        .ok()
+        .flatten()
+        != Some(1.0)
+    {
         assert!(
             Instant::now() < deadline,
             "no migration: {:#?}",

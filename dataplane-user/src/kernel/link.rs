@@ -104,6 +104,27 @@ pub enum Attached {
     Unpinned,
 }
 
+impl Attached {
+    pub const ALL: [Attached; 5] = [
+        Attached::NewPinned,
+        Attached::Replaced,
+        Attached::NewFilter,
+        Attached::ReplacedFilter,
+        Attached::Unpinned,
+    ];
+
+    /// Its name in metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Attached::NewPinned => "new_link",
+            Attached::Replaced => "took_over_link",
+            Attached::NewFilter => "new_filter",
+            Attached::ReplacedFilter => "replaced_filter",
+            Attached::Unpinned => "unpinned",
+        }
+    }
+}
+
 impl Datapath {
     /// Chooses the attach path: `Auto` probes for tcx; `Tcx` insists on it. Called
     /// before the first attach (or the first attach calls it with `Auto`).

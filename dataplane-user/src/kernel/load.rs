@@ -98,6 +98,7 @@ impl Datapath {
             .map(|p| pinned.iter().map(|n| (*n, p.map(n))).collect())
             .unwrap_or_default();
         let mut v1 = None;
+        let mut adopted = false;
         if let Some(pins) = pins {
             prepare_bpffs(&pins.dir())?;
             v1 = migrate.then(|| V1Layout::find(pins)).flatten();
@@ -163,6 +164,7 @@ impl Datapath {
                         entries = info.max_entries(),
                         "adopting pinned map"
                     );
+                    adopted |= *name == map_name::SERVICES;
                     match *name {
                         map_name::SERVICES => limits.services = info.max_entries(),
                         map_name::SLOTS => limits.slots = info.max_entries(),
@@ -223,6 +225,7 @@ impl Datapath {
             links: BTreeMap::new(),
             path: None,
             v1,
+            adopted,
         })
     }
 }

@@ -130,6 +130,16 @@ pub struct Datapath {
     path: Option<TcPath>,
     /// A v1 layout beside this one, to migrate after the first sync.
     v1: Option<migrate::V1Layout>,
+    /// Whether the service maps were pinned by an earlier run and adopted.
+    adopted: bool,
+}
+
+impl Datapath {
+    /// Whether the service maps were pinned by an earlier run and adopted (their
+    /// contents kept), rather than made new.
+    pub fn adopted_pins(&self) -> bool {
+        self.adopted
+    }
 }
 
 /// Removes every pinned map and link under `base` and sliceway's TC filters on the
