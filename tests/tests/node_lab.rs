@@ -202,7 +202,15 @@ fn a_broken_manifest_is_reported_and_the_rest_still_works() {
     )
     .unwrap();
     let agent = lab.start_agent().unwrap();
-    assert!(agent.logged("broken.yaml"), "log: {:#?}", agent.log());
+    // Counted as a manifest the reader refused (and said in the log, with the file).
+    let metrics = agent.metrics().unwrap();
+    assert!(
+        metrics.lines().any(
+            |l| l.starts_with("sliceway_objects_skipped{kind=\"manifest\"") && !l.ends_with(" 0")
+        ),
+        "{metrics}"
+    );
+    assert!(agent.problems_logged().unwrap() >= 1, "{:#?}", agent.log());
     lab.tcp_request(vip()).unwrap();
 }
 
