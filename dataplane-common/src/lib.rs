@@ -44,6 +44,10 @@ pub mod capacity {
     pub const COUNTED_FRONTENDS: u32 = 16_384;
     /// Backends with counters of their own (`BACKEND_COUNTERS`, 24 bytes per CPU each).
     pub const COUNTED_BACKENDS: u32 = 32_768;
+    /// Translations the node's own sockets made (`SOCK_REVNAT`: socket, backend →
+    /// frontend), for replies and peer names; LRU, a connection needs its entry only
+    /// while its socket lives.
+    pub const SOCK_REVNAT: u32 = 65_536;
 }
 
 /// Per-frontend counters (`FRONTEND_COUNTERS`, per CPU, indexed by frontend id):
@@ -427,6 +431,29 @@ pub struct AffinityValue {
 }
 const _: () = assert!(size_of::<AffinityValue>() == 16);
 
+/// Key of the `SOCK_REVNAT` map: a socket of the node (its cookie) and the backend
+/// the socket programs gave it instead of a frontend.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct SockRevKey {
+    pub cookie: u64,
+    pub addr_be: u32,
+    pub port_be: u16,
+    pub _pad: u16,
+}
+const _: () = assert!(size_of::<SockRevKey>() == 16);
+
+/// Value of the `SOCK_REVNAT` map: the frontend the socket asked for, which a
+/// datagram's source and the socket's peer name show again.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct SockRevValue {
+    pub addr_be: u32,
+    pub port_be: u16,
+    pub _pad: u16,
+}
+const _: () = assert!(size_of::<SockRevValue>() == 8);
+
 /// A `SERVICES` key with port 0 and protocol 0 marks a ClusterIP: traffic to it on a
 /// port or protocol no frontend has is rejected (kube-proxy's nftables
 /// `cluster-ips` set). Its value has count 0.
@@ -501,8 +528,20 @@ pub mod stat {
     /// A reject whose reply could not be built (IP options, a helper failed):
     /// dropped instead.
     pub const DROP_REJECT: u32 = 20;
+    /// A socket of the node connected (or sent a datagram) to a frontend and was
+    /// given a backend's address instead (the socket programs).
+    pub const SOCK_TRANSLATED: u32 = 21;
+    /// A socket of the node connected or sent to a frontend without backends: refused
+    /// (`connect` and `sendmsg` fail with EPERM).
+    pub const SOCK_REJECT_NO_BACKEND: u32 = 22;
+    /// A socket of the node connected or sent to a ClusterIP on a port or protocol
+    /// its Service does not declare: refused (EPERM).
+    pub const SOCK_REJECT_NO_PORT: u32 = 23;
+    /// A datagram's source or a socket's peer name shown as the frontend the socket
+    /// asked for, not the backend that answered.
+    pub const SOCK_REVNAT: u32 = 24;
     /// Number of slots.
-    pub const COUNT: u32 = 21;
+    pub const COUNT: u32 = 25;
 
     /// Names, indexed by slot, as `list` and metrics print them.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -527,6 +566,10 @@ pub mod stat {
         "reject_no_backend",
         "reject_no_port",
         "drop_reject",
+        "sock_translated",
+        "sock_reject_no_backend",
+        "sock_reject_no_port",
+        "sock_revnat",
     ];
 }
 
@@ -554,9 +597,11 @@ pub mod map_name {
     pub const CT_V1: &str = "CT_V1";
     /// v1 backend id → this layout's, for `sliceway_bridge`; written while migrating.
     pub const BACKEND_IDS_V1: &str = "BACKEND_IDS_V1";
+    /// The node's sockets' translations (socket programs), for replies and peer names.
+    pub const SOCK_REVNAT: &str = "SOCK_REVNAT";
 
     /// Every map, in the order the agent pins them.
-    pub const ALL: [&str; 12] = [
+    pub const ALL: [&str; 13] = [
         SERVICES,
         SLOTS,
         BACKENDS,
@@ -569,6 +614,7 @@ pub mod map_name {
         JUMP,
         FRONTEND_COUNTERS,
         BACKEND_COUNTERS,
+        SOCK_REVNAT,
     ];
 }
 

@@ -55,6 +55,24 @@ pub fn translated(frontend_id: u32, backend_id: u32, bytes: u64, new: bool) {
     }
 }
 
+/// Counts a connection (or a datagram's flow) a socket of the node opened to
+/// frontend `frontend_id` and was given backend `backend_id` for. Its packets do not
+/// pass a translating program, so only the connection is counted.
+#[inline(always)]
+pub fn connected(frontend_id: u32, backend_id: u32) {
+    if !flow_counters() {
+        return;
+    }
+    if let Some(p) = FRONTEND_COUNTERS.get_ptr_mut(frontend_id) {
+        // SAFETY: a per-CPU slot; only this CPU writes it while the program runs.
+        unsafe { (*p).new += 1 };
+    }
+    if let Some(p) = BACKEND_COUNTERS.get_ptr_mut(backend_id) {
+        // SAFETY: as above.
+        unsafe { (*p).new += 1 };
+    }
+}
+
 /// Counts a new flow to frontend `frontend_id` that found no backend: dropped, or
 /// refused.
 #[inline(always)]

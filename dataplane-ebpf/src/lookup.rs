@@ -8,6 +8,11 @@ use dataplane_common::{
 
 use crate::{counters::Exit, maps, packet::Flow, tc::DROP};
 
+/// Session affinity's client for connections the node's own sockets open (socket
+/// programs, before the kernel picks a source address): the node is one client, as
+/// it is to kube-proxy, whose rules see the node's address as the source.
+pub const NODE_CLIENT: u32 = 0;
+
 /// The frontend the packet is addressed to, if any.
 #[inline(always)]
 pub fn frontend(flow: &Flow) -> Option<ServiceValue> {
@@ -32,23 +37,23 @@ pub struct Picked {
     pub backend: Backend,
 }
 
-/// Picks a backend for a new connection to `service` (which has at least one slot):
-/// the client's backend if session affinity remembers one seen within the timeout and
-/// still in its slot, else slot `flow_hash % count`; with affinity, the choice is
-/// remembered. A slot or backend the frontend published but the maps do not hold
-/// drops (a packet never reaches a VIP untranslated).
+/// Picks a backend for a new connection from `client_be` to `service` (which has at
+/// least one slot): the client's backend if session affinity remembers one seen
+/// within the timeout and still in its slot, else slot `hash % count` (the flow's
+/// hash for packets); with affinity, the choice is remembered. A slot or backend the
+/// frontend published but the maps do not hold drops (a packet never reaches a VIP
+/// untranslated).
 #[inline(always)]
-pub fn pick(flow: &Flow, service: &ServiceValue, now: u64) -> Result<Picked, Exit> {
+pub fn pick(client_be: u32, hash: u32, service: &ServiceValue, now: u64) -> Result<Picked, Exit> {
     let sticky = service.flags & SVC_F_AFFINITY != 0;
     let remembered = if sticky {
-        remembered(flow.src_be, service, now)
+        remembered(client_be, service, now)
     } else {
         None
     };
     let (slot, backend_id) = match remembered {
         Some(found) => found,
         None => {
-            let hash = flow.hash();
             let slot = hash % service.count;
             let id = maps::slot(&SlotKey {
                 service_id: service.id,
@@ -63,7 +68,7 @@ pub fn pick(flow: &Flow, service: &ServiceValue, now: u64) -> Result<Picked, Exi
         // Remembered when picked: a connection that then fails to be tracked leaves
         // an entry the client's next connection refreshes.
         let key = AffinityKey {
-            client: [flow.src_be, 0, 0, 0],
+            client: [client_be, 0, 0, 0],
             service_id: service.id,
         };
         let seen = AffinityValue {

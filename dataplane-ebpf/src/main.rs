@@ -1,4 +1,5 @@
-//! sliceway's kernel programs: ClusterIP load balancing at TC.
+//! sliceway's kernel programs: ClusterIP load balancing at TC, and for the node's own
+//! sockets at `connect`/`sendmsg` (`sock.rs`).
 //!
 //! `sliceway_tc` runs at TC ingress of the pod-facing interfaces of a node. For a
 //! packet to a frontend (VIP:port:proto) it picks a backend, remembers the choice in
@@ -33,6 +34,8 @@ mod parse;
 mod reject;
 #[cfg(target_arch = "bpf")]
 mod sctp;
+#[cfg(target_arch = "bpf")]
+mod sock;
 #[cfg(target_arch = "bpf")]
 mod tc;
 

@@ -1,7 +1,7 @@
 //! The maps, one doc line each (key → value, who writes it), and getters that return
 //! copies of map values, so no reference into a map outlives a lookup. Only the
 //! agent's map writer writes `SERVICES`, `SLOTS` and `BACKENDS`; the programs write
-//! only `CONNTRACK`, `AFFINITY`, `SCRATCH` and the counters (and, migrating, `CT_V1`). Capacities here are defaults, the agent resizes the
+//! only `CONNTRACK`, `AFFINITY`, `SCRATCH`, `SOCK_REVNAT` and the counters (and, migrating, `CT_V1`). Capacities here are defaults, the agent resizes the
 //! maps at load time.
 
 use aya_ebpf::{
@@ -11,6 +11,7 @@ use aya_ebpf::{
 use dataplane_common::{
     capacity, ct, stat, AffinityKey, AffinityValue, Backend, BackendCounters, CtEntry, CtKey,
     FragKey, FragPorts, FrontendCounters, ServiceKey, ServiceName, ServiceValue, SlotKey,
+    SockRevKey, SockRevValue,
 };
 
 /// Frontends: (VIP, port, proto) → (id, slot count). Written by the agent.
@@ -32,6 +33,13 @@ pub static BACKENDS: HashMap<u32, Backend> = HashMap::with_max_entries(capacity:
 #[map]
 pub static CONNTRACK: LruHashMap<CtKey, CtEntry> =
     LruHashMap::with_max_entries(capacity::CONNTRACK, 0);
+
+/// The node's sockets' translations: (socket cookie, backend) → the frontend it
+/// asked for. Written by `sliceway_connect4` and `sliceway_sendmsg4`, read by
+/// `sliceway_recvmsg4` and `sliceway_getpeername4`; LRU.
+#[map]
+pub static SOCK_REVNAT: LruHashMap<SockRevKey, SockRevValue> =
+    LruHashMap::with_max_entries(capacity::SOCK_REVNAT, 0);
 
 /// Fragmented datagrams: (src, dst, id, proto) → the ports of the first fragment.
 /// Written by the program for every first fragment; LRU.
@@ -115,6 +123,13 @@ pub static BACKEND_COUNTERS: PerCpuArray<BackendCounters> =
 pub fn service(key: &ServiceKey) -> Option<ServiceValue> {
     // SAFETY: the value is plain data, copied out before anything else runs.
     unsafe { SERVICES.get(key).copied() }
+}
+
+/// The frontend a socket of the node asked for, given the backend it got instead.
+#[inline(always)]
+pub fn sock_revnat(key: &SockRevKey) -> Option<SockRevValue> {
+    // SAFETY: as in `service`.
+    unsafe { SOCK_REVNAT.get(key).copied() }
 }
 
 /// The backend id in slot `key`, if any.

@@ -96,7 +96,7 @@ fn from_client<const BRIDGE: bool>(
                 counters::refused(service.id, false);
                 return Ok(Some(reject_or_drop(ctx, flow, stat::REJECT_NO_BACKEND)));
             }
-            let picked = lookup::pick(flow, &service, now)?;
+            let picked = lookup::pick(flow.src_be, flow.hash(), &service, now)?;
             let reason =
                 match conntrack::track(flow, key, service.id, picked.backend_id, &picked.backend) {
                     conntrack::TRACKED => stat::DNAT_NEW,

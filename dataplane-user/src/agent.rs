@@ -86,6 +86,9 @@ pub struct Settings {
     pub pins: Option<PinDir>,
     /// tcx, a TC filter, or whichever the kernel has.
     pub attach: AttachMode,
+    /// The cgroup the socket programs go on, for the node's own sockets; `None`: no
+    /// socket load balancing.
+    pub socket_lb: Option<std::path::PathBuf>,
     /// Address for `/metrics` and `/healthz`; `None` serves nothing.
     pub metrics_addr: Option<SocketAddr>,
     /// Conntrack timeouts and sweeping.
@@ -469,10 +472,12 @@ fn start_datapath(settings: &Settings, m: &Metrics) -> Result<(Datapath, MapWrit
         .choose_attach(settings.attach)
         .map_err(|e| Error::ChooseAttach(e.into()))?;
     info!(path = %path.as_str(), "attach path");
+    let sockets = attach_sockets(&mut dp, settings.socket_lb.as_deref(), m);
     m.datapath_info
         .get_or_create(&vec![
             ("attach_path".into(), path.as_str().into()),
             ("pinned_maps".into(), maps.into()),
+            ("socket_lb".into(), sockets.into()),
         ])
         .set(1);
     let selection = &settings.interfaces;
@@ -493,6 +498,51 @@ fn start_datapath(settings: &Settings, m: &Metrics) -> Result<(Datapath, MapWrit
     }
     attach_selected(&mut dp, selection, m)?;
     Ok((dp, writer))
+}
+
+/// Attaches the socket programs to `cgroup` (or removes what an earlier run pinned,
+/// without one). A failure leaves the node's own sockets without Services and is said
+/// as an error; pods' traffic is unaffected. Returns `attached`, `off` or `failed`.
+fn attach_sockets(
+    dp: &mut Datapath,
+    cgroup: Option<&std::path::Path>,
+    m: &Metrics,
+) -> &'static str {
+    let Some(cgroup) = cgroup else {
+        match dp.unpin_sock_links() {
+            Ok(removed) => {
+                for hook in removed {
+                    info!(
+                        hook,
+                        "removed the socket link an earlier run pinned (--no-socket-lb)"
+                    );
+                }
+            }
+            Err(e) => warn!("removing pinned socket links: {e}"),
+        }
+        return "off";
+    };
+    match dp.attach_sockets(cgroup) {
+        Ok(hooks) => {
+            for h in hooks {
+                info!(cgroup = %dp.sock_cgroup().map_or(cgroup, |c| c.as_path()).display(), hook = h.hook, how = h.how.as_str(), "socket program attached");
+                m.socket_links
+                    .get_or_create(&vec![
+                        ("hook".into(), h.hook.into()),
+                        ("how".into(), h.how.as_str().into()),
+                    ])
+                    .set(1);
+            }
+            "attached"
+        }
+        Err(e) => {
+            error!(
+                "{e}; the node's own sockets do not reach Services (pods' traffic is \
+                 translated as usual)"
+            );
+            "failed"
+        }
+    }
 }
 
 /// Attaches to the selected interfaces that exist (an exact name that fails is an

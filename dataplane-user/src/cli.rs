@@ -239,6 +239,19 @@ pub struct RunArgs {
     /// filter (`tc`, any kernel), or `auto`: tcx where the kernel has it.
     #[arg(long, value_enum, default_value_t = AttachMode::Auto)]
     pub attach: AttachMode,
+    /// The cgroup (v2) whose processes' sockets reach Services through the socket
+    /// programs (connect, sendmsg, recvmsg, getpeername), for the node's own traffic:
+    /// node processes, the kubelet, hostNetwork pods. Only sockets of the agent's
+    /// network namespace are translated; pods' traffic is translated at TC. `auto`:
+    /// the root of the cgroup v2 hierarchy (`/sys/fs/cgroup`, or
+    /// `/sys/fs/cgroup/unified` on a hybrid host; mounted at `/run/sliceway/cgroupv2`
+    /// where none is).
+    #[arg(long, default_value = "auto")]
+    pub socket_lb_cgroup: PathBuf,
+    /// No socket programs: the node's own sockets do not reach ClusterIPs (links an
+    /// earlier run pinned are removed).
+    #[arg(long)]
+    pub no_socket_lb: bool,
 }
 
 /// One `--interfaces` entry, checked as [`Selection::parse`] will take it.

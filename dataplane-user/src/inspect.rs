@@ -319,18 +319,23 @@ impl TraceSkipped {
 /// Loads the programs with private maps (no attach, no pinning), writes what
 /// `compiler` holds into them as the agent's loop does (the incremental compiler's
 /// first sync through the map writer), and runs one crafted packet through
-/// BPF_PROG_TEST_RUN. `trace --manifests` fills `compiler` from the local source,
-/// as `run` does.
+/// BPF_PROG_TEST_RUN (`from_host`: what the socket programs do with a node's socket
+/// connecting to `dst`, [`host_trace`]). `trace --manifests` fills `compiler` from
+/// the local source, as `run` does.
 pub fn trace(
     compiler: Incremental,
     src: SocketAddrV4,
     dst: SocketAddrV4,
     proto: u8,
+    from_host: bool,
 ) -> Result<Trace, KernelError> {
     let mut dp = Datapath::load(&Capacities::default(), None)?;
     let mut pipeline = Pipeline::new(compiler, MapWriter::new(dp.limits()));
     pipeline.sync(&mut dp.maps);
-    let mut trace = run_trace(&dp, src, dst, proto)?;
+    let mut trace = match from_host {
+        true => host_trace(&dp, dst, proto)?,
+        false => run_trace(&dp, src, dst, proto)?,
+    };
     trace.skipped = pipeline
         .compiler
         .skipped()
@@ -408,6 +413,60 @@ pub fn run_trace(
         snat: None,
         skipped: Vec::new(),
         reason,
+    })
+}
+
+/// What the socket programs (`sliceway_connect4`, `sliceway_sendmsg4`) do with a
+/// socket of the node that connects or sends to `dst`, read from the maps the way
+/// they read them (the kernel runs no test of socket programs): a frontend with
+/// backends is translated to one of its candidates (a random slot per connection,
+/// or the node's session-affinity backend, so no single backend is named); one
+/// without, or a ClusterIP's undeclared port, is refused (EPERM); anything else
+/// passes. The source does not matter: the node is one client.
+pub fn host_trace(dp: &Datapath, dst: SocketAddrV4, proto: u8) -> Result<Trace, KernelError> {
+    let addr_be = u32::from(*dst.ip()).to_be();
+    let key = ServiceKey {
+        addr_be,
+        port_be: dst.port().to_be(),
+        proto,
+        _pad: 0,
+    };
+    let state = dp.maps.state();
+    let frontend = state.services.iter().find(|(k, _)| *k == key).copied();
+    let (verdict, reason, service, candidates) = match frontend {
+        Some((k, v)) => {
+            let listed = list_state(&KernelState {
+                services: vec![(k, v)],
+                ..state.clone()
+            });
+            let f = listed.into_iter().next().expect("one frontend");
+            match v.count {
+                0 => (
+                    "reject",
+                    stat::SOCK_REJECT_NO_BACKEND,
+                    Some(f.service),
+                    f.backends,
+                ),
+                _ => ("dnat", stat::SOCK_TRANSLATED, Some(f.service), f.backends),
+            }
+        }
+        None if state
+            .services
+            .iter()
+            .any(|(k, _)| *k == dataplane_common::clusterip_marker(addr_be)) =>
+        {
+            ("reject", stat::SOCK_REJECT_NO_PORT, None, Vec::new())
+        }
+        None => ("pass", stat::PASS_NO_SERVICE, None, Vec::new()),
+    };
+    Ok(Trace {
+        verdict: verdict.into(),
+        service,
+        backend: None,
+        candidates,
+        snat: None,
+        skipped: Vec::new(),
+        reason: stat::NAMES[reason as usize].into(),
     })
 }
 

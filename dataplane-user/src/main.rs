@@ -65,6 +65,7 @@ fn main() -> anyhow::Result<()> {
                     },
                     pins: (!args.no_pin).then(|| PinDir::new(args.bpffs_dir)),
                     attach: args.attach,
+                    socket_lb: (!args.no_socket_lb).then_some(args.socket_lb_cgroup),
                     metrics_addr: (!args.no_metrics).then_some(args.metrics_addr),
                     conntrack: sliceway_agent::conntrack::Settings {
                         timeouts: sliceway_agent::conntrack::Timeouts::parse(
@@ -164,14 +165,12 @@ fn main() -> anyhow::Result<()> {
                 Proto::Udp => PROTO_UDP,
                 Proto::Sctp => PROTO_SCTP,
             };
+            let from_host = args.from == From::Host;
             let trace = match args.from {
-                From::Host => inspect::not_yet(
-                    "traffic from the node itself does not pass the pod-facing program",
-                ),
                 From::External => inspect::not_yet(
                     "traffic from outside the node (NodePort, external and load-balancer IPs) is not handled",
                 ),
-                From::Pod => match &args.manifests {
+                From::Pod | From::Host => match &args.manifests {
                     Some(dir) => {
                         // The same source and compiler as `run`: the local source hands
                         // the directory (the Node's zone included) to the incremental
@@ -190,7 +189,8 @@ fn main() -> anyhow::Result<()> {
                             tracing::warn!(file = %p.file.display(), "{}", p.reason);
                         }
                         // What the reader refused first, then what the compiler did.
-                        let mut trace = inspect::trace(compiler, src, args.dst, proto)?;
+                        let mut trace =
+                            inspect::trace(compiler, src, args.dst, proto, from_host)?;
                         let mut skipped: Vec<_> =
                             problems.iter().map(inspect::TraceSkipped::of_problem).collect();
                         skipped.append(&mut trace.skipped);
@@ -199,7 +199,10 @@ fn main() -> anyhow::Result<()> {
                     }
                     None => {
                         let dp = inspect::live_datapath(&PinDir::new(&args.bpffs_dir))?;
-                        inspect::run_trace(&dp, src, args.dst, proto)?
+                        match from_host {
+                            true => inspect::host_trace(&dp, args.dst, proto)?,
+                            false => inspect::run_trace(&dp, src, args.dst, proto)?,
+                        }
                     }
                 },
             };

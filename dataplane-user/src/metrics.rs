@@ -93,6 +93,8 @@ pub struct Metrics {
     pub datapath_info: Family<Labels, Gauge>,
     /// One series per interface the program is attached to, with how.
     pub links: Family<Labels, Gauge>,
+    /// One series per socket program attached (node's own sockets), with how.
+    pub socket_links: Family<Labels, Gauge>,
     /// Links and TC filters removed (interface gone, not selected, other path).
     pub links_removed: Counter,
     /// A migration from an older pinned layout, by state.
@@ -230,6 +232,12 @@ impl Metrics {
             "Interfaces the program is attached to (value 1), with how: new_link, took_over_link, new_filter, replaced_filter, unpinned",
             links.clone(),
         );
+        let socket_links = Family::<Labels, Gauge>::default();
+        registry.register(
+            "socket_link",
+            "Socket programs attached for the node's own sockets (value 1), by hook (sock-connect4, sock-sendmsg4, sock-recvmsg4, sock-getpeername4) and how (new_link, took_over_link, unpinned)",
+            socket_links.clone(),
+        );
         let links_removed = Counter::default();
         registry.register(
             "links_removed",
@@ -268,6 +276,7 @@ impl Metrics {
             audits,
             datapath_info,
             links,
+            socket_links,
             links_removed,
             migration,
             flows: Mutex::new(flows),

@@ -152,9 +152,10 @@ fn trace_and_list_tell_where_packets_go() {
 }
 
 /// `trace`'s contract: every answer has the same JSON shape (`snat` included); a
-/// packet from the node itself or from outside is answered "pass" with a "not yet"
-/// reason until the datapath handles it; SCTP is traced like TCP and UDP;
-/// `--service-proxy-name` selects Services as `run` does.
+/// packet from outside is answered "pass" with a "not yet" reason until the datapath
+/// handles it; a socket of the node itself gets what the socket programs do (one of
+/// the candidates, chosen per connection; an undeclared port refused); SCTP is
+/// traced like TCP and UDP; `--service-proxy-name` selects Services as `run` does.
 #[test]
 fn trace_answers_every_origin_and_follows_the_service_proxy_name() {
     let lab = Lab::new(1).unwrap();
@@ -183,14 +184,44 @@ fn trace_answers_every_origin_and_follows_the_service_proxy_name() {
         args.extend_from_slice(extra);
         agent_cli(&args)
     };
-    for extra in [&["--from", "host"][..], &["--from", "external"][..]] {
-        let t = trace(extra);
-        assert_eq!(t["verdict"], "pass", "{extra:?}: {t}");
-        assert!(t["reason"].as_str().unwrap().starts_with("not yet"), "{t}");
+    let external = trace(&["--from", "external"]);
+    assert_eq!(external["verdict"], "pass", "{external}");
+    assert!(
+        external["reason"].as_str().unwrap().starts_with("not yet"),
+        "{external}"
+    );
+    let host = trace(&["--from", "host", "--service-proxy-name", "sliceway"]);
+    for t in [&external, &host] {
         for key in ["service", "backend", "candidates", "snat", "reason"] {
-            assert!(t.get(key).is_some(), "{extra:?}: no {key} in {t}");
+            assert!(t.get(key).is_some(), "no {key} in {t}");
         }
     }
+    assert_eq!(
+        (&host["verdict"], &host["reason"], &host["service"]),
+        (
+            &"dnat".into(),
+            &"sock_translated".into(),
+            &"default/theirs:http".into()
+        ),
+        "{host}"
+    );
+    let backend = format!("{}:{}", lab.backends[0].ip, sliceway_lab::BACKEND_PORT);
+    assert_eq!(host["candidates"], serde_json::json!([backend]), "{host}");
+    assert_eq!(
+        host["backend"],
+        Value::Null,
+        "chosen per connection: {host}"
+    );
+    assert_eq!(trace(&["--from", "host"])["reason"], "pass_no_service");
+    let mut args = vec!["trace", "--manifests", dir, "--src", "10.244.1.2:40000"];
+    args.extend(["--dst", "10.96.0.30:81", "--from", "host"]);
+    args.extend(["--service-proxy-name", "sliceway"]);
+    let t = agent_cli(&args);
+    assert_eq!(
+        (&t["verdict"], &t["reason"]),
+        (&"reject".into(), &"sock_reject_no_port".into()),
+        "{t}"
+    );
     // What the compiler refused is in every answer from manifests.
     lab.write_manifest(
         "bad.yaml",
@@ -341,13 +372,19 @@ fn check_reports_every_program_and_the_attach_path() {
             "sliceway_tc",
             "sliceway_reject",
             "sliceway_sctp_nat",
-            "sliceway_bridge"
+            "sliceway_bridge",
+            "sliceway_connect4",
+            "sliceway_sendmsg4",
+            "sliceway_recvmsg4",
+            "sliceway_getpeername4",
         ]
     );
     for p in programs {
         assert!(p["error"].is_null(), "{p:#}");
-        // The TC program is thousands of instructions, the tail-called ones hundreds.
-        assert!(p["xlated_insns"].as_u64().unwrap() > 100, "{p:#}");
+        // The TC program is thousands of instructions, the tail-called ones and the
+        // socket programs tens to hundreds: checked whole, not reduced to the path of
+        // a socket outside the agent's namespace (a handful).
+        assert!(p["xlated_insns"].as_u64().unwrap() > 50, "{p:#}");
         assert!(
             p["verified_insns"].as_u64().unwrap() >= p["xlated_insns"].as_u64().unwrap() / 2,
             "{p:#}"

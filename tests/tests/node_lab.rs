@@ -350,6 +350,16 @@ fn killed_and_restarted_under_load(agent_args: &[&str]) {
             "{iface}"
         );
     }
+    // The socket programs' pinned links too, in place.
+    for hook in ["connect4", "sendmsg4", "recvmsg4", "getpeername4"] {
+        let series = format!("sliceway_socket_link{{hook=\"sock-{hook}\",how=\"took_over_link\"}}");
+        assert_eq!(
+            agent.metric(&series).unwrap(),
+            Some(1.0),
+            "{series}: {:#?}",
+            agent.log()
+        );
+    }
     // One filter per interface still, now running the new agent's program.
     for (iface, old) in ifaces.iter().zip(&before) {
         let now = tc_filters(&lab, iface);
@@ -1029,4 +1039,123 @@ fn top_redraws_the_busiest_frontends_on_a_terminal() {
     assert_eq!(rates.len(), SCREENS, "{text}");
     assert!(rates.iter().any(|r| *r > 0.0), "{text}");
     assert!(text.contains("default/web:http"), "{text}");
+}
+
+/// Issue 11: the node's own sockets (node processes, the kubelet, hostNetwork pods)
+/// reach a ClusterIP through the socket programs, over TCP and UDP, connected or
+/// not, and see the ClusterIP as their peer (`getpeername`, a datagram's source),
+/// never the backend; a ClusterIP without endpoints, or on a port it does not
+/// declare, is refused at once; pods' traffic is not touched by them (it still goes
+/// through the TC program, which counts it).
+#[test]
+fn the_nodes_own_sockets_reach_a_clusterip_and_see_it_as_their_peer() {
+    use std::{
+        io::{BufRead as _, BufReader, Write as _},
+        net::{TcpStream, UdpSocket},
+    };
+    let empty = Ipv4Addr::new(10, 96, 0, 20);
+    let lab = Lab::new(3).unwrap();
+    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1, 2]))
+        .unwrap();
+    lab.write_manifest("empty.yaml", &lab.service_yaml("empty", empty, PORT, &[]))
+        .unwrap();
+    let agent = lab.start_agent().unwrap();
+    assert_eq!(
+        agent
+            .metric_label("sliceway_datapath_info{", "socket_lb")
+            .unwrap()
+            .as_deref(),
+        Some("attached"),
+        "{:#?}",
+        agent.log()
+    );
+    let names: Vec<String> = lab.backends.iter().map(|b| b.name.clone()).collect();
+    let timeout = Duration::from_secs(2);
+    let (tcp, udp, udp_unconnected) = sliceway_lab::in_netns(&lab.node.name, move || {
+        let (mut tcp, mut udp, mut unconnected) =
+            (BTreeSet::new(), BTreeSet::new(), BTreeSet::new());
+        for _ in 0..30 {
+            let conn = TcpStream::connect_timeout(&vip().into(), timeout).unwrap();
+            assert_eq!(conn.peer_addr().unwrap(), vip().into(), "getpeername");
+            conn.set_read_timeout(Some(timeout)).unwrap();
+            (&conn).write_all(b"hello\n").unwrap();
+            let mut line = String::new();
+            BufReader::new(&conn).read_line(&mut line).unwrap();
+            tcp.insert(line.split_whitespace().next().unwrap().to_string());
+
+            let socket = UdpSocket::bind(("0.0.0.0", 0)).unwrap();
+            socket.set_read_timeout(Some(timeout)).unwrap();
+            socket.connect(vip()).unwrap();
+            assert_eq!(socket.peer_addr().unwrap(), vip().into(), "getpeername");
+            socket.send(b"hello").unwrap();
+            let mut buf = [0u8; 1500];
+            let n = socket.recv(&mut buf).unwrap();
+            udp.insert(
+                String::from_utf8_lossy(&buf[..n])
+                    .split_whitespace()
+                    .next()
+                    .unwrap()
+                    .to_string(),
+            );
+
+            // Unconnected: the reply's source is the ClusterIP (recvmsg).
+            let socket = UdpSocket::bind(("0.0.0.0", 0)).unwrap();
+            socket.set_read_timeout(Some(timeout)).unwrap();
+            socket.send_to(b"hello", vip()).unwrap();
+            let (n, from) = socket.recv_from(&mut buf).unwrap();
+            assert_eq!(from, vip().into(), "a datagram's source");
+            unconnected.insert(
+                String::from_utf8_lossy(&buf[..n])
+                    .split_whitespace()
+                    .next()
+                    .unwrap()
+                    .to_string(),
+            );
+        }
+        (tcp, udp, unconnected)
+    })
+    .unwrap();
+    for seen in [&tcp, &udp, &udp_unconnected] {
+        assert!(seen.len() > 1, "spread over the backends: {seen:?}");
+        assert!(seen.iter().all(|b| names.contains(b)), "{seen:?}");
+    }
+    // Refused at once: no endpoints, or a port the ClusterIP does not declare.
+    let refused = sliceway_lab::in_netns(&lab.node.name, move || {
+        [SocketAddrV4::new(empty, PORT), SocketAddrV4::new(VIP, 9999)].map(|to| {
+            TcpStream::connect_timeout(&to.into(), timeout)
+                .map(|_| ())
+                .map_err(|e| e.kind())
+        })
+    })
+    .unwrap();
+    assert_eq!(
+        refused,
+        [Err(std::io::ErrorKind::PermissionDenied); 2],
+        "connect refused by the socket program"
+    );
+    let metrics = agent.metrics().unwrap();
+    for (reason, at_least) in [
+        ("sock_translated", 90.0),
+        ("sock_revnat", 60.0),
+        ("sock_reject_no_backend", 1.0),
+        ("sock_reject_no_port", 1.0),
+    ] {
+        let series = format!("sliceway_datapath_packets{{reason=\"{reason}\"}}");
+        let n = sliceway_lab::metric_value(&metrics, &series).unwrap_or(0.0);
+        assert!(
+            n >= at_least,
+            "{series} = {n}, want {at_least}+:\n{metrics}"
+        );
+    }
+    // A pod's connection is the TC program's, as before.
+    let before =
+        sliceway_lab::metric_value(&metrics, "sliceway_datapath_packets{reason=\"dnat_new\"}")
+            .unwrap_or(0.0);
+    let r = lab.tcp_request(vip()).unwrap();
+    assert!(names.contains(&r.backend));
+    let after = agent
+        .metric("sliceway_datapath_packets{reason=\"dnat_new\"}")
+        .unwrap()
+        .unwrap_or(0.0);
+    assert_eq!(after, before + 1.0);
 }

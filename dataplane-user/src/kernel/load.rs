@@ -86,6 +86,8 @@ impl Datapath {
         raise_memlock();
         let mut limits = caps.limits;
         let flow_counters = u8::from(caps.flow_counters);
+        let netns_cookie = super::sock::netns_cookie();
+        let host_netns = netns_cookie.unwrap_or(0);
         let mut loader = EbpfLoader::new();
         loader
             .map_max_entries(map_name::SERVICES, caps.limits.services)
@@ -93,7 +95,8 @@ impl Datapath {
             .map_max_entries(map_name::SLOTS, caps.limits.slots)
             .map_max_entries(map_name::BACKENDS, caps.limits.backends)
             .map_max_entries(map_name::CONNTRACK, caps.conntrack)
-            .override_global("FLOW_COUNTERS", &flow_counters, true);
+            .override_global("FLOW_COUNTERS", &flow_counters, true)
+            .override_global("HOST_NETNS", &host_netns, true);
         let pin_paths: Vec<(&str, PathBuf)> = pins
             .map(|p| pinned.iter().map(|n| (*n, p.map(n))).collect())
             .unwrap_or_default();
@@ -226,6 +229,8 @@ impl Datapath {
             path: None,
             v1,
             adopted,
+            netns_cookie,
+            sock_cgroup: None,
         })
     }
 }
@@ -283,7 +288,11 @@ impl KernelCheck {
 /// verifier's log for one that is refused; the others are still tried.
 pub fn check() -> Result<KernelCheck, KernelError> {
     raise_memlock();
+    // The socket programs do nothing outside the agent's namespace (a zero cookie
+    // verifies as nothing at all): checked as they run, with this namespace's.
+    let host_netns = super::sock::netns_cookie().unwrap_or(1);
     let mut ebpf = EbpfLoader::new()
+        .override_global("HOST_NETNS", &host_netns, true)
         .map_max_entries(map_name::SERVICES, 16)
         .map_max_entries(map_name::SERVICE_NAMES, 16)
         .map_max_entries(map_name::SLOTS, 16)
@@ -292,24 +301,37 @@ pub fn check() -> Result<KernelCheck, KernelError> {
         .load(OBJECT)?;
     let mut programs = Vec::new();
     // The bridge is loaded only while migrating from layout v1; checked all the same,
-    // so a kernel that refuses it is known before an upgrade needs it.
-    for name in [
+    // so a kernel that refuses it is known before an upgrade needs it. The socket
+    // programs after the TC ones.
+    let tc = [
         TC_PROGRAM,
         REJECT_PROGRAM,
         SCTP_NAT_PROGRAM,
         super::BRIDGE_PROGRAM,
-    ] {
-        let program: &mut SchedClassifier = ebpf
+    ];
+    let sock = super::SOCK_PROGRAMS.map(|(name, _)| name);
+    for (name, is_sock) in tc
+        .map(|n| (n, false))
+        .into_iter()
+        .chain(sock.map(|n| (n, true)))
+    {
+        let program = ebpf
             .program_mut(name)
-            .ok_or(KernelError::MissingProgram(name))?
-            .try_into()?;
+            .ok_or(KernelError::MissingProgram(name))?;
+        let loaded = if is_sock {
+            let p: &mut aya::programs::CgroupSockAddr = program.try_into()?;
+            p.load().and_then(|()| p.info())
+        } else {
+            let p: &mut SchedClassifier = program.try_into()?;
+            p.load().and_then(|()| p.info())
+        };
         let mut check = ProgramCheck {
             name: name.to_string(),
             xlated_insns: None,
             verified_insns: None,
             error: None,
         };
-        match program.load().and_then(|()| program.info()) {
+        match loaded {
             Ok(info) => {
                 // One instruction is 8 bytes.
                 check.xlated_insns = info.size_translated().map(|b| b / 8);
@@ -333,7 +355,7 @@ pub fn check() -> Result<KernelCheck, KernelError> {
 pub fn render_check(c: &KernelCheck) -> String {
     use std::fmt::Write;
     let mut out = format!(
-        "kernel {}: attach with {}\n{:<16} {:>8} {:>10}  status\n",
+        "kernel {}: attach with {}\n{:<22} {:>8} {:>10}  status\n",
         c.kernel,
         if c.tcx { "tcx" } else { "a TC filter (no tcx)" },
         "program",
@@ -344,7 +366,7 @@ pub fn render_check(c: &KernelCheck) -> String {
     for p in &c.programs {
         let _ = writeln!(
             out,
-            "{:<16} {:>8} {:>10}  {}",
+            "{:<22} {:>8} {:>10}  {}",
             p.name,
             n(p.xlated_insns),
             n(p.verified_insns),

@@ -8,6 +8,7 @@ mod load;
 mod maps;
 mod migrate;
 mod pin;
+mod sock;
 
 use std::{collections::BTreeMap, path::PathBuf};
 
@@ -29,6 +30,7 @@ pub(crate) use maps::summed;
 pub use maps::KernelMaps;
 pub use migrate::{plan_copy, CopyCounts, Migration, BRIDGE_PROGRAM, UNKNOWN_ID};
 pub use pin::PinDir;
+pub use sock::{netns_cookie, SockAttached, SOCK_PROGRAMS};
 
 /// A one-to-one SCTP socket (IPv4), or why this kernel opens none
 /// (`EPROTONOSUPPORT` where SCTP is not built or its module is missing).
@@ -77,6 +79,8 @@ pub enum KernelError {
     },
     #[error("--attach tcx: this kernel has no tcx (Linux 6.6 or later has it): {reason}")]
     NoTcx { reason: String },
+    #[error("socket programs on cgroup {cgroup}: {reason}")]
+    Sock { cgroup: PathBuf, reason: String },
     #[error("pinning under {path}: {reason}")]
     Pin { path: PathBuf, reason: String },
     #[error(
@@ -132,6 +136,10 @@ pub struct Datapath {
     v1: Option<migrate::V1Layout>,
     /// Whether the service maps were pinned by an earlier run and adopted.
     adopted: bool,
+    /// The network namespace the programs were loaded for (`HOST_NETNS`).
+    netns_cookie: Option<u64>,
+    /// The cgroup the socket programs were attached to, if they were.
+    sock_cgroup: Option<std::path::PathBuf>,
 }
 
 impl Datapath {

@@ -1,0 +1,226 @@
+//! Socket-level load balancing for the node's own sockets (the kernel's `sock.rs`):
+//! the four cgroup `sock_addr` programs attached to a cgroup v2 directory (the root
+//! one by default, so every process of the node), acting only on sockets of the
+//! agent's network namespace (its cookie, `SO_NETNS_COOKIE`, written into the object
+//! at load). With pinning, each attachment is a link pinned as `sock-<hook>` beside
+//! the maps, so it outlives the agent; a restarted agent attaches its own beside the
+//! earlier run's, then removes that one (both read the same pinned maps).
+
+use std::{
+    ffi::CString,
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    path::{Path, PathBuf},
+};
+
+use aya::programs::{links::FdLink, CgroupAttachMode, CgroupSockAddr};
+
+use super::{pin::unpin, Attached, Datapath, KernelError};
+
+/// The socket programs and their pins' names. The hook each is attached to is its
+/// section's (`cgroup/connect4`, ...).
+pub const SOCK_PROGRAMS: [(&str, &str); 4] = [
+    ("sliceway_connect4", "sock-connect4"),
+    ("sliceway_sendmsg4", "sock-sendmsg4"),
+    ("sliceway_recvmsg4", "sock-recvmsg4"),
+    ("sliceway_getpeername4", "sock-getpeername4"),
+];
+
+/// The cookie of the calling thread's network namespace (Linux 5.14+), which the
+/// socket programs compare with their socket's; `None` where the kernel has none.
+pub fn netns_cookie() -> Option<u64> {
+    // SAFETY: a plain socket call; the descriptor is owned at once.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: `fd` is a new descriptor nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut cookie = 0u64;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: `cookie` and `len` are live and sized for SO_NETNS_COOKIE's u64.
+    let ret = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_NETNS_COOKIE,
+            &mut cookie as *mut u64 as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    (ret == 0 && cookie != 0).then_some(cookie)
+}
+
+/// `statfs`'s magic number of a cgroup v2 file system.
+const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+
+/// Whether `path` is the root of a mounted cgroup v2 hierarchy.
+fn is_cgroup2(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt as _;
+    let Ok(name) = CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: `stat` is written by the call; `name` is a valid C string.
+    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe {
+        libc::statfs(name.as_ptr(), &mut stat) == 0 && stat.f_type as i64 == CGROUP2_SUPER_MAGIC
+    }
+}
+
+/// Where a cgroup v2 hierarchy is mounted by the agent where the host has none.
+const OWN_CGROUP2: &str = "/run/sliceway/cgroupv2";
+
+/// The cgroup the socket programs go on for `--socket-lb-cgroup`: the path given, or
+/// for `auto` the root of the host's cgroup v2 hierarchy (`/sys/fs/cgroup` on a
+/// unified host, `/sys/fs/cgroup/unified` on a hybrid one), mounted at
+/// [`OWN_CGROUP2`] where none is (as Cilium mounts its own).
+pub fn resolve_cgroup(given: &Path) -> Result<PathBuf, KernelError> {
+    if given != Path::new("auto") {
+        return Ok(given.to_path_buf());
+    }
+    for candidate in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified", OWN_CGROUP2] {
+        if is_cgroup2(Path::new(candidate)) {
+            return Ok(PathBuf::from(candidate));
+        }
+    }
+    let err = |reason: String| KernelError::Sock {
+        cgroup: PathBuf::from(OWN_CGROUP2),
+        reason,
+    };
+    std::fs::create_dir_all(OWN_CGROUP2).map_err(|e| err(e.to_string()))?;
+    let target = CString::new(OWN_CGROUP2).expect("no NUL in a constant");
+    let fstype = CString::new("cgroup2").expect("no NUL in a constant");
+    // SAFETY: plain C strings that outlive the call; no data argument.
+    let ret = unsafe {
+        libc::mount(
+            fstype.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if ret != 0 {
+        return Err(err(format!(
+            "no cgroup v2 hierarchy is mounted and mounting one failed: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    tracing::info!(
+        path = OWN_CGROUP2,
+        "mounted the cgroup v2 hierarchy for the socket programs"
+    );
+    Ok(PathBuf::from(OWN_CGROUP2))
+}
+
+/// How the socket programs are attached, per hook.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SockAttached {
+    pub hook: &'static str,
+    pub how: Attached,
+}
+
+impl Datapath {
+    /// Attaches the socket programs to the cgroup v2 directory `cgroup` (`auto`: see
+    /// [`resolve_cgroup`]). With pinning, the link an earlier run pinned is replaced
+    /// by this agent's once that is attached.
+    pub fn attach_sockets(&mut self, cgroup: &Path) -> Result<Vec<SockAttached>, KernelError> {
+        if self.netns_cookie.is_none() {
+            return Err(KernelError::Sock {
+                cgroup: cgroup.to_path_buf(),
+                reason: "this kernel gives no network namespace cookie (SO_NETNS_COOKIE, \
+                         Linux 5.14 or later): the socket programs could not tell the \
+                         node's sockets from pods'"
+                    .into(),
+            });
+        }
+        let cgroup = &resolve_cgroup(cgroup)?;
+        let sock_err = |reason: String| KernelError::Sock {
+            cgroup: cgroup.to_path_buf(),
+            reason,
+        };
+        let dir = std::fs::File::open(cgroup).map_err(|e| sock_err(format!("opening it: {e}")))?;
+        let pins = self.pins.as_ref().map(|p| p.dir());
+        let mut out = Vec::new();
+        for (name, pin_name) in SOCK_PROGRAMS {
+            let program: &mut CgroupSockAddr = self
+                .ebpf
+                .program_mut(name)
+                .ok_or(KernelError::MissingProgram(name))?
+                .try_into()?;
+            if program.fd().is_err() {
+                program.load()?;
+            }
+            let Some(pin) = pins.as_ref().map(|d| d.join(pin_name)) else {
+                // Not pinned: attached while this process lives.
+                program
+                    .attach(&dir, CgroupAttachMode::Single)
+                    .map_err(|e| sock_err(format!("{name}: {e}")))?;
+                out.push(SockAttached {
+                    hook: pin_name,
+                    how: Attached::Unpinned,
+                });
+                continue;
+            };
+            // A cgroup link always sits beside others (the kernel refuses flags with
+            // one): `Single` asks for none. (aya makes a link on Linux 5.7+; the netns
+            // cookie above needs 5.14.)
+            let id = program
+                .attach(&dir, CgroupAttachMode::Single)
+                .map_err(|e| sock_err(format!("{name}: {e}")))?;
+            let link = FdLink::try_from(program.take_link(id)?)
+                .map_err(|e| sock_err(format!("{name}: {e}")))?;
+            let how = if pin.exists() {
+                // The earlier run's link goes only once this one is attached: both
+                // programs read the same pinned maps, so whichever runs first
+                // translates and the other then sees a backend and lets it be; no
+                // socket call runs without one.
+                // (bpffs refuses names with a dot.)
+                let new_pin = pin.with_file_name(format!("{pin_name}-new"));
+                unpin(&new_pin)
+                    .map_err(|e| sock_err(format!("removing {}: {e}", new_pin.display())))?;
+                link.pin(&new_pin)
+                    .map_err(|e| sock_err(format!("pinning {}: {e}", new_pin.display())))?;
+                unpin(&pin).map_err(|e| sock_err(format!("removing {}: {e}", pin.display())))?;
+                std::fs::rename(&new_pin, &pin)
+                    .map_err(|e| sock_err(format!("renaming {}: {e}", new_pin.display())))?;
+                Attached::Replaced
+            } else {
+                link.pin(&pin)
+                    .map_err(|e| sock_err(format!("pinning {}: {e}", pin.display())))?;
+                Attached::NewPinned
+            };
+            out.push(SockAttached {
+                hook: pin_name,
+                how,
+            });
+        }
+        self.sock_cgroup = Some(cgroup.to_path_buf());
+        Ok(out)
+    }
+
+    /// Removes the socket links an earlier run pinned (the agent runs without socket
+    /// load balancing now). Returns the hooks removed.
+    pub fn unpin_sock_links(&self) -> Result<Vec<&'static str>, KernelError> {
+        let Some(pins) = &self.pins else {
+            return Ok(Vec::new());
+        };
+        let mut removed = Vec::new();
+        for (_, pin_name) in SOCK_PROGRAMS {
+            let pin = pins.dir().join(pin_name);
+            if pin.exists() {
+                unpin(&pin).map_err(|e| KernelError::Pin {
+                    path: pin.clone(),
+                    reason: e.to_string(),
+                })?;
+                removed.push(pin_name);
+            }
+        }
+        Ok(removed)
+    }
+
+    /// The cgroup the socket programs were attached to by this agent, if any.
+    pub fn sock_cgroup(&self) -> Option<&PathBuf> {
+        self.sock_cgroup.as_ref()
+    }
+}
