@@ -646,6 +646,9 @@ fn attached(iface: &str, how: Attached, m: &Metrics) {
 struct Scanner {
     selection: Selection,
     tick: Option<tokio::time::Interval>,
+    /// The kernel's link notifications, so a new interface is attached at once (the
+    /// scan timer stays, for anything missed).
+    links: Option<interfaces::LinkEvents>,
     /// Attach failures already reported, per interface incarnation (name, ifindex):
     /// retried at every scan, reported once.
     failed: BTreeSet<(String, u32)>,
@@ -674,15 +677,36 @@ impl Scanner {
         // A handful of asks may wait; more are answered "busy" by the endpoint.
         let (ask, asks) = tokio::sync::mpsc::channel(16);
         metrics.answer_asks(ask);
+        let links = match settings.interfaces.is_empty() {
+            true => None,
+            false => interfaces::LinkEvents::open()
+                .inspect_err(|e| {
+                    warn!("no link notifications ({e}); new interfaces are found by the scan")
+                })
+                .ok(),
+        };
         Self {
             selection: settings.interfaces.clone(),
             tick,
+            links,
             failed: BTreeSet::new(),
             metrics,
             sweep: crate::conntrack::SweepTask::new(&settings.conntrack),
             counters: every(settings.counters_interval),
             audit: settings.audit_interval.map(every),
             asks,
+        }
+    }
+
+    /// Resolves when the kernel says a link changed; never without notifications. A
+    /// failing subscription is dropped with a warning (the scan timer goes on).
+    async fn link_changed(links: &mut Option<interfaces::LinkEvents>) {
+        let Some(events) = links else {
+            return std::future::pending().await;
+        };
+        if let Err(e) = events.changed().await {
+            warn!("link notifications failed ({e}); new interfaces are found by the scan");
+            *links = None;
         }
     }
 
@@ -763,6 +787,7 @@ impl Scanner {
             tokio::select! {
                 out = &mut fut => return Some(out),
                 _ = Self::due(&mut self.tick) => self.rescan(dp),
+                _ = Self::link_changed(&mut self.links) => self.rescan(dp),
                 _ = self.sweep.due() => self.sweep.run(dp, &self.metrics),
                 _ = self.counters.tick() => syncer.publish_counters(dp),
                 _ = Self::due(&mut self.audit) => {

@@ -134,6 +134,94 @@ pub fn list() -> std::io::Result<Vec<(u32, String)>> {
     }
 }
 
+/// Link notifications of the calling thread's network namespace (rtnetlink's
+/// `RTMGRP_LINK` group): an interface that appears, changes or goes is seen when the
+/// kernel says so, not at the next scan, so a new pod's interface has the program
+/// before the pod has configured its address. The messages are not parsed: any of
+/// them means "scan now", and the scan's plan says what changed.
+pub struct LinkEvents {
+    fd: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
+}
+
+impl LinkEvents {
+    /// Subscribes. Needs a tokio runtime.
+    pub fn open() -> std::io::Result<Self> {
+        use std::os::fd::FromRawFd as _;
+        // SAFETY: a plain socket call; the descriptor is owned at once.
+        let fd = unsafe {
+            libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                libc::NETLINK_ROUTE,
+            )
+        };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is new and nothing else owns it.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        // SAFETY: an all-zero sockaddr_nl is valid; the fields are set below.
+        let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+        addr.nl_groups = libc::RTMGRP_LINK as u32;
+        // SAFETY: `addr` is a sockaddr_nl of the size given.
+        let ret = unsafe {
+            libc::bind(
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                &addr as *const libc::sockaddr_nl as *const libc::sockaddr,
+                std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+            )
+        };
+        if ret != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: an OwnedFd is open for as long as it lives and always gives the
+        // same descriptor; it moves into the AsyncFd, which owns it from here on.
+        let fd = unsafe { tokio::io::unix::AsyncFd::register(fd) }
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        Ok(Self { fd })
+    }
+
+    /// Waits until the kernel says a link changed, and drains what is queued. An
+    /// overrun (ENOBUFS: more changes than the socket holds) counts as a change.
+    pub async fn changed(&mut self) -> std::io::Result<()> {
+        loop {
+            let mut guard = self.fd.readable().await?;
+            let mut any = false;
+            let mut buf = [0u8; 8192];
+            loop {
+                // SAFETY: `buf` is live and as long as said.
+                let n = unsafe {
+                    libc::recv(
+                        std::os::fd::AsRawFd::as_raw_fd(guard.get_inner()),
+                        buf.as_mut_ptr() as *mut libc::c_void,
+                        buf.len(),
+                        0,
+                    )
+                };
+                if n > 0 {
+                    any = true;
+                    continue;
+                }
+                if n == 0 {
+                    break;
+                }
+                let e = std::io::Error::last_os_error();
+                match e.raw_os_error() {
+                    Some(libc::EAGAIN) => break,
+                    Some(libc::ENOBUFS) => any = true,
+                    Some(libc::EINTR) => {}
+                    _ => return Err(e),
+                }
+            }
+            guard.clear_ready();
+            if any {
+                return Ok(());
+            }
+        }
+    }
+}
+
 /// What one scan changes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Plan {

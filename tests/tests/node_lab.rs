@@ -1159,3 +1159,32 @@ fn the_nodes_own_sockets_reach_a_clusterip_and_see_it_as_their_peer() {
         .unwrap_or(0.0);
     assert_eq!(after, before + 1.0);
 }
+
+/// Issue 11: a new pod's interface gets the program when the kernel announces it
+/// (rtnetlink link notifications), not at the next scan: with a scan once an hour,
+/// a pod added after the agent is attached at once and its first request to the VIP
+/// is translated; a pod that goes has its link dropped at once too.
+#[test]
+fn a_new_pods_interface_is_attached_when_the_kernel_announces_it() {
+    let mut lab = Lab::new(1).unwrap();
+    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0]))
+        .unwrap();
+    lab.agent_args = vec!["--interface-scan-interval-ms".into(), "3600000".into()];
+    let agent = lab.start_agent_with(&["v*"]).unwrap();
+    let late = lab.add_backend().unwrap();
+    wait_until(&agent, "attaching to the new pod's interface", || {
+        agent.link(&late.node_iface).unwrap().is_some()
+    });
+    let first = sliceway_lab::in_netns(&late.ns, || {
+        sliceway_lab::servers::tcp_request(vip(), Duration::from_secs(2))
+    })
+    .unwrap()
+    .unwrap();
+    assert_eq!(first.backend, lab.backends[0].name);
+    let gone = lab.remove_backend().unwrap();
+    assert_eq!(gone.node_iface, late.node_iface);
+    wait_until(&agent, "dropping the deleted pod's link", || {
+        unlinked(&agent, &gone.node_iface)
+    });
+    assert_eq!(agent.problems_logged().unwrap(), 0, "{:#?}", agent.log());
+}

@@ -31,6 +31,7 @@ const VM_TESTS: &[(&str, &[&str])] = &[
             "a_killed_and_restarted_agent_drops_no_connection",
             "tc_filters_follow_interfaces_survive_a_stop_and_are_cleaned_up",
             "sctp_through_the_vip_reaches_every_backend_with_its_port_translated",
+            "the_nodes_own_sockets_reach_a_clusterip_and_see_it_as_their_peer",
         ],
     ),
 ];
