@@ -175,6 +175,11 @@ struct Syncer {
     per_backend: bool,
     /// Problems first met in the last sync, for the source to record as Events.
     problems: Vec<source::events::Problem>,
+    /// kube-proxy's Service health checks (`healthCheckNodePort`), kept in step with
+    /// the compiler after every sync.
+    health_checks: crate::healthcheck::ServiceHealth,
+    /// Health checks whose port could not be listened on at the last sync.
+    health_check_failed: BTreeSet<((String, String), u16)>,
     /// Frontends rejected by the last sync (service, reason): a rejection is
     /// reported when it first happens, not at every retry.
     rejected: BTreeSet<(String, String)>,
@@ -216,6 +221,39 @@ impl Syncer {
         self.sctp_reported = sctp;
     }
 
+    /// Opens and closes the Services' health-check servers as the compile says; a
+    /// port that cannot be listened on is said (once per Service and port, as an
+    /// Event too: kube-proxy's `FailedToStartServiceHealthcheck`) and tried again at
+    /// the next sync.
+    fn sync_health_checks(&mut self) {
+        let failed = self
+            .health_checks
+            .sync(self.pipeline.compiler.health_checks());
+        let mut now = BTreeSet::new();
+        for f in failed {
+            let key = (f.service.clone(), f.port);
+            if !self.health_check_failed.contains(&key) {
+                let message = format!(
+                    "failed to start the health check of {}/{} on port {}: {}",
+                    f.service.0, f.service.1, f.port, f.error
+                );
+                error!("{message}");
+                self.problems.push(source::events::Problem {
+                    kind: "Service",
+                    namespace: f.service.0.clone(),
+                    name: f.service.1.clone(),
+                    code: "failed_to_start_service_healthcheck".into(),
+                    message,
+                });
+            }
+            now.insert(key);
+        }
+        self.health_check_failed = now;
+        self.metrics
+            .health_checks
+            .set(self.health_checks.ports().len() as i64);
+    }
+
     fn sync(&mut self, dp: &mut Datapath) {
         let started = Instant::now();
         let synced = self.pipeline.sync(&mut dp.maps);
@@ -235,6 +273,7 @@ impl Syncer {
             });
         }
         self.reported = now;
+        self.sync_health_checks();
         let mut rejected = BTreeSet::new();
         for (service, reason) in &report.rejected {
             warn!(%service, "kept its previous state: {reason}");
@@ -817,6 +856,7 @@ pub async fn run(
     let (mut dp, writer) = start_datapath(&settings, &metrics)?;
     metrics.interfaces.set(dp.attached().len() as i64);
     let mut scanner = Scanner::new(&settings, metrics.clone());
+    let health_checks = crate::healthcheck::ServiceHealth::new(metrics.clone());
     let mut syncer = Syncer {
         pipeline: Pipeline::new(
             compiler::Incremental::new(settings.compiler.clone()),
@@ -831,6 +871,8 @@ pub async fn run(
         writes_failed: false,
         per_backend: settings.backend_metrics,
         problems: Vec::new(),
+        health_checks,
+        health_check_failed: BTreeSet::new(),
         rejected: BTreeSet::new(),
         source_skipped: BTreeMap::new(),
     };

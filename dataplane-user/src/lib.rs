@@ -9,6 +9,7 @@ pub mod compiler;
 pub mod conntrack;
 pub mod flows;
 pub mod health;
+pub mod healthcheck;
 pub mod inspect;
 pub mod interfaces;
 pub mod kernel;

@@ -95,6 +95,8 @@ pub struct Metrics {
     pub links: Family<Labels, Gauge>,
     /// One series per socket program attached (node's own sockets), with how.
     pub socket_links: Family<Labels, Gauge>,
+    /// Services' health-check servers open (`healthCheckNodePort`).
+    pub health_checks: Gauge,
     /// Links and TC filters removed (interface gone, not selected, other path).
     pub links_removed: Counter,
     /// A migration from an older pinned layout, by state.
@@ -238,6 +240,12 @@ impl Metrics {
             "Socket programs attached for the node's own sockets (value 1), by hook (sock-connect4, sock-sendmsg4, sock-recvmsg4, sock-getpeername4) and how (new_link, took_over_link, unpinned)",
             socket_links.clone(),
         );
+        let health_checks = Gauge::default();
+        registry.register(
+            "service_health_checks",
+            "Health-check servers open for Services (healthCheckNodePort of a LoadBalancer with externalTrafficPolicy Local)",
+            health_checks.clone(),
+        );
         let links_removed = Counter::default();
         registry.register(
             "links_removed",
@@ -277,6 +285,7 @@ impl Metrics {
             datapath_info,
             links,
             socket_links,
+            health_checks,
             links_removed,
             migration,
             flows: Mutex::new(flows),

@@ -74,6 +74,9 @@ pub struct ServiceSpecInfo {
     /// `sessionAffinityConfig.clientIP.timeoutSeconds`, as written.
     pub affinity_timeout: Option<i32>,
     pub ports: Vec<ServicePortInfo>,
+    /// `healthCheckNodePort`, for a Service that needs one (`type: LoadBalancer` with
+    /// `externalTrafficPolicy: Local`: kube-proxy's `NeedsHealthCheck`), as written.
+    pub health_check_node_port: Option<i32>,
 }
 
 /// A port of a Service.
@@ -250,6 +253,10 @@ impl From<&Service> for ServiceInfo {
                         .iter()
                         .filter_map(|s| s.load_balancer.as_ref())
                         .flat_map(|lb| lb.ingress.iter().flatten())
+                        // Only VIP-style load balancers: an ingress with `ipMode:
+                        // Proxy` gets its traffic from a proxy, not at this IP
+                        // (kube-proxy's `IsVIPMode`, pkg/proxy/serviceport.go).
+                        .filter(|i| i.ip_mode.as_deref() != Some("Proxy"))
                         .filter_map(|i| i.ip.clone()),
                 )
                 .collect();
@@ -275,6 +282,10 @@ impl From<&Service> for ServiceInfo {
                         port: p.port,
                     })
                     .collect(),
+                health_check_node_port: (spec.type_.as_deref() == Some("LoadBalancer")
+                    && spec.external_traffic_policy.as_deref() == Some("Local"))
+                .then_some(spec.health_check_node_port)
+                .flatten(),
             }
         });
         Self {

@@ -403,3 +403,66 @@ fn a_restored_writer_writes_nothing_when_nothing_changed_and_cleans_leftovers() 
         frontend(1000, [1, 100_000]).backends
     );
 }
+
+/// Issue 11: load-balancer ingress IPs are frontends like external IPs, except those
+/// with `ipMode: Proxy`, whose traffic comes from a proxy (kube-proxy's `IsVIPMode`,
+/// pkg/proxy/serviceport.go); a `LoadBalancer` with `externalTrafficPolicy: Local`
+/// has a health check counting its ready endpoints on this node by address.
+#[test]
+fn load_balancer_ingress_ips_in_vip_mode_are_frontends_and_local_ones_are_health_checked() {
+    let yaml = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: lb, namespace: shop}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.40
+  externalTrafficPolicy: Local
+  healthCheckNodePort: 30100
+  ports: [{name: http, port: 80, protocol: TCP, targetPort: 8080}]
+status:
+  loadBalancer:
+    ingress:
+    - {ip: 203.0.113.10}
+    - {ip: 203.0.113.11, ipMode: VIP}
+    - {ip: 203.0.113.12, ipMode: Proxy}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: lb-1, namespace: shop, labels: {kubernetes.io/service-name: lb}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}, {name: admin, port: 9090, protocol: TCP}]
+endpoints:
+- {addresses: [10.244.1.2], nodeName: node-1}
+- {addresses: [10.244.1.3], nodeName: node-1, conditions: {ready: false, serving: true, terminating: true}}
+- {addresses: [10.244.2.2], nodeName: node-2}
+"#;
+    let (objects, problems) = parse_file(Path::new("lb.yaml"), yaml);
+    assert!(problems.is_empty(), "{problems:?}");
+    let objects = objects.unwrap();
+    let opts = Options {
+        node_name: Some("node-1".into()),
+        ..Options::default()
+    };
+    let compiled = compile(&objects.services, &objects.slices, &opts);
+    let mut vips: Vec<String> = compiled
+        .frontends
+        .keys()
+        .filter(|k| k.port_be != 0)
+        .map(|k| std::net::Ipv4Addr::from(u32::from_be(k.addr_be)).to_string())
+        .collect();
+    vips.sort();
+    assert_eq!(vips, ["10.96.0.40", "203.0.113.10", "203.0.113.11"]);
+    let hc = compiled.health_checks[&("shop".to_string(), "lb".to_string())];
+    assert_eq!((hc.port, hc.local_endpoints), (30100, 1));
+    // Not a LoadBalancer with a Local policy: no health check.
+    let cluster = yaml.replace(
+        "externalTrafficPolicy: Local",
+        "externalTrafficPolicy: Cluster",
+    );
+    let (objects, _) = parse_file(Path::new("lb.yaml"), &cluster);
+    let objects = objects.unwrap();
+    assert!(compile(&objects.services, &objects.slices, &opts)
+        .health_checks
+        .is_empty());
+}

@@ -113,6 +113,7 @@ fn service(rng: &mut Rng) -> ServiceInfo {
         ])),
         affinity_timeout: *rng.pick(&[None, None, Some(60), Some(-1), Some(100_000)]),
         ports,
+        health_check_node_port: *rng.pick(&[None, None, Some(30_000), Some(0), Some(70_000)]),
     });
     ServiceInfo {
         namespace: opt_string(*rng.pick(&NAMESPACES)),
@@ -415,6 +416,7 @@ fn one_endpoint_change_in_ten_thousand_services_recompiles_one_service() {
                     protocol: Some("TCP".into()),
                     port: 80,
                 }],
+                health_check_node_port: None,
             }),
         })
         .collect();

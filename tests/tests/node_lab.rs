@@ -1188,3 +1188,118 @@ fn a_new_pods_interface_is_attached_when_the_kernel_announces_it() {
     });
     assert_eq!(agent.problems_logged().unwrap(), 0, "{:#?}", agent.log());
 }
+
+/// A `LoadBalancer` Service with `externalTrafficPolicy: Local` of `backends` (pod
+/// index, node name, ready), health-checked on `hc_port`.
+fn local_lb_yaml(lab: &Lab, hc_port: u16, backends: &[(usize, &str, bool)]) -> String {
+    let mut eps = String::new();
+    for &(i, node, ready) in backends {
+        eps.push_str(&format!(
+            "- addresses: [\"{}\"]\n  conditions: {{ready: {ready}}}\n  nodeName: {node}\n",
+            lab.backends[i].ip
+        ));
+    }
+    if backends.is_empty() {
+        eps.push_str("[]\n");
+    }
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: lb, namespace: shop}}\n\
+         spec:\n  type: LoadBalancer\n  clusterIP: 10.96.0.40\n  externalTrafficPolicy: Local\n\
+         \x20 healthCheckNodePort: {hc_port}\n\
+         \x20 ports: [{{name: http, port: 80, protocol: TCP, targetPort: {port}, nodePort: 30080}}]\n\
+         ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+         metadata: {{name: lb-1, namespace: shop, labels: {{kubernetes.io/service-name: lb}}}}\n\
+         addressType: IPv4\nports: [{{name: http, port: {port}, protocol: TCP}}]\nendpoints:\n{eps}",
+        port = sliceway_lab::BACKEND_PORT
+    )
+}
+
+/// Issue 11: kube-proxy's health check of a `LoadBalancer` Service with
+/// `externalTrafficPolicy: Local` on its `healthCheckNodePort`, on the node's
+/// addresses: 200 with the number of ready local endpoints (counted by address, a
+/// terminating or not-ready one left out) while the node has some, 503 when it has
+/// none, with kube-proxy's body and headers; the port closes when the Service goes
+/// and moves when it changes.
+#[test]
+fn a_local_load_balancer_is_health_checked_on_its_node_port() {
+    let lab = Lab::new(3).unwrap();
+    lab.write_manifest(
+        "lb.yaml",
+        &local_lb_yaml(
+            &lab,
+            30100,
+            &[
+                (0, "node-1", true),
+                (1, "node-1", true),
+                (2, "node-2", true),
+            ],
+        ),
+    )
+    .unwrap();
+    let agent = lab.start_agent().unwrap();
+    let node_addr = SocketAddrV4::new(Ipv4Addr::new(10, 244, 11, 1), 30100);
+    // Asked from the client pod, as a load balancer's probe reaches a node address.
+    let ask = |addr: SocketAddrV4| sliceway_lab::http_get(&lab.client.ns, addr, "/");
+    let answer = ask(node_addr).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+    assert!(
+        answer.contains("X-Load-Balancing-Endpoint-Weight: 2\r\n"),
+        "{answer}"
+    );
+    assert!(
+        answer.contains("Content-Type: application/json\r\n"),
+        "{answer}"
+    );
+    let body: serde_json::Value =
+        serde_json::from_str(answer.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    assert_eq!(
+        body,
+        serde_json::json!({
+            "service": {"namespace": "shop", "name": "lb"},
+            "localEndpoints": 2,
+            "serviceProxyHealthy": true
+        })
+    );
+    assert_eq!(
+        agent.metric("sliceway_service_health_checks").unwrap(),
+        Some(1.0)
+    );
+
+    // Only a not-ready endpoint here, the ready one elsewhere: 503.
+    agent
+        .applies(|| {
+            lab.write_manifest(
+                "lb.yaml",
+                &local_lb_yaml(&lab, 30100, &[(0, "node-1", false), (2, "node-2", true)]),
+            )
+        })
+        .unwrap();
+    let answer = ask(node_addr).unwrap();
+    assert!(
+        answer.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+        "{answer}"
+    );
+    assert!(
+        answer.contains("X-Load-Balancing-Endpoint-Weight: 0\r\n"),
+        "{answer}"
+    );
+
+    // The port moves with the Service, and closes when it goes.
+    agent
+        .applies(|| {
+            lab.write_manifest(
+                "lb.yaml",
+                &local_lb_yaml(&lab, 30101, &[(1, "node-1", true)]),
+            )
+        })
+        .unwrap();
+    assert!(ask(node_addr).is_err(), "the old port is closed");
+    let moved = SocketAddrV4::new(node_addr.ip().to_owned(), 30101);
+    assert!(ask(moved).unwrap().starts_with("HTTP/1.1 200 OK\r\n"));
+    agent.applies(|| lab.remove_manifest("lb.yaml")).unwrap();
+    assert!(ask(moved).is_err(), "closed with its Service");
+    assert_eq!(
+        agent.metric("sliceway_service_health_checks").unwrap(),
+        Some(0.0)
+    );
+}

@@ -52,6 +52,9 @@ pub fn compile_model(services: &[ServiceInfo], slices: &[SliceInfo], opts: &Opti
             place = (group.clone(), 0);
         }
         compile_service(svc, &endpoints, opts, &mut compiled);
+        for (key, hc) in compiled.health_checks.drain(..) {
+            out.health_checks.entry(key).or_insert(hc);
+        }
         for claim in compiled.claims.drain(..) {
             claims.push((claim.order.clone(), group.clone(), place.1, claim));
             place.1 += 1;

@@ -7,7 +7,7 @@ use dataplane_common::ServiceKey;
 use super::claims::{conflict_messages, Claim, ClaimOrder};
 use super::service::{compile_service, GroupKey, ServiceOut};
 use super::slices::{classify_slice, merge_slice, EndpointsKey, PortEndpoints};
-use super::{Compiled, Frontend, Ignored, Options, Skipped};
+use super::{Compiled, Frontend, HealthCheck, Ignored, Options, Skipped};
 use crate::model::{Origin, ServiceId, ServiceInfo, SliceId, SliceInfo};
 
 /// The compiler kept running between syncs. Objects go in one at a time
@@ -32,6 +32,8 @@ pub struct Incremental {
     groups_skipping: BTreeSet<GroupKey>,
     conflicts: BTreeSet<ServiceKey>,
     ignored: Ignored,
+    /// Health checks by Service, the first of a group's.
+    health_checks: BTreeMap<(String, String), HealthCheck>,
     dirty_endpoints: BTreeSet<EndpointsKey>,
     dirty_groups: BTreeSet<GroupKey>,
     /// Trigger times of the slices put since the last `take_trigger_times`.
@@ -224,6 +226,9 @@ impl Incremental {
         for group in std::mem::take(&mut self.dirty_groups) {
             if let Some(old) = self.groups.remove(&group) {
                 self.ignored.sub(&old.ignored);
+                for (key, _) in &old.health_checks {
+                    self.health_checks.remove(key);
+                }
                 self.groups_skipping.remove(&group);
                 for (i, claim) in old.claims.iter().enumerate() {
                     if let Some(who) = self.claims.get_mut(&claim.key) {
@@ -251,6 +256,9 @@ impl Incremental {
                 continue;
             }
             self.ignored.add(&out.ignored);
+            for (key, hc) in &out.health_checks {
+                self.health_checks.entry(key.clone()).or_insert(*hc);
+            }
             if !out.skipped.is_empty() {
                 self.groups_skipping.insert(group.clone());
             }
@@ -317,6 +325,12 @@ impl Incremental {
         all
     }
 
+    /// Health checks by Service (namespace, name), as of the last
+    /// [`compile`](Self::compile).
+    pub fn health_checks(&self) -> &BTreeMap<(String, String), HealthCheck> {
+        &self.health_checks
+    }
+
     /// Objects deliberately left alone, as of the last [`compile`](Self::compile).
     pub fn ignored(&self) -> &Ignored {
         &self.ignored
@@ -328,6 +342,7 @@ impl Incremental {
             frontends: self.frontends.clone(),
             skipped: self.skipped(),
             ignored: self.ignored.clone(),
+            health_checks: self.health_checks.clone(),
         }
     }
 }

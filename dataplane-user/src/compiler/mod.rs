@@ -37,7 +37,7 @@ pub use format::{backend_addr, frontend_addr, is_clusterip_marker, proto_name};
 pub use full::{compile, compile_model};
 pub use incremental::Incremental;
 pub use output::{
-    Compiled, Frontend, FrontendPolicy, Ignored, ObjectRef, ServicePortName, Skipped,
+    Compiled, Frontend, FrontendPolicy, HealthCheck, Ignored, ObjectRef, ServicePortName, Skipped,
     DEFAULT_AFFINITY_TIMEOUT, MAX_AFFINITY_TIMEOUT,
 };
 

@@ -152,12 +152,26 @@ pub struct Ignored {
     pub ipv6: usize,
 }
 
+/// kube-proxy's health check of a Service that needs one (a `LoadBalancer` with
+/// `externalTrafficPolicy: Local`): a port on the node that says whether the node
+/// has ready endpoints of the Service (pkg/proxy/healthcheck/service_health.go).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HealthCheck {
+    /// `healthCheckNodePort`.
+    pub port: u16,
+    /// Ready endpoints of the Service on this node, counted by address (kube-proxy's
+    /// `LocalReadyEndpoints`: one Pod serving two ports is one).
+    pub local_endpoints: u32,
+}
+
 /// The compiler's output.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Compiled {
     pub frontends: BTreeMap<ServiceKey, Frontend>,
     pub skipped: Vec<Skipped>,
     pub ignored: Ignored,
+    /// Health checks by Service (namespace, name).
+    pub health_checks: BTreeMap<(String, String), HealthCheck>,
 }
 
 impl Ignored {

@@ -12,8 +12,8 @@ use dataplane_common::{Backend, ServiceKey};
 use super::claims::Claim;
 use super::slices::{port_number, protocol, EndpointsKey, PortEndpoints};
 use super::{
-    is_other_proxys, Frontend, FrontendPolicy, Ignored, ObjectRef, Options, ServicePortName,
-    Skipped, DEFAULT_AFFINITY_TIMEOUT, MAX_AFFINITY_TIMEOUT,
+    is_other_proxys, Frontend, FrontendPolicy, HealthCheck, Ignored, ObjectRef, Options,
+    ServicePortName, Skipped, DEFAULT_AFFINITY_TIMEOUT, MAX_AFFINITY_TIMEOUT,
 };
 use crate::categorize::{self, EmptyVerdict, EndpointFacts, NodeFacts, PortPolicy};
 use crate::model::ServiceInfo;
@@ -27,11 +27,15 @@ pub(super) struct ServiceOut {
     pub(super) claims: Vec<Claim>,
     pub(super) skipped: Vec<Skipped>,
     pub(super) ignored: Ignored,
+    pub(super) health_checks: Vec<(GroupKey, HealthCheck)>,
 }
 
 impl ServiceOut {
     pub(super) fn is_empty(&self) -> bool {
-        self.claims.is_empty() && self.skipped.is_empty() && self.ignored == Ignored::default()
+        self.claims.is_empty()
+            && self.skipped.is_empty()
+            && self.ignored == Ignored::default()
+            && self.health_checks.is_empty()
     }
 }
 
@@ -137,6 +141,7 @@ pub(super) fn compile_service(
         zone: opts.zone.as_deref().unwrap_or_default(),
     };
     let svc_endpoints = endpoints.get(&(me.namespace.clone(), me.name.clone()));
+    health_check(spec, &me, svc_endpoints, out);
     let mut seen_ports = BTreeSet::new();
     for port in &spec.ports {
         let port_name = &port.name;
@@ -249,6 +254,48 @@ pub(super) fn compile_service(
             });
         }
     }
+}
+
+/// The Service's health check, if it needs one (kube-proxy's `newBaseServiceInfo`
+/// takes `healthCheckNodePort` when `NeedsHealthCheck`, and logs one that is 0), with
+/// its ready endpoints on this node counted by address (`LocalReadyEndpoints`: ready
+/// only, since a node with only terminating endpoints should fail the check).
+fn health_check(
+    spec: &crate::model::ServiceSpecInfo,
+    me: &ObjectRef,
+    svc_endpoints: Option<&PortEndpoints>,
+    out: &mut ServiceOut,
+) {
+    let Some(port) = spec.health_check_node_port else {
+        return;
+    };
+    let port = match u16::try_from(port) {
+        Ok(p) if p != 0 => p,
+        _ => {
+            out.skipped.push(Skipped {
+                object: me.clone(),
+                code: "bad_health_check_node_port",
+                reason: format!(
+                    "healthCheckNodePort {port} is not a port (1-65535); the Service has no health check"
+                ),
+            });
+            return;
+        }
+    };
+    let local: BTreeSet<Ipv4Addr> = svc_endpoints
+        .into_iter()
+        .flat_map(|by_port| by_port.values())
+        .flat_map(|eps| eps.iter())
+        .filter(|(_, facts)| facts.ready && facts.local)
+        .map(|((ip, _), _)| *ip)
+        .collect();
+    out.health_checks.push((
+        (me.namespace.clone(), me.name.clone()),
+        HealthCheck {
+            port,
+            local_endpoints: local.len() as u32,
+        },
+    ));
 }
 
 /// `sessionAffinity: ClientIP` and its timeout (`pkg/proxy/serviceport.go`

@@ -1,0 +1,210 @@
+//! kube-proxy's Service health checks (pkg/proxy/healthcheck/service_health.go): for
+//! each Service that needs one (a `LoadBalancer` with `externalTrafficPolicy:
+//! Local`), an HTTP server on its `healthCheckNodePort`, on every address of the
+//! node, that a cloud load balancer asks whether to send this node traffic. Any path
+//! is answered: 200 when the node has ready endpoints of the Service and the agent is
+//! healthy (its `/healthz` rule), 503 otherwise, with kube-proxy's JSON body and
+//! headers (`X-Load-Balancing-Endpoint-Weight`: the number of local endpoints).
+//!
+//! Servers follow the compiler's health checks after every sync: a Service gone or
+//! whose port changed closes its server, a new one opens; a port that cannot be
+//! listened on is reported and tried again at the next sync (kube-proxy does the
+//! same: the instance is not kept). Counts change in place.
+
+use std::{
+    collections::BTreeMap,
+    sync::{
+        atomic::{AtomicU32, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+use crate::{compiler::HealthCheck, metrics::Metrics};
+
+/// A Service's health-check server.
+struct Instance {
+    port: u16,
+    local_endpoints: Arc<AtomicU32>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        // The listener is the task's: aborting it closes the port.
+        self.task.abort();
+    }
+}
+
+/// The health-check servers of this node, by Service (namespace, name).
+pub struct ServiceHealth {
+    servers: BTreeMap<(String, String), Instance>,
+    /// The agent's metrics, whose health the answers include.
+    metrics: Arc<Metrics>,
+}
+
+/// A port that could not be listened on.
+#[derive(Debug)]
+pub struct ListenFailed {
+    pub service: (String, String),
+    pub port: u16,
+    pub error: std::io::Error,
+}
+
+impl ServiceHealth {
+    /// No servers yet; the answers include the health `metrics` keeps.
+    pub fn new(metrics: Arc<Metrics>) -> Self {
+        Self {
+            servers: BTreeMap::new(),
+            metrics,
+        }
+    }
+
+    /// Brings the servers to `wanted` (kube-proxy's `SyncServices` and
+    /// `SyncEndpoints` together). Needs a tokio runtime. Returns the ports that
+    /// could not be listened on, to be tried again at the next call.
+    pub fn sync(&mut self, wanted: &BTreeMap<(String, String), HealthCheck>) -> Vec<ListenFailed> {
+        self.servers
+            .retain(|service, i| wanted.get(service).is_some_and(|w| w.port == i.port));
+        let mut failed = Vec::new();
+        for (service, hc) in wanted {
+            if let Some(i) = self.servers.get(service) {
+                i.local_endpoints
+                    .store(hc.local_endpoints, Ordering::Relaxed);
+                continue;
+            }
+            match self.open(service, hc) {
+                Ok(i) => {
+                    tracing::info!(service = %format!("{}/{}", service.0, service.1), port = hc.port, "opened the Service's health check");
+                    self.servers.insert(service.clone(), i);
+                }
+                Err(error) => failed.push(ListenFailed {
+                    service: service.clone(),
+                    port: hc.port,
+                    error,
+                }),
+            }
+        }
+        failed
+    }
+
+    /// The ports served, by Service.
+    pub fn ports(&self) -> BTreeMap<(String, String), u16> {
+        self.servers
+            .iter()
+            .map(|(s, i)| (s.clone(), i.port))
+            .collect()
+    }
+
+    fn open(&self, service: &(String, String), hc: &HealthCheck) -> std::io::Result<Instance> {
+        let listener = std::net::TcpListener::bind(("0.0.0.0", hc.port))?;
+        listener.set_nonblocking(true)?;
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        let local_endpoints = Arc::new(AtomicU32::new(hc.local_endpoints));
+        let (count, health, service) = (
+            local_endpoints.clone(),
+            self.metrics.clone(),
+            service.clone(),
+        );
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((conn, _)) = listener.accept().await else {
+                    continue;
+                };
+                let (count, health, service) = (count.clone(), health.clone(), service.clone());
+                tokio::spawn(async move {
+                    let endpoints = count.load(Ordering::Relaxed);
+                    let healthy = health.health.healthz_at(std::time::Instant::now()).is_ok();
+                    let _ = answer(conn, &service, endpoints, healthy).await;
+                });
+            }
+        });
+        Ok(Instance {
+            port: hc.port,
+            local_endpoints,
+            task,
+        })
+    }
+}
+
+/// Reads the request's head (any method and path, at most 8 KiB, for at most 5 s)
+/// and writes the answer.
+async fn answer(
+    mut conn: tokio::net::TcpStream,
+    service: &(String, String),
+    endpoints: u32,
+    healthy: bool,
+) -> std::io::Result<()> {
+    let mut head = Vec::with_capacity(512);
+    let mut buf = [0u8; 1024];
+    let read = async {
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
+            let n = conn.read(&mut buf).await?;
+            if n == 0 {
+                break;
+            }
+            head.extend_from_slice(&buf[..n]);
+        }
+        std::io::Result::Ok(())
+    };
+    tokio::time::timeout(Duration::from_secs(5), read)
+        .await
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+    conn.write_all(response(service, endpoints, healthy).as_bytes())
+        .await?;
+    conn.shutdown().await
+}
+
+/// The whole HTTP response kube-proxy's `hcHandler` gives: 200 with local endpoints
+/// and a healthy proxy, else 503; its JSON body, as its dedented template prints it
+/// (tabs, Go's `%q` for the names).
+pub fn response(service: &(String, String), endpoints: u32, healthy: bool) -> String {
+    let status = match endpoints != 0 && healthy {
+        true => "200 OK",
+        false => "503 Service Unavailable",
+    };
+    let body = format!(
+        "{{\n\t\"service\": {{\n\t\t\"namespace\": {},\n\t\t\"name\": {}\n\t}},\n\t\"localEndpoints\": {endpoints},\n\t\"serviceProxyHealthy\": {healthy}\n}}",
+        go_quote(&service.0),
+        go_quote(&service.1),
+    );
+    format!(
+        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nX-Content-Type-Options: nosniff\r\nX-Load-Balancing-Endpoint-Weight: {endpoints}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// A string as Go's `%q` prints it, for the characters a Kubernetes name can hold
+/// (DNS labels: letters, digits, `-`, `.`); anything else escaped as JSON does.
+fn go_quote(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The body byte for byte as kube-proxy's template gives it
+    /// (healthcheck_test.go's expectations: `localEndpoints` and
+    /// `serviceProxyHealthy`), and the status from both.
+    #[test]
+    fn answers_as_kube_proxy() {
+        let svc = ("ns".to_string(), "web".to_string());
+        let ok = response(&svc, 2, true);
+        assert!(ok.starts_with("HTTP/1.1 200 OK\r\n"), "{ok}");
+        assert!(ok.contains("\r\nX-Load-Balancing-Endpoint-Weight: 2\r\n"));
+        assert!(ok.contains("\r\nContent-Type: application/json\r\n"));
+        assert!(ok.contains("\r\nX-Content-Type-Options: nosniff\r\n"));
+        let body = ok.split("\r\n\r\n").nth(1).unwrap();
+        assert_eq!(
+            body,
+            "{\n\t\"service\": {\n\t\t\"namespace\": \"ns\",\n\t\t\"name\": \"web\"\n\t},\n\t\"localEndpoints\": 2,\n\t\"serviceProxyHealthy\": true\n}"
+        );
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(v["service"]["name"], "web");
+        assert!(response(&svc, 0, true).starts_with("HTTP/1.1 503 "));
+        assert!(response(&svc, 3, false).starts_with("HTTP/1.1 503 "));
+    }
+}
