@@ -155,6 +155,25 @@ pub struct Backend {
 }
 const _: () = assert!(size_of::<Backend>() == 8);
 
+/// The source a hairpin connection (a pod that reaches its own Service and is picked
+/// as the backend) is given, network byte order: the pod must not see a packet from
+/// itself, so its connection comes from this address, and its replies, routed to the
+/// node, are translated back. 169.254.42.1, link-local and never a pod's, as Cilium's
+/// default service loopback address; kube-proxy masquerades to the node's address
+/// for the same reason (its hairpin rule).
+pub const HAIRPIN_ADDR_BE: u32 = u32::from_ne_bytes([169, 254, 42, 1]);
+
+/// The client address a connection's reply tuple names: the client's own, or for a
+/// connection that a pod makes to itself through a Service, [`HAIRPIN_ADDR_BE`].
+#[inline(always)]
+pub fn reply_client(client_be: u32, backend_be: u32) -> u32 {
+    if client_be == backend_be {
+        HAIRPIN_ADDR_BE
+    } else {
+        client_be
+    }
+}
+
 /// Address family of a conntrack key.
 pub const FAMILY_V4: u8 = 4;
 pub const FAMILY_V6: u8 = 6;

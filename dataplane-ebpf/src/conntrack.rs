@@ -246,9 +246,11 @@ fn track_inner(
     // The previous connection on this tuple, if any: its reverse entry goes unless it
     // is the one this connection will use.
     let previous = maps::with_conntrack(key, |e| (e.dir == CT_FORWARD).then_some(e.pair)).flatten();
+    // A pod picked as the backend of its own connection sees it come from the hairpin
+    // address, never from itself.
     let mut reply = CtKey::v4(
         backend.addr_be,
-        flow.src_be,
+        dataplane_common::reply_client(flow.src_be, backend.addr_be),
         backend.port_be,
         flow.sport_be,
         flow.proto,

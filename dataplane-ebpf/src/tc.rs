@@ -119,6 +119,14 @@ fn from_client<const BRIDGE: bool>(
     let to = &entry.pair;
     rewrite(ctx, flow, End::Destination, to.src_be[0], to.sport_be)
         .map_err(|_| (DROP, stat::DROP_REWRITE))?;
+    // The source as the backend is to see it: the client's own, with its port
+    // remapped on a reply-tuple clash, or the hairpin address for a pod that reached
+    // itself (a later fragment or SCTP: the address only, ports are elsewhere).
+    let ports_here = flow.proto != PROTO_SCTP && !flow.later_fragment;
+    if to.dst_be[0] != flow.src_be || (ports_here && to.dport_be != flow.sport_be) {
+        rewrite(ctx, flow, End::Source, to.dst_be[0], to.dport_be)
+            .map_err(|_| (DROP, stat::DROP_REWRITE))?;
+    }
     if flow.proto == PROTO_SCTP && !flow.later_fragment {
         return Ok(Some(sctp_ports(
             ctx,
@@ -127,10 +135,6 @@ fn from_client<const BRIDGE: bool>(
             to.sport_be,
             reason,
         )));
-    }
-    if to.dport_be != flow.sport_be && !flow.later_fragment {
-        rewrite(ctx, flow, End::Source, flow.src_be, to.dport_be)
-            .map_err(|_| (DROP, stat::DROP_REWRITE))?;
     }
     Ok(Some((PASS, reason)))
 }
@@ -171,6 +175,13 @@ fn from_backend<const BRIDGE: bool>(
         Ok(Some(orig)) => {
             rewrite(ctx, flow, End::Source, orig.dst_be[0], orig.dport_be)
                 .map_err(|_| (DROP, stat::DROP_REWRITE))?;
+            // The client as it sent: its own port again if it was remapped, its own
+            // address again for a hairpin connection.
+            let ports_here = flow.proto != PROTO_SCTP && !flow.later_fragment;
+            if orig.src_be[0] != flow.dst_be || (ports_here && orig.sport_be != flow.dport_be) {
+                rewrite(ctx, flow, End::Destination, orig.src_be[0], orig.sport_be)
+                    .map_err(|_| (DROP, stat::DROP_REWRITE))?;
+            }
             if flow.proto == PROTO_SCTP && !flow.later_fragment {
                 return Ok(sctp_ports(
                     ctx,
@@ -179,10 +190,6 @@ fn from_backend<const BRIDGE: bool>(
                     orig.sport_be,
                     stat::REVNAT,
                 ));
-            }
-            if orig.sport_be != flow.dport_be && !flow.later_fragment {
-                rewrite(ctx, flow, End::Destination, flow.dst_be, orig.sport_be)
-                    .map_err(|_| (DROP, stat::DROP_REWRITE))?;
             }
             if flow.later_fragment {
                 return Ok((PASS, stat::NAT_FRAGMENT));

@@ -277,8 +277,9 @@ pub struct Trace {
     /// Every backend this packet could have been sent to (the eligible set after
     /// policy, topology and affinity).
     pub candidates: Vec<String>,
-    /// The source address the packet leaves with when it is masqueraded; none from a
-    /// pod (traffic from pods keeps its source).
+    /// The source address the packet leaves with when it is rewritten: the hairpin
+    /// address for a pod picked as the backend of its own connection; none otherwise
+    /// (traffic from pods keeps its source).
     pub snat: Option<String>,
     /// What the compiler could not use, each with its object and reason (with
     /// `--manifests`; a live trace reads only the maps and says nothing here).
@@ -395,6 +396,11 @@ pub fn run_trace(
         None => (None, Vec::new()),
     };
     let parsed = packet::parse(&out.packet);
+    // A new source: a pod reaching itself through its Service (hairpin).
+    let snat = parsed
+        .as_ref()
+        .filter(|p| p.src.ip() != src.ip() && out.verdict != TC_ACT_SHOT)
+        .map(|p| p.src.ip().to_string());
     let (verdict, backend) = if out.verdict == TC_ACT_SHOT {
         ("drop", None)
     } else if out.verdict == TC_ACT_REDIRECT && reason.starts_with("reject") {
@@ -410,7 +416,7 @@ pub fn run_trace(
         service,
         backend,
         candidates,
-        snat: None,
+        snat,
         skipped: Vec::new(),
         reason,
     })

@@ -264,6 +264,16 @@ fn trace_answers_every_origin_and_follows_the_service_proxy_name() {
     assert_eq!(t["verdict"], "dnat", "{t}");
     assert_eq!(t["backend"], "10.244.7.7:13868", "{t}");
     assert_eq!(t["snat"], Value::Null);
+    // The backend itself as the client (hairpin): it is reached from the hairpin
+    // address.
+    let mut args = vec!["trace", "--manifests", dir, "--src", "10.244.7.7:40000"];
+    args.extend(["--dst", "10.96.0.32:3868", "--proto", "sctp"]);
+    let t = agent_cli(&args);
+    assert_eq!(
+        (&t["verdict"], &t["snat"]),
+        (&"dnat".into(), &"169.254.42.1".into()),
+        "{t}"
+    );
 }
 
 /// `conntrack` lists a running agent's connections from its pinned map (client,

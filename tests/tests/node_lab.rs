@@ -1303,3 +1303,37 @@ fn a_local_load_balancer_is_health_checked_on_its_node_port() {
         Some(0.0)
     );
 }
+
+/// Issue 11: hairpin. A pod that reaches its own Service and is picked as the
+/// backend gets a working connection (it sees it come from the hairpin address,
+/// 169.254.42.1, not from itself, which its kernel would drop), over TCP and UDP,
+/// whether it is the only backend or one of two.
+#[test]
+fn a_pod_reaching_its_own_service_is_answered_by_itself() {
+    let lab = Lab::new(2).unwrap();
+    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0]))
+        .unwrap();
+    let agent = lab.start_agent().unwrap();
+    let me = lab.backends[0].clone();
+    let ask = |n: usize| {
+        sliceway_lab::in_netns(&me.ns, move || -> anyhow::Result<BTreeSet<String>> {
+            let mut seen = BTreeSet::new();
+            for _ in 0..n {
+                let t = sliceway_lab::servers::tcp_request(vip(), Duration::from_secs(2))?;
+                let u = sliceway_lab::servers::udp_request(vip(), Duration::from_secs(2))?;
+                seen.insert(t.backend);
+                seen.insert(u.backend);
+            }
+            Ok(seen)
+        })
+        .unwrap()
+    };
+    let seen = ask(5).unwrap();
+    assert_eq!(seen, BTreeSet::from([me.name.clone()]));
+    // One of two: every request answered, by both.
+    agent
+        .applies(|| lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1])))
+        .unwrap();
+    let seen = ask(30).unwrap();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+}

@@ -458,6 +458,10 @@ impl Machine<'_> {
         };
         let to = entry.pair;
         self.set_addr(flow, false, to.src_be[0]);
+        // A hairpin connection: the pod sees itself reached from the hairpin address.
+        if to.dst_be[0] != flow.src {
+            self.set_addr(flow, true, to.dst_be[0]);
+        }
         if flow.proto == PROTO_SCTP && !flow.later_fragment {
             return Some(self.sctp_ports(p, flow, to.dport_be, to.sport_be, reason));
         }
@@ -553,9 +557,16 @@ impl Machine<'_> {
             .ct(key)
             .filter(|e| e.dir == CT_FORWARD)
             .map(|e| e.pair);
+        // A pod that reaches its own Service and gets itself as the backend: the
+        // connection comes from the hairpin address.
+        let client = if backend.addr_be == flow.src {
+            dataplane_common::HAIRPIN_ADDR_BE
+        } else {
+            flow.src
+        };
         let mut reply = CtKey::v4(
             backend.addr_be,
-            flow.src,
+            client,
             backend.port_be,
             flow.sport,
             flow.proto,
@@ -627,6 +638,9 @@ impl Machine<'_> {
                     f.last_seen_ns = self.now;
                     self.view.put(fwd_key, f);
                     self.set_addr(flow, true, fwd_key.dst_be[0]);
+                    if fwd_key.src_be[0] != flow.dst {
+                        self.set_addr(flow, false, fwd_key.src_be[0]);
+                    }
                     if flow.later_fragment {
                         return (PASS, stat::NAT_FRAGMENT);
                     }
