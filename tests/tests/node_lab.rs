@@ -1337,3 +1337,39 @@ fn a_pod_reaching_its_own_service_is_answered_by_itself() {
     let seen = ask(30).unwrap();
     assert_eq!(seen.len(), 2, "{seen:?}");
 }
+
+/// Issue 11: an interface without an Ethernet header (a tun device here; ipip and
+/// WireGuard alike) is never attached, so the program never reads its IP header as an
+/// Ethernet one: matched by a pattern it is left alone with a warning while the
+/// others are served; named exactly, the agent refuses to start and says why.
+#[test]
+fn an_interface_without_an_ethernet_header_is_never_attached() {
+    let lab = Lab::new(1).unwrap();
+    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0]))
+        .unwrap();
+    lab.node
+        .run("ip", &["tuntap", "add", "dev", "vtun0", "mode", "tun"])
+        .unwrap();
+    lab.node.run("ip", &["link", "set", "vtun0", "up"]).unwrap();
+    let mut agent = lab.start_agent_with(&["v*"]).unwrap();
+    assert_eq!(agent.link("vtun0").unwrap(), None);
+    assert!(agent.link(&lab.client.node_iface).unwrap().is_some());
+    assert!(agent.problems_logged().unwrap() >= 1, "{:#?}", agent.log());
+    lab.tcp_request(vip()).unwrap();
+    agent.kill();
+
+    let source = ["--manifests".into(), lab.manifests.clone().into_os_string()];
+    let interfaces = ["vtun0".to_string()];
+    let mut agent =
+        sliceway_lab::Agent::start(&lab.node.name, &source, &interfaces, &lab.bpffs).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = agent.exit_status() {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "{:#?}", agent.log());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!status.success());
+    wait_until(&agent, "saying why", || agent.logged("has no Ethernet header"));
+}

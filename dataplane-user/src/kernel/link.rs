@@ -172,6 +172,24 @@ impl Datapath {
             iface: iface.to_string(),
             source,
         })?;
+        // The programs read an Ethernet header first: on an interface without one
+        // (ipip, WireGuard, a tun device) they would read the IP header as one.
+        // Such an interface is refused, never misread.
+        match link_type(iface) {
+            Ok(ARPHRD_ETHER) => {}
+            Ok(other) => {
+                return Err(KernelError::NotEthernet {
+                    iface: iface.to_string(),
+                    link_type: other,
+                })
+            }
+            Err(source) => {
+                return Err(KernelError::Interface {
+                    iface: iface.to_string(),
+                    source,
+                })
+            }
+        }
         let path = self.attach_path()?;
         let program: &mut SchedClassifier = self
             .ebpf
@@ -397,6 +415,43 @@ pub(super) fn remove_filters(iface: &str) -> bool {
 }
 
 /// The index of interface `name` in the calling thread's network namespace.
+/// `ARPHRD_ETHER`: an Ethernet header on every packet (veth, bridges, NICs).
+const ARPHRD_ETHER: u16 = 1;
+
+/// The link-layer type of interface `name` (`ARPHRD_*`: 1 for Ethernet, 65534 for a
+/// tun device or WireGuard, 768 for ipip), from `SIOCGIFHWADDR`.
+fn link_type(name: &str) -> std::io::Result<u16> {
+    if name.len() >= libc::IFNAMSIZ {
+        return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
+    }
+    // SAFETY: a plain socket call; the descriptor is owned at once.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is new and nothing else owns it.
+    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    // SAFETY: an all-zero ifreq is valid; the name is copied in below (shorter than
+    // IFNAMSIZ, so NUL-terminated).
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in req.ifr_name.iter_mut().zip(name.bytes()) {
+        *d = s as libc::c_char;
+    }
+    // SAFETY: SIOCGIFHWADDR reads the name and writes the ifreq's union.
+    let ret = unsafe {
+        libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            libc::SIOCGIFHWADDR,
+            &mut req as *mut libc::ifreq,
+        )
+    };
+    if ret != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: SIOCGIFHWADDR filled `ifru_hwaddr`.
+    Ok(unsafe { req.ifr_ifru.ifru_hwaddr.sa_family })
+}
+
 fn ifindex(name: &str) -> std::io::Result<u32> {
     let c = std::ffi::CString::new(name)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;

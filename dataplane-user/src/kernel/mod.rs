@@ -79,6 +79,11 @@ pub enum KernelError {
     },
     #[error("--attach tcx: this kernel has no tcx (Linux 6.6 or later has it): {reason}")]
     NoTcx { reason: String },
+    #[error(
+        "interface {iface} has no Ethernet header (link type {link_type}: ipip, WireGuard, \
+         a tun device, ...): not attached, so its packets are never misread"
+    )]
+    NotEthernet { iface: String, link_type: u16 },
     #[error("socket programs on cgroup {cgroup}: {reason}")]
     Sock { cgroup: PathBuf, reason: String },
     #[error("pinning under {path}: {reason}")]
