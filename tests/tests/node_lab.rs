@@ -1371,5 +1371,7 @@ fn an_interface_without_an_ethernet_header_is_never_attached() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(!status.success());
-    wait_until(&agent, "saying why", || agent.logged("has no Ethernet header"));
+    wait_until(&agent, "saying why", || {
+        agent.logged("has no Ethernet header")
+    });
 }

@@ -121,38 +121,46 @@ pub(super) fn prepare_bpffs(dir: &Path) -> Result<(), KernelError> {
         reason,
     };
     let root = Path::new("/sys/fs/bpf");
-    if dir.starts_with(root) && !is_bpffs(root) {
-        let src = c"bpf";
-        let target = c"/sys/fs/bpf";
-        // SAFETY: valid NUL-terminated strings; mounting bpffs has no other inputs.
-        let ret = unsafe {
-            libc::mount(
-                src.as_ptr(),
-                target.as_ptr(),
-                src.as_ptr(),
-                0,
-                std::ptr::null(),
-            )
-        };
-        if ret != 0 {
-            return Err(pin_err(format!(
-                "mounting bpffs at /sys/fs/bpf: {}",
-                std::io::Error::last_os_error()
-            )));
+    if dir.starts_with(root) && !is_fs(root, BPF_FS_MAGIC) {
+        if let Err(e) = mount_fs(c"bpf", c"/sys/fs/bpf") {
+            return Err(pin_err(format!("mounting bpffs at /sys/fs/bpf: {e}")));
         }
         tracing::info!("mounted bpffs at /sys/fs/bpf");
     }
     std::fs::create_dir_all(dir).map_err(|e| pin_err(e.to_string()))
 }
 
-fn is_bpffs(path: &Path) -> bool {
-    const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+/// `statfs`'s magic number of a bpffs.
+pub(super) const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+/// `statfs`'s magic number of a cgroup v2 file system.
+pub(super) const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+
+/// Whether a file system of type `magic` (`statfs`'s `f_type`) is mounted at `path`.
+pub(super) fn is_fs(path: &Path, magic: i64) -> bool {
     let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
         return false;
     };
     // SAFETY: statfs fills the zeroed struct; the path is NUL-terminated.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == BPF_FS_MAGIC }
+    unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == magic }
+}
+
+/// Mounts a file system of type `fstype` (also its source name) at `target`.
+pub(super) fn mount_fs(fstype: &std::ffi::CStr, target: &std::ffi::CStr) -> std::io::Result<()> {
+    // SAFETY: valid NUL-terminated strings that outlive the call; no data argument.
+    let ret = unsafe {
+        libc::mount(
+            fstype.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    match ret {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
 }
 
 /// Removes every pinned map and link under `base`: programs detach, maps and

@@ -7,14 +7,16 @@
 //! earlier run's, then removes that one (both read the same pinned maps).
 
 use std::{
-    ffi::CString,
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
     path::{Path, PathBuf},
 };
 
 use aya::programs::{links::FdLink, CgroupAttachMode, CgroupSockAddr};
 
-use super::{pin::unpin, Attached, Datapath, KernelError};
+use super::{
+    pin::{is_fs, mount_fs, unpin, CGROUP2_SUPER_MAGIC},
+    Attached, Datapath, KernelError,
+};
 
 /// The socket programs and their pins' names. The hook each is attached to is its
 /// section's (`cgroup/connect4`, ...).
@@ -50,23 +52,6 @@ pub fn netns_cookie() -> Option<u64> {
     (ret == 0 && cookie != 0).then_some(cookie)
 }
 
-/// `statfs`'s magic number of a cgroup v2 file system.
-const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
-
-/// Whether `path` is the root of a mounted cgroup v2 hierarchy.
-fn is_cgroup2(path: &Path) -> bool {
-    use std::os::unix::ffi::OsStrExt as _;
-    let Ok(name) = CString::new(path.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: `stat` is written by the call; `name` is a valid C string.
-    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    unsafe {
-        libc::statfs(name.as_ptr(), &mut stat) == 0 && stat.f_type as i64 == CGROUP2_SUPER_MAGIC
-    }
-}
-
 /// Where a cgroup v2 hierarchy is mounted by the agent where the host has none.
 const OWN_CGROUP2: &str = "/run/sliceway/cgroupv2";
 
@@ -79,7 +64,7 @@ pub fn resolve_cgroup(given: &Path) -> Result<PathBuf, KernelError> {
         return Ok(given.to_path_buf());
     }
     for candidate in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified", OWN_CGROUP2] {
-        if is_cgroup2(Path::new(candidate)) {
+        if is_fs(Path::new(candidate), CGROUP2_SUPER_MAGIC) {
             return Ok(PathBuf::from(candidate));
         }
     }
@@ -88,22 +73,10 @@ pub fn resolve_cgroup(given: &Path) -> Result<PathBuf, KernelError> {
         reason,
     };
     std::fs::create_dir_all(OWN_CGROUP2).map_err(|e| err(e.to_string()))?;
-    let target = CString::new(OWN_CGROUP2).expect("no NUL in a constant");
-    let fstype = CString::new("cgroup2").expect("no NUL in a constant");
-    // SAFETY: plain C strings that outlive the call; no data argument.
-    let ret = unsafe {
-        libc::mount(
-            fstype.as_ptr(),
-            target.as_ptr(),
-            fstype.as_ptr(),
-            0,
-            std::ptr::null(),
-        )
-    };
-    if ret != 0 {
+    let target = std::ffi::CString::new(OWN_CGROUP2).map_err(|e| err(e.to_string()))?;
+    if let Err(e) = mount_fs(c"cgroup2", &target) {
         return Err(err(format!(
-            "no cgroup v2 hierarchy is mounted and mounting one failed: {}",
-            std::io::Error::last_os_error()
+            "no cgroup v2 hierarchy is mounted and mounting one failed: {e}"
         )));
     }
     tracing::info!(
