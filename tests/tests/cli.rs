@@ -19,6 +19,15 @@ fn agent_cli(args: &[&str]) -> Value {
         .unwrap_or_else(|e| panic!("{args:?}: {e}: {}", String::from_utf8_lossy(&out.stdout)))
 }
 
+/// `sliceway-agent trace -o json` of one packet from `src` to `dst`, over `maps`
+/// (`--manifests DIR` or `--bpffs-dir DIR`), with `extra` arguments.
+fn trace(maps: [&str; 2], src: &str, dst: &str, extra: &[&str]) -> Value {
+    let mut args = vec!["trace", maps[0], maps[1], "--src", src, "--dst", dst];
+    args.extend_from_slice(extra);
+    args.extend(["-o", "json"]);
+    agent_cli(&args)
+}
+
 #[test]
 fn trace_and_list_tell_where_packets_go() {
     let lab = Lab::new(3).unwrap();
@@ -40,17 +49,8 @@ fn trace_and_list_tell_where_packets_go() {
         .collect();
 
     // Compiled from the manifests, private maps.
-    let t = agent_cli(&[
-        "trace",
-        "--manifests",
-        dir,
-        "--src",
-        "10.244.1.2:40000",
-        "--dst",
-        "10.96.0.10:80",
-        "-o",
-        "json",
-    ]);
+    let manifests = ["--manifests", dir];
+    let t = trace(manifests, "10.244.1.2:40000", "10.96.0.10:80", &[]);
     assert_eq!(t["verdict"], "dnat", "{t}");
     assert_eq!(t["service"], "default/web:http");
     let candidates: Vec<String> = t["candidates"]
@@ -64,17 +64,12 @@ fn trace_and_list_tell_where_packets_go() {
     assert_eq!(sorted, backends);
     assert!(candidates.contains(&t["backend"].as_str().unwrap().to_string()));
 
-    let t = agent_cli(&[
-        "trace",
-        "--manifests",
-        dir,
-        "--src",
+    let t = trace(
+        manifests,
         "10.244.1.2",
-        "--dst",
         "10.96.0.20:80",
-        "--proto",
-        "udp",
-    ]);
+        &["--proto", "udp"],
+    );
     // No endpoints anywhere: rejected (ICMP port unreachable), as kube-proxy does.
     assert_eq!(
         (t["verdict"].as_str(), t["service"].as_str()),
@@ -85,30 +80,14 @@ fn trace_and_list_tell_where_packets_go() {
     assert_eq!(t["reason"], "reject_no_backend");
 
     // A port the Service does not declare: rejected too, never passed on.
-    let t = agent_cli(&[
-        "trace",
-        "--manifests",
-        dir,
-        "--src",
-        "10.244.1.2",
-        "--dst",
-        "10.96.0.20:9999",
-    ]);
+    let t = trace(manifests, "10.244.1.2", "10.96.0.20:9999", &[]);
     assert_eq!(
         (t["verdict"].as_str(), t["reason"].as_str()),
         (Some("reject"), Some("reject_no_port")),
         "{t}"
     );
 
-    let t = agent_cli(&[
-        "trace",
-        "--manifests",
-        dir,
-        "--src",
-        "10.244.1.2",
-        "--dst",
-        "10.244.11.2:8080",
-    ]);
+    let t = trace(manifests, "10.244.1.2", "10.244.11.2:8080", &[]);
     assert_eq!(t["verdict"], "pass");
     assert_eq!(t["service"], Value::Null);
     assert_eq!(t["backend"], Value::Null);
@@ -116,15 +95,12 @@ fn trace_and_list_tell_where_packets_go() {
     // Against a running agent's pinned maps.
     let _agent = lab.start_agent().unwrap();
     let bpffs = lab.bpffs.to_str().unwrap();
-    let live = agent_cli(&[
-        "trace",
-        "--bpffs-dir",
-        bpffs,
-        "--src",
+    let live = trace(
+        ["--bpffs-dir", bpffs],
         "10.244.1.2:40000",
-        "--dst",
         "10.96.0.10:80",
-    ]);
+        &[],
+    );
     assert_eq!(live["verdict"], "dnat", "{live}");
     assert_eq!(live["service"], "default/web:http");
 
@@ -171,26 +147,16 @@ fn trace_answers_every_origin_and_follows_the_service_proxy_name() {
         );
     lab.write_manifest("theirs.yaml", &theirs).unwrap();
     let dir = lab.manifests.to_str().unwrap();
-    let trace = |extra: &[&str]| {
-        let mut args = vec![
-            "trace",
-            "--manifests",
-            dir,
-            "--src",
-            "10.244.1.2:40000",
-            "--dst",
-            "10.96.0.30:80",
-        ];
-        args.extend_from_slice(extra);
-        agent_cli(&args)
-    };
-    let external = trace(&["--from", "external"]);
+    let manifests = ["--manifests", dir];
+    let to = |dst: &str, extra: &[&str]| trace(manifests, "10.244.1.2:40000", dst, extra);
+    let theirs = |extra: &[&str]| to("10.96.0.30:80", extra);
+    let external = theirs(&["--from", "external"]);
     assert_eq!(external["verdict"], "pass", "{external}");
     assert!(
         external["reason"].as_str().unwrap().starts_with("not yet"),
         "{external}"
     );
-    let host = trace(&["--from", "host", "--service-proxy-name", "sliceway"]);
+    let host = theirs(&["--from", "host", "--service-proxy-name", "sliceway"]);
     for t in [&external, &host] {
         for key in ["service", "backend", "candidates", "snat", "reason"] {
             assert!(t.get(key).is_some(), "no {key} in {t}");
@@ -212,11 +178,11 @@ fn trace_answers_every_origin_and_follows_the_service_proxy_name() {
         Value::Null,
         "chosen per connection: {host}"
     );
-    assert_eq!(trace(&["--from", "host"])["reason"], "pass_no_service");
-    let mut args = vec!["trace", "--manifests", dir, "--src", "10.244.1.2:40000"];
-    args.extend(["--dst", "10.96.0.30:81", "--from", "host"]);
-    args.extend(["--service-proxy-name", "sliceway"]);
-    let t = agent_cli(&args);
+    assert_eq!(theirs(&["--from", "host"])["reason"], "pass_no_service");
+    let t = to(
+        "10.96.0.30:81",
+        &["--from", "host", "--service-proxy-name", "sliceway"],
+    );
     assert_eq!(
         (&t["verdict"], &t["reason"]),
         (&"reject".into(), &"sock_reject_no_port".into()),
@@ -228,7 +194,7 @@ fn trace_answers_every_origin_and_follows_the_service_proxy_name() {
         "apiVersion: v1\nkind: Service\nmetadata: {name: bad, namespace: default}\nspec: {clusterIP: 10.96.0.31, ports: [{name: http, port: 70000}]}\n",
     )
     .unwrap();
-    let t = trace(&[]);
+    let t = theirs(&[]);
     let skipped = t["skipped"].as_array().unwrap();
     assert!(
         skipped.iter().any(|s| s["object"] == "Service default/bad"
@@ -237,12 +203,12 @@ fn trace_answers_every_origin_and_follows_the_service_proxy_name() {
     );
     // Labelled for a proxy named "sliceway": ignored without the flag (as kube-proxy
     // ignores it), served with it.
-    assert_eq!(trace(&[])["verdict"], "pass");
-    let t = trace(&["--service-proxy-name", "sliceway"]);
+    assert_eq!(theirs(&[])["verdict"], "pass");
+    let t = theirs(&["--service-proxy-name", "sliceway"]);
     assert_eq!(t["verdict"], "dnat", "{t}");
     // SCTP: to a port the Service declares for TCP only, rejected as any undeclared
     // port of a ClusterIP; to an SCTP port, translated.
-    let t = trace(&["--service-proxy-name", "sliceway", "--proto", "sctp"]);
+    let t = theirs(&["--service-proxy-name", "sliceway", "--proto", "sctp"]);
     assert_eq!(
         (&t["verdict"], &t["reason"]),
         (&"reject".into(), &"reject_no_port".into()),
@@ -258,17 +224,18 @@ fn trace_answers_every_origin_and_follows_the_service_proxy_name() {
          endpoints: [{addresses: [10.244.7.7]}]\n",
     )
     .unwrap();
-    let mut args = vec!["trace", "--manifests", dir, "--src", "10.244.1.2:40000"];
-    args.extend(["--dst", "10.96.0.32:3868", "--proto", "sctp"]);
-    let t = agent_cli(&args);
+    let t = to("10.96.0.32:3868", &["--proto", "sctp"]);
     assert_eq!(t["verdict"], "dnat", "{t}");
     assert_eq!(t["backend"], "10.244.7.7:13868", "{t}");
     assert_eq!(t["snat"], Value::Null);
     // The backend itself as the client (hairpin): it is reached from the hairpin
     // address.
-    let mut args = vec!["trace", "--manifests", dir, "--src", "10.244.7.7:40000"];
-    args.extend(["--dst", "10.96.0.32:3868", "--proto", "sctp"]);
-    let t = agent_cli(&args);
+    let t = trace(
+        manifests,
+        "10.244.7.7:40000",
+        "10.96.0.32:3868",
+        &["--proto", "sctp"],
+    );
     assert_eq!(
         (&t["verdict"], &t["snat"]),
         (&"dnat".into(), &"169.254.42.1".into()),

@@ -611,8 +611,17 @@ fn tc_filters_follow_interfaces_survive_a_stop_and_are_cleaned_up() {
 #[test]
 fn an_exact_interface_name_that_does_not_exist_is_an_error() {
     let lab = Lab::new(1).unwrap();
+    let agent = refused_to_start(&lab, &["v*", "nosuch0"]);
+    wait_until(&agent, "reporting the missing interface", || {
+        agent.logged("nosuch0: no such interface")
+    });
+}
+
+/// Starts an agent on `lab`'s manifests and `interfaces` that must refuse to start:
+/// waits (at most 10 s) for it to exit with a failure; its log says why.
+fn refused_to_start(lab: &Lab, interfaces: &[&str]) -> sliceway_lab::Agent {
     let source = ["--manifests".into(), lab.manifests.clone().into_os_string()];
-    let interfaces = ["v*".to_string(), "nosuch0".to_string()];
+    let interfaces: Vec<String> = interfaces.iter().map(|i| i.to_string()).collect();
     let mut agent =
         sliceway_lab::Agent::start(&lab.node.name, &source, &interfaces, &lab.bpffs).unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -624,9 +633,7 @@ fn an_exact_interface_name_that_does_not_exist_is_an_error() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(!status.success());
-    wait_until(&agent, "reporting the missing interface", || {
-        agent.logged("nosuch0: no such interface")
-    });
+    agent
 }
 
 /// An SCTP Service (port 3868 to the backends' 8080) for every backend of `lab`.
@@ -1358,19 +1365,7 @@ fn an_interface_without_an_ethernet_header_is_never_attached() {
     lab.tcp_request(vip()).unwrap();
     agent.kill();
 
-    let source = ["--manifests".into(), lab.manifests.clone().into_os_string()];
-    let interfaces = ["vtun0".to_string()];
-    let mut agent =
-        sliceway_lab::Agent::start(&lab.node.name, &source, &interfaces, &lab.bpffs).unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(status) = agent.exit_status() {
-            break status;
-        }
-        assert!(std::time::Instant::now() < deadline, "{:#?}", agent.log());
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert!(!status.success());
+    let agent = refused_to_start(&lab, &["vtun0"]);
     wait_until(&agent, "saying why", || {
         agent.logged("has no Ethernet header")
     });
