@@ -311,6 +311,7 @@ pub fn full_sync(services: &[Svc], rounds: usize) -> Result<SlicewaySync> {
         node_name: Some("node-1".into()),
         proxy_name: None,
         zone: None,
+        ..compiler::Options::default()
     };
     let (mut total, mut apply, mut writes) = (vec![], vec![], 0);
     for _ in 0..rounds {

@@ -256,6 +256,18 @@ impl Syncer {
 
     fn sync(&mut self, dp: &mut Datapath) {
         let started = Instant::now();
+        // NodePorts on the addresses of the node's interfaces in the CIDRs (read at
+        // every sync: cheap, and addresses come and go with interfaces).
+        if let crate::compiler::NodePortAddresses::Cidrs(_) =
+            self.pipeline.compiler.options().node_port_addresses
+        {
+            match interfaces::ipv4_addresses() {
+                Ok(addrs) => {
+                    self.pipeline.compiler.set_interface_addrs(&addrs);
+                }
+                Err(e) => warn!("listing the node's addresses for NodePorts: {e}"),
+            }
+        }
         let synced = self.pipeline.sync(&mut dp.maps);
         let report = &synced.report;
         let written = SystemTime::now();
@@ -665,6 +677,9 @@ fn migrate(dp: &mut Datapath, selection: &Selection, m: &Metrics) {
 /// Says that `iface` was attached, `how`: in the log and in the metrics.
 fn attached(iface: &str, how: Attached, m: &Metrics) {
     m.set_link(iface, how.as_str());
+    if let Err(e) = interfaces::accept_local(iface) {
+        warn!(interface = %iface, "cannot set accept_local ({e}): replies of this interface's pods' connections to a NodePort on the node's own address are dropped as martians");
+    }
     match how {
         Attached::NewPinned => info!(interface = %iface, "attached (pinned link)"),
         Attached::Replaced => info!(interface = %iface, "took over the pinned link"),

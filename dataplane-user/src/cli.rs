@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 use crate::{
+    compiler::NodePortAddresses,
     interfaces::{Selection, SelectionError},
     kernel::{AttachMode, Capacities},
     writer::Limits,
@@ -194,6 +195,11 @@ pub struct RunArgs {
     /// `cali*`, `lxc*`), matched again every --interface-scan-interval-ms.
     #[arg(long, value_delimiter = ',', value_parser = interface_entry)]
     pub interfaces: Vec<String>,
+    /// Where NodePorts are served, as kube-proxy's flag: `primary` (the node's
+    /// primary address, from its Node object) or comma-separated CIDRs (every
+    /// address of the node's interfaces within them).
+    #[arg(long, default_value = "primary", value_parser = node_port_addresses)]
+    pub nodeport_addresses: NodePortAddresses,
     /// How often to look for new and removed interfaces, in milliseconds.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..))]
     pub interface_scan_interval_ms: u64,
@@ -252,6 +258,10 @@ pub struct RunArgs {
     /// earlier run pinned are removed).
     #[arg(long)]
     pub no_socket_lb: bool,
+}
+
+fn node_port_addresses(s: &str) -> Result<NodePortAddresses, String> {
+    NodePortAddresses::parse(s)
 }
 
 /// One `--interfaces` entry, checked as [`Selection::parse`] will take it.

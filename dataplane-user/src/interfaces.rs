@@ -134,6 +134,49 @@ pub fn list() -> std::io::Result<Vec<(u32, String)>> {
     }
 }
 
+/// Lets interface `iface` take packets whose source is an address of the node
+/// (`net.ipv4.conf.<iface>.accept_local`). The TC program translates a reply back
+/// before routing, so the reply of a pod's connection to a NodePort on the node's
+/// own address arrives with that address as its source, which the kernel otherwise
+/// drops as a martian (netfilter translates replies after routing and never meets
+/// this).
+pub fn accept_local(iface: &str) -> std::io::Result<()> {
+    if iface.contains('/') || iface == "." || iface == ".." {
+        return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
+    }
+    std::fs::write(
+        format!("/proc/sys/net/ipv4/conf/{iface}/accept_local"),
+        b"1",
+    )
+}
+
+/// The IPv4 addresses of the interfaces of the calling thread's network namespace
+/// (`getifaddrs(3)`), for `--nodeport-addresses` CIDRs.
+pub fn ipv4_addresses() -> std::io::Result<Vec<std::net::Ipv4Addr>> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `head` with a list that is ours until freeifaddrs.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut out = Vec::new();
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: `cur` is an element of the list getifaddrs returned; an
+        // `ifa_addr` of family AF_INET points at a sockaddr_in.
+        unsafe {
+            let addr = (*cur).ifa_addr;
+            if !addr.is_null() && i32::from((*addr).sa_family) == libc::AF_INET {
+                let sin = &*(addr as *const libc::sockaddr_in);
+                out.push(std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)));
+            }
+            cur = (*cur).ifa_next;
+        }
+    }
+    // SAFETY: `head` came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(head) };
+    Ok(out)
+}
+
 /// Link notifications of the calling thread's network namespace (rtnetlink's
 /// `RTMGRP_LINK` group): an interface that appears, changes or goes is seen when the
 /// kernel says so, not at the next scan, so a new pod's interface has the program

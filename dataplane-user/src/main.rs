@@ -53,6 +53,8 @@ fn main() -> anyhow::Result<()> {
                         node_name: args.node,
                         proxy_name: args.service_proxy_name,
                         zone: None,
+                        node_port_addresses: args.nodeport_addresses,
+                        node_port_ips: Vec::new(),
                     },
                     capacities: Capacities {
                         limits: Limits {
@@ -178,7 +180,7 @@ fn main() -> anyhow::Result<()> {
                         let mut compiler = compiler::Incremental::new(compiler::Options {
                             node_name: args.node.clone(),
                             proxy_name: args.service_proxy_name,
-                            zone: None,
+                            ..Default::default()
                         });
                         let mut manifests = ManifestDir::new(dir, args.node);
                         manifests.rescan(&mut compiler).with_context(|| {

@@ -20,12 +20,16 @@ use conventions::labels::{
     LABEL_ZONE,
 };
 
-/// What the agent reads of a Node: its name and zone.
+/// What the agent reads of a Node: its name, zone and primary IPv4 address.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeInfo {
     pub name: String,
     /// The `topology.kubernetes.io/zone` label, when set and not empty.
     pub zone: Option<String>,
+    /// The node's primary IPv4 address, as kube-proxy finds it
+    /// (pkg/util/node `GetNodeHostIPs`): its first `InternalIP` of the family, else
+    /// its first `ExternalIP`. NodePorts are served there by default.
+    pub primary_ipv4: Option<std::net::Ipv4Addr>,
 }
 
 impl From<&k8s_openapi::api::core::v1::Node> for NodeInfo {
@@ -39,8 +43,22 @@ impl From<&k8s_openapi::api::core::v1::Node> for NodeInfo {
                 .and_then(|l| l.get(LABEL_ZONE))
                 .filter(|z| !z.is_empty())
                 .cloned(),
+            primary_ipv4: primary_ipv4(node),
         }
     }
+}
+
+/// kube-proxy's primary IPv4 address of a Node: the first `InternalIP` that is
+/// IPv4, else the first such `ExternalIP`.
+fn primary_ipv4(node: &k8s_openapi::api::core::v1::Node) -> Option<std::net::Ipv4Addr> {
+    let addresses = node.status.as_ref()?.addresses.as_ref()?;
+    let of = |kind: &str| {
+        addresses
+            .iter()
+            .filter(|a| a.type_ == kind)
+            .find_map(|a| a.address.parse::<std::net::Ipv4Addr>().ok())
+    };
+    of("InternalIP").or_else(|| of("ExternalIP"))
 }
 
 /// What the compiler reads of a Service.
@@ -86,6 +104,8 @@ pub struct ServicePortInfo {
     pub name: String,
     pub protocol: Option<String>,
     pub port: i32,
+    /// `nodePort`, when set (not 0).
+    pub node_port: Option<i32>,
 }
 
 /// What the compiler reads of an EndpointSlice.
@@ -280,6 +300,7 @@ impl From<&Service> for ServiceInfo {
                         name: p.name.clone().unwrap_or_default(),
                         protocol: p.protocol.clone(),
                         port: p.port,
+                        node_port: p.node_port.filter(|n| *n != 0),
                     })
                     .collect(),
                 health_check_node_port: (spec.type_.as_deref() == Some("LoadBalancer")

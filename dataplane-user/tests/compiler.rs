@@ -68,6 +68,7 @@ fn golden_policy() {
             node_name: Some("node-1".into()),
             proxy_name: None,
             zone: None,
+            ..Options::default()
         },
     );
 }
@@ -81,6 +82,7 @@ fn golden_policy_as_the_named_proxy() {
             node_name: Some("node-1".into()),
             proxy_name: Some("other-proxy".into()),
             zone: None,
+            ..Options::default()
         },
     );
 }
@@ -94,6 +96,7 @@ fn golden_parity_with_kube_proxy_for_node_1_in_zone_a() {
             node_name: Some("node-1".into()),
             proxy_name: None,
             zone: Some("zone-a".into()),
+            ..Options::default()
         },
     );
 }
@@ -465,4 +468,105 @@ endpoints:
     assert!(compile(&objects.services, &objects.slices, &opts)
         .health_checks
         .is_empty());
+}
+
+/// Issue 11: NodePorts are frontends on the node's primary address by default (its
+/// Node object's first InternalIP, through the local source as `run` reads it), or
+/// on the node's addresses within `--nodeport-addresses` CIDRs, on the port's
+/// `nodePort`, with the Service's endpoints.
+#[test]
+fn node_ports_are_served_on_the_primary_address_or_the_addresses_in_the_cidrs() {
+    use sliceway_agent::compiler::{Incremental, NodePortAddresses};
+    use sliceway_agent::source::local::ManifestDir;
+    use std::net::Ipv4Addr;
+    let dir = std::env::temp_dir().join(format!("sliceway-nodeport-{}", std::process::id()));
+    fs::create_dir_all(&dir).unwrap();
+    fs::write(
+        dir.join("web.yaml"),
+        r#"
+apiVersion: v1
+kind: Node
+metadata: {name: node-1}
+status:
+  addresses:
+  - {type: Hostname, address: node-1}
+  - {type: ExternalIP, address: 203.0.113.1}
+  - {type: InternalIP, address: 192.168.0.10}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.10
+  ports: [{name: http, port: 80, protocol: TCP, targetPort: 8080, nodePort: 30080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints: [{addresses: [10.244.1.2]}]
+"#,
+    )
+    .unwrap();
+    let frontends = |c: &Incremental| -> Vec<(Ipv4Addr, u16)> {
+        let mut v: Vec<_> = c
+            .frontends()
+            .iter()
+            .filter(|(k, f)| k.port_be != 0 && !f.backends.is_empty())
+            .map(|(k, _)| {
+                (
+                    Ipv4Addr::from(u32::from_be(k.addr_be)),
+                    u16::from_be(k.port_be),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let mut primary = Incremental::new(Options {
+        node_name: Some("node-1".into()),
+        ..Options::default()
+    });
+    let mut source = ManifestDir::new(&dir, Some("node-1".into()));
+    source.rescan(&mut primary).unwrap();
+    primary.compile();
+    assert_eq!(
+        frontends(&primary),
+        [
+            (Ipv4Addr::new(10, 96, 0, 10), 80),
+            (Ipv4Addr::new(192, 168, 0, 10), 30080)
+        ]
+    );
+
+    let mut cidrs = Incremental::new(Options {
+        node_name: Some("node-1".into()),
+        node_port_addresses: NodePortAddresses::parse("10.244.0.0/16, fd00::/8").unwrap(),
+        ..Options::default()
+    });
+    let mut source = ManifestDir::new(&dir, Some("node-1".into()));
+    source.rescan(&mut cidrs).unwrap();
+    assert!(cidrs.set_interface_addrs(&[
+        Ipv4Addr::new(10, 244, 1, 1),
+        Ipv4Addr::new(10, 244, 2, 1),
+        Ipv4Addr::new(192, 168, 0, 10),
+    ]));
+    cidrs.compile();
+    assert_eq!(
+        frontends(&cidrs),
+        [
+            (Ipv4Addr::new(10, 96, 0, 10), 80),
+            (Ipv4Addr::new(10, 244, 1, 1), 30080),
+            (Ipv4Addr::new(10, 244, 2, 1), 30080)
+        ]
+    );
+    // The node's primary address does not count in CIDR mode.
+    assert!(!cidrs.set_node_ip(Some(Ipv4Addr::new(10, 244, 9, 9))));
+    assert!(NodePortAddresses::parse("10.0.0.0/33").is_err());
+    assert_eq!(
+        NodePortAddresses::parse("primary"),
+        Ok(NodePortAddresses::Primary)
+    );
+    fs::remove_dir_all(&dir).unwrap();
 }

@@ -90,12 +90,14 @@ fn service(rng: &mut Rng) -> ServiceInfo {
         name: rng.pick(&["http", ""]).to_string(),
         protocol: opt_string(*rng.pick(&[None, Some("TCP"), Some("UDP")])),
         port: *rng.pick(&[80, 80, 443]),
+        node_port: *rng.pick(&[None, None, Some(30_080), Some(70_000)]),
     }];
     if rng.chance(3) {
         ports.push(ServicePortInfo {
             name: rng.pick(&["dns", "http", "bad"]).to_string(),
             protocol: opt_string(*rng.pick(&[Some("UDP"), Some("SCTP"), None])),
             port: *rng.pick(&[53, 80, 0, 70000]),
+            node_port: *rng.pick(&[None, Some(30_053), Some(30_080)]),
         });
     }
     let spec = (!rng.chance(20)).then(|| ServiceSpecInfo {
@@ -372,6 +374,9 @@ fn incremental_sync_matches_with_a_node_name_and_a_proxy_name() {
         node_name: Some("node-1".into()),
         proxy_name: Some("other".into()),
         zone: Some("zone-a".into()),
+        // NodePorts on two node addresses.
+        node_port_ips: vec!["192.168.0.10".parse().unwrap(), "10.0.0.7".parse().unwrap()],
+        ..Options::default()
     };
     for seed in [0x0000_beef, 0x5eed_5eed] {
         random_walk(seed, 400, opts.clone(), Limits::default());
@@ -415,6 +420,7 @@ fn one_endpoint_change_in_ten_thousand_services_recompiles_one_service() {
                     name: "http".into(),
                     protocol: Some("TCP".into()),
                     port: 80,
+                    node_port: None,
                 }],
                 health_check_node_port: None,
             }),

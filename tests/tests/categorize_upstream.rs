@@ -111,6 +111,7 @@ fn every_upstream_categorize_case_through_the_compiler_and_the_program() {
             node_name: Some(node_of(c).into()),
             proxy_name: None,
             zone,
+            ..Options::default()
         };
 
         // Upstream's expectations for what reaches this frontend.

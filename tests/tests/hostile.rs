@@ -497,6 +497,7 @@ fn hostile_manifests_never_hurt() {
         node_name: Some("node-1".into()),
         proxy_name: None,
         zone: None,
+        ..compiler::Options::default()
     });
     let mut source = ManifestDir::new(&dir, Some("node-1".into()));
     source.rescan(&mut compiled).unwrap();

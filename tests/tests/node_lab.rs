@@ -1370,3 +1370,54 @@ fn an_interface_without_an_ethernet_header_is_never_attached() {
         agent.logged("has no Ethernet header")
     });
 }
+
+/// Issue 11: a NodePort is served on the node's primary address (its Node object's
+/// InternalIP) by default, or on its addresses within `--nodeport-addresses`, and
+/// reaches the Service's endpoints from the node's pods and from the node's own
+/// sockets.
+#[test]
+fn a_node_port_is_served_on_the_nodes_addresses() {
+    let mut lab = Lab::new(2).unwrap();
+    let node_ip = Ipv4Addr::new(10, 244, 1, 1);
+    lab.write_manifest(
+        "node.yaml",
+        &format!("apiVersion: v1\nkind: Node\nmetadata: {{name: node-1}}\nstatus:\n  addresses: [{{type: InternalIP, address: {node_ip}}}]\n"),
+    )
+    .unwrap();
+    let web = lab
+        .service_yaml("web", VIP, PORT, &[0, 1])
+        .replace("  type: ClusterIP\n", "  type: NodePort\n")
+        .replace(
+            "protocol: TCP, targetPort: 8080}",
+            "protocol: TCP, targetPort: 8080, nodePort: 30080}",
+        );
+    assert!(web.contains("nodePort: 30080"), "{web}");
+    lab.write_manifest("web.yaml", &web).unwrap();
+    let names: BTreeSet<String> = lab.backends.iter().map(|b| b.name.clone()).collect();
+    let from_node = |lab: &Lab, to: SocketAddrV4| {
+        sliceway_lab::in_netns(&lab.node.name, move || {
+            sliceway_lab::servers::tcp_request(to, Duration::from_secs(2))
+        })
+        .unwrap()
+    };
+    let agent = lab.start_agent().unwrap();
+    let primary = SocketAddrV4::new(node_ip, 30080);
+    let mut seen = BTreeSet::new();
+    for _ in 0..20 {
+        seen.insert(lab.tcp_request(primary).unwrap().backend);
+        seen.insert(from_node(&lab, primary).unwrap().backend);
+    }
+    assert_eq!(seen, names);
+    drop(agent);
+
+    // In CIDR mode: the node's addresses in 10.244.11.0/24, not the primary one.
+    lab.agent_args = vec!["--nodeport-addresses".into(), "10.244.11.0/24".into()];
+    let _agent = lab.start_agent().unwrap();
+    let listed = SocketAddrV4::new(Ipv4Addr::new(10, 244, 11, 1), 30080);
+    assert!(names.contains(&lab.tcp_request(listed).unwrap().backend));
+    assert!(names.contains(&from_node(&lab, listed).unwrap().backend));
+    assert!(
+        lab.tcp_request(primary).is_err(),
+        "not a NodePort address now"
+    );
+}

@@ -76,6 +76,42 @@ impl Incremental {
         true
     }
 
+    /// Sets this node's primary address (from its Node object), where NodePorts are
+    /// served in `primary` mode. Whether the NodePort addresses changed.
+    pub fn set_node_ip(&mut self, ip: Option<std::net::Ipv4Addr>) -> bool {
+        match self.opts.node_port_addresses {
+            super::NodePortAddresses::Primary => self.set_node_port_ips(ip.into_iter().collect()),
+            super::NodePortAddresses::Cidrs(_) => false,
+        }
+    }
+
+    /// Sets the addresses of the node's interfaces, where NodePorts are served in
+    /// CIDR mode (those within the CIDRs). Whether the NodePort addresses changed.
+    pub fn set_interface_addrs(&mut self, addrs: &[std::net::Ipv4Addr]) -> bool {
+        match &self.opts.node_port_addresses {
+            super::NodePortAddresses::Primary => false,
+            cidrs => {
+                let ips = cidrs.matching(addrs);
+                self.set_node_port_ips(ips)
+            }
+        }
+    }
+
+    /// Sets the addresses NodePorts are served on. Every Service with a NodePort
+    /// gets frontends on them, so a change recompiles every Service. Whether it
+    /// changed.
+    fn set_node_port_ips(&mut self, ips: Vec<std::net::Ipv4Addr>) -> bool {
+        if self.opts.node_port_ips == ips {
+            return false;
+        }
+        self.opts.node_port_ips = ips;
+        for id in self.services.keys() {
+            self.dirty_groups
+                .insert((id.namespace.clone(), id.name.clone()));
+        }
+        true
+    }
+
     /// Adds or replaces a Service. Whether anything changed.
     pub fn put_service(&mut self, origin: Origin, svc: ServiceInfo) -> bool {
         let id = ServiceId::of(&svc, origin);

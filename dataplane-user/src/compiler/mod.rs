@@ -51,6 +51,74 @@ pub struct Options {
     /// This node's `topology.kubernetes.io/zone` label: topology hints are read
     /// against it. `None` when the node has none (or is not known yet).
     pub zone: Option<String>,
+    /// Where NodePorts are served (kube-proxy's `--nodeport-addresses`).
+    pub node_port_addresses: NodePortAddresses,
+    /// The addresses NodePorts are served on now, as `node_port_addresses` finds
+    /// them (the node's primary address, or its interfaces' addresses in the CIDRs).
+    pub node_port_ips: Vec<std::net::Ipv4Addr>,
+}
+
+/// Where NodePorts are served: kube-proxy's `--nodeport-addresses`
+/// (pkg/proxy/util/nodeport_addresses.go).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum NodePortAddresses {
+    /// The node's primary address (its Node object's first `InternalIP`, else
+    /// `ExternalIP`): kube-proxy's default, `primary`.
+    #[default]
+    Primary,
+    /// Every address of the node's interfaces within one of these CIDRs
+    /// (address, prefix length).
+    Cidrs(Vec<(std::net::Ipv4Addr, u8)>),
+}
+
+impl NodePortAddresses {
+    /// `--nodeport-addresses`: `primary` (or nothing), or comma-separated IPv4
+    /// CIDRs; an IPv6 CIDR is accepted and left to the IPv6 work (IPv4 NodePorts
+    /// only today).
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        if s.is_empty() || s == "primary" {
+            return Ok(Self::Primary);
+        }
+        let mut cidrs = Vec::new();
+        for part in s.split(',').map(str::trim) {
+            let (addr, len) = part
+                .split_once('/')
+                .ok_or_else(|| format!("{part:?} is not a CIDR (address/length)"))?;
+            if addr.parse::<std::net::Ipv6Addr>().is_ok() {
+                continue;
+            }
+            let addr: std::net::Ipv4Addr = addr
+                .parse()
+                .map_err(|_| format!("{part:?}: {addr:?} is not an IP address"))?;
+            let len: u8 = len
+                .parse()
+                .ok()
+                .filter(|l| *l <= 32)
+                .ok_or_else(|| format!("{part:?}: the prefix length must be 0 to 32"))?;
+            cidrs.push((addr, len));
+        }
+        Ok(Self::Cidrs(cidrs))
+    }
+
+    /// The addresses of `interface_addrs` within the CIDRs (none in `Primary` mode).
+    pub fn matching(&self, interface_addrs: &[std::net::Ipv4Addr]) -> Vec<std::net::Ipv4Addr> {
+        let Self::Cidrs(cidrs) = self else {
+            return Vec::new();
+        };
+        let within = |ip: &std::net::Ipv4Addr, (net, len): &(std::net::Ipv4Addr, u8)| {
+            let mask = u32::MAX.checked_shl(32 - u32::from(*len)).unwrap_or(0);
+            u32::from(*ip) & mask == u32::from(*net) & mask
+        };
+        let mut out: Vec<_> = interface_addrs
+            .iter()
+            .filter(|ip| cidrs.iter().any(|c| within(ip, c)))
+            .copied()
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
 }
 
 /// Whether a `service-proxy-name` label hands the object to another proxy.

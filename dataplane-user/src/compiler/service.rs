@@ -132,8 +132,10 @@ pub(super) fn compile_service(
     let policy = PortPolicy {
         internal_local: spec.internal_local,
         external_local: spec.external_local,
-        // NodePorts and load-balancer IPs count here too once they are served.
-        externally_accessible: vips.iter().any(|(_, is_cluster_ip)| !is_cluster_ip),
+        // kube-proxy's `ExternallyAccessible`: a NodePort, an external or a
+        // load-balancer IP.
+        externally_accessible: vips.iter().any(|(_, is_cluster_ip)| !is_cluster_ip)
+            || spec.ports.iter().any(|p| p.node_port.is_some()),
     };
     let affinity_timeout = session_affinity(spec, &me, &mut out.skipped);
     let node = NodeFacts {
@@ -190,7 +192,27 @@ pub(super) fn compile_service(
                 })
                 .collect()
         };
-        for &(vip, is_cluster_ip) in &vips {
+        // NodePorts: the node's addresses on the port's nodePort, reached as an
+        // external IP is (from this node's pods and its own sockets today).
+        let node_port = match port.node_port.map(port_number).transpose() {
+            Ok(p) => p,
+            Err(reason) => {
+                out.skipped.push(Skipped {
+                    object: me.clone(),
+                    code: "bad_node_port",
+                    reason: format!("port {port_name:?}: nodePort: {reason}; no NodePort for it"),
+                });
+                None
+            }
+        };
+        let node_ports = node_port
+            .into_iter()
+            .flat_map(|n| opts.node_port_ips.iter().map(move |ip| (*ip, n)));
+        let frontends = vips
+            .iter()
+            .map(|&(vip, is_cluster_ip)| (vip, number, is_cluster_ip))
+            .chain(node_ports.map(|(ip, n)| (ip, n, false)));
+        for (vip, number, is_cluster_ip) in frontends {
             // Traffic from this node's pods: to a ClusterIP it follows
             // internalTrafficPolicy; to an external or load-balancer IP it is
             // short-circuited to the cluster endpoints whatever

@@ -333,12 +333,13 @@ impl KubeSource {
     /// removed; after a relist, every object is put and those gone are removed. The
     /// own Node's zone is set every time (a no-op when it did not change).
     pub fn feed(&self, changes: &Changes, compiler: &mut dyn Sink) {
-        let zone = self
+        let node = self
             .node
             .state()
             .first()
-            .and_then(|n| crate::model::NodeInfo::from(&**n).zone);
-        compiler.set_zone(zone);
+            .map(|n| crate::model::NodeInfo::from(&**n));
+        compiler.set_zone(node.as_ref().and_then(|n| n.zone.clone()));
+        compiler.set_node_ip(node.and_then(|n| n.primary_ipv4));
         if changes.relisted {
             relist(&self.services, compiler);
             relist(&self.slices, compiler);

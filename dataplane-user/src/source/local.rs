@@ -124,21 +124,23 @@ impl ManifestDir {
                 .extend(now.iter().filter(|p| !self.duplicates.contains(p)).cloned());
             self.duplicates = now;
         }
-        let zone = self
-            .node_name
-            .as_deref()
-            .and_then(|name| self.node_zone(name));
-        sink.set_zone(zone);
+        let node = self.node_name.as_deref().and_then(|name| self.node(name));
+        sink.set_zone(node.and_then(|n| n.zone.clone()));
+        sink.set_node_ip(node.and_then(|n| n.primary_ipv4));
         Ok(scan)
     }
 
     /// The zone of the Node named `name`: the first such Node in file order.
     pub fn node_zone(&self, name: &str) -> Option<String> {
+        self.node(name).and_then(|n| n.zone.clone())
+    }
+
+    /// The Node named `name`: the first such Node in file order.
+    fn node(&self, name: &str) -> Option<&NodeInfo> {
         self.files
             .kept()
             .flat_map(|(_, f)| &f.nodes)
             .find(|n| n.name == name)
-            .and_then(|n| n.zone.clone())
     }
 
     /// Problems of the files as they are now, duplicates included.
@@ -232,6 +234,7 @@ enum Op {
     PutSlice(Origin, SliceInfo),
     RemoveSlice(SliceId),
     Zone(Option<String>),
+    NodeIp(Option<std::net::Ipv4Addr>),
 }
 
 impl Sink for Recorded {
@@ -255,6 +258,10 @@ impl Sink for Recorded {
         self.0.push(Op::Zone(zone));
         true
     }
+    fn set_node_ip(&mut self, ip: Option<std::net::Ipv4Addr>) -> bool {
+        self.0.push(Op::NodeIp(ip));
+        true
+    }
     // The directory's reading never asks what is held.
     fn services_held(&self) -> Vec<ServiceId> {
         Vec::new()
@@ -273,6 +280,7 @@ impl Recorded {
                 Op::PutSlice(origin, slice) => sink.put_slice(origin, slice),
                 Op::RemoveSlice(id) => sink.remove_slice(&id),
                 Op::Zone(zone) => sink.set_zone(zone),
+                Op::NodeIp(ip) => sink.set_node_ip(ip),
             };
         }
     }

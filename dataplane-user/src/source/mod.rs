@@ -27,6 +27,8 @@ pub trait Sink {
     fn remove_slice(&mut self, id: &SliceId) -> bool;
     /// Sets this node's zone (from its Node object; `None` without one).
     fn set_zone(&mut self, zone: Option<String>) -> bool;
+    /// Sets this node's primary address (from its Node object; `None` without one).
+    fn set_node_ip(&mut self, ip: Option<std::net::Ipv4Addr>) -> bool;
     /// The Services held: a source that lists everything anew removes the others.
     fn services_held(&self) -> Vec<ServiceId>;
     /// The EndpointSlices held, as [`services_held`](Self::services_held).
@@ -48,6 +50,9 @@ impl Sink for Incremental {
     }
     fn set_zone(&mut self, zone: Option<String>) -> bool {
         Incremental::set_zone(self, zone)
+    }
+    fn set_node_ip(&mut self, ip: Option<std::net::Ipv4Addr>) -> bool {
+        Incremental::set_node_ip(self, ip)
     }
     fn services_held(&self) -> Vec<ServiceId> {
         self.service_ids().cloned().collect()
