@@ -71,6 +71,9 @@ fn typed<T: serde::de::DeserializeOwned>(d: Document) -> std::result::Result<T, 
     d.typed().map_err(|e| e.to_string())
 }
 
+/// The kinds the controllers read; objects of other kinds are not kept.
+const READS: [&str; 5] = ["Service", "Pod", "Node", "Endpoints", "EndpointSlice"];
+
 /// Objects of kinds the controllers do not read are ignored.
 fn add_object(
     loaded: &mut Loaded,
@@ -168,19 +171,26 @@ impl Reader<FileDocs> for ToDocs {
     fn read(
         &mut self,
         path: &Path,
-        text: &str,
+        file: &mut dyn std::io::BufRead,
         _old: Option<&FileDocs>,
         problems: &mut Vec<Problem>,
     ) -> Option<FileDocs> {
+        // The header is the file's first line; a read buffer holds it whole.
+        let owned = file
+            .fill_buf()
+            .is_ok_and(|start| start.starts_with(HEADER.as_bytes()));
         let mut objects = Vec::new();
-        match manifests::objects(path, text, &mut |o| {
-            objects.push(o);
+        match manifests::read_from(path, file, &mut |o| {
+            // Only the kinds the controllers read are kept, a document at a time.
+            if READS.contains(&o.kind.as_str()) {
+                objects.push(o);
+            }
             Ok(())
         }) {
             Ok(read) => {
                 problems.extend(read.problems);
                 Some(FileDocs {
-                    owned: text.starts_with(HEADER),
+                    owned,
                     documents: read.documents,
                     objects,
                 })

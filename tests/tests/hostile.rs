@@ -19,13 +19,13 @@ use std::{
     time::Duration,
 };
 
-use conventions::manifests::{self, MAX_DOCUMENTS, MAX_DOCUMENT_BYTES, MAX_NESTING};
+use conventions::manifests::{self, MAX_ALIASES, MAX_DOCUMENTS, MAX_DOCUMENT_BYTES, MAX_NESTING};
 use serde_json::Value;
 use sliceway_agent::{compiler, source::local::ManifestDir};
 use sliceway_lab::{fuzz::Rng, netns, workspace_binary, Agent, Netns, NS_PREFIX};
 
 const SEED: u64 = 19;
-const CASES: usize = 57;
+const CASES: usize = 60;
 
 /// The good objects every case sits beside: a Service with one port, its slice,
 /// the Pod behind it and that Pod's Node.
@@ -114,7 +114,7 @@ fn slice(name: &str, service: &str, address_type: &str, address: &str) -> String
 const PORT: &str = "[{name: http, port: 80, protocol: TCP, targetPort: 8080}]";
 
 /// Kinds of hostile files, taken in turn.
-const KINDS: usize = 19;
+const KINDS: usize = 20;
 
 /// The `n`th case of the corpus: kinds in turn, their details from `rng`.
 fn case(n: usize, rng: &mut Rng) -> Case {
@@ -351,6 +351,16 @@ fn case(n: usize, rng: &mut Rng) -> Case {
                 text.into(),
             )
         }
+        19 => {
+            // More aliases than a document may have, each of a small anchor.
+            let aliases = MAX_ALIASES + 1 + rng.below(1000) as usize;
+            let doc = format!("a: &a x\nb: [{}]\n", vec!["*a"; aliases].join(","));
+            (
+                "more aliases than a document may have",
+                both(Expect::Used),
+                format!("{good_first}---\n{doc}").into(),
+            )
+        }
         _ => {
             let text = match rng.below(3) {
                 0 => format!(
@@ -396,36 +406,40 @@ fn corpus() -> Vec<Case> {
     (0..CASES).map(|n| case(n, &mut rng)).collect()
 }
 
-/// Reads a case's file as both binaries do and checks what it cost, counted.
+/// Reads a case's file as both binaries do (streamed, a document at a time) and
+/// checks what it cost, counted.
 fn check_cost(case: &Case, path: &Path) -> Vec<manifests::Problem> {
-    let (text, mut problems, cost) = manifests::screen_counted(path, &case.bytes);
     let what = format!("{} ({})", case.file, case.what);
+    let read = match manifests::read_file(path, &mut |_| Ok(())) {
+        Ok(read) => read,
+        // Broken YAML: the file is refused whole at the first broken document.
+        Err(p) => return vec![p],
+    };
+    let cost = read.cost;
+    assert!(cost.bytes <= case.bytes.len(), "{what}: {cost:?}");
     assert!(cost.parsed_bytes <= cost.bytes, "{what}: {cost:?}");
+    assert!(cost.documents <= MAX_DOCUMENTS, "{what}: {cost:?}");
+    // Held at once: one document, within the limit.
+    assert!(cost.largest <= MAX_DOCUMENT_BYTES, "{what}: {cost:?}");
     assert!(cost.deepest <= MAX_NESTING, "{what}: {cost:?}");
-    assert!(
-        cost.parsed_bytes <= MAX_DOCUMENT_BYTES * cost.documents.clamp(1, MAX_DOCUMENTS),
-        "{what}: {cost:?}"
-    );
+    assert!(cost.aliases <= MAX_ALIASES, "{what}: {cost:?}");
     // Parsing is at worst linear in what it is handed times the nesting it may meet.
     let budget = (MAX_NESTING + 1) * cost.bytes.max(1);
     assert!(
         cost.parsed_bytes * (cost.deepest + 1) <= budget,
         "{what}: {cost:?}"
     );
-    match manifests::objects(path, &text, &mut |_| Ok(())) {
-        Ok(read) => {
-            // What parsing held: a small multiple of what it was handed (aliases
-            // expand, within the parser's repetition limit).
-            assert!(
-                read.nodes <= 100 * cost.parsed_bytes + 1000,
-                "{what}: {} nodes from {cost:?}",
-                read.nodes
-            );
-            problems.extend(read.problems);
-        }
-        Err(p) => problems.push(p),
-    }
-    problems
+    // What parsing held: a small multiple of a document, aliases expanded.
+    assert!(
+        cost.most_nodes <= manifests::max_nodes(cost.largest),
+        "{what}: {cost:?}"
+    );
+    assert!(
+        read.nodes <= 2 * cost.parsed_bytes + 1024 * cost.documents,
+        "{what}: {} nodes from {cost:?}",
+        read.nodes
+    );
+    read.problems
 }
 
 fn run(bin: &str, args: &[&str]) -> (Value, String) {

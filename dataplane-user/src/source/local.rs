@@ -71,11 +71,11 @@ impl Reader<FileObjects> for ToSink<'_> {
     fn read(
         &mut self,
         path: &Path,
-        text: &str,
+        file: &mut dyn std::io::BufRead,
         old: Option<&FileObjects>,
         problems: &mut Vec<Problem>,
     ) -> Option<FileObjects> {
-        let (objects, mut parsed) = parse_file_model(path, text);
+        let (objects, mut parsed) = parse_into(path, file, add_model);
         problems.append(&mut parsed);
         let objects = objects?;
         let nodes = objects.nodes.clone();
@@ -403,37 +403,44 @@ enum Found {
     Node(Box<Node>),
 }
 
-/// Parses one file. `None` when the YAML itself is broken (nothing in the file is
-/// trusted then); otherwise the usable objects and a problem per unusable document.
+/// Parses one file's text. `None` when the YAML itself is broken (nothing in the
+/// file is trusted then); otherwise the usable objects and a problem per unusable
+/// document.
 pub fn parse_file(path: &Path, text: &str) -> (Option<Objects>, Vec<Problem>) {
-    parse_into(path, text, |objects: &mut Objects, found| match found {
-        Found::Service(s) => objects.services.push(*s),
-        Found::Slice(s) => objects.slices.push(*s),
-        Found::Node(n) => objects.nodes.push(*n),
-    })
-}
-
-/// [`parse_file`], each object turned into the agent's model as soon as it is read.
-pub fn parse_file_model(path: &Path, text: &str) -> (Option<ModelObjects>, Vec<Problem>) {
     parse_into(
         path,
-        text,
-        |objects: &mut ModelObjects, found| match found {
-            Found::Service(s) => objects.services.push(ServiceInfo::from(&*s)),
-            Found::Slice(s) => objects.slices.push(SliceInfo::from(&*s)),
-            Found::Node(n) => objects.nodes.push(NodeInfo::from(&*n)),
+        text.as_bytes(),
+        |objects: &mut Objects, found| match found {
+            Found::Service(s) => objects.services.push(*s),
+            Found::Slice(s) => objects.slices.push(*s),
+            Found::Node(n) => objects.nodes.push(*n),
         },
     )
 }
 
-/// Reads a file's documents, adding each object of a kind the agent reads to `T`.
+/// [`parse_file`], each object turned into the agent's model as soon as it is read.
+pub fn parse_file_model(path: &Path, text: &str) -> (Option<ModelObjects>, Vec<Problem>) {
+    parse_into(path, text.as_bytes(), add_model)
+}
+
+/// An object in the agent's model, the API object dropped.
+fn add_model(objects: &mut ModelObjects, found: Found) {
+    match found {
+        Found::Service(s) => objects.services.push(ServiceInfo::from(&*s)),
+        Found::Slice(s) => objects.slices.push(SliceInfo::from(&*s)),
+        Found::Node(n) => objects.nodes.push(NodeInfo::from(&*n)),
+    }
+}
+
+/// Reads a file's documents as they come (one at a time, see
+/// [`manifests::read_from`]), adding each object of a kind the agent reads to `T`.
 fn parse_into<T: Default>(
     path: &Path,
-    text: &str,
+    file: impl std::io::BufRead,
     add: impl Fn(&mut T, Found),
 ) -> (Option<T>, Vec<Problem>) {
     let mut objects = T::default();
-    let read = manifests::objects(path, text, &mut |o| {
+    let read = manifests::read_from(path, file, &mut |o| {
         if let Some(found) = accept(o)? {
             add(&mut objects, found);
         }
