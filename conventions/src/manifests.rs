@@ -766,7 +766,7 @@ fn take(
         Some(ns) if !ns.is_empty() => format!("{kind} {ns}/{name}"),
         _ => format!("{kind} {name}"),
     };
-    if let Err(invalid) = crate::validate::object(&kind, &value) {
+    if let Err(invalid) = crate::validate::object(&kind, &value, crate::validate::Rules::Create) {
         return Err(Refusal {
             reason: format!("{object}: {}: {}; skipped", invalid.field, invalid.reason),
             object: Some(object),

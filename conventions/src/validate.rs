@@ -1,6 +1,8 @@
 //! The front door: what the API server would refuse of an object of a kind the
-//! binaries read, checked on every object of a manifest directory before either
-//! binary keeps it, so a file can hold nothing that a cluster could not.
+//! binaries read, checked on every object before either binary keeps it: objects
+//! of a manifest directory (so a file can hold nothing that a cluster could not)
+//! and objects the API server's watches deliver (which it validated when they were
+//! written, under the rules of its release then: [`Rules::Stored`]).
 //!
 //! Mirrors the API server's validation (k8s.io/kubernetes pkg/apis/core/validation:
 //! `ValidateObjectMeta` with `ValidateServiceName` (a DNS-1035 label),
@@ -8,9 +10,26 @@
 //! subdomains), `ValidateNamespaceName` (a DNS-1123 label), `ValidateLabels`;
 //! pkg/apis/discovery/validation `ValidateEndpointSliceName`; `validateServicePort`
 //! for a Service port's number and protocol; the syntax rules themselves from
-//! k8s.io/apimachinery pkg/util/validation). IP addresses are checked where they
-//! are read, by the agent's compiler (which names the address it skips) and the
-//! reconcilers.
+//! k8s.io/apimachinery pkg/util/validation), and for IP addresses, one function per
+//! rule:
+//!
+//! | field | rules |
+//! |---|---|
+//! | Service `spec.clusterIP(s)` | [`legacy_ip`]; `None` first and alone; at most two, one per family; `clusterIPs[0]` = `clusterIP` |
+//! | Service `spec.externalIPs` | [`legacy_ip`], then [`endpoint_ip`] |
+//! | Service `status.loadBalancer.ingress[].ip` | [`legacy_ip`] |
+//! | EndpointSlice IPv4 addresses | [`legacy_ip`], IPv4, then [`endpoint_ip`] |
+//! | EndpointSlice IPv6 addresses | [`strict_ip`], IPv6, then [`endpoint_ip`] |
+//! | EndpointSlice FQDN addresses | [`fqdn`] |
+//! | Endpoints `subsets[].addresses[].ip`, `notReadyAddresses` | [`legacy_ip`], then [`endpoint_ip`] |
+//! | Pod `status.podIP`, `status.podIPs[].ip` | [`legacy_ip`] |
+//!
+//! ([`endpoint_ip`] is upstream's `ValidateEndpointIP`: not unspecified, loopback,
+//! link-local or link-local multicast.) Multicast and broadcast addresses pass the
+//! API server; [`translatable`] adds them for the agent, which can translate no
+//! connection to them and skips such a frontend or backend alone.
+
+use std::net::{IpAddr, Ipv4Addr};
 
 use serde_yaml_ng::Value;
 
@@ -32,8 +51,33 @@ fn name_rule(kind: &str) -> Option<fn(&str) -> Option<String>> {
     }
 }
 
+/// Which of the API server's rules for IP addresses apply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rules {
+    /// What the API server of v1.37.2 accepts in a new object, with its default
+    /// feature gates (`StrictIPCIDRValidation` is on since 1.36): objects of a
+    /// manifest directory, which are what a user would create.
+    Create,
+    /// What an API server may hold: also the legacy forms that older releases
+    /// accepted and that validation keeps accepting in objects that have them
+    /// (IPv4 parts with leading zeros, read as decimal, and IPv4-mapped IPv6), as
+    /// kube-proxy reads them (`netutils.ParseIPSloppy`): objects from the API
+    /// server.
+    Stored,
+}
+
+/// Checks a typed object as an API server's watch delivered it, under
+/// [`Rules::Stored`]: the front door both binaries' API edges share.
+pub fn stored<T: serde::Serialize>(kind: &str, obj: &T) -> Result<(), Invalid> {
+    let value = serde_yaml_ng::to_value(obj).map_err(|e| Invalid {
+        field: String::new(),
+        reason: format!("cannot be read: {e}"),
+    })?;
+    object(kind, &value, Rules::Stored)
+}
+
 /// Checks an object of a kind the binaries read; other kinds pass unchecked.
-pub fn object(kind: &str, value: &Value) -> Result<(), Invalid> {
+pub fn object(kind: &str, value: &Value, rules: Rules) -> Result<(), Invalid> {
     let Some(name_ok) = name_rule(kind) else {
         return Ok(());
     };
@@ -81,39 +125,379 @@ pub fn object(kind: &str, value: &Value) -> Result<(), Invalid> {
             }
         }
     }
-    if kind == "Service" {
-        if let Some(Value::Sequence(ports)) = value.get("spec").and_then(|s| s.get("ports")) {
-            for (i, port) in ports.iter().enumerate() {
-                // validateServicePort: a port that is not given is 0 in Go and
-                // refused there as out of range; named here for what it is.
-                let field = format!("spec.ports[{i}].port");
-                match port.get("port") {
-                    None | Some(Value::Null) => {
-                        return Err(invalid(&field, "required value (no port given)".into()))
-                    }
-                    Some(Value::Number(p))
-                        if !p.as_i64().is_some_and(|p| (1..=65535).contains(&p)) =>
-                    {
-                        return Err(invalid(
-                            &field,
-                            format!("{p}: must be between 1 and 65535, inclusive"),
-                        ))
-                    }
-                    _ => {} // a port of another type: the typed read says so
+    match kind {
+        "Service" => {
+            service_ports(value)?;
+            service_ips(value, rules)
+        }
+        "EndpointSlice" => slice_addresses(value, rules),
+        "Endpoints" => endpoints_addresses(value, rules),
+        "Pod" => pod_ips(value, rules),
+        _ => Ok(()),
+    }
+}
+
+fn invalid(field: &str, reason: String) -> Invalid {
+    Invalid {
+        field: field.into(),
+        reason,
+    }
+}
+
+/// `validateServicePort`: each port's number and protocol.
+fn service_ports(value: &Value) -> Result<(), Invalid> {
+    if let Some(Value::Sequence(ports)) = value.get("spec").and_then(|s| s.get("ports")) {
+        for (i, port) in ports.iter().enumerate() {
+            // validateServicePort: a port that is not given is 0 in Go and
+            // refused there as out of range; named here for what it is.
+            let field = format!("spec.ports[{i}].port");
+            match port.get("port") {
+                None | Some(Value::Null) => {
+                    return Err(invalid(&field, "required value (no port given)".into()))
                 }
-                // supportedPortProtocols; an empty protocol is defaulted to TCP.
-                if let Some(Value::String(proto)) = port.get("protocol") {
-                    if !matches!(proto.as_str(), "TCP" | "UDP" | "SCTP" | "") {
-                        return Err(invalid(
-                            &format!("spec.ports[{i}].protocol"),
-                            format!("{proto:?}: supported values: \"SCTP\", \"TCP\", \"UDP\""),
-                        ));
-                    }
+                Some(Value::Number(p)) if !p.as_i64().is_some_and(|p| (1..=65535).contains(&p)) => {
+                    return Err(invalid(
+                        &field,
+                        format!("{p}: must be between 1 and 65535, inclusive"),
+                    ))
+                }
+                _ => {} // a port of another type: the typed read says so
+            }
+            // supportedPortProtocols; an empty protocol is defaulted to TCP.
+            if let Some(Value::String(proto)) = port.get("protocol") {
+                if !matches!(proto.as_str(), "TCP" | "UDP" | "SCTP" | "") {
+                    return Err(invalid(
+                        &format!("spec.ports[{i}].protocol"),
+                        format!("{proto:?}: supported values: \"SCTP\", \"TCP\", \"UDP\""),
+                    ));
                 }
             }
         }
     }
     Ok(())
+}
+
+/// A string field of a mapping, `Err` when it is there and not a string.
+fn text<'a>(v: Option<&'a Value>, field: &str) -> Result<Option<&'a str>, Invalid> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(_) => Err(invalid(field, "must be a string".into())),
+    }
+}
+
+/// The items of a sequence field (none when it is absent; the typed read says what
+/// is wrong with another type).
+fn items(v: Option<&Value>) -> &[Value] {
+    match v {
+        Some(Value::Sequence(s)) => s,
+        _ => &[],
+    }
+}
+
+/// A Service's addresses: `ValidateServiceClusterIPsRelatedFields` for its
+/// ClusterIPs, `ValidateService` for its external IPs, `ValidateLoadBalancerStatus`
+/// for its load-balancer ingress IPs
+/// (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/apis/core/validation/validation.go>).
+fn service_ips(value: &Value, rules: Rules) -> Result<(), Invalid> {
+    let Some(spec) = value.get("spec") else {
+        return Ok(());
+    };
+    if text(spec.get("type"), "spec.type")? == Some("ExternalName") {
+        return Ok(());
+    }
+    let single = text(spec.get("clusterIP"), "spec.clusterIP")?.filter(|ip| !ip.is_empty());
+    let list = items(spec.get("clusterIPs"));
+    let mut ips = Vec::new();
+    for (i, ip) in list.iter().enumerate() {
+        let field = format!("spec.clusterIPs[{i}]");
+        ips.push((field.clone(), text(Some(ip), &field)?.unwrap_or_default()));
+    }
+    match (single, ips.first()) {
+        (Some(one), Some((_, first))) if one != *first => {
+            return Err(invalid(
+                "spec.clusterIPs",
+                format!("{first:?}: first value must match `clusterIP` ({one:?})"),
+            ))
+        }
+        // The API server fills one from the other when only one is given.
+        (Some(one), None) => ips.push(("spec.clusterIP".into(), one)),
+        _ => {}
+    }
+    let mut families = Vec::new();
+    for (i, (field, ip)) in ips.iter().enumerate() {
+        if *ip == "None" {
+            if i > 0 || ips.len() > 1 {
+                return Err(invalid(
+                    "spec.clusterIPs",
+                    "'None' must be the first and only value".into(),
+                ));
+            }
+            continue;
+        }
+        let parsed =
+            legacy_ip(ip, rules).map_err(|why| invalid(field, format!("{ip:?}: {why}")))?;
+        families.push(parsed.is_ipv4());
+    }
+    if ips.len() > 2 {
+        return Err(invalid(
+            "spec.clusterIPs",
+            "may only hold up to 2 values".into(),
+        ));
+    }
+    if families.len() == 2 && families[0] == families[1] {
+        return Err(invalid(
+            "spec.clusterIPs",
+            "may specify no more than one IP for each IP family".into(),
+        ));
+    }
+    for (i, ip) in items(spec.get("externalIPs")).iter().enumerate() {
+        let field = format!("spec.externalIPs[{i}]");
+        let Some(ip) = text(Some(ip), &field)? else {
+            continue;
+        };
+        // For historical reasons, ValidateEndpointIP's rules too.
+        legacy_ip(ip, rules)
+            .and_then(|parsed| endpoint_ip(parsed).map_or(Ok(()), |why| Err(why.into())))
+            .map_err(|why| invalid(&field, format!("{ip:?}: {why}")))?;
+    }
+    let ingress = value
+        .get("status")
+        .and_then(|s| s.get("loadBalancer"))
+        .and_then(|lb| lb.get("ingress"));
+    for (i, entry) in items(ingress).iter().enumerate() {
+        let field = format!("status.loadBalancer.ingress[{i}].ip");
+        if let Some(ip) = text(entry.get("ip"), &field)?.filter(|ip| !ip.is_empty()) {
+            legacy_ip(ip, rules).map_err(|why| invalid(&field, format!("{ip:?}: {why}")))?;
+        }
+    }
+    Ok(())
+}
+
+/// An EndpointSlice's address type and addresses, as `ValidateEndpointSlice`
+/// checks them
+/// (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/apis/discovery/validation/validation.go>).
+fn slice_addresses(value: &Value, rules: Rules) -> Result<(), Invalid> {
+    let address_type = text(value.get("addressType"), "addressType")?.unwrap_or_default();
+    if !matches!(address_type, "IPv4" | "IPv6" | "FQDN") {
+        return Err(invalid(
+            "addressType",
+            if address_type.is_empty() {
+                "required value".into()
+            } else {
+                format!("{address_type:?}: supported values: \"FQDN\", \"IPv4\", \"IPv6\"")
+            },
+        ));
+    }
+    for (i, endpoint) in items(value.get("endpoints")).iter().enumerate() {
+        let addresses = items(endpoint.get("addresses"));
+        if addresses.is_empty() {
+            return Err(invalid(
+                &format!("endpoints[{i}].addresses"),
+                "must contain at least 1 address".into(),
+            ));
+        }
+        for (j, address) in addresses.iter().enumerate() {
+            let field = format!("endpoints[{i}].addresses[{j}]");
+            let Some(address) = text(Some(address), &field)? else {
+                continue;
+            };
+            let checked = match address_type {
+                "IPv4" => legacy_ip(address, rules).and_then(|ip| {
+                    if !ip.is_ipv4() {
+                        return Err("must be an IPv4 address".into());
+                    }
+                    endpoint_ip(ip).map_or(Ok(()), |why| Err(why.into()))
+                }),
+                "IPv6" => strict_ip(address).and_then(|ip| {
+                    if !ip.is_ipv6() {
+                        return Err("must be an IPv6 address".into());
+                    }
+                    endpoint_ip(ip).map_or(Ok(()), |why| Err(why.into()))
+                }),
+                _ => fqdn(address).map_or(Ok(()), Err),
+            };
+            checked.map_err(|why| invalid(&field, format!("{address:?}: {why}")))?;
+        }
+    }
+    Ok(())
+}
+
+/// An Endpoints' addresses, as `validateEndpointAddress` checks them.
+fn endpoints_addresses(value: &Value, rules: Rules) -> Result<(), Invalid> {
+    for (i, subset) in items(value.get("subsets")).iter().enumerate() {
+        for list in ["addresses", "notReadyAddresses"] {
+            for (j, address) in items(subset.get(list)).iter().enumerate() {
+                let field = format!("subsets[{i}].{list}[{j}].ip");
+                let ip = text(address.get("ip"), &field)?.unwrap_or_default();
+                legacy_ip(ip, rules)
+                    .and_then(|parsed| endpoint_ip(parsed).map_or(Ok(()), |why| Err(why.into())))
+                    .map_err(|why| invalid(&field, format!("{ip:?}: {why}")))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A Pod's IPs, as `validatePodIPs` checks them.
+fn pod_ips(value: &Value, rules: Rules) -> Result<(), Invalid> {
+    let Some(status) = value.get("status") else {
+        return Ok(());
+    };
+    if let Some(ip) = text(status.get("podIP"), "status.podIP")?.filter(|ip| !ip.is_empty()) {
+        legacy_ip(ip, rules).map_err(|why| invalid("status.podIP", format!("{ip:?}: {why}")))?;
+    }
+    for (i, entry) in items(status.get("podIPs")).iter().enumerate() {
+        let field = format!("status.podIPs[{i}].ip");
+        let ip = text(entry.get("ip"), &field)?.unwrap_or_default();
+        legacy_ip(ip, rules).map_err(|why| invalid(&field, format!("{ip:?}: {why}")))?;
+    }
+    Ok(())
+}
+
+/// An IP address as Go 1.16's `net.ParseIP` read it, which Kubernetes keeps as
+/// `netutils.ParseIPSloppy` for what older releases stored
+/// (<https://github.com/kubernetes/utils/blob/master/internal/third_party/forked/golang/net/ip.go>):
+/// an IPv4 part may have leading zeros, read as decimal (`010.001.002.003` is
+/// 10.1.2.3, where libc would read octal), any number of them; IPv6 as usual.
+pub fn parse_ip_sloppy(s: &str) -> Option<IpAddr> {
+    if s.contains(':') {
+        return s.parse::<std::net::Ipv6Addr>().ok().map(IpAddr::V6);
+    }
+    let mut out = [0u8; 4];
+    let mut parts = s.split('.');
+    for byte in &mut out {
+        let part = parts.next()?;
+        if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let digits = part.trim_start_matches('0');
+        if digits.len() > 3 {
+            return None;
+        }
+        *byte = digits
+            .parse::<u16>()
+            .map_or(Some(0), |v| u8::try_from(v).ok())?;
+    }
+    parts
+        .next()
+        .is_none()
+        .then_some(IpAddr::V4(Ipv4Addr::from(out)))
+}
+
+/// `IsValidIPForLegacyField`
+/// (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/staging/src/k8s.io/apimachinery/pkg/util/validation/ip.go>):
+/// an IP address as [`parse_ip_sloppy`] reads it; under [`Rules::Create`] also
+/// without [`leading_zeros`] and not [`ipv4_mapped`].
+pub fn legacy_ip(s: &str, rules: Rules) -> Result<IpAddr, String> {
+    let ip = parse_ip_sloppy(s).ok_or_else(|| {
+        "must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)".to_string()
+    })?;
+    if rules == Rules::Create {
+        if let Some(why) = leading_zeros(s).or_else(|| ipv4_mapped(ip)) {
+            return Err(why.into());
+        }
+    }
+    Ok(ip)
+}
+
+/// `IsValidIP`, for fields newer than the legacy ones: strict, and in canonical
+/// form (RFC 5952 for IPv6).
+pub fn strict_ip(s: &str) -> Result<IpAddr, String> {
+    let ip = legacy_ip(s, Rules::Create)?;
+    if ip.to_string() != s {
+        return Err(format!("must be in canonical form ({:?})", ip.to_string()));
+    }
+    Ok(ip)
+}
+
+/// Strict parsing's rule: an address that only [`parse_ip_sloppy`] reads has parts
+/// with leading zeros.
+pub fn leading_zeros(s: &str) -> Option<&'static str> {
+    (parse_ip_sloppy(s).is_some() && s.parse::<IpAddr>().is_err())
+        .then_some("must not have leading 0s")
+}
+
+/// Strict parsing's rule: no IPv4 address written as IPv6 (`::ffff:1.2.3.4`).
+pub fn ipv4_mapped(ip: IpAddr) -> Option<&'static str> {
+    matches!(ip, IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some())
+        .then_some("must not be an IPv4-mapped IPv6 address")
+}
+
+/// `ValidateEndpointIP`'s rules, for endpoint and external IPs: the first that
+/// refuses `ip`.
+pub fn endpoint_ip(ip: IpAddr) -> Option<&'static str> {
+    unspecified(ip)
+        .or_else(|| loopback(ip))
+        .or_else(|| link_local(ip))
+        .or_else(|| link_local_multicast(ip))
+}
+
+/// `ValidateEndpointIP`: not unspecified.
+pub fn unspecified(ip: IpAddr) -> Option<&'static str> {
+    ip.is_unspecified()
+        .then_some("may not be unspecified (0.0.0.0, ::)")
+}
+
+/// `ValidateEndpointIP`: not loopback.
+pub fn loopback(ip: IpAddr) -> Option<&'static str> {
+    ip.is_loopback()
+        .then_some("may not be in the loopback range (127.0.0.0/8, ::1/128)")
+}
+
+/// `ValidateEndpointIP`: not link-local unicast.
+pub fn link_local(ip: IpAddr) -> Option<&'static str> {
+    let yes = match ip {
+        IpAddr::V4(v4) => v4.is_link_local(),
+        IpAddr::V6(v6) => v6.segments()[0] & 0xffc0 == 0xfe80,
+    };
+    yes.then_some("may not be in the link-local range (169.254.0.0/16, fe80::/10)")
+}
+
+/// `ValidateEndpointIP`: not link-local multicast (Go's `IsLinkLocalMulticast`:
+/// 224.0.0.0/24, ff02::/16).
+pub fn link_local_multicast(ip: IpAddr) -> Option<&'static str> {
+    let yes = match ip {
+        IpAddr::V4(v4) => v4.octets()[..3] == [224, 0, 0],
+        IpAddr::V6(v6) => v6.segments()[0] & 0xff0f == 0xff02,
+    };
+    yes.then_some("may not be in the link-local multicast range (224.0.0.0/24, ff02::/10)")
+}
+
+/// Beyond the API server, which accepts it: not multicast, which no connection can
+/// be translated to.
+pub fn multicast(ip: IpAddr) -> Option<&'static str> {
+    ip.is_multicast()
+        .then_some("may not be multicast (224.0.0.0/4, ff00::/8)")
+}
+
+/// Beyond the API server, which accepts it: not the IPv4 broadcast address.
+pub fn broadcast(ip: IpAddr) -> Option<&'static str> {
+    matches!(ip, IpAddr::V4(v4) if v4.is_broadcast()).then_some("may not be the broadcast address")
+}
+
+/// Why no connection may be translated to or from `ip`, if none may: the rules of
+/// [`endpoint_ip`], [`multicast`] and [`broadcast`]. The agent skips a frontend or
+/// backend on such an address alone (a ClusterIP is checked only here: the API
+/// server leaves ClusterIPs to its allocator and service CIDRs).
+pub fn translatable(ip: IpAddr) -> Option<&'static str> {
+    endpoint_ip(ip)
+        .or_else(|| multicast(ip))
+        .or_else(|| broadcast(ip))
+}
+
+/// `IsFullyQualifiedDomainName`: a DNS-1123 subdomain (a final `.` aside) of at
+/// least two labels.
+pub fn fqdn(s: &str) -> Option<String> {
+    if s.is_empty() {
+        return Some("required value".into());
+    }
+    let name = s.strip_suffix('.').unwrap_or(s);
+    if let Some(why) = dns1123_subdomain(name) {
+        return Some(why);
+    }
+    (!name.contains('.'))
+        .then(|| "should be a domain with at least two segments separated by dots".into())
 }
 
 const DNS1123_LABEL_MAX: usize = 63;
@@ -220,7 +604,7 @@ mod tests {
     use super::*;
 
     fn check(kind: &str, yaml: &str) -> Result<(), Invalid> {
-        object(kind, &serde_yaml_ng::from_str(yaml).unwrap())
+        object(kind, &serde_yaml_ng::from_str(yaml).unwrap(), Rules::Create)
     }
 
     #[test]
@@ -285,5 +669,210 @@ mod tests {
         );
         // Kinds the binaries do not read are not theirs to judge.
         assert_eq!(check("ConfigMap", "metadata: {name: A/B}"), Ok(()));
+    }
+
+    #[test]
+    fn addresses_as_the_api_server_reads_them() {
+        let v4 = |s: &str| parse_ip_sloppy(s).map(|ip| ip.to_string());
+        assert_eq!(v4("10.1.2.3").as_deref(), Some("10.1.2.3"));
+        // Leading zeros are decimal, as many as written.
+        assert_eq!(v4("010.001.002.0003").as_deref(), Some("10.1.2.3"));
+        assert_eq!(v4("0.0.0.0255").as_deref(), Some("0.0.0.255"));
+        for bad in [
+            "256.1.1.1",
+            "10.96.7",
+            "10.96.7.1.5",
+            "1..2.3",
+            "a.b.c.d",
+            "",
+            "1.2.3.4 ",
+        ] {
+            assert_eq!(v4(bad), None, "{bad}");
+        }
+        assert_eq!(v4("fd00::1").as_deref(), Some("fd00::1"));
+        // A new object may not use the legacy forms; a stored one may.
+        assert_eq!(
+            legacy_ip("010.96.0.1", Rules::Create),
+            Err("must not have leading 0s".into())
+        );
+        assert_eq!(
+            legacy_ip("010.96.0.1", Rules::Stored),
+            Ok("10.96.0.1".parse().unwrap())
+        );
+        assert_eq!(
+            legacy_ip("::ffff:10.96.0.1", Rules::Create),
+            Err("must not be an IPv4-mapped IPv6 address".into())
+        );
+        assert!(legacy_ip("::ffff:10.96.0.1", Rules::Stored).is_ok());
+        assert!(strict_ip("FD00::1").is_err());
+        assert!(strict_ip("fd00::1").is_ok());
+        // ValidateEndpointIP, then the agent's own two.
+        let why = |s: &str| translatable(s.parse().unwrap());
+        for (ip, refused) in [
+            ("0.0.0.0", endpoint_ip as fn(IpAddr) -> Option<&'static str>),
+            ("127.0.0.5", endpoint_ip),
+            ("169.254.169.254", endpoint_ip),
+            ("224.0.0.1", endpoint_ip),
+            ("fe80::1", endpoint_ip),
+            ("::1", endpoint_ip),
+            ("ff02::1", endpoint_ip),
+            ("239.1.1.1", multicast),
+            ("255.255.255.255", broadcast),
+        ] {
+            assert!(refused(ip.parse().unwrap()).is_some(), "{ip}");
+            assert_eq!(why(ip), refused(ip.parse().unwrap()), "{ip}");
+        }
+        assert_eq!(endpoint_ip("239.1.1.1".parse().unwrap()), None);
+        assert_eq!(why("10.244.1.5"), None);
+        assert_eq!(fqdn("example.com"), None);
+        assert!(fqdn("example").is_some());
+        assert!(fqdn("Example.com").is_some());
+    }
+
+    #[test]
+    fn objects_with_addresses_the_api_server_would_refuse() {
+        let field = |kind: &str, yaml: &str, rules| {
+            object(kind, &serde_yaml_ng::from_str(yaml).unwrap(), rules)
+                .err()
+                .map(|e| e.field)
+        };
+        let svc = |spec: &str| format!("metadata: {{name: web}}\nspec: {spec}");
+        let create = Rules::Create;
+        assert_eq!(
+            field("Service", &svc("{clusterIP: 10.96.0.1}"), create),
+            None
+        );
+        assert_eq!(field("Service", &svc("{clusterIP: None}"), create), None);
+        assert_eq!(
+            field("Service", &svc("{clusterIP: 10.96.7}"), create).as_deref(),
+            Some("spec.clusterIP")
+        );
+        assert_eq!(
+            field("Service", &svc("{clusterIP: 010.96.0.1}"), create).as_deref(),
+            Some("spec.clusterIP")
+        );
+        assert_eq!(
+            field("Service", &svc("{clusterIP: 010.96.0.1}"), Rules::Stored),
+            None
+        );
+        // The API server leaves a ClusterIP's range to its allocator.
+        assert_eq!(
+            field("Service", &svc("{clusterIP: 127.0.0.1}"), create),
+            None
+        );
+        assert_eq!(
+            field(
+                "Service",
+                &svc("{clusterIP: 10.96.0.1, clusterIPs: [10.96.0.2]}"),
+                create
+            )
+            .as_deref(),
+            Some("spec.clusterIPs")
+        );
+        assert_eq!(
+            field(
+                "Service",
+                &svc("{clusterIPs: [10.96.0.1, 10.96.0.2]}"),
+                create
+            )
+            .as_deref(),
+            Some("spec.clusterIPs")
+        );
+        assert_eq!(
+            field(
+                "Service",
+                &svc("{clusterIPs: [10.96.0.1, \"fd00::1\"]}"),
+                create
+            ),
+            None
+        );
+        assert_eq!(
+            field("Service", &svc("{clusterIPs: [None, 10.96.0.1]}"), create).as_deref(),
+            Some("spec.clusterIPs")
+        );
+        assert_eq!(
+            field(
+                "Service",
+                &svc("{clusterIP: 10.96.0.1, externalIPs: [1.2.3.4, 169.254.169.254]}"),
+                create
+            )
+            .as_deref(),
+            Some("spec.externalIPs[1]")
+        );
+        assert_eq!(
+            field(
+                "Service",
+                &(svc("{clusterIP: 10.96.0.1, type: LoadBalancer}")
+                    + "\nstatus: {loadBalancer: {ingress: [{ip: 1.2.3}]}}"),
+                create
+            )
+            .as_deref(),
+            Some("status.loadBalancer.ingress[0].ip")
+        );
+        assert_eq!(
+            field(
+                "Service",
+                &svc("{type: ExternalName, clusterIP: x}"),
+                create
+            ),
+            None
+        );
+        let slice = |address_type: &str, address: &str| {
+            format!("metadata: {{name: s}}\naddressType: {address_type}\nendpoints: [{{addresses: [\"{address}\"]}}]")
+        };
+        assert_eq!(
+            field("EndpointSlice", &slice("IPv4", "10.244.1.5"), create),
+            None
+        );
+        for (t, a) in [
+            ("IPv4", "127.0.0.1"),
+            ("IPv4", "224.0.0.5"),
+            ("IPv4", "010.244.1.5"),
+            ("IPv4", "fd00::1"),
+            ("IPv6", "FD00::1"),
+            ("IPv6", "10.244.1.5"),
+            ("FQDN", "example"),
+        ] {
+            assert_eq!(
+                field("EndpointSlice", &slice(t, a), create).as_deref(),
+                Some("endpoints[0].addresses[0]"),
+                "{t} {a}"
+            );
+        }
+        assert_eq!(
+            field(
+                "EndpointSlice",
+                &slice("IPv4", "010.244.1.5"),
+                Rules::Stored
+            ),
+            None
+        );
+        // The API server accepts what only the agent cannot use.
+        assert_eq!(
+            field("EndpointSlice", &slice("IPv4", "255.255.255.255"), create),
+            None
+        );
+        assert_eq!(
+            field("EndpointSlice", &slice("IPX", "1.2.3.4"), create).as_deref(),
+            Some("addressType")
+        );
+        assert_eq!(
+            field(
+                "Endpoints",
+                "metadata: {name: e}\nsubsets: [{notReadyAddresses: [{ip: 0.0.0.0}]}]",
+                create
+            )
+            .as_deref(),
+            Some("subsets[0].notReadyAddresses[0].ip")
+        );
+        assert_eq!(
+            field(
+                "Pod",
+                "metadata: {name: p}\nstatus: {podIPs: [{ip: 10.244.1.5}, {ip: 10.244.1}]}",
+                create
+            )
+            .as_deref(),
+            Some("status.podIPs[1].ip")
+        );
     }
 }

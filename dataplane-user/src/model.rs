@@ -159,57 +159,14 @@ pub enum Address {
 }
 
 impl Address {
+    /// An address as kube-proxy reads it (`netutils.ParseIPSloppy`: IPv4 parts may
+    /// have leading zeros, read as decimal, which older API servers stored).
     pub fn new(written: &str) -> Self {
-        match parse_ipv4_sloppy(written) {
-            Some(ip) => Self::V4(ip),
-            None => Self::Other(written.into()),
+        match conventions::validate::parse_ip_sloppy(written) {
+            Some(std::net::IpAddr::V4(ip)) => Self::V4(ip),
+            _ => Self::Other(written.into()),
         }
     }
-}
-
-/// An IPv4 address as kube-proxy reads endpoint addresses (`netutils.ParseIPSloppy`,
-/// <https://github.com/kubernetes/utils/blob/master/net/ipnet.go>): dotted decimal
-/// where a part may have leading zeros, which are decimal (`010.001.002.003` is
-/// 10.1.2.3; Go before 1.17 read them so, and the API server keeps accepting such
-/// addresses in old objects). Each part is 1 to 3 digits and at most 255.
-pub fn parse_ipv4_sloppy(s: &str) -> Option<Ipv4Addr> {
-    let mut out = [0u8; 4];
-    let mut parts = s.split('.');
-    for byte in &mut out {
-        let part = parts.next()?;
-        if part.is_empty() || part.len() > 3 || !part.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        *byte = part
-            .parse::<u16>()
-            .ok()
-            .and_then(|v| u8::try_from(v).ok())?;
-    }
-    parts.next().is_none().then_some(Ipv4Addr::from(out))
-}
-
-/// Why an address may not be a backend or a frontend, if it may not: the API
-/// server's `ValidateEndpointIP` rules for endpoints and external IPs
-/// (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/apis/core/validation/validation.go>),
-/// which a manifest directory never went through, and beyond them multicast and
-/// broadcast, which no connection can be translated to.
-pub fn refused_address(ip: Ipv4Addr) -> Option<&'static str> {
-    let [a, b, c, _] = ip.octets();
-    Some(if ip.is_unspecified() {
-        "may not be unspecified (0.0.0.0)"
-    } else if ip.is_loopback() {
-        "may not be in the loopback range (127.0.0.0/8)"
-    } else if ip.is_link_local() {
-        "may not be in the link-local range (169.254.0.0/16)"
-    } else if (a, b, c) == (224, 0, 0) {
-        "may not be in the link-local multicast range (224.0.0.0/24)"
-    } else if ip.is_multicast() {
-        "may not be multicast (224.0.0.0/4)"
-    } else if ip.is_broadcast() {
-        "may not be the broadcast address"
-    } else {
-        return None;
-    })
 }
 
 /// One shared copy of each name: a few nodes and zones for many endpoints.

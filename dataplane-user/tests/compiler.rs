@@ -6,6 +6,9 @@
 
 use std::{collections::BTreeMap, convert::Infallible, fmt::Write as _, fs, path::Path};
 
+use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use serde::Deserialize as _;
+
 use dataplane_common::{Backend, ServiceKey, ServiceName, ServiceValue, SlotKey, PROTO_TCP};
 use sliceway_agent::{
     compiler::{compile, Frontend, Options, ServicePortName},
@@ -14,14 +17,29 @@ use sliceway_agent::{
     writer::{Limits, MapOps, MapWriter},
 };
 
+/// The Services and EndpointSlices of a manifest, read without the front door
+/// (`conventions::validate`): the compiler's own handling of what the door refuses
+/// (addresses that are not IPs, loopback, leading zeros as an older API server
+/// stored them) is what these goldens show.
+fn unchecked(text: &str) -> (Vec<Service>, Vec<EndpointSlice>) {
+    let (mut services, mut slices) = (Vec::new(), Vec::new());
+    for doc in serde_yaml_ng::Deserializer::from_str(text) {
+        let value = serde_yaml_ng::Value::deserialize(doc).unwrap();
+        match value.get("kind").and_then(|k| k.as_str()) {
+            Some("Service") => services.push(serde_yaml_ng::from_value(value).unwrap()),
+            Some("EndpointSlice") => slices.push(serde_yaml_ng::from_value(value).unwrap()),
+            _ => {}
+        }
+    }
+    (services, slices)
+}
+
 /// Compiles `testdata/{input}.yaml` and compares the dump with `golden/{case}.txt`.
 fn golden(case: &str, input: &str, opts: &Options) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
     let input = dir.join("testdata").join(format!("{input}.yaml"));
-    let (objects, problems) = parse_file(&input, &fs::read_to_string(&input).unwrap());
-    assert!(problems.is_empty(), "{problems:?}");
-    let objects = objects.unwrap();
-    let compiled = compile(&objects.services, &objects.slices, opts);
+    let (services, slices) = unchecked(&fs::read_to_string(&input).unwrap());
+    let compiled = compile(&services, &slices, opts);
     let mut writer = MapWriter::new(Limits::default());
     let mut maps = MemoryMaps::default();
     let report = writer.apply(&compiled.frontends, &mut maps);

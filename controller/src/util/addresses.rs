@@ -7,9 +7,10 @@ pub const IPV4: &str = "IPv4";
 /// EndpointSlice address type for IPv6.
 pub const IPV6: &str = "IPv6";
 
-/// Parses an IP the way Go's net.ParseIP does for our purposes; `None` if invalid.
+/// Parses an IP as upstream's `netutils.ParseIPSloppy` does (leading zeros in IPv4
+/// parts read as decimal, which older API servers stored); `None` if invalid.
 pub fn parse_ip(s: &str) -> Option<IpAddr> {
-    s.parse::<IpAddr>().ok()
+    conventions::validate::parse_ip_sloppy(s)
 }
 
 /// Whether the string is an IPv6 address (utilnet.IsIPv6String); IPv4-mapped IPv6

@@ -7,6 +7,7 @@ use std::{
     net::Ipv4Addr,
 };
 
+use conventions::validate;
 use dataplane_common::{Backend, ServiceKey};
 
 use super::claims::Claim;
@@ -88,8 +89,10 @@ pub(super) fn compile_service(
     }
     let mut vips: Vec<(Ipv4Addr, bool)> = Vec::new();
     for ip in &spec.cluster_ips {
-        match ip.parse::<std::net::IpAddr>() {
-            Ok(std::net::IpAddr::V4(v4)) => match crate::model::refused_address(v4) {
+        // As kube-proxy reads it (netutils.ParseIPSloppy): a stored ClusterIP may have
+        // leading zeros; a file's was refused at the front door.
+        match validate::parse_ip_sloppy(ip).ok_or(()) {
+            Ok(std::net::IpAddr::V4(v4)) => match validate::translatable(v4.into()) {
                 None => vips.push((v4, true)),
                 Some(why) => out.skipped.push(Skipped {
                     object: me.clone(),
@@ -111,8 +114,8 @@ pub(super) fn compile_service(
     // External IPs and load-balancer ingress IPs reach the same endpoints; they follow
     // externalTrafficPolicy, which only matters for traffic from outside the node.
     for ip in &spec.external_ips {
-        match ip.parse::<Ipv4Addr>() {
-            Ok(v4) => match crate::model::refused_address(v4) {
+        match validate::parse_ip_sloppy(ip).ok_or(()) {
+            Ok(std::net::IpAddr::V4(v4)) => match validate::translatable(v4.into()) {
                 None => vips.push((v4, false)),
                 Some(why) => out.skipped.push(Skipped {
                     object: me.clone(),
@@ -120,7 +123,7 @@ pub(super) fn compile_service(
                     reason: format!("external IP {v4} {why}; that frontend is skipped"),
                 }),
             },
-            Err(_) => out.skipped.push(Skipped {
+            Ok(std::net::IpAddr::V6(_)) | Err(()) => out.skipped.push(Skipped {
                 object: me.clone(),
                 code: "bad_external_ip",
                 reason: format!(

@@ -167,7 +167,7 @@ pub(super) fn merge_slice(
                 continue;
             };
             let ip: Ipv4Addr = match addr {
-                Address::V4(ip) => match crate::model::refused_address(*ip) {
+                Address::V4(ip) => match conventions::validate::translatable((*ip).into()) {
                     None => *ip,
                     Some(why) => {
                         skipped.push(Skipped {
