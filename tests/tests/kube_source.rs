@@ -944,3 +944,131 @@ async fn watcher_errors_do_not_end_the_source() {
     let stopped = timeout(WAIT, source.changed()).await.unwrap();
     assert!(matches!(stopped, Err(Error::Stopped)), "{stopped:?}");
 }
+
+/// The backends each Service's frontends have in `compiler`, compiled, by Service
+/// name (ClusterIP markers left out).
+fn compiled_backends(
+    compiler: &mut sliceway_agent::compiler::Incremental,
+) -> std::collections::BTreeMap<String, Vec<std::net::Ipv4Addr>> {
+    compiler.compile();
+    compiler
+        .frontends()
+        .iter()
+        .filter(|(k, _)| !sliceway_agent::compiler::is_clusterip_marker(k))
+        .map(|(_, f)| {
+            let ips = f
+                .backends
+                .iter()
+                .map(|b| std::net::Ipv4Addr::from(u32::from_be(b.addr_be)))
+                .collect();
+            (f.service.name.clone(), ips)
+        })
+        .collect()
+}
+
+/// Issue 19: what the watches deliver passes the front door that objects of files
+/// pass (`conventions::validate`, with what an API server may hold: leading zeros
+/// that older releases stored are read as decimal). A refused object is kept from
+/// the compiler (its earlier version removed), named with its field, and the
+/// others go on.
+#[tokio::test]
+async fn objects_the_front_door_refuses_are_skipped_alone() {
+    let (mut source, script) = scripted();
+    send(
+        &script.services,
+        listed(vec![
+            service("web", "10.96.0.10", &[]),
+            service("bad", "10.96.7", &[]),
+        ]),
+    );
+    send(&script.nodes, listed(vec![]));
+    send(
+        &script.slices,
+        listed(vec![
+            slice("web-a", "web", &["10.0.0.1", "010.000.000.002"], &[]),
+            slice("web-b", "web", &["127.0.0.1"], &[]),
+        ]),
+    );
+    timeout(WAIT, source.wait_synced()).await.unwrap().unwrap();
+    let mut compiler = sliceway_agent::compiler::Incremental::default();
+    source.feed(&source.take_changes(), &mut compiler);
+    let refused = |source: &KubeSource| -> Vec<(String, String, String)> {
+        source
+            .refused()
+            .into_iter()
+            .map(|r| (r.kind.to_string(), r.name, r.field))
+            .collect()
+    };
+    assert_eq!(
+        compiled_backends(&mut compiler),
+        [(
+            "web".to_string(),
+            vec!["10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap()]
+        )]
+        .into()
+    );
+    let field = |kind: &str, name: &str, field: &str| (kind.into(), name.into(), field.into());
+    assert_eq!(
+        refused(&source),
+        [
+            field("EndpointSlice", "web-b", "endpoints[0].addresses[0]"),
+            field("Service", "bad", "spec.clusterIPs[0]"),
+        ]
+    );
+    assert!(source.refused()[0].reason.contains("loopback"));
+
+    // The bad Service is mended; a good slice turns bad: it leaves the compiler.
+    send(
+        &script.services,
+        vec![watcher::Event::Apply(service("bad", "10.96.0.11", &[]))],
+    );
+    send(
+        &script.slices,
+        vec![watcher::Event::Apply(slice(
+            "web-a",
+            "web",
+            &["0.0.0.0"],
+            &[],
+        ))],
+    );
+    until(&mut source, "both changes", |o| {
+        o.services.len() == 2
+            && o.services
+                .iter()
+                .all(|s| s.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()) != Some("10.96.7"))
+            && o.slices.iter().any(|s| {
+                s.endpoints
+                    .first()
+                    .is_some_and(|e| e.addresses == ["0.0.0.0"])
+            })
+    })
+    .await;
+    source.feed(&source.take_changes(), &mut compiler);
+    assert_eq!(
+        compiled_backends(&mut compiler),
+        [("bad".to_string(), vec![]), ("web".to_string(), vec![])].into()
+    );
+    assert_eq!(
+        refused(&source),
+        [
+            field("EndpointSlice", "web-a", "endpoints[0].addresses[0]"),
+            field("EndpointSlice", "web-b", "endpoints[0].addresses[0]"),
+        ]
+    );
+    // A refused object deleted is no longer refused.
+    send(
+        &script.slices,
+        vec![watcher::Event::Delete(slice(
+            "web-b",
+            "web",
+            &["127.0.0.1"],
+            &[],
+        ))],
+    );
+    until(&mut source, "web-b deleted", |o| o.slices.len() == 1).await;
+    source.feed(&source.take_changes(), &mut compiler);
+    assert_eq!(
+        refused(&source),
+        [field("EndpointSlice", "web-a", "endpoints[0].addresses[0]")]
+    );
+}

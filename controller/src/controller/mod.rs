@@ -116,6 +116,48 @@ fn watch_health<T, E>(
     move |item| health.observe(kind, item.is_ok(), std::time::Instant::now())
 }
 
+/// The front door both binaries share ([`conventions::validate::stored`], the API
+/// server's rules for what it may hold) on a watch stream, before its reflector
+/// store: an object it refuses is logged (object, field, reason), counted as the
+/// manifest reader's refusals are (`skipped{reason="invalid_object"}`) and kept out
+/// of the store, so no reconciler sees it: left out of a list, and taken out of the
+/// store (as deleted) when a change makes it refused. The others go on.
+pub fn admitted<K, S>(
+    events: S,
+    kind: &'static str,
+    metrics: &Metrics,
+) -> impl futures::Stream<Item = S::Item> + Send
+where
+    K: kube::Resource + serde::Serialize + Send + 'static,
+    S: futures::Stream<Item = std::result::Result<watcher::Event<K>, watcher::Error>> + Send,
+{
+    let skipped = metrics.skipped.clone();
+    events.try_filter_map(move |event| {
+        let refused = |obj: &K| {
+            let invalid = conventions::validate::stored(kind, obj).err()?;
+            tracing::warn!(
+                %kind,
+                object = %format!("{}/{}", obj.meta().namespace.as_deref().unwrap_or_default(), obj.meta().name.as_deref().unwrap_or_default()),
+                field = %invalid.field,
+                reason = %invalid.reason,
+                "refused: the API server's rules do not allow it; skipped"
+            );
+            skipped
+                .get_or_create(&vec![("reason".into(), "invalid_object".into())])
+                .inc();
+            Some(())
+        };
+        let event = match event {
+            watcher::Event::InitApply(obj) if refused(&obj).is_some() => None,
+            watcher::Event::Apply(obj) if refused(&obj).is_some() => {
+                Some(watcher::Event::Delete(obj))
+            }
+            event => Some(event),
+        };
+        std::future::ready(Ok(event))
+    })
+}
+
 /// Runs the controllers against the API server until the process is stopped.
 pub async fn run(
     client: Client,
@@ -140,7 +182,11 @@ pub async fn run(
     let (pod_index, pods_for_index) = (index.clone(), pods_r.clone());
     let pods = reflector::reflector(
         pods_w,
-        watcher(Api::<Pod>::all(client.clone()), cfg.clone()),
+        admitted(
+            watcher(Api::<Pod>::all(client.clone()), cfg.clone()),
+            "Pod",
+            &metrics,
+        ),
     )
     .default_backoff()
     .inspect(watch_health(&metrics, "pod"))
@@ -182,7 +228,11 @@ pub async fn run(
     let (slice_index, slices_for_index) = (index.clone(), slices_r.clone());
     let slices = reflector::reflector(
         slices_w,
-        watcher(Api::<EndpointSlice>::all(client.clone()), cfg.clone()),
+        admitted(
+            watcher(Api::<EndpointSlice>::all(client.clone()), cfg.clone()),
+            "EndpointSlice",
+            &metrics,
+        ),
     )
     .default_backoff()
     .inspect(watch_health(&metrics, "endpointslice"))
@@ -201,7 +251,11 @@ pub async fn run(
     let endpoints_tracker = tracker.clone();
     let eps = reflector::reflector(
         eps_w,
-        watcher(Api::<Endpoints>::all(client.clone()), cfg.clone()),
+        admitted(
+            watcher(Api::<Endpoints>::all(client.clone()), cfg.clone()),
+            "Endpoints",
+            &metrics,
+        ),
     )
     .default_backoff()
     .inspect(watch_health(&metrics, "endpoints"))
@@ -227,7 +281,11 @@ pub async fn run(
     let (selectors_w, services_for_selectors) = (selectors.clone(), services.clone());
     let service_events = reflector::reflector(
         services_w,
-        watcher(Api::<Service>::all(client.clone()), cfg.clone()),
+        admitted(
+            watcher(Api::<Service>::all(client.clone()), cfg.clone()),
+            "Service",
+            &metrics,
+        ),
     )
     .default_backoff()
     .inspect(watch_health(&metrics, "service"))
@@ -372,4 +430,52 @@ pub async fn run(
         () = sweeping => {}
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slice(name: &str, address: &str) -> EndpointSlice {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "default",
+                         "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [address]}],
+        }))
+        .unwrap()
+    }
+
+    /// Issue 19: what the watches deliver passes the front door files pass, before
+    /// the store: a refused object never reaches the reconcilers, one turned bad
+    /// leaves the store, the others stay; each refusal is counted.
+    #[tokio::test]
+    async fn objects_the_front_door_refuses_never_reach_the_store() {
+        let metrics = Metrics::new();
+        let (store, writer) = reflector::store::<EndpointSlice>();
+        let events = vec![
+            watcher::Event::Init,
+            watcher::Event::InitApply(slice("good", "10.244.1.5")),
+            // Leading zeros: what an older API server stored, read as decimal.
+            watcher::Event::InitApply(slice("old", "010.244.001.006")),
+            watcher::Event::InitApply(slice("loopback", "127.0.0.1")),
+            watcher::Event::InitDone,
+            watcher::Event::Apply(slice("good", "169.254.169.254")),
+            watcher::Event::Apply(slice("new", "10.244.1.7")),
+        ];
+        let stream = futures::stream::iter(events.into_iter().map(Ok));
+        let applied = reflector::reflector(writer, admitted(stream, "EndpointSlice", &metrics));
+        let seen: Vec<_> = applied.try_collect().await.unwrap();
+        assert_eq!(seen.len(), 6, "the refused list item is left out");
+        let mut names: Vec<String> = store.state().iter().map(|s| s.name_any()).collect();
+        names.sort();
+        assert_eq!(names, ["new", "old"]);
+        assert!(
+            metrics
+                .render()
+                .contains("skipped_total{reason=\"invalid_object\"} 2"),
+            "{}",
+            metrics.render()
+        );
+    }
 }

@@ -25,10 +25,19 @@
 //! anew), so the agent feeds only those objects to its incremental compiler
 //! ([`KubeSource::take_changes`], [`KubeSource::feed`]).
 //!
+//! Every object fed to the compiler passes the front door both binaries share
+//! ([`conventions::validate`], with the rules for what an API server may hold:
+//! [`conventions::validate::Rules::Stored`]), as objects of a manifest directory do:
+//! one it refuses is logged once (object, field, reason), counted as the manifest
+//! reader's refusals are (`sliceway_objects_skipped{kind="manifest",
+//! reason="invalid_object"}`), and kept from the compiler, which drops its earlier
+//! version; the others go on ([`KubeSource::refused`]).
+//!
 //! ```text
 //! watcher ─► backoff ─► strip managedFields ─► reflector store ─► change counter
 //!                                                   │            changed objects
 //!                       snapshot(), feed() ◄────────┘   next_batch() ◄─┘
+//!                                  └─► front door ─► compiler (sink)
 //! ```
 
 use std::{
@@ -150,6 +159,42 @@ pub struct KubeSource {
     changed: Arc<Mutex<Changes>>,
     /// Which watches are failing, for `/healthz`.
     watches: Arc<Watches>,
+    /// Objects the front door refuses now, as fed last.
+    refused: Mutex<Refusals>,
+}
+
+/// An object of the stores that [`conventions::validate`] refuses: it is not handed
+/// to the compiler (its earlier version is removed from it), and said once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refused {
+    pub kind: &'static str,
+    pub namespace: String,
+    pub name: String,
+    /// The field at fault and why, as the API server would name them.
+    pub field: String,
+    pub reason: String,
+}
+
+impl Refused {
+    /// The reason's code, as the manifest reader's for the same refusal.
+    pub const CODE: &'static str = "invalid_object";
+}
+
+/// Refused objects by kind, namespace and name.
+type Refusals = std::collections::BTreeMap<(&'static str, String, String), Refused>;
+
+/// The front door for an object of the stores: the API server's rules for what it
+/// may hold ([`conventions::validate::Rules::Stored`]: what older releases stored
+/// is read as kube-proxy reads it). `Some` when refused.
+fn front_door<K: Kind>(obj: &K) -> Option<Refused> {
+    let invalid = conventions::validate::stored(K::KIND, obj).err()?;
+    Some(Refused {
+        kind: K::KIND,
+        namespace: obj.namespace().unwrap_or_default(),
+        name: obj.name_any(),
+        field: invalid.field,
+        reason: invalid.reason,
+    })
 }
 
 impl KubeSource {
@@ -256,6 +301,7 @@ impl KubeSource {
             seen: 0,
             changed,
             watches,
+            refused: Mutex::default(),
         };
         (source, run)
     }
@@ -340,13 +386,21 @@ impl KubeSource {
             .map(|n| crate::model::NodeInfo::from(&**n));
         compiler.set_zone(node.as_ref().and_then(|n| n.zone.clone()));
         compiler.set_node_ip(node.and_then(|n| n.primary_ipv4));
+        let mut refused = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
         if changes.relisted {
-            relist(&self.services, compiler);
-            relist(&self.slices, compiler);
+            relist(&self.services, compiler, &mut refused);
+            relist(&self.slices, compiler, &mut refused);
             return;
         }
-        put_changed(&self.services, &changes.services, compiler);
-        put_changed(&self.slices, &changes.slices, compiler);
+        put_changed(&self.services, &changes.services, compiler, &mut refused);
+        put_changed(&self.slices, &changes.slices, compiler, &mut refused);
+    }
+
+    /// The objects of the stores that the front door refuses now (as last fed),
+    /// sorted by kind, namespace and name.
+    pub fn refused(&self) -> Vec<Refused> {
+        let refused = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
+        refused.values().cloned().collect()
     }
 
     /// The Service store (reader side).
@@ -440,6 +494,14 @@ impl super::Source for ApiSource {
         }
     }
 
+    fn skipped_by_reason(&self) -> std::collections::BTreeMap<String, i64> {
+        let refused = self.source.refused();
+        if refused.is_empty() {
+            return Default::default();
+        }
+        [(Refused::CODE.to_string(), refused.len() as i64)].into()
+    }
+
     fn feed(&mut self, sink: &mut dyn Sink) -> super::Fed {
         let mut changes = self.source.take_changes();
         // The first feed hands over every object; later ones those that changed.
@@ -451,7 +513,9 @@ impl super::Source for ApiSource {
 
 /// What [`KubeSource::feed`] does alike for Services and EndpointSlices: the lean
 /// copy the sink takes, its identity there, and the sink's calls for the kind.
-trait Kind: Resource<DynamicType = ()> + Clone + 'static {
+trait Kind: Resource<DynamicType = ()> + Clone + serde::Serialize + 'static {
+    /// The kind, as the front door and messages name it.
+    const KIND: &'static str;
     type Info;
     type Id: Eq + std::hash::Hash;
     fn info(&self) -> Self::Info;
@@ -464,6 +528,7 @@ trait Kind: Resource<DynamicType = ()> + Clone + 'static {
 }
 
 impl Kind for Service {
+    const KIND: &'static str = "Service";
     type Info = ServiceInfo;
     type Id = ServiceId;
     fn info(&self) -> ServiceInfo {
@@ -491,6 +556,7 @@ impl Kind for Service {
 }
 
 impl Kind for EndpointSlice {
+    const KIND: &'static str = "EndpointSlice";
     type Info = SliceInfo;
     type Id = SliceId;
     fn info(&self) -> SliceInfo {
@@ -517,27 +583,72 @@ impl Kind for EndpointSlice {
     }
 }
 
-/// After a relist: every object of `store` is put, and what `sink` holds of the kind
-/// that the store no longer has is removed.
-fn relist<K: Kind>(store: &Store<K>, sink: &mut dyn Sink) {
+/// Whether `obj` passes the front door; a refusal is recorded in `refused` and said
+/// once (again only when its reason changes).
+fn admitted<K: Kind>(obj: &K, refused: &mut Refusals) -> bool {
+    let key = (K::KIND, obj.namespace().unwrap_or_default(), obj.name_any());
+    match front_door(obj) {
+        None => {
+            refused.remove(&key);
+            true
+        }
+        Some(why) => {
+            if refused.get(&key) != Some(&why) {
+                warn!(
+                    kind = why.kind,
+                    object = %format!("{}/{}", why.namespace, why.name),
+                    field = %why.field,
+                    reason = %why.reason,
+                    "refused: the API server's rules do not allow it; skipped"
+                );
+            }
+            refused.insert(key, why);
+            false
+        }
+    }
+}
+
+/// After a relist: every object of `store` that passes the front door is put, and
+/// what `sink` holds of the kind that the store no longer has (or that is refused
+/// now) is removed.
+fn relist<K: Kind>(store: &Store<K>, sink: &mut dyn Sink, refused: &mut Refusals) {
     let mut present = HashSet::new();
+    let mut listed = HashSet::new();
     for obj in store.state() {
+        listed.insert((obj.namespace().unwrap_or_default(), obj.name_any()));
+        if !admitted(&*obj, refused) {
+            continue;
+        }
         let info = obj.info();
         present.insert(K::id(&info));
         K::put(sink, info);
     }
+    refused.retain(|(kind, ns, name), _| {
+        *kind != K::KIND || listed.contains(&(ns.clone(), name.clone()))
+    });
     for id in K::held(sink).iter().filter(|id| !present.contains(id)) {
         K::remove(sink, id);
     }
 }
 
-/// The objects named in `keys` are put as `store` has them, or removed where it no
-/// longer does.
-fn put_changed<K: Kind>(store: &Store<K>, keys: &BTreeSet<ObjectKey>, sink: &mut dyn Sink) {
+/// The objects named in `keys` are put as `store` has them if they pass the front
+/// door, or removed where it no longer has them or refuses them now.
+fn put_changed<K: Kind>(
+    store: &Store<K>,
+    keys: &BTreeSet<ObjectKey>,
+    sink: &mut dyn Sink,
+    refused: &mut Refusals,
+) {
     for key in keys {
         match store.get(&object_ref(&key.0, &key.1)) {
-            Some(obj) => K::put(sink, obj.info()),
-            None => K::remove(sink, &K::id_of(key)),
+            Some(obj) if admitted(&*obj, refused) => K::put(sink, obj.info()),
+            Some(_) => {
+                K::remove(sink, &K::id_of(key));
+            }
+            None => {
+                refused.remove(&(K::KIND, key.0.clone().unwrap_or_default(), key.1.clone()));
+                K::remove(sink, &K::id_of(key));
+            }
         }
     }
 }
