@@ -250,10 +250,12 @@ fn loaded(files: &LastGood) -> Loaded {
     };
     let mut all: Vec<(&Path, &FileDocs)> = files.kept().collect();
     all.sort_by_key(|(path, f)| (f.owned, path.to_path_buf()));
-    // Where each object was first read, to say when a person's files define one twice
-    // (an owned copy superseding a person's is meant, and not said).
-    let mut first: BTreeMap<(String, String, String), PathBuf> = BTreeMap::new();
-    for (path, f) in all {
+    // Objects defined more than once: the last definition is used, as `kubectl apply
+    // -f` of the directory leaves it (the owned files last: an owned copy superseding
+    // a person's is meant, and not said).
+    let mut defs = Vec::new();
+    let mut owned = Vec::new();
+    for (path, f) in &all {
         for o in &f.objects {
             let ns = o
                 .value
@@ -262,24 +264,42 @@ fn loaded(files: &LastGood) -> Loaded {
                 .and_then(|n| n.as_str())
                 .filter(|n| !n.is_empty())
                 .unwrap_or("default");
-            let key = (o.kind.clone(), ns.to_string(), o.name.clone());
-            if let Some(before) = first.get(&key) {
-                if !f.owned {
-                    let object = format!("{} {ns}/{}", o.kind, o.name);
-                    loaded.rejected.push(Rejected {
-                        path: path.to_path_buf(),
-                        code: "duplicate",
-                        field: None,
-                        reason: format!(
-                            "{}: {object} is defined again (first in {}); the last one read is used, keep one",
-                            o.place(),
-                            before.display()
-                        ),
-                        object: Some(object),
-                    });
-                }
-            } else {
-                first.insert(key, path.to_path_buf());
+            defs.push(manifests::Definition {
+                kind: o.kind.clone(),
+                namespace: ns.to_string(),
+                name: o.name.clone(),
+                file: path.to_path_buf(),
+                place: Some(o.place()),
+            });
+            owned.push(f.owned);
+        }
+    }
+    let mut losers = BTreeSet::new();
+    let last: BTreeMap<(&str, &str, &str), usize> = defs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| ((d.kind.as_str(), d.namespace.as_str(), d.name.as_str()), i))
+        .collect();
+    for (i, p) in manifests::duplicates(&defs) {
+        losers.insert(i);
+        let d = &defs[i];
+        if owned[last[&(d.kind.as_str(), d.namespace.as_str(), d.name.as_str())]] {
+            continue;
+        }
+        loaded.rejected.push(Rejected {
+            path: p.file,
+            object: p.object,
+            field: None,
+            code: p.code,
+            reason: p.reason,
+        });
+    }
+    let mut i = 0;
+    for (path, f) in all {
+        for o in &f.objects {
+            i += 1;
+            if losers.contains(&(i - 1)) {
+                continue;
             }
             // An item of a List never has a file to itself.
             let documents = f.documents + usize::from(o.item.is_some());

@@ -312,3 +312,65 @@ fn a_failed_write_leaves_the_previous_file_and_the_rest_of_the_plan_is_written()
     assert_ne!(std::fs::read_to_string(&slice_file).unwrap(), before);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 19: a Service defined twice is settled as `kubectl apply -f` of the
+/// directory leaves it: the last definition (file order, then order in the file) is
+/// used, the others are named with both files.
+#[test]
+fn the_last_definition_of_an_object_is_used() {
+    let dir = temp_dir("duplicates");
+    for f in ["pods.yaml", "node.yaml"] {
+        std::fs::copy(examples().join(f), dir.join(f)).unwrap();
+    }
+    let service = std::fs::read_to_string(examples().join("service.yaml")).unwrap();
+    // The first definition selects no Pod; the later one, in a later file, selects
+    // the example's Pods.
+    let selecting_none = service.replace("app: web", "app: none");
+    assert_ne!(selecting_none, service);
+    std::fs::write(
+        dir.join("a.yaml"),
+        format!("{service}---\n{selecting_none}"),
+    )
+    .unwrap();
+    std::fs::write(dir.join("b.yaml"), &service).unwrap();
+    let opts = store::Options::default();
+    let (plan, loaded, _) = local::plan_dir(&dir, &opts, &mut store::State::default()).unwrap();
+    let Object::EndpointSlice(slice) = &plan.create[0] else {
+        panic!("first create is not a slice: {plan:?}");
+    };
+    assert_eq!(slice.endpoints.len(), 3, "b.yaml's definition is used");
+    let reasons: Vec<(&str, String)> = loaded
+        .rejected
+        .iter()
+        .map(|r| {
+            (
+                r.code,
+                r.path.file_name().unwrap().to_string_lossy().into_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            ("duplicate", "a.yaml".to_string()),
+            ("duplicate", "a.yaml".to_string())
+        ]
+    );
+    assert!(
+        loaded.rejected[1]
+            .reason
+            .contains("(document 2) is defined again later, in ")
+            && loaded.rejected[1].reason.contains("b.yaml (document 1)"),
+        "{:?}",
+        loaded.rejected
+    );
+    // The later file gone, a.yaml's last definition (selecting nothing) is used.
+    std::fs::remove_file(dir.join("b.yaml")).unwrap();
+    let (plan, loaded, _) = local::plan_dir(&dir, &opts, &mut store::State::default()).unwrap();
+    assert_eq!(loaded.rejected.len(), 1, "{:?}", loaded.rejected);
+    let Object::EndpointSlice(slice) = &plan.create[0] else {
+        panic!("first create is not a slice: {plan:?}");
+    };
+    assert!(slice.endpoints.is_empty());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -790,6 +790,66 @@ fn take(
     })
 }
 
+/// One definition of an object in a manifest directory: which object, and where.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Definition {
+    pub kind: String,
+    /// The namespace, `default` when none is given.
+    pub namespace: String,
+    pub name: String,
+    pub file: PathBuf,
+    /// Where in the file (`document 2`), when known.
+    pub place: Option<String>,
+}
+
+impl Definition {
+    fn object(&self) -> String {
+        format!("{} {}/{}", self.kind, self.namespace, self.name)
+    }
+
+    fn at(&self) -> String {
+        match &self.place {
+            Some(place) => format!("{} ({place})", self.file.display()),
+            None => self.file.display().to_string(),
+        }
+    }
+}
+
+/// An object defined more than once, as both binaries settle it: `kubectl apply -f`
+/// of the directory applies its files in lexical order (`filepath.Walk` in
+/// k8s.io/cli-runtime pkg/resource `ExpandPathsToFileVisitors`,
+/// <https://github.com/kubernetes/kubernetes/blob/v1.37.2/staging/src/k8s.io/cli-runtime/pkg/resource/visitor.go>)
+/// and a file's documents in order, so the cluster ends with the last definition.
+/// Given the definitions in that order, says which lose (their indexes) with a
+/// problem each naming both places; the last of each object is used.
+pub fn duplicates(defs: &[Definition]) -> Vec<(usize, Problem)> {
+    let mut last: std::collections::HashMap<(&str, &str, &str), usize> = Default::default();
+    for (i, d) in defs.iter().enumerate() {
+        last.insert((&d.kind, &d.namespace, &d.name), i);
+    }
+    defs.iter()
+        .enumerate()
+        .filter_map(|(i, d)| {
+            let winner = &defs[last[&(d.kind.as_str(), d.namespace.as_str(), d.name.as_str())]];
+            (!std::ptr::eq(winner, d)).then(|| {
+                let problem = Problem {
+                    file: d.file.clone(),
+                    object: Some(d.object()),
+                    field: None,
+                    code: "duplicate",
+                    reason: format!(
+                        "{} in {} is defined again later, in {}; the last definition is used, as `kubectl apply -f` of the directory would leave it, and this one is skipped",
+                        d.object(),
+                        d.at(),
+                        winner.at()
+                    ),
+                };
+                (i, problem)
+            })
+        })
+        .collect()
+}
+
 /// When a file was last seen changed: a rescan re-reads it when either differs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Stamp {
@@ -1207,5 +1267,34 @@ mod tests {
             read.cost
         );
         assert_eq!(read.cost.aliases, 3);
+    }
+
+    /// The last definition of an object wins, as `kubectl apply -f` leaves it; the
+    /// others are named with both places.
+    #[test]
+    fn duplicates_are_settled_for_the_last_definition() {
+        let def = |kind: &str, name: &str, file: &str, place: Option<&str>| Definition {
+            kind: kind.into(),
+            namespace: "default".into(),
+            name: name.into(),
+            file: file.into(),
+            place: place.map(String::from),
+        };
+        let defs = [
+            def("Service", "web", "a.yaml", Some("document 1")),
+            def("Service", "web", "a.yaml", Some("document 3")),
+            def("EndpointSlice", "web", "a.yaml", None),
+            def("Service", "db", "b.yaml", None),
+            def("Service", "web", "c.yaml", Some("document 1")),
+        ];
+        let lost = duplicates(&defs);
+        let losers: Vec<usize> = lost.iter().map(|(i, _)| *i).collect();
+        assert_eq!(losers, [0, 1]);
+        assert_eq!(
+            lost[1].1.reason,
+            "Service default/web in a.yaml (document 3) is defined again later, in c.yaml (document 1); the last definition is used, as `kubectl apply -f` of the directory would leave it, and this one is skipped"
+        );
+        assert_eq!(lost[0].1.code, "duplicate");
+        assert_eq!(lost[0].1.file, Path::new("a.yaml"));
     }
 }

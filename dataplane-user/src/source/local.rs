@@ -14,7 +14,7 @@
 
 use std::{
     collections::{BTreeSet, HashMap},
-    path::Path,
+    path::{Path, PathBuf},
     sync::Arc,
 };
 
@@ -62,12 +62,28 @@ pub struct ManifestDir {
     node_name: Option<String>,
     /// Services and EndpointSlices defined more than once, as last found.
     duplicates: Vec<Problem>,
+    /// The definitions of those that lose to a later one: kept from the sink.
+    losers: Losers,
 }
 
-/// Brings a sink to the files a rescan reads.
-struct ToSink<'a>(&'a mut dyn Sink);
+/// Definitions kept from the sink: each is defined again later in the directory.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Losers {
+    services: BTreeSet<ServiceId>,
+    slices: BTreeSet<SliceId>,
+}
 
-impl Reader<FileObjects> for ToSink<'_> {
+/// The changed files of a rescan, parsed (not yet handed to the sink: which of their
+/// objects are used is known once every file is read), with what each gave before.
+struct Parse<'a> {
+    sink: &'a mut dyn Sink,
+    parsed: Vec<(PathBuf, ModelObjects, Option<Ids>)>,
+}
+
+/// The identities of a file's Services and EndpointSlices.
+type Ids = (Vec<ServiceId>, Vec<SliceId>);
+
+impl Reader<FileObjects> for Parse<'_> {
     fn read(
         &mut self,
         path: &Path,
@@ -78,8 +94,10 @@ impl Reader<FileObjects> for ToSink<'_> {
         let (objects, mut parsed) = parse_into(path, file, add_model);
         problems.append(&mut parsed);
         let objects = objects?;
+        let (services, slices) = ids_of(path, &objects);
         let nodes = objects.nodes.clone();
-        let (services, slices) = put_file(path, objects, old, self.0);
+        let old = old.map(|o| (o.services.clone(), o.slices.clone()));
+        self.parsed.push((path.to_path_buf(), objects, old));
         Some(FileObjects {
             services,
             slices,
@@ -89,10 +107,10 @@ impl Reader<FileObjects> for ToSink<'_> {
 
     fn gone(&mut self, _path: &Path, kept: FileObjects) {
         for id in &kept.services {
-            self.0.remove_service(id);
+            self.sink.remove_service(id);
         }
         for id in &kept.slices {
-            self.0.remove_slice(id);
+            self.sink.remove_slice(id);
         }
     }
 }
@@ -104,6 +122,7 @@ impl ManifestDir {
             files: Files::new(dir),
             node_name,
             duplicates: Vec::new(),
+            losers: Losers::default(),
         }
     }
 
@@ -117,9 +136,61 @@ impl ManifestDir {
     /// no longer parses keeps the objects it last gave. The own Node's zone is set
     /// every time (a no-op when it did not change).
     pub fn rescan(&mut self, sink: &mut dyn Sink) -> std::io::Result<Scan> {
-        let mut scan = self.files.rescan(&mut ToSink(sink))?;
+        let mut parse = Parse {
+            sink,
+            parsed: Vec::new(),
+        };
+        let mut scan = self.files.rescan(&mut parse)?;
+        let Parse { sink, parsed } = parse;
         if scan.changed {
-            let now = self.find_duplicates();
+            let (losers, now) = self.settle();
+            // The changed files' objects, those defined again later left out.
+            let changed: BTreeSet<PathBuf> = parsed.iter().map(|(p, ..)| p.clone()).collect();
+            for (path, objects, old) in parsed {
+                put_file(&path, objects, old.as_ref(), &losers, sink);
+            }
+            // Objects of other files that lose now leave the sink; those that win
+            // again are read from their files again (the sink drops what it is not
+            // given, and only the files keep it).
+            let unchanged =
+                |file: &Option<Arc<Path>>| file.as_deref().is_some_and(|f| !changed.contains(f));
+            for id in losers.services.difference(&self.losers.services) {
+                if unchanged(&id.origin.file) {
+                    sink.remove_service(id);
+                }
+            }
+            for id in losers.slices.difference(&self.losers.slices) {
+                if unchanged(&id.origin.file) {
+                    sink.remove_slice(id);
+                }
+            }
+            let back = Losers {
+                services: self
+                    .losers
+                    .services
+                    .difference(&losers.services)
+                    .cloned()
+                    .collect(),
+                slices: self
+                    .losers
+                    .slices
+                    .difference(&losers.slices)
+                    .cloned()
+                    .collect(),
+            };
+            let files: BTreeSet<Arc<Path>> = back
+                .services
+                .iter()
+                .map(|id| &id.origin.file)
+                .chain(back.slices.iter().map(|id| &id.origin.file))
+                .filter(|f| unchanged(f))
+                .flatten()
+                .cloned()
+                .collect();
+            for file in files {
+                put_again(&file, &back, sink);
+            }
+            self.losers = losers;
             scan.new_problems
                 .extend(now.iter().filter(|p| !self.duplicates.contains(p)).cloned());
             self.duplicates = now;
@@ -150,45 +221,50 @@ impl ManifestDir {
         problems
     }
 
-    /// Each Service and EndpointSlice defined again after its first definition (in
-    /// file order): an API server holds one object per name, so a second one is a
-    /// mistake worth saying. Both stay in use, as they were: two Services then claim
-    /// the same frontends (reported as a clash), two slices add their endpoints.
-    fn find_duplicates(&self) -> Vec<Problem> {
-        let mut first: HashMap<(&str, &str, &str), &Path> = HashMap::new();
-        let mut out = Vec::new();
+    /// Each Service and EndpointSlice defined again later in the directory (file
+    /// order, then order in a file), settled as `kubectl apply -f` of the directory
+    /// leaves it ([`manifests::duplicates`]): the last definition is used, the
+    /// others lose, each with a problem.
+    fn settle(&self) -> (Losers, Vec<Problem>) {
+        enum Id<'a> {
+            Service(&'a ServiceId),
+            Slice(&'a SliceId),
+        }
+        let namespace = |ns: &str| if ns.is_empty() { "default" } else { ns }.to_string();
+        let mut defs = Vec::new();
+        let mut ids = Vec::new();
         for (path, f) in self.files.kept() {
-            let services = f
-                .services
-                .iter()
-                .map(|id| ("Service", id.namespace.as_str(), id.name.as_str()));
-            let slices = f.slices.iter().filter_map(|id| {
-                Some((
-                    "EndpointSlice",
-                    id.namespace.as_deref().unwrap_or("default"),
-                    id.name.as_deref()?,
-                ))
-            });
-            for key in services.chain(slices) {
-                let (kind, ns, name) = key;
-                match first.entry(key) {
-                    std::collections::hash_map::Entry::Vacant(e) => {
-                        e.insert(path);
-                    }
-                    std::collections::hash_map::Entry::Occupied(e) => out.push(Problem {
-                        file: path.to_path_buf(),
-                        object: Some(format!("{kind} {ns}/{name}")),
-                        code: "duplicate",
-                        reason: format!(
-                            "{kind} {ns}/{name} is defined again (first in {}); both are used, keep one",
-                            e.get().display()
-                        ),
-                        ..Problem::default()
-                    }),
-                }
+            for id in &f.services {
+                defs.push(manifests::Definition {
+                    kind: "Service".into(),
+                    namespace: namespace(&id.namespace),
+                    name: id.name.clone(),
+                    file: path.to_path_buf(),
+                    place: None,
+                });
+                ids.push(Id::Service(id));
+            }
+            for id in &f.slices {
+                defs.push(manifests::Definition {
+                    kind: "EndpointSlice".into(),
+                    namespace: namespace(id.namespace.as_deref().unwrap_or_default()),
+                    name: id.name.clone().unwrap_or_default(),
+                    file: path.to_path_buf(),
+                    place: None,
+                });
+                ids.push(Id::Slice(id));
             }
         }
-        out
+        let mut losers = Losers::default();
+        let mut problems = Vec::new();
+        for (i, problem) in manifests::duplicates(&defs) {
+            match ids[i] {
+                Id::Service(id) => losers.services.insert(id.clone()),
+                Id::Slice(id) => losers.slices.insert(id.clone()),
+            };
+            problems.push(problem);
+        }
+        (losers, problems)
     }
 }
 
@@ -358,42 +434,93 @@ fn next_origin<K: std::hash::Hash + Eq>(
     origin
 }
 
-/// Puts the objects of a file that parsed into `compiler` and removes those the file
-/// held before and no longer does. Returns the identities of the file's objects.
+/// The identities of a file's Services and EndpointSlices: namespace and name, and
+/// where in the directory (the file, and how many of that name came before in it).
+fn ids_of(path: &Path, objects: &ModelObjects) -> Ids {
+    let file: Arc<Path> = Arc::from(path);
+    let mut seen: HashMap<(String, String), u32> = HashMap::new();
+    let services = objects
+        .services
+        .iter()
+        .map(|svc| {
+            let mut id = ServiceId::of(svc, Origin::default());
+            id.origin = next_origin(&mut seen, (id.namespace.clone(), id.name.clone()), &file);
+            id
+        })
+        .collect();
+    let mut seen: HashMap<(Option<String>, Option<String>), u32> = HashMap::new();
+    let slices = objects
+        .slices
+        .iter()
+        .map(|slice| {
+            let mut id = SliceId::of(slice, Origin::default());
+            id.origin = next_origin(&mut seen, (id.namespace.clone(), id.name.clone()), &file);
+            id
+        })
+        .collect();
+    (services, slices)
+}
+
+/// Puts the objects of a file that parsed into `compiler`, but those defined again
+/// later (`losers`), and removes those the file held before and no longer does, or
+/// that lose now.
 fn put_file(
     path: &Path,
     objects: ModelObjects,
-    old: Option<&FileObjects>,
+    old: Option<&Ids>,
+    losers: &Losers,
     compiler: &mut dyn Sink,
-) -> (Vec<ServiceId>, Vec<SliceId>) {
-    let file: Arc<Path> = Arc::from(path);
-    let mut seen: HashMap<(String, String), u32> = HashMap::new();
-    let mut services = Vec::with_capacity(objects.services.len());
-    for svc in objects.services {
-        let mut id = ServiceId::of(&svc, Origin::default());
-        id.origin = next_origin(&mut seen, (id.namespace.clone(), id.name.clone()), &file);
-        compiler.put_service(id.origin.clone(), svc);
-        services.push(id);
+) {
+    let (services, slices) = ids_of(path, &objects);
+    for (id, svc) in services.iter().zip(objects.services) {
+        if !losers.services.contains(id) {
+            compiler.put_service(id.origin.clone(), svc);
+        }
     }
-    let mut seen: HashMap<(Option<String>, Option<String>), u32> = HashMap::new();
-    let mut slices = Vec::with_capacity(objects.slices.len());
-    for slice in objects.slices {
-        let mut id = SliceId::of(&slice, Origin::default());
-        id.origin = next_origin(&mut seen, (id.namespace.clone(), id.name.clone()), &file);
-        compiler.put_slice(id.origin.clone(), slice);
-        slices.push(id);
+    for (id, slice) in slices.iter().zip(objects.slices) {
+        if !losers.slices.contains(id) {
+            compiler.put_slice(id.origin.clone(), slice);
+        }
     }
-    if let Some(old) = old {
+    if let Some((old_services, old_slices)) = old {
         let now: BTreeSet<&ServiceId> = services.iter().collect();
-        for id in old.services.iter().filter(|id| !now.contains(id)) {
+        for id in old_services
+            .iter()
+            .filter(|id| !now.contains(id) || losers.services.contains(*id))
+        {
             compiler.remove_service(id);
         }
         let now: BTreeSet<&SliceId> = slices.iter().collect();
-        for id in old.slices.iter().filter(|id| !now.contains(id)) {
+        for id in old_slices
+            .iter()
+            .filter(|id| !now.contains(id) || losers.slices.contains(*id))
+        {
             compiler.remove_slice(id);
         }
     }
-    (services, slices)
+}
+
+/// Puts again the objects of `back` that `file` defines: they were defined again
+/// later, and no longer are. A file that no longer reads is left to the next
+/// rescan, which finds it changed.
+fn put_again(file: &Path, back: &Losers, compiler: &mut dyn Sink) {
+    let Ok(f) = std::fs::File::open(file) else {
+        return;
+    };
+    let (Some(objects), _) = parse_into(file, std::io::BufReader::new(f), add_model) else {
+        return;
+    };
+    let (services, slices) = ids_of(file, &objects);
+    for (id, svc) in services.iter().zip(objects.services) {
+        if back.services.contains(id) {
+            compiler.put_service(id.origin.clone(), svc);
+        }
+    }
+    for (id, slice) in slices.iter().zip(objects.slices) {
+        if back.slices.contains(id) {
+            compiler.put_slice(id.origin.clone(), slice);
+        }
+    }
 }
 
 /// A usable object of a document (boxed: API objects are large and of unequal sizes).
@@ -693,5 +820,80 @@ kind: Service
             problems[0].reason,
             "document 2: no apiVersion or kind; skipped"
         );
+    }
+
+    /// Issue 19: an object defined twice is settled as `kubectl apply -f` of the
+    /// directory leaves it: the last definition (file order, then order in the file)
+    /// is used, the others are named; when the later one goes, the earlier is used
+    /// again.
+    #[test]
+    fn the_last_definition_of_an_object_is_used() {
+        let dir = std::env::temp_dir().join(format!("sliceway-local-dup-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let svc = |name: &str, ip: &str| {
+            format!("---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\nspec: {{clusterIP: {ip}, ports: [{{name: http, port: 80}}]}}\n")
+        };
+        let slice = |name: &str, addr: &str| {
+            format!("---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}, namespace: default, labels: {{kubernetes.io/service-name: web}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints: [{{addresses: [{addr}]}}]\n")
+        };
+        fs::write(
+            dir.join("a.yaml"),
+            svc("web", "10.96.0.1") + &slice("web-1", "10.244.0.1") + &svc("web", "10.96.0.2"),
+        )
+        .unwrap();
+        fs::write(
+            dir.join("b.yaml"),
+            svc("web", "10.96.0.3") + &slice("web-1", "10.244.0.2"),
+        )
+        .unwrap();
+        let mut m = ManifestDir::new(&dir, None);
+        let mut c = Incremental::default();
+        // (ClusterIP, backends) of each frontend.
+        let frontends = |m: &mut ManifestDir, c: &mut Incremental| {
+            let scan = m.rescan(c).unwrap();
+            c.compile();
+            let got: Vec<(u32, Vec<u32>)> = c
+                .frontends()
+                .iter()
+                .filter(|(k, _)| !crate::compiler::is_clusterip_marker(k))
+                .map(|(k, f)| {
+                    (
+                        u32::from_be(k.addr_be) & 0xff,
+                        f.backends
+                            .iter()
+                            .map(|b| u32::from_be(b.addr_be) & 0xff)
+                            .collect(),
+                    )
+                })
+                .collect();
+            (got, scan.new_problems)
+        };
+        let (got, problems) = frontends(&mut m, &mut c);
+        assert_eq!(got, [(3, vec![2])]);
+        let reasons: Vec<&str> = problems.iter().map(|p| p.reason.as_str()).collect();
+        assert_eq!(reasons.len(), 3, "{reasons:?}");
+        assert!(reasons
+            .iter()
+            .all(|r| r.contains("is defined again later, in")));
+        assert!(
+            reasons
+                .iter()
+                .any(|r| r.starts_with("Service default/web in ")
+                    && r.contains("a.yaml is defined again later, in ")
+                    && r.contains("b.yaml;")),
+            "{reasons:?}"
+        );
+        assert_eq!(m.problems().len(), 3);
+        // The later file goes: the last definition of the earlier one is used again.
+        fs::remove_file(dir.join("b.yaml")).unwrap();
+        let (got, _) = frontends(&mut m, &mut c);
+        assert_eq!(got, [(2, vec![1])]);
+        assert_eq!(m.problems().len(), 1, "{:?}", m.problems());
+        // A later file defines the Service again: the earlier leaves the compiler.
+        fs::write(dir.join("c.yaml"), svc("web", "10.96.0.4")).unwrap();
+        let (got, _) = frontends(&mut m, &mut c);
+        assert_eq!(got, [(4, vec![1])]);
+        fs::remove_dir_all(&dir).unwrap();
     }
 }
