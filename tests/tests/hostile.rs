@@ -1,14 +1,17 @@
 //! Issue 19, "broken and hostile input never hurts": a corpus of hostile manifest
 //! files, generated at a fixed seed, beside one good Service, read by
-//! `sliceway-agent trace --manifests`, `sliceway-controller plan --manifests` and a
-//! running agent (`run --no-pin` in a namespace of its own, attached to nothing).
+//! `sliceway-agent trace --manifests`, `sliceway-controller plan --manifests`, a
+//! running agent (`run --no-pin` in a namespace of its own, attached to nothing) and
+//! a running controller (`run --manifests`, in a namespace of its own).
 //!
 //! For every case: no panic and no failed exit; the cost of reading its file,
-//! counted by the manifest reader (bytes handed to the parser, nesting, parsed
-//! nodes), within the reader's limits; the good Service still compiled and planned
-//! exactly as without the case; and the case's object either used or named by a
-//! message (its file or its object) in `trace`'s and `plan`'s `skipped` and in the
-//! agent's log. Needs root (the agent loads its programs).
+//! counted by the manifest reader (bytes read and handed to the parser, the largest
+//! document held, nesting, aliases, parsed nodes), within the reader's limits; the
+//! good Service still compiled, planned and written exactly as without the case; the
+//! case's object either used or named by a message (its file or its object) in
+//! `trace`'s and `plan`'s `skipped` and in the agent's and the controller's logs; no
+//! file people wrote rewritten or deleted. Needs root (the agent loads its programs;
+//! namespaces).
 
 use std::{
     collections::BTreeSet,
@@ -712,4 +715,126 @@ fn a_running_agent_survives_the_corpus() {
     );
     drop(agent);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The controller's local mode (`sliceway-controller run --manifests`, in a network
+/// namespace of its own) over the whole corpus: it keeps running, writes the good
+/// Service's slice and Endpoints correctly, names every problem the reader finds in
+/// its log, and never rewrites or deletes a file it did not write.
+#[test]
+fn the_controllers_run_survives_the_corpus() {
+    netns::remove_stale(NS_PREFIX);
+    let ns = Netns::create(&format!("{NS_PREFIX}-{}-hostilectl", std::process::id())).unwrap();
+    let cases = corpus();
+    let dir = temp_dir("controller");
+    write_all(&dir, &cases);
+    let before: Vec<(PathBuf, Vec<u8>)> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| {
+            let path = e.unwrap().path();
+            let bytes = std::fs::read(&path).unwrap();
+            (path, bytes)
+        })
+        .collect();
+    // Every problem the reader finds, and the cases the controller must name.
+    let mut expected: Vec<String> = Vec::new();
+    for case in &cases {
+        expected.extend(
+            check_cost(case, &dir.join(&case.file))
+                .into_iter()
+                .map(|p| p.reason),
+        );
+    }
+    // The corpus has problems of every kind the reader names.
+    assert!(expected.len() >= KINDS, "{expected:?}");
+    let log_path = std::env::temp_dir().join(format!(
+        "sliceway-hostile-{}-controller.log",
+        std::process::id()
+    ));
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut child = Command::new("nsenter")
+        .arg(format!("--net=/var/run/netns/{}", ns.name))
+        .arg(workspace_binary("sliceway-controller").unwrap())
+        .args(["run", "--manifests"])
+        .arg(&dir)
+        .env("NO_COLOR", "1")
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    // The good Service's slice and Endpoints, as files the controller owns.
+    let owned = |prefix: &str| -> Vec<String> {
+        std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(prefix))
+            })
+            .map(|p| std::fs::read_to_string(p).unwrap_or_default())
+            .collect()
+    };
+    let web_slice = |texts: &[String]| {
+        texts.iter().any(|t| {
+            t.contains("kubernetes.io/service-name: web\n") && t.contains("- 10.244.1.5\n")
+        })
+    };
+    let mut missing = Vec::new();
+    for _ in 0..600 {
+        let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+        missing = expected
+            .iter()
+            .filter(|r| !text.contains(r.as_str()))
+            .cloned()
+            .collect();
+        missing.extend(
+            cases
+                .iter()
+                .filter(|c| c.controller == Expect::Named)
+                .filter(|c| !text.contains(&c.file) && !text.contains(&c.tag))
+                .map(|c| format!("{} ({}) not named", c.file, c.what)),
+        );
+        let written = web_slice(&owned("endpointslice-default-web-"))
+            && owned("endpoints-default-web.yaml")
+                .iter()
+                .any(|t| t.contains("ip: 10.244.1.5"));
+        if !written {
+            missing.push("the web Service's slice and Endpoints".into());
+        }
+        if missing.is_empty() || child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let status = child.try_wait().unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+    assert!(
+        status.is_none(),
+        "the controller exited ({status:?}): {text}"
+    );
+    assert!(!text.contains("panicked"), "{text}");
+    assert!(missing.is_empty(), "missing: {missing:#?}\nlog:\n{text}");
+    // Files people wrote: all there, byte for byte.
+    for (path, bytes) in &before {
+        let now = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(now == *bytes, "{} was rewritten", path.display());
+    }
+    // What the controller wrote is its own: every new file begins with its header.
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let path = e.unwrap().path();
+        if before.iter().all(|(p, _)| *p != path) {
+            let text = std::fs::read_to_string(&path).unwrap();
+            assert!(
+                text.starts_with(controller::local::HEADER),
+                "{}: {text}",
+                path.display()
+            );
+        }
+    }
+    drop(ns);
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_file(&log_path);
 }
