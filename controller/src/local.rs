@@ -34,8 +34,8 @@ pub struct Rejected {
     /// The field at fault, when known (`metadata.name`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
-    /// A short, stable name of the reason, for metrics (the reader's codes, and
-    /// `invalid_object` for an object that does not read as its kind).
+    /// A short, stable name of the reason, for metrics: the reader's codes
+    /// (`unusable_object` for an object that does not read as its kind).
     pub code: &'static str,
     /// Why, naming the document.
     pub reason: String,
@@ -67,20 +67,85 @@ pub struct Loaded {
     pub sources: BTreeMap<(String, Key), Source>,
 }
 
-fn typed<T: serde::de::DeserializeOwned>(d: Document) -> std::result::Result<T, String> {
-    d.typed().map_err(|e| e.to_string())
-}
-
 /// The kinds the controllers read; objects of other kinds are not kept.
 const READS: [&str; 5] = ["Service", "Pod", "Node", "Endpoints", "EndpointSlice"];
 
-/// Objects of kinds the controllers do not read are ignored.
+/// An object of a kind the controllers read, as a file gave it: checked to read as
+/// its kind when the file is read, and kept compact (as JSON, about the size of its
+/// YAML) until a pass needs it typed, so a large directory is held once as text and
+/// once as the snapshot of a pass, not as YAML trees besides.
+#[derive(Debug)]
+pub struct Kept {
+    kind: String,
+    /// The namespace, `default` when none is given.
+    namespace: String,
+    name: String,
+    /// Where in its file (`document 2`, `document 2, List item 3`).
+    place: String,
+    /// Whether it is an item of a `v1 List`.
+    item: bool,
+    json: Box<str>,
+}
+
+/// An object of a kind the controllers read, kept; `None` for other kinds; why not
+/// when it does not read as its kind.
+fn keep(o: Document) -> std::result::Result<Option<Kept>, String> {
+    fn json<T: serde::de::DeserializeOwned + serde::Serialize>(
+        o: Document,
+    ) -> std::result::Result<Box<str>, String> {
+        let (kind, name) = (o.kind.clone(), o.name.clone());
+        let typed: T = o
+            .typed()
+            .map_err(|e| format!("{kind} {name}: {e}; skipped"))?;
+        serde_json::to_string(&typed)
+            .map(String::into_boxed_str)
+            .map_err(|e| format!("{kind} {name}: {e}; skipped"))
+    }
+    use k8s_openapi::api::{
+        core::v1::{Endpoints, Node, Pod, Service},
+        discovery::v1::EndpointSlice,
+    };
+    if !READS.contains(&o.kind.as_str()) {
+        return Ok(None);
+    }
+    let namespace = o
+        .value
+        .get("metadata")
+        .and_then(|m| m.get("namespace"))
+        .and_then(|n| n.as_str())
+        .filter(|n| !n.is_empty())
+        .unwrap_or("default")
+        .to_string();
+    let (kind, name, place, item) = (o.kind.clone(), o.name.clone(), o.place(), o.item.is_some());
+    let json = match kind.as_str() {
+        "Service" => json::<Service>(o)?,
+        "Pod" => json::<Pod>(o)?,
+        "Node" => json::<Node>(o)?,
+        "Endpoints" => json::<Endpoints>(o)?,
+        _ => json::<EndpointSlice>(o)?,
+    };
+    Ok(Some(Kept {
+        kind,
+        namespace,
+        name,
+        place,
+        item,
+        json,
+    }))
+}
+
+fn typed<T: serde::de::DeserializeOwned>(k: &Kept) -> std::result::Result<T, String> {
+    serde_json::from_str(&k.json).map_err(|e| e.to_string())
+}
+
+/// Puts a kept object into the snapshot (and the file of a managed kind into
+/// `sources`).
 fn add_object(
     loaded: &mut Loaded,
     path: &Path,
     documents: usize,
     owned: bool,
-    v: Document,
+    v: &Kept,
 ) -> std::result::Result<(), String> {
     let snap = &mut loaded.snapshot;
     match v.kind.as_str() {
@@ -159,7 +224,7 @@ fn fill_uid(m: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta, 
 pub struct FileDocs {
     owned: bool,
     documents: usize,
-    objects: Vec<Document>,
+    objects: Vec<Kept>,
 }
 
 /// The directory's files as last read, each with its last good objects.
@@ -182,9 +247,7 @@ impl Reader<FileDocs> for ToDocs {
         let mut objects = Vec::new();
         match manifests::read_from(path, file, &mut |o| {
             // Only the kinds the controllers read are kept, a document at a time.
-            if READS.contains(&o.kind.as_str()) {
-                objects.push(o);
-            }
+            objects.extend(keep(o)?);
             Ok(())
         }) {
             Ok(read) => {
@@ -257,19 +320,12 @@ fn loaded(files: &LastGood) -> Loaded {
     let mut owned = Vec::new();
     for (path, f) in &all {
         for o in &f.objects {
-            let ns = o
-                .value
-                .get("metadata")
-                .and_then(|m| m.get("namespace"))
-                .and_then(|n| n.as_str())
-                .filter(|n| !n.is_empty())
-                .unwrap_or("default");
             defs.push(manifests::Definition {
                 kind: o.kind.clone(),
-                namespace: ns.to_string(),
+                namespace: o.namespace.clone(),
                 name: o.name.clone(),
                 file: path.to_path_buf(),
-                place: Some(o.place()),
+                place: Some(o.place.clone()),
             });
             owned.push(f.owned);
         }
@@ -302,14 +358,15 @@ fn loaded(files: &LastGood) -> Loaded {
                 continue;
             }
             // An item of a List never has a file to itself.
-            let documents = f.documents + usize::from(o.item.is_some());
-            if let Err(reason) = add_object(&mut loaded, path, documents, f.owned, o.clone()) {
+            let documents = f.documents + usize::from(o.item);
+            if let Err(reason) = add_object(&mut loaded, path, documents, f.owned, o) {
+                // Checked when the file was read: only a bug of ours gets here.
                 loaded.rejected.push(Rejected {
                     path: path.to_path_buf(),
                     object: Some(format!("{} {}", o.kind, o.name)),
                     field: None,
                     code: "invalid_object",
-                    reason: format!("{}: {} {}: {reason}", o.place(), o.kind, o.name),
+                    reason: format!("{}: {} {}: {reason}", o.place, o.kind, o.name),
                 });
             }
         }
