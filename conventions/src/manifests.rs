@@ -792,7 +792,8 @@ fn take(
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Definition {
     pub kind: String,
-    /// The namespace, `default` when none is given.
+    /// The namespace as the reader's caller tells objects apart (the controller:
+    /// `default` when none is given; the agent, as its compiler: empty).
     pub namespace: String,
     pub name: String,
     pub file: PathBuf,
@@ -802,6 +803,9 @@ pub struct Definition {
 
 impl Definition {
     fn object(&self) -> String {
+        if self.namespace.is_empty() {
+            return format!("{} {}", self.kind, self.name);
+        }
         format!("{} {}/{}", self.kind, self.namespace, self.name)
     }
 

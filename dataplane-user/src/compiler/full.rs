@@ -24,14 +24,21 @@ pub fn compile_model(services: &[ServiceInfo], slices: &[SliceInfo], opts: &Opti
     let mut slices: Vec<&SliceInfo> = slices.iter().collect();
     slices.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     let mut endpoints: HashMap<EndpointsKey, PortEndpoints> = HashMap::new();
-    for slice in slices {
+    // A slice defined more than once (a manifest directory may): only its last
+    // definition gives endpoints, as `kubectl apply -f` of the directory leaves it (the
+    // sort above is stable); each still says what is wrong with it.
+    for (i, slice) in slices.iter().enumerate() {
+        let last = slices
+            .get(i + 1)
+            .is_none_or(|next| (&next.namespace, &next.name) != (&slice.namespace, &slice.name));
         if let Some(key) = classify_slice(slice, opts, &mut out.ignored, &mut out.skipped) {
-            merge_slice(
-                slice,
-                opts,
-                endpoints.entry(key).or_default(),
-                &mut out.skipped,
-            );
+            let mut shadowed = PortEndpoints::default();
+            let into = if last {
+                endpoints.entry(key).or_default()
+            } else {
+                &mut shadowed
+            };
+            merge_slice(slice, opts, into, &mut out.skipped);
         }
     }
 
@@ -43,6 +50,18 @@ pub fn compile_model(services: &[ServiceInfo], slices: &[SliceInfo], opts: &Opti
     // The Services of a group are consecutive (sorted above): the index in the group
     // runs on until the group changes.
     let mut place: (GroupKey, u32) = Default::default();
+    // A Service defined more than once (a manifest directory may): its last
+    // definition, as `kubectl apply -f` of the directory leaves it (the sort above is
+    // stable).
+    let last = |i: usize| {
+        services
+            .get(i + 1)
+            .is_none_or(|next| group_of(next) != group_of(services[i]))
+    };
+    let services: Vec<&ServiceInfo> = (0..services.len())
+        .filter(|i| last(*i))
+        .map(|i| services[i])
+        .collect();
     for svc in services {
         let group = (
             svc.namespace.clone().unwrap_or_default(),

@@ -179,7 +179,8 @@ impl Incremental {
         if !entry.skipped.is_empty() {
             self.slices_skipping.insert(id.clone());
         }
-        self.slices.insert(id, entry);
+        self.slices.insert(id.clone(), entry);
+        self.dirty_definitions(&id);
         true
     }
 
@@ -199,7 +200,42 @@ impl Incremental {
             }
             self.dirty_endpoints.insert(key);
         }
+        self.dirty_definitions(id);
         true
+    }
+
+    /// The other definitions of the slice `id` names (same namespace and name, other
+    /// origins: a manifest directory may define a slice twice), in origin order.
+    fn definitions<'a>(
+        &'a self,
+        id: &'a SliceId,
+    ) -> impl Iterator<Item = (&'a SliceId, &'a SliceEntry)> + 'a {
+        let first = SliceId {
+            namespace: id.namespace.clone(),
+            name: id.name.clone(),
+            origin: Origin::default(),
+        };
+        self.slices
+            .range(first..)
+            .take_while(move |(i, _)| i.namespace == id.namespace && i.name == id.name)
+    }
+
+    /// Whether a later definition of the same slice shadows `id`: only the last one
+    /// is used, as `kubectl apply -f` of a directory leaves it.
+    fn shadowed(&self, id: &SliceId) -> bool {
+        self.definitions(id)
+            .last()
+            .is_some_and(|(last, _)| last != id)
+    }
+
+    /// The Services of every definition of the slice `id` names: which one is used
+    /// may have changed.
+    fn dirty_definitions(&mut self, id: &SliceId) {
+        let keys: Vec<EndpointsKey> = self
+            .definitions(id)
+            .filter_map(|(_, e)| e.used_for.clone())
+            .collect();
+        self.dirty_endpoints.extend(keys);
     }
 
     /// The `last-change-trigger-time` of each slice added or changed since the last
@@ -233,7 +269,7 @@ impl Incremental {
             let merged = self.slices_of.get(&key).map(|ids| {
                 let mut merged = PortEndpoints::default();
                 let mut messages = Vec::new(); // kept per slice already
-                for id in ids {
+                for id in ids.iter().filter(|id| !self.shadowed(id)) {
                     merge_slice(
                         &self.slices[id].info,
                         &self.opts,
@@ -282,10 +318,14 @@ impl Incremental {
                 name: group.1.clone(),
                 origin: Origin::default(),
             };
-            for (id, svc) in self.services.range(from..) {
-                if id.namespace != group.0 || id.name != group.1 {
-                    break;
-                }
+            // A Service defined more than once (a manifest directory may): its last
+            // definition, as `kubectl apply -f` of the directory leaves it.
+            let last = self
+                .services
+                .range(from..)
+                .take_while(|(id, _)| id.namespace == group.0 && id.name == group.1)
+                .last();
+            if let Some((_, svc)) = last {
                 compile_service(svc, &self.endpoints, &self.opts, &mut out);
             }
             if out.is_empty() {

@@ -14,7 +14,7 @@
 
 use std::{
     collections::{BTreeSet, HashMap},
-    path::{Path, PathBuf},
+    path::Path,
     sync::Arc,
 };
 
@@ -62,28 +62,12 @@ pub struct ManifestDir {
     node_name: Option<String>,
     /// Services and EndpointSlices defined more than once, as last found.
     duplicates: Vec<Problem>,
-    /// The definitions of those that lose to a later one: kept from the sink.
-    losers: Losers,
 }
 
-/// Definitions kept from the sink: each is defined again later in the directory.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct Losers {
-    services: BTreeSet<ServiceId>,
-    slices: BTreeSet<SliceId>,
-}
+/// Brings a sink to the files a rescan reads.
+struct ToSink<'a>(&'a mut dyn Sink);
 
-/// The changed files of a rescan, parsed (not yet handed to the sink: which of their
-/// objects are used is known once every file is read), with what each gave before.
-struct Parse<'a> {
-    sink: &'a mut dyn Sink,
-    parsed: Vec<(PathBuf, ModelObjects, Option<Ids>)>,
-}
-
-/// The identities of a file's Services and EndpointSlices.
-type Ids = (Vec<ServiceId>, Vec<SliceId>);
-
-impl Reader<FileObjects> for Parse<'_> {
+impl Reader<FileObjects> for ToSink<'_> {
     fn read(
         &mut self,
         path: &Path,
@@ -94,10 +78,8 @@ impl Reader<FileObjects> for Parse<'_> {
         let (objects, mut parsed) = parse_into(path, file, add_model);
         problems.append(&mut parsed);
         let objects = objects?;
-        let (services, slices) = ids_of(path, &objects);
         let nodes = objects.nodes.clone();
-        let old = old.map(|o| (o.services.clone(), o.slices.clone()));
-        self.parsed.push((path.to_path_buf(), objects, old));
+        let (services, slices) = put_file(path, objects, old, self.0);
         Some(FileObjects {
             services,
             slices,
@@ -107,10 +89,10 @@ impl Reader<FileObjects> for Parse<'_> {
 
     fn gone(&mut self, _path: &Path, kept: FileObjects) {
         for id in &kept.services {
-            self.sink.remove_service(id);
+            self.0.remove_service(id);
         }
         for id in &kept.slices {
-            self.sink.remove_slice(id);
+            self.0.remove_slice(id);
         }
     }
 }
@@ -122,7 +104,6 @@ impl ManifestDir {
             files: Files::new(dir),
             node_name,
             duplicates: Vec::new(),
-            losers: Losers::default(),
         }
     }
 
@@ -136,61 +117,9 @@ impl ManifestDir {
     /// no longer parses keeps the objects it last gave. The own Node's zone is set
     /// every time (a no-op when it did not change).
     pub fn rescan(&mut self, sink: &mut dyn Sink) -> std::io::Result<Scan> {
-        let mut parse = Parse {
-            sink,
-            parsed: Vec::new(),
-        };
-        let mut scan = self.files.rescan(&mut parse)?;
-        let Parse { sink, parsed } = parse;
+        let mut scan = self.files.rescan(&mut ToSink(sink))?;
         if scan.changed {
-            let (losers, now) = self.settle();
-            // The changed files' objects, those defined again later left out.
-            let changed: BTreeSet<PathBuf> = parsed.iter().map(|(p, ..)| p.clone()).collect();
-            for (path, objects, old) in parsed {
-                put_file(&path, objects, old.as_ref(), &losers, sink);
-            }
-            // Objects of other files that lose now leave the sink; those that win
-            // again are read from their files again (the sink drops what it is not
-            // given, and only the files keep it).
-            let unchanged =
-                |file: &Option<Arc<Path>>| file.as_deref().is_some_and(|f| !changed.contains(f));
-            for id in losers.services.difference(&self.losers.services) {
-                if unchanged(&id.origin.file) {
-                    sink.remove_service(id);
-                }
-            }
-            for id in losers.slices.difference(&self.losers.slices) {
-                if unchanged(&id.origin.file) {
-                    sink.remove_slice(id);
-                }
-            }
-            let back = Losers {
-                services: self
-                    .losers
-                    .services
-                    .difference(&losers.services)
-                    .cloned()
-                    .collect(),
-                slices: self
-                    .losers
-                    .slices
-                    .difference(&losers.slices)
-                    .cloned()
-                    .collect(),
-            };
-            let files: BTreeSet<Arc<Path>> = back
-                .services
-                .iter()
-                .map(|id| &id.origin.file)
-                .chain(back.slices.iter().map(|id| &id.origin.file))
-                .filter(|f| unchanged(f))
-                .flatten()
-                .cloned()
-                .collect();
-            for file in files {
-                put_again(&file, &back, sink);
-            }
-            self.losers = losers;
+            let now = self.duplicates();
             scan.new_problems
                 .extend(now.iter().filter(|p| !self.duplicates.contains(p)).cloned());
             self.duplicates = now;
@@ -222,49 +151,39 @@ impl ManifestDir {
     }
 
     /// Each Service and EndpointSlice defined again later in the directory (file
-    /// order, then order in a file), settled as `kubectl apply -f` of the directory
-    /// leaves it ([`manifests::duplicates`]): the last definition is used, the
-    /// others lose, each with a problem.
-    fn settle(&self) -> (Losers, Vec<Problem>) {
-        enum Id<'a> {
-            Service(&'a ServiceId),
-            Slice(&'a SliceId),
-        }
-        let namespace = |ns: &str| if ns.is_empty() { "default" } else { ns }.to_string();
+    /// order, then order in a file), named as [`manifests::duplicates`] names it.
+    /// Every definition goes to the sink, each with its origin (file and place),
+    /// and the compiler uses the last one of each object, as `kubectl apply -f` of
+    /// the directory leaves it; so a file that stops parsing keeps its last good
+    /// definitions for when a later one goes.
+    fn duplicates(&self) -> Vec<Problem> {
         let mut defs = Vec::new();
-        let mut ids = Vec::new();
         for (path, f) in self.files.kept() {
-            for id in &f.services {
+            let services = f
+                .services
+                .iter()
+                .map(|id| ("Service", id.namespace.clone(), id.name.clone()));
+            let slices = f.slices.iter().map(|id| {
+                (
+                    "EndpointSlice",
+                    id.namespace.clone().unwrap_or_default(),
+                    id.name.clone().unwrap_or_default(),
+                )
+            });
+            for (kind, namespace, name) in services.chain(slices) {
                 defs.push(manifests::Definition {
-                    kind: "Service".into(),
-                    namespace: namespace(&id.namespace),
-                    name: id.name.clone(),
+                    kind: kind.into(),
+                    namespace,
+                    name,
                     file: path.to_path_buf(),
                     place: None,
                 });
-                ids.push(Id::Service(id));
-            }
-            for id in &f.slices {
-                defs.push(manifests::Definition {
-                    kind: "EndpointSlice".into(),
-                    namespace: namespace(id.namespace.as_deref().unwrap_or_default()),
-                    name: id.name.clone().unwrap_or_default(),
-                    file: path.to_path_buf(),
-                    place: None,
-                });
-                ids.push(Id::Slice(id));
             }
         }
-        let mut losers = Losers::default();
-        let mut problems = Vec::new();
-        for (i, problem) in manifests::duplicates(&defs) {
-            match ids[i] {
-                Id::Service(id) => losers.services.insert(id.clone()),
-                Id::Slice(id) => losers.slices.insert(id.clone()),
-            };
-            problems.push(problem);
-        }
-        (losers, problems)
+        manifests::duplicates(&defs)
+            .into_iter()
+            .map(|(_, p)| p)
+            .collect()
     }
 }
 
@@ -434,93 +353,44 @@ fn next_origin<K: std::hash::Hash + Eq>(
     origin
 }
 
-/// The identities of a file's Services and EndpointSlices: namespace and name, and
-/// where in the directory (the file, and how many of that name came before in it).
-fn ids_of(path: &Path, objects: &ModelObjects) -> Ids {
-    let file: Arc<Path> = Arc::from(path);
-    let mut seen: HashMap<(String, String), u32> = HashMap::new();
-    let services = objects
-        .services
-        .iter()
-        .map(|svc| {
-            let mut id = ServiceId::of(svc, Origin::default());
-            id.origin = next_origin(&mut seen, (id.namespace.clone(), id.name.clone()), &file);
-            id
-        })
-        .collect();
-    let mut seen: HashMap<(Option<String>, Option<String>), u32> = HashMap::new();
-    let slices = objects
-        .slices
-        .iter()
-        .map(|slice| {
-            let mut id = SliceId::of(slice, Origin::default());
-            id.origin = next_origin(&mut seen, (id.namespace.clone(), id.name.clone()), &file);
-            id
-        })
-        .collect();
-    (services, slices)
-}
-
-/// Puts the objects of a file that parsed into `compiler`, but those defined again
-/// later (`losers`), and removes those the file held before and no longer does, or
-/// that lose now.
+/// Puts the objects of a file that parsed into `compiler` and removes those the file
+/// held before and no longer does. Returns the identities of the file's objects:
+/// namespace and name, and where in the directory (the file, and how many of that
+/// name came before in it).
 fn put_file(
     path: &Path,
     objects: ModelObjects,
-    old: Option<&Ids>,
-    losers: &Losers,
+    old: Option<&FileObjects>,
     compiler: &mut dyn Sink,
-) {
-    let (services, slices) = ids_of(path, &objects);
-    for (id, svc) in services.iter().zip(objects.services) {
-        if !losers.services.contains(id) {
-            compiler.put_service(id.origin.clone(), svc);
-        }
+) -> (Vec<ServiceId>, Vec<SliceId>) {
+    let file: Arc<Path> = Arc::from(path);
+    let mut seen: HashMap<(String, String), u32> = HashMap::new();
+    let mut services = Vec::with_capacity(objects.services.len());
+    for svc in objects.services {
+        let mut id = ServiceId::of(&svc, Origin::default());
+        id.origin = next_origin(&mut seen, (id.namespace.clone(), id.name.clone()), &file);
+        compiler.put_service(id.origin.clone(), svc);
+        services.push(id);
     }
-    for (id, slice) in slices.iter().zip(objects.slices) {
-        if !losers.slices.contains(id) {
-            compiler.put_slice(id.origin.clone(), slice);
-        }
+    let mut seen: HashMap<(Option<String>, Option<String>), u32> = HashMap::new();
+    let mut slices = Vec::with_capacity(objects.slices.len());
+    for slice in objects.slices {
+        let mut id = SliceId::of(&slice, Origin::default());
+        id.origin = next_origin(&mut seen, (id.namespace.clone(), id.name.clone()), &file);
+        compiler.put_slice(id.origin.clone(), slice);
+        slices.push(id);
     }
-    if let Some((old_services, old_slices)) = old {
+    if let Some(old) = old {
         let now: BTreeSet<&ServiceId> = services.iter().collect();
-        for id in old_services
-            .iter()
-            .filter(|id| !now.contains(id) || losers.services.contains(*id))
-        {
+        for id in old.services.iter().filter(|id| !now.contains(id)) {
             compiler.remove_service(id);
         }
         let now: BTreeSet<&SliceId> = slices.iter().collect();
-        for id in old_slices
-            .iter()
-            .filter(|id| !now.contains(id) || losers.slices.contains(*id))
-        {
+        for id in old.slices.iter().filter(|id| !now.contains(id)) {
             compiler.remove_slice(id);
         }
     }
-}
-
-/// Puts again the objects of `back` that `file` defines: they were defined again
-/// later, and no longer are. A file that no longer reads is left to the next
-/// rescan, which finds it changed.
-fn put_again(file: &Path, back: &Losers, compiler: &mut dyn Sink) {
-    let Ok(f) = std::fs::File::open(file) else {
-        return;
-    };
-    let (Some(objects), _) = parse_into(file, std::io::BufReader::new(f), add_model) else {
-        return;
-    };
-    let (services, slices) = ids_of(file, &objects);
-    for (id, svc) in services.iter().zip(objects.services) {
-        if back.services.contains(id) {
-            compiler.put_service(id.origin.clone(), svc);
-        }
-    }
-    for (id, slice) in slices.iter().zip(objects.slices) {
-        if back.slices.contains(id) {
-            compiler.put_slice(id.origin.clone(), slice);
-        }
-    }
+    (services, slices)
 }
 
 /// A usable object of a document (boxed: API objects are large and of unequal sizes).
@@ -825,7 +695,7 @@ kind: Service
     /// Issue 19: an object defined twice is settled as `kubectl apply -f` of the
     /// directory leaves it: the last definition (file order, then order in the file)
     /// is used, the others are named; when the later one goes, the earlier is used
-    /// again.
+    /// again, even from a file that no longer parses (its last good version).
     #[test]
     fn the_last_definition_of_an_object_is_used() {
         let dir = std::env::temp_dir().join(format!("sliceway-local-dup-{}", std::process::id()));
@@ -894,6 +764,18 @@ kind: Service
         fs::write(dir.join("c.yaml"), svc("web", "10.96.0.4")).unwrap();
         let (got, _) = frontends(&mut m, &mut c);
         assert_eq!(got, [(4, vec![1])]);
+        // b.yaml again, then broken: its last good definition stays, and is used once
+        // the later one goes.
+        fs::write(dir.join("b.yaml"), svc("web", "10.96.0.3")).unwrap();
+        let (got, _) = frontends(&mut m, &mut c);
+        assert_eq!(got, [(4, vec![1])]);
+        fs::write(dir.join("b.yaml"), "kind: Service\nmetadata: {name: [\n").unwrap();
+        let (got, problems) = frontends(&mut m, &mut c);
+        assert_eq!(got, [(4, vec![1])]);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        fs::remove_file(dir.join("c.yaml")).unwrap();
+        let (got, _) = frontends(&mut m, &mut c);
+        assert_eq!(got, [(3, vec![1])]);
         fs::remove_dir_all(&dir).unwrap();
     }
 }
