@@ -554,6 +554,18 @@ fn hostile_manifests_never_hurt() {
         "{trace}"
     );
     let trace_messages = skipped_text(&trace);
+    // An object defined twice is settled, not a clash: its last definition is used.
+    for case in cases
+        .iter()
+        .filter(|c| c.what == "the same objects defined twice")
+    {
+        let clashes: Vec<&String> = trace_messages
+            .iter()
+            .filter(|m| m.contains(&case.tag) && m.contains("frontend of"))
+            .collect();
+        assert!(clashes.is_empty(), "{}: {clashes:?}", case.file);
+        assert!(used.contains(&case.tag), "{}: not compiled", case.file);
+    }
 
     // plan: the good Service's slice planned as alone, every case planned or named.
     let (plan, _) = run(
