@@ -991,7 +991,8 @@ async fn objects_the_front_door_refuses_are_skipped_alone() {
     );
     timeout(WAIT, source.wait_synced()).await.unwrap().unwrap();
     let mut compiler = sliceway_agent::compiler::Incremental::default();
-    source.feed(&source.take_changes(), &mut compiler);
+    let new = source.feed(&source.take_changes(), &mut compiler);
+    assert_eq!(new.len(), 2, "both refusals are new: {new:?}");
     let refused = |source: &KubeSource| -> Vec<(String, String, String)> {
         source
             .refused()
@@ -1043,7 +1044,9 @@ async fn objects_the_front_door_refuses_are_skipped_alone() {
             })
     })
     .await;
-    source.feed(&source.take_changes(), &mut compiler);
+    let new = source.feed(&source.take_changes(), &mut compiler);
+    assert_eq!(new.len(), 1, "only web-a is newly refused: {new:?}");
+    assert_eq!(new[0].name, "web-a");
     assert_eq!(
         compiled_backends(&mut compiler),
         [("bad".to_string(), vec![]), ("web".to_string(), vec![])].into()

@@ -28,10 +28,11 @@
 //! Every object fed to the compiler passes the front door both binaries share
 //! ([`conventions::validate`], with the rules for what an API server may hold:
 //! [`conventions::validate::Rules::Stored`]), as objects of a manifest directory do:
-//! one it refuses is logged once (object, field, reason), counted as the manifest
-//! reader's refusals are (`sliceway_objects_skipped{kind="manifest",
-//! reason="invalid_object"}`), and kept from the compiler, which drops its earlier
-//! version; the others go on ([`KubeSource::refused`]).
+//! one it refuses is logged once (object, field, reason) and recorded as an Event on
+//! it, counted as the manifest reader's refusals are
+//! (`sliceway_objects_skipped{kind="manifest", reason="invalid_object"}`), and kept
+//! from the compiler, which drops its earlier version; the others go on
+//! ([`KubeSource::refused`]; [`KubeSource::feed`] returns those newly refused).
 //!
 //! ```text
 //! watcher ─► backoff ─► strip managedFields ─► reflector store ─► change counter
@@ -377,8 +378,10 @@ impl KubeSource {
 
     /// Brings `compiler` (the sink) to the stores: the objects named in `changes` are put or
     /// removed; after a relist, every object is put and those gone are removed. The
-    /// own Node's zone is set every time (a no-op when it did not change).
-    pub fn feed(&self, changes: &Changes, compiler: &mut dyn Sink) {
+    /// own Node's zone is set every time (a no-op when it did not change). Returns
+    /// the objects the front door refuses that it had not refused so (newly, or for
+    /// another reason).
+    pub fn feed(&self, changes: &Changes, compiler: &mut dyn Sink) -> Vec<Refused> {
         let node = self
             .node
             .state()
@@ -387,13 +390,19 @@ impl KubeSource {
         compiler.set_zone(node.as_ref().and_then(|n| n.zone.clone()));
         compiler.set_node_ip(node.and_then(|n| n.primary_ipv4));
         let mut refused = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
+        let before = refused.clone();
         if changes.relisted {
             relist(&self.services, compiler, &mut refused);
             relist(&self.slices, compiler, &mut refused);
-            return;
+        } else {
+            put_changed(&self.services, &changes.services, compiler, &mut refused);
+            put_changed(&self.slices, &changes.slices, compiler, &mut refused);
         }
-        put_changed(&self.services, &changes.services, compiler, &mut refused);
-        put_changed(&self.slices, &changes.slices, compiler, &mut refused);
+        refused
+            .iter()
+            .filter(|(key, why)| before.get(*key) != Some(*why))
+            .map(|(_, why)| why.clone())
+            .collect()
     }
 
     /// The objects of the stores that the front door refuses now (as last fed),
@@ -506,7 +515,22 @@ impl super::Source for ApiSource {
         let mut changes = self.source.take_changes();
         // The first feed hands over every object; later ones those that changed.
         changes.relisted |= !std::mem::replace(&mut self.fed, true);
-        self.source.feed(&changes, sink);
+        let refused = self.source.feed(&changes, sink);
+        // Said on the object too, as the compiler's problems are.
+        let problems: Vec<super::events::Problem> = refused
+            .into_iter()
+            .map(|r| super::events::Problem {
+                kind: r.kind,
+                namespace: r.namespace,
+                name: r.name,
+                code: Refused::CODE.into(),
+                message: format!(
+                    "{}: {}; the API server's rules do not allow it, so it is skipped",
+                    r.field, r.reason
+                ),
+            })
+            .collect();
+        self.report(&problems);
         super::Fed::Changed
     }
 }
