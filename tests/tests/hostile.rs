@@ -764,16 +764,27 @@ fn the_controllers_run_survives_the_corpus() {
         std::process::id()
     ));
     let log = std::fs::File::create(&log_path).unwrap();
-    let mut child = Command::new("nsenter")
-        .arg(format!("--net=/var/run/netns/{}", ns.name))
-        .arg(workspace_binary("sliceway-controller").unwrap())
-        .args(["run", "--manifests"])
-        .arg(&dir)
-        .env("NO_COLOR", "1")
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .unwrap();
+    /// The controller, killed when the test ends, whichever way.
+    struct Running(std::process::Child);
+    impl Drop for Running {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut running = Running(
+        Command::new("nsenter")
+            .arg(format!("--net=/var/run/netns/{}", ns.name))
+            .arg(workspace_binary("sliceway-controller").unwrap())
+            .args(["run", "--manifests"])
+            .arg(&dir)
+            .env("NO_COLOR", "1")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
+    let child = &mut running.0;
     // The good Service's slice and Endpoints, as files the controller owns.
     let owned = |prefix: &str| -> Vec<String> {
         std::fs::read_dir(&dir)
@@ -820,8 +831,7 @@ fn the_controllers_run_survives_the_corpus() {
         std::thread::sleep(Duration::from_millis(100));
     }
     let status = child.try_wait().unwrap();
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(running);
     let text = std::fs::read_to_string(&log_path).unwrap_or_default();
     assert!(
         status.is_none(),
