@@ -593,6 +593,22 @@ impl Agent {
         self.log.lock().unwrap().iter().any(|l| l.contains(needle))
     }
 
+    /// Whether a log line contains `needle` within `timeout`: the agent's output is
+    /// read by a thread of the lab, so a line written just before a sync the test
+    /// waited for may not have been read yet.
+    pub fn logs_within(&self, needle: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.logged(needle) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// The agent's process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
