@@ -118,8 +118,8 @@ pub fn node(name: &str, zone: &str, cpu: &str) -> Node {
 }
 
 /// Nodes by name: `node-1` in `zone-a`.
-pub fn nodes() -> BTreeMap<String, Node> {
-    BTreeMap::from([("node-1".into(), node("node-1", "zone-a", "4"))])
+pub fn nodes() -> BTreeMap<String, std::sync::Arc<Node>> {
+    BTreeMap::from([("node-1".into(), node("node-1", "zone-a", "4").into())])
 }
 
 /// Endpoints as a slice with the given name would hold them, the way the
@@ -127,7 +127,12 @@ pub fn nodes() -> BTreeMap<String, Node> {
 pub fn endpoint_for(i: usize) -> Endpoint {
     let p = pod(i);
     let n = nodes();
-    crate::reconciler::pod_to_endpoint(&p, n.get("node-1"), &service(), crate::util::IPV4)
+    crate::reconciler::pod_to_endpoint(
+        &p,
+        n.get("node-1").map(|n| &**n),
+        &service(),
+        crate::util::IPV4,
+    )
 }
 
 /// An existing slice named `name` owned by `service()` holding endpoints of pods `ids`.

@@ -159,7 +159,7 @@ fn add_object(
             fill_namespace(&mut p.metadata);
             snap.add_pod(p);
         }
-        "Node" => snap.add_node(typed(v)?),
+        "Node" => snap.add_node(typed::<k8s_openapi::api::core::v1::Node>(v)?),
         "Endpoints" => {
             let mut e: k8s_openapi::api::core::v1::Endpoints = typed(v)?;
             fill_uid(&mut e.metadata, "Endpoints");

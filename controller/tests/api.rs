@@ -861,6 +861,91 @@ fn the_index_follows_watch_events_and_lists() {
     assert!(stores.snapshot_for("default", "web").slices.is_empty());
 }
 
+/// Issue 14: a snapshot shares the stores' objects instead of copying them, and holds
+/// the Nodes of its Pods only, however many Nodes the cluster has.
+#[test]
+fn a_snapshot_shares_the_stores_objects() {
+    let (services, mut services_w) = reflector::store::<Service>();
+    let (pods, mut pods_w) = reflector::store::<Pod>();
+    let (nodes, mut nodes_w) = reflector::store::<Node>();
+    let (slices, _slices_w) = reflector::store::<EndpointSlice>();
+    let (endpoints, _endpoints_w) = reflector::store::<Endpoints>();
+    let service: Service = serde_json::from_value(json!({
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"selector": {"app": "web"}},
+    }))
+    .unwrap();
+    services_w.apply_watcher_event(&watcher::Event::Apply(service));
+    for i in 0..10 {
+        let node: Node =
+            serde_json::from_value(json!({"metadata": {"name": format!("node-{i}")}})).unwrap();
+        nodes_w.apply_watcher_event(&watcher::Event::Apply(node));
+    }
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "a", "namespace": "default", "labels": {"app": "web"}},
+        "spec": {"nodeName": "node-3", "containers": []},
+    }))
+    .unwrap();
+    pods_w.apply_watcher_event(&watcher::Event::Apply(pod));
+    let stores = Stores::new(
+        services.clone(),
+        pods.clone(),
+        nodes.clone(),
+        slices,
+        endpoints,
+    );
+    let snap = stores.snapshot_for("default", "web");
+    let key = ("default".to_string(), "a".to_string());
+    let stored = pods.get(&reflector::ObjectRef::new("a").within("default"));
+    assert!(std::sync::Arc::ptr_eq(&snap.pods[&key], &stored.unwrap()));
+    let stored = services.get(&reflector::ObjectRef::new("web").within("default"));
+    assert!(std::sync::Arc::ptr_eq(
+        &snap.services[&("default".to_string(), "web".to_string())],
+        &stored.unwrap()
+    ));
+    assert_eq!(snap.nodes.keys().collect::<Vec<_>>(), ["node-3"]);
+}
+
+/// Issue 14: the zones' CPU shares that topology hints weigh come from every Node,
+/// computed again after a Node event, not per reconcile.
+#[test]
+fn the_topology_follows_node_events() {
+    let (nodes, mut nodes_w) = reflector::store::<Node>();
+    let node = |name: &str, zone: &str, cpu: &str| -> Node {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"topology.kubernetes.io/zone": zone}},
+            "status": {"allocatable": {"cpu": cpu},
+                       "conditions": [{"type": "Ready", "status": "True"}]},
+        }))
+        .unwrap()
+    };
+    let stores = Stores::new(
+        reflector::store::<Service>().0,
+        reflector::store::<Pod>().0,
+        nodes.clone(),
+        reflector::store::<EndpointSlice>().0,
+        reflector::store::<Endpoints>().0,
+    );
+    let mut apply = |n: Node| {
+        let event = watcher::Event::Apply(n);
+        nodes_w.apply_watcher_event(&event);
+        stores.index.node_event(&event);
+    };
+    apply(node("n1", "zone-a", "3"));
+    apply(node("n2", "zone-b", "1"));
+    let ratios = |t: &controller::topology::TopologyInfo| t.cpu_ratios.clone().unwrap();
+    let first = stores.topology();
+    assert_eq!(ratios(&first)["zone-a"], 0.75);
+    // Nothing changed: the same computation is handed out again.
+    assert!(std::sync::Arc::ptr_eq(&first, &stores.topology()));
+    apply(node("n2", "zone-b", "3"));
+    assert_eq!(ratios(&stores.topology())["zone-a"], 0.5);
+    let event = watcher::Event::Delete(node("n2", "zone-b", "3"));
+    nodes_w.apply_watcher_event(&event);
+    stores.index.node_event(&event);
+    assert_eq!(ratios(&stores.topology())["zone-a"], 1.0);
+}
+
 /// Issue 14: a Pod's Services are found from its labels through an index of the
 /// Services' selectors, not by testing every Service of the namespace; the index
 /// follows changed and deleted Services, and an empty selector selects every Pod.

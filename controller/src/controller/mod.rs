@@ -209,12 +209,14 @@ pub async fn run(
         _ => {}
     })
     .touched_objects();
+    let node_index = index.clone();
     let nodes = reflector::reflector(
         nodes_w,
         watcher(Api::<Node>::all(client.clone()), cfg.clone()),
     )
     .default_backoff()
     .inspect(watch_health(&metrics, "node"))
+    .inspect_ok(move |event| node_index.node_event(event))
     .touched_objects();
     // A slice deleted by anyone, or taken out of this controller's hands by a changed
     // managed-by label, leaves the tracker at once (upstream's onEndpointSliceDelete

@@ -46,13 +46,21 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action> {
             }
             tracker.settle(&uid, managed_by, &cached);
         }
-        let cached = snap.endpoints.get(&(ns.clone(), name.clone()));
+        let cached = snap
+            .endpoints
+            .get(&(ns.clone(), name.clone()))
+            .map(|e| &**e);
         if tracker.endpoints_stale(&ns, &name, cached) {
             ctx.metrics.sync("stale");
             return Err(Error::StaleCache(format!("{ns}/{name} (Endpoints)")));
         }
     }
-    let topology = TopologyInfo::from_nodes(snap.nodes.values());
+    // Zone capacity only matters to `topology-mode: Auto`.
+    let topology = if crate::topology::hints_enabled(&svc) {
+        ctx.stores.topology()
+    } else {
+        Arc::new(TopologyInfo::default())
+    };
     let outcome = {
         let mut state = ctx.state.lock().expect("state");
         store::sync_service(
@@ -60,7 +68,7 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action> {
             &(ns.clone(), name.clone()),
             &ctx.options,
             &mut state,
-            Some(&topology),
+            Some(&*topology),
         )
     };
     ctx.metrics.record_pass(&outcome, &[]);

@@ -11,6 +11,7 @@ use kube::runtime::watcher;
 use kube::ResourceExt;
 
 use crate::store::{Key, Snapshot};
+use crate::topology::TopologyInfo;
 
 /// The reflector stores.
 #[derive(Clone)]
@@ -129,6 +130,9 @@ pub struct Index {
     pod_labels: std::sync::RwLock<PodLabels>,
     slices: std::sync::RwLock<HashMap<Key, std::collections::BTreeSet<String>>>,
     slice_service: std::sync::RwLock<HashMap<Key, String>>,
+    /// Node changes seen, and the zone capacity computed at one of them.
+    nodes_changed: std::sync::atomic::AtomicU64,
+    topology: std::sync::Mutex<Option<(u64, Arc<TopologyInfo>)>>,
 }
 
 /// Pods by label pair, and the labels indexed for each Pod (to take them out again).
@@ -274,6 +278,32 @@ impl Index {
             watcher::Event::Init => {}
         }
     }
+    /// Follows a Node watch event (after the store applied it): the zone capacity
+    /// is computed again when next asked for.
+    pub fn node_event(&self, event: &watcher::Event<Node>) {
+        if !matches!(event, watcher::Event::Init) {
+            self.nodes_changed
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    /// The zone capacity of the Nodes in `nodes`, computed again only after a Node
+    /// event (upstream's topology cache is also set on Node events:
+    /// `checkNodeTopologyDistribution` in
+    /// <https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/controller/endpointslice/endpointslice_controller.go>).
+    pub fn topology(&self, nodes: &Store<Node>) -> Arc<TopologyInfo> {
+        // The count is read before the store: a Node event counted later finds the
+        // cache out of date, whichever state the store showed here.
+        let seen = self.nodes_changed.load(std::sync::atomic::Ordering::SeqCst);
+        if let Some((at, info)) = &*self.topology.lock().expect("topology") {
+            if *at == seen {
+                return info.clone();
+            }
+        }
+        let nodes = nodes.state();
+        let info = Arc::new(TopologyInfo::from_nodes(nodes.iter().map(|n| &**n)));
+        *self.topology.lock().expect("topology") = Some((seen, info.clone()));
+        info
+    }
     /// Follows an EndpointSlice watch event (after the store applied it).
     pub fn slice_event(&self, event: &watcher::Event<EndpointSlice>, store: &Store<EndpointSlice>) {
         match event {
@@ -325,47 +355,37 @@ impl Stores {
     }
 
     /// The objects of one namespace and name the reconcilers read: the Service, the
-    /// Pods its selector matches, the Nodes, the slices labelled for the name and the
-    /// Endpoints. Only those are copied out of the stores.
+    /// Pods its selector matches, their Nodes, the slices labelled for the name and
+    /// the Endpoints. The objects are shared with the stores, not copied, so a
+    /// snapshot costs what the Service's own objects count, whatever the cluster's
+    /// size.
     pub fn snapshot_for(&self, ns: &str, name: &str) -> Snapshot {
         let mut snap = Snapshot::default();
         let svc = self.services.get(&ObjectRef::new(name).within(ns));
         let selector = svc
             .as_ref()
             .and_then(|s| s.spec.as_ref())
-            .and_then(|s| s.selector.clone());
-        let hinted = svc
-            .as_ref()
-            .is_some_and(|s| crate::topology::hints_enabled(s));
-        if let Some(s) = svc {
-            snap.add_service((*s).clone());
-        }
-        let mut node_names = std::collections::BTreeSet::new();
+            .and_then(|s| s.selector.as_ref());
         if let Some(selector) = selector {
-            for pod in self.index.pods_for_selector(ns, &selector) {
+            for pod in self.index.pods_for_selector(ns, selector) {
                 let Some(p) = self.pods.get(&ObjectRef::new(&pod).within(ns)) else {
                     continue;
                 };
-                if crate::util::selector_matches(&selector, p.metadata.labels.as_ref()) {
-                    if let Some(n) = p.spec.as_ref().and_then(|s| s.node_name.clone()) {
-                        node_names.insert(n);
+                if crate::util::selector_matches(selector, p.metadata.labels.as_ref()) {
+                    // The Nodes of those Pods (zones). Topology hints weigh the zones'
+                    // capacity over every Node: that comes from [`Stores::topology`].
+                    let node = p.spec.as_ref().and_then(|s| s.node_name.as_deref());
+                    if let Some(node) = node.filter(|n| !snap.nodes.contains_key(*n)) {
+                        if let Some(n) = self.nodes.get(&ObjectRef::new(node)) {
+                            snap.add_node(n);
+                        }
                     }
-                    snap.add_pod((*p).clone());
+                    snap.add_pod(p);
                 }
             }
         }
-        // The Nodes of those Pods (zones); every Node only for topology hints, which
-        // weigh the zones' capacity.
-        if hinted {
-            for n in self.nodes.state() {
-                snap.add_node((*n).clone());
-            }
-        } else {
-            for name in &node_names {
-                if let Some(n) = self.nodes.get(&ObjectRef::new(name)) {
-                    snap.add_node((*n).clone());
-                }
-            }
+        if let Some(s) = svc {
+            snap.add_service(s);
         }
         let slice_names: Vec<String> = self
             .index
@@ -377,12 +397,18 @@ impl Stores {
             .unwrap_or_default();
         for slice in slice_names {
             if let Some(s) = self.slices.get(&ObjectRef::new(&slice).within(ns)) {
-                snap.add_slice((*s).clone());
+                snap.add_slice(s);
             }
         }
         if let Some(e) = self.endpoints.get(&ObjectRef::new(name).within(ns)) {
-            snap.add_endpoints((*e).clone());
+            snap.add_endpoints(e);
         }
         snap
+    }
+
+    /// The zones' share of allocatable CPU over every Node, for topology hints:
+    /// computed once after each Node change, not per reconcile.
+    pub fn topology(&self) -> Arc<TopologyInfo> {
+        self.index.topology(&self.nodes)
     }
 }

@@ -74,7 +74,7 @@ pub struct Input<'a> {
     /// The Pods its selector matches.
     pub pods: &'a [&'a Pod],
     /// Nodes by name.
-    pub nodes: &'a BTreeMap<String, Node>,
+    pub nodes: &'a BTreeMap<String, std::sync::Arc<Node>>,
     /// The slices labelled for this Service and this controller, not being deleted.
     pub existing: &'a [&'a EndpointSlice],
     /// When the change that triggered this sync happened, if known.
@@ -492,7 +492,7 @@ fn reconcile_by_address_type(
         let node = match nodes_seen.get(node_name) {
             Some(&n) => n,
             None => {
-                let n = input.nodes.get(node_name);
+                let n = input.nodes.get(node_name).map(|n| &**n);
                 nodes_seen.insert(node_name, n);
                 n
             }

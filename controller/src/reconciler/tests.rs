@@ -20,7 +20,7 @@ fn run(svc: &Service, pods: &[Pod], existing: &[EndpointSlice], max: usize) -> S
 fn run_with(
     svc: &Service,
     pods: &[Pod],
-    nodes: &BTreeMap<String, Node>,
+    nodes: &BTreeMap<String, std::sync::Arc<Node>>,
     existing: &[EndpointSlice],
     max: usize,
     trigger: Option<&Time>,
@@ -28,7 +28,7 @@ fn run_with(
     let refs: Vec<&Pod> = pods.iter().collect();
     let existing: Vec<&EndpointSlice> = existing.iter().collect();
     let existing = existing.as_slice();
-    let topo = crate::topology::TopologyInfo::from_nodes(nodes.values());
+    let topo = crate::topology::TopologyInfo::from_nodes(nodes.values().map(|n| &**n));
     let input = Input {
         service: svc,
         pods: &refs,
@@ -474,8 +474,8 @@ fn topology_mode_auto_spreads_by_cpu() {
         "Auto".into(),
     )]));
     let nodes = BTreeMap::from([
-        ("node-1".to_string(), node("node-1", "zone-a", "4")),
-        ("node-2".to_string(), node("node-2", "zone-b", "4")),
+        ("node-1".to_string(), node("node-1", "zone-a", "4").into()),
+        ("node-2".to_string(), node("node-2", "zone-b", "4").into()),
     ]);
     // All 4 endpoints in zone-a; zone-b has half the CPU and gets 2 by hints.
     let plan = run_with(&svc, &pods(4), &nodes, &[], 100, None);

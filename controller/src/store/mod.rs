@@ -106,7 +106,7 @@ mod tests {
         // Pod 7 turns not ready later than every other change.
         let changed = time(1_800_000_000);
         let key = (NS.to_string(), "pod7".to_string());
-        let pod = snap.pods.get_mut(&key).unwrap();
+        let pod = std::sync::Arc::make_mut(snap.pods.get_mut(&key).unwrap());
         let ready = &mut pod.status.as_mut().unwrap().conditions.as_mut().unwrap()[0];
         ready.status = "False".into();
         ready.last_transition_time = Some(changed.clone());

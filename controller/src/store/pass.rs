@@ -103,7 +103,7 @@ fn sync_service_with(
 ) -> Outcome {
     let mut out = Outcome::default();
     let (ns, name) = key;
-    let svc = snap.services.get(key);
+    let svc = snap.services.get(key).map(|s| &**s);
     let selector_service = svc.filter(|s| {
         let spec = s.spec.as_ref();
         spec.and_then(|s| s.type_.as_deref()) != Some("ExternalName")
@@ -161,7 +161,7 @@ fn sync_service_with(
             let input = endpoints::Input {
                 service: svc,
                 pods: &pods,
-                current: snap.endpoints.get(key),
+                current: snap.endpoints.get(key).map(|e| &**e),
                 trigger_time: trigger.as_ref(),
                 max_capacity: opts
                     .endpoints_max_capacity
@@ -181,7 +181,7 @@ fn sync_service_with(
             .into_iter()
             .cloned()
             .collect();
-        let eps = snap.endpoints.get(key);
+        let eps = snap.endpoints.get(key).map(|e| &**e);
         if eps.is_some() || !existing.is_empty() {
             let m = mirroring::reconcile(svc, eps, &existing, &opts.mirroring);
             for w in m.warnings {
@@ -200,10 +200,10 @@ fn sync_service_with(
 /// the Pods its selector matches and the Nodes, so it costs what one Service costs
 /// whatever the size of the snapshot.
 pub fn plan_service(snap: &Snapshot, key: &Key, opts: &Options, state: &mut State) -> Outcome {
-    let topology = TopologyInfo::from_nodes(snap.nodes.values());
+    let topology = TopologyInfo::from_nodes(snap.nodes.values().map(|n| &**n));
     let mut out = sync_service(snap, key, opts, state, Some(&topology));
     if opts.controllers.endpoints {
-        for e in endpoints::leftovers(snap.endpoints.get(key), |_, _| {
+        for e in endpoints::leftovers(snap.endpoints.get(key).map(|e| &**e), |_, _| {
             snap.services.contains_key(key)
         }) {
             out.plan.delete.push(Object::Endpoints(e.clone()));
@@ -222,6 +222,7 @@ pub fn plan_service(snap: &Snapshot, key: &Key, opts: &Options, state: &mut Stat
             .slices
             .range((ns.clone(), String::new())..)
             .take_while(|((sns, _), _)| sns == ns)
+            .map(|(k, s)| (k, &**s))
             .filter(|(_, s)| labelled(s));
         let garbage = garbage_among(snap, opts, &out.plan, candidates);
         out.plan.delete.extend(garbage);
@@ -231,7 +232,7 @@ pub fn plan_service(snap: &Snapshot, key: &Key, opts: &Options, state: &mut Stat
 
 /// One pass over every Service (and every name with Endpoints or slices).
 pub fn plan_all(snap: &Snapshot, opts: &Options, state: &mut State) -> Outcome {
-    let topology = TopologyInfo::from_nodes(snap.nodes.values());
+    let topology = TopologyInfo::from_nodes(snap.nodes.values().map(|n| &**n));
     let mut keys: BTreeSet<Key> = snap.services.keys().cloned().collect();
     if opts.controllers.mirroring {
         keys.extend(snap.endpoints.keys().cloned());
@@ -246,7 +247,7 @@ pub fn plan_all(snap: &Snapshot, opts: &Options, state: &mut State) -> Outcome {
         out.services.extend(o.services);
     }
     if opts.controllers.endpoints {
-        for e in endpoints::leftovers(snap.endpoints.values(), |ns, name| {
+        for e in endpoints::leftovers(snap.endpoints.values().map(|e| &**e), |ns, name| {
             snap.services
                 .contains_key(&(ns.to_string(), name.to_string()))
         }) {
@@ -261,7 +262,7 @@ pub fn plan_all(snap: &Snapshot, opts: &Options, state: &mut State) -> Outcome {
 
 /// Slices managed by these controllers whose controlling owner no longer exists.
 fn garbage(snap: &Snapshot, opts: &Options, plan: &Plan) -> Vec<Object> {
-    garbage_among(snap, opts, plan, snap.slices.iter())
+    garbage_among(snap, opts, plan, snap.slices.iter().map(|(k, s)| (k, &**s)))
 }
 
 /// [`garbage`] among some of the snapshot's slices.

@@ -1,7 +1,11 @@
 //! A snapshot of the objects the controllers read, filled by both edges (a manifest
 //! directory, kube-rs reflector stores), and its index of Pods by label.
+//!
+//! Objects are held behind `Arc`: the API edge shares the reflector stores' objects
+//! (which kube-rs hands out as `Arc<K>`) instead of copying them per reconcile.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Endpoints, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -18,41 +22,47 @@ fn key_of(m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Key
     )
 }
 
-/// The objects of a cluster the controllers read.
+/// The objects of a cluster the controllers read, shared (an object is never
+/// changed in place; `Arc::make_mut` copies one that is shared).
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
     /// Services by key.
-    pub services: BTreeMap<Key, Service>,
+    pub services: BTreeMap<Key, Arc<Service>>,
     /// Pods by key.
-    pub pods: BTreeMap<Key, Pod>,
+    pub pods: BTreeMap<Key, Arc<Pod>>,
     /// Nodes by name.
-    pub nodes: BTreeMap<String, Node>,
+    pub nodes: BTreeMap<String, Arc<Node>>,
     /// EndpointSlices by key.
-    pub slices: BTreeMap<Key, EndpointSlice>,
+    pub slices: BTreeMap<Key, Arc<EndpointSlice>>,
     /// Endpoints by key.
-    pub endpoints: BTreeMap<Key, Endpoints>,
+    pub endpoints: BTreeMap<Key, Arc<Endpoints>>,
 }
 
 impl Snapshot {
-    /// Adds a Service.
-    pub fn add_service(&mut self, s: Service) {
+    /// Adds a Service (owned, or shared with a store).
+    pub fn add_service(&mut self, s: impl Into<Arc<Service>>) {
+        let s = s.into();
         self.services.insert(key_of(&s.metadata), s);
     }
     /// Adds a Pod.
-    pub fn add_pod(&mut self, p: Pod) {
+    pub fn add_pod(&mut self, p: impl Into<Arc<Pod>>) {
+        let p = p.into();
         self.pods.insert(key_of(&p.metadata), p);
     }
     /// Adds a Node.
-    pub fn add_node(&mut self, n: Node) {
+    pub fn add_node(&mut self, n: impl Into<Arc<Node>>) {
+        let n = n.into();
         self.nodes
             .insert(n.metadata.name.clone().unwrap_or_default(), n);
     }
     /// Adds an EndpointSlice.
-    pub fn add_slice(&mut self, s: EndpointSlice) {
+    pub fn add_slice(&mut self, s: impl Into<Arc<EndpointSlice>>) {
+        let s = s.into();
         self.slices.insert(key_of(&s.metadata), s);
     }
     /// Adds an Endpoints.
-    pub fn add_endpoints(&mut self, e: Endpoints) {
+    pub fn add_endpoints(&mut self, e: impl Into<Arc<Endpoints>>) {
+        let e = e.into();
         self.endpoints.insert(key_of(&e.metadata), e);
     }
 
@@ -66,7 +76,7 @@ impl Snapshot {
             .range((ns.clone(), String::new())..)
             .take_while(|((pns, _), _)| *pns == ns)
             .filter(|(_, p)| util::selector_matches(selector, p.metadata.labels.as_ref()))
-            .map(|(_, p)| p)
+            .map(|(_, p)| &**p)
             .collect()
     }
 
@@ -78,7 +88,7 @@ impl Snapshot {
                 by_label
                     .entry((ns.as_str(), k.as_str(), v.as_str()))
                     .or_default()
-                    .push(pod);
+                    .push(&**pod);
             }
         }
         PodIndex {
@@ -92,7 +102,7 @@ impl Snapshot {
         self.slices
             .range((ns.to_string(), String::new())..)
             .take_while(|((sns, _), _)| sns == ns)
-            .map(|(_, s)| s)
+            .map(|(_, s)| &**s)
             .filter(|s| {
                 let labels = s.metadata.labels.as_ref();
                 labels
