@@ -1091,3 +1091,41 @@ fn pods_are_found_by_the_rarest_pair_of_a_selector() {
         50
     );
 }
+
+/// A list's rebuild of the Pod index is swapped in whole: a reconcile reading the index
+/// on another thread meanwhile finds every Pod of its Service, never part of them
+/// (it found part of them while the rebuild refilled the index it had emptied, and
+/// wrote slices missing Pods until another change of the Service came).
+#[test]
+fn a_rebuild_of_the_index_is_never_seen_half_done() {
+    use controller::controller::Index;
+    let (pods, mut pods_w) = reflector::store::<Pod>();
+    let index = std::sync::Arc::new(Index::default());
+    for i in 0..2000 {
+        let p: Pod = serde_json::from_value(json!({"metadata": {
+            "name": format!("p{i}"), "namespace": "ns", "labels": {"app": "web"}}}))
+        .unwrap();
+        let event = watcher::Event::Apply(p);
+        pods_w.apply_watcher_event(&event);
+        index.pod_event(&event, &pods);
+    }
+    let selector = std::collections::BTreeMap::from([("app".to_string(), "web".to_string())]);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let rebuilding = {
+        let (index, stop, pods) = (index.clone(), stop.clone(), pods.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                index.rebuild_pods(&pods);
+            }
+        })
+    };
+    for _ in 0..2000 {
+        assert_eq!(index.pods_for_selector("ns", &selector).len(), 2000);
+        assert_eq!(
+            index.pods_for_selector("ns", &Default::default()).len(),
+            2000
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    rebuilding.join().unwrap();
+}

@@ -252,21 +252,40 @@ impl Index {
             }
         }
     }
-    /// Rebuilds the Pod part from the store's content.
+    /// Rebuilds the Pod part from the store's content. The new index is built aside
+    /// and swapped in: a reconcile reading it meanwhile (on another thread) sees the
+    /// old one or the new one, never a part.
     pub fn rebuild_pods(&self, pods: &Store<Pod>) {
-        self.pods.write().expect("index").clear();
-        *self.pod_labels.write().expect("index") = PodLabels::default();
+        let fresh = Index::default();
         for p in pods.state() {
-            self.add_pod(&p);
+            fresh.add_pod(&p);
         }
+        let (names, labels) = (
+            fresh.pods.into_inner().expect("index"),
+            fresh.pod_labels.into_inner().expect("index"),
+        );
+        // Both locks at once, in the order `pods_for_selector` never holds them
+        // together; readers take one at a time.
+        let mut pods_w = self.pods.write().expect("index");
+        let mut labels_w = self.pod_labels.write().expect("index");
+        *pods_w = names;
+        *labels_w = labels;
     }
-    /// Rebuilds the EndpointSlice part from the store's content.
+    /// Rebuilds the EndpointSlice part from the store's content, swapped in whole
+    /// as the Pods are.
     pub fn rebuild_slices(&self, slices: &Store<EndpointSlice>) {
-        self.slices.write().expect("index").clear();
-        self.slice_service.write().expect("index").clear();
+        let fresh = Index::default();
         for s in slices.state() {
-            self.add_slice(&s);
+            fresh.add_slice(&s);
         }
+        let (by_service, of_slice) = (
+            fresh.slices.into_inner().expect("index"),
+            fresh.slice_service.into_inner().expect("index"),
+        );
+        let mut slices_w = self.slices.write().expect("index");
+        let mut service_w = self.slice_service.write().expect("index");
+        *slices_w = by_service;
+        *service_w = of_slice;
     }
     /// Follows a Pod watch event (after the store applied it).
     pub fn pod_event(&self, event: &watcher::Event<Pod>, store: &Store<Pod>) {
