@@ -6,7 +6,9 @@
 //! latency through a node lab, (3) programming time, full and for one endpoint
 //! change, (4) the agent's memory, (5) the controller's API writes and cold start.
 //! Each figure says how it was measured; runs are repeated and reported as median
-//! [min–max]; `report` puts each beside the project's targets.
+//! [min–max]; `report` puts each beside the project's targets. Apart from the
+//! figures, [`scale`] measures the controller's CPU per Pod change on the real API
+//! server of the cluster lab, filled with many Services and Pods.
 //!
 //! All traffic stays inside the lab's network namespaces; the baselines' rules are
 //! loaded only into the lab's node namespace.
@@ -18,6 +20,7 @@ pub mod model;
 pub mod node;
 pub mod plot;
 pub mod report;
+pub mod scale;
 pub mod stats;
 
 use std::{path::Path, time::Instant};

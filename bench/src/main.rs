@@ -1,11 +1,13 @@
 //! `sliceway-bench`: runs the benchmarks (see the `sliceway_bench` library), writes
-//! `report.md`, `report.json` and PNG plots into `--out`, and prints the report.
-//! `cargo xtask bench` builds and runs it. Needs root (BPF, network namespaces).
+//! `report.md`, `report.json` and PNG plots into `--out`, and prints the report;
+//! `sliceway-bench scale` measures the controller's CPU per Pod change on a cluster
+//! lab filled with many Services and Pods. `cargo xtask bench` builds and runs it.
+//! Needs root (BPF, network namespaces).
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use sliceway_bench::{self as bench, Config, Mode};
 
 #[derive(Parser)]
@@ -24,9 +26,36 @@ struct Cli {
     /// not selected.
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u8).range(1..=5))]
     only: Vec<u8>,
-    /// Where the report and plots go.
+    /// Where the report and plots go (and, for `scale`, the cluster's state).
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
+    #[command(subcommand)]
+    command: Option<Cmd>,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Measure sliceway-controller's CPU per Pod change on a control plane filled with
+    /// SERVICES Services of PODS_PER_SERVICE ready Pods each (a cluster of its own,
+    /// under `--out`/scale, taken down after). Needs the upstream kit and
+    /// sliceway-controller built beside this binary (`cargo xtask bench scale` does both).
+    Scale {
+        #[arg(long, default_value_t = 10_000)]
+        services: usize,
+        #[arg(long, default_value_t = 10)]
+        pods_per_service: usize,
+        #[arg(long, default_value_t = 100)]
+        nodes: usize,
+        #[arg(long, default_value_t = 200)]
+        changes: usize,
+        /// Record the controller with `perf record --call-graph dwarf` into FILE while the changes run
+        /// (needs Debian's linux-perf; read it with `perf report -i FILE`).
+        #[arg(long)]
+        profile: Option<PathBuf>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> Result<()> {
@@ -34,6 +63,35 @@ fn main() -> Result<()> {
     // SAFETY: getuid has no preconditions.
     if unsafe { libc::getuid() } != 0 {
         bail!("sliceway-bench needs root (BPF programs, network namespaces)");
+    }
+    if let Some(Cmd::Scale {
+        services,
+        pods_per_service,
+        nodes,
+        changes,
+        profile,
+        json,
+    }) = cli.command
+    {
+        let spec = bench::scale::ScaleSpec {
+            services,
+            pods_per_service,
+            nodes,
+            changes,
+            profile,
+        };
+        let prefix = format!(
+            "{}-{}-scale",
+            sliceway_lab::cluster::NS_PREFIX,
+            std::process::id()
+        );
+        let r = bench::scale::run(&spec, &cli.out.join("scale"), &prefix)?;
+        if json {
+            println!("{}", serde_json::to_string_pretty(&r)?);
+        } else {
+            print!("{}", r.table());
+        }
+        return Ok(());
     }
     let mode = match (cli.smoke, cli.quick) {
         (true, _) => Mode::Smoke,

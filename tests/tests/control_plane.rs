@@ -49,23 +49,3 @@ fn the_deploy_manifests_are_valid_for_the_real_api_server() -> Result<()> {
     }
     Ok(())
 }
-
-/// The controller-at-scale measurement (`sliceway-cluster scale`) works end to end on
-/// a small cluster: every Service settles and every single-Pod change reaches its
-/// slice (the figures themselves come from the benchmark, at 10,000 Services).
-#[test]
-fn the_scale_measurement_runs_on_a_small_cluster() -> anyhow::Result<()> {
-    let parent = std::env::temp_dir();
-    let prefix = format!("{}-{}-scale", cluster::NS_PREFIX, std::process::id());
-    let spec = cluster::scale::ScaleSpec {
-        services: 30,
-        pods_per_service: 3,
-        nodes: 3,
-        changes: 12,
-        profile: None,
-    };
-    let r = cluster::scale::run(&spec, &parent.join(&prefix), &prefix)?;
-    assert_eq!((r.services, r.pods, r.changes), (30, 90, 12));
-    assert!(r.cpu_per_change_gross_ms > 0.0, "{r:?}");
-    Ok(())
-}

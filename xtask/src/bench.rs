@@ -1,12 +1,36 @@
 //! `cargo xtask bench`: set up, build the kernel object and the release binaries, then
 //! run `sliceway-bench`, which writes `target/bench/report.md`, `report.json` and the
-//! plots, and prints the report.
+//! plots, and prints the report. `cargo xtask bench scale ...` (also reached as
+//! `cargo xtask cluster scale ...`) runs `sliceway-bench scale`, on the cluster lab
+//! with upstream's kit and the release controller.
 
 use std::process::Command;
 
 use anyhow::Result;
 
-use super::{build_ebpf, cargo, require_root, run, setup};
+use super::{build_ebpf, cargo, require_root, run, setup, upstream};
+
+/// Runs `sliceway-bench scale ARGS` (release build of it and of the controller).
+pub fn scale(root: &std::path::Path, args: &[String]) -> Result<()> {
+    require_root("the cluster lab (network namespaces)")?;
+    setup(root)?;
+    build_ebpf()?;
+    upstream(root)?;
+    run(cargo().args([
+        "build",
+        "--release",
+        "--bins",
+        "--package",
+        "controller",
+        "--package",
+        "bench",
+    ]))?;
+    run(Command::new(root.join("target/release/sliceway-bench"))
+        .arg("--out")
+        .arg(root.join("target/bench"))
+        .arg("scale")
+        .args(args))
+}
 
 /// Runs the benchmarks; `quick` for a run of a few minutes, `only` to pick figures.
 pub fn bench(root: &std::path::Path, quick: bool, only: Option<&str>) -> Result<()> {

@@ -55,12 +55,16 @@ enum Task {
     },
     /// The cluster lab: `up [--nodes N] [--proxy sliceway|iptables|nftables]
     /// [--controller sliceway|upstream]`, `down`, `status`, `exec NS/POD -- CMD`,
-    /// `client -- CMD`, `node NODE -- CMD`, `kubectl -- ARGS`.
+    /// `client -- CMD`, `node NODE -- CMD`, `kubectl -- ARGS`; `scale ...` is
+    /// `bench scale ...`.
     Cluster {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
     /// Benchmarks against kube-proxy's iptables and nftables rules; writes target/bench.
+    /// `bench scale [--services N] [--pods-per-service N] [--nodes N] [--changes N]
+    /// [--profile FILE] [--json]`: the controller's CPU per Pod change on the real API
+    /// server filled with that many Services and Pods.
     Bench {
         /// A run of a few minutes instead of the full one.
         #[arg(long)]
@@ -68,6 +72,9 @@ enum Task {
         /// Only these figures, e.g. `--only 1,3`.
         #[arg(long)]
         only: Option<String>,
+        /// `scale` and its flags.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
     /// The differential fuzzer: random maps and packets through the TC program,
     /// each result compared with the reference model.
@@ -122,6 +129,9 @@ fn main() -> Result<()> {
             }
             demo(cluster)
         }
+        Task::Cluster { args } if args.first().map(String::as_str) == Some("scale") => {
+            bench::scale(&root, &args[1..])
+        }
         Task::Cluster { args } => {
             require_root("the cluster lab (network namespaces, BPF programs)")?;
             // Only `up` needs the set-up, the kernel object and the upstream kit;
@@ -139,7 +149,11 @@ fn main() -> Result<()> {
             println!("{}", v1_agent::build(&root)?.display());
             Ok(())
         }
-        Task::Bench { quick, only } => bench::bench(&root, quick, only.as_deref()),
+        Task::Bench { quick, only, args } => match args.split_first() {
+            Some((scale, rest)) if scale == "scale" => bench::scale(&root, rest),
+            Some((other, _)) => bail!("unknown bench command {other:?} (only `scale`)"),
+            None => bench::bench(&root, quick, only.as_deref()),
+        },
         Task::Fuzz {
             packets,
             seed,

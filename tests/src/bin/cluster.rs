@@ -53,26 +53,6 @@ enum Cmd {
         #[arg(last = true, required = true)]
         cmd: Vec<String>,
     },
-    /// Measure sliceway-controller's CPU per Pod change on a control plane filled with
-    /// SERVICES Services of PODS_PER_SERVICE ready Pods each (a cluster of its own,
-    /// taken down after).
-    Scale {
-        #[arg(long, default_value_t = 10_000)]
-        services: usize,
-        #[arg(long, default_value_t = 10)]
-        pods_per_service: usize,
-        #[arg(long, default_value_t = 100)]
-        nodes: usize,
-        #[arg(long, default_value_t = 200)]
-        changes: usize,
-        /// Record the controller with `perf record --call-graph dwarf` into FILE while the changes run
-        /// (needs Debian's linux-perf; read it with `perf report -i FILE`).
-        #[arg(long)]
-        profile: Option<PathBuf>,
-        /// Print JSON instead of a table.
-        #[arg(long)]
-        json: bool,
-    },
     /// Run the lab's kubectl as the cluster's admin.
     Kubectl {
         #[arg(last = true)]
@@ -143,30 +123,6 @@ fn main() -> Result<()> {
                 .find(|n| n.name == node)
                 .with_context(|| format!("no node {node} in the lab"))?;
             exec_in(&n.netns, &cmd)
-        }
-        Cmd::Scale {
-            services,
-            pods_per_service,
-            nodes,
-            changes,
-            profile,
-            json,
-        } => {
-            let spec = cluster::scale::ScaleSpec {
-                services,
-                pods_per_service,
-                nodes,
-                changes,
-                profile,
-            };
-            let prefix = format!("{}-{}-scale", cluster::NS_PREFIX, std::process::id());
-            let r = cluster::scale::run(&spec, &dir.join("scale"), &prefix)?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&r)?);
-            } else {
-                print!("{}", r.table());
-            }
-            Ok(())
         }
         Cmd::Kubectl { args } => {
             let c = Cluster::load(dir)?;

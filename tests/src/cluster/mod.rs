@@ -21,7 +21,6 @@ pub mod api;
 pub mod forward;
 pub mod kubelet;
 pub mod pki;
-pub mod scale;
 
 pub use forward::Forwarder;
 

@@ -1,5 +1,7 @@
 //! sliceway-controller at cluster scale on the real API server: what one Pod change
-//! costs the controller in CPU when the cluster holds many Services and Pods.
+//! costs the controller in CPU when the cluster holds many Services and Pods
+//! (`sliceway-bench scale`, `cargo xtask bench scale`). It runs on the cluster lab of
+//! the `tests` crate.
 //!
 //! A control plane without nodes (etcd and kube-apiserver) is filled through the API
 //! with Nodes, Services and ready Pods (Pods are created, then given an address and
@@ -30,7 +32,7 @@ use kube::{
 use serde::Serialize;
 use serde_json::json;
 
-use super::{Cluster, Controllers, Proxy, Spec};
+use sliceway_lab::cluster::{Cluster, Controllers, Proxy, Spec};
 
 /// What to build.
 #[derive(Clone, Debug)]

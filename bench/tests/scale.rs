@@ -1,0 +1,26 @@
+//! The controller-at-scale measurement (`sliceway-bench scale`) works end to end on
+//! a small cluster: every Service settles and every single-Pod change reaches its
+//! slice. Benchmarks are not tests: this only keeps the measurement from rotting
+//! (the figures come from `cargo xtask bench scale` at 10,000 Services). Needs root
+//! and sliceway-controller built beside the test binaries (`cargo xtask test`
+//! builds it), like the cluster-lab tests.
+
+use sliceway_bench::scale::{run, ScaleSpec};
+use sliceway_lab::cluster;
+
+#[test]
+fn the_scale_measurement_runs_on_a_small_cluster() -> anyhow::Result<()> {
+    let parent = std::env::temp_dir();
+    let prefix = format!("{}-{}-scale", cluster::NS_PREFIX, std::process::id());
+    let spec = ScaleSpec {
+        services: 30,
+        pods_per_service: 3,
+        nodes: 3,
+        changes: 12,
+        profile: None,
+    };
+    let r = run(&spec, &parent.join(&prefix), &prefix)?;
+    assert_eq!((r.services, r.pods, r.changes), (30, 90, 12));
+    assert!(r.cpu_per_change_gross_ms > 0.0, "{r:?}");
+    Ok(())
+}
