@@ -38,6 +38,14 @@ use crate::metrics::Metrics;
 use crate::store::{self};
 use crate::Result;
 
+/// Services synced at once: upstream's default `--concurrent-service-endpoint-syncs`
+/// (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/controller/endpointslice/config/v1alpha1/defaults.go>).
+/// Also a bound the runtime needs: kube-rs's Controller polls every reconcile in
+/// flight whenever one may have finished, so with no bound the 10,000 Services of a
+/// cluster's first sync cost it quadratic time (it had written no slice after six
+/// minutes).
+pub const CONCURRENT_SYNCS: u16 = 5;
+
 /// Shared state of reconciles.
 pub struct Context {
     /// The API client.
@@ -370,7 +378,9 @@ pub async fn run(
         .map(pod_to_services),
         batch_period,
     );
-    let ctrl = Controller::for_stream(service_events, services.clone()).reconcile_on(pod_requests);
+    let ctrl = Controller::for_stream(service_events, services.clone())
+        .with_config(kube::runtime::controller::Config::default().concurrency(CONCURRENT_SYNCS))
+        .reconcile_on(pod_requests);
     let svc_for_nodes = services.clone();
     let own_writes = tracker.clone();
     let ctrl = ctrl
