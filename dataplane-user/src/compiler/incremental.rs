@@ -69,11 +69,16 @@ impl Incremental {
             return false;
         }
         self.opts.zone = zone;
+        self.recompile_all();
+        true
+    }
+
+    /// Marks every Service to be compiled again (an option they all read changed).
+    fn recompile_all(&mut self) {
         for id in self.services.keys() {
             self.dirty_groups
                 .insert((id.namespace.clone(), id.name.clone()));
         }
-        true
     }
 
     /// Sets this node's primary address (from its Node object), where NodePorts are
@@ -105,10 +110,7 @@ impl Incremental {
             return false;
         }
         self.opts.node_port_ips = ips;
-        for id in self.services.keys() {
-            self.dirty_groups
-                .insert((id.namespace.clone(), id.name.clone()));
-        }
+        self.recompile_all();
         true
     }
 
