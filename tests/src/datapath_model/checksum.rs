@@ -63,8 +63,22 @@ const CRC32C_POLY: u32 = 0x82f6_3b78;
 /// difference between the CRCs of two messages of `data`'s length whose XOR is
 /// `data`.
 pub fn crc32c_linear(data: &[u8]) -> u32 {
-    let mut r = 0u32;
-    for &b in data {
+    crc32c(0, data.iter().copied())
+}
+
+/// SCTP's CRC32c of an SCTP packet, its checksum field taken as zero, as the field
+/// holds it (little-endian).
+pub fn sctp_crc(sctp: &[u8]) -> u32 {
+    let bytes = sctp
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| if (8..12).contains(&i) { 0 } else { b });
+    !crc32c(!0, bytes)
+}
+
+/// The CRC32c register from `r` over `bytes`, a bit at a time (reflected).
+fn crc32c(mut r: u32, bytes: impl Iterator<Item = u8>) -> u32 {
+    for b in bytes {
         r ^= b as u32;
         for _ in 0..8 {
             r = if r & 1 != 0 {
@@ -75,23 +89,6 @@ pub fn crc32c_linear(data: &[u8]) -> u32 {
         }
     }
     r
-}
-
-/// SCTP's CRC32c of an SCTP packet, its checksum field taken as zero, as the field
-/// holds it (little-endian).
-pub fn sctp_crc(sctp: &[u8]) -> u32 {
-    let mut r = !0u32;
-    for (i, &b) in sctp.iter().enumerate() {
-        r ^= if (8..12).contains(&i) { 0 } else { b as u32 };
-        for _ in 0..8 {
-            r = if r & 1 != 0 {
-                (r >> 1) ^ CRC32C_POLY
-            } else {
-                r >> 1
-            };
-        }
-    }
-    !r
 }
 
 /// Whether `data` (a header or message with its checksum field in place) verifies.
