@@ -251,7 +251,7 @@ impl Syncer {
         self.health_check_failed = now;
         self.metrics
             .health_checks
-            .set(self.health_checks.ports().len() as i64);
+            .set(self.health_checks.open_count() as i64);
     }
 
     fn sync(&mut self, dp: &mut Datapath) {

@@ -225,7 +225,7 @@ impl Metrics {
         let datapath_info = Family::<Labels, Gauge>::default();
         registry.register(
             "datapath_info",
-            "The datapath of this agent (value 1): attach path (tcx or tc) and pinned maps (adopted from an earlier run, new, or none when not pinned)",
+            "The datapath of this agent (value 1): attach path (tcx or tc), pinned maps (adopted from an earlier run, new, or none when not pinned) and the socket programs (attached, off or failed)",
             datapath_info.clone(),
         );
         let links = Family::<Labels, Gauge>::default();
