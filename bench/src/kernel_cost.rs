@@ -70,7 +70,7 @@ fn frontend(s: &Svc, backends: Vec<Backend>) -> (ServiceKey, Frontend) {
             addr_be: u32::from(s.vip).to_be(),
             port_be: s.port.to_be(),
             proto: PROTO_TCP,
-            _pad: 0,
+            scope: 0,
         },
         Frontend {
             service: ServicePortName {

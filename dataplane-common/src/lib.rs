@@ -109,9 +109,37 @@ pub struct ServiceKey {
     pub addr_be: u32,
     pub port_be: u16,
     pub proto: u8,
-    pub _pad: u8,
+    /// Who the entry is for: [`SCOPE_ANY`] or [`SCOPE_EXTERNAL`].
+    pub scope: u8,
 }
 const _: () = assert!(size_of::<ServiceKey>() == 8);
+
+/// A frontend entry for every client: pods, the node's sockets, and clients outside
+/// the node unless an [`SCOPE_EXTERNAL`] entry of the same frontend exists.
+pub const SCOPE_ANY: u8 = 0;
+/// A frontend entry only the uplink program (`sliceway_tc_ext`) looks up, before the
+/// [`SCOPE_ANY`] one: the frontend of a Service with `externalTrafficPolicy: Local`
+/// as clients outside the node reach it (this node's endpoints only, the client's
+/// address kept). Without it, clients outside the node are masqueraded.
+pub const SCOPE_EXTERNAL: u8 = 1;
+
+/// What the uplink program needs to masquerade (kube-proxy's `KUBE-MARK-MASQ` for
+/// traffic from outside the node): the node's address, and the source ports it may
+/// give connections (inclusive). Written by the agent into `NAT_CONFIG` (one entry);
+/// an address of zero means unknown, and a connection that needs it is dropped.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct NatConfig {
+    pub node_addr_be: u32,
+    pub port_min: u16,
+    pub port_max: u16,
+}
+const _: () = assert!(size_of::<NatConfig>() == 8);
+
+/// The default masquerade source ports: above Linux's default local port range
+/// (`net.ipv4.ip_local_port_range`, 32768-60999), so a translated tuple never takes a
+/// port the node's own sockets are given, and above the NodePort range.
+pub const SNAT_PORTS_DEFAULT: (u16, u16) = (61_000, 65_535);
 
 /// Value of the `SERVICES` map: the frontend's id and how many slots it publishes.
 #[repr(C)]
@@ -481,7 +509,7 @@ pub fn clusterip_marker(addr_be: u32) -> ServiceKey {
         addr_be,
         port_be: 0,
         proto: 0,
-        _pad: 0,
+        scope: SCOPE_ANY,
     }
 }
 
@@ -559,8 +587,17 @@ pub mod stat {
     /// A datagram's source or a socket's peer name shown as the frontend the socket
     /// asked for, not the backend that answered.
     pub const SOCK_REVNAT: u32 = 24;
+    /// First packet of a connection from outside the node (uplink program): backend
+    /// chosen, the source masqueraded to the node's address and a port of its own
+    /// (`NatConfig`), DNAT.
+    pub const DNAT_MASQUERADED: u32 = 25;
+    /// Such a connection for which no free source port was found among the tries:
+    /// dropped, never sent with a tuple another connection holds.
+    pub const DROP_SNAT_EXHAUSTED: u32 = 26;
+    /// Such a connection while the agent knows no address of the node: dropped.
+    pub const DROP_NO_NODE_ADDR: u32 = 27;
     /// Number of slots.
-    pub const COUNT: u32 = 25;
+    pub const COUNT: u32 = 28;
 
     /// Names, indexed by slot, as `list` and metrics print them.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -589,6 +626,9 @@ pub mod stat {
         "sock_reject_no_backend",
         "sock_reject_no_port",
         "sock_revnat",
+        "dnat_masqueraded",
+        "drop_snat_exhausted",
+        "drop_no_node_addr",
     ];
 }
 
@@ -618,9 +658,13 @@ pub mod map_name {
     pub const BACKEND_IDS_V1: &str = "BACKEND_IDS_V1";
     /// The node's sockets' translations (socket programs), for replies and peer names.
     pub const SOCK_REVNAT: &str = "SOCK_REVNAT";
+    /// The uplink program's masquerade settings (`NatConfig`), written at the first
+    /// sync and when the node's address changes; pinned, so a restarted agent's
+    /// old program and a live `trace` see it.
+    pub const NAT_CONFIG: &str = "NAT_CONFIG";
 
     /// Every map, in the order the agent pins them.
-    pub const ALL: [&str; 13] = [
+    pub const ALL: [&str; 14] = [
         SERVICES,
         SLOTS,
         BACKENDS,
@@ -634,6 +678,7 @@ pub mod map_name {
         FRONTEND_COUNTERS,
         BACKEND_COUNTERS,
         SOCK_REVNAT,
+        NAT_CONFIG,
     ];
 }
 
@@ -915,6 +960,7 @@ mod user {
     unsafe impl aya::Pod for AffinityValue {}
     unsafe impl aya::Pod for FrontendCounters {}
     unsafe impl aya::Pod for BackendCounters {}
+    unsafe impl aya::Pod for NatConfig {}
     unsafe impl aya::Pod for v1::FlowKey {}
     unsafe impl aya::Pod for v1::NatTarget {}
 }

@@ -35,7 +35,7 @@ use crate::{
 
 #[classifier]
 pub fn sliceway_bridge(ctx: TcContext) -> i32 {
-    tc::run::<true>(&ctx)
+    tc::run::<true, false>(&ctx)
 }
 
 /// What the bridge builds for one packet, kept in a per-CPU map rather than on the
@@ -200,7 +200,7 @@ fn adopt(a: &mut Adoption, now: u64) -> bool {
     a.frontend.addr_be = a.v1_key.dst_be;
     a.frontend.port_be = a.v1_key.dport_be;
     a.frontend.proto = a.v1_key.proto;
-    a.frontend._pad = 0;
+    a.frontend.scope = dataplane_common::SCOPE_ANY;
     let (state, flags) = v1::adopted_state(a.v1_key.proto);
     let e = &mut a.entry;
     e.pair = a.fwd_key;

@@ -13,7 +13,8 @@
 use aya_ebpf::helpers::bpf_ktime_get_ns;
 use dataplane_common::{
     ct::{self, flag, state},
-    stat, Backend, CtEntry, CtKey, CT_FORWARD, CT_REVERSE, PROTO_SCTP, PROTO_TCP, PROTO_UDP,
+    stat, Backend, CtEntry, CtKey, NatConfig, CT_FORWARD, CT_REVERSE, PROTO_SCTP, PROTO_TCP,
+    PROTO_UDP,
 };
 
 use crate::{
@@ -221,9 +222,30 @@ pub fn direct(flow: &Flow, key: &CtKey) {
 /// otherwise the `stat` reason of the drop. The forward entry is then in the map at
 /// `key`.
 ///
+///
+/// With `masquerade` (a client outside the node, kube-proxy's masquerade), the
+/// backend sees the connection come from the node's address and a source port
+/// from `masquerade`'s range: `TRACKED_MASQUERADED`, or `DROP_SNAT_EXHAUSTED` when
+/// none of [`SNAT_TRIES`] candidates is free.
 #[inline(always)]
-pub fn track(flow: &Flow, key: &CtKey, service_id: u32, backend_id: u32, backend: &Backend) -> u32 {
-    match track_inner(flow, key, service_id, backend_id, backend, now()) {
+pub fn track(
+    flow: &Flow,
+    key: &CtKey,
+    service_id: u32,
+    backend_id: u32,
+    backend: &Backend,
+    masquerade: Option<&NatConfig>,
+) -> u32 {
+    match track_inner(
+        flow,
+        key,
+        service_id,
+        backend_id,
+        backend,
+        masquerade,
+        now(),
+    ) {
+        Ok(_) if masquerade.is_some() => TRACKED_MASQUERADED,
         Ok(false) => TRACKED,
         Ok(true) => TRACKED_REMAPPED,
         Err((_, reason)) => reason,
@@ -233,6 +255,33 @@ pub fn track(flow: &Flow, key: &CtKey, service_id: u32, backend_id: u32, backend
 /// Results of [`track`] that are not drop reasons (those are below `stat::COUNT`).
 pub const TRACKED: u32 = u32::MAX;
 pub const TRACKED_REMAPPED: u32 = u32::MAX - 1;
+pub const TRACKED_MASQUERADED: u32 = u32::MAX - 2;
+
+/// How many source ports a masqueraded connection tries. Candidates are spread over
+/// the range from the flow's hash (a retransmitted first packet finds its own port
+/// again), so with the range half taken one connection in 2^16 is dropped; with it
+/// full, all are (`drop_snat_exhausted`), never rewritten onto a taken tuple.
+pub const SNAT_TRIES: u32 = 16;
+/// The step between candidates: odd and large, so the tries spread over any range.
+const SNAT_STEP: u32 = 0x9e37_79b1;
+
+/// Gives `reply` (from the backend, to the node's address) a source port of `nat`'s
+/// range that no live connection holds; false if the tries found none.
+#[inline(always)]
+fn masquerade_port(reply: &mut CtKey, flow: &Flow, key: &CtKey, nat: &NatConfig, now: u64) -> bool {
+    let min = nat.port_min as u32;
+    let max = nat.port_max as u32;
+    let span = if max >= min { max - min + 1 } else { 1 };
+    let start = flow.hash();
+    for i in 0..SNAT_TRIES {
+        reply.dport_be =
+            ((min + start.wrapping_add(i.wrapping_mul(SNAT_STEP)) % span) as u16).to_be();
+        if !reply_taken(reply, key, now) {
+            return true;
+        }
+    }
+    false
+}
 
 #[inline(always)]
 fn track_inner(
@@ -241,6 +290,7 @@ fn track_inner(
     service_id: u32,
     backend_id: u32,
     backend: &Backend,
+    masquerade: Option<&NatConfig>,
     now: u64,
 ) -> Result<bool, Exit> {
     // The previous connection on this tuple, if any: its reverse entry goes unless it
@@ -256,7 +306,12 @@ fn track_inner(
         flow.proto,
     );
     let mut remapped = false;
-    if reply_taken(&reply, key, now) {
+    if let Some(nat) = masquerade {
+        reply.dst_be[0] = nat.node_addr_be;
+        if !masquerade_port(&mut reply, flow, key, nat, now) {
+            return Err((DROP, stat::DROP_SNAT_EXHAUSTED));
+        }
+    } else if reply_taken(&reply, key, now) {
         let hash = flow.hash();
         let span = 65_536 - REMAP_PORT_MIN;
         let mut found = false;

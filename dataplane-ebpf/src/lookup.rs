@@ -3,7 +3,7 @@
 
 use dataplane_common::{
     clusterip_marker, stat, AffinityKey, AffinityValue, Backend, ServiceKey, ServiceValue, SlotKey,
-    SVC_F_AFFINITY,
+    SCOPE_ANY, SCOPE_EXTERNAL, SVC_F_AFFINITY,
 };
 
 use crate::{counters::Exit, maps, packet::Flow, tc::DROP};
@@ -20,8 +20,28 @@ pub fn frontend(flow: &Flow) -> Option<ServiceValue> {
         addr_be: flow.dst_be,
         port_be: flow.dport_be,
         proto: flow.proto,
-        _pad: 0,
+        scope: SCOPE_ANY,
     })
+}
+
+/// The frontend a packet from outside the node is addressed to, and whether its
+/// client is to be masqueraded: the frontend's external entry if it has one (a
+/// Service with `externalTrafficPolicy: Local`: this node's endpoints, the client's
+/// address kept), else its entry for every client, masqueraded (kube-proxy's
+/// `KUBE-EXT-*` chain marks such traffic for masquerade: the backend, maybe on
+/// another node, must answer through this node, which translates the reply back).
+#[inline(always)]
+pub fn frontend_external(flow: &Flow) -> Option<(ServiceValue, bool)> {
+    let key = ServiceKey {
+        addr_be: flow.dst_be,
+        port_be: flow.dport_be,
+        proto: flow.proto,
+        scope: SCOPE_EXTERNAL,
+    };
+    if let Some(local) = maps::service(&key) {
+        return Some((local, false));
+    }
+    frontend(flow).map(|any| (any, true))
 }
 
 /// Whether the packet's destination is a ClusterIP (on a port or protocol no

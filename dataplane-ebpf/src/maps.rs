@@ -10,8 +10,8 @@ use aya_ebpf::{
 };
 use dataplane_common::{
     capacity, ct, stat, AffinityKey, AffinityValue, Backend, BackendCounters, CtEntry, CtKey,
-    FragKey, FragPorts, FrontendCounters, ServiceKey, ServiceName, ServiceValue, SlotKey,
-    SockRevKey, SockRevValue,
+    FragKey, FragPorts, FrontendCounters, NatConfig, ServiceKey, ServiceName, ServiceValue,
+    SlotKey, SockRevKey, SockRevValue,
 };
 
 /// Frontends: (VIP, port, proto) → (id, slot count). Written by the agent.
@@ -101,6 +101,16 @@ pub static ADOPTION: PerCpuArray<crate::bridge::Adoption> = PerCpuArray::with_ma
 pub fn backend_id_of_v1(v1_id: u32) -> Option<u32> {
     // SAFETY: as in `service`.
     unsafe { BACKEND_IDS_V1.get(v1_id).copied() }
+}
+
+/// The uplink program's masquerade settings (one entry). Written by the agent.
+#[map]
+pub static NAT_CONFIG: Array<NatConfig> = Array::with_max_entries(1, 0);
+
+/// The masquerade settings, if the agent wrote an address of the node.
+#[inline(always)]
+pub fn nat_config() -> Option<NatConfig> {
+    NAT_CONFIG.get(0).copied().filter(|c| c.node_addr_be != 0)
 }
 
 /// Exit counters, indexed by `stat::*`. Written by the program.

@@ -124,7 +124,7 @@ fn translate(ctx: &SockAddrContext) -> i32 {
         addr_be,
         port_be,
         proto,
-        _pad: 0,
+        scope: 0,
     }) else {
         if maps::service(&clusterip_marker(addr_be)).is_some() {
             count(stat::SOCK_REJECT_NO_PORT);

@@ -27,14 +27,24 @@ pub const DROP: i32 = TC_ACT_SHOT;
 
 #[classifier]
 pub fn sliceway_tc(ctx: TcContext) -> i32 {
-    run::<false>(&ctx)
+    run::<false, false>(&ctx)
+}
+
+/// The program of the node's uplinks (`--external-interfaces`): what `sliceway_tc`
+/// does, but a new connection comes from outside the node, so it meets a frontend's
+/// external entry first and is masqueraded without one (`lookup::frontend_external`).
+/// Replies of masqueraded connections, from backends on other nodes, come back here.
+#[classifier]
+pub fn sliceway_tc_ext(ctx: TcContext) -> i32 {
+    run::<false, true>(&ctx)
 }
 
 /// The program's body; `BRIDGE` adds what `sliceway_bridge` does while an agent
-/// migrates from layout v1 (`bridge.rs`), compiled out of `sliceway_tc`.
+/// migrates from layout v1 (`bridge.rs`), compiled out of `sliceway_tc`; `EXTERNAL`
+/// makes it `sliceway_tc_ext`.
 #[inline(always)]
-pub fn run<const BRIDGE: bool>(ctx: &TcContext) -> i32 {
-    let (action, reason) = match try_sliceway_tc::<BRIDGE>(ctx) {
+pub fn run<const BRIDGE: bool, const EXTERNAL: bool>(ctx: &TcContext) -> i32 {
+    let (action, reason) = match try_sliceway_tc::<BRIDGE, EXTERNAL>(ctx) {
         Ok(exit) => exit,
         Err(exit) => exit,
     };
@@ -42,7 +52,9 @@ pub fn run<const BRIDGE: bool>(ctx: &TcContext) -> i32 {
     action
 }
 
-fn try_sliceway_tc<const BRIDGE: bool>(ctx: &TcContext) -> Result<Exit, Exit> {
+fn try_sliceway_tc<const BRIDGE: bool, const EXTERNAL: bool>(
+    ctx: &TcContext,
+) -> Result<Exit, Exit> {
     let flow = match parse(ctx)? {
         Packet::L4(flow) => flow,
         Packet::Icmp {
@@ -53,7 +65,7 @@ fn try_sliceway_tc<const BRIDGE: bool>(ctx: &TcContext) -> Result<Exit, Exit> {
     };
     let key = conntrack::key_of(&flow);
     let now = conntrack::now();
-    match from_client::<BRIDGE>(ctx, &flow, &key, now)? {
+    match from_client::<BRIDGE, EXTERNAL>(ctx, &flow, &key, now)? {
         Some(exit) => Ok(exit),
         None => from_backend::<BRIDGE>(ctx, &flow, &key, now),
     }
@@ -63,7 +75,7 @@ fn try_sliceway_tc<const BRIDGE: bool>(ctx: &TcContext) -> Result<Exit, Exit> {
 /// a new packet to a frontend picks a backend and is tracked. Then DNAT (and a source
 /// port rewrite if the connection's reply tuple needed one). `None`: neither.
 #[inline(always)]
-fn from_client<const BRIDGE: bool>(
+fn from_client<const BRIDGE: bool, const EXTERNAL: bool>(
     ctx: &TcContext,
     flow: &Flow,
     key: &CtKey,
@@ -77,7 +89,12 @@ fn from_client<const BRIDGE: bool>(
         Forward::Tracked(entry) if flow.later_fragment => (entry, stat::NAT_FRAGMENT),
         Forward::Tracked(entry) => (entry, stat::DNAT_ESTABLISHED),
         Forward::New => {
-            let Some(service) = lookup::frontend(flow) else {
+            let found = if EXTERNAL {
+                lookup::frontend_external(flow)
+            } else {
+                lookup::frontend(flow).map(|s| (s, false))
+            };
+            let Some((service, masquerade)) = found else {
                 return Ok(None);
             };
             if flow.later_fragment {
@@ -96,13 +113,25 @@ fn from_client<const BRIDGE: bool>(
                 counters::refused(service.id, false);
                 return Ok(Some(reject_or_drop(ctx, flow, stat::REJECT_NO_BACKEND)));
             }
+            let nat = if masquerade {
+                Some(maps::nat_config().ok_or((DROP, stat::DROP_NO_NODE_ADDR))?)
+            } else {
+                None
+            };
             let picked = lookup::pick(flow.src_be, flow.hash(), &service, now)?;
-            let reason =
-                match conntrack::track(flow, key, service.id, picked.backend_id, &picked.backend) {
-                    conntrack::TRACKED => stat::DNAT_NEW,
-                    conntrack::TRACKED_REMAPPED => stat::DNAT_PORT_REMAPPED,
-                    reason => return Err((DROP, reason)),
-                };
+            let reason = match conntrack::track(
+                flow,
+                key,
+                service.id,
+                picked.backend_id,
+                &picked.backend,
+                nat.as_ref(),
+            ) {
+                conntrack::TRACKED => stat::DNAT_NEW,
+                conntrack::TRACKED_REMAPPED => stat::DNAT_PORT_REMAPPED,
+                conntrack::TRACKED_MASQUERADED => stat::DNAT_MASQUERADED,
+                reason => return Err((DROP, reason)),
+            };
             let entry = maps::conntrack(key).ok_or((DROP, stat::DROP_CONNTRACK))?;
             if BRIDGE {
                 bridge::mirror(flow, &entry);

@@ -74,8 +74,11 @@ impl From<std::convert::Infallible> for Error {
 /// Settings of `sliceway-agent run`.
 pub struct Settings {
     pub source: Source,
-    /// Where the TC program goes: exact names and patterns.
+    /// Where the TC programs go: exact names and patterns, pods' interfaces and the
+    /// node's uplinks.
     pub interfaces: Selection,
+    /// Source ports of masqueraded connections (`--snat-ports`).
+    pub snat_ports: (u16, u16),
     /// How often the interfaces are listed again, for patterns (and for exact names
     /// whose interface goes away and comes back).
     pub interface_scan: Duration,
@@ -185,6 +188,10 @@ struct Syncer {
     rejected: BTreeSet<(String, String)>,
     /// What the source's reader refused, by reason, as of the last feed.
     source_skipped: BTreeMap<String, i64>,
+    /// The masquerade source ports (`--snat-ports`).
+    snat_ports: (u16, u16),
+    /// The masquerade settings last written to the datapath.
+    nat: Option<dataplane_common::NatConfig>,
 }
 
 impl Syncer {
@@ -254,6 +261,47 @@ impl Syncer {
             .set(self.health_checks.open_count() as i64);
     }
 
+    /// Writes what the uplink program masquerades with when it changed: the node's
+    /// primary address (its Node object), else the first address of an uplink the
+    /// agent attached to; none while neither is known (such connections are then
+    /// dropped and counted, `drop_no_node_addr`).
+    fn sync_nat(&mut self, dp: &mut Datapath) {
+        let uplinks: Vec<String> = dp
+            .attached()
+            .into_iter()
+            .filter(|(_, (_, role))| *role == interfaces::Role::External)
+            .map(|(name, _)| name)
+            .collect();
+        if uplinks.is_empty() && self.nat.is_none() {
+            return;
+        }
+        let addr = self.pipeline.compiler.node_ip().or_else(|| {
+            interfaces::ipv4_addresses_by_interface()
+                .ok()?
+                .into_iter()
+                .find(|(name, _)| uplinks.contains(name))
+                .map(|(_, a)| a)
+        });
+        let nat = dataplane_common::NatConfig {
+            node_addr_be: addr.map_or(0, |a| u32::from(a).to_be()),
+            port_min: self.snat_ports.0,
+            port_max: self.snat_ports.1,
+        };
+        if self.nat == Some(nat) {
+            return;
+        }
+        match dp.set_nat(nat) {
+            Ok(()) => {
+                match addr {
+                    Some(a) => info!(address = %a, ports = ?self.snat_ports, "masquerading clients from outside the node to this address"),
+                    None => warn!("no address of the node is known (no Node object with one, no address on an uplink): connections from outside the node that need masquerading are dropped"),
+                }
+                self.nat = Some(nat);
+            }
+            Err(e) => warn!("writing the masquerade settings: {e}; trying again at the next sync"),
+        }
+    }
+
     fn sync(&mut self, dp: &mut Datapath) {
         let started = Instant::now();
         // NodePorts on the addresses of the node's interfaces in the CIDRs (read at
@@ -269,6 +317,7 @@ impl Syncer {
             }
         }
         let synced = self.pipeline.sync(&mut dp.maps);
+        self.sync_nat(dp);
         let report = &synced.report;
         let written = SystemTime::now();
         let skipped = self.pipeline.compiler.skipped();
@@ -602,8 +651,8 @@ fn attach_selected(dp: &mut Datapath, selection: &Selection, m: &Metrics) -> Res
     if !selection.is_empty() {
         let present = interfaces::list().map_err(Error::ListInterfaces)?;
         let plan = interfaces::plan(selection, &dp.attached(), &present);
-        for (iface, _) in &plan.attach {
-            match dp.attach(iface) {
+        for (iface, _, role) in &plan.attach {
+            match dp.attach(iface, *role) {
                 Ok(how) => attached(iface, how, m),
                 Err(e) if selection.exact().any(|n| n == iface) => {
                     return Err(Error::Attach(iface.clone(), e.into()));
@@ -809,8 +858,8 @@ impl Scanner {
                 Err(e) => warn!(interface = %iface, "dropping the link: {e}"),
             }
         }
-        for (iface, index) in &plan.attach {
-            match dp.attach(iface) {
+        for (iface, index, role) in &plan.attach {
+            match dp.attach(iface, *role) {
                 Ok(how) => {
                     attached(iface, how, &self.metrics);
                     self.failed.remove(&(iface.clone(), *index));
@@ -890,6 +939,8 @@ pub async fn run(
         health_check_failed: BTreeSet::new(),
         rejected: BTreeSet::new(),
         source_skipped: BTreeMap::new(),
+        snat_ports: settings.snat_ports,
+        nat: None,
     };
     tokio::pin!(shutdown);
     match &settings.source {

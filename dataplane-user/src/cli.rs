@@ -27,7 +27,7 @@ pub struct Cli {
 #[derive(Subcommand)]
 pub enum Command {
     /// Program the datapath and keep it in sync.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Show what the kernel holds: frontends, backends, counters (from pinned maps).
     List {
         #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
@@ -195,6 +195,19 @@ pub struct RunArgs {
     /// `cali*`, `lxc*`), matched again every --interface-scan-interval-ms.
     #[arg(long, value_delimiter = ',', value_parser = interface_entry)]
     pub interfaces: Vec<String>,
+    /// The node's uplinks, comma-separated, as --interfaces: clients outside the
+    /// node reach NodePorts, external and load-balancer IPs (and ClusterIPs routed
+    /// here) through them, masqueraded to the node's address unless the Service says
+    /// `externalTrafficPolicy: Local`; replies of masqueraded connections from other
+    /// nodes come back through them. An interface named by both is an uplink.
+    #[arg(long, value_delimiter = ',', value_parser = interface_entry)]
+    pub external_interfaces: Vec<String>,
+    /// Source ports masqueraded connections are given, MIN-MAX: keep them out of
+    /// the node's own local port range (`net.ipv4.ip_local_port_range`) and the
+    /// NodePort range. Two connections never share a translated tuple; when every
+    /// port tried is taken the new connection is dropped (`drop_snat_exhausted`).
+    #[arg(long, default_value = "61000-65535", value_parser = snat_ports)]
+    pub snat_ports: (u16, u16),
     /// Where NodePorts are served, as kube-proxy's flag: `primary` (the node's
     /// primary address, from its Node object) or comma-separated CIDRs (every
     /// address of the node's interfaces within them).
@@ -258,6 +271,25 @@ pub struct RunArgs {
     /// earlier run pinned are removed).
     #[arg(long)]
     pub no_socket_lb: bool,
+}
+
+/// `MIN-MAX`, 1024 <= MIN <= MAX.
+fn snat_ports(s: &str) -> Result<(u16, u16), String> {
+    let (min, max) = s
+        .split_once('-')
+        .ok_or_else(|| format!("{s:?}: expected MIN-MAX, such as 61000-65535"))?;
+    let port = |p: &str| {
+        p.trim()
+            .parse::<u16>()
+            .map_err(|e| format!("{p:?} is not a port: {e}"))
+    };
+    let (min, max) = (port(min)?, port(max)?);
+    if min < 1024 || min > max {
+        return Err(format!(
+            "{s:?}: the range must be within 1024-65535 and MIN <= MAX"
+        ));
+    }
+    Ok((min, max))
 }
 
 fn node_port_addresses(s: &str) -> Result<NodePortAddresses, String> {

@@ -91,7 +91,7 @@ pub fn flows(
             addr_be: key.dst_be[0],
             port_be: key.dport_be,
             proto: key.proto,
-            _pad: 0,
+            scope: 0,
         };
         let name = services
             .get(&frontend, 0)

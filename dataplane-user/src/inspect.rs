@@ -15,9 +15,10 @@ use dataplane_common::{BackendCounters, FrontendCounters};
 
 use crate::{
     agent::Pipeline,
+    cli::From,
     compiler::{backend_addr, frontend_addr, Incremental},
     kernel::summed,
-    kernel::{Capacities, Datapath, KernelError, PinDir, TC_ACT_REDIRECT, TC_ACT_SHOT},
+    kernel::{Capacities, Datapath, KernelError, PinDir, Role, TC_ACT_REDIRECT, TC_ACT_SHOT},
     packet::{self, PacketSpec, TCP_SYN},
     writer::{KernelState, MapWriter},
 };
@@ -278,7 +279,8 @@ pub struct Trace {
     /// policy, topology and affinity).
     pub candidates: Vec<String>,
     /// The source address the packet leaves with when it is rewritten: the hairpin
-    /// address for a pod picked as the backend of its own connection; none otherwise
+    /// address for a pod picked as the backend of its own connection, the node's
+    /// address for a client outside the node that is masqueraded; none otherwise
     /// (traffic from pods keeps its source).
     pub snat: Option<String>,
     /// What the compiler could not use, each with its object and reason (with
@@ -328,14 +330,26 @@ pub fn trace(
     src: SocketAddrV4,
     dst: SocketAddrV4,
     proto: u8,
-    from_host: bool,
+    from: From,
 ) -> Result<Trace, KernelError> {
     let mut dp = Datapath::load(&Capacities::default(), None)?;
     let mut pipeline = Pipeline::new(compiler, MapWriter::new(dp.limits()));
     pipeline.sync(&mut dp.maps);
-    let mut trace = match from_host {
-        true => host_trace(&dp, dst, proto)?,
-        false => run_trace(&dp, src, dst, proto)?,
+    // The node's address to masquerade to, as the agent takes it from the Node
+    // object (an agent without one takes its uplink's address, which a trace from
+    // files does not know).
+    if let Some(addr) = pipeline.compiler.node_ip() {
+        let (port_min, port_max) = dataplane_common::SNAT_PORTS_DEFAULT;
+        dp.set_nat(dataplane_common::NatConfig {
+            node_addr_be: u32::from(addr).to_be(),
+            port_min,
+            port_max,
+        })?;
+    }
+    let mut trace = match from {
+        From::Host => host_trace(&dp, dst, proto)?,
+        From::Pod => run_trace(&dp, Role::Pods, src, dst, proto)?,
+        From::External => run_trace(&dp, Role::External, src, dst, proto)?,
     };
     trace.skipped = pipeline
         .compiler
@@ -356,6 +370,7 @@ pub fn trace(
 /// candidates back from the maps, so it works on live maps too.
 pub fn run_trace(
     dp: &Datapath,
+    role: Role,
     src: SocketAddrV4,
     dst: SocketAddrV4,
     proto: u8,
@@ -366,7 +381,7 @@ pub fn run_trace(
         _ => PacketSpec::udp(src, dst, b"trace"),
     };
     let before = dp.stats()?;
-    let out = dp.test_run(&packet::build(&spec))?;
+    let out = dp.test_run_as(role, &packet::build(&spec))?;
     let after = dp.stats()?;
     let reason = (0..stat::COUNT as usize)
         .find(|i| after[*i] > before[*i])
@@ -376,14 +391,26 @@ pub fn run_trace(
         addr_be: u32::from(*dst.ip()).to_be(),
         port_be: dst.port().to_be(),
         proto,
-        _pad: 0,
+        scope: dataplane_common::SCOPE_ANY,
     };
     let state = dp.maps.state();
-    let frontend = state
-        .services
-        .iter()
-        .find(|(k, _)| *k == key)
-        .map(|(k, v)| (*k, *v));
+    let find = |k: ServiceKey| {
+        state
+            .services
+            .iter()
+            .find(|(s, _)| *s == k)
+            .map(|(k, v)| (*k, *v))
+    };
+    // From outside the node, a frontend's external entry comes first, as in the
+    // uplink program.
+    let frontend = match role {
+        Role::External => find(ServiceKey {
+            scope: dataplane_common::SCOPE_EXTERNAL,
+            ..key
+        })
+        .or_else(|| find(key)),
+        Role::Pods => find(key),
+    };
     let (service, candidates) = match frontend {
         Some((k, v)) => {
             let listed = list_state(&KernelState {
@@ -396,7 +423,8 @@ pub fn run_trace(
         None => (None, Vec::new()),
     };
     let parsed = packet::parse(&out.packet);
-    // A new source: a pod reaching itself through its Service (hairpin).
+    // A new source: a pod reaching itself through its Service (hairpin), or a client
+    // outside the node masqueraded to the node's address.
     let snat = parsed
         .as_ref()
         .filter(|p| p.src.ip() != src.ip() && out.verdict != TC_ACT_SHOT)
@@ -435,7 +463,7 @@ pub fn host_trace(dp: &Datapath, dst: SocketAddrV4, proto: u8) -> Result<Trace, 
         addr_be,
         port_be: dst.port().to_be(),
         proto,
-        _pad: 0,
+        scope: 0,
     };
     let state = dp.maps.state();
     let frontend = state.services.iter().find(|(k, _)| *k == key).copied();
@@ -474,20 +502,6 @@ pub fn host_trace(dp: &Datapath, dst: SocketAddrV4, proto: u8) -> Result<Trace, 
         skipped: Vec::new(),
         reason: stat::NAMES[reason as usize].into(),
     })
-}
-
-/// The answer for a packet the datapath does not handle yet: passed untouched, with
-/// the reason.
-pub fn not_yet(reason: &str) -> Trace {
-    Trace {
-        verdict: "pass".into(),
-        service: None,
-        backend: None,
-        candidates: Vec::new(),
-        snat: None,
-        skipped: Vec::new(),
-        reason: format!("not yet: {reason}"),
-    }
 }
 
 /// Loads the programs over the live pinned service maps (conntrack and counters stay

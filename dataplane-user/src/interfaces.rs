@@ -28,10 +28,31 @@ pub enum Selector {
     Pattern(String),
 }
 
-/// The parsed `--interfaces` list.
+/// The parsed `--interfaces` list, and `--external-interfaces`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Selection {
     selectors: Vec<Selector>,
+    /// The node's uplinks: clients outside the node come in there.
+    external: Vec<Selector>,
+}
+
+/// What an interface is to the node, so which program it gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Role {
+    /// Pod-facing (`--interfaces`): `sliceway_tc`.
+    Pods,
+    /// An uplink (`--external-interfaces`): `sliceway_tc_ext`, whose new connections
+    /// come from outside the node.
+    External,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Pods => "pods",
+            Role::External => "external",
+        }
+    }
 }
 
 impl Selection {
@@ -58,28 +79,59 @@ impl Selection {
                 selectors.push(Selector::Exact(entry.to_string()));
             }
         }
-        Ok(Self { selectors })
+        Ok(Self {
+            selectors,
+            external: Vec::new(),
+        })
+    }
+
+    /// This selection with `external` (`--external-interfaces` entries, parsed as
+    /// `--interfaces` ones) as the node's uplinks. An interface both select is an
+    /// uplink.
+    pub fn with_external<S: AsRef<str>>(self, external: &[S]) -> Result<Self, SelectionError> {
+        let parsed = Self::parse(external)?;
+        Ok(Self {
+            external: parsed.selectors,
+            ..self
+        })
     }
 
     /// No entry at all: the agent attaches nowhere.
     pub fn is_empty(&self) -> bool {
-        self.selectors.is_empty()
+        self.selectors.is_empty() && self.external.is_empty()
     }
 
     /// The exact names, which must exist at start.
     pub fn exact(&self) -> impl Iterator<Item = &str> {
-        self.selectors.iter().filter_map(|s| match s {
-            Selector::Exact(name) => Some(name.as_str()),
-            Selector::Pattern(_) => None,
-        })
+        self.selectors
+            .iter()
+            .chain(&self.external)
+            .filter_map(|s| match s {
+                Selector::Exact(name) => Some(name.as_str()),
+                Selector::Pattern(_) => None,
+            })
     }
 
     /// Whether `name` is selected by an exact entry or a pattern.
     pub fn matches(&self, name: &str) -> bool {
-        self.selectors.iter().any(|s| match s {
-            Selector::Exact(exact) => exact == name,
-            Selector::Pattern(pattern) => glob_match(pattern, name),
-        })
+        self.role(name).is_some()
+    }
+
+    /// The role `name` is selected in, if it is selected.
+    pub fn role(&self, name: &str) -> Option<Role> {
+        let hit = |list: &[Selector]| {
+            list.iter().any(|s| match s {
+                Selector::Exact(exact) => exact == name,
+                Selector::Pattern(pattern) => glob_match(pattern, name),
+            })
+        };
+        if hit(&self.external) {
+            Some(Role::External)
+        } else if hit(&self.selectors) {
+            Some(Role::Pods)
+        } else {
+            None
+        }
     }
 }
 
@@ -153,6 +205,14 @@ pub fn accept_local(iface: &str) -> std::io::Result<()> {
 /// The IPv4 addresses of the interfaces of the calling thread's network namespace
 /// (`getifaddrs(3)`), for `--nodeport-addresses` CIDRs.
 pub fn ipv4_addresses() -> std::io::Result<Vec<std::net::Ipv4Addr>> {
+    Ok(ipv4_addresses_by_interface()?
+        .into_iter()
+        .map(|(_, a)| a)
+        .collect())
+}
+
+/// [`ipv4_addresses`] with the name of the interface of each.
+pub fn ipv4_addresses_by_interface() -> std::io::Result<Vec<(String, std::net::Ipv4Addr)>> {
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs fills `head` with a list that is ours until freeifaddrs.
     if unsafe { libc::getifaddrs(&mut head) } != 0 {
@@ -167,7 +227,13 @@ pub fn ipv4_addresses() -> std::io::Result<Vec<std::net::Ipv4Addr>> {
             let addr = (*cur).ifa_addr;
             if !addr.is_null() && i32::from((*addr).sa_family) == libc::AF_INET {
                 let sin = &*(addr as *const libc::sockaddr_in);
-                out.push(std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)));
+                let name = std::ffi::CStr::from_ptr((*cur).ifa_name)
+                    .to_string_lossy()
+                    .into_owned();
+                out.push((
+                    name,
+                    std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)),
+                ));
             }
             cur = (*cur).ifa_next;
         }
@@ -271,8 +337,9 @@ pub struct Plan {
     /// Links to drop: the interface is gone, or was re-created under the same name
     /// (then it is in `attach` too).
     pub detach: Vec<String>,
-    /// Selected interfaces without a link to their current incarnation.
-    pub attach: Vec<(String, u32)>,
+    /// Selected interfaces without a link to their current incarnation (or with one
+    /// of another role), and the role to attach in.
+    pub attach: Vec<(String, u32, Role)>,
 }
 
 impl Plan {
@@ -281,30 +348,30 @@ impl Plan {
     }
 }
 
-/// Compares the links the agent holds (`attached`: name → ifindex at attach time)
-/// with the interfaces `present` now. An interface whose name is back with another
-/// ifindex was deleted and re-created between two scans (a pod restarted with the
-/// same veth name): its old link is dropped and a new one made.
+/// Compares the links the agent holds (`attached`: name → ifindex at attach time
+/// and role) with the interfaces `present` now. An interface whose name is back with
+/// another ifindex was deleted and re-created between two scans (a pod restarted with
+/// the same veth name): its old link is dropped and a new one made; so is the link of
+/// an interface whose role changed.
 pub fn plan(
     selection: &Selection,
-    attached: &BTreeMap<String, u32>,
+    attached: &BTreeMap<String, (u32, Role)>,
     present: &[(u32, String)],
 ) -> Plan {
     let mut plan = Plan::default();
-    let now: BTreeMap<&str, u32> = present
+    let now: BTreeMap<&str, (u32, Role)> = present
         .iter()
-        .filter(|(_, name)| selection.matches(name))
-        .map(|(index, name)| (name.as_str(), *index))
+        .filter_map(|(index, name)| Some((name.as_str(), (*index, selection.role(name)?))))
         .collect();
-    for (name, index) in attached {
+    for (name, link) in attached {
         match now.get(name.as_str()) {
-            Some(i) if i == index => {}
+            Some(l) if l == link => {}
             _ => plan.detach.push(name.clone()),
         }
     }
-    for (name, index) in now {
-        if attached.get(name) != Some(&index) {
-            plan.attach.push((name.to_string(), index));
+    for (name, (index, role)) in now {
+        if attached.get(name) != Some(&(index, role)) {
+            plan.attach.push((name.to_string(), index, role));
         }
     }
     plan
@@ -361,10 +428,11 @@ mod tests {
     #[test]
     fn a_scan_attaches_new_interfaces_and_drops_gone_or_recreated_ones() {
         let s = Selection::parse(&["v*"]).unwrap();
-        let attached: BTreeMap<String, u32> = [
-            ("v1".to_string(), 2),
-            ("v2".to_string(), 3),
-            ("v3".to_string(), 4),
+        let pods = |i: u32| (i, Role::Pods);
+        let attached: BTreeMap<String, (u32, Role)> = [
+            ("v1".to_string(), pods(2)),
+            ("v2".to_string(), pods(3)),
+            ("v3".to_string(), pods(4)),
         ]
         .into();
         let present = vec![
@@ -379,16 +447,29 @@ mod tests {
             plan(&s, &attached, &present),
             Plan {
                 detach: vec!["v2".into(), "v3".into()],
-                attach: vec![("v3".into(), 9), ("v4".into(), 10)],
+                attach: vec![("v3".into(), 9, Role::Pods), ("v4".into(), 10, Role::Pods)],
             }
         );
-        let now: BTreeMap<String, u32> = [
-            ("v1".to_string(), 2),
-            ("v3".to_string(), 9),
-            ("v4".to_string(), 10),
+        let now: BTreeMap<String, (u32, Role)> = [
+            ("v1".to_string(), pods(2)),
+            ("v3".to_string(), pods(9)),
+            ("v4".to_string(), pods(10)),
         ]
         .into();
         assert!(plan(&s, &now, &present).is_empty());
+        // eth0 named an uplink: attached with the uplink program; v4 named both ways
+        // is an uplink too, so its pod link is replaced.
+        let s = s.with_external(&["eth0", "v4"]).unwrap();
+        assert_eq!(
+            plan(&s, &now, &present),
+            Plan {
+                detach: vec!["v4".into()],
+                attach: vec![
+                    ("eth0".into(), 11, Role::External),
+                    ("v4".into(), 10, Role::External)
+                ],
+            }
+        );
     }
 
     #[test]

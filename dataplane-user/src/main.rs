@@ -31,6 +31,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => {
+            let args = *args;
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
@@ -47,7 +48,9 @@ fn main() -> anyhow::Result<()> {
                 };
                 let settings = agent::Settings {
                     source,
-                    interfaces: interfaces::Selection::parse(&args.interfaces)?,
+                    interfaces: interfaces::Selection::parse(&args.interfaces)?
+                        .with_external(&args.external_interfaces)?,
+                    snat_ports: args.snat_ports,
                     interface_scan: Duration::from_millis(args.interface_scan_interval_ms),
                     compiler: compiler::Options {
                         node_name: args.node,
@@ -167,46 +170,46 @@ fn main() -> anyhow::Result<()> {
                 Proto::Udp => PROTO_UDP,
                 Proto::Sctp => PROTO_SCTP,
             };
-            let from_host = args.from == From::Host;
-            let trace = match args.from {
-                From::External => inspect::not_yet(
-                    "traffic from outside the node (NodePort, external and load-balancer IPs) is not handled",
-                ),
-                From::Pod | From::Host => match &args.manifests {
-                    Some(dir) => {
-                        // The same source and compiler as `run`: the local source hands
-                        // the directory (the Node's zone included) to the incremental
-                        // compiler, whose first sync fills the maps.
-                        let mut compiler = compiler::Incremental::new(compiler::Options {
-                            node_name: args.node.clone(),
-                            proxy_name: args.service_proxy_name,
-                            ..Default::default()
-                        });
-                        let mut manifests = ManifestDir::new(dir, args.node);
-                        manifests.rescan(&mut compiler).with_context(|| {
-                            format!("reading the manifest directory {}", dir.display())
-                        })?;
-                        let problems = manifests.problems();
-                        for p in &problems {
-                            tracing::warn!(file = %p.file.display(), "{}", p.reason);
-                        }
-                        // What the reader refused first, then what the compiler did.
-                        let mut trace =
-                            inspect::trace(compiler, src, args.dst, proto, from_host)?;
-                        let mut skipped: Vec<_> =
-                            problems.iter().map(inspect::TraceSkipped::of_problem).collect();
-                        skipped.append(&mut trace.skipped);
-                        trace.skipped = skipped;
-                        trace
+            let trace = match &args.manifests {
+                Some(dir) => {
+                    // The same source and compiler as `run`: the local source hands
+                    // the directory (the Node's zone and address included) to the
+                    // incremental compiler, whose first sync fills the maps.
+                    let mut compiler = compiler::Incremental::new(compiler::Options {
+                        node_name: args.node.clone(),
+                        proxy_name: args.service_proxy_name,
+                        ..Default::default()
+                    });
+                    let mut manifests = ManifestDir::new(dir, args.node);
+                    manifests.rescan(&mut compiler).with_context(|| {
+                        format!("reading the manifest directory {}", dir.display())
+                    })?;
+                    let problems = manifests.problems();
+                    for p in &problems {
+                        tracing::warn!(file = %p.file.display(), "{}", p.reason);
                     }
-                    None => {
-                        let dp = inspect::live_datapath(&PinDir::new(&args.bpffs_dir))?;
-                        match from_host {
-                            true => inspect::host_trace(&dp, args.dst, proto)?,
-                            false => inspect::run_trace(&dp, src, args.dst, proto)?,
+                    // What the reader refused first, then what the compiler did.
+                    let mut trace = inspect::trace(compiler, src, args.dst, proto, args.from)?;
+                    let mut skipped: Vec<_> = problems
+                        .iter()
+                        .map(inspect::TraceSkipped::of_problem)
+                        .collect();
+                    skipped.append(&mut trace.skipped);
+                    trace.skipped = skipped;
+                    trace
+                }
+                None => {
+                    let dp = inspect::live_datapath(&PinDir::new(&args.bpffs_dir))?;
+                    match args.from {
+                        From::Host => inspect::host_trace(&dp, args.dst, proto)?,
+                        From::Pod => {
+                            inspect::run_trace(&dp, kernel::Role::Pods, src, args.dst, proto)?
+                        }
+                        From::External => {
+                            inspect::run_trace(&dp, kernel::Role::External, src, args.dst, proto)?
                         }
                     }
-                },
+                }
             };
             match args.output {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&trace)?),

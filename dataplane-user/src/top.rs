@@ -203,7 +203,7 @@ mod tests {
             addr_be: u32::from(std::net::Ipv4Addr::new(10, 96, 0, 10)).to_be(),
             port_be: port.to_be(),
             proto: dataplane_common::PROTO_TCP,
-            _pad: 0,
+            scope: 0,
         }
     }
 

@@ -188,7 +188,7 @@ fn key(i: u32) -> ServiceKey {
         addr_be: (0x0a60_0000 + i).to_be(),
         port_be: 80u16.to_be(),
         proto: PROTO_TCP,
-        _pad: 0,
+        scope: 0,
     }
 }
 
@@ -466,14 +466,46 @@ endpoints:
         ..Options::default()
     };
     let compiled = compile(&objects.services, &objects.slices, &opts);
-    let mut vips: Vec<String> = compiled
-        .frontends
-        .keys()
-        .filter(|k| k.port_be != 0)
-        .map(|k| std::net::Ipv4Addr::from(u32::from_be(k.addr_be)).to_string())
-        .collect();
-    vips.sort();
-    assert_eq!(vips, ["10.96.0.40", "203.0.113.10", "203.0.113.11"]);
+    let vips = |scope: u8| {
+        let mut v: Vec<String> = compiled
+            .frontends
+            .keys()
+            .filter(|k| k.port_be != 0 && k.scope == scope)
+            .map(|k| std::net::Ipv4Addr::from(u32::from_be(k.addr_be)).to_string())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        vips(dataplane_common::SCOPE_ANY),
+        ["10.96.0.40", "203.0.113.10", "203.0.113.11"]
+    );
+    // With `externalTrafficPolicy: Local`, clients outside the node get entries of
+    // their own on the load-balancer IPs: this node's ready endpoint only, while
+    // pods and the node's sockets get every endpoint.
+    assert_eq!(
+        vips(dataplane_common::SCOPE_EXTERNAL),
+        ["203.0.113.10", "203.0.113.11"]
+    );
+    let backends = |scope: u8| {
+        let key = compiled
+            .frontends
+            .keys()
+            .find(|k| {
+                k.addr_be == u32::from_be_bytes([203, 0, 113, 10]).to_be() && k.scope == scope
+            })
+            .unwrap();
+        compiled.frontends[key]
+            .backends
+            .iter()
+            .map(|b| std::net::Ipv4Addr::from(u32::from_be(b.addr_be)).to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(backends(dataplane_common::SCOPE_EXTERNAL), ["10.244.1.2"]);
+    assert_eq!(
+        backends(dataplane_common::SCOPE_ANY),
+        ["10.244.1.2", "10.244.2.2"]
+    );
     let hc = compiled.health_checks[&("shop".to_string(), "lb".to_string())];
     assert_eq!((hc.port, hc.local_endpoints), (30100, 1));
     // Not a LoadBalancer with a Local policy: no health check.
@@ -483,9 +515,14 @@ endpoints:
     );
     let (objects, _) = parse_file(Path::new("lb.yaml"), &cluster);
     let objects = objects.unwrap();
-    assert!(compile(&objects.services, &objects.slices, &opts)
-        .health_checks
-        .is_empty());
+    let cluster = compile(&objects.services, &objects.slices, &opts);
+    assert!(cluster.health_checks.is_empty());
+    // Nor entries for clients outside the node: they use the frontend's only entry
+    // and are masqueraded.
+    assert!(cluster
+        .frontends
+        .keys()
+        .all(|k| k.scope == dataplane_common::SCOPE_ANY));
 }
 
 /// Issue 11: NodePorts are frontends on the node's primary address by default (its

@@ -18,7 +18,7 @@ use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use serde_yaml_ng::Value;
 use sliceway_agent::{
     cli::{Cli, Command, RunArgs},
-    interfaces::Selection,
+    interfaces::{Role as IfaceRole, Selection},
 };
 
 fn deploy_dir() -> PathBuf {
@@ -103,7 +103,7 @@ fn agent_args(ds: &DaemonSet) -> (Vec<String>, RunArgs) {
     let cli = Cli::try_parse_from(&argv)
         .unwrap_or_else(|e| panic!("the DaemonSet's arguments {argv:?} do not parse: {e}"));
     match cli.command {
-        Command::Run(run) => (argv, run),
+        Command::Run(run) => (argv, *run),
         _ => panic!("the DaemonSet does not run `sliceway-agent run`: {argv:?}"),
     }
 }
@@ -128,9 +128,24 @@ fn the_daemon_set_runs_the_agent_with_arguments_it_accepts() {
         run.manifests.is_none() && run.kubeconfig.is_none(),
         "{argv:?}"
     );
-    let selection = Selection::parse(&run.interfaces).unwrap();
+    let selection = Selection::parse(&run.interfaces)
+        .unwrap()
+        .with_external(&run.external_interfaces)
+        .unwrap();
     for pod_iface in ["veth1a2b3c", "cali0123456789a", "lxc12ab"] {
-        assert!(selection.matches(pod_iface), "{pod_iface} not selected");
+        assert_eq!(
+            selection.role(pod_iface),
+            Some(IfaceRole::Pods),
+            "{pod_iface}"
+        );
+    }
+    // The usual names of a node's uplink get the uplink program.
+    for uplink in ["eth0", "ens5", "enp1s0", "eno1", "bond0"] {
+        assert_eq!(
+            selection.role(uplink),
+            Some(IfaceRole::External),
+            "{uplink}"
+        );
     }
     assert!(
         selection.exact().next().is_none(),

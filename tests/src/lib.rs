@@ -16,6 +16,7 @@ pub mod cluster;
 pub mod datapath_model;
 pub mod fuzz;
 pub mod netns;
+pub mod nodes;
 pub mod servers;
 
 use std::{
@@ -335,7 +336,7 @@ impl Drop for Lab {
     }
 }
 
-fn node_sysctls(ns: &str) -> Result<()> {
+pub(crate) fn node_sysctls(ns: &str) -> Result<()> {
     for (key, value) in [
         ("net.ipv4.ip_forward", "1"),
         // Replies are reverse-NATed to the VIP before routing; the VIP has no route on
@@ -451,7 +452,12 @@ impl Agent {
             .args(source)
             .arg("--interfaces")
             .arg(interfaces.join(","))
-            .args(["--node", "node-1", "--poll-interval-ms", "100"])
+            .args(if extra.iter().any(|a| a == "--node") {
+                &[][..]
+            } else {
+                &["--node", "node-1"][..]
+            })
+            .args(["--poll-interval-ms", "100"])
             .arg("--bpffs-dir")
             .arg(bpffs)
             .arg("--metrics-addr")

@@ -30,6 +30,8 @@ use crate::{in_netns, Pod};
 pub struct Reply {
     pub backend: String,
     pub addr: Ipv4Addr,
+    /// The client as the backend saw it (its peer address), when it said.
+    pub peer: Option<std::net::SocketAddr>,
 }
 
 /// The servers of all backends; stopped on drop.
@@ -194,7 +196,10 @@ fn handle_tcp(conn: TcpStream, ident: &str) -> std::io::Result<()> {
         );
         return conn.write_all(reply.as_bytes());
     }
-    conn.write_all(ident.as_bytes())?;
+    match conn.peer_addr() {
+        Ok(peer) => conn.write_all(format!("{} {peer}\n", ident.trim_end()).as_bytes())?,
+        Err(_) => conn.write_all(ident.as_bytes())?,
+    }
     if line.trim() == "echo" {
         conn.set_read_timeout(Some(Duration::from_secs(60)))?;
         loop {
@@ -228,7 +233,8 @@ fn serve_udp(socket: UdpSocket, ident: String, stop: Arc<AtomicBool>) {
     let mut buf = [0u8; 1500];
     while !stop.load(Ordering::SeqCst) {
         if let Ok((_, peer)) = socket.recv_from(&mut buf) {
-            let _ = socket.send_to(ident.as_bytes(), peer);
+            let answer = format!("{} {peer}\n", ident.trim_end());
+            let _ = socket.send_to(answer.as_bytes(), peer);
         }
     }
 }
@@ -241,6 +247,7 @@ fn parse_ident(line: &str) -> Result<Reply> {
     Ok(Reply {
         backend: name.to_string(),
         addr: addr.parse()?,
+        peer: parts.next().and_then(|p| p.parse().ok()),
     })
 }
 

@@ -177,7 +177,7 @@ fn every_upstream_categorize_case_through_the_compiler_and_the_program() {
             "10.244.1.2:40000".parse::<SocketAddrV4>().unwrap(),
             format!("{vip}:80").parse().unwrap(),
             PROTO_TCP,
-            false,
+            sliceway_agent::cli::From::Pod,
         )
         .expect("tracing (needs root)");
         let candidates: BTreeSet<String> = trace.candidates.iter().cloned().collect();

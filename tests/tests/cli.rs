@@ -128,8 +128,8 @@ fn trace_and_list_tell_where_packets_go() {
 }
 
 /// `trace`'s contract: every answer has the same JSON shape (`snat` included); a
-/// packet from outside is answered "pass" with a "not yet" reason until the datapath
-/// handles it; a socket of the node itself gets what the socket programs do (one of
+/// packet from outside the node goes through the uplink program (masqueraded to the
+/// node's address, dropped while none is known); a socket of the node itself gets what the socket programs do (one of
 /// the candidates, chosen per connection; an undeclared port refused); SCTP is
 /// traced like TCP and UDP; `--service-proxy-name` selects Services as `run` does.
 #[test]
@@ -150,11 +150,34 @@ fn trace_answers_every_origin_and_follows_the_service_proxy_name() {
     let manifests = ["--manifests", dir];
     let to = |dst: &str, extra: &[&str]| trace(manifests, "10.244.1.2:40000", dst, extra);
     let theirs = |extra: &[&str]| to("10.96.0.30:80", extra);
-    let external = theirs(&["--from", "external"]);
-    assert_eq!(external["verdict"], "pass", "{external}");
-    assert!(
-        external["reason"].as_str().unwrap().starts_with("not yet"),
+    let mine = ["--service-proxy-name", "sliceway"];
+    // From outside the node: masqueraded to the node's address, which only a Node
+    // object with an address gives a trace from files.
+    let external = theirs(&["--from", "external", mine[0], mine[1]]);
+    assert_eq!(
+        (&external["verdict"], &external["reason"]),
+        (&"drop".into(), &"drop_no_node_addr".into()),
         "{external}"
+    );
+    lab.write_manifest(
+        "node.yaml",
+        "apiVersion: v1\nkind: Node\nmetadata: {name: node-1}\nstatus:\n  addresses: [{type: InternalIP, address: 10.100.0.11}]\n",
+    )
+    .unwrap();
+    let node = ["--node", "node-1"];
+    let external = theirs(&["--from", "external", mine[0], mine[1], node[0], node[1]]);
+    assert_eq!(
+        (&external["verdict"], &external["reason"], &external["snat"]),
+        (
+            &"dnat".into(),
+            &"dnat_masqueraded".into(),
+            &"10.100.0.11".into()
+        ),
+        "{external}"
+    );
+    assert_eq!(
+        external["backend"],
+        format!("{}:{}", lab.backends[0].ip, sliceway_lab::BACKEND_PORT)
     );
     let host = theirs(&["--from", "host", "--service-proxy-name", "sliceway"]);
     for t in [&external, &host] {
@@ -347,6 +370,7 @@ fn check_reports_every_program_and_the_attach_path() {
         names,
         [
             "sliceway_tc",
+            "sliceway_tc_ext",
             "sliceway_reject",
             "sliceway_sctp_nat",
             "sliceway_bridge",

@@ -727,7 +727,7 @@ fn drift_behind_the_agents_back_is_found_named_and_repaired() {
         addr_be: u32::from(VIP).to_be(),
         port_be: PORT.to_be(),
         proto: dataplane_common::PROTO_TCP,
-        _pad: 0,
+        scope: 0,
     };
     let corrupt = || {
         let mut services: BpfHashMap<MapData, ServiceKey, ServiceValue> =

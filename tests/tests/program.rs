@@ -1226,7 +1226,7 @@ fn backend_of_slot(dp: &Datapath, vip: &str, port: u16, slot: u32) -> std::net::
         addr_be: u32::from(vip.parse::<std::net::Ipv4Addr>().unwrap()).to_be(),
         port_be: port.to_be(),
         proto: dataplane_common::PROTO_TCP,
-        _pad: 0,
+        scope: 0,
     };
     let (_, value) = state.services.iter().find(|(k, _)| *k == key).unwrap();
     let (_, id) = state

@@ -25,8 +25,15 @@ pub fn frontend_addr(key: &ServiceKey) -> String {
     if is_clusterip_marker(key) {
         return format!("{}:*", Ipv4Addr::from(u32::from_be(key.addr_be)));
     }
+    // A frontend's entry for clients outside the node is named apart from the one
+    // for everyone.
+    let scope = if key.scope == dataplane_common::SCOPE_EXTERNAL {
+        " (external)"
+    } else {
+        ""
+    };
     format!(
-        "{}:{}/{}",
+        "{}:{}/{}{scope}",
         Ipv4Addr::from(u32::from_be(key.addr_be)),
         u16::from_be(key.port_be),
         proto_name(key.proto)

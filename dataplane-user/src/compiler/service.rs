@@ -240,7 +240,7 @@ pub(super) fn compile_service(
                 addr_be: u32::from(vip).to_be(),
                 port_be: number.to_be(),
                 proto,
-                _pad: 0,
+                scope: 0,
             };
             out.claims.push(Claim {
                 key,
@@ -254,6 +254,37 @@ pub(super) fn compile_service(
                 },
                 order: (u8::from(!is_cluster_ip), svc.created.clone()),
             });
+            // Traffic from outside the node (the uplink program): with
+            // `externalTrafficPolicy: Local`, this node's endpoints only and the
+            // client's address kept; none here while others have some drops, none
+            // anywhere rejects (the nftables proxier's external policy chain). With
+            // `Cluster` there is no such entry: the uplink program uses the one
+            // above and masquerades. (Two Services asking for one external address
+            // and port are reported as a conflict; each entry goes to its own
+            // winner.)
+            if !is_cluster_ip && policy.external_local {
+                let local = sets.local.as_deref().unwrap_or_default();
+                let on_empty = if !local.is_empty() {
+                    EmptyVerdict::default()
+                } else {
+                    sets.internal_empty_verdict()
+                };
+                out.claims.push(Claim {
+                    key: ServiceKey {
+                        scope: dataplane_common::SCOPE_EXTERNAL,
+                        ..key
+                    },
+                    frontend: Frontend {
+                        service: name.clone(),
+                        backends: to_backends(local),
+                        policy: FrontendPolicy {
+                            on_empty,
+                            affinity_timeout,
+                        },
+                    },
+                    order: (1, svc.created.clone()),
+                });
+            }
         }
     }
     // Each ClusterIP of a Service with a port is marked, so traffic to it on a port

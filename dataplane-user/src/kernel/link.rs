@@ -21,7 +21,22 @@ use aya::programs::{
     Link as _, LinkOrder, SchedClassifier, TcAttachType,
 };
 
-use super::{load::TC_PROGRAM, pin::unpin, Datapath, KernelError};
+use super::{
+    load::{TC_EXT_PROGRAM, TC_PROGRAM},
+    pin::unpin,
+    Datapath, KernelError,
+};
+pub use crate::interfaces::Role;
+
+impl Role {
+    /// The TC program interfaces of this role get.
+    pub fn program(self) -> &'static str {
+        match self {
+            Role::Pods => TC_PROGRAM,
+            Role::External => TC_EXT_PROGRAM,
+        }
+    }
+}
 
 /// Priority of sliceway's TC filter at clsact ingress (lower runs first). Fixed, so a
 /// restarted agent finds the filter an earlier run left.
@@ -85,6 +100,8 @@ pub(super) struct InterfaceLink {
     pin: Option<PathBuf>,
     /// A TC filter at sliceway's priority and handle, kept after the agent exits.
     filter: bool,
+    /// Which program: the pods' or the uplink's.
+    role: Role,
 }
 
 /// How `attach` attached.
@@ -163,7 +180,7 @@ impl Datapath {
     /// interface that was deleted and re-created under the same name is defunct (the
     /// kernel refuses to update it): it is replaced by a new link. Without pinning the
     /// program detaches when the agent exits.
-    pub fn attach(&mut self, iface: &str) -> Result<Attached, KernelError> {
+    pub fn attach(&mut self, iface: &str, role: Role) -> Result<Attached, KernelError> {
         let attach_err = |source| KernelError::Attach {
             iface: iface.to_string(),
             source,
@@ -193,8 +210,8 @@ impl Datapath {
         let path = self.attach_path()?;
         let program: &mut SchedClassifier = self
             .ebpf
-            .program_mut(TC_PROGRAM)
-            .ok_or(KernelError::MissingProgram(TC_PROGRAM))?
+            .program_mut(role.program())
+            .ok_or(KernelError::MissingProgram(role.program()))?
             .try_into()?;
         if path == TcPath::Netlink {
             // The filter needs the clsact qdisc (EEXIST when it is there already).
@@ -216,6 +233,7 @@ impl Datapath {
                     owned: Some(id),
                     pin: None,
                     filter: false,
+                    role,
                 },
             );
             return Ok(Attached::Unpinned);
@@ -229,6 +247,7 @@ impl Datapath {
                     owned: None,
                     pin: None,
                     filter: true,
+                    role,
                 },
             );
             return Ok(how);
@@ -276,6 +295,7 @@ impl Datapath {
                 owned: None,
                 pin: Some(link_pin),
                 filter: false,
+                role,
             },
         );
         Ok(how)
@@ -293,8 +313,8 @@ impl Datapath {
         if let Some(id) = link.owned {
             let program: &mut SchedClassifier = self
                 .ebpf
-                .program_mut(TC_PROGRAM)
-                .ok_or(KernelError::MissingProgram(TC_PROGRAM))?
+                .program_mut(link.role.program())
+                .ok_or(KernelError::MissingProgram(link.role.program()))?
                 .try_into()?;
             // Dropping the link detaches it; with the interface gone the kernel has
             // detached it already and the error of doing it again is of no interest.
@@ -315,11 +335,12 @@ impl Datapath {
         Ok(true)
     }
 
-    /// Interfaces this agent attached to, with their index at attach time.
-    pub fn attached(&self) -> BTreeMap<String, u32> {
+    /// Interfaces this agent attached to, with their index at attach time and the
+    /// role they were attached in.
+    pub fn attached(&self) -> BTreeMap<String, (u32, Role)> {
         self.links
             .iter()
-            .map(|(name, link)| (name.clone(), link.ifindex))
+            .map(|(name, link)| (name.clone(), (link.ifindex, link.role)))
             .collect()
     }
 

@@ -21,6 +21,9 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(env!("SLICEWAY_EBPF_OBJECT"))
 
 /// Name of the TC program in the object.
 pub const TC_PROGRAM: &str = "sliceway_tc";
+/// The TC program of the node's uplinks (`--external-interfaces`): clients outside
+/// the node, masqueraded unless a frontend says `externalTrafficPolicy: Local`.
+pub const TC_EXT_PROGRAM: &str = "sliceway_tc_ext";
 /// The program the TC program hands packets to reject to (tail call).
 pub const REJECT_PROGRAM: &str = "sliceway_reject";
 /// The program the TC program hands SCTP packets to for their ports (tail call).
@@ -72,6 +75,7 @@ impl Datapath {
                 map_name::SLOTS,
                 map_name::BACKENDS,
                 map_name::SERVICE_NAMES,
+                map_name::NAT_CONFIG,
             ],
             false,
         )
@@ -184,6 +188,11 @@ impl Datapath {
             .ok_or(KernelError::MissingProgram(TC_PROGRAM))?
             .try_into()?;
         program.load()?;
+        let ext: &mut SchedClassifier = ebpf
+            .program_mut(TC_EXT_PROGRAM)
+            .ok_or(KernelError::MissingProgram(TC_EXT_PROGRAM))?
+            .try_into()?;
+        ext.load()?;
         // The programs reached from the TC program by tail call (a stack of their
         // own), loaded and put in their slots of JUMP: reject in 0, SCTP ports in 1.
         let mut fds = Vec::new();
@@ -305,6 +314,7 @@ pub fn check() -> Result<KernelCheck, KernelError> {
     // programs after the TC ones.
     let tc = [
         TC_PROGRAM,
+        TC_EXT_PROGRAM,
         REJECT_PROGRAM,
         SCTP_NAT_PROGRAM,
         super::BRIDGE_PROGRAM,

@@ -117,6 +117,20 @@ impl Datapath {
             .unwrap_or(0)
     }
 
+    /// Writes what the uplink program masquerades with.
+    pub fn set_nat(&mut self, nat: dataplane_common::NatConfig) -> Result<(), KernelError> {
+        let name = map_name::NAT_CONFIG;
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or(KernelError::MissingMap(name))?;
+        let mut array: aya::maps::Array<&mut MapData, dataplane_common::NatConfig> =
+            aya::maps::Array::try_from(map).map_err(|source| KernelError::Map { name, source })?;
+        array
+            .set(0, nat, 0)
+            .map_err(|source| KernelError::Map { name, source })
+    }
+
     /// Writes the conntrack idle timeouts the program uses (seconds, by state).
     pub fn set_ct_timeouts(&mut self, seconds: &[u64]) -> Result<(), KernelError> {
         let name = map_name::CT_TIMEOUTS;

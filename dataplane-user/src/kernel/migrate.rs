@@ -443,7 +443,7 @@ pub fn plan_copy(
         addr_be: key.dst_be,
         port_be: key.dport_be,
         proto: key.proto,
-        _pad: 0,
+        scope: 0,
     };
     let service_id = frontends.get(&frontend).copied().unwrap_or(UNKNOWN_ID);
     let backend_id = backends
@@ -529,7 +529,7 @@ mod tests {
                 addr_be: key.dst_be,
                 port_be: key.dport_be,
                 proto: PROTO_TCP,
-                _pad: 0,
+                scope: 0,
             },
             3,
         )]);

@@ -22,9 +22,10 @@ use dataplane_common::{CtEntry, CtKey, MAP_LAYOUT_VERSION};
 use crate::writer::Limits;
 
 use link::InterfaceLink;
-pub use link::{probe_tcx, AttachMode, Attached, TcPath, TC_HANDLE, TC_PRIORITY};
+pub use link::{probe_tcx, AttachMode, Attached, Role, TcPath, TC_HANDLE, TC_PRIORITY};
 pub use load::{
-    check, render_check, KernelCheck, ProgramCheck, REJECT_PROGRAM, SCTP_NAT_PROGRAM, TC_PROGRAM,
+    check, render_check, KernelCheck, ProgramCheck, REJECT_PROGRAM, SCTP_NAT_PROGRAM,
+    TC_EXT_PROGRAM, TC_PROGRAM,
 };
 pub(crate) use maps::summed;
 pub use maps::KernelMaps;
@@ -175,9 +176,9 @@ impl Datapath {
         self.limits
     }
 
-    fn program(&self) -> &SchedClassifier {
+    fn program(&self, role: Role) -> &SchedClassifier {
         self.ebpf
-            .program(TC_PROGRAM)
+            .program(role.program())
             .and_then(|p| <&SchedClassifier>::try_from(p).ok())
             .expect("loaded in Datapath::load")
     }
@@ -185,8 +186,14 @@ impl Datapath {
     /// Runs one packet (starting at the Ethernet header) through the TC program.
     /// Returns the TC verdict and the packet as the program left it.
     pub fn test_run(&self, packet: &[u8]) -> Result<TestRunOutput, KernelError> {
+        self.test_run_as(Role::Pods, packet)
+    }
+
+    /// [`Datapath::test_run`] through the program of interfaces of `role` (the uplink
+    /// program for `Role::External`).
+    pub fn test_run_as(&self, role: Role, packet: &[u8]) -> Result<TestRunOutput, KernelError> {
         let mut out = vec![0u8; packet.len() + 256];
-        let result = self.program().test_run(TestRunOptions {
+        let result = self.program(role).test_run(TestRunOptions {
             data_in: Some(packet),
             data_out: Some(&mut out),
             ..TestRunOptions::new()
@@ -202,7 +209,7 @@ impl Datapath {
     /// Runs one packet `repeat` times and returns the kernel-measured time per run.
     pub fn time_run(&self, packet: &[u8], repeat: u32) -> Result<std::time::Duration, KernelError> {
         let mut out = vec![0u8; packet.len() + 256];
-        let result = self.program().test_run(TestRunOptions {
+        let result = self.program(Role::Pods).test_run(TestRunOptions {
             data_in: Some(packet),
             data_out: Some(&mut out),
             repeat,

@@ -88,6 +88,7 @@ pub(super) fn expected_sizes(name: &str) -> (usize, usize) {
             size_of::<u32>(),
             size_of::<dataplane_common::BackendCounters>(),
         ),
+        map_name::NAT_CONFIG => (size_of::<u32>(), size_of::<dataplane_common::NatConfig>()),
         map_name::SOCK_REVNAT => (
             size_of::<dataplane_common::SockRevKey>(),
             size_of::<dataplane_common::SockRevValue>(),

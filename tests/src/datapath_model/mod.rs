@@ -427,7 +427,7 @@ impl Machine<'_> {
                     addr_be: flow.dst,
                     port_be: flow.dport,
                     proto: flow.proto,
-                    _pad: 0,
+                    scope: 0,
                 })?;
                 if flow.later_fragment {
                     return Some((DROP, stat::DROP_FRAGMENT_ORPHAN));

@@ -1,0 +1,309 @@
+//! The two-node lab: two nodes on a routed node network, pods on each, and clients
+//! outside the cluster, for traffic that crosses nodes or comes from outside.
+//!
+//! ```text
+//!   client   10.100.1.100 ─┐                    node-1 10.100.1.1 ── pods 10.244.1N.2
+//!   client-2 10.100.1.101 ─┤── br0 (ns PREFIX-net) ─┤
+//!                          │                    node-2 10.100.1.2 ── pods 10.245.1N.2
+//! ```
+//!
+//! Each node routes the other's pod network through it; the clients know only the
+//! node network (and a load-balancer address routed to a node of the test's choice,
+//! as a cloud load balancer sends to one node). Namespaces carry a prefix unique to
+//! the process and none has a link to the root namespace; they are deleted on drop.
+
+use std::{
+    fs,
+    net::{Ipv4Addr, SocketAddrV4},
+    path::PathBuf,
+    time::Duration,
+};
+
+use anyhow::Result;
+
+use crate::{
+    in_netns, netns, servers, workspace_binary, Agent, BackendServers, Netns, Pod, Reply,
+    AGENT_START, NS_PREFIX,
+};
+
+/// A client outside the cluster.
+pub struct Client {
+    pub ns: Netns,
+    pub ip: Ipv4Addr,
+}
+
+impl Client {
+    /// One TCP request: who answered, and how it saw the client.
+    pub fn tcp(&self, to: SocketAddrV4) -> Result<Reply> {
+        in_netns(&self.ns.name, move || {
+            servers::tcp_request(to, Duration::from_secs(2))
+        })?
+    }
+
+    /// One UDP request.
+    pub fn udp(&self, to: SocketAddrV4) -> Result<Reply> {
+        in_netns(&self.ns.name, move || {
+            servers::udp_request(to, Duration::from_secs(1))
+        })?
+    }
+
+    /// An HTTP GET of `path`: the whole answer.
+    pub fn http_get(&self, to: SocketAddrV4, path: &str) -> Result<String> {
+        crate::http_get(&self.ns.name, to, path)
+    }
+
+    /// Routes `addr` (a load-balancer address) through `node`'s address, replacing
+    /// an earlier route.
+    pub fn route_via(&self, addr: Ipv4Addr, node: Ipv4Addr) -> Result<()> {
+        self.ns.run(
+            "ip",
+            &[
+                "route",
+                "replace",
+                &format!("{addr}/32"),
+                "via",
+                &node.to_string(),
+            ],
+        )?;
+        Ok(())
+    }
+}
+
+/// One node: its namespace, its address on the node network, its pods (each
+/// answering on [`crate::BACKEND_PORT`]) and its manifest directory.
+pub struct Node {
+    pub name: String,
+    pub ns: Netns,
+    pub ip: Ipv4Addr,
+    pub pods: Vec<Pod>,
+    pod_ns: Vec<Netns>,
+    servers: Option<BackendServers>,
+    pub manifests: PathBuf,
+    pub bpffs: PathBuf,
+}
+
+/// The lab.
+pub struct TwoNodes {
+    pub prefix: String,
+    pub nodes: Vec<Node>,
+    /// Allowed and blocked clients, as a test sees fit.
+    pub clients: Vec<Client>,
+    /// Namespace of the node network's bridge; dropped last.
+    net: Netns,
+}
+
+impl TwoNodes {
+    /// Two nodes with `pods` pods each, two clients, everything up and routed.
+    pub fn new(pods: usize) -> Result<Self> {
+        netns::remove_stale(NS_PREFIX);
+        static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let prefix = format!("{NS_PREFIX}-{}-m{n}", std::process::id());
+        let net = Netns::create(&format!("{prefix}-net"))?;
+        net.run("ip", &["link", "add", "br0", "type", "bridge"])?;
+        net.run("ip", &["link", "set", "br0", "up"])?;
+        let mut lab = TwoNodes {
+            prefix: prefix.clone(),
+            nodes: Vec::new(),
+            clients: Vec::new(),
+            net,
+        };
+        for k in 1..=2u8 {
+            let ns = Netns::create(&format!("{prefix}-n{k}"))?;
+            let ip = Ipv4Addr::new(10, 100, 1, k);
+            lab.plug(&ns, &format!("n{k}"), ip)?;
+            crate::node_sysctls(&ns.name)?;
+            let manifests = std::env::temp_dir().join(format!("{prefix}-n{k}-manifests"));
+            let _ = fs::remove_dir_all(&manifests);
+            fs::create_dir_all(&manifests)?;
+            let mut node = Node {
+                name: format!("node-{k}"),
+                ns,
+                ip,
+                pods: Vec::new(),
+                pod_ns: Vec::new(),
+                servers: None,
+                manifests,
+                bpffs: PathBuf::from(format!("/sys/fs/bpf/{prefix}-n{k}")),
+            };
+            for i in 0..pods {
+                node.add_pod(&prefix, k, i)?;
+            }
+            node.servers = Some(BackendServers::start(&node.pods, crate::BACKEND_PORT)?);
+            lab.nodes.push(node);
+        }
+        // Each node reaches the other's pods through it.
+        let (a, b) = (lab.nodes[0].ip.to_string(), lab.nodes[1].ip.to_string());
+        lab.nodes[0]
+            .ns
+            .run("ip", &["route", "add", "10.245.0.0/16", "via", &b])?;
+        lab.nodes[1]
+            .ns
+            .run("ip", &["route", "add", "10.244.0.0/16", "via", &a])?;
+        for (i, ip) in [(0u8, 100u8), (1, 101)] {
+            let ns = Netns::create(&format!("{prefix}-c{i}"))?;
+            let ip = Ipv4Addr::new(10, 100, 1, ip);
+            lab.plug(&ns, &format!("c{i}"), ip)?;
+            lab.clients.push(Client { ns, ip });
+        }
+        Ok(lab)
+    }
+
+    /// Links `ns` to the bridge: `eth0` in `ns` with `ip`/24, `tag` on the bridge.
+    fn plug(&self, ns: &Netns, tag: &str, ip: Ipv4Addr) -> Result<()> {
+        let outer = format!("b-{tag}");
+        netns::ip(&[
+            "link",
+            "add",
+            &outer,
+            "netns",
+            &self.net.name,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            &ns.name,
+        ])?;
+        self.net
+            .run("ip", &["link", "set", &outer, "master", "br0"])?;
+        self.net.run("ip", &["link", "set", &outer, "up"])?;
+        ns.run("ip", &["addr", "add", &format!("{ip}/24"), "dev", "eth0"])?;
+        ns.run("ip", &["link", "set", "eth0", "up"])?;
+        // Checksums in full, as in the single-node lab.
+        ns.run("ethtool", &["-K", "eth0", "tx", "off"])?;
+        Ok(())
+    }
+
+    /// The node named `node-K`.
+    pub fn node(&self, k: usize) -> &Node {
+        &self.nodes[k - 1]
+    }
+
+    /// Writes `yaml` as `file` into every node's manifest directory (atomically).
+    pub fn write_manifest(&self, file: &str, yaml: &str) -> Result<()> {
+        for node in &self.nodes {
+            let tmp = node.manifests.join(format!(".{file}.tmp"));
+            fs::write(&tmp, yaml)?;
+            fs::rename(&tmp, node.manifests.join(file))?;
+        }
+        Ok(())
+    }
+
+    /// The Node objects of both nodes, their InternalIP the node network address.
+    pub fn node_objects(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| {
+                format!(
+                    "apiVersion: v1\nkind: Node\nmetadata: {{name: {}}}\nstatus:\n  addresses: [{{type: InternalIP, address: {}}}]\n",
+                    n.name, n.ip
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("---\n")
+    }
+
+    /// Starts the agent of node `k` on its pods' interfaces (`p*`) and its uplink
+    /// (`eth0`), with `extra` arguments; waits for its first sync.
+    pub fn start_agent(&self, k: usize, extra: &[&str]) -> Result<Agent> {
+        let node = self.node(k);
+        let bin = workspace_binary("sliceway-agent")?;
+        let mut args: Vec<String> = vec![
+            "--node".into(),
+            node.name.clone(),
+            "--external-interfaces".into(),
+            "eth0".into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let agent = Agent::start_binary(
+            &bin,
+            &node.ns.name,
+            &[
+                "--manifests".into(),
+                node.manifests.clone().into_os_string(),
+            ],
+            &["p*".to_string()],
+            &node.bpffs,
+            &args,
+        )?;
+        agent.wait_for_sync(1, AGENT_START)?;
+        Ok(agent)
+    }
+
+    /// An EndpointSlice entry for pod `i` of node `k`.
+    pub fn endpoint(&self, k: usize, i: usize) -> String {
+        let pod = &self.node(k).pods[i];
+        format!(
+            "- addresses: [\"{}\"]\n  conditions: {{ready: true}}\n  nodeName: node-{k}\n  targetRef: {{kind: Pod, namespace: default, name: {}}}\n",
+            pod.ip, pod.name
+        )
+    }
+}
+
+impl Node {
+    /// Pod `i` of node `k`: `n{k}-pod-{i}`, 10.24{3+k}.{11+i}.2/24 behind the node's
+    /// interface `p{11+i}` (10.24{3+k}.{11+i}.1).
+    fn add_pod(&mut self, prefix: &str, k: u8, i: usize) -> Result<()> {
+        let name = format!("n{k}-pod-{}", i + 1);
+        let ns = Netns::create(&format!("{prefix}-{name}"))?;
+        let subnet = 11 + i as u8;
+        let iface = format!("p{subnet}");
+        let pod_ip = Ipv4Addr::new(10, 243 + k, subnet, 2);
+        let gw = Ipv4Addr::new(10, 243 + k, subnet, 1);
+        netns::ip(&[
+            "link",
+            "add",
+            &iface,
+            "netns",
+            &self.ns.name,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            &ns.name,
+        ])?;
+        self.ns
+            .run("ip", &["addr", "add", &format!("{gw}/24"), "dev", &iface])?;
+        self.ns.run("ip", &["link", "set", &iface, "up"])?;
+        self.ns.run("ethtool", &["-K", &iface, "tx", "off"])?;
+        ns.run(
+            "ip",
+            &["addr", "add", &format!("{pod_ip}/24"), "dev", "eth0"],
+        )?;
+        ns.run("ip", &["link", "set", "eth0", "up"])?;
+        ns.run("ip", &["route", "add", "default", "via", &gw.to_string()])?;
+        ns.run("ethtool", &["-K", "eth0", "tx", "off"])?;
+        self.pods.push(Pod {
+            name,
+            ns: ns.name.clone(),
+            ip: pod_ip,
+            node_iface: iface,
+        });
+        self.pod_ns.push(ns);
+        Ok(())
+    }
+
+    /// One TCP request from pod `i` of this node.
+    pub fn pod_tcp(&self, i: usize, to: SocketAddrV4) -> Result<Reply> {
+        in_netns(&self.pods[i].ns, move || {
+            servers::tcp_request(to, Duration::from_secs(2))
+        })?
+    }
+}
+
+impl Drop for TwoNodes {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            node.servers.take();
+            node.pod_ns.clear();
+            let _ = fs::remove_dir_all(&node.manifests);
+            let _ = fs::remove_dir_all(&node.bpffs);
+        }
+        self.nodes.clear();
+        self.clients.clear();
+    }
+}

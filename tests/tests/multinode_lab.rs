@@ -1,0 +1,187 @@
+//! Issue 11, traffic from outside the cluster, in the two-node lab
+//! (`sliceway_lab::nodes`): two agents in local mode, each on its node's pods and its
+//! uplink, clients outside the cluster on the node network. Real sockets only.
+
+use std::{
+    collections::BTreeSet,
+    net::{Ipv4Addr, SocketAddr, SocketAddrV4},
+};
+
+use sliceway_lab::{nodes::TwoNodes, BACKEND_PORT};
+
+const NODE_PORT: u16 = 30080;
+const HC_PORT: u16 = 30100;
+const LB_IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
+
+/// A `type` Service `web` (ClusterIP 10.96.0.50, TCP and UDP port 80 on NodePort
+/// 30080) with `policy` as externalTrafficPolicy and an EndpointSlice of
+/// `endpoints` (the lab's EndpointSlice entries); a LoadBalancer also has LB_IP as
+/// its ingress and a health-check port.
+fn web(lab: &TwoNodes, kind: &str, policy: &str, endpoints: &[(usize, usize)]) -> String {
+    let eps: String = endpoints.iter().map(|&(k, i)| lab.endpoint(k, i)).collect();
+    let eps = if eps.is_empty() { "[]\n".into() } else { eps };
+    let (hc, status) = if kind == "LoadBalancer" {
+        (
+            format!("  healthCheckNodePort: {HC_PORT}\n"),
+            format!("status:\n  loadBalancer:\n    ingress: [{{ip: {LB_IP}}}]\n"),
+        )
+    } else {
+        (String::new(), String::new())
+    };
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: default}}\n\
+         spec:\n  type: {kind}\n  clusterIP: 10.96.0.50\n  externalTrafficPolicy: {policy}\n{hc}\
+         \x20 ports:\n\
+         \x20 - {{name: http, port: 80, protocol: TCP, targetPort: {BACKEND_PORT}, nodePort: {NODE_PORT}}}\n\
+         \x20 - {{name: dns, port: 80, protocol: UDP, targetPort: {BACKEND_PORT}, nodePort: {NODE_PORT}}}\n\
+         {status}---\n\
+         apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+         metadata: {{name: web-1, namespace: default, labels: {{kubernetes.io/service-name: web}}}}\n\
+         addressType: IPv4\n\
+         ports: [{{name: http, port: {BACKEND_PORT}, protocol: TCP}}, {{name: dns, port: {BACKEND_PORT}, protocol: UDP}}]\n\
+         endpoints:\n{eps}"
+    )
+}
+
+fn peer_ip(peer: Option<SocketAddr>) -> Option<std::net::IpAddr> {
+    peer.map(|p| p.ip())
+}
+
+/// eTP=Cluster: a client outside the cluster reaches a NodePort on node 1 whose only
+/// backend runs on node 2, over TCP and UDP; the backend sees node 1's address (the
+/// connection is masqueraded, so the reply comes back through node 1, which
+/// translates it back), and on node 2 itself node 2's. Every connection gets a
+/// translated tuple of its own: many connections from one client all succeed.
+#[test]
+fn an_external_client_reaches_a_node_port_whose_backend_is_on_another_node() {
+    let lab = TwoNodes::new(1).unwrap();
+    lab.write_manifest("nodes.yaml", &lab.node_objects())
+        .unwrap();
+    lab.write_manifest("web.yaml", &web(&lab, "NodePort", "Cluster", &[(2, 0)]))
+        .unwrap();
+    let a1 = lab.start_agent(1, &[]).unwrap();
+    let a2 = lab.start_agent(2, &[]).unwrap();
+    assert!(a1.link("eth0").unwrap().is_some(), "the uplink is attached");
+    let client = &lab.clients[0];
+    let backend = lab.node(2).pods[0].name.clone();
+    for (node, seen_as) in [(1, lab.node(1).ip), (2, lab.node(2).ip)] {
+        let to = SocketAddrV4::new(lab.node(node).ip, NODE_PORT);
+        for _ in 0..20 {
+            let t = client.tcp(to).unwrap();
+            assert_eq!(t.backend, backend);
+            assert_eq!(peer_ip(t.peer), Some(seen_as.into()), "TCP via node-{node}");
+            let port = t.peer.unwrap().port();
+            assert!((61_000..=65_535).contains(&port), "source port {port}");
+            let u = client.udp(to).unwrap();
+            assert_eq!(u.backend, backend);
+            assert_eq!(peer_ip(u.peer), Some(seen_as.into()), "UDP via node-{node}");
+        }
+    }
+    // 20 TCP and 20 UDP connections masqueraded on each node (the counters are read
+    // at every scrape).
+    for a in [&a1, &a2] {
+        let n = a
+            .metric("sliceway_datapath_packets{reason=\"dnat_masqueraded\"}")
+            .unwrap();
+        assert_eq!(n, Some(40.0), "{:#?}", a.metrics());
+    }
+    assert_eq!(a2.problems_logged().unwrap(), 0, "{:#?}", a2.log());
+    assert_eq!(a1.problems_logged().unwrap(), 0, "{:#?}", a1.log());
+}
+
+/// eTP=Local: the client's address is kept and only the node's own endpoints serve;
+/// a node without one drops the connection (no answer at all), and its health-check
+/// port answers 503 while the node with the endpoint answers 200, so a cloud load
+/// balancer sends only there. The load-balancer IP, routed to either node, behaves
+/// the same. A pod on the node without endpoints still reaches the load-balancer IP:
+/// pod traffic is short-circuited to all endpoints.
+#[test]
+fn external_traffic_policy_local_keeps_the_client_address_on_nodes_with_endpoints() {
+    let lab = TwoNodes::new(1).unwrap();
+    lab.write_manifest("nodes.yaml", &lab.node_objects())
+        .unwrap();
+    lab.write_manifest("web.yaml", &web(&lab, "LoadBalancer", "Local", &[(2, 0)]))
+        .unwrap();
+    let a1 = lab.start_agent(1, &[]).unwrap();
+    let a2 = lab.start_agent(2, &[]).unwrap();
+    let client = &lab.clients[0];
+    let backend = lab.node(2).pods[0].name.clone();
+    let health = |k: usize| {
+        client
+            .http_get(SocketAddrV4::new(lab.node(k).ip, HC_PORT), "/")
+            .unwrap()
+    };
+    assert!(
+        health(2).starts_with("HTTP/1.1 200 OK\r\n"),
+        "{}",
+        health(2)
+    );
+    assert!(
+        health(1).starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+        "{}",
+        health(1)
+    );
+    let on = |k: usize| SocketAddrV4::new(lab.node(k).ip, NODE_PORT);
+    for _ in 0..10 {
+        let t = client.tcp(on(2)).unwrap();
+        assert_eq!(t.backend, backend);
+        assert_eq!(
+            peer_ip(t.peer),
+            Some(client.ip.into()),
+            "client address kept"
+        );
+        let u = client.udp(on(2)).unwrap();
+        assert_eq!(peer_ip(u.peer), Some(client.ip.into()));
+    }
+    assert!(
+        client.tcp(on(1)).is_err(),
+        "node 1 has no endpoint: dropped"
+    );
+    assert!(
+        client.udp(on(1)).is_err(),
+        "node 1 has no endpoint: dropped"
+    );
+    let lb = SocketAddrV4::new(LB_IP, 80);
+    client.route_via(LB_IP, lab.node(2).ip).unwrap();
+    let t = client.tcp(lb).unwrap();
+    assert_eq!(
+        (t.backend.as_str(), peer_ip(t.peer)),
+        (backend.as_str(), Some(client.ip.into()))
+    );
+    client.route_via(LB_IP, lab.node(1).ip).unwrap();
+    assert!(client.tcp(lb).is_err(), "node 1 has no endpoint: dropped");
+    // From node 1's pod, the LB IP reaches node 2's endpoint all the same.
+    let p = lab.node(1).pod_tcp(0, lb).unwrap();
+    assert_eq!(p.backend, backend);
+    assert_eq!(
+        peer_ip(p.peer),
+        Some(lab.node(1).pods[0].ip.into()),
+        "a pod keeps its address"
+    );
+
+    // An endpoint on node 1 too: node 1 serves with it alone.
+    lab.write_manifest(
+        "web.yaml",
+        &web(&lab, "LoadBalancer", "Local", &[(1, 0), (2, 0)]),
+    )
+    .unwrap();
+    let local = lab.node(1).pods[0].name.clone();
+    let mut seen = BTreeSet::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while seen.is_empty() && std::time::Instant::now() < deadline {
+        if let Ok(t) = client.tcp(on(1)) {
+            seen.insert(t.backend);
+        }
+    }
+    for _ in 0..10 {
+        seen.insert(client.tcp(on(1)).unwrap().backend);
+    }
+    assert_eq!(seen, BTreeSet::from([local]));
+    assert!(
+        health(1).starts_with("HTTP/1.1 200 OK\r\n"),
+        "{}",
+        health(1)
+    );
+    assert_eq!(a1.problems_logged().unwrap(), 0, "{:#?}", a1.log());
+    assert_eq!(a2.problems_logged().unwrap(), 0, "{:#?}", a2.log());
+}
