@@ -1407,3 +1407,75 @@ fn flow_counters_count_translated_and_refused_flows_and_can_be_left_out() {
         }
     }
 }
+
+/// Issue 11: the uplink program (`sliceway_tc_ext`) masquerades a client from
+/// outside the node to the node's address, each connection on a source port of its
+/// own from the configured range (a retransmitted SYN finds its port again), and
+/// translates the backend's reply back to the frontend and the client; with the
+/// range taken, a new connection is dropped and counted, never given a taken tuple;
+/// with no address of the node known, too. The pods' program leaves the client's
+/// address alone.
+#[test]
+fn the_uplink_program_masquerades_each_connection_to_a_port_of_its_own() {
+    use dataplane_common::NatConfig;
+    use sliceway_agent::kernel::Role;
+    let (mut dp, _writer) = datapath(ONE_BACKEND);
+    let node = std::net::Ipv4Addr::new(10, 100, 0, 1);
+    let run = |dp: &Datapath, role: Role, p: Vec<u8>| {
+        let before = dp.stats().unwrap();
+        let out = dp.test_run_as(role, &p).unwrap();
+        let after = dp.stats().unwrap();
+        let reason = (0..stat::COUNT as usize)
+            .find(|&r| after[r] != before[r])
+            .map(|r| stat::NAMES[r]);
+        (out, reason.unwrap_or("none"))
+    };
+    // No address of the node yet: dropped.
+    let (out, reason) = run(&dp, Role::External, tcp(client(41000), VIP_HTTP, TCP_SYN));
+    assert_eq!((out.verdict, reason), (DROP, "drop_no_node_addr"));
+    dp.set_nat(NatConfig {
+        node_addr_be: u32::from(node).to_be(),
+        port_min: 61_000,
+        port_max: 61_001,
+    })
+    .unwrap();
+    let mut ports = Vec::new();
+    for port in [41001, 41002] {
+        let (out, reason) = run(&dp, Role::External, tcp(client(port), VIP_HTTP, TCP_SYN));
+        assert_eq!((out.verdict, reason), (PASS, "dnat_masqueraded"));
+        let p = parse(&out.packet).unwrap();
+        assert!(p.ip_csum_ok && p.l4_csum_ok, "{p:?}");
+        assert_eq!(p.dst, addr(BACKEND_HTTP));
+        assert_eq!(*p.src.ip(), node);
+        ports.push(p.src.port());
+    }
+    ports.sort();
+    assert_eq!(ports, [61_000, 61_001], "a port of its own each");
+    // The range is taken: the third is dropped.
+    let (out, reason) = run(&dp, Role::External, tcp(client(41003), VIP_HTTP, TCP_SYN));
+    assert_eq!((out.verdict, reason), (DROP, "drop_snat_exhausted"));
+    // A retransmitted SYN keeps its port; the backend's answer goes back to the client
+    // from the frontend.
+    let (out, _) = run(&dp, Role::External, tcp(client(41001), VIP_HTTP, TCP_SYN));
+    let first = parse(&out.packet).unwrap().src;
+    let (out, _) = run(&dp, Role::External, tcp(client(41001), VIP_HTTP, TCP_SYN));
+    assert_eq!(parse(&out.packet).unwrap().src, first);
+    let (out, reason) = run(
+        &dp,
+        Role::External,
+        tcp_to(BACKEND_HTTP, first, TCP_SYN | TCP_ACK),
+    );
+    assert_eq!((out.verdict, reason), (PASS, "revnat"));
+    assert_eq!(
+        out.packet,
+        tcp_to(VIP_HTTP, client(41001), TCP_SYN | TCP_ACK)
+    );
+    // The same reply entering a pod's interface (a backend on this node) too.
+    let (out, reason) = run(&dp, Role::Pods, tcp_to(BACKEND_HTTP, first, TCP_ACK));
+    assert_eq!((out.verdict, reason), (PASS, "revnat"));
+    assert_eq!(out.packet, tcp_to(VIP_HTTP, client(41001), TCP_ACK));
+    // From a pod: the client's address kept.
+    let (out, reason) = run(&dp, Role::Pods, tcp(client(41004), VIP_HTTP, TCP_SYN));
+    assert_eq!((out.verdict, reason), (PASS, "dnat_new"));
+    assert_eq!(out.packet, tcp(client(41004), BACKEND_HTTP, TCP_SYN));
+}

@@ -35,6 +35,9 @@ const VM_TESTS: &[(&str, &[&str])] = &[
             "a_pod_reaching_its_own_service_is_answered_by_itself",
         ],
     ),
+    // Traffic from outside the node through the uplink program, on TC filters
+    // where the kernel has no tcx.
+    ("multinode_lab", &[]),
 ];
 
 /// Runs the VM tier on `kernels`; fails if any test failed or any program was refused.
