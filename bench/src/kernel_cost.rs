@@ -80,6 +80,7 @@ fn frontend(s: &Svc, backends: Vec<Backend>) -> (ServiceKey, Frontend) {
             },
             backends,
             policy: Default::default(),
+            source_ranges: Vec::new(),
         },
     )
 }

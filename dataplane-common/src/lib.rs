@@ -48,6 +48,8 @@ pub mod capacity {
     /// frontend), for replies and peer names; LRU, a connection needs its entry only
     /// while its socket lives.
     pub const SOCK_REVNAT: u32 = 65_536;
+    /// `loadBalancerSourceRanges` entries, all frontends together.
+    pub const SOURCE_RANGES: u32 = 16_384;
 }
 
 /// Per-frontend counters (`FRONTEND_COUNTERS`, per CPU, indexed by frontend id):
@@ -161,6 +163,41 @@ pub const SVC_F_DROP_EMPTY: u32 = 1 << 0;
 /// `sessionAffinity: ClientIP`: a client IP keeps its backend for
 /// `affinity_timeout_s` after its last new connection.
 pub const SVC_F_AFFINITY: u32 = 1 << 1;
+/// A load-balancer IP with `loadBalancerSourceRanges`: a new connection from a
+/// source outside them (`SOURCE_RANGES`) is dropped.
+pub const SVC_F_SOURCE_RANGES: u32 = 1 << 2;
+
+/// What the `SOURCE_RANGES` longest-prefix-match map matches on (after the key's
+/// prefix length): a frontend (always its `SCOPE_ANY` key) and a source address. An
+/// entry for range `addr/len` has prefix length [`SourceRange::FRONTEND_BITS`] +
+/// len, so it matches only sources of that frontend within the range.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Pod, Zeroable)]
+pub struct SourceRange {
+    pub frontend: ServiceKey,
+    pub src_be: u32,
+}
+const _: () = assert!(size_of::<SourceRange>() == 12);
+
+impl SourceRange {
+    /// Bits of the key before the source address.
+    pub const FRONTEND_BITS: u32 = 64;
+    /// The prefix length of a lookup: the whole key.
+    pub const LOOKUP_BITS: u32 = 96;
+
+    /// The data of range `addr_be/len` of `frontend`, or of a lookup of source
+    /// `addr_be`; the prefix length goes beside it.
+    #[inline(always)]
+    pub fn of(frontend: ServiceKey, addr_be: u32) -> Self {
+        Self {
+            frontend: ServiceKey {
+                scope: SCOPE_ANY,
+                ..frontend
+            },
+            src_be: addr_be,
+        }
+    }
+}
 const _: () = assert!(size_of::<ServiceValue>() == 16);
 
 /// Key of the `SLOTS` hash map: slot `slot` of frontend `service_id`.
@@ -596,8 +633,11 @@ pub mod stat {
     pub const DROP_SNAT_EXHAUSTED: u32 = 26;
     /// Such a connection while the agent knows no address of the node: dropped.
     pub const DROP_NO_NODE_ADDR: u32 = 27;
+    /// A new connection to a load-balancer IP from a source outside its Service's
+    /// `loadBalancerSourceRanges`: dropped (kube-proxy's firewall chain).
+    pub const DROP_SOURCE_RANGE: u32 = 28;
     /// Number of slots.
-    pub const COUNT: u32 = 28;
+    pub const COUNT: u32 = 29;
 
     /// Names, indexed by slot, as `list` and metrics print them.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -629,6 +669,7 @@ pub mod stat {
         "dnat_masqueraded",
         "drop_snat_exhausted",
         "drop_no_node_addr",
+        "drop_source_range",
     ];
 }
 
@@ -662,9 +703,12 @@ pub mod map_name {
     /// sync and when the node's address changes; pinned, so a restarted agent's
     /// old program and a live `trace` see it.
     pub const NAT_CONFIG: &str = "NAT_CONFIG";
+    /// `loadBalancerSourceRanges` (prefix length and `SourceRange` → 1), written by the
+    /// agent.
+    pub const SOURCE_RANGES: &str = "SOURCE_RANGES";
 
     /// Every map, in the order the agent pins them.
-    pub const ALL: [&str; 14] = [
+    pub const ALL: [&str; 15] = [
         SERVICES,
         SLOTS,
         BACKENDS,
@@ -679,6 +723,7 @@ pub mod map_name {
         BACKEND_COUNTERS,
         SOCK_REVNAT,
         NAT_CONFIG,
+        SOURCE_RANGES,
     ];
 }
 
@@ -961,6 +1006,7 @@ mod user {
     unsafe impl aya::Pod for FrontendCounters {}
     unsafe impl aya::Pod for BackendCounters {}
     unsafe impl aya::Pod for NatConfig {}
+    unsafe impl aya::Pod for SourceRange {}
     unsafe impl aya::Pod for v1::FlowKey {}
     unsafe impl aya::Pod for v1::NatTarget {}
 }

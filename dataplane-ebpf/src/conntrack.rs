@@ -225,8 +225,9 @@ pub fn direct(flow: &Flow, key: &CtKey) {
 ///
 /// With `masquerade` (a client outside the node, kube-proxy's masquerade), the
 /// backend sees the connection come from the node's address and a source port
-/// from `masquerade`'s range: `TRACKED_MASQUERADED`, or `DROP_SNAT_EXHAUSTED` when
-/// none of [`SNAT_TRIES`] candidates is free.
+/// from the range of `NAT_CONFIG`: `TRACKED_MASQUERADED`, or `DROP_SNAT_EXHAUSTED`
+/// when none of [`SNAT_TRIES`] candidates is free, `DROP_NO_NODE_ADDR` when the
+/// agent wrote no address.
 #[inline(always)]
 pub fn track(
     flow: &Flow,
@@ -234,7 +235,7 @@ pub fn track(
     service_id: u32,
     backend_id: u32,
     backend: &Backend,
-    masquerade: Option<&NatConfig>,
+    masquerade: bool,
 ) -> u32 {
     match track_inner(
         flow,
@@ -245,7 +246,7 @@ pub fn track(
         masquerade,
         now(),
     ) {
-        Ok(_) if masquerade.is_some() => TRACKED_MASQUERADED,
+        Ok(_) if masquerade => TRACKED_MASQUERADED,
         Ok(false) => TRACKED,
         Ok(true) => TRACKED_REMAPPED,
         Err((_, reason)) => reason,
@@ -290,7 +291,7 @@ fn track_inner(
     service_id: u32,
     backend_id: u32,
     backend: &Backend,
-    masquerade: Option<&NatConfig>,
+    masquerade: bool,
     now: u64,
 ) -> Result<bool, Exit> {
     // The previous connection on this tuple, if any: its reverse entry goes unless it
@@ -306,7 +307,12 @@ fn track_inner(
         flow.proto,
     );
     let mut remapped = false;
-    if let Some(nat) = masquerade {
+    if masquerade {
+        // Read in place: a copy would cost stack the uplink program lacks.
+        let nat = maps::NAT_CONFIG
+            .get(0)
+            .filter(|c| c.node_addr_be != 0)
+            .ok_or((DROP, stat::DROP_NO_NODE_ADDR))?;
         reply.dst_be[0] = nat.node_addr_be;
         if !masquerade_port(&mut reply, flow, key, nat, now) {
             return Err((DROP, stat::DROP_SNAT_EXHAUSTED));

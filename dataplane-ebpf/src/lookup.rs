@@ -13,15 +13,21 @@ use crate::{counters::Exit, maps, packet::Flow, tc::DROP};
 /// it is to kube-proxy, whose rules see the node's address as the source.
 pub const NODE_CLIENT: u32 = 0;
 
-/// The frontend the packet is addressed to, if any.
+/// The key of the frontend the packet is addressed to (for everyone).
 #[inline(always)]
-pub fn frontend(flow: &Flow) -> Option<ServiceValue> {
-    maps::service(&ServiceKey {
+pub fn frontend_key(flow: &Flow) -> ServiceKey {
+    ServiceKey {
         addr_be: flow.dst_be,
         port_be: flow.dport_be,
         proto: flow.proto,
         scope: SCOPE_ANY,
-    })
+    }
+}
+
+/// The frontend the packet is addressed to, if any.
+#[inline(always)]
+pub fn frontend(flow: &Flow) -> Option<ServiceValue> {
+    maps::service(&frontend_key(flow))
 }
 
 /// The frontend a packet from outside the node is addressed to, and whether its

@@ -6,12 +6,12 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray},
+    maps::{lpm_trie::Key, Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, ProgramArray},
 };
 use dataplane_common::{
     capacity, ct, stat, AffinityKey, AffinityValue, Backend, BackendCounters, CtEntry, CtKey,
     FragKey, FragPorts, FrontendCounters, NatConfig, ServiceKey, ServiceName, ServiceValue,
-    SlotKey, SockRevKey, SockRevValue,
+    SlotKey, SockRevKey, SockRevValue, SourceRange,
 };
 
 /// Frontends: (VIP, port, proto) → (id, slot count). Written by the agent.
@@ -101,6 +101,19 @@ pub static ADOPTION: PerCpuArray<crate::bridge::Adoption> = PerCpuArray::with_ma
 pub fn backend_id_of_v1(v1_id: u32) -> Option<u32> {
     // SAFETY: as in `service`.
     unsafe { BACKEND_IDS_V1.get(v1_id).copied() }
+}
+
+/// `loadBalancerSourceRanges`: (frontend, source) prefixes → 1. Written by the agent.
+#[map]
+pub static SOURCE_RANGES: LpmTrie<SourceRange, u8> =
+    LpmTrie::with_max_entries(capacity::SOURCE_RANGES, 0);
+
+/// Whether `src_be` may open connections to `frontend` (a frontend with
+/// `SVC_F_SOURCE_RANGES`): it is within one of its ranges.
+#[inline(always)]
+pub fn source_allowed(frontend: ServiceKey, src_be: u32) -> bool {
+    let key = Key::new(SourceRange::LOOKUP_BITS, SourceRange::of(frontend, src_be));
+    SOURCE_RANGES.get(&key).is_some()
 }
 
 /// The uplink program's masquerade settings (one entry). Written by the agent.

@@ -25,6 +25,7 @@ use aya_ebpf::{
 };
 use dataplane_common::{
     clusterip_marker, stat, ServiceKey, SockRevKey, SockRevValue, PROTO_SCTP, PROTO_TCP, PROTO_UDP,
+    SVC_F_SOURCE_RANGES,
 };
 
 use crate::{
@@ -132,6 +133,21 @@ fn translate(ctx: &SockAddrContext) -> i32 {
         }
         return ALLOW;
     };
+    // loadBalancerSourceRanges: the node's sockets come from its address (the one
+    // the uplink program masquerades to), as kube-proxy's output hook sees them.
+    if service.flags & SVC_F_SOURCE_RANGES != 0 {
+        let node_be = maps::nat_config().map_or(0, |c| c.node_addr_be);
+        let key = ServiceKey {
+            addr_be,
+            port_be,
+            proto,
+            scope: 0,
+        };
+        if !maps::source_allowed(key, node_be) {
+            count(stat::DROP_SOURCE_RANGE);
+            return REFUSE;
+        }
+    }
     if service.count == 0 {
         counters::refused(service.id, false);
         count(stat::SOCK_REJECT_NO_BACKEND);

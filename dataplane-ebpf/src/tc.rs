@@ -9,7 +9,7 @@ use aya_ebpf::{
     macros::classifier,
     programs::TcContext,
 };
-use dataplane_common::{stat, CtKey, PROTO_SCTP, SVC_F_DROP_EMPTY};
+use dataplane_common::{stat, CtKey, PROTO_SCTP, SVC_F_DROP_EMPTY, SVC_F_SOURCE_RANGES};
 
 use crate::{
     bridge,
@@ -102,6 +102,13 @@ fn from_client<const BRIDGE: bool, const EXTERNAL: bool>(
                 // connection expired since): never pass the rest untranslated.
                 return Err((DROP, stat::DROP_FRAGMENT_ORPHAN));
             }
+            // loadBalancerSourceRanges, before anything else (kube-proxy's
+            // firewall check comes before the service's chains).
+            if service.flags & SVC_F_SOURCE_RANGES != 0
+                && !maps::source_allowed(lookup::frontend_key(flow), flow.src_be)
+            {
+                return Err((DROP, stat::DROP_SOURCE_RANGE));
+            }
             if service.count == 0 {
                 // Never let a packet reach the VIP untranslated: with endpoints on
                 // other nodes only and a Local policy, drop (kube-proxy's "drop");
@@ -113,11 +120,6 @@ fn from_client<const BRIDGE: bool, const EXTERNAL: bool>(
                 counters::refused(service.id, false);
                 return Ok(Some(reject_or_drop(ctx, flow, stat::REJECT_NO_BACKEND)));
             }
-            let nat = if masquerade {
-                Some(maps::nat_config().ok_or((DROP, stat::DROP_NO_NODE_ADDR))?)
-            } else {
-                None
-            };
             let picked = lookup::pick(flow.src_be, flow.hash(), &service, now)?;
             let reason = match conntrack::track(
                 flow,
@@ -125,7 +127,7 @@ fn from_client<const BRIDGE: bool, const EXTERNAL: bool>(
                 service.id,
                 picked.backend_id,
                 &picked.backend,
-                nat.as_ref(),
+                masquerade,
             ) {
                 conntrack::TRACKED => stat::DNAT_NEW,
                 conntrack::TRACKED_REMAPPED => stat::DNAT_PORT_REMAPPED,

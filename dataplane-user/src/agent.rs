@@ -115,6 +115,8 @@ pub struct Settings {
 pub struct Pipeline {
     pub compiler: compiler::Incremental,
     pub writer: MapWriter,
+    /// `loadBalancerSourceRanges`, written around the map writer's apply.
+    pub ranges: crate::ranges::RangeWriter,
     /// Whether the writer has done one full apply.
     applied: bool,
 }
@@ -134,6 +136,7 @@ impl Pipeline {
         Self {
             compiler,
             writer,
+            ranges: Default::default(),
             applied: false,
         }
     }
@@ -141,9 +144,19 @@ impl Pipeline {
     /// Recompiles what changed and writes it. The first sync compares every frontend
     /// (a writer that adopted pinned maps brings them to the desired state and cleans
     /// what an earlier run left); later ones look only at the frontends that changed.
-    pub fn sync<M: MapOps>(&mut self, maps: &mut M) -> Synced {
+    pub fn sync<M: MapOps + crate::ranges::RangeOps>(&mut self, maps: &mut M) -> Synced {
         let changed = self.compiler.compile();
         let full = !self.applied;
+        // The source ranges of every frontend at the first sync, of the changed ones
+        // after: new ones before the writer publishes, stale ones after.
+        let range_keys = if full {
+            self.compiler.frontends().keys().copied().collect()
+        } else {
+            changed.clone()
+        };
+        let mut range_errors = self
+            .ranges
+            .before(self.compiler.frontends(), &range_keys, maps);
         let report = if full {
             self.applied = true;
             self.writer.apply(self.compiler.frontends(), maps)
@@ -151,6 +164,13 @@ impl Pipeline {
             self.writer
                 .apply_changed(self.compiler.frontends(), &changed, maps)
         };
+        range_errors.extend(
+            self.ranges
+                .after(self.compiler.frontends(), &range_keys, maps),
+        );
+        for e in range_errors {
+            warn!("{e}; written again at that Service's next change");
+        }
         Synced {
             report,
             changed: changed.len(),

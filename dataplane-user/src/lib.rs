@@ -17,6 +17,7 @@ pub mod memory_maps;
 pub mod metrics;
 pub mod model;
 pub mod packet;
+pub mod ranges;
 pub mod source;
 pub mod top;
 pub mod writer;

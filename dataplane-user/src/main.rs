@@ -58,6 +58,7 @@ fn main() -> anyhow::Result<()> {
                         zone: None,
                         node_port_addresses: args.nodeport_addresses,
                         node_port_ips: Vec::new(),
+                        node_ip: None,
                     },
                     capacities: Capacities {
                         limits: Limits {

@@ -34,6 +34,31 @@ pub struct MemoryMaps {
     pub backends: BTreeMap<u32, Backend>,
     pub names: BTreeMap<u32, String>,
     pub ops: Vec<Op>,
+    /// `SOURCE_RANGES` (prefix length, data).
+    pub ranges: std::collections::BTreeSet<(u32, dataplane_common::SourceRange)>,
+}
+
+impl crate::ranges::RangeOps for MemoryMaps {
+    type Error = Infallible;
+    fn put_range(
+        &mut self,
+        prefix_len: u32,
+        range: &dataplane_common::SourceRange,
+    ) -> Result<(), Infallible> {
+        self.ranges.insert((prefix_len, *range));
+        Ok(())
+    }
+    fn del_range(
+        &mut self,
+        prefix_len: u32,
+        range: &dataplane_common::SourceRange,
+    ) -> Result<(), Infallible> {
+        self.ranges.remove(&(prefix_len, *range));
+        Ok(())
+    }
+    fn ranges(&self) -> Result<Vec<(u32, dataplane_common::SourceRange)>, Infallible> {
+        Ok(self.ranges.iter().copied().collect())
+    }
 }
 
 impl MapOps for MemoryMaps {

@@ -81,8 +81,12 @@ pub struct ServiceSpecInfo {
     pub external_name: bool,
     /// `clusterIPs` if set and not empty, else `clusterIP` if set.
     pub cluster_ips: Vec<String>,
-    /// `externalIPs`, then the load-balancer ingress IPs of the status.
+    /// `externalIPs`.
     pub external_ips: Vec<String>,
+    /// The load-balancer ingress IPs of the status (VIP mode only).
+    pub load_balancer_ips: Vec<String>,
+    /// `loadBalancerSourceRanges`, as written.
+    pub load_balancer_source_ranges: Vec<String>,
     /// `internalTrafficPolicy: Local`.
     pub internal_local: bool,
     /// `externalTrafficPolicy: Local`.
@@ -220,27 +224,27 @@ impl From<&Service> for ServiceInfo {
                 (_, Some(ip)) => vec![ip.clone()],
                 _ => vec![],
             };
-            let external_ips = spec
-                .external_ips
+            let external_ips = spec.external_ips.clone().unwrap_or_default();
+            let load_balancer_ips = svc
+                .status
                 .iter()
-                .flatten()
-                .cloned()
-                .chain(
-                    svc.status
-                        .iter()
-                        .filter_map(|s| s.load_balancer.as_ref())
-                        .flat_map(|lb| lb.ingress.iter().flatten())
-                        // Only VIP-style load balancers: an ingress with `ipMode:
-                        // Proxy` gets its traffic from a proxy, not at this IP
-                        // (kube-proxy's `IsVIPMode`, pkg/proxy/serviceport.go).
-                        .filter(|i| i.ip_mode.as_deref() != Some("Proxy"))
-                        .filter_map(|i| i.ip.clone()),
-                )
+                .filter_map(|s| s.load_balancer.as_ref())
+                .flat_map(|lb| lb.ingress.iter().flatten())
+                // Only VIP-style load balancers: an ingress with `ipMode: Proxy` gets
+                // its traffic from a proxy, not at this IP (kube-proxy's
+                // `IsVIPMode`, pkg/proxy/serviceport.go).
+                .filter(|i| i.ip_mode.as_deref() != Some("Proxy"))
+                .filter_map(|i| i.ip.clone())
                 .collect();
             ServiceSpecInfo {
                 external_name: spec.type_.as_deref() == Some("ExternalName"),
                 cluster_ips,
                 external_ips,
+                load_balancer_ips,
+                load_balancer_source_ranges: spec
+                    .load_balancer_source_ranges
+                    .clone()
+                    .unwrap_or_default(),
                 internal_local: spec.internal_traffic_policy.as_deref() == Some("Local"),
                 external_local: spec.external_traffic_policy.as_deref() == Some("Local"),
                 session_affinity: spec.session_affinity.clone(),

@@ -213,6 +213,7 @@ fn frontend(name: u32, backends: impl IntoIterator<Item = u32>) -> Frontend {
         },
         backends,
         policy: Default::default(),
+        source_ranges: Vec::new(),
     }
 }
 
@@ -624,4 +625,98 @@ endpoints: [{addresses: [10.244.1.2]}]
         Ok(NodePortAddresses::Primary)
     );
     fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Issue 11: `loadBalancerSourceRanges` as kube-proxy reads them
+/// (pkg/proxy/serviceport.go, the nftables proxier's firewall chain): on the
+/// load-balancer IPs only, trimmed, networks masked, the other family's left to it, an
+/// entry that is not a CIDR reported and left out, `0.0.0.0/0` meaning no check; a
+/// range containing the node's address also lets the load-balancer IPs in.
+#[test]
+fn load_balancer_source_ranges_guard_the_load_balancer_ips_only() {
+    let yaml = |ranges: &str| {
+        format!(
+            r#"
+apiVersion: v1
+kind: Service
+metadata: {{name: lb, namespace: shop}}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.40
+  externalIPs: [198.51.100.7]
+  loadBalancerSourceRanges: {ranges}
+  ports: [{{name: http, port: 80, protocol: TCP, targetPort: 8080, nodePort: 30080}}]
+status:
+  loadBalancer:
+    ingress: [{{ip: 203.0.113.10}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: lb-1, namespace: shop, labels: {{kubernetes.io/service-name: lb}}}}
+addressType: IPv4
+ports: [{{name: http, port: 8080, protocol: TCP}}]
+endpoints:
+- {{addresses: [10.244.1.2], nodeName: node-1}}
+"#
+        )
+    };
+    let compile_with = |ranges: &str, node_ip: Option<&str>| {
+        let (objects, problems) = parse_file(Path::new("lb.yaml"), &yaml(ranges));
+        assert!(problems.is_empty(), "{problems:?}");
+        let objects = objects.unwrap();
+        let opts = Options {
+            node_name: Some("node-1".into()),
+            node_port_ips: vec!["192.168.0.10".parse().unwrap()],
+            node_ip: node_ip.map(|ip| ip.parse().unwrap()),
+            ..Options::default()
+        };
+        compile(&objects.services, &objects.slices, &opts)
+    };
+    let net = |s: &str| {
+        let (a, l) = s.split_once('/').unwrap();
+        (
+            u32::from(a.parse::<std::net::Ipv4Addr>().unwrap()).to_be(),
+            l.parse::<u8>().unwrap(),
+        )
+    };
+    let guarded = |c: &sliceway_agent::compiler::Compiled| -> BTreeMap<String, Vec<(u32, u8)>> {
+        c.frontends
+            .iter()
+            .filter(|(_, f)| f.policy.source_ranges || !f.source_ranges.is_empty())
+            .map(|(k, f)| {
+                (
+                    sliceway_agent::compiler::frontend_addr(k),
+                    f.source_ranges.clone(),
+                )
+            })
+            .collect()
+    };
+    let c = compile_with(
+        r#"["10.0.0.0/8", " 192.168.1.7/24 ", "fd00::/8", "bogus"]"#,
+        Some("172.16.0.1"),
+    );
+    assert_eq!(
+        guarded(&c),
+        BTreeMap::from([(
+            "203.0.113.10:80/TCP".to_string(),
+            vec![net("10.0.0.0/8"), net("192.168.1.0/24")]
+        )]),
+        "the LB IP only: not the ClusterIP, the external IP or the NodePort"
+    );
+    assert!(
+        c.skipped
+            .iter()
+            .any(|s| s.code == "bad_source_range" && s.reason.contains("bogus")),
+        "{:?}",
+        c.skipped
+    );
+    // The node's address within a range: the LB IP may be a source too.
+    let c = compile_with(r#"["10.0.0.0/8"]"#, Some("10.1.2.3"));
+    assert_eq!(
+        guarded(&c)["203.0.113.10:80/TCP"],
+        vec![net("10.0.0.0/8"), net("203.0.113.10/32")]
+    );
+    // Every source: no check at all.
+    assert!(guarded(&compile_with(r#"["10.0.0.0/8", "0.0.0.0/0"]"#, None)).is_empty());
+    assert!(guarded(&compile_with("[]", None)).is_empty());
 }

@@ -86,6 +86,21 @@ fn service(rng: &mut Rng) -> ServiceInfo {
     if rng.chance(10) {
         external_ips.push("not-an-ip".into());
     }
+    let mut load_balancer_ips = Vec::new();
+    if rng.chance(4) {
+        load_balancer_ips.push(ip(rng));
+    }
+    let load_balancer_source_ranges: Vec<String> = match rng.below(6) {
+        0 => vec!["10.0.0.0/8".into()],
+        1 => vec![
+            "10.0.0.0/8".into(),
+            "192.168.0.0/16".into(),
+            "fd00::/8".into(),
+        ],
+        2 => vec!["0.0.0.0/0".into()],
+        3 => vec!["not-a-cidr".into(), "10.96.0.0/12".into()],
+        _ => vec![],
+    };
     let mut ports = vec![ServicePortInfo {
         name: rng.pick(&["http", ""]).to_string(),
         protocol: opt_string(*rng.pick(&[None, Some("TCP"), Some("UDP")])),
@@ -104,6 +119,8 @@ fn service(rng: &mut Rng) -> ServiceInfo {
         external_name: rng.chance(15),
         cluster_ips,
         external_ips,
+        load_balancer_ips,
+        load_balancer_source_ranges,
         internal_local: rng.chance(4),
         external_local: rng.chance(4),
         session_affinity: opt_string(*rng.pick(&[
@@ -308,6 +325,7 @@ fn random_walk(seed: u32, rounds: usize, opts: Options, limits: Limits) {
     let mut full = MapWriter::new(limits);
     let mut full_maps = MemoryMaps::default();
     let mut before = BTreeMap::new();
+    let mut rounds_with_ranges = 0;
     for round in 0..rounds {
         let at = format!("seed {seed:#x} round {round}");
         for _ in 0..rng.below(4) + 1 {
@@ -348,6 +366,23 @@ fn random_walk(seed: u32, rounds: usize, opts: Options, limits: Limits) {
         assert_eq!(synced.report, report, "{at}: reports differ");
         assert_eq!(inc_maps.ops, full_maps.ops, "{at}: operations differ");
         same_maps(&inc_maps, &full_maps, &at);
+        // The source ranges held are exactly the frontends' (restarts included: a
+        // new pipeline removes what it does not want of what it finds).
+        let want_ranges: BTreeSet<(u32, dataplane_common::SourceRange)> = want
+            .frontends
+            .iter()
+            .filter(|(k, _)| k.scope == dataplane_common::SCOPE_ANY)
+            .flat_map(|(k, f)| {
+                f.source_ranges.iter().map(move |&(addr, len)| {
+                    (
+                        dataplane_common::SourceRange::FRONTEND_BITS + u32::from(len),
+                        dataplane_common::SourceRange::of(*k, addr),
+                    )
+                })
+            })
+            .collect();
+        assert_eq!(inc_maps.ranges, want_ranges, "{at}: source ranges");
+        rounds_with_ranges += usize::from(!want_ranges.is_empty());
         inc_maps
             .consistent()
             .unwrap_or_else(|e| panic!("{at}: {e}"));
@@ -359,6 +394,10 @@ fn random_walk(seed: u32, rounds: usize, opts: Options, limits: Limits) {
         }
         before = want.frontends;
     }
+    assert!(
+        rounds < 50 || rounds_with_ranges > 0,
+        "seed {seed:#x}: no round had source ranges to compare"
+    );
 }
 
 #[test]
@@ -412,6 +451,8 @@ fn one_endpoint_change_in_ten_thousand_services_recompiles_one_service() {
                     i % 256
                 )],
                 external_ips: vec![],
+                load_balancer_ips: vec![],
+                load_balancer_source_ranges: vec![],
                 internal_local: false,
                 external_local: false,
                 session_affinity: None,

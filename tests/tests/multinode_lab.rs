@@ -185,3 +185,59 @@ fn external_traffic_policy_local_keeps_the_client_address_on_nodes_with_endpoint
     assert_eq!(a1.problems_logged().unwrap(), 0, "{:#?}", a1.log());
     assert_eq!(a2.problems_logged().unwrap(), 0, "{:#?}", a2.log());
 }
+
+/// loadBalancerSourceRanges: the load-balancer IP takes new connections only from
+/// sources within the ranges (the other client's are dropped), whichever node the
+/// load balancer sends to; the NodePort of the same Service takes both, as
+/// kube-proxy's NodePorts bypass source ranges.
+#[test]
+fn load_balancer_source_ranges_let_in_the_allowed_client_only() {
+    let lab = TwoNodes::new(1).unwrap();
+    lab.write_manifest("nodes.yaml", &lab.node_objects())
+        .unwrap();
+    let allowed = &lab.clients[0];
+    let blocked = &lab.clients[1];
+    let yaml = web(&lab, "LoadBalancer", "Cluster", &[(2, 0)]).replace(
+        "  externalTrafficPolicy: Cluster\n",
+        &format!(
+            "  externalTrafficPolicy: Cluster\n  loadBalancerSourceRanges: [\"{}/32\"]\n",
+            allowed.ip
+        ),
+    );
+    assert!(yaml.contains("loadBalancerSourceRanges"), "{yaml}");
+    lab.write_manifest("web.yaml", &yaml).unwrap();
+    let a1 = lab.start_agent(1, &[]).unwrap();
+    let a2 = lab.start_agent(2, &[]).unwrap();
+    let backend = lab.node(2).pods[0].name.clone();
+    let lb = SocketAddrV4::new(LB_IP, 80);
+    for node in [1, 2] {
+        for c in [allowed, blocked] {
+            c.route_via(LB_IP, lab.node(node).ip).unwrap();
+        }
+        assert_eq!(allowed.tcp(lb).unwrap().backend, backend, "via node-{node}");
+        assert_eq!(allowed.udp(lb).unwrap().backend, backend, "via node-{node}");
+        assert!(
+            blocked.tcp(lb).is_err(),
+            "via node-{node}: not in the ranges"
+        );
+        assert!(
+            blocked.udp(lb).is_err(),
+            "via node-{node}: not in the ranges"
+        );
+        let np = SocketAddrV4::new(lab.node(node).ip, NODE_PORT);
+        assert_eq!(
+            blocked.tcp(np).unwrap().backend,
+            backend,
+            "NodePorts bypass"
+        );
+    }
+    for a in [&a1, &a2] {
+        let dropped = a
+            .metric("sliceway_datapath_packets{reason=\"drop_source_range\"}")
+            .unwrap()
+            .unwrap_or(0.0);
+        assert!(dropped >= 2.0, "{dropped}");
+    }
+    assert_eq!(a1.problems_logged().unwrap(), 0, "{:#?}", a1.log());
+    assert_eq!(a2.problems_logged().unwrap(), 0, "{:#?}", a2.log());
+}

@@ -1479,3 +1479,101 @@ fn the_uplink_program_masquerades_each_connection_to_a_port_of_its_own() {
     assert_eq!((out.verdict, reason), (PASS, "dnat_new"));
     assert_eq!(out.packet, tcp(client(41004), BACKEND_HTTP, TCP_SYN));
 }
+
+/// Issue 11: `loadBalancerSourceRanges` in the kernel: a new connection to the
+/// load-balancer IP from a source outside the ranges is dropped and counted, from
+/// within them translated, through both programs; the ClusterIP of the same Service
+/// is not guarded; the ranges follow the Service through the agent's pipeline (a
+/// changed range lets the other source in; ranges removed, no check).
+#[test]
+fn load_balancer_source_ranges_drop_new_connections_from_elsewhere() {
+    use sliceway_agent::{
+        agent::Pipeline,
+        compiler::Incremental,
+        kernel::Role,
+        model::{Origin, ServiceInfo, SliceInfo},
+    };
+    let lb = |ranges: &str| {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: lb, namespace: default}}\n\
+             spec:\n  type: LoadBalancer\n  clusterIP: 10.96.0.60\n  loadBalancerSourceRanges: {ranges}\n\
+             \x20 ports: [{{name: http, port: 80, targetPort: 8080, nodePort: 30080}}]\n\
+             status: {{loadBalancer: {{ingress: [{{ip: 192.0.2.10}}]}}}}\n---\n\
+             apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+             metadata: {{name: lb-1, namespace: default, labels: {{kubernetes.io/service-name: lb}}}}\n\
+             addressType: IPv4\nports: [{{name: http, port: 8080}}]\n\
+             endpoints: [{{addresses: [10.244.11.2]}}]\n"
+        )
+    };
+    let caps = fixture_capacities();
+    let mut dp = Datapath::load(&caps, None).expect("loading the datapath (needs root)");
+    dp.set_nat(dataplane_common::NatConfig {
+        node_addr_be: u32::from(std::net::Ipv4Addr::new(10, 100, 0, 1)).to_be(),
+        port_min: 61_000,
+        port_max: 65_535,
+    })
+    .unwrap();
+    let mut pipeline = Pipeline::new(Incremental::default(), MapWriter::new(caps.limits));
+    let put = |pipeline: &mut Pipeline, dp: &mut Datapath, yaml: &str| {
+        let (objects, problems) = parse_file("lb.yaml".as_ref(), yaml);
+        assert!(problems.is_empty(), "{problems:?}");
+        let objects = objects.unwrap();
+        for s in &objects.services {
+            pipeline
+                .compiler
+                .put_service(Origin::default(), ServiceInfo::from(s));
+        }
+        for s in &objects.slices {
+            pipeline
+                .compiler
+                .put_slice(Origin::default(), SliceInfo::from(s));
+        }
+        pipeline.sync(&mut dp.maps);
+    };
+    put(&mut pipeline, &mut dp, &lb(r#"["10.1.0.0/16"]"#));
+    let verdict = |dp: &Datapath, role: Role, src: &str, dst: &str| {
+        let before = dp.stats().unwrap();
+        let out = dp.test_run_as(role, &tcp(addr(src), dst, TCP_SYN)).unwrap();
+        let after = dp.stats().unwrap();
+        let reason = (0..stat::COUNT as usize)
+            .find(|&r| after[r] != before[r])
+            .map_or("none", |r| stat::NAMES[r]);
+        (out.verdict, reason)
+    };
+    let inside = "10.1.2.3:40000";
+    let outside = "172.16.0.9:40000";
+    for role in [Role::Pods, Role::External] {
+        assert_eq!(
+            verdict(&dp, role, outside, "192.0.2.10:80"),
+            (DROP, "drop_source_range"),
+            "{role:?}"
+        );
+        assert_ne!(
+            verdict(&dp, role, inside, "192.0.2.10:80").1,
+            "drop_source_range",
+            "{role:?}"
+        );
+    }
+    assert_eq!(
+        verdict(&dp, Role::Pods, outside, "10.96.0.60:80"),
+        (PASS, "dnat_new"),
+        "the ClusterIP is not guarded"
+    );
+    // The range moves: the other source is let in, the first kept out.
+    put(&mut pipeline, &mut dp, &lb(r#"["172.16.0.0/12"]"#));
+    assert_eq!(
+        verdict(&dp, Role::Pods, "172.16.0.9:40001", "192.0.2.10:80"),
+        (PASS, "dnat_new")
+    );
+    assert_eq!(
+        verdict(&dp, Role::Pods, "10.1.2.3:40001", "192.0.2.10:80"),
+        (DROP, "drop_source_range")
+    );
+    // No ranges: every source.
+    put(&mut pipeline, &mut dp, &lb("[]"));
+    assert_eq!(
+        verdict(&dp, Role::Pods, "10.1.2.3:40002", "192.0.2.10:80"),
+        (PASS, "dnat_new")
+    );
+    assert!(pipeline.ranges.is_empty());
+}

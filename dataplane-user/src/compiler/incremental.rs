@@ -38,8 +38,6 @@ pub struct Incremental {
     dirty_groups: BTreeSet<GroupKey>,
     /// Trigger times of the slices put since the last `take_trigger_times`.
     trigger_times: Vec<((String, String), String)>,
-    /// This node's primary address, from its Node object.
-    node_ip: Option<std::net::Ipv4Addr>,
 }
 
 /// A slice and what it gives on its own.
@@ -66,7 +64,7 @@ impl Incremental {
 
     /// This node's primary address as its Node object says, if known.
     pub fn node_ip(&self) -> Option<std::net::Ipv4Addr> {
-        self.node_ip
+        self.opts.node_ip
     }
 
     /// Sets this node's zone (from its Node object). Topology hints of every Service
@@ -91,7 +89,11 @@ impl Incremental {
     /// Sets this node's primary address (from its Node object), where NodePorts are
     /// served in `primary` mode. Whether the NodePort addresses changed.
     pub fn set_node_ip(&mut self, ip: Option<std::net::Ipv4Addr>) -> bool {
-        self.node_ip = ip;
+        if self.opts.node_ip != ip {
+            self.opts.node_ip = ip;
+            // Source ranges that contain it allow the load-balancer IPs as sources.
+            self.recompile_all();
+        }
         match self.opts.node_port_addresses {
             super::NodePortAddresses::Primary => self.set_node_port_ips(ip.into_iter().collect()),
             super::NodePortAddresses::Cidrs(_) => false,

@@ -56,6 +56,9 @@ pub struct Options {
     /// The addresses NodePorts are served on now, as `node_port_addresses` finds
     /// them (the node's primary address, or its interfaces' addresses in the CIDRs).
     pub node_port_ips: Vec<std::net::Ipv4Addr>,
+    /// The node's primary address (its Node object), for `loadBalancerSourceRanges`
+    /// that contain it (kube-proxy's `allowFromNode`).
+    pub node_ip: Option<std::net::Ipv4Addr>,
 }
 
 /// Where NodePorts are served: kube-proxy's `--nodeport-addresses`

@@ -55,6 +55,9 @@ pub struct Frontend {
     pub service: ServicePortName,
     pub backends: Vec<Backend>,
     pub policy: FrontendPolicy,
+    /// `loadBalancerSourceRanges` of a load-balancer IP (network address in network
+    /// byte order, prefix length), sorted; empty: every source (and no check).
+    pub source_ranges: Vec<(u32, u8)>,
 }
 
 /// What a frontend does besides picking among its backends.
@@ -64,6 +67,8 @@ pub struct FrontendPolicy {
     pub on_empty: EmptyVerdict,
     /// `sessionAffinity: ClientIP`: the timeout in seconds.
     pub affinity_timeout: Option<u32>,
+    /// New connections only from `Frontend::source_ranges`.
+    pub source_ranges: bool,
 }
 
 /// kube-proxy's default `sessionAffinityConfig.clientIP.timeoutSeconds`
@@ -81,6 +86,9 @@ impl FrontendPolicy {
         }
         if self.affinity_timeout.is_some() {
             flags |= dataplane_common::SVC_F_AFFINITY;
+        }
+        if self.source_ranges {
+            flags |= dataplane_common::SVC_F_SOURCE_RANGES;
         }
         dataplane_common::ServiceValue {
             id,
@@ -100,6 +108,7 @@ impl FrontendPolicy {
             },
             affinity_timeout: (v.flags & dataplane_common::SVC_F_AFFINITY != 0)
                 .then_some(v.affinity_timeout_s),
+            source_ranges: v.flags & dataplane_common::SVC_F_SOURCE_RANGES != 0,
         }
     }
 }

@@ -17,7 +17,7 @@ use super::{
     ServicePortName, Skipped, DEFAULT_AFFINITY_TIMEOUT, MAX_AFFINITY_TIMEOUT,
 };
 use crate::categorize::{self, EmptyVerdict, EndpointFacts, NodeFacts, PortPolicy};
-use crate::model::ServiceInfo;
+use crate::model::{ServiceInfo, ServiceSpecInfo};
 
 /// Services compiled together, in order: same namespace and name (empty when unset).
 pub(super) type GroupKey = (String, String);
@@ -113,10 +113,18 @@ pub(super) fn compile_service(
     }
     // External IPs and load-balancer ingress IPs reach the same endpoints; they follow
     // externalTrafficPolicy, which only matters for traffic from outside the node.
-    for ip in &spec.external_ips {
+    let mut lb_vips = BTreeSet::new();
+    let external = spec.external_ips.iter().map(|ip| (ip, false));
+    let lb = spec.load_balancer_ips.iter().map(|ip| (ip, true));
+    for (ip, is_lb) in external.chain(lb) {
         match validate::parse_ip_sloppy(ip).ok_or(()) {
             Ok(std::net::IpAddr::V4(v4)) => match validate::translatable(v4.into()) {
-                None => vips.push((v4, false)),
+                None => {
+                    vips.push((v4, false));
+                    if is_lb {
+                        lb_vips.insert(v4);
+                    }
+                }
                 Some(why) => out.skipped.push(Skipped {
                     object: me.clone(),
                     code: "refused_external_ip",
@@ -141,6 +149,11 @@ pub(super) fn compile_service(
             || spec.ports.iter().any(|p| p.node_port.is_some()),
     };
     let affinity_timeout = session_affinity(spec, &me, &mut out.skipped);
+    let source_ranges = if lb_vips.is_empty() {
+        Vec::new()
+    } else {
+        source_ranges(spec, &lb_vips, opts, &me, &mut out.skipped)
+    };
     let node = NodeFacts {
         name: opts.node_name.as_deref().unwrap_or_default(),
         zone: opts.zone.as_deref().unwrap_or_default(),
@@ -242,6 +255,13 @@ pub(super) fn compile_service(
                 proto,
                 scope: 0,
             };
+            // loadBalancerSourceRanges guard the load-balancer IPs only (not
+            // NodePorts, external IPs or ClusterIPs), from every client.
+            let ranges = if lb_vips.contains(&vip) {
+                source_ranges.clone()
+            } else {
+                Vec::new()
+            };
             out.claims.push(Claim {
                 key,
                 frontend: Frontend {
@@ -250,7 +270,9 @@ pub(super) fn compile_service(
                     policy: FrontendPolicy {
                         on_empty,
                         affinity_timeout,
+                        source_ranges: !ranges.is_empty(),
                     },
+                    source_ranges: ranges.clone(),
                 },
                 order: (u8::from(!is_cluster_ip), svc.created.clone()),
             });
@@ -280,7 +302,10 @@ pub(super) fn compile_service(
                         policy: FrontendPolicy {
                             on_empty,
                             affinity_timeout,
+                            source_ranges: !ranges.is_empty(),
                         },
+                        // The ranges are kept under the frontend's entry for all.
+                        source_ranges: Vec::new(),
                     },
                     order: (1, svc.created.clone()),
                 });
@@ -305,11 +330,76 @@ pub(super) fn compile_service(
                     },
                     backends: Vec::new(),
                     policy: FrontendPolicy::default(),
+                    source_ranges: Vec::new(),
                 },
                 order: (0, svc.created.clone()),
             });
         }
     }
+}
+
+/// The sources a Service's load-balancer IPs accept new connections from, as
+/// kube-proxy reads `loadBalancerSourceRanges` (pkg/proxy/serviceport.go: trimmed,
+/// parsed as `ParseCIDRSloppy` does, this family's only, a zero-length prefix
+/// meaning every source, so no check) and extends them (the nftables proxier's
+/// firewall chain: when a range contains the node's address, the load-balancer IPs
+/// themselves too, for a node that answers its own LB IP with it as the source).
+/// Network addresses in network byte order, with prefix lengths, sorted; empty:
+/// no check. A range that does not parse is reported and left out.
+fn source_ranges(
+    spec: &ServiceSpecInfo,
+    lb_vips: &BTreeSet<Ipv4Addr>,
+    opts: &Options,
+    me: &ObjectRef,
+    skipped: &mut Vec<Skipped>,
+) -> Vec<(u32, u8)> {
+    let mut out = Vec::new();
+    for raw in &spec.load_balancer_source_ranges {
+        let text = raw.trim();
+        let parsed = text.split_once('/').and_then(|(addr, len)| {
+            let addr = validate::parse_ip_sloppy(addr)?;
+            let len: u8 = len.parse().ok()?;
+            Some((addr, len))
+        });
+        match parsed {
+            Some((std::net::IpAddr::V4(addr), len)) if len <= 32 => {
+                if len == 0 {
+                    return Vec::new();
+                }
+                let mask = u32::MAX << (32 - u32::from(len));
+                out.push(((u32::from(addr) & mask), len));
+            }
+            // The other family's ranges are the IPv6 frontends' business.
+            Some((std::net::IpAddr::V6(_), len)) if len <= 128 => {}
+            _ => skipped.push(Skipped {
+                object: me.clone(),
+                code: "bad_source_range",
+                reason: format!(
+                    "loadBalancerSourceRanges entry {raw:?} is not a CIDR; it is left out (the others still apply)"
+                ),
+            }),
+        }
+    }
+    if out.is_empty() {
+        // Only unusable entries: kube-proxy checks nothing either.
+        return Vec::new();
+    }
+    let contains = |ip: Ipv4Addr| {
+        out.iter().any(|&(net, len)| {
+            let mask = u32::MAX << (32 - u32::from(len));
+            u32::from(ip) & mask == net
+        })
+    };
+    if opts.node_ip.is_some_and(contains) {
+        out.extend(lb_vips.iter().map(|ip| (u32::from(*ip), 32)));
+    }
+    let mut out: Vec<(u32, u8)> = out
+        .into_iter()
+        .map(|(net, len)| (net.to_be(), len))
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// The Service's health check, if it needs one (kube-proxy's `newBaseServiceInfo`

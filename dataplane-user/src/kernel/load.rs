@@ -76,6 +76,7 @@ impl Datapath {
                 map_name::BACKENDS,
                 map_name::SERVICE_NAMES,
                 map_name::NAT_CONFIG,
+                map_name::SOURCE_RANGES,
             ],
             false,
         )
@@ -223,6 +224,7 @@ impl Datapath {
             names: take(&mut ebpf, map_name::SERVICE_NAMES)?,
             frontend_counters: take(&mut ebpf, map_name::FRONTEND_COUNTERS)?,
             backend_counters: take(&mut ebpf, map_name::BACKEND_COUNTERS)?,
+            source_ranges: take(&mut ebpf, map_name::SOURCE_RANGES)?,
         };
         let conntrack = take(&mut ebpf, map_name::CONNTRACK)?;
         let stats = take(&mut ebpf, map_name::STATS)?;

@@ -19,6 +19,33 @@ pub struct KernelMaps {
     pub(super) names: BpfHashMap<MapData, u32, ServiceName>,
     pub(super) frontend_counters: PerCpuArray<MapData, FrontendCounters>,
     pub(super) backend_counters: PerCpuArray<MapData, BackendCounters>,
+    pub(super) source_ranges: aya::maps::LpmTrie<MapData, dataplane_common::SourceRange, u8>,
+}
+
+impl crate::ranges::RangeOps for KernelMaps {
+    type Error = MapError;
+    fn put_range(
+        &mut self,
+        prefix_len: u32,
+        range: &dataplane_common::SourceRange,
+    ) -> Result<(), MapError> {
+        let key = aya::maps::lpm_trie::Key::new(prefix_len, *range);
+        self.source_ranges.insert(&key, 1, 0)
+    }
+    fn del_range(
+        &mut self,
+        prefix_len: u32,
+        range: &dataplane_common::SourceRange,
+    ) -> Result<(), MapError> {
+        let key = aya::maps::lpm_trie::Key::new(prefix_len, *range);
+        self.source_ranges.remove(&key)
+    }
+    fn ranges(&self) -> Result<Vec<(u32, dataplane_common::SourceRange)>, MapError> {
+        self.source_ranges
+            .keys()
+            .map(|k| k.map(|k| (k.prefix_len(), k.data())))
+            .collect()
+    }
 }
 
 /// Sets every CPU's copy of slot `index` to zero; an index beyond the map is not

@@ -88,6 +88,10 @@ pub(super) fn expected_sizes(name: &str) -> (usize, usize) {
             size_of::<u32>(),
             size_of::<dataplane_common::BackendCounters>(),
         ),
+        map_name::SOURCE_RANGES => (
+            size_of::<u32>() + size_of::<dataplane_common::SourceRange>(),
+            size_of::<u8>(),
+        ),
         map_name::NAT_CONFIG => (size_of::<u32>(), size_of::<dataplane_common::NatConfig>()),
         map_name::SOCK_REVNAT => (
             size_of::<dataplane_common::SockRevKey>(),
