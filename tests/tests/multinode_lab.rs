@@ -241,3 +241,57 @@ fn load_balancer_source_ranges_let_in_the_allowed_client_only() {
     assert_eq!(a1.problems_logged().unwrap(), 0, "{:#?}", a1.log());
     assert_eq!(a2.problems_logged().unwrap(), 0, "{:#?}", a2.log());
 }
+
+/// Pods and the node itself reaching a ClusterIP whose only backend runs on the
+/// other node: a pod's connection is translated on its node's pod interface and its
+/// replies, coming back over the node network, on the uplink; the node's own sockets
+/// are given the backend at connect, and an unconnected UDP socket sees the answer
+/// come from the ClusterIP. The backend sees the pod's own address and the node's.
+#[test]
+fn pods_and_the_node_reach_a_cluster_ip_whose_backend_is_on_the_other_node() {
+    let lab = TwoNodes::new(1).unwrap();
+    lab.write_manifest("nodes.yaml", &lab.node_objects())
+        .unwrap();
+    lab.write_manifest("web.yaml", &web(&lab, "ClusterIP", "Cluster", &[(2, 0)]))
+        .unwrap();
+    let a1 = lab.start_agent(1, &[]).unwrap();
+    let _a2 = lab.start_agent(2, &[]).unwrap();
+    let backend = lab.node(2).pods[0].name.clone();
+    let vip = SocketAddrV4::new(Ipv4Addr::new(10, 96, 0, 50), 80);
+    let pod = lab.node(1).pods[0].ip;
+    for _ in 0..10 {
+        let t = lab.node(1).pod_tcp(0, vip).unwrap();
+        assert_eq!(t.backend, backend);
+        assert_eq!(peer_ip(t.peer), Some(pod.into()), "a pod keeps its address");
+    }
+    let node_ns = lab.node(1).ns.name.clone();
+    let node_ip = lab.node(1).ip;
+    let (tcp, udp_from) = sliceway_lab::in_netns(&node_ns, move || {
+        let t = sliceway_lab::servers::tcp_request(vip, std::time::Duration::from_secs(2))?;
+        let s = std::net::UdpSocket::bind(("0.0.0.0", 0))?;
+        s.set_read_timeout(Some(std::time::Duration::from_secs(2)))?;
+        s.send_to(b"hello", vip)?;
+        let mut buf = [0u8; 1500];
+        let (_, from) = s.recv_from(&mut buf)?;
+        anyhow::Ok((t, from))
+    })
+    .unwrap()
+    .unwrap();
+    assert_eq!(tcp.backend, backend);
+    assert_eq!(
+        peer_ip(tcp.peer),
+        Some(node_ip.into()),
+        "the node's address"
+    );
+    assert_eq!(
+        udp_from,
+        SocketAddr::V4(vip),
+        "the answer comes from the ClusterIP"
+    );
+    // The pods' replies were translated back on node 1's uplink.
+    let revnat = a1
+        .metric("sliceway_datapath_packets{reason=\"revnat\"}")
+        .unwrap()
+        .unwrap_or(0.0);
+    assert!(revnat >= 10.0, "{revnat}");
+}
