@@ -9,7 +9,10 @@
 //! that names a live connection, the quoted packet gets its frontend back as the
 //! destination (and the client's own port if it was remapped), with the quoted IP and
 //! L4 checksums and the ICMP checksum updated, and the error's own source becomes the
-//! frontend if it was the backend. Errors about anything else pass untouched.
+//! frontend if it was the backend. A connection whose client was given another
+//! address (masqueraded to the node's, or the hairpin address) gets the client's
+//! back in the quote, and an error sent to that address goes to the client. Errors
+//! about anything else pass untouched.
 
 use aya_ebpf::programs::TcContext;
 use dataplane_common::{
@@ -67,13 +70,20 @@ pub fn error(
         return not_ours;
     };
     let (vip, vport, cport) = (orig.dst_be[0], orig.dport_be, orig.sport_be);
+    // The client as it sent: a masqueraded or hairpin connection's packets went out
+    // from another address, which the quote and the error's destination name.
+    let client = orig.src_be[0];
 
     let icmp_csum_at = l4_off + icmp::CSUM;
     let mut icmp_csum: u16 = load(ctx, icmp_csum_at).ok_or((DROP, stat::DROP_REWRITE))?;
     // Quoted IP header: destination and its checksum.
     let ip_csum = u16::from_ne_bytes([ip[ipv4::CSUM], ip[ipv4::CSUM + 1]]);
-    let new_ip_csum = csum_replace4(ip_csum, q_dst, vip);
+    let mut new_ip_csum = csum_replace4(ip_csum, q_dst, vip);
     icmp_csum = csum_replace4(icmp_csum, q_dst, vip);
+    if client != q_src {
+        new_ip_csum = csum_replace4(new_ip_csum, q_src, client);
+        icmp_csum = csum_replace4(icmp_csum, q_src, client);
+    }
     icmp_csum = csum_replace2(icmp_csum, ip_csum, new_ip_csum);
     // Quoted ports.
     icmp_csum = csum_replace2(icmp_csum, q_dport, vport);
@@ -92,6 +102,7 @@ pub fn error(
         if let Some(c) = load::<u16>(ctx, l4_csum_at) {
             if !(proto == PROTO_UDP && c == 0) {
                 let mut n = csum_replace4(c, q_dst, vip);
+                n = csum_replace4(n, q_src, client);
                 n = csum_replace2(n, q_dport, vport);
                 n = csum_replace2(n, q_sport, cport);
                 if proto == PROTO_UDP && n == 0 {
@@ -104,6 +115,7 @@ pub fn error(
     }
     let w = (DROP, stat::DROP_REWRITE);
     store(ctx, inner + ipv4::DST, vip).ok_or(w)?;
+    store(ctx, inner + ipv4::SRC, client).ok_or(w)?;
     store(ctx, inner + ipv4::CSUM, new_ip_csum).ok_or(w)?;
     store(ctx, inner + ipv4::MIN_LEN, cport).ok_or(w)?;
     store(ctx, inner + ipv4::MIN_LEN + 2, vport).ok_or(w)?;
@@ -112,6 +124,13 @@ pub fn error(
     if src_be == q_dst {
         rewrite_addr(ctx, ipv4::SRC, q_dst, vip).map_err(|_| w)?;
     }
-    let _ = ETH_LEN;
+    // Sent to the address the client was given (the node's, the hairpin one): it goes
+    // to the client.
+    if client != q_src {
+        let outer_dst: u32 = load(ctx, ETH_LEN + ipv4::DST).ok_or(w)?;
+        if outer_dst == q_src {
+            rewrite_addr(ctx, ipv4::DST, q_src, client).map_err(|_| w)?;
+        }
+    }
     Ok((PASS, stat::NAT_ICMP_ERROR))
 }

@@ -1474,6 +1474,23 @@ fn the_uplink_program_masquerades_each_connection_to_a_port_of_its_own() {
     let (out, reason) = run(&dp, Role::Pods, tcp_to(BACKEND_HTTP, first, TCP_ACK));
     assert_eq!((out.verdict, reason), (PASS, "revnat"));
     assert_eq!(out.packet, tcp_to(VIP_HTTP, client(41001), TCP_ACK));
+    // A router between this node and the backend says the masqueraded packet is too
+    // big: the error, sent to the node's address, goes to the client and quotes what
+    // the client sent (path-MTU discovery through the masquerade).
+    let sent = tcp(first, BACKEND_HTTP, TCP_ACK);
+    let error = icmp_error(ROUTER, "10.100.0.1", 3, 4, &sent, 28);
+    let (out, reason) = run(&dp, Role::External, error);
+    assert_eq!((out.verdict, reason), (PASS, "nat_icmp_error"));
+    let client_ip = client(41001).ip().to_string();
+    let want = icmp_error(
+        ROUTER,
+        &client_ip,
+        3,
+        4,
+        &tcp(client(41001), VIP_HTTP, TCP_ACK),
+        28,
+    );
+    assert_eq!(out.packet, want, "translated back, checksums included");
     // From a pod: the client's address kept.
     let (out, reason) = run(&dp, Role::Pods, tcp(client(41004), VIP_HTTP, TCP_SYN));
     assert_eq!((out.verdict, reason), (PASS, "dnat_new"));

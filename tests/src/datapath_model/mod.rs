@@ -789,6 +789,8 @@ impl Machine<'_> {
             return not_ours;
         }
         let (vip, vport, cport) = (orig.dst_be[0], orig.dport_be, orig.sport_be);
+        // A masqueraded or hairpin connection's client had another address.
+        let client = orig.src_be[0];
         // Every change inside the ICMP message also moves the ICMP checksum.
         let icmp_csum = l4 + 2;
         let q_l4_csum = inner + 20 + if proto == PROTO_TCP { 16 } else { 6 };
@@ -797,6 +799,7 @@ impl Machine<'_> {
             if !(proto == PROTO_UDP && c == 0) {
                 let mut sum = Checksum::from_field(c);
                 sum.replace(&p[inner + 16..inner + 20], &vip.to_ne_bytes());
+                sum.replace(&p[inner + 12..inner + 16], &client.to_ne_bytes());
                 sum.replace(&p[inner + 20..inner + 22], &cport.to_ne_bytes());
                 sum.replace(&p[inner + 22..inner + 24], &vport.to_ne_bytes());
                 let mut n = sum.get();
@@ -811,14 +814,19 @@ impl Machine<'_> {
         }
         let mut ipsum = Checksum::from_field(be16(p, inner + 10));
         ipsum.replace(&p[inner + 16..inner + 20], &vip.to_ne_bytes());
+        ipsum.replace(&p[inner + 12..inner + 16], &client.to_ne_bytes());
         self.write_in_icmp(icmp_csum, inner + 10, &ipsum.get().to_be_bytes());
         self.loose.push(inner + 10);
         self.write_in_icmp(icmp_csum, inner + 16, &vip.to_ne_bytes());
+        self.write_in_icmp(icmp_csum, inner + 12, &client.to_ne_bytes());
         self.write_in_icmp(icmp_csum, inner + 20, &cport.to_ne_bytes());
         self.write_in_icmp(icmp_csum, inner + 22, &vport.to_ne_bytes());
         self.loose.push(icmp_csum);
         if ne32(p, ETH + 12) == q_dst {
             self.write_ip(ETH + 12, &vip.to_ne_bytes());
+        }
+        if client != q_src && ne32(p, ETH + 16) == q_src {
+            self.write_ip(ETH + 16, &client.to_ne_bytes());
         }
         (PASS, stat::NAT_ICMP_ERROR)
     }
