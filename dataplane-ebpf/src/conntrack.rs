@@ -222,7 +222,6 @@ pub fn direct(flow: &Flow, key: &CtKey) {
 /// otherwise the `stat` reason of the drop. The forward entry is then in the map at
 /// `key`.
 ///
-///
 /// With `masquerade` (a client outside the node, kube-proxy's masquerade), the
 /// backend sees the connection come from the node's address and a source port
 /// from the range of `NAT_CONFIG`: `TRACKED_MASQUERADED`, or `DROP_SNAT_EXHAUSTED`

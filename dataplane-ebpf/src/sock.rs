@@ -25,7 +25,7 @@ use aya_ebpf::{
 };
 use dataplane_common::{
     clusterip_marker, stat, ServiceKey, SockRevKey, SockRevValue, PROTO_SCTP, PROTO_TCP, PROTO_UDP,
-    SVC_F_SOURCE_RANGES,
+    SCOPE_ANY, SVC_F_SOURCE_RANGES,
 };
 
 use crate::{
@@ -121,12 +121,13 @@ fn translate(ctx: &SockAddrContext) -> i32 {
     let Some((addr_be, port_be, proto)) = peer(ctx) else {
         return ALLOW;
     };
-    let Some(service) = maps::service(&ServiceKey {
+    let key = ServiceKey {
         addr_be,
         port_be,
         proto,
-        scope: 0,
-    }) else {
+        scope: SCOPE_ANY,
+    };
+    let Some(service) = maps::service(&key) else {
         if maps::service(&clusterip_marker(addr_be)).is_some() {
             count(stat::SOCK_REJECT_NO_PORT);
             return REFUSE;
@@ -137,12 +138,6 @@ fn translate(ctx: &SockAddrContext) -> i32 {
     // the uplink program masquerades to), as kube-proxy's output hook sees them.
     if service.flags & SVC_F_SOURCE_RANGES != 0 {
         let node_be = maps::nat_config().map_or(0, |c| c.node_addr_be);
-        let key = ServiceKey {
-            addr_be,
-            port_be,
-            proto,
-            scope: 0,
-        };
         if !maps::source_allowed(key, node_be) {
             count(stat::DROP_SOURCE_RANGE);
             return REFUSE;

@@ -310,6 +310,9 @@ impl Syncer {
         if self.nat == Some(nat) {
             return;
         }
+        if self.nat.is_none() {
+            warn_if_local_ports_overlap(self.snat_ports);
+        }
         match dp.set_nat(nat) {
             Ok(()) => {
                 match addr {
@@ -661,6 +664,26 @@ fn attach_sockets(
                  translated as usual)"
             );
             "failed"
+        }
+    }
+}
+
+/// Says when the masquerade ports overlap the node's own local port range
+/// (`net.ipv4.ip_local_port_range`): a translated tuple could then take the port of
+/// one of the node's own connections to the same backend, whose replies the uplink
+/// program would translate as the masqueraded connection's.
+fn warn_if_local_ports_overlap((min, max): (u16, u16)) {
+    let Ok(text) = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range") else {
+        return;
+    };
+    let mut it = text.split_whitespace().filter_map(|p| p.parse::<u16>().ok());
+    if let (Some(lo), Some(hi)) = (it.next(), it.next()) {
+        if min <= hi && lo <= max {
+            warn!(
+                snat_ports = %format!("{min}-{max}"),
+                local_ports = %format!("{lo}-{hi}"),
+                "--snat-ports overlaps net.ipv4.ip_local_port_range: choose ports outside it (or reserve them with net.ipv4.ip_local_reserved_ports)"
+            );
         }
     }
 }

@@ -46,14 +46,6 @@ pub enum Role {
     External,
 }
 
-impl Role {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Pods => "pods",
-            Role::External => "external",
-        }
-    }
-}
 
 impl Selection {
     /// Parses `--interfaces` entries: an entry with `*` or `?` is a pattern, any other
