@@ -676,7 +676,9 @@ fn warn_if_local_ports_overlap((min, max): (u16, u16)) {
     let Ok(text) = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range") else {
         return;
     };
-    let mut it = text.split_whitespace().filter_map(|p| p.parse::<u16>().ok());
+    let mut it = text
+        .split_whitespace()
+        .filter_map(|p| p.parse::<u16>().ok());
     if let (Some(lo), Some(hi)) = (it.next(), it.next()) {
         if min <= hi && lo <= max {
             warn!(
@@ -696,7 +698,7 @@ fn attach_selected(dp: &mut Datapath, selection: &Selection, m: &Metrics) -> Res
         let plan = interfaces::plan(selection, &dp.attached(), &present);
         for (iface, _, role) in &plan.attach {
             match dp.attach(iface, *role) {
-                Ok(how) => attached(iface, how, m),
+                Ok(how) => attached(iface, how, *role, m),
                 Err(e) if selection.exact().any(|n| n == iface) => {
                     return Err(Error::Attach(iface.clone(), e.into()));
                 }
@@ -767,8 +769,8 @@ fn migrate(dp: &mut Datapath, selection: &Selection, m: &Metrics) {
 }
 
 /// Says that `iface` was attached, `how`: in the log and in the metrics.
-fn attached(iface: &str, how: Attached, m: &Metrics) {
-    m.set_link(iface, how.as_str());
+fn attached(iface: &str, how: Attached, role: interfaces::Role, m: &Metrics) {
+    m.set_link(iface, how.as_str(), role.program());
     if let Err(e) = interfaces::accept_local(iface) {
         warn!(interface = %iface, "cannot set accept_local ({e}): replies of this interface's pods' connections to a NodePort on the node's own address are dropped as martians");
     }
@@ -904,7 +906,7 @@ impl Scanner {
         for (iface, index, role) in &plan.attach {
             match dp.attach(iface, *role) {
                 Ok(how) => {
-                    attached(iface, how, &self.metrics);
+                    attached(iface, how, *role, &self.metrics);
                     self.failed.remove(&(iface.clone(), *index));
                 }
                 Err(e) => {

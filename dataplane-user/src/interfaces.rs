@@ -46,7 +46,6 @@ pub enum Role {
     External,
 }
 
-
 impl Selection {
     /// Parses `--interfaces` entries: an entry with `*` or `?` is a pattern, any other
     /// an exact name.

@@ -30,10 +30,11 @@ use prometheus_client::{
 
 type Labels = Vec<(String, String)>;
 
-fn link_labels(iface: &str, how: &str) -> Labels {
+fn link_labels(iface: &str, how: &str, program: &str) -> Labels {
     vec![
         ("interface".into(), iface.into()),
         ("how".into(), how.into()),
+        ("program".into(), program.into()),
     ]
 }
 
@@ -231,7 +232,7 @@ impl Metrics {
         let links = Family::<Labels, Gauge>::default();
         registry.register(
             "interface_link",
-            "Interfaces the program is attached to (value 1), with how: new_link, took_over_link, new_filter, replaced_filter, unpinned",
+            "Interfaces a TC program is attached to (value 1), with how (new_link, took_over_link, new_filter, replaced_filter, unpinned) and which program (sliceway_tc on pods' interfaces, sliceway_tc_ext on the node's uplinks)",
             links.clone(),
         );
         let socket_links = Family::<Labels, Gauge>::default();
@@ -296,15 +297,20 @@ impl Metrics {
 
     /// Records that `iface` has the program attached, `how`, replacing what was said
     /// of it before.
-    pub fn set_link(&self, iface: &str, how: &str) {
+    pub fn set_link(&self, iface: &str, how: &str, program: &str) {
         self.forget_link(iface);
-        self.links.get_or_create(&link_labels(iface, how)).set(1);
+        self.links
+            .get_or_create(&link_labels(iface, how, program))
+            .set(1);
     }
 
     /// Records that `iface` no longer has the program attached by this agent.
     pub fn forget_link(&self, iface: &str) {
         for how in crate::kernel::Attached::ALL {
-            self.links.remove(&link_labels(iface, how.as_str()));
+            for role in [crate::kernel::Role::Pods, crate::kernel::Role::External] {
+                self.links
+                    .remove(&link_labels(iface, how.as_str(), role.program()));
+            }
         }
     }
 

@@ -62,6 +62,15 @@ fn an_external_client_reaches_a_node_port_whose_backend_is_on_another_node() {
     let a1 = lab.start_agent(1, &[]).unwrap();
     let a2 = lab.start_agent(2, &[]).unwrap();
     assert!(a1.link("eth0").unwrap().is_some(), "the uplink is attached");
+    let program = |iface: &str| {
+        a1.metric_label(
+            &format!("sliceway_interface_link{{interface=\"{iface}\","),
+            "program",
+        )
+        .unwrap()
+    };
+    assert_eq!(program("eth0").as_deref(), Some("sliceway_tc_ext"));
+    assert_eq!(program("p11").as_deref(), Some("sliceway_tc"));
     let client = &lab.clients[0];
     let backend = lab.node(2).pods[0].name.clone();
     for (node, seen_as) in [(1, lab.node(1).ip), (2, lab.node(2).ip)] {
