@@ -33,8 +33,14 @@ pub struct ListedFrontend {
     /// frontends beyond the counted ones).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub counters: Option<Counts>,
+    /// `loadBalancerSourceRanges` the kernel holds for it (a load-balancer IP's):
+    /// new connections only from these.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub source_ranges: Vec<String>,
     #[serde(skip)]
     id: u32,
+    #[serde(skip)]
+    key: ServiceKey,
 }
 
 /// Counts of a frontend or backend, summed over CPUs.
@@ -81,7 +87,8 @@ pub(crate) fn open_pinned<T: TryFrom<Map, Error = aya::maps::MapError>>(
             Map::PerCpuArray(data)
         }
         map_name::CONNTRACK => Map::LruHashMap(data),
-        map_name::CT_TIMEOUTS => Map::Array(data),
+        map_name::CT_TIMEOUTS | map_name::NAT_CONFIG => Map::Array(data),
+        map_name::SOURCE_RANGES => Map::LpmTrie(data),
         _ => Map::HashMap(data),
     };
     T::try_from(map).map_err(|source| KernelError::Map { name, source })
@@ -129,7 +136,35 @@ pub fn list(pins: &PinDir, service: Option<&str>) -> Result<Listing, KernelError
                     .is_some_and(|r| r.starts_with(':'))
         });
     }
+    // Source ranges, by frontend (a pinned map of an older agent may lack them).
+    let mut ranges: BTreeMap<ServiceKey, Vec<String>> = BTreeMap::new();
+    let trie = open_pinned::<aya::maps::LpmTrie<MapData, dataplane_common::SourceRange, u8>>(
+        pins,
+        map_name::SOURCE_RANGES,
+    );
+    if let Err(e) = &trie {
+        tracing::warn!("source ranges not shown: {e}");
+    }
+    if let Ok(trie) = trie {
+        for k in trie.keys().filter_map(Result::ok) {
+            let (len, data) = (k.prefix_len(), k.data());
+            let addr = std::net::Ipv4Addr::from(u32::from_be(data.src_be));
+            let bits = len.saturating_sub(dataplane_common::SourceRange::FRONTEND_BITS);
+            ranges
+                .entry(data.frontend)
+                .or_default()
+                .push(format!("{addr}/{bits}"));
+        }
+    }
     for f in &mut frontends {
+        let any = ServiceKey {
+            scope: dataplane_common::SCOPE_ANY,
+            ..f.key
+        };
+        if let Some(r) = ranges.get(&any) {
+            f.source_ranges = r.clone();
+            f.source_ranges.sort();
+        }
         if f.frontend.ends_with(":*") {
             continue;
         }
@@ -203,7 +238,9 @@ pub fn list_state(state: &KernelState) -> Vec<ListedFrontend> {
                     service,
                     backends,
                     counters: None,
+                    source_ranges: Vec::new(),
                     id: value.id,
+                    key: *key,
                 },
             )
         })
@@ -219,11 +256,14 @@ pub fn render_table(l: &Listing) -> String {
         "FRONTEND", "SERVICE", "CONNS", "PACKETS", "BYTES", "DROPS", "REJECTS"
     );
     for f in &l.frontends {
-        let backends = if f.backends.is_empty() {
+        let mut backends = if f.backends.is_empty() {
             "(none: new flows dropped)".to_string()
         } else {
             f.backends.join(", ")
         };
+        if !f.source_ranges.is_empty() {
+            backends.push_str(&format!(" (only from {})", f.source_ranges.join(", ")));
+        }
         let c = f.counters.unwrap_or_default();
         let n = |v: u64| {
             if f.counters.is_some() {

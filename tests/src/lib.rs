@@ -591,7 +591,9 @@ impl Agent {
     pub fn applies(&self, change: impl FnOnce() -> Result<()>) -> Result<()> {
         let before = self.syncs()?;
         change()?;
-        self.wait_for_sync(before + 1, Duration::from_secs(10))
+        // A bound, not a figure: a sync takes milliseconds, but a loaded machine
+        // (every test binary at once, a large file to read again) can hold it up.
+        self.wait_for_sync(before + 1, Duration::from_secs(60))
     }
 
     /// Whether a log line contains `needle`.

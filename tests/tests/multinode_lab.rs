@@ -240,6 +240,28 @@ fn load_balancer_source_ranges_let_in_the_allowed_client_only() {
             "NodePorts bypass"
         );
     }
+    // `list` shows what the kernel holds for the LB IP.
+    let bpffs = lab.node(1).bpffs.to_str().unwrap().to_string();
+    let out = std::process::Command::new(sliceway_lab::workspace_binary("sliceway-agent").unwrap())
+        .args(["list", "--bpffs-dir", &bpffs, "-o", "json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let frontend = listed["frontends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["frontend"] == format!("{LB_IP}:80/TCP"))
+        .unwrap_or_else(|| panic!("{listed:#}"));
+    assert_eq!(
+        frontend["source_ranges"],
+        serde_json::json!([format!("{}/32", allowed.ip)])
+    );
     for a in [&a1, &a2] {
         let dropped = a
             .metric("sliceway_datapath_packets{reason=\"drop_source_range\"}")
