@@ -166,6 +166,10 @@ pub const SVC_F_AFFINITY: u32 = 1 << 1;
 /// A load-balancer IP with `loadBalancerSourceRanges`: a new connection from a
 /// source outside them (`SOURCE_RANGES`) is dropped.
 pub const SVC_F_SOURCE_RANGES: u32 = 1 << 2;
+/// The slots are a Maglev lookup table (`count` is its prime size), built from the
+/// backends' identities alone, so every node picks the same backend for a flow. The
+/// programs pick as for any frontend; the agent reads the bit back after a restart.
+pub const SVC_F_MAGLEV: u32 = 1 << 3;
 
 /// What the `SOURCE_RANGES` longest-prefix-match map matches on (after the key's
 /// prefix length): a frontend (always its `SCOPE_ANY` key) and a source address. An

@@ -134,6 +134,31 @@ pub struct TraceArgs {
     pub bpffs_dir: PathBuf,
     #[arg(short, long, value_enum, default_value_t = Output::Json)]
     pub output: Output,
+    /// Maglev tables as `run` builds them (same flags).
+    #[command(flatten)]
+    pub maglev: MaglevArgs,
+}
+
+/// Maglev consistent hashing for the frontends traffic from outside reaches.
+#[derive(clap::Args, Clone, Copy)]
+pub struct MaglevArgs {
+    /// Entries of the Maglev table of each NodePort, external-IP and load-balancer-IP
+    /// frontend (its slots), so every node picks the same backend for a flow: one
+    /// of the primes 251, 509, 1021, 2039, 4093, 8191, 16381, 32749, 65521, 131071.
+    /// Each table takes this many slots of --max-slots.
+    #[arg(long, default_value_t = crate::maglev::TableSize::DEFAULT)]
+    pub maglev_table_size: crate::maglev::TableSize,
+    /// No Maglev tables: those frontends place their backends as ClusterIPs do (one
+    /// slot each, fewest moves on a change), which differs from node to node.
+    #[arg(long, conflicts_with = "maglev_table_size")]
+    pub no_maglev: bool,
+}
+
+impl MaglevArgs {
+    /// The compiler's `maglev` option.
+    pub fn table_size(&self) -> Option<crate::maglev::TableSize> {
+        (!self.no_maglev).then_some(self.maglev_table_size)
+    }
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -271,6 +296,8 @@ pub struct RunArgs {
     /// earlier run pinned are removed).
     #[arg(long)]
     pub no_socket_lb: bool,
+    #[command(flatten)]
+    pub maglev: MaglevArgs,
 }
 
 /// `MIN-MAX`, 1024 <= MIN <= MAX.

@@ -219,17 +219,23 @@ pub fn list_state(state: &KernelState) -> Vec<ListedFrontend> {
         .services
         .iter()
         .map(|(key, value)| {
-            let backends = (0..value.count)
-                .map(|slot| {
-                    slots
-                        .get(&SlotKey {
-                            service_id: value.id,
-                            slot,
-                        })
-                        .and_then(|id| backends.get(id))
-                        .map_or_else(|| "<missing>".to_string(), backend_addr)
-                })
-                .collect();
+            // Each backend once, in the order of its first slot (a Maglev table
+            // holds each in many).
+            let mut listed: Vec<String> = Vec::new();
+            let mut seen = std::collections::HashSet::new();
+            for slot in 0..value.count {
+                let b = slots
+                    .get(&SlotKey {
+                        service_id: value.id,
+                        slot,
+                    })
+                    .and_then(|id| backends.get(id))
+                    .map_or_else(|| "<missing>".to_string(), backend_addr);
+                if seen.insert(b.clone()) {
+                    listed.push(b);
+                }
+            }
+            let backends = listed;
             let service = names.get(&value.id).copied().unwrap_or("?").to_string();
             (
                 *key,

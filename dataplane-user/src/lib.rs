@@ -13,6 +13,7 @@ pub mod healthcheck;
 pub mod inspect;
 pub mod interfaces;
 pub mod kernel;
+pub mod maglev;
 pub mod memory_maps;
 pub mod metrics;
 pub mod model;

@@ -59,6 +59,7 @@ fn main() -> anyhow::Result<()> {
                         node_port_addresses: args.nodeport_addresses,
                         node_port_ips: Vec::new(),
                         node_ip: None,
+                        maglev: args.maglev.table_size(),
                     },
                     capacities: Capacities {
                         limits: Limits {
@@ -179,6 +180,7 @@ fn main() -> anyhow::Result<()> {
                     let mut compiler = compiler::Incremental::new(compiler::Options {
                         node_name: args.node.clone(),
                         proxy_name: args.service_proxy_name,
+                        maglev: args.maglev.table_size(),
                         ..Default::default()
                     });
                     let mut manifests = ManifestDir::new(dir, args.node);

@@ -155,6 +155,9 @@ impl MemoryMaps {
             if value.flags & dataplane_common::SVC_F_AFFINITY != 0 {
                 let _ = write!(policy, " affinity={}s", value.affinity_timeout_s);
             }
+            if value.flags & dataplane_common::SVC_F_MAGLEV != 0 {
+                policy.push_str(" maglev");
+            }
             let _ = writeln!(
                 out,
                 "  {} => id={} count={}{policy}  # {name}",

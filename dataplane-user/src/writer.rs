@@ -9,6 +9,10 @@
 //! Slots move as little as possible: a backend that stays keeps its slot, a removed
 //! backend's slot is filled by a new backend or by the frontend's last slot, so adding
 //! or removing one endpoint costs a handful of map writes whatever the cluster size.
+//! A frontend with a Maglev table ([`crate::maglev`], the frontends traffic from
+//! outside reaches) publishes the table as its slots instead, the same on every node;
+//! a change writes the entries that moved (about M/N when one of N backends comes or
+//! goes).
 //!
 //! [`MapWriter::apply`] compares every frontend; [`MapWriter::apply_changed`] looks
 //! only at the frontends said to have changed (and at those rejected before, which
@@ -157,6 +161,10 @@ pub struct MapWriter {
     restored: bool,
     /// Frontends the last apply rejected: the next one tries them again.
     retry: BTreeSet<ServiceKey>,
+    /// Maglev tables adopted from the maps are compared entry by entry (not only by
+    /// their backends) until a full `apply`: a write an earlier run left half done
+    /// can hold the right backends in the wrong entries.
+    verify_tables: bool,
 }
 
 impl MapWriter {
@@ -237,6 +245,7 @@ impl MapWriter {
         w.service_ids = IdAllocator::around(&service_ids);
         w.backend_ids = IdAllocator::around(&w.backend_by_id.keys().copied().collect());
         w.restored = true;
+        w.verify_tables = true;
         w
     }
 
@@ -334,6 +343,7 @@ impl MapWriter {
         orphans.sort_unstable();
         orphans.dedup();
         self.collect_orphans(orphans, maps, &mut report);
+        self.verify_tables = false;
         report
     }
 
@@ -386,20 +396,32 @@ impl MapWriter {
         report: &mut ApplyReport,
     ) -> Result<(), Rejected> {
         let old = self.frontends.get(key);
+        let maglev = frontend
+            .policy
+            .maglev
+            .filter(|_| !frontend.backends.is_empty());
         if old.is_some_and(|o| {
             o.service == frontend.service
                 && o.policy == frontend.policy
-                && o.slots.len() == frontend.backends.len()
-                && same_set(&o.slots, &frontend.backends, &self.backend_by_id)
+                && self.holds(&o.slots, frontend, maglev)
         }) {
             return Ok(());
         }
+        // The Maglev table, as indexes into `frontend.backends`; the backends it
+        // gives no entry (more backends than entries) are not written.
+        let table = maglev.map(|m| crate::maglev::table(&frontend.backends, m));
+        let mut used = vec![table.is_none(); frontend.backends.len()];
+        for &i in table.iter().flatten() {
+            used[i as usize] = true;
+        }
+        let slots_wanted = table.as_ref().map_or(frontend.backends.len(), Vec::len) as u64;
         // Capacity check before any write: a frontend that does not fit keeps its
         // previous state and touches nothing.
         let new_backends = frontend
             .backends
             .iter()
-            .filter(|b| !self.backends.contains_key(b))
+            .zip(&used)
+            .filter(|(b, used)| **used && !self.backends.contains_key(b))
             .count() as u64;
         let old_slots = old.map_or(0, |o| o.slots.len()) as u64;
         if old.is_none() && self.frontends.len() as u64 >= self.limits.services as u64 {
@@ -414,7 +436,7 @@ impl MapWriter {
                 capacity: self.limits.backends,
             });
         }
-        if self.slot_count - old_slots + frontend.backends.len() as u64 > self.limits.slots as u64 {
+        if self.slot_count - old_slots + slots_wanted > self.limits.slots as u64 {
             return Err(Rejected::Full {
                 map: "slots",
                 capacity: self.limits.slots,
@@ -424,7 +446,12 @@ impl MapWriter {
         // 1. Backends first.
         let mut wanted: Vec<u32> = Vec::with_capacity(frontend.backends.len());
         let mut written = Vec::new();
-        for b in &frontend.backends {
+        for (b, _) in frontend
+            .backends
+            .iter()
+            .zip(&used)
+            .filter(|(_, used)| **used)
+        {
             let id = match self.backends.get(b) {
                 Some((id, _)) => *id,
                 None => {
@@ -448,12 +475,26 @@ impl MapWriter {
             wanted.push(id);
         }
 
-        // 2. Slots: keep what stays, fill holes, append the rest.
+        // 2. Slots: keep what stays, fill holes, append the rest; or the Maglev
+        // table. Only the entries that differ are written.
         let (id, old_slots) = match old {
             Some(o) => (o.id, o.slots.clone()),
             None => (self.service_ids.take(), Vec::new()),
         };
-        let new_slots = place(&old_slots, &wanted);
+        let new_slots = match &table {
+            Some(table) => {
+                // `wanted` holds the ids of the used backends, in order.
+                let mut ids = vec![0; frontend.backends.len()];
+                let used_at = used.iter().enumerate().filter(|(_, u)| **u);
+                for ((i, _), id) in used_at.zip(&wanted) {
+                    ids[i] = *id;
+                }
+                table.iter().map(|&i| ids[i as usize]).collect()
+            }
+            // A table holds a backend in many slots: leaving one, start afresh.
+            None if old.is_some_and(|o| o.policy.maglev.is_some()) => place(&[], &wanted),
+            None => place(&old_slots, &wanted),
+        };
         for (i, backend_id) in new_slots.iter().enumerate() {
             if old_slots.get(i) != Some(backend_id) {
                 let slot = SlotKey {
@@ -610,8 +651,48 @@ impl MapWriter {
     }
 }
 
-fn same_set(slots: &[u32], backends: &[Backend], by_id: &HashMap<u32, Backend>) -> bool {
-    let mut have: Vec<Backend> = slots.iter().map(|id| by_id[id]).collect();
+impl MapWriter {
+    /// Whether `slots` already are what `frontend` asks for: its backends, each in
+    /// one slot; or, with a Maglev table of size M, M slots over its backends (the
+    /// table is a function of them, so the same set is the same table, except in a
+    /// table adopted from the maps, which is compared entry by entry).
+    fn holds(
+        &self,
+        slots: &[u32],
+        frontend: &Frontend,
+        maglev: Option<crate::maglev::TableSize>,
+    ) -> bool {
+        let Some(m) = maglev else {
+            return slots.len() == frontend.backends.len()
+                && same_set(slots, &frontend.backends, &self.backend_by_id, false);
+        };
+        if slots.len() != m.get() as usize
+            || !same_set(slots, &frontend.backends, &self.backend_by_id, true)
+        {
+            return false;
+        }
+        !self.verify_tables
+            || crate::maglev::table(&frontend.backends, m)
+                .iter()
+                .zip(slots)
+                .all(|(&i, id)| self.backend_by_id[id] == frontend.backends[i as usize])
+    }
+}
+
+/// Whether the slots' backends are `backends` (sorted); `distinct`: each may fill
+/// more than one slot.
+fn same_set(
+    slots: &[u32],
+    backends: &[Backend],
+    by_id: &HashMap<u32, Backend>,
+    distinct: bool,
+) -> bool {
+    let mut have: Vec<Backend> = if distinct {
+        let ids: BTreeSet<u32> = slots.iter().copied().collect();
+        ids.iter().map(|id| by_id[id]).collect()
+    } else {
+        slots.iter().map(|id| by_id[id]).collect()
+    };
     have.sort();
     have == backends
 }

@@ -423,6 +423,31 @@ fn incremental_sync_matches_with_a_node_name_and_a_proxy_name() {
 }
 
 #[test]
+fn incremental_sync_matches_with_maglev_tables() {
+    // External IPs and NodePorts get tables (issue 11); ClusterIPs do not.
+    let opts = Options {
+        node_name: Some("node-1".into()),
+        node_port_ips: ["192.168.0.10", "192.168.1.10", "10.0.0.7"]
+            .map(|ip| ip.parse().unwrap())
+            .to_vec(),
+        maglev: Some(sliceway_agent::maglev::TableSize::new(251).unwrap()),
+        ..Options::default()
+    };
+    for seed in [0x00c0_ffee, 0x1dea_1dea] {
+        random_walk(seed, 600, opts.clone(), Limits::default());
+    }
+    // Room for about two tables: some are refused, and keep their previous state.
+    let limits = Limits {
+        services: 20,
+        backends: 20,
+        slots: 600,
+    };
+    for seed in [0x0000_f00d, 0x7e57_7e57] {
+        random_walk(seed, 600, opts.clone(), limits);
+    }
+}
+
+#[test]
 fn incremental_sync_matches_when_maps_are_full() {
     let limits = Limits {
         services: 6,

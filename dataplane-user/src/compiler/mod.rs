@@ -59,6 +59,11 @@ pub struct Options {
     /// The node's primary address (its Node object), for `loadBalancerSourceRanges`
     /// that contain it (kube-proxy's `allowFromNode`).
     pub node_ip: Option<std::net::Ipv4Addr>,
+    /// The Maglev table size of the frontends traffic from outside reaches
+    /// (NodePorts, external and load-balancer IPs), so every node picks the same
+    /// backend for a flow; `None` places their slots as a ClusterIP's. `None` here
+    /// by default; the agent's is `--maglev-table-size`.
+    pub maglev: Option<crate::maglev::TableSize>,
 }
 
 /// Where NodePorts are served: kube-proxy's `--nodeport-addresses`

@@ -69,6 +69,9 @@ pub struct FrontendPolicy {
     pub affinity_timeout: Option<u32>,
     /// New connections only from `Frontend::source_ranges`.
     pub source_ranges: bool,
+    /// The slots are a Maglev table of this size ([`crate::maglev`]): set for the
+    /// frontends traffic from outside reaches, when they have backends.
+    pub maglev: Option<crate::maglev::TableSize>,
 }
 
 /// kube-proxy's default `sessionAffinityConfig.clientIP.timeoutSeconds`
@@ -90,6 +93,9 @@ impl FrontendPolicy {
         if self.source_ranges {
             flags |= dataplane_common::SVC_F_SOURCE_RANGES;
         }
+        if self.maglev.is_some() {
+            flags |= dataplane_common::SVC_F_MAGLEV;
+        }
         dataplane_common::ServiceValue {
             id,
             count,
@@ -109,6 +115,8 @@ impl FrontendPolicy {
             affinity_timeout: (v.flags & dataplane_common::SVC_F_AFFINITY != 0)
                 .then_some(v.affinity_timeout_s),
             source_ranges: v.flags & dataplane_common::SVC_F_SOURCE_RANGES != 0,
+            maglev: (v.flags & dataplane_common::SVC_F_MAGLEV != 0 && v.count > 0)
+                .then(|| crate::maglev::TableSize::restored(v.count)),
         }
     }
 }

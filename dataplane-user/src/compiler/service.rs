@@ -249,6 +249,11 @@ pub(super) fn compile_service(
                 // when only it would.
                 on_empty = EmptyVerdict::default();
             }
+            // Reached from outside: a Maglev table, the same on every node (and
+            // nothing without backends, as above).
+            let maglev = opts
+                .maglev
+                .filter(|_| !is_cluster_ip && !backends.is_empty());
             let key = ServiceKey {
                 addr_be: u32::from(vip).to_be(),
                 port_be: number.to_be(),
@@ -271,6 +276,7 @@ pub(super) fn compile_service(
                         on_empty,
                         affinity_timeout,
                         source_ranges: !ranges.is_empty(),
+                        maglev,
                     },
                     source_ranges: ranges.clone(),
                 },
@@ -298,12 +304,13 @@ pub(super) fn compile_service(
                     },
                     frontend: Frontend {
                         service: name.clone(),
-                        backends: to_backends(local),
                         policy: FrontendPolicy {
                             on_empty,
                             affinity_timeout,
                             source_ranges: !ranges.is_empty(),
+                            maglev: opts.maglev.filter(|_| !local.is_empty()),
                         },
+                        backends: to_backends(local),
                         // The ranges are kept under the frontend's entry for all.
                         source_ranges: Vec::new(),
                     },
