@@ -510,11 +510,24 @@ impl MapWriter {
                 report.map_writes += 1;
             }
         }
-        for b in &new_slots {
+        // Each backend's references: one per slot it fills (counted per backend, not
+        // per slot: a table's thousand slots are a hundred backends).
+        let refs: Vec<(u32, u32)> = match &table {
+            Some(table) => {
+                let mut per_index = vec![0u32; frontend.backends.len()];
+                for &i in table {
+                    per_index[i as usize] += 1;
+                }
+                let counts = per_index.into_iter().filter(|n| *n > 0);
+                wanted.iter().copied().zip(counts).collect()
+            }
+            None => new_slots.iter().map(|b| (*b, 1)).collect(),
+        };
+        for (b, n) in refs {
             self.backends
-                .get_mut(&self.backend_by_id[b])
+                .get_mut(&self.backend_by_id[&b])
                 .expect("just written")
-                .1 += 1;
+                .1 += n;
         }
 
         // 3. The name (read only by tools), then the service entry that publishes the
