@@ -4,7 +4,8 @@
 //! Figures: (1) kernel cost per packet through BPF_PROG_TEST_RUN, and the cost of
 //! collecting expired conntrack entries from a table of a million, (2) new-connection
 //! latency through a node lab, (3) programming time, full and for one endpoint
-//! change, (4) the agent's memory, (5) the controller's API writes and cold start.
+//! change, (4) the agent's memory, (5) the controller's API writes and cold start,
+//! (6) Maglev tables: build time, memory and what one backend leaving moves.
 //! Each figure says how it was measured; runs are repeated and reported as median
 //! [min–max]; `report` puts each beside the project's targets. Apart from the
 //! figures, [`scale`] measures the controller's CPU per Pod change on the real API
@@ -16,6 +17,7 @@
 pub mod controller;
 pub mod kernel_cost;
 pub mod kubeproxy;
+pub mod maglev;
 pub mod model;
 pub mod node;
 pub mod plot;
@@ -46,7 +48,7 @@ pub enum Mode {
 #[derive(Clone, Debug, Serialize)]
 pub struct Config {
     pub mode: Mode,
-    /// The figures to run (1 to 5); the others are reported as not selected.
+    /// The figures to run (1 to 6); the others are reported as not selected.
     pub figures: Vec<u8>,
     pub fig1_sizes: Vec<usize>,
     /// BPF_PROG_TEST_RUN repeat.
@@ -74,10 +76,18 @@ pub struct Config {
     pub fig5_pods: usize,
     pub fig5_cold_services: usize,
     pub fig5_cold_pods: usize,
+    /// Figure 6: Services, backends each, table sizes, rounds, Services a backend
+    /// leaves, random flows.
+    pub fig6_services: usize,
+    pub fig6_backends: usize,
+    pub fig6_sizes: Vec<u32>,
+    pub fig6_rounds: usize,
+    pub fig6_samples: usize,
+    pub fig6_flows: usize,
 }
 
 /// Every figure.
-pub const ALL_FIGURES: [u8; 5] = [1, 2, 3, 4, 5];
+pub const ALL_FIGURES: [u8; 6] = [1, 2, 3, 4, 5, 6];
 
 impl Config {
     /// Whether figure `n` is to be run.
@@ -110,6 +120,12 @@ impl Config {
                 fig5_pods: 50,
                 fig5_cold_services: 10,
                 fig5_cold_pods: 100,
+                fig6_services: 20,
+                fig6_backends: 10,
+                fig6_sizes: vec![251],
+                fig6_rounds: 2,
+                fig6_samples: 5,
+                fig6_flows: 1_000,
             },
             Mode::Quick => Self {
                 mode,
@@ -134,6 +150,12 @@ impl Config {
                 fig5_pods: 5_000,
                 fig5_cold_services: 10_000,
                 fig5_cold_pods: 100_000,
+                fig6_services: 10_000,
+                fig6_backends: 100,
+                fig6_sizes: vec![251, 1_021, 4_093],
+                fig6_rounds: 3,
+                fig6_samples: 200,
+                fig6_flows: 10_000,
             },
             Mode::Full => Self {
                 mode,
@@ -158,6 +180,12 @@ impl Config {
                 fig5_pods: 5_000,
                 fig5_cold_services: 10_000,
                 fig5_cold_pods: 100_000,
+                fig6_services: 10_000,
+                fig6_backends: 100,
+                fig6_sizes: vec![251, 1_021, 4_093, 16_381],
+                fig6_rounds: 5,
+                fig6_samples: 200,
+                fig6_flows: 10_000,
             },
         }
     }
@@ -249,6 +277,7 @@ pub struct Report {
     pub fig3: Outcome<Fig3>,
     pub fig4: Outcome<node::Fig4>,
     pub fig5: controller::Fig5,
+    pub fig6: Outcome<maglev::Fig6>,
     /// The programs' size and verifier cost on this kernel and on the VM tier's
     /// kernels (`target/vm/<kernel>/check.json` of the last `cargo xtask test-vm`).
     pub programs: Vec<sliceway_agent::kernel::KernelCheck>,
@@ -263,6 +292,7 @@ impl Report {
             && (!c.runs(2) || self.fig2.ok().is_some())
             && (!c.runs(3) || self.fig3.ok().is_some())
             && (!c.runs(4) || self.fig4.ok().is_some())
+            && (!c.runs(6) || self.fig6.ok().is_some())
     }
 }
 
@@ -425,6 +455,13 @@ pub fn run(cfg: &Config, out: &Path) -> Result<Report> {
         controller::Fig5::not_selected()
     };
 
+    let fig6 = if cfg.runs(6) {
+        progress("figure 6: Maglev tables (in process)");
+        Outcome::from(maglev::tables(cfg))
+    } else {
+        Outcome::not_selected()
+    };
+
     let mut report = Report {
         config: cfg.clone(),
         environment: Environment {
@@ -437,6 +474,7 @@ pub fn run(cfg: &Config, out: &Path) -> Result<Report> {
         fig3,
         fig4,
         fig5,
+        fig6,
         programs: program_checks(out),
         targets: Vec::new(),
     };

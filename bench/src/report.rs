@@ -540,6 +540,49 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
         let _ = writeln!(m, "- {u}");
     }
 
+    let _ = writeln!(m, "\n## 6. Maglev tables\n");
+    match &r.fig6 {
+        Outcome::Done(f) => {
+            let _ = writeln!(m, "{}\n", f.method);
+            let _ = writeln!(
+                m,
+                "| slots per frontend | all tables alone (ms) | per table (µs) | writer's full sync (ms) | writer's heap (MiB) | slots (x SLOTS default) | one backend leaving: entries moved, mean / worst | flows moved, mean / worst | map operations |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+            );
+            for row in &f.rows {
+                let what = row.table_size.map_or_else(
+                    || format!("{} (ClusterIP placement)", f.backends_per_service),
+                    |m| format!("Maglev table of {m}"),
+                );
+                let per_table = if row.tables_ms.runs > 0 {
+                    format!(
+                        "{:.1}",
+                        row.tables_ms.median * 1e3 / f.services.max(1) as f64
+                    )
+                } else {
+                    "–".into()
+                };
+                let pct = |v: f64| format!("{:.2}%", v * 100.0);
+                let _ = writeln!(
+                    m,
+                    "| {what} | {} | {per_table} | {} | {} | {} ({:.2}x) | {} / {} | {} / {} | {:.1} |",
+                    row.tables_ms.show(1),
+                    row.apply_ms.show(1),
+                    row.writer_heap_mib.show(1),
+                    row.slots,
+                    row.slots as f64 / f64::from(dataplane_common::capacity::SLOTS),
+                    pct(row.entries_moved.0),
+                    pct(row.entries_moved.1),
+                    pct(row.flows_moved.0),
+                    pct(row.flows_moved.1),
+                    row.change_map_ops
+                );
+            }
+        }
+        other => {
+            let _ = writeln!(m, "Not measured: {}", failed(other).unwrap_or_default());
+        }
+    }
+
     if !plots.is_empty() {
         let _ = writeln!(m, "\n## Plots\n");
         for (file, title) in plots {

@@ -30,6 +30,7 @@ fn bench_smoke_writes_every_figure() {
         "## 3. Programming time",
         "## 4. Agent memory",
         "## 5. Controller",
+        "## 6. Maglev tables",
     ] {
         assert!(md.contains(heading), "{heading} missing from:\n{md}");
     }
@@ -54,6 +55,7 @@ fn bench_smoke_writes_every_figure() {
         "fig3",
         "fig4",
         "fig5",
+        "fig6",
         "programs",
         "targets",
     ] {
