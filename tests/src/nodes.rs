@@ -47,6 +47,25 @@ impl Client {
         })?
     }
 
+    /// One UDP request from source port `port`: the name of the backend that
+    /// answered.
+    pub fn udp_from(&self, port: u16, to: SocketAddrV4) -> Result<String> {
+        let ip = self.ip;
+        in_netns(&self.ns.name, move || -> Result<String> {
+            let s = std::net::UdpSocket::bind((ip, port))?;
+            s.set_read_timeout(Some(Duration::from_secs(1)))?;
+            s.send_to(b"hello", to)?;
+            let mut buf = [0u8; 1500];
+            let (n, _) = s.recv_from(&mut buf)?;
+            let text = std::str::from_utf8(&buf[..n])?;
+            Ok(text
+                .split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .to_string())
+        })?
+    }
+
     /// An HTTP GET of `path`: the whole answer.
     pub fn http_get(&self, to: SocketAddrV4, path: &str) -> Result<String> {
         crate::http_get(&self.ns.name, to, path)
@@ -188,6 +207,16 @@ impl TwoNodes {
             fs::write(&tmp, yaml)?;
             fs::rename(&tmp, node.manifests.join(file))?;
         }
+        Ok(())
+    }
+
+    /// Writes `yaml` as `file` into node `k`'s manifest directory only (nodes that saw
+    /// different histories).
+    pub fn write_manifest_on(&self, k: usize, file: &str, yaml: &str) -> Result<()> {
+        let dir = &self.node(k).manifests;
+        let tmp = dir.join(format!(".{file}.tmp"));
+        fs::write(&tmp, yaml)?;
+        fs::rename(&tmp, dir.join(file))?;
         Ok(())
     }
 

@@ -326,3 +326,55 @@ fn pods_and_the_node_reach_a_cluster_ip_whose_backend_is_on_the_other_node() {
         .unwrap_or(0.0);
     assert!(revnat >= 10.0, "{revnat}");
 }
+
+/// Maglev: a flow to a load-balancer IP gets the same backend whichever node the
+/// load balancer sends it to, even when the nodes saw their endpoints arrive in
+/// different orders (so ECMP or a node change keeps a flow on its backend's side).
+/// Without Maglev (`--no-maglev`) the same histories place the backends differently
+/// and some flows change backend with the node: the check can fail.
+#[test]
+fn every_node_picks_the_same_backend_for_a_flow_with_maglev() {
+    fn picks(maglev: bool) -> (Vec<String>, Vec<String>) {
+        let lab = TwoNodes::new(2).unwrap();
+        lab.write_manifest("nodes.yaml", &lab.node_objects())
+            .unwrap();
+        let all = [(1, 0), (1, 1), (2, 0), (2, 1)];
+        // Node 1 sees all four endpoints at once; node 2 one first, then the rest.
+        lab.write_manifest_on(1, "web.yaml", &web(&lab, "LoadBalancer", "Cluster", &all))
+            .unwrap();
+        lab.write_manifest_on(
+            2,
+            "web.yaml",
+            &web(&lab, "LoadBalancer", "Cluster", &[(2, 1)]),
+        )
+        .unwrap();
+        let extra: &[&str] = if maglev { &[] } else { &["--no-maglev"] };
+        let _a1 = lab.start_agent(1, extra).unwrap();
+        let a2 = lab.start_agent(2, extra).unwrap();
+        a2.applies(|| {
+            lab.write_manifest_on(2, "web.yaml", &web(&lab, "LoadBalancer", "Cluster", &all))
+        })
+        .unwrap();
+        let client = &lab.clients[0];
+        let lb = SocketAddrV4::new(LB_IP, 80);
+        let mut by_node = Vec::new();
+        for node in [1, 2] {
+            client.route_via(LB_IP, lab.node(node).ip).unwrap();
+            let names: Vec<String> = (0..24)
+                .map(|i| client.udp_from(41_000 + i, lb).unwrap())
+                .collect();
+            by_node.push(names);
+        }
+        let second = by_node.pop().unwrap();
+        (by_node.pop().unwrap(), second)
+    }
+    let (one, two) = picks(true);
+    assert_eq!(one, two, "the same backend for each flow on both nodes");
+    let distinct: BTreeSet<&String> = one.iter().collect();
+    assert!(
+        distinct.len() >= 3,
+        "flows spread over the backends: {distinct:?}"
+    );
+    let (one, two) = picks(false);
+    assert_ne!(one, two, "without Maglev the placements differ");
+}
