@@ -124,6 +124,14 @@ fn watch_health<T, E>(
     move |item| health.observe(kind, item.is_ok(), std::time::Instant::now())
 }
 
+/// A watch event's object without its `metadata.managedFields`, which nothing here
+/// reads: the front door no longer converts them, the stores no longer copy and hold
+/// them (the bulk of a small object's metadata). A write built from a cached object
+/// leaves them out, and the API server keeps what it has when an update omits them.
+pub fn without_managed_fields<K: kube::Resource>(event: watcher::Event<K>) -> watcher::Event<K> {
+    event.modify(|obj| obj.meta_mut().managed_fields = None)
+}
+
 /// The front door both binaries share ([`conventions::validate::stored`], the API
 /// server's rules for what it may hold) on a watch stream, before its reflector
 /// store: an object it refuses is logged (object, field, reason), counted as the
@@ -141,6 +149,7 @@ where
 {
     let skipped = metrics.skipped.clone();
     events.try_filter_map(move |event| {
+        let event = without_managed_fields(event);
         let refused = |obj: &K| {
             let invalid = conventions::validate::stored(kind, obj).err()?;
             tracing::warn!(
@@ -164,6 +173,41 @@ where
         };
         std::future::ready(Ok(event))
     })
+}
+
+/// The Endpoints of an Endpoints event that sync their Service, as upstream's two
+/// controllers that watch Endpoints decide: the Endpoints controller syncs only on a
+/// deletion (its informer has no other handler:
+/// <https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/controller/endpoint/endpoints_controller.go>,
+/// `onEndpointsDelete`), the mirroring controller on Endpoints it mirrors now or
+/// mirrored before the change (`onEndpointsAdd`, `onEndpointsUpdate` and
+/// `onEndpointsDelete` with `shouldMirror` in
+/// <https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/controller/endpointslicemirroring/endpointslicemirroring_controller.go>).
+/// So the Endpoints this controller writes for a Service with a selector (labelled
+/// skip-mirror) do not sync it again when they come back through the watch.
+/// `mirrorable` holds the Endpoints last seen mirrorable, the previous object's
+/// `shouldMirror` that a watch event does not carry.
+pub fn endpoints_trigger(
+    mirrorable: &mut std::collections::HashSet<(String, String)>,
+    event: watcher::Event<Endpoints>,
+) -> Option<Endpoints> {
+    let key = |e: &Endpoints| (e.namespace().unwrap_or_default(), e.name_any());
+    match event {
+        watcher::Event::Delete(e) => {
+            mirrorable.remove(&key(&e));
+            Some(e)
+        }
+        watcher::Event::Apply(e) | watcher::Event::InitApply(e) => {
+            let now = crate::mirroring::should_mirror(&e);
+            let before = if now {
+                !mirrorable.insert(key(&e))
+            } else {
+                mirrorable.remove(&key(&e))
+            };
+            (now || before).then_some(e)
+        }
+        watcher::Event::Init | watcher::Event::InitDone => None,
+    }
 }
 
 /// Runs the controllers against the API server until the process is stopped.
@@ -220,7 +264,7 @@ pub async fn run(
     let node_index = index.clone();
     let nodes = reflector::reflector(
         nodes_w,
-        watcher(Api::<Node>::all(client.clone()), cfg.clone()),
+        watcher(Api::<Node>::all(client.clone()), cfg.clone()).map_ok(without_managed_fields),
     )
     .default_backoff()
     .inspect(watch_health(&metrics, "node"))
@@ -259,6 +303,7 @@ pub async fn run(
     })
     .touched_objects();
     let endpoints_tracker = tracker.clone();
+    let mirrorable = Arc::new(Mutex::new(std::collections::HashSet::new()));
     let eps = reflector::reflector(
         eps_w,
         admitted(
@@ -279,7 +324,10 @@ pub async fn run(
                 .endpoints_forget(&e.namespace().unwrap_or_default(), &e.name_any());
         }
     })
-    .touched_objects();
+    .try_filter_map(move |event| {
+        let syncs = endpoints_trigger(&mut mirrorable.lock().expect("mirrorable"), event);
+        std::future::ready(Ok(syncs))
+    });
 
     // The Service watch feeds the Controller and tells the sweep about deletions,
     // which the Controller never reconciles.
@@ -378,6 +426,14 @@ pub async fn run(
         .map(pod_to_services),
         batch_period,
     );
+    let stores = Stores {
+        services: services.clone(),
+        pods: pods_r,
+        nodes: nodes_r,
+        slices: slices_r,
+        endpoints: eps_r,
+        index,
+    };
     let ctrl = Controller::for_stream(service_events, services.clone())
         .with_config(kube::runtime::controller::Config::default().concurrency(CONCURRENT_SYNCS))
         .reconcile_on(pod_requests);
@@ -416,14 +472,7 @@ pub async fn run(
         metrics,
         options,
         field_manager,
-        stores: Stores {
-            services,
-            pods: pods_r,
-            nodes: nodes_r,
-            slices: slices_r,
-            endpoints: eps_r,
-            index,
-        },
+        stores,
         state: Mutex::new(store::State::default()),
         tracker,
         failures: Mutex::new(RateLimiter::default()),
@@ -456,6 +505,53 @@ mod tests {
             "endpoints": [{"addresses": [address]}],
         }))
         .unwrap()
+    }
+
+    fn endpoints(name: &str, labels: serde_json::Value) -> Endpoints {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "default", "labels": labels},
+        }))
+        .unwrap()
+    }
+
+    /// Issue 14: the Endpoints this controller writes for a Service with a selector
+    /// (skip-mirror) do not sync it again when they come back; Endpoints that are
+    /// mirrored, that were mirrored before the change, or that are deleted do, as
+    /// upstream's Endpoints and mirroring controllers decide.
+    #[test]
+    fn endpoints_events_sync_as_upstreams_handlers_decide() {
+        use watcher::Event::{Apply, Delete, Init, InitApply, InitDone};
+        let skip = serde_json::json!({"endpointslice.kubernetes.io/skip-mirror": "true"});
+        let none = serde_json::json!({});
+        let mut seen = std::collections::HashSet::new();
+        let mut syncs = |event| endpoints_trigger(&mut seen, event).is_some();
+        assert!(!syncs(Init));
+        assert!(!syncs(InitApply(endpoints("own", skip.clone()))));
+        assert!(syncs(InitApply(endpoints("hand", none.clone()))));
+        assert!(!syncs(InitDone));
+        // The controller's own write coming back.
+        assert!(!syncs(Apply(endpoints("own", skip.clone()))));
+        assert!(syncs(Apply(endpoints("hand", none.clone()))));
+        // Mirrored before the change, not after it: the mirrored slices must go.
+        assert!(syncs(Apply(endpoints("hand", skip.clone()))));
+        assert!(!syncs(Apply(endpoints("hand", skip.clone()))));
+        // The skip-mirror label taken off the controller's own Endpoints.
+        assert!(syncs(Apply(endpoints("own", none.clone()))));
+        // A deletion always syncs (the Endpoints controller writes them again).
+        assert!(syncs(Delete(endpoints("own", none))));
+        assert!(syncs(Delete(endpoints("other", skip))));
+    }
+
+    /// Issue 14: the stores hold no managedFields, which nothing reads.
+    #[test]
+    fn watched_objects_lose_their_managed_fields() {
+        let mut s = slice("web", "10.244.1.5");
+        s.metadata.managed_fields = Some(vec![Default::default()]);
+        let watcher::Event::Apply(s) = without_managed_fields(watcher::Event::Apply(s)) else {
+            panic!("the event changed kind");
+        };
+        assert_eq!(s.metadata.managed_fields, None);
+        assert_eq!(s.metadata.name.as_deref(), Some("web"));
     }
 
     /// Issue 19: what the watches deliver passes the front door files pass, before

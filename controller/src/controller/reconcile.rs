@@ -17,7 +17,9 @@ use crate::topology::TopologyInfo;
 use crate::{Error, Result};
 
 /// Reconciles one Service name: slices, Endpoints and mirrored slices.
-#[instrument(skip(svc, ctx), fields(service = %format!("{}/{}", svc.namespace().unwrap_or_default(), svc.name_any())))]
+/// Its span is at debug level: at the default info level it is not made, so a sync
+/// does not pay for formatting and entering it at every poll.
+#[instrument(level = "debug", skip(svc, ctx), fields(service = %format!("{}/{}", svc.namespace().unwrap_or_default(), svc.name_any())))]
 pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action> {
     // Nothing is reconciled before every watch has listed once, as upstream starts
     // its workers only after WaitForNamedCacheSync
@@ -168,6 +170,11 @@ pub(super) async fn publish(ctx: &Context, regarding: &ObjectReference, reason: 
         secondary: None,
     };
     if let Err(e) = ctx.recorder.publish(&event, regarding).await {
-        tracing::warn!(error = %e, %reason, "publishing an event failed; it is dropped");
+        tracing::warn!(
+            error = %e,
+            %reason,
+            object = %format!("{}/{}", regarding.namespace.as_deref().unwrap_or_default(), regarding.name.as_deref().unwrap_or_default()),
+            "publishing an event failed; it is dropped"
+        );
     }
 }
