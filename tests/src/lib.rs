@@ -137,20 +137,7 @@ impl Lab {
         let pod_ip = Ipv4Addr::new(10, 244, subnet, 2);
         let node_ip = Ipv4Addr::new(10, 244, subnet, 1);
         // Both ends are created directly inside their namespaces.
-        netns::ip(&[
-            "link",
-            "add",
-            &node_iface,
-            "netns",
-            &self.node.name,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            &ns.name,
-        ])?;
+        netns::veth_pair(&node_iface, &self.node.name, &ns.name)?;
         self.node.run(
             "ip",
             &["addr", "add", &format!("{node_ip}/24"), "dev", &node_iface],
@@ -347,6 +334,22 @@ pub(crate) fn node_sysctls(ns: &str) -> Result<()> {
         netns::nsenter(ns, "sysctl", &["-qw", &format!("{key}={value}")])?;
     }
     Ok(())
+}
+
+/// `sliceway-agent ARGS` as a user runs it, its JSON output parsed (`-o json` among
+/// the arguments); panics with its stderr when it fails.
+pub fn agent_cli(args: &[&str]) -> serde_json::Value {
+    let out = Command::new(workspace_binary("sliceway-agent").expect("the agent binary"))
+        .args(args)
+        .output()
+        .expect("running sliceway-agent");
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{args:?}: {e}: {}", String::from_utf8_lossy(&out.stdout)))
 }
 
 /// Path of a binary of this workspace, built by `cargo build --bins`.

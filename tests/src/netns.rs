@@ -40,6 +40,16 @@ pub fn ip(args: &[&str]) -> Result<String> {
     output(Command::new("ip").args(args))
 }
 
+/// A veth pair made directly inside two namespaces: `outer` in `outer_ns`, `eth0` in
+/// `inner_ns` (a pod's or a node's interface, never in the root namespace).
+pub fn veth_pair(outer: &str, outer_ns: &str, inner_ns: &str) -> Result<()> {
+    ip(&[
+        "link", "add", outer, "netns", outer_ns, "type", "veth", "peer", "name", "eth0", "netns",
+        inner_ns,
+    ])?;
+    Ok(())
+}
+
 /// Runs a program in the network namespace `ns` through `nsenter --net`.
 pub fn nsenter(ns: &str, program: &str, args: &[&str]) -> Result<String> {
     output(

@@ -171,20 +171,7 @@ impl TwoNodes {
     /// Links `ns` to the bridge: `eth0` in `ns` with `ip`/24, `tag` on the bridge.
     fn plug(&self, ns: &Netns, tag: &str, ip: Ipv4Addr) -> Result<()> {
         let outer = format!("b-{tag}");
-        netns::ip(&[
-            "link",
-            "add",
-            &outer,
-            "netns",
-            &self.net.name,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            &ns.name,
-        ])?;
+        netns::veth_pair(&outer, &self.net.name, &ns.name)?;
         self.net
             .run("ip", &["link", "set", &outer, "master", "br0"])?;
         self.net.run("ip", &["link", "set", &outer, "up"])?;
@@ -281,20 +268,7 @@ impl Node {
         let iface = format!("p{subnet}");
         let pod_ip = Ipv4Addr::new(10, 243 + k, subnet, 2);
         let gw = Ipv4Addr::new(10, 243 + k, subnet, 1);
-        netns::ip(&[
-            "link",
-            "add",
-            &iface,
-            "netns",
-            &self.ns.name,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            &ns.name,
-        ])?;
+        netns::veth_pair(&iface, &self.ns.name, &ns.name)?;
         self.ns
             .run("ip", &["addr", "add", &format!("{gw}/24"), "dev", &iface])?;
         self.ns.run("ip", &["link", "set", &iface, "up"])?;

@@ -3,21 +3,7 @@
 use std::{net::Ipv4Addr, process::Command};
 
 use serde_json::Value;
-use sliceway_lab::{workspace_binary, Lab};
-
-fn agent_cli(args: &[&str]) -> Value {
-    let out = Command::new(workspace_binary("sliceway-agent").unwrap())
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{args:?}: {e}: {}", String::from_utf8_lossy(&out.stdout)))
-}
+use sliceway_lab::{agent_cli, workspace_binary, Lab};
 
 /// `sliceway-agent trace -o json` of one packet from `src` to `dst`, over `maps`
 /// (`--manifests DIR` or `--bpffs-dir DIR`), with `extra` arguments.

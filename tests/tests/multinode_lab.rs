@@ -242,16 +242,7 @@ fn load_balancer_source_ranges_let_in_the_allowed_client_only() {
     }
     // `list` shows what the kernel holds for the LB IP.
     let bpffs = lab.node(1).bpffs.to_str().unwrap().to_string();
-    let out = std::process::Command::new(sliceway_lab::workspace_binary("sliceway-agent").unwrap())
-        .args(["list", "--bpffs-dir", &bpffs, "-o", "json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let listed = sliceway_lab::agent_cli(&["list", "--bpffs-dir", &bpffs, "-o", "json"]);
     let frontend = listed["frontends"]
         .as_array()
         .unwrap()

@@ -17,8 +17,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use serde_json::Value;
-use sliceway_lab::{servers, workspace_binary, Lab};
+use sliceway_lab::{servers, Lab};
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 const PORT: u16 = 80;
@@ -182,17 +181,8 @@ fn an_upgrade_from_layout_v1_under_load_fails_no_connection() {
         e.roundtrip("after")
             .unwrap_or_else(|err| panic!("long-lived connection {i} to {server} broke: {err:#}"));
     }
-    let out = Command::new(workspace_binary("sliceway-agent").unwrap())
-        .args(["conntrack", "-o", "json", "--bpffs-dir"])
-        .arg(&lab.bpffs)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let flows: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let bpffs = lab.bpffs.to_str().unwrap().to_string();
+    let flows = sliceway_lab::agent_cli(&["conntrack", "-o", "json", "--bpffs-dir", &bpffs]);
     for e in &echoes {
         let pod = lab
             .backends
