@@ -487,7 +487,8 @@ impl Syncer {
             return Err("not synced yet: nothing to audit".into());
         }
         let actual = dp.maps.state();
-        let report = crate::audit::audit(&self.pipeline.writer, &actual, &mut dp.maps);
+        let mut report = crate::audit::audit(&self.pipeline.writer, &actual, &mut dp.maps);
+        self.pipeline.ranges.audit(&mut dp.maps, &mut report);
         for d in &report.drift {
             warn!(
                 map = %d.map,

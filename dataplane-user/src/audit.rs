@@ -7,7 +7,8 @@
 //! when asked (`sliceway-agent audit`); each difference is logged with its Service,
 //! counted, and repaired by writing what the writer holds, in the writer's order
 //! (backends, slots, names, service entries; removals last), so a packet never sees
-//! a slot pointing at a missing backend because of the repair.
+//! a slot pointing at a missing backend because of the repair. `SOURCE_RANGES` is
+//! audited the same way by its own writer (`crate::ranges::RangeWriter::audit`).
 
 use std::collections::BTreeMap;
 
@@ -34,7 +35,7 @@ pub enum DriftKind {
 /// One entry where the kernel differs from what the writer wrote.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Drift {
-    /// The map (`SERVICES`, `SLOTS`, `BACKENDS`, `SERVICE_NAMES`).
+    /// The map (`SERVICES`, `SLOTS`, `BACKENDS`, `SERVICE_NAMES`, `SOURCE_RANGES`).
     pub map: String,
     /// The entry's key, readable.
     pub entry: String,
@@ -61,6 +62,7 @@ impl AuditReport {
             map_name::SLOTS,
             map_name::BACKENDS,
             map_name::SERVICE_NAMES,
+            map_name::SOURCE_RANGES,
         ]
         .into_iter()
         .map(|m| (m.to_string(), 0))

@@ -40,6 +40,14 @@ fn entries(key: &ServiceKey, ranges: &[(u32, u8)]) -> BTreeSet<Entry> {
         .collect()
 }
 
+/// The entries frontend `key` wants (none if it is gone).
+fn wanted(frontends: &BTreeMap<ServiceKey, Frontend>, key: &ServiceKey) -> BTreeSet<Entry> {
+    frontends
+        .get(key)
+        .map(|f| entries(key, &f.source_ranges))
+        .unwrap_or_default()
+}
+
 /// The `SOURCE_RANGES` mirror and its writes.
 #[derive(Debug, Default)]
 pub struct RangeWriter {
@@ -73,10 +81,7 @@ impl RangeWriter {
             }
         }
         for key in keys.iter().filter(|k| k.scope == SCOPE_ANY) {
-            let want = frontends
-                .get(key)
-                .map(|f| entries(key, &f.source_ranges))
-                .unwrap_or_default();
+            let want = wanted(frontends, key);
             let have = self.programmed.get(key);
             for e in &want {
                 if have.is_some_and(|h| h.contains(e)) {
@@ -102,10 +107,7 @@ impl RangeWriter {
     ) -> Vec<String> {
         let mut errors = Vec::new();
         for key in keys.iter().filter(|k| k.scope == SCOPE_ANY) {
-            let want = frontends
-                .get(key)
-                .map(|f| entries(key, &f.source_ranges))
-                .unwrap_or_default();
+            let want = wanted(frontends, key);
             let have = self.programmed.remove(key).unwrap_or_default();
             for e in have.difference(&want) {
                 if let Err(err) = ops.del_range(e.0, &e.1) {
@@ -117,9 +119,7 @@ impl RangeWriter {
             }
         }
         for e in std::mem::take(&mut self.leftovers) {
-            let still = frontends
-                .get(&e.1.frontend)
-                .is_some_and(|f| entries(&e.1.frontend, &f.source_ranges).contains(&e));
+            let still = wanted(frontends, &e.1.frontend).contains(&e);
             if !still {
                 if let Err(err) = ops.del_range(e.0, &e.1) {
                     errors.push(format!("removing a stale source range: {err}"));
@@ -129,6 +129,57 @@ impl RangeWriter {
         errors
     }
 
+    /// The drift audit of `SOURCE_RANGES`: entries the writer wrote that the map
+    /// lacks are written again, entries the map holds that no frontend has are
+    /// removed (after the writes, so an allowed source is never refused meanwhile).
+    pub fn audit<M: RangeOps>(&self, ops: &mut M, report: &mut crate::audit::AuditReport) {
+        use crate::audit::{Drift, DriftKind};
+        let actual: BTreeSet<Entry> = match ops.ranges() {
+            Ok(found) => found.into_iter().collect(),
+            Err(e) => {
+                report.errors.push(format!("listing SOURCE_RANGES: {e}"));
+                return;
+            }
+        };
+        let expected: BTreeSet<Entry> = self.programmed.values().flatten().copied().collect();
+        let name = |e: &Entry| {
+            format!(
+                "{} from {}/{}",
+                crate::compiler::frontend_addr(&e.1.frontend),
+                std::net::Ipv4Addr::from(u32::from_be(e.1.src_be)),
+                e.0.saturating_sub(SourceRange::FRONTEND_BITS)
+            )
+        };
+        let missing: Vec<&Entry> = expected.difference(&actual).collect();
+        let extra: Vec<&Entry> = actual.difference(&expected).collect();
+        for (list, kind) in [(&missing, DriftKind::Missing), (&extra, DriftKind::Extra)] {
+            for e in list {
+                report.drift.push(Drift {
+                    map: dataplane_common::map_name::SOURCE_RANGES.to_string(),
+                    entry: name(e),
+                    kind,
+                    service: None,
+                });
+            }
+        }
+        for e in missing {
+            report.repaired += 1;
+            if let Err(err) = ops.put_range(e.0, &e.1) {
+                report
+                    .errors
+                    .push(format!("writing source range {}: {err}", name(e)));
+            }
+        }
+        for e in extra {
+            report.repaired += 1;
+            if let Err(err) = ops.del_range(e.0, &e.1) {
+                report
+                    .errors
+                    .push(format!("removing source range {}: {err}", name(e)));
+            }
+        }
+    }
+
     /// Entries held, all frontends together.
     pub fn len(&self) -> usize {
         self.programmed.values().map(BTreeSet::len).sum()
@@ -136,5 +187,68 @@ impl RangeWriter {
 
     pub fn is_empty(&self) -> bool {
         self.programmed.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        audit::{AuditReport, DriftKind},
+        memory_maps::MemoryMaps,
+    };
+
+    /// A frontend's ranges written, then changed behind the writer's back: the
+    /// audit names both differences and puts the map back as written.
+    #[test]
+    fn the_audit_finds_and_repairs_source_ranges_changed_behind_its_back() {
+        let key = ServiceKey {
+            addr_be: u32::from_be_bytes([192, 0, 2, 10]).to_be(),
+            port_be: 80u16.to_be(),
+            proto: dataplane_common::PROTO_TCP,
+            scope: SCOPE_ANY,
+        };
+        let net = u32::from_be_bytes([10, 0, 0, 0]).to_be();
+        let frontend = Frontend {
+            service: crate::compiler::ServicePortName::unknown(),
+            backends: Vec::new(),
+            policy: Default::default(),
+            source_ranges: vec![(net, 8)],
+        };
+        let frontends = BTreeMap::from([(key, frontend)]);
+        let keys = BTreeSet::from([key]);
+        let mut maps = MemoryMaps::default();
+        let mut w = RangeWriter::default();
+        assert!(w.before(&frontends, &keys, &mut maps).is_empty());
+        assert!(w.after(&frontends, &keys, &mut maps).is_empty());
+        let written = maps.ranges.clone();
+        assert_eq!(written.len(), 1);
+        let mut clean = AuditReport::default();
+        w.audit(&mut maps, &mut clean);
+        assert!(clean.drift.is_empty() && clean.repaired == 0);
+
+        // Someone removed the entry and added another.
+        maps.ranges.clear();
+        let stray = (
+            72,
+            SourceRange::of(key, u32::from_be_bytes([172, 16, 0, 0]).to_be()),
+        );
+        maps.ranges.insert(stray);
+        let mut report = AuditReport::default();
+        w.audit(&mut maps, &mut report);
+        let kinds: Vec<(DriftKind, &str)> = report
+            .drift
+            .iter()
+            .map(|d| (d.kind, d.entry.as_str()))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                (DriftKind::Missing, "192.0.2.10:80/TCP from 10.0.0.0/8"),
+                (DriftKind::Extra, "192.0.2.10:80/TCP from 172.16.0.0/8"),
+            ]
+        );
+        assert_eq!(report.repaired, 2);
+        assert_eq!(maps.ranges, written);
     }
 }
