@@ -10,9 +10,10 @@
 //! sends a flow to the same backend: a flow that ECMP moves to another node, or that
 //! a new node receives, keeps its backend even where that node has no conntrack
 //! entry for it (a TCP connection survives that only where the backend sees the
-//! client's own address, not through the uplink's masquerade). When one of N backends leaves, its own entries (about M/N) move and,
-//! by the cascade of the turns, some others: for 1 of 100 at M = 1021, about 4.5% of
-//! the table in all (1% at least), less as M grows against N.
+//! client's own address, not through the uplink's masquerade). When one of N
+//! backends leaves, its own entries (about M/N) move and, by the cascade of the
+//! turns, some others: for 1 of 100 at M = 1021, about 4.5% of the table in all (1%
+//! at least), less as M grows against N.
 //!
 //! The table is the one of the Maglev paper (Eisenbud et al., "Maglev: A Fast and
 //! Reliable Software Network Load Balancer", NSDI 2016, section 3.4,
