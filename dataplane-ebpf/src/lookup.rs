@@ -39,10 +39,8 @@ pub fn frontend(flow: &Flow) -> Option<ServiceValue> {
 #[inline(always)]
 pub fn frontend_external(flow: &Flow) -> Option<(ServiceValue, bool)> {
     let key = ServiceKey {
-        addr_be: flow.dst_be,
-        port_be: flow.dport_be,
-        proto: flow.proto,
         scope: SCOPE_EXTERNAL,
+        ..frontend_key(flow)
     };
     if let Some(local) = maps::service(&key) {
         return Some((local, false));

@@ -115,7 +115,7 @@ impl NodePortAddresses {
             return Vec::new();
         };
         let within = |ip: &std::net::Ipv4Addr, (net, len): &(std::net::Ipv4Addr, u8)| {
-            let mask = u32::MAX.checked_shl(32 - u32::from(*len)).unwrap_or(0);
+            let mask = prefix_mask(*len);
             u32::from(*ip) & mask == u32::from(*net) & mask
         };
         let mut out: Vec<_> = interface_addrs
@@ -127,6 +127,11 @@ impl NodePortAddresses {
         out.dedup();
         out
     }
+}
+
+/// The IPv4 netmask of a prefix of `len` bits (0 to 32), host order.
+pub(crate) fn prefix_mask(len: u8) -> u32 {
+    u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0)
 }
 
 /// Whether a `service-proxy-name` label hands the object to another proxy.

@@ -373,8 +373,7 @@ fn source_ranges(
                 if len == 0 {
                     return Vec::new();
                 }
-                let mask = u32::MAX << (32 - u32::from(len));
-                out.push(((u32::from(addr) & mask), len));
+                out.push((u32::from(addr) & super::prefix_mask(len), len));
             }
             // The other family's ranges are the IPv6 frontends' business.
             Some((std::net::IpAddr::V6(_), len)) if len <= 128 => {}
@@ -392,10 +391,8 @@ fn source_ranges(
         return Vec::new();
     }
     let contains = |ip: Ipv4Addr| {
-        out.iter().any(|&(net, len)| {
-            let mask = u32::MAX << (32 - u32::from(len));
-            u32::from(ip) & mask == net
-        })
+        out.iter()
+            .any(|&(net, len)| u32::from(ip) & super::prefix_mask(len) == net)
     };
     if opts.node_ip.is_some_and(contains) {
         out.extend(lb_vips.iter().map(|ip| (u32::from(*ip), 32)));
