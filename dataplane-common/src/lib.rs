@@ -640,8 +640,14 @@ pub mod stat {
     /// A new connection to a load-balancer IP from a source outside its Service's
     /// `loadBalancerSourceRanges`: dropped (kube-proxy's firewall chain).
     pub const DROP_SOURCE_RANGE: u32 = 28;
+    /// The XDP program left the packet, untouched, to the TC program of its
+    /// interface, which counts it again: an ICMP error, SCTP, or a packet to reject.
+    pub const XDP_TO_TC: u32 = 29;
+    /// The uplink's TC program saw a packet the XDP program had decided (and
+    /// counted): passed at once.
+    pub const PASS_XDP_DECIDED: u32 = 30;
     /// Number of slots.
-    pub const COUNT: u32 = 29;
+    pub const COUNT: u32 = 31;
 
     /// Names, indexed by slot, as `list` and metrics print them.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -674,6 +680,8 @@ pub mod stat {
         "drop_snat_exhausted",
         "drop_no_node_addr",
         "drop_source_range",
+        "xdp_to_tc",
+        "pass_xdp_decided",
     ];
 }
 

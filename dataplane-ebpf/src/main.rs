@@ -1,6 +1,9 @@
 //! sliceway's kernel programs: ClusterIP load balancing at TC, and for the node's own
 //! sockets at `connect`/`sendmsg` (`sock.rs`).
 //!
+//! `sliceway_xdp` runs the uplink TC program's body in XDP, where `--xdp` asks for it
+//! (`xdp.rs`).
+//!
 //! `sliceway_tc` runs at TC ingress of the pod-facing interfaces of a node. For a
 //! packet to a frontend (VIP:port:proto) it picks a backend, remembers the choice in
 //! conntrack and rewrites the destination (DNAT); for a reply from a backend it
@@ -38,6 +41,8 @@ mod sctp;
 mod sock;
 #[cfg(target_arch = "bpf")]
 mod tc;
+#[cfg(target_arch = "bpf")]
+mod xdp;
 
 #[cfg(target_arch = "bpf")]
 #[panic_handler]

@@ -1,24 +1,18 @@
 //! Address and port rewrites with incremental checksum updates (RFC 1624), so no
 //! checksum is recomputed over the payload.
 //!
-//! The L4 checksum goes through the kernel's `l4_csum_replace` helper: only the
-//! kernel knows whether the skb carries a partial checksum (a veth peer with TX
-//! offload hands over `CHECKSUM_PARTIAL` packets whose checksum field holds the
-//! pseudo-header sum), and the helper updates the field the right way for each case.
-//! The IPv4 header checksum is always complete, so it is updated here, and the
-//! address and port are written straight into the packet: three helper calls fewer
-//! per rewritten packet.
+//! The L4 checksum goes through [`Frame::l4_csum`]: in a TC program the kernel's
+//! `l4_csum_replace` helper (only the kernel knows whether an skb carries a partial
+//! checksum), in XDP an update of the field. The IPv4 header checksum is always
+//! complete, so it is updated here, and the address and port are written straight
+//! into the packet: three helper calls fewer per rewritten packet.
 //!
 //! SCTP: only addresses here (its CRC32c covers none); ports are set by the
 //! `sliceway_sctp_nat` program (`crate::sctp`).
 
-use aya_ebpf::{bindings::BPF_F_PSEUDO_HDR, programs::TcContext};
 use dataplane_common::{csum_replace4, PROTO_SCTP, PROTO_TCP};
 
-use crate::packet::{ipv4, load, store, tcp, udp, Flow, ETH_LEN};
-
-/// `BPF_F_MARK_MANGLED_0`: a UDP checksum that becomes zero is written as 0xffff.
-const BPF_F_MARK_MANGLED_0: u64 = 1 << 5;
+use crate::packet::{ipv4, load, store, tcp, udp, Flow, Frame, ETH_LEN};
 
 /// Which end of the flow to rewrite.
 #[derive(Clone, Copy)]
@@ -29,8 +23,8 @@ pub enum End {
 
 /// Rewrites one end of `flow` to `addr_be:port_be`, fixing IP and L4 checksums.
 #[inline(always)]
-pub fn rewrite(
-    ctx: &TcContext,
+pub fn rewrite<C: Frame>(
+    ctx: &C,
     flow: &Flow,
     end: End,
     addr_be: u32,
@@ -58,20 +52,13 @@ pub fn rewrite(
         return rewrite_addr(ctx, addr_off, old_addr, addr_be);
     }
     if !flow.udp_no_csum {
-        let (csum_off, flags) = if flow.proto == PROTO_TCP {
-            (flow.l4_off + tcp::CSUM, 0)
+        let (csum_off, udp) = if flow.proto == PROTO_TCP {
+            (flow.l4_off + tcp::CSUM, false)
         } else {
-            (flow.l4_off + udp::CSUM, BPF_F_MARK_MANGLED_0)
+            (flow.l4_off + udp::CSUM, true)
         };
-        ctx.l4_csum_replace(
-            csum_off,
-            old_addr as u64,
-            addr_be as u64,
-            flags | BPF_F_PSEUDO_HDR as u64 | 4,
-        )
-        .map_err(|_| ())?;
-        ctx.l4_csum_replace(csum_off, old_port as u64, port_be as u64, flags | 2)
-            .map_err(|_| ())?;
+        ctx.l4_csum(csum_off, old_addr, addr_be, 4, true, udp)?;
+        ctx.l4_csum(csum_off, old_port as u32, port_be as u32, 2, false, udp)?;
     }
     // The helpers may have moved the packet: `load` and `store` check afresh.
     rewrite_addr(ctx, addr_off, old_addr, addr_be)?;
@@ -81,7 +68,7 @@ pub fn rewrite(
 /// Rewrites the IPv4 address at `addr_off` (into the IP header) from `old` to `new`
 /// and updates the header checksum.
 #[inline(always)]
-pub fn rewrite_addr(ctx: &TcContext, addr_off: usize, old: u32, new: u32) -> Result<(), ()> {
+pub fn rewrite_addr<C: Frame>(ctx: &C, addr_off: usize, old: u32, new: u32) -> Result<(), ()> {
     let csum_at = ETH_LEN + ipv4::CSUM;
     let check: u16 = load(ctx, csum_at).ok_or(())?;
     store(ctx, csum_at, csum_replace4(check, old, new)).ok_or(())?;

@@ -1,9 +1,126 @@
 //! Packet memory. Every read and write of the packet goes through [`load`] and
 //! [`store`], the one bounds check the verifier needs; the rest of the program holds
 //! copies, never pointers into the packet. Header fields are named here.
+//!
+//! The TC programs see an skb, the XDP program a frame ([`Frame`]); both start at the
+//! Ethernet header, so parsing and rewriting are one code for both.
 
-use aya_ebpf::programs::TcContext;
+use aya_ebpf::{
+    bindings::BPF_F_PSEUDO_HDR,
+    programs::{TcContext, XdpContext},
+};
 use core::mem::size_of;
+use dataplane_common::{csum_replace2, csum_replace4};
+
+/// `BPF_F_MARK_MANGLED_0`: a UDP checksum that becomes zero is written as 0xffff.
+const BPF_F_MARK_MANGLED_0: u64 = 1 << 5;
+
+/// A packet as a program sees it: its bytes, and how its L4 checksum is updated.
+pub trait Frame {
+    /// Address of the first byte (the Ethernet header).
+    fn start(&self) -> usize;
+    /// Address one past the last byte.
+    fn end(&self) -> usize;
+    /// The packet's length as received, for the byte counters.
+    fn wire_len(&self) -> u32;
+    /// Updates the L4 checksum at `csum_off` for a covered field of `size` bytes (2
+    /// or 4) that changed from `from` to `to` (as they lie in the packet); `pseudo`:
+    /// the field is in the pseudo-header (an address); `udp`: a checksum that becomes
+    /// zero is written as 0xffff (zero means "none" in UDP).
+    fn l4_csum(
+        &self,
+        csum_off: usize,
+        from: u32,
+        to: u32,
+        size: u8,
+        pseudo: bool,
+        udp: bool,
+    ) -> Result<(), ()>;
+}
+
+impl Frame for TcContext {
+    #[inline(always)]
+    fn start(&self) -> usize {
+        self.data()
+    }
+
+    #[inline(always)]
+    fn end(&self) -> usize {
+        self.data_end()
+    }
+
+    #[inline(always)]
+    fn wire_len(&self) -> u32 {
+        self.len()
+    }
+
+    /// Through the kernel's `l4_csum_replace`: only the kernel knows whether the skb
+    /// carries a partial checksum (a veth peer with TX offload hands over
+    /// `CHECKSUM_PARTIAL` packets whose field holds the pseudo-header sum), and the
+    /// helper updates the field the right way for each case.
+    #[inline(always)]
+    fn l4_csum(
+        &self,
+        csum_off: usize,
+        from: u32,
+        to: u32,
+        size: u8,
+        pseudo: bool,
+        udp: bool,
+    ) -> Result<(), ()> {
+        let mut flags = size as u64;
+        if pseudo {
+            flags |= BPF_F_PSEUDO_HDR as u64;
+        }
+        if udp {
+            flags |= BPF_F_MARK_MANGLED_0;
+        }
+        self.l4_csum_replace(csum_off, from as u64, to as u64, flags)
+            .map_err(|_| ())
+    }
+}
+
+impl Frame for XdpContext {
+    #[inline(always)]
+    fn start(&self) -> usize {
+        self.data()
+    }
+
+    #[inline(always)]
+    fn end(&self) -> usize {
+        self.data_end()
+    }
+
+    #[inline(always)]
+    fn wire_len(&self) -> u32 {
+        (self.data_end() - self.data()) as u32
+    }
+
+    /// RFC 1624 on the field itself. A frame is what the wire carried, so its
+    /// checksums are complete (a partial checksum exists only in an skb made on
+    /// this host, which XDP on an uplink does not see; see ARCHITECTURE.md).
+    #[inline(always)]
+    fn l4_csum(
+        &self,
+        csum_off: usize,
+        from: u32,
+        to: u32,
+        size: u8,
+        _pseudo: bool,
+        udp: bool,
+    ) -> Result<(), ()> {
+        let check: u16 = load(self, csum_off).ok_or(())?;
+        let mut new = if size == 4 {
+            csum_replace4(check, from, to)
+        } else {
+            csum_replace2(check, from as u16, to as u16)
+        };
+        if udp && new == 0 {
+            new = 0xffff;
+        }
+        store(self, csum_off, new).ok_or(())
+    }
+}
 
 /// Ethernet: 14 bytes; the EtherType is its last two.
 pub const ETH_LEN: usize = 14;
@@ -86,12 +203,12 @@ const MAX_OFFSET: usize = 1024;
 /// A copy of the `T` at `offset` bytes into the packet, or `None` if the packet is
 /// too short. `T` is plain bytes (`[u8; N]`, integers), read unaligned.
 #[inline(always)]
-pub fn load<T: Copy>(ctx: &TcContext, offset: usize) -> Option<T> {
+pub fn load<T: Copy>(ctx: &impl Frame, offset: usize) -> Option<T> {
     if offset > MAX_OFFSET {
         return None;
     }
-    let start = ctx.data();
-    let end = ctx.data_end();
+    let start = ctx.start();
+    let end = ctx.end();
     // This comparison right before the access is what the verifier needs.
     if start + offset + size_of::<T>() > end {
         return None;
@@ -105,16 +222,16 @@ pub fn load<T: Copy>(ctx: &TcContext, offset: usize) -> Option<T> {
 /// short (nothing written). Only `nat` writes, after the last helper call that may
 /// move the packet.
 #[inline(always)]
-pub fn store<T: Copy>(ctx: &TcContext, offset: usize, value: T) -> Option<()> {
+pub fn store<T: Copy>(ctx: &impl Frame, offset: usize, value: T) -> Option<()> {
     if offset > MAX_OFFSET {
         return None;
     }
-    let start = ctx.data();
-    let end = ctx.data_end();
+    let start = ctx.start();
+    let end = ctx.end();
     if start + offset + size_of::<T>() > end {
         return None;
     }
-    // SAFETY: bounds-checked just above; TC programs may write packet data directly,
+    // SAFETY: bounds-checked just above; TC and XDP programs may write packet data directly,
     // and no reference into the packet is alive anywhere in the program.
     unsafe { core::ptr::write_unaligned((start + offset) as *mut T, value) };
     Some(())

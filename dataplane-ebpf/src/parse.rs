@@ -14,19 +14,18 @@
 //! traffic that is not a Service's; on the veth links of a node they do not arrive
 //! out of order.
 
-use aya_ebpf::programs::TcContext;
 use dataplane_common::{stat, FragKey, FragPorts, PROTO_ICMP, PROTO_SCTP, PROTO_TCP, PROTO_UDP};
 
 use crate::{
     counters::Exit,
     maps::{self, FRAGMENTS},
-    packet::{ipv4, load, sctp, tcp, udp, Flow, Packet, ETH_LEN, ETH_P_IP, ETH_TYPE_OFF},
+    packet::{ipv4, load, sctp, tcp, udp, Flow, Frame, Packet, ETH_LEN, ETH_P_IP, ETH_TYPE_OFF},
     tc::{DROP, PASS},
 };
 
 /// Parses the packet. `Err` carries the exit for packets the program does not handle.
 #[inline(always)]
-pub fn parse(ctx: &TcContext) -> Result<Packet, Exit> {
+pub fn parse<C: Frame>(ctx: &C) -> Result<Packet, Exit> {
     let ether_type: [u8; 2] = load(ctx, ETH_TYPE_OFF).ok_or((DROP, stat::DROP_MALFORMED))?;
     if u16::from_be_bytes(ether_type) != ETH_P_IP {
         return Err((PASS, stat::PASS_NOT_IPV4));

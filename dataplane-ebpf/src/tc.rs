@@ -3,6 +3,10 @@
 //! conntrack or pick, DNAT; a frontend without backends rejects or drops); any other
 //! packet may come from a backend (`from_backend`: reverse NAT), is rejected if it is
 //! for a ClusterIP's undeclared port, or passes untouched.
+//!
+//! The XDP program of the uplinks (`xdp.rs`) runs this same body ([`decide`]) over
+//! its frame; what needs a tail call or the skb (REJECT, SCTP ports, ICMP errors) it
+//! leaves to this program ([`TO_TC`]).
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT},
@@ -17,13 +21,65 @@ use crate::{
     counters::{self, count, Exit},
     icmp, lookup, maps,
     nat::{rewrite, End},
-    packet::{Flow, Packet},
+    packet::{Flow, Frame, Packet},
     parse::parse,
-    reject, sctp,
+    reject, sctp, xdp,
 };
 
 pub const PASS: i32 = TC_ACT_OK;
 pub const DROP: i32 = TC_ACT_SHOT;
+/// Not one of TC's verdicts: the XDP program passes the packet on untouched, for the
+/// TC program of the same interface to decide.
+pub const TO_TC: i32 = -1;
+
+/// What a program does beyond reading and rewriting its packet. TC hands packets to
+/// other programs by tail call (`sliceway_reject`, `sliceway_sctp_nat`) and reads
+/// the skb; XDP cannot (a tail call reaches programs of its own type only), so it
+/// leaves those packets to TC, untouched.
+pub trait Program: Frame {
+    /// Whether this program finishes every packet itself (TC).
+    const TAIL_CALLS: bool;
+    /// An ICMP error that may be about a translated connection (`icmp::error`).
+    fn icmp_error(&self, src_be: u32, l4_off: usize, ip_end: usize, now: u64)
+        -> Result<Exit, Exit>;
+    /// Answers `flow` with ICMP port unreachable (`sliceway_reject` counts `reason`);
+    /// drops it if the handover fails.
+    fn reject(&self, flow: &Flow, reason: u32) -> Exit;
+    /// Sets the ports of an SCTP packet whose addresses are translated (in
+    /// `sliceway_sctp_nat`, which counts `reason` and passes it); unchanged ports
+    /// need no handover.
+    fn sctp_ports(&self, flow: &Flow, sport_be: u16, dport_be: u16, reason: u32) -> Exit;
+}
+
+impl Program for TcContext {
+    const TAIL_CALLS: bool = true;
+
+    #[inline(always)]
+    fn icmp_error(
+        &self,
+        src_be: u32,
+        l4_off: usize,
+        ip_end: usize,
+        now: u64,
+    ) -> Result<Exit, Exit> {
+        icmp::error(self, src_be, l4_off, ip_end, now)
+    }
+
+    #[inline(always)]
+    fn reject(&self, flow: &Flow, reason: u32) -> Exit {
+        reject::port_unreachable(self, flow, reason);
+        (DROP, stat::DROP_REJECT)
+    }
+
+    #[inline(always)]
+    fn sctp_ports(&self, flow: &Flow, sport_be: u16, dport_be: u16, reason: u32) -> Exit {
+        if sport_be == flow.sport_be && dport_be == flow.dport_be {
+            return (PASS, reason);
+        }
+        sctp::translate_ports(self, flow, sport_be, dport_be, reason);
+        (DROP, stat::DROP_REWRITE)
+    }
+}
 
 #[classifier]
 pub fn sliceway_tc(ctx: TcContext) -> i32 {
@@ -34,8 +90,13 @@ pub fn sliceway_tc(ctx: TcContext) -> i32 {
 /// does, but a new connection comes from outside the node, so it meets a frontend's
 /// external entry first and is masqueraded without one (`lookup::frontend_external`).
 /// Replies of masqueraded connections, from backends on other nodes, come back here.
+/// A packet the XDP program decided passes at once.
 #[classifier]
 pub fn sliceway_tc_ext(ctx: TcContext) -> i32 {
+    if xdp::decided(&ctx) {
+        count(stat::PASS_XDP_DECIDED);
+        return PASS;
+    }
     run::<false, true>(&ctx)
 }
 
@@ -44,7 +105,7 @@ pub fn sliceway_tc_ext(ctx: TcContext) -> i32 {
 /// makes it `sliceway_tc_ext`.
 #[inline(always)]
 pub fn run<const BRIDGE: bool, const EXTERNAL: bool>(ctx: &TcContext) -> i32 {
-    let (action, reason) = match try_sliceway_tc::<BRIDGE, EXTERNAL>(ctx) {
+    let (action, reason) = match decide::<BRIDGE, EXTERNAL, _>(ctx) {
         Ok(exit) => exit,
         Err(exit) => exit,
     };
@@ -52,22 +113,26 @@ pub fn run<const BRIDGE: bool, const EXTERNAL: bool>(ctx: &TcContext) -> i32 {
     action
 }
 
-fn try_sliceway_tc<const BRIDGE: bool, const EXTERNAL: bool>(
-    ctx: &TcContext,
-) -> Result<Exit, Exit> {
+/// What to do with the packet, and the `stat` slot that says why.
+#[inline(always)]
+pub fn decide<const BRIDGE: bool, const EXTERNAL: bool, C: Program>(ctx: &C) -> Result<Exit, Exit> {
     let flow = match parse(ctx)? {
         Packet::L4(flow) => flow,
         Packet::Icmp {
             src_be,
             l4_off,
             ip_end,
-        } => return icmp::error(ctx, src_be, l4_off, ip_end, conntrack::now()),
+        } => return ctx.icmp_error(src_be, l4_off, ip_end, conntrack::now()),
     };
+    if !C::TAIL_CALLS && flow.proto == PROTO_SCTP {
+        // Its ports are set by a tail call, after its addresses: all of it is TC's.
+        return Ok((TO_TC, stat::XDP_TO_TC));
+    }
     let key = conntrack::key_of(&flow);
     let now = conntrack::now();
-    match from_client::<BRIDGE, EXTERNAL>(ctx, &flow, &key, now)? {
+    match from_client::<BRIDGE, EXTERNAL, C>(ctx, &flow, &key, now)? {
         Some(exit) => Ok(exit),
-        None => from_backend::<BRIDGE>(ctx, &flow, &key, now),
+        None => from_backend::<BRIDGE, C>(ctx, &flow, &key, now),
     }
 }
 
@@ -75,8 +140,8 @@ fn try_sliceway_tc<const BRIDGE: bool, const EXTERNAL: bool>(
 /// a new packet to a frontend picks a backend and is tracked. Then DNAT (and a source
 /// port rewrite if the connection's reply tuple needed one). `None`: neither.
 #[inline(always)]
-fn from_client<const BRIDGE: bool, const EXTERNAL: bool>(
-    ctx: &TcContext,
+fn from_client<const BRIDGE: bool, const EXTERNAL: bool, C: Program>(
+    ctx: &C,
     flow: &Flow,
     key: &CtKey,
     now: u64,
@@ -117,8 +182,11 @@ fn from_client<const BRIDGE: bool, const EXTERNAL: bool>(
                     counters::refused(service.id, true);
                     return Ok(Some((DROP, stat::DROP_NO_BACKEND)));
                 }
+                if !C::TAIL_CALLS {
+                    return Ok(Some((TO_TC, stat::XDP_TO_TC)));
+                }
                 counters::refused(service.id, false);
-                return Ok(Some(reject_or_drop(ctx, flow, stat::REJECT_NO_BACKEND)));
+                return Ok(Some(ctx.reject(flow, stat::REJECT_NO_BACKEND)));
             }
             let picked = lookup::pick(flow.src_be, flow.hash(), &service, now)?;
             let reason = match conntrack::track(
@@ -144,7 +212,7 @@ fn from_client<const BRIDGE: bool, const EXTERNAL: bool>(
     counters::translated(
         entry.service_id,
         entry.backend_id,
-        ctx.len() as u64,
+        ctx.wire_len() as u64,
         reason != stat::DNAT_ESTABLISHED && reason != stat::NAT_FRAGMENT,
     );
     let to = &entry.pair;
@@ -159,42 +227,16 @@ fn from_client<const BRIDGE: bool, const EXTERNAL: bool>(
             .map_err(|_| (DROP, stat::DROP_REWRITE))?;
     }
     if flow.proto == PROTO_SCTP && !flow.later_fragment {
-        return Ok(Some(sctp_ports(
-            ctx,
-            flow,
-            to.dport_be,
-            to.sport_be,
-            reason,
-        )));
+        return Ok(Some(ctx.sctp_ports(flow, to.dport_be, to.sport_be, reason)));
     }
     Ok(Some((PASS, reason)))
-}
-
-/// Sets the ports of an SCTP packet whose addresses are translated (in
-/// `sliceway_sctp_nat`, which counts `reason` and passes it); unchanged ports need no
-/// handover. The exit if the packet is not handed over.
-#[inline(always)]
-fn sctp_ports(ctx: &TcContext, flow: &Flow, sport_be: u16, dport_be: u16, reason: u32) -> Exit {
-    if sport_be == flow.sport_be && dport_be == flow.dport_be {
-        return (PASS, reason);
-    }
-    sctp::translate_ports(ctx, flow, sport_be, dport_be, reason);
-    (DROP, stat::DROP_REWRITE)
-}
-
-/// Answers `flow` with ICMP port unreachable (`sliceway_reject` counts `reason`);
-/// drops it if the handover fails.
-#[inline(always)]
-fn reject_or_drop(ctx: &TcContext, flow: &Flow, reason: u32) -> Exit {
-    reject::port_unreachable(ctx, flow, reason);
-    (DROP, stat::DROP_REJECT)
 }
 
 /// A reply of a live connection gets its frontend back as the source (and its
 /// client's own port back if it was remapped); anything else passes untouched.
 #[inline(always)]
-fn from_backend<const BRIDGE: bool>(
-    ctx: &TcContext,
+fn from_backend<const BRIDGE: bool, C: Program>(
+    ctx: &C,
     flow: &Flow,
     key: &CtKey,
     now: u64,
@@ -214,13 +256,7 @@ fn from_backend<const BRIDGE: bool>(
                     .map_err(|_| (DROP, stat::DROP_REWRITE))?;
             }
             if flow.proto == PROTO_SCTP && !flow.later_fragment {
-                return Ok(sctp_ports(
-                    ctx,
-                    flow,
-                    orig.dport_be,
-                    orig.sport_be,
-                    stat::REVNAT,
-                ));
+                return Ok(ctx.sctp_ports(flow, orig.dport_be, orig.sport_be, stat::REVNAT));
             }
             if flow.later_fragment {
                 return Ok((PASS, stat::NAT_FRAGMENT));
@@ -239,7 +275,10 @@ fn from_backend<const BRIDGE: bool>(
             // A ClusterIP on a port or protocol its Service does not declare: rejected,
             // as kube-proxy's nftables `cluster-ips` set does, never passed on.
             if lookup::is_clusterip(flow) {
-                return Ok(reject_or_drop(ctx, flow, stat::REJECT_NO_PORT));
+                if !C::TAIL_CALLS {
+                    return Ok((TO_TC, stat::XDP_TO_TC));
+                }
+                return Ok(ctx.reject(flow, stat::REJECT_NO_PORT));
             }
             Ok((PASS, stat::PASS_NO_SERVICE))
         }

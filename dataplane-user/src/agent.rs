@@ -19,7 +19,7 @@ use crate::{
     audit::AuditReport,
     compiler::{self, Skipped},
     interfaces::{self, Selection},
-    kernel::{AttachMode, Attached, Capacities, Datapath, KernelError, PinDir},
+    kernel::{AttachMode, Attached, Capacities, Datapath, KernelError, PinDir, XdpChoice},
     metrics::{Ask, Metrics},
     source::{
         self,
@@ -89,6 +89,8 @@ pub struct Settings {
     pub pins: Option<PinDir>,
     /// tcx, a TC filter, or whichever the kernel has.
     pub attach: AttachMode,
+    /// Whether, and how, the XDP program goes on the uplinks (`--xdp`).
+    pub xdp: XdpChoice,
     /// The cgroup the socket programs go on, for the node's own sockets; `None`: no
     /// socket load balancing.
     pub socket_lb: Option<std::path::PathBuf>,
@@ -620,7 +622,7 @@ fn start_datapath(settings: &Settings, m: &Metrics) -> Result<(Datapath, MapWrit
         m.set_migration(1, "pending");
         return Ok((dp, writer));
     }
-    attach_selected(&mut dp, selection, m)?;
+    attach_selected(&mut dp, selection, settings.xdp, m)?;
     Ok((dp, writer))
 }
 
@@ -693,13 +695,21 @@ fn warn_if_local_ports_overlap((min, max): (u16, u16)) {
 
 /// Attaches to the selected interfaces that exist (an exact name that fails is an
 /// error) and removes what earlier runs left elsewhere.
-fn attach_selected(dp: &mut Datapath, selection: &Selection, m: &Metrics) -> Result<(), Error> {
+fn attach_selected(
+    dp: &mut Datapath,
+    selection: &Selection,
+    xdp: XdpChoice,
+    m: &Metrics,
+) -> Result<(), Error> {
     if !selection.is_empty() {
         let present = interfaces::list().map_err(Error::ListInterfaces)?;
         let plan = interfaces::plan(selection, &dp.attached(), &present);
         for (iface, _, role) in &plan.attach {
             match dp.attach(iface, *role) {
-                Ok(how) => attached(iface, how, *role, m),
+                Ok(how) => {
+                    attached(iface, how, *role, m);
+                    attach_xdp(dp, iface, *role, xdp, m);
+                }
                 Err(e) if selection.exact().any(|n| n == iface) => {
                     return Err(Error::Attach(iface.clone(), e.into()));
                 }
@@ -724,7 +734,7 @@ fn attach_selected(dp: &mut Datapath, selection: &Selection, m: &Metrics) -> Res
 /// connections and links over without a failed connection (`kernel/migrate.rs`),
 /// attaches as at any start, and removes v1's pins. A failure is reported with what
 /// was left: the v1 pins stay for the next start to try again.
-fn migrate(dp: &mut Datapath, selection: &Selection, m: &Metrics) {
+fn migrate(dp: &mut Datapath, selection: &Selection, xdp: XdpChoice, m: &Metrics) {
     let started = std::time::Instant::now();
     let migrated = match dp.migrate_from_v1() {
         Ok(m) => {
@@ -743,7 +753,7 @@ fn migrate(dp: &mut Datapath, selection: &Selection, m: &Metrics) {
             false
         }
     };
-    if let Err(e) = attach_selected(dp, selection, m) {
+    if let Err(e) = attach_selected(dp, selection, xdp, m) {
         error!("attaching after the v1 migration: {e:#}; the v1 pins stay for the next start");
         dp.keep_v1();
         m.set_migration(1, "failed");
@@ -788,12 +798,34 @@ fn attached(iface: &str, how: Attached, role: interfaces::Role, m: &Metrics) {
     }
 }
 
+/// Puts the XDP program on an uplink just attached, as `--xdp` says. A refusal is
+/// logged and counted in the metrics; the uplink keeps its TC program, which decides
+/// every packet XDP would have.
+fn attach_xdp(dp: &mut Datapath, iface: &str, role: interfaces::Role, xdp: XdpChoice, m: &Metrics) {
+    if role != interfaces::Role::External {
+        return;
+    }
+    match dp.attach_xdp(iface, xdp) {
+        Ok(Some(how)) => {
+            m.set_xdp(iface, Some(how.as_str()));
+            info!(interface = %iface, mode = how.as_str(), "XDP fast path attached");
+        }
+        Ok(None) => {}
+        Err(e) => {
+            m.set_xdp(iface, None);
+            warn!("{e}");
+        }
+    }
+}
+
 /// What the agent does between syncs: follows the interfaces of the namespace
 /// (attaches to new ones that match, drops the links of those that went away), sweeps
 /// conntrack, reads the datapath's counters, audits the maps for drift, and answers
 /// what the HTTP endpoint asks.
 struct Scanner {
     selection: Selection,
+    /// `--xdp`, for uplinks that appear.
+    xdp: XdpChoice,
     tick: Option<tokio::time::Interval>,
     /// The kernel's link notifications, so a new interface is attached at once (the
     /// scan timer stays, for anything missed).
@@ -836,6 +868,7 @@ impl Scanner {
         };
         Self {
             selection: settings.interfaces.clone(),
+            xdp: settings.xdp,
             tick,
             links,
             failed: BTreeSet::new(),
@@ -908,6 +941,7 @@ impl Scanner {
             match dp.attach(iface, *role) {
                 Ok(how) => {
                     attached(iface, how, *role, &self.metrics);
+                    attach_xdp(dp, iface, *role, self.xdp, &self.metrics);
                     self.failed.remove(&(iface.clone(), *index));
                 }
                 Err(e) => {
@@ -1040,7 +1074,7 @@ async fn follow<S: source::Source>(
                 syncer.sync(dp);
                 source.report(&std::mem::take(&mut syncer.problems));
                 if dp.migration_pending() {
-                    migrate(dp, &scanner.selection, &scanner.metrics);
+                    migrate(dp, &scanner.selection, scanner.xdp, &scanner.metrics);
                     scanner.metrics.interfaces.set(dp.attached().len() as i64);
                 }
             }

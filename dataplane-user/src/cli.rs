@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 use crate::{
     compiler::NodePortAddresses,
     interfaces::{Selection, SelectionError},
-    kernel::{AttachMode, Capacities},
+    kernel::{AttachMode, Capacities, XdpChoice},
     writer::Limits,
 };
 
@@ -283,6 +283,14 @@ pub struct RunArgs {
     /// filter (`tc`, any kernel), or `auto`: tcx where the kernel has it.
     #[arg(long, value_enum, default_value_t = AttachMode::Auto)]
     pub attach: AttachMode,
+    /// The XDP fast path on the uplinks (--external-interfaces): the uplink
+    /// program's decisions made before the kernel builds an skb, over the same maps;
+    /// ICMP errors, SCTP and rejects are still decided at TC. `native`: in the
+    /// driver, where it has XDP (TC alone elsewhere); `generic`: in the kernel's
+    /// receive path (any interface, saves little); `auto`: native, else generic.
+    /// Assumes complete checksums, as packets from the wire carry.
+    #[arg(long, value_enum, default_value_t = XdpChoice::Off)]
+    pub xdp: XdpChoice,
     /// The cgroup (v2) whose processes' sockets reach Services through the socket
     /// programs (connect, sendmsg, recvmsg, getpeername), for the node's own traffic:
     /// node processes, the kubelet, hostNetwork pods. Only sockets of the agent's

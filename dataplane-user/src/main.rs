@@ -72,6 +72,7 @@ fn main() -> anyhow::Result<()> {
                     },
                     pins: (!args.no_pin).then(|| PinDir::new(args.bpffs_dir)),
                     attach: args.attach,
+                    xdp: args.xdp,
                     socket_lb: (!args.no_socket_lb).then_some(args.socket_lb_cgroup),
                     metrics_addr: (!args.no_metrics).then_some(args.metrics_addr),
                     conntrack: sliceway_agent::conntrack::Settings {

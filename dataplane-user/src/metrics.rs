@@ -232,7 +232,7 @@ impl Metrics {
         let links = Family::<Labels, Gauge>::default();
         registry.register(
             "interface_link",
-            "Interfaces a TC program is attached to (value 1), with how (new_link, took_over_link, new_filter, replaced_filter, unpinned) and which program (sliceway_tc on pods' interfaces, sliceway_tc_ext on the node's uplinks)",
+            "Interfaces a TC program is attached to (value 1), with how (new_link, took_over_link, new_filter, replaced_filter, unpinned) and which program (sliceway_tc on pods' interfaces, sliceway_tc_ext on the node's uplinks; sliceway_xdp beside it with --xdp, how native, generic or refused)",
             links.clone(),
         );
         let socket_links = Family::<Labels, Gauge>::default();
@@ -304,8 +304,33 @@ impl Metrics {
             .set(1);
     }
 
+    /// Records how the XDP program went on uplink `iface` (`native`, `generic`), or
+    /// that it was refused (`None`: a series with how `refused`).
+    pub fn set_xdp(&self, iface: &str, how: Option<&str>) {
+        self.forget_xdp(iface);
+        self.links
+            .get_or_create(&link_labels(
+                iface,
+                how.unwrap_or("refused"),
+                crate::kernel::XDP_PROGRAM,
+            ))
+            .set(1);
+    }
+
+    fn forget_xdp(&self, iface: &str) {
+        for how in crate::kernel::XdpAttached::ALL
+            .iter()
+            .map(|h| h.as_str())
+            .chain(["refused"])
+        {
+            self.links
+                .remove(&link_labels(iface, how, crate::kernel::XDP_PROGRAM));
+        }
+    }
+
     /// Records that `iface` no longer has the program attached by this agent.
     pub fn forget_link(&self, iface: &str) {
+        self.forget_xdp(iface);
         for how in crate::kernel::Attached::ALL {
             for role in [crate::kernel::Role::Pods, crate::kernel::Role::External] {
                 self.links

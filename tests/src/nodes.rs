@@ -107,6 +107,8 @@ pub struct TwoNodes {
     pub nodes: Vec<Node>,
     /// Allowed and blocked clients, as a test sees fit.
     pub clients: Vec<Client>,
+    /// `--xdp` for the agents (`None`: the uplinks' TC program alone).
+    pub xdp: Option<&'static str>,
     /// Namespace of the node network's bridge; dropped last.
     net: Netns,
 }
@@ -125,6 +127,7 @@ impl TwoNodes {
             prefix: prefix.clone(),
             nodes: Vec::new(),
             clients: Vec::new(),
+            xdp: None,
             net,
         };
         for k in 1..=2u8 {
@@ -222,7 +225,8 @@ impl TwoNodes {
     }
 
     /// Starts the agent of node `k` on its pods' interfaces (`p*`) and its uplink
-    /// (`eth0`), with `extra` arguments; waits for its first sync.
+    /// (`eth0`, with `--xdp` if the lab says so), with `extra` arguments; waits for
+    /// its first sync.
     pub fn start_agent(&self, k: usize, extra: &[&str]) -> Result<Agent> {
         let node = self.node(k);
         let bin = workspace_binary("sliceway-agent")?;
@@ -232,6 +236,9 @@ impl TwoNodes {
             "--external-interfaces".into(),
             "eth0".into(),
         ];
+        if let Some(xdp) = self.xdp {
+            args.extend(["--xdp".to_string(), xdp.to_string()]);
+        }
         args.extend(extra.iter().map(|s| s.to_string()));
         let agent = Agent::start_binary(
             &bin,

@@ -1,6 +1,8 @@
 //! Issue 11, traffic from outside the cluster, in the two-node lab
 //! (`sliceway_lab::nodes`): two agents in local mode, each on its node's pods and its
 //! uplink, clients outside the cluster on the node network. Real sockets only.
+//! Every test runs twice: with the uplinks' TC program alone (`tc::`) and with the
+//! XDP fast path in front of it (`xdp::`, native XDP on the nodes' veth uplinks).
 
 use std::{
     collections::BTreeSet,
@@ -52,9 +54,11 @@ fn peer_ip(peer: Option<SocketAddr>) -> Option<std::net::IpAddr> {
 /// connection is masqueraded, so the reply comes back through node 1, which
 /// translates it back), and on node 2 itself node 2's. Every connection gets a
 /// translated tuple of its own: many connections from one client all succeed.
-#[test]
-fn an_external_client_reaches_a_node_port_whose_backend_is_on_another_node() {
-    let lab = TwoNodes::new(1).unwrap();
+fn an_external_client_reaches_a_node_port_whose_backend_is_on_another_node(
+    xdp: Option<&'static str>,
+) {
+    let mut lab = TwoNodes::new(1).unwrap();
+    lab.xdp = xdp;
     lab.write_manifest("nodes.yaml", &lab.node_objects())
         .unwrap();
     lab.write_manifest("web.yaml", &web(&lab, "NodePort", "Cluster", &[(2, 0)]))
@@ -62,15 +66,21 @@ fn an_external_client_reaches_a_node_port_whose_backend_is_on_another_node() {
     let a1 = lab.start_agent(1, &[]).unwrap();
     let a2 = lab.start_agent(2, &[]).unwrap();
     assert!(a1.link("eth0").unwrap().is_some(), "the uplink is attached");
-    let program = |iface: &str| {
-        a1.metric_label(
-            &format!("sliceway_interface_link{{interface=\"{iface}\","),
-            "program",
-        )
-        .unwrap()
+    // Which programs each interface has, from `sliceway_interface_link`.
+    let programs = |a: &sliceway_lab::Agent, iface: &str| -> BTreeSet<String> {
+        let text = a.metrics().unwrap();
+        let series = format!("sliceway_interface_link{{interface=\"{iface}\",");
+        text.lines()
+            .filter(|l| l.starts_with(&series))
+            .filter_map(|l| Some(l.split_once("program=\"")?.1.split('"').next()?.to_string()))
+            .collect()
     };
-    assert_eq!(program("eth0").as_deref(), Some("sliceway_tc_ext"));
-    assert_eq!(program("p11").as_deref(), Some("sliceway_tc"));
+    let uplink: BTreeSet<String> = match xdp {
+        None => ["sliceway_tc_ext".to_string()].into(),
+        Some(_) => ["sliceway_tc_ext".to_string(), "sliceway_xdp".to_string()].into(),
+    };
+    assert_eq!(programs(&a1, "eth0"), uplink);
+    assert_eq!(programs(&a1, "p11"), ["sliceway_tc".to_string()].into());
     let client = &lab.clients[0];
     let backend = lab.node(2).pods[0].name.clone();
     for (node, seen_as) in [(1, lab.node(1).ip), (2, lab.node(2).ip)] {
@@ -94,6 +104,21 @@ fn an_external_client_reaches_a_node_port_whose_backend_is_on_another_node() {
             .unwrap();
         assert_eq!(n, Some(40.0), "{:#?}", a.metrics());
     }
+    if let Some(mode) = xdp {
+        for a in [&a1, &a2] {
+            let series = format!(
+                "sliceway_interface_link{{interface=\"eth0\",how=\"{mode}\",program=\"sliceway_xdp\"}}"
+            );
+            assert_eq!(a.metric(&series).unwrap(), Some(1.0), "{:#?}", a.metrics());
+            // XDP decided the uplink's packets, and the TC program behind it saw its
+            // mark and let them pass at once.
+            let decided = a
+                .metric("sliceway_datapath_packets{reason=\"pass_xdp_decided\"}")
+                .unwrap()
+                .unwrap_or(0.0);
+            assert!(decided >= 40.0, "{decided}: {:#?}", a.metrics());
+        }
+    }
     assert_eq!(a2.problems_logged().unwrap(), 0, "{:#?}", a2.log());
     assert_eq!(a1.problems_logged().unwrap(), 0, "{:#?}", a1.log());
 }
@@ -104,9 +129,11 @@ fn an_external_client_reaches_a_node_port_whose_backend_is_on_another_node() {
 /// balancer sends only there. The load-balancer IP, routed to either node, behaves
 /// the same. A pod on the node without endpoints still reaches the load-balancer IP:
 /// pod traffic is short-circuited to all endpoints.
-#[test]
-fn external_traffic_policy_local_keeps_the_client_address_on_nodes_with_endpoints() {
-    let lab = TwoNodes::new(1).unwrap();
+fn external_traffic_policy_local_keeps_the_client_address_on_nodes_with_endpoints(
+    xdp: Option<&'static str>,
+) {
+    let mut lab = TwoNodes::new(1).unwrap();
+    lab.xdp = xdp;
     lab.write_manifest("nodes.yaml", &lab.node_objects())
         .unwrap();
     lab.write_manifest("web.yaml", &web(&lab, "LoadBalancer", "Local", &[(2, 0)]))
@@ -199,9 +226,9 @@ fn external_traffic_policy_local_keeps_the_client_address_on_nodes_with_endpoint
 /// sources within the ranges (the other client's are dropped), whichever node the
 /// load balancer sends to; the NodePort of the same Service takes both, as
 /// kube-proxy's NodePorts bypass source ranges.
-#[test]
-fn load_balancer_source_ranges_let_in_the_allowed_client_only() {
-    let lab = TwoNodes::new(1).unwrap();
+fn load_balancer_source_ranges_let_in_the_allowed_client_only(xdp: Option<&'static str>) {
+    let mut lab = TwoNodes::new(1).unwrap();
+    lab.xdp = xdp;
     lab.write_manifest("nodes.yaml", &lab.node_objects())
         .unwrap();
     let allowed = &lab.clients[0];
@@ -269,9 +296,11 @@ fn load_balancer_source_ranges_let_in_the_allowed_client_only() {
 /// replies, coming back over the node network, on the uplink; the node's own sockets
 /// are given the backend at connect, and an unconnected UDP socket sees the answer
 /// come from the ClusterIP. The backend sees the pod's own address and the node's.
-#[test]
-fn pods_and_the_node_reach_a_cluster_ip_whose_backend_is_on_the_other_node() {
-    let lab = TwoNodes::new(1).unwrap();
+fn pods_and_the_node_reach_a_cluster_ip_whose_backend_is_on_the_other_node(
+    xdp: Option<&'static str>,
+) {
+    let mut lab = TwoNodes::new(1).unwrap();
+    lab.xdp = xdp;
     lab.write_manifest("nodes.yaml", &lab.node_objects())
         .unwrap();
     lab.write_manifest("web.yaml", &web(&lab, "ClusterIP", "Cluster", &[(2, 0)]))
@@ -323,10 +352,10 @@ fn pods_and_the_node_reach_a_cluster_ip_whose_backend_is_on_the_other_node() {
 /// different orders (so ECMP or a node change keeps a flow on its backend's side).
 /// Without Maglev (`--no-maglev`) the same histories place the backends differently
 /// and some flows change backend with the node: the check can fail.
-#[test]
-fn every_node_picks_the_same_backend_for_a_flow_with_maglev() {
-    fn picks(maglev: bool) -> (Vec<String>, Vec<String>) {
-        let lab = TwoNodes::new(2).unwrap();
+fn every_node_picks_the_same_backend_for_a_flow_with_maglev(xdp: Option<&'static str>) {
+    let picks = |maglev: bool| -> (Vec<String>, Vec<String>) {
+        let mut lab = TwoNodes::new(2).unwrap();
+        lab.xdp = xdp;
         lab.write_manifest("nodes.yaml", &lab.node_objects())
             .unwrap();
         let all = [(1, 0), (1, 1), (2, 0), (2, 1)];
@@ -358,7 +387,7 @@ fn every_node_picks_the_same_backend_for_a_flow_with_maglev() {
         }
         let second = by_node.pop().unwrap();
         (by_node.pop().unwrap(), second)
-    }
+    };
     let (one, two) = picks(true);
     assert_eq!(one, two, "the same backend for each flow on both nodes");
     let distinct: BTreeSet<&String> = one.iter().collect();
@@ -369,3 +398,29 @@ fn every_node_picks_the_same_backend_for_a_flow_with_maglev() {
     let (one, two) = picks(false);
     assert_ne!(one, two, "without Maglev the placements differ");
 }
+
+/// Each test, once per uplink datapath.
+macro_rules! in_both_modes {
+    ($($name:ident),* $(,)?) => {
+        mod tc {
+            $(#[test]
+            fn $name() {
+                super::$name(None)
+            })*
+        }
+        mod xdp {
+            $(#[test]
+            fn $name() {
+                super::$name(Some("native"))
+            })*
+        }
+    };
+}
+
+in_both_modes!(
+    an_external_client_reaches_a_node_port_whose_backend_is_on_another_node,
+    external_traffic_policy_local_keeps_the_client_address_on_nodes_with_endpoints,
+    load_balancer_source_ranges_let_in_the_allowed_client_only,
+    pods_and_the_node_reach_a_cluster_ip_whose_backend_is_on_the_other_node,
+    every_node_picks_the_same_backend_for_a_flow_with_maglev
+);

@@ -1594,3 +1594,100 @@ fn load_balancer_source_ranges_drop_new_connections_from_elsewhere() {
     );
     assert!(pipeline.ranges.is_empty());
 }
+
+/// The exits a run counted, by name, with how many each.
+fn counted_between(before: &[u64], after: &[u64]) -> Vec<(&'static str, u64)> {
+    (0..stat::COUNT as usize)
+        .filter(|&r| after[r] != before[r])
+        .map(|r| (stat::NAMES[r], after[r] - before[r]))
+        .collect()
+}
+
+/// Issue 11: the XDP fast path (`sliceway_xdp`) decides every packet of every fixture
+/// as the uplink's TC program (`sliceway_tc_ext`) does: two datapaths with the same
+/// maps and node address, one fed through XDP (and through TC where XDP leaves the
+/// packet to it: ICMP errors, SCTP, rejects), the other through TC alone; each step
+/// must give the same verdict, the same exit reasons and the same bytes, so their
+/// conntrack stays the same along the sequence. A packet XDP decided also passes
+/// the TC program untouched when it carries no mark (a driver without XDP
+/// metadata): translated, it is nobody's to translate again.
+#[test]
+fn the_xdp_program_decides_every_fixture_packet_as_the_uplink_tc_program_does() {
+    use dataplane_common::NatConfig;
+    use sliceway_agent::kernel::{Role, XDP_DROP, XDP_PASS};
+    let nat = NatConfig {
+        node_addr_be: u32::from(std::net::Ipv4Addr::new(10, 100, 0, 1)).to_be(),
+        port_min: 61_000,
+        port_max: 61_099,
+    };
+    let (mut decided, mut handed_over) = (0, 0);
+    let mut failures = Vec::new();
+    'fixtures: for fixture in FIXTURES {
+        let (mut xdp, mut xdp_writer) = datapath(fixture.maps);
+        let (mut tc, mut tc_writer) = datapath(fixture.maps);
+        xdp.set_nat(nat).unwrap();
+        tc.set_nat(nat).unwrap();
+        for (i, step) in fixture.steps.iter().enumerate() {
+            for (_, manifests) in fixture.remaps.iter().filter(|(n, _)| *n == i) {
+                apply(&mut xdp_writer, &mut xdp, manifests);
+                apply(&mut tc_writer, &mut tc, manifests);
+            }
+            let at = format!("{}, step {}", fixture.description, i + 1);
+            let input = (step.input)();
+            let before = tc.stats().unwrap();
+            let want = tc.test_run_as(Role::External, &input).unwrap();
+            let want_counted = counted_between(&before, &tc.stats().unwrap());
+            let before = xdp.stats().unwrap();
+            let first = xdp.test_run_xdp(&input).unwrap();
+            let mid = xdp.stats().unwrap();
+            let xdp_counted = counted_between(&before, &mid);
+            let (verdict, packet, counted) = if xdp_counted == [("xdp_to_tc", 1)] {
+                handed_over += 1;
+                if first.verdict != XDP_PASS || first.packet != input {
+                    failures.push(format!("{at}: handed over changed or not passed"));
+                    continue 'fixtures;
+                }
+                let out = xdp.test_run_as(Role::External, &input).unwrap();
+                let counted = counted_between(&mid, &xdp.stats().unwrap());
+                (out.verdict, out.packet, counted)
+            } else {
+                decided += 1;
+                let verdict = match first.verdict {
+                    XDP_PASS => PASS,
+                    XDP_DROP => DROP,
+                    other => other,
+                };
+                if verdict == PASS {
+                    // Without the mark, the TC program finds nothing to do.
+                    let before = xdp.stats().unwrap();
+                    let again = xdp.test_run_as(Role::External, &first.packet).unwrap();
+                    let counted = counted_between(&before, &xdp.stats().unwrap());
+                    let untouched = counted.len() == 1
+                        && counted[0].0.starts_with("pass_")
+                        && again.verdict == PASS
+                        && again.packet == first.packet;
+                    if !untouched {
+                        failures.push(format!(
+                            "{at}: the TC program changed a packet XDP decided: {counted:?}"
+                        ));
+                        continue 'fixtures;
+                    }
+                }
+                (verdict, first.packet, xdp_counted)
+            };
+            if (verdict, &counted, &packet) != (want.verdict, &want_counted, &want.packet) {
+                failures.push(format!(
+                    "{at}: XDP gave {verdict} {counted:?}\n {packet:02x?}\nTC gave {} {want_counted:?}\n {:02x?}",
+                    want.verdict, want.packet
+                ));
+                continue 'fixtures;
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    // Both kinds of packet were met.
+    assert!(
+        decided >= 40 && handed_over >= 5,
+        "{decided} decided, {handed_over} handed over"
+    );
+}

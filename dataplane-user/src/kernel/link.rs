@@ -307,6 +307,7 @@ impl Datapath {
     /// took its filters with it). Nothing happens to other interfaces. Returns whether
     /// there was a link.
     pub fn detach(&mut self, iface: &str) -> Result<bool, KernelError> {
+        self.detach_xdp(iface);
         let Some(link) = self.links.remove(iface) else {
             return Ok(false);
         };

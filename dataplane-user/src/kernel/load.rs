@@ -24,6 +24,9 @@ pub const TC_PROGRAM: &str = "sliceway_tc";
 /// The TC program of the node's uplinks (`--external-interfaces`): clients outside
 /// the node, masqueraded unless a frontend says `externalTrafficPolicy: Local`.
 pub const TC_EXT_PROGRAM: &str = "sliceway_tc_ext";
+/// The XDP program of the uplinks (`--xdp`): the uplink TC program's decisions,
+/// before the skb is made; what it cannot finish it leaves to that program.
+pub const XDP_PROGRAM: &str = "sliceway_xdp";
 /// The program the TC program hands packets to reject to (tail call).
 pub const REJECT_PROGRAM: &str = "sliceway_reject";
 /// The program the TC program hands SCTP packets to for their ports (tail call).
@@ -194,6 +197,11 @@ impl Datapath {
             .ok_or(KernelError::MissingProgram(TC_EXT_PROGRAM))?
             .try_into()?;
         ext.load()?;
+        let xdp: &mut aya::programs::Xdp = ebpf
+            .program_mut(XDP_PROGRAM)
+            .ok_or(KernelError::MissingProgram(XDP_PROGRAM))?
+            .try_into()?;
+        xdp.load()?;
         // The programs reached from the TC program by tail call (a stack of their
         // own), loaded and put in their slots of JUMP: reject in 0, SCTP ports in 1.
         let mut fds = Vec::new();
@@ -237,6 +245,7 @@ impl Datapath {
             pins: pins.cloned(),
             limits,
             links: BTreeMap::new(),
+            xdp_links: BTreeMap::new(),
             path: None,
             v1,
             adopted,

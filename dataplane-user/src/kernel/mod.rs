@@ -1,7 +1,7 @@
 //! The kernel edge: loads the embedded object (`load`), pins maps and links under
 //! bpffs (`pin`), attaches the TC program to interfaces (`link`), exposes the maps to
-//! the writer and the sweeper (`maps`), and runs packets through the program with
-//! BPF_PROG_TEST_RUN (here).
+//! the writer and the sweeper (`maps`), puts the XDP program on uplinks (`xdp`), and
+//! runs packets through the programs with BPF_PROG_TEST_RUN (here, `xdp`).
 
 mod link;
 mod load;
@@ -9,6 +9,7 @@ mod maps;
 mod migrate;
 mod pin;
 mod sock;
+mod xdp;
 
 use std::{collections::BTreeMap, path::PathBuf};
 
@@ -25,13 +26,14 @@ use link::InterfaceLink;
 pub use link::{probe_tcx, AttachMode, Attached, Role, TcPath, TC_HANDLE, TC_PRIORITY};
 pub use load::{
     check, render_check, KernelCheck, ProgramCheck, REJECT_PROGRAM, SCTP_NAT_PROGRAM,
-    TC_EXT_PROGRAM, TC_PROGRAM,
+    TC_EXT_PROGRAM, TC_PROGRAM, XDP_PROGRAM,
 };
 pub(crate) use maps::summed;
 pub use maps::KernelMaps;
 pub use migrate::{plan_copy, CopyCounts, Migration, BRIDGE_PROGRAM, UNKNOWN_ID};
 pub use pin::PinDir;
 pub use sock::{netns_cookie, SockAttached, SOCK_PROGRAMS};
+pub use xdp::{XdpAttached, XdpChoice, XDP_DROP, XDP_PASS};
 
 /// A one-to-one SCTP socket (IPv4), or why this kernel opens none
 /// (`EPROTONOSUPPORT` where SCTP is not built or its module is missing).
@@ -85,6 +87,8 @@ pub enum KernelError {
          a tun device, ...): not attached, so its packets are never misread"
     )]
     NotEthernet { iface: String, link_type: u16 },
+    #[error("XDP on interface {iface} refused ({reason}); its TC program decides every packet")]
+    Xdp { iface: String, reason: String },
     #[error("socket programs on cgroup {cgroup}: {reason}")]
     Sock { cgroup: PathBuf, reason: String },
     #[error("pinning under {path}: {reason}")]
@@ -136,6 +140,8 @@ pub struct Datapath {
     limits: Limits,
     /// Interfaces the program is attached to by this agent.
     links: BTreeMap<String, InterfaceLink>,
+    /// Uplinks with the XDP program, attached by this agent (not pinned).
+    xdp_links: BTreeMap<String, (aya::programs::xdp::XdpLinkId, XdpAttached)>,
     /// The attach path, chosen before the first attach.
     path: Option<TcPath>,
     /// A v1 layout beside this one, to migrate after the first sync.

@@ -1,0 +1,113 @@
+//! The XDP fast path of the node's uplinks (`--xdp`): the uplink TC program's body
+//! ([`tc::decide`] with `EXTERNAL`) run on the frame before the kernel makes an skb
+//! of it, over the same maps and conntrack. What it cannot finish, it passes on
+//! untouched to `sliceway_tc_ext`, which stays attached to the same interface: ICMP
+//! errors, SCTP, and packets to reject (those need a tail call to a TC program or the
+//! skb), counted `xdp_to_tc`. So a packet gets the same verdict and the same bytes
+//! whichever program decides it, and the uplink works the same where XDP cannot
+//! attach.
+//!
+//! A packet the XDP program decided carries a mark in its metadata (4 bytes before
+//! the frame, kept in the skb's metadata), the interface's index under a constant, so
+//! the TC program passes it at once instead of looking it up again (`decided`). The
+//! mark is a shortcut, never needed for a right answer: without it (a driver without
+//! metadata support) the TC program finds nothing to do with a translated packet,
+//! whose destination is then a backend and whose tuple no conntrack entry keys.
+
+use aya_ebpf::{
+    bindings::xdp_action::{XDP_DROP, XDP_PASS},
+    helpers::bpf_xdp_adjust_meta,
+    macros::xdp,
+    programs::{TcContext, XdpContext},
+};
+use dataplane_common::stat;
+
+use crate::{
+    counters::{count, Exit},
+    packet::Flow,
+    tc::{self, Program, DROP, PASS, TO_TC},
+};
+
+/// The mark's constant ("SLWX"); the interface's index is XORed in, so metadata left
+/// on an skb that reaches another interface's program never reads as a mark there.
+const MARK: u32 = 0x534c_5758;
+/// The metadata's length: one `u32` (the kernel wants a multiple of 4, at most 32).
+const META_LEN: usize = 4;
+
+#[xdp]
+pub fn sliceway_xdp(ctx: XdpContext) -> u32 {
+    let (verdict, reason) = match tc::decide::<false, true, _>(&ctx) {
+        Ok(exit) => exit,
+        Err(exit) => exit,
+    };
+    count(reason);
+    match verdict {
+        PASS => {
+            mark(&ctx);
+            XDP_PASS
+        }
+        DROP => XDP_DROP,
+        // TO_TC: untouched, unmarked.
+        _ => XDP_PASS,
+    }
+}
+
+impl Program for XdpContext {
+    const TAIL_CALLS: bool = false;
+
+    #[inline(always)]
+    fn icmp_error(
+        &self,
+        _src: u32,
+        _l4_off: usize,
+        _ip_end: usize,
+        _now: u64,
+    ) -> Result<Exit, Exit> {
+        Ok((TO_TC, stat::XDP_TO_TC))
+    }
+
+    #[inline(always)]
+    fn reject(&self, _flow: &Flow, _reason: u32) -> Exit {
+        (TO_TC, stat::XDP_TO_TC)
+    }
+
+    #[inline(always)]
+    fn sctp_ports(&self, _flow: &Flow, _sport_be: u16, _dport_be: u16, _reason: u32) -> Exit {
+        // `tc::decide` leaves SCTP to TC before anything is rewritten.
+        (TO_TC, stat::XDP_TO_TC)
+    }
+}
+
+/// Puts the mark in the frame's metadata; nothing if the driver keeps no metadata.
+#[inline(always)]
+fn mark(ctx: &XdpContext) {
+    // SAFETY: the helper grows the metadata area in front of the frame or fails.
+    if unsafe { bpf_xdp_adjust_meta(ctx.ctx, -(META_LEN as i32)) } != 0 {
+        return;
+    }
+    let (meta, data) = (ctx.metadata(), ctx.data());
+    // The bounds check on the metadata the verifier needs, right before the write.
+    if meta + META_LEN > data {
+        return;
+    }
+    let value = MARK ^ ctx.ingress_ifindex() as u32;
+    // SAFETY: `meta..meta + 4` is the metadata area, checked just above.
+    unsafe { core::ptr::write_unaligned(meta as *mut u32, value) };
+}
+
+/// Whether the XDP program of this skb's interface decided it (its mark is in the
+/// skb's metadata).
+#[inline(always)]
+pub fn decided(ctx: &TcContext) -> bool {
+    let skb = ctx.skb.skb;
+    // SAFETY: reads of the context's own `__sk_buff`.
+    let (meta, ifindex) = unsafe { ((*skb).data_meta as usize, (*skb).ingress_ifindex) };
+    let data = ctx.data();
+    // The bounds check on the metadata the verifier needs, right before the read.
+    if meta + META_LEN > data {
+        return false;
+    }
+    // SAFETY: `meta..meta + 4` lies in the skb's metadata, checked just above.
+    let value = unsafe { core::ptr::read_unaligned(meta as *const u32) };
+    value == MARK ^ ifindex
+}

@@ -1,0 +1,168 @@
+//! The XDP fast path on the node's uplinks (`--xdp`): `sliceway_xdp` beside the
+//! uplink's TC program, over the same maps. It decides what it can before the kernel
+//! makes an skb and passes the rest, untouched, to the TC program, which stays
+//! attached; so where XDP cannot attach nothing is lost but speed.
+//!
+//! The XDP link is the agent's own (not pinned): it goes when the agent exits and a
+//! restarted agent attaches anew, while the pinned TC program serves every packet in
+//! between. A second XDP program on the same interface and mode is refused by the
+//! kernel (EBUSY): another owner's XDP program is never replaced.
+
+use aya::programs::{TestRun, TestRunOptions, Xdp, XdpMode};
+
+use super::{load::XDP_PROGRAM, Datapath, KernelError, TestRunOutput};
+
+/// Where the XDP program goes (`--xdp`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum XdpChoice {
+    /// No XDP: the uplinks' TC program decides every packet.
+    #[default]
+    Off,
+    /// Native XDP, in the driver, where the driver has it; TC alone elsewhere.
+    Native,
+    /// Generic XDP (in the kernel's receive path, after the skb is made) on every
+    /// uplink: for drivers without native XDP and for tests; it saves little or
+    /// nothing over TC.
+    Generic,
+    /// Native where the driver has it, generic otherwise.
+    Auto,
+}
+
+/// How the XDP program went on an interface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XdpAttached {
+    Native,
+    Generic,
+}
+
+impl XdpAttached {
+    pub const ALL: [XdpAttached; 2] = [XdpAttached::Native, XdpAttached::Generic];
+
+    /// Its name in metrics and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            XdpAttached::Native => "native",
+            XdpAttached::Generic => "generic",
+        }
+    }
+}
+
+/// The output context of an XDP test run (`struct xdp_md`): the offsets of data and
+/// its end (from the metadata's start), of the metadata, and three interface fields.
+#[repr(C)]
+#[derive(Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
+struct XdpMd {
+    data: u32,
+    data_end: u32,
+    data_meta: u32,
+    ingress_ifindex: u32,
+    rx_queue_index: u32,
+    egress_ifindex: u32,
+}
+
+impl Datapath {
+    fn xdp_program(&mut self) -> Result<&mut Xdp, KernelError> {
+        Ok(self
+            .ebpf
+            .program_mut(XDP_PROGRAM)
+            .ok_or(KernelError::MissingProgram(XDP_PROGRAM))?
+            .try_into()?)
+    }
+
+    /// Attaches the XDP program to uplink `iface` as `choice` says. `Ok(None)`: off.
+    /// An error says why each mode tried was refused; the interface keeps its TC
+    /// program either way.
+    pub fn attach_xdp(
+        &mut self,
+        iface: &str,
+        choice: XdpChoice,
+    ) -> Result<Option<XdpAttached>, KernelError> {
+        let modes: &[(XdpMode, XdpAttached)] = match choice {
+            XdpChoice::Off => return Ok(None),
+            XdpChoice::Native => &[(XdpMode::Driver, XdpAttached::Native)],
+            XdpChoice::Generic => &[(XdpMode::Skb, XdpAttached::Generic)],
+            XdpChoice::Auto => &[
+                (XdpMode::Driver, XdpAttached::Native),
+                (XdpMode::Skb, XdpAttached::Generic),
+            ],
+        };
+        self.detach_xdp(iface);
+        let mut refused = Vec::new();
+        for &(mode, how) in modes {
+            match self.xdp_program()?.attach(iface, mode) {
+                Ok(id) => {
+                    self.xdp_links.insert(iface.to_string(), (id, how));
+                    return Ok(Some(how));
+                }
+                Err(e) => refused.push(format!("{}: {}", how.as_str(), chain(&e))),
+            }
+        }
+        Err(KernelError::Xdp {
+            iface: iface.to_string(),
+            reason: refused.join("; "),
+        })
+    }
+
+    /// Detaches this agent's XDP program from `iface`, if it is there. Returns
+    /// whether it was.
+    pub fn detach_xdp(&mut self, iface: &str) -> bool {
+        let Some((id, _)) = self.xdp_links.remove(iface) else {
+            return false;
+        };
+        if let Ok(program) = self.xdp_program() {
+            // With the interface gone the kernel has detached it already; the error
+            // of doing it again is of no interest.
+            let _ = program.detach(id);
+        }
+        true
+    }
+
+    /// Uplinks with the XDP program, and how.
+    pub fn xdp_attached(&self) -> Vec<(String, XdpAttached)> {
+        self.xdp_links
+            .iter()
+            .map(|(name, (_, how))| (name.clone(), *how))
+            .collect()
+    }
+
+    /// Runs one packet (from the Ethernet header) through the XDP program with
+    /// BPF_PROG_TEST_RUN. The verdict is XDP's (`XDP_DROP`, `XDP_PASS`); the packet
+    /// as the program left it, without the metadata it put in front.
+    pub fn test_run_xdp(&mut self, packet: &[u8]) -> Result<TestRunOutput, KernelError> {
+        let ctx_in = XdpMd {
+            data_end: packet.len() as u32,
+            ..XdpMd::default()
+        };
+        let mut ctx_out = XdpMd::default();
+        let mut out = vec![0u8; packet.len() + 256];
+        let result = self.xdp_program()?.test_run(TestRunOptions {
+            data_in: Some(packet),
+            data_out: Some(&mut out),
+            ctx_in: Some(bytemuck::bytes_of(&ctx_in)),
+            ctx_out: Some(bytemuck::bytes_of_mut(&mut ctx_out)),
+            ..TestRunOptions::new()
+        })?;
+        out.truncate(result.data_size_out as usize);
+        let meta = (ctx_out.data as usize).min(out.len());
+        Ok(TestRunOutput {
+            verdict: result.return_value as i32,
+            packet: out.split_off(meta),
+            duration: result.duration,
+        })
+    }
+}
+
+/// An error and its sources, on one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        msg.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    msg
+}
+
+/// XDP verdicts as the program returns them.
+pub const XDP_DROP: i32 = 1;
+pub const XDP_PASS: i32 = 2;
