@@ -14,7 +14,7 @@ use serde::Serialize;
 use sliceway_agent::{
     agent::Pipeline,
     compiler::{self, Frontend, Incremental, ServicePortName},
-    kernel::{Capacities, Datapath},
+    kernel::{Capacities, Datapath, Role},
     model::{Origin, ServiceInfo, SliceInfo},
     packet::{build, PacketSpec, TCP_ACK, TCP_SYN},
     source::local,
@@ -43,6 +43,12 @@ pub struct Fig1Row {
     /// The same with the program loaded without its per-frontend and per-backend
     /// counters (`--no-flow-counters`), interleaved with the above.
     pub established_without_counters_ns: Summary,
+    /// The uplink's programs on the floor's packet and the established one: the TC
+    /// program (`sliceway_tc_ext`) and the XDP program in front of it, interleaved.
+    pub uplink_no_match_tc_ns: Summary,
+    pub uplink_no_match_xdp_ns: Summary,
+    pub uplink_established_tc_ns: Summary,
+    pub uplink_established_xdp_ns: Summary,
     /// Cross-check: mean over distinct, never-seen tuples, one run each.
     pub new_flow_fresh_tuples_ns: Summary,
     /// The floor measured the same way (one run each), to compare with the above.
@@ -120,8 +126,18 @@ fn delta(before: &[u64], after: &[u64], slot: u32) -> u64 {
 
 /// Runs `packet` `repeat` times and checks that every run took the exit `expect`.
 fn timed(dp: &Datapath, packet: &[u8], repeat: u32, expect: u32) -> Result<f64> {
+    timed_with(dp, repeat, expect, |dp| Ok(dp.time_run(packet, repeat)?))
+}
+
+/// [`timed`] through `run`, which runs the packet `repeat` times on `dp`.
+fn timed_with(
+    dp: &Datapath,
+    repeat: u32,
+    expect: u32,
+    run: impl FnOnce(&Datapath) -> Result<std::time::Duration>,
+) -> Result<f64> {
     let before = dp.stats()?;
-    let d = dp.time_run(packet, repeat)?;
+    let d = run(dp)?;
     let after = dp.stats()?;
     let took = delta(&before, &after, expect);
     ensure!(
@@ -202,11 +218,27 @@ pub fn per_packet(cfg: &Config) -> Result<Fig1> {
         let (mut floor_ns, mut new_ns, mut est_ns, mut fresh_ns, mut floor1_ns) =
             (vec![], vec![], vec![], vec![], vec![]);
         let mut est_uncounted_ns = vec![];
+        let (mut up_floor_tc, mut up_floor_xdp, mut up_est_tc, mut up_est_xdp) =
+            (vec![], vec![], vec![], vec![]);
+        let repeat = cfg.repeat;
         for _ in 0..cfg.rounds {
             floor_ns.push(timed(&dp, &floor, cfg.repeat, stat::PASS_NO_SERVICE)?);
             new_ns.push(timed(&dp, &syn, cfg.repeat, stat::DNAT_NEW)?);
             est_ns.push(timed(&dp, &ack, cfg.repeat, stat::DNAT_ESTABLISHED)?);
             est_uncounted_ns.push(timed(&uncounted, &ack, cfg.repeat, stat::DNAT_ESTABLISHED)?);
+            // The uplink: the connection tracked above is found by either program.
+            up_floor_tc.push(timed_with(&dp, repeat, stat::PASS_NO_SERVICE, |dp| {
+                Ok(dp.time_run_as(Role::External, &floor, repeat)?)
+            })?);
+            up_floor_xdp.push(timed_with(&dp, repeat, stat::PASS_NO_SERVICE, |dp| {
+                Ok(dp.time_run_xdp(&floor, repeat)?)
+            })?);
+            up_est_tc.push(timed_with(&dp, repeat, stat::DNAT_ESTABLISHED, |dp| {
+                Ok(dp.time_run_as(Role::External, &ack, repeat)?)
+            })?);
+            up_est_xdp.push(timed_with(&dp, repeat, stat::DNAT_ESTABLISHED, |dp| {
+                Ok(dp.time_run_xdp(&ack, repeat)?)
+            })?);
             // Cross-check of the new-flow path with tuples never seen before, one
             // run each (so the figure includes the timer's own cost once per packet).
             let mut sum_new = 0.0;
@@ -231,6 +263,10 @@ pub fn per_packet(cfg: &Config) -> Result<Fig1> {
             new_flow_ns: Summary::of(&new_ns),
             established_ns: Summary::of(&est_ns),
             established_without_counters_ns: Summary::of(&est_uncounted_ns),
+            uplink_no_match_tc_ns: Summary::of(&up_floor_tc),
+            uplink_no_match_xdp_ns: Summary::of(&up_floor_xdp),
+            uplink_established_tc_ns: Summary::of(&up_est_tc),
+            uplink_established_xdp_ns: Summary::of(&up_est_xdp),
             new_flow_fresh_tuples_ns: Summary::of(&fresh_ns),
             no_match_single_run_ns: Summary::of(&floor1_ns),
         });
@@ -257,8 +293,13 @@ pub fn per_packet(cfg: &Config) -> Result<Fig1> {
             rounds = cfg.rounds,
             fresh = cfg.fresh_tuples,
         ),
-        program: "TC ingress (sliceway_tc)".into(),
-        xdp: "The kernel object has no XDP program yet: not measured.".into(),
+        program: "The first seven columns: TC ingress of the pods' interfaces (sliceway_tc).".into(),
+        xdp: "The uplink's programs, over the same maps and the same two packets, \
+              interleaved: its TC program (sliceway_tc_ext) and the XDP program \
+              (sliceway_xdp) through BPF_PROG_TEST_RUN of each; XDP's figure leaves out \
+              the skb the kernel builds after XDP and before TC, which an attached XDP \
+              program saves on what it drops and costs nothing more on what it passes."
+            .into(),
         repeat: cfg.repeat,
         rounds: cfg.rounds,
         ratio_largest_to_smallest: [

@@ -214,8 +214,18 @@ impl Datapath {
 
     /// Runs one packet `repeat` times and returns the kernel-measured time per run.
     pub fn time_run(&self, packet: &[u8], repeat: u32) -> Result<std::time::Duration, KernelError> {
+        self.time_run_as(Role::Pods, packet, repeat)
+    }
+
+    /// [`Datapath::time_run`] through the program of interfaces of `role`.
+    pub fn time_run_as(
+        &self,
+        role: Role,
+        packet: &[u8],
+        repeat: u32,
+    ) -> Result<std::time::Duration, KernelError> {
         let mut out = vec![0u8; packet.len() + 256];
-        let result = self.program(Role::Pods).test_run(TestRunOptions {
+        let result = self.program(role).test_run(TestRunOptions {
             data_in: Some(packet),
             data_out: Some(&mut out),
             repeat,
