@@ -360,6 +360,7 @@ fn check_reports_every_program_and_the_attach_path() {
             "sliceway_reject",
             "sliceway_sctp_nat",
             "sliceway_bridge",
+            "sliceway_xdp",
             "sliceway_connect4",
             "sliceway_sendmsg4",
             "sliceway_recvmsg4",

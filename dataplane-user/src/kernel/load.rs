@@ -321,8 +321,14 @@ pub fn check() -> Result<KernelCheck, KernelError> {
         .load(OBJECT)?;
     let mut programs = Vec::new();
     // The bridge is loaded only while migrating from layout v1; checked all the same,
-    // so a kernel that refuses it is known before an upgrade needs it. The socket
-    // programs after the TC ones.
+    // so a kernel that refuses it is known before an upgrade needs it. Then XDP, then
+    // the socket programs.
+    #[derive(Clone, Copy)]
+    enum Kind {
+        Tc,
+        Xdp,
+        Sock,
+    }
     let tc = [
         TC_PROGRAM,
         TC_EXT_PROGRAM,
@@ -331,20 +337,28 @@ pub fn check() -> Result<KernelCheck, KernelError> {
         super::BRIDGE_PROGRAM,
     ];
     let sock = super::SOCK_PROGRAMS.map(|(name, _)| name);
-    for (name, is_sock) in tc
-        .map(|n| (n, false))
+    for (name, kind) in tc
+        .map(|n| (n, Kind::Tc))
         .into_iter()
-        .chain(sock.map(|n| (n, true)))
+        .chain([(XDP_PROGRAM, Kind::Xdp)])
+        .chain(sock.map(|n| (n, Kind::Sock)))
     {
         let program = ebpf
             .program_mut(name)
             .ok_or(KernelError::MissingProgram(name))?;
-        let loaded = if is_sock {
-            let p: &mut aya::programs::CgroupSockAddr = program.try_into()?;
-            p.load().and_then(|()| p.info())
-        } else {
-            let p: &mut SchedClassifier = program.try_into()?;
-            p.load().and_then(|()| p.info())
+        let loaded = match kind {
+            Kind::Sock => {
+                let p: &mut aya::programs::CgroupSockAddr = program.try_into()?;
+                p.load().and_then(|()| p.info())
+            }
+            Kind::Xdp => {
+                let p: &mut aya::programs::Xdp = program.try_into()?;
+                p.load().and_then(|()| p.info())
+            }
+            Kind::Tc => {
+                let p: &mut SchedClassifier = program.try_into()?;
+                p.load().and_then(|()| p.info())
+            }
         };
         let mut check = ProgramCheck {
             name: name.to_string(),
