@@ -19,7 +19,7 @@ pub const PROTO_UDP: u8 = 17;
 pub const PROTO_SCTP: u8 = 132;
 
 /// Slots of the `JUMP` program array (the programs the TC program tail-calls).
-pub const JUMP_SLOTS: u32 = 2;
+pub const JUMP_SLOTS: u32 = 3;
 
 /// Capacity defaults. The agent may size maps differently at load time.
 pub mod capacity {

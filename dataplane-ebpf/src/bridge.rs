@@ -35,7 +35,7 @@ use crate::{
 
 #[classifier]
 pub fn sliceway_bridge(ctx: TcContext) -> i32 {
-    tc::run::<true, false>(&ctx)
+    tc::run::<true, false, _>(&ctx)
 }
 
 /// What the bridge builds for one packet, kept in a per-CPU map rather than on the

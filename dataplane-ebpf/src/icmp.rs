@@ -14,7 +14,6 @@
 //! back in the quote, and an error sent to that address goes to the client. Errors
 //! about anything else pass untouched.
 
-use aya_ebpf::programs::TcContext;
 use dataplane_common::{
     csum_replace2, csum_replace4, stat, CtKey, PROTO_SCTP, PROTO_TCP, PROTO_UDP,
 };
@@ -23,15 +22,15 @@ use crate::{
     conntrack,
     counters::Exit,
     nat::rewrite_addr,
-    packet::{icmp, ipv4, load, store, tcp, udp, ETH_LEN},
+    packet::{icmp, ipv4, load, store, tcp, udp, Frame},
     tc::{DROP, PASS},
 };
 
 /// Translates the ICMP error at `l4_off` (outer header `src_be` → `dst_be`, IP total
 /// length `total` from the outer header's start) if it is about a live connection.
 #[inline(always)]
-pub fn error(
-    ctx: &TcContext,
+pub fn error<C: Frame>(
+    ctx: &C,
     src_be: u32,
     l4_off: usize,
     ip_end: usize,
@@ -127,7 +126,7 @@ pub fn error(
     // Sent to the address the client was given (the node's, the hairpin one): it goes
     // to the client.
     if client != q_src {
-        let outer_dst: u32 = load(ctx, ETH_LEN + ipv4::DST).ok_or(w)?;
+        let outer_dst: u32 = load(ctx, C::L2 + ipv4::DST).ok_or(w)?;
         if outer_dst == q_src {
             rewrite_addr(ctx, ipv4::DST, q_src, client).map_err(|_| w)?;
         }

@@ -71,7 +71,8 @@ pub static AFFINITY: LruHashMap<AffinityKey, AffinityValue> =
 pub static SCRATCH: PerCpuArray<[u8; crate::reject::SUM_MAX]> = PerCpuArray::with_max_entries(1, 0);
 
 /// Programs the TC program hands a packet over to (tail calls): slot
-/// `JUMP_REJECT` is `sliceway_reject`, `JUMP_SCTP_NAT` is `sliceway_sctp_nat`. Filled by the agent at load (a restarted agent
+/// `JUMP_REJECT` is `sliceway_reject`, `JUMP_SCTP_NAT` is `sliceway_sctp_nat`,
+/// `JUMP_REJECT_L3` is `sliceway_rej_l3`. Filled by the agent at load (a restarted agent
 /// puts its own program in the pinned map).
 #[map]
 pub static JUMP: ProgramArray = ProgramArray::with_max_entries(dataplane_common::JUMP_SLOTS, 0);

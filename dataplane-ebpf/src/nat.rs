@@ -12,7 +12,7 @@
 
 use dataplane_common::{csum_replace4, PROTO_SCTP, PROTO_TCP};
 
-use crate::packet::{ipv4, load, store, tcp, udp, Flow, Frame, ETH_LEN};
+use crate::packet::{ipv4, load, store, tcp, udp, Flow, Frame};
 
 /// Which end of the flow to rewrite.
 #[derive(Clone, Copy)]
@@ -69,8 +69,8 @@ pub fn rewrite<C: Frame>(
 /// and updates the header checksum.
 #[inline(always)]
 pub fn rewrite_addr<C: Frame>(ctx: &C, addr_off: usize, old: u32, new: u32) -> Result<(), ()> {
-    let csum_at = ETH_LEN + ipv4::CSUM;
+    let csum_at = C::L2 + ipv4::CSUM;
     let check: u16 = load(ctx, csum_at).ok_or(())?;
     store(ctx, csum_at, csum_replace4(check, old, new)).ok_or(())?;
-    store(ctx, ETH_LEN + addr_off, new).ok_or(())
+    store(ctx, C::L2 + addr_off, new).ok_or(())
 }

@@ -3,7 +3,9 @@
 //! copies, never pointers into the packet. Header fields are named here.
 //!
 //! The TC programs see an skb, the XDP program a frame ([`Frame`]); both start at the
-//! Ethernet header, so parsing and rewriting are one code for both.
+//! Ethernet header, so parsing and rewriting are one code for both. On an interface
+//! without an Ethernet header (a tun device, ipip, WireGuard) the skb starts at the
+//! IP header ([`L3`]): every offset is taken from [`Frame::L2`], never assumed.
 
 use aya_ebpf::{
     bindings::BPF_F_PSEUDO_HDR,
@@ -17,7 +19,9 @@ const BPF_F_MARK_MANGLED_0: u64 = 1 << 5;
 
 /// A packet as a program sees it: its bytes, and how its L4 checksum is updated.
 pub trait Frame {
-    /// Address of the first byte (the Ethernet header).
+    /// Bytes before the IP header: the Ethernet header's 14, or none.
+    const L2: usize;
+    /// Address of the first byte.
     fn start(&self) -> usize;
     /// Address one past the last byte.
     fn end(&self) -> usize;
@@ -39,6 +43,8 @@ pub trait Frame {
 }
 
 impl Frame for TcContext {
+    const L2: usize = ETH_LEN;
+
     #[inline(always)]
     fn start(&self) -> usize {
         self.data()
@@ -81,6 +87,8 @@ impl Frame for TcContext {
 }
 
 impl Frame for XdpContext {
+    const L2: usize = ETH_LEN;
+
     #[inline(always)]
     fn start(&self) -> usize {
         self.data()
@@ -192,6 +200,42 @@ pub mod udp {
     pub const SPORT: usize = 0;
     pub const DPORT: usize = 2;
     pub const CSUM: usize = 6;
+}
+
+/// A TC program's skb on an interface without an Ethernet header: the IP header
+/// first (Linux hands such packets to TC ingress at their network header).
+pub struct L3<'a>(pub &'a TcContext);
+
+impl Frame for L3<'_> {
+    const L2: usize = 0;
+
+    #[inline(always)]
+    fn start(&self) -> usize {
+        self.0.data()
+    }
+
+    #[inline(always)]
+    fn end(&self) -> usize {
+        self.0.data_end()
+    }
+
+    #[inline(always)]
+    fn wire_len(&self) -> u32 {
+        self.0.len()
+    }
+
+    #[inline(always)]
+    fn l4_csum(
+        &self,
+        csum_off: usize,
+        from: u32,
+        to: u32,
+        size: u8,
+        pseudo: bool,
+        udp: bool,
+    ) -> Result<(), ()> {
+        self.0.l4_csum(csum_off, from, to, size, pseudo, udp)
+    }
 }
 
 /// No header the programs read lies further into the packet than this. Checking it

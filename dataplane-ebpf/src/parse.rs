@@ -1,5 +1,6 @@
-//! Parsing: Ethernet + IPv4 + TCP/UDP/SCTP into a [`Flow`]. Deliberate policy for what
-//! the program does not handle: other EtherTypes and other IP protocols pass
+//! Parsing: Ethernet (or none, on an L3 device) + IPv4 + TCP/UDP/SCTP into a
+//! [`Flow`]. Deliberate policy for what the program does not handle: other EtherTypes
+//! (on an L3 device: another IP version) and other IP protocols pass
 //! untouched; truncated or malformed headers drop, and so does a packet whose IP total
 //! length ends before its L4 header (never rewritten: the bytes after the datagram
 //! are not ours).
@@ -19,19 +20,30 @@ use dataplane_common::{stat, FragKey, FragPorts, PROTO_ICMP, PROTO_SCTP, PROTO_T
 use crate::{
     counters::Exit,
     maps::{self, FRAGMENTS},
-    packet::{ipv4, load, sctp, tcp, udp, Flow, Frame, Packet, ETH_LEN, ETH_P_IP, ETH_TYPE_OFF},
+    packet::{ipv4, load, sctp, tcp, udp, Flow, Frame, Packet, ETH_P_IP, ETH_TYPE_OFF},
     tc::{DROP, PASS},
 };
+
+/// On an interface without an Ethernet header the IP version says the family: IPv6
+/// passes untouched, as another EtherType does (checked before `parse`, which then
+/// takes any other version as malformed).
+#[inline(always)]
+pub fn l3_not_ipv4(ctx: &impl Frame) -> bool {
+    load::<u32>(ctx, 0).is_some_and(|w| w.to_ne_bytes()[ipv4::VERSION_IHL] >> 4 == 6)
+}
 
 /// Parses the packet. `Err` carries the exit for packets the program does not handle.
 #[inline(always)]
 pub fn parse<C: Frame>(ctx: &C) -> Result<Packet, Exit> {
-    let ether_type: [u8; 2] = load(ctx, ETH_TYPE_OFF).ok_or((DROP, stat::DROP_MALFORMED))?;
-    if u16::from_be_bytes(ether_type) != ETH_P_IP {
-        return Err((PASS, stat::PASS_NOT_IPV4));
+    if C::L2 > 0 {
+        let ether_type: [u8; 2] = load(ctx, ETH_TYPE_OFF).ok_or((DROP, stat::DROP_MALFORMED))?;
+        if u16::from_be_bytes(ether_type) != ETH_P_IP {
+            return Err((PASS, stat::PASS_NOT_IPV4));
+        }
     }
-    let ip: [u8; ipv4::MIN_LEN] = load(ctx, ETH_LEN).ok_or((DROP, stat::DROP_MALFORMED))?;
+    let ip: [u8; ipv4::MIN_LEN] = load(ctx, C::L2).ok_or((DROP, stat::DROP_MALFORMED))?;
     if ip[ipv4::VERSION_IHL] >> 4 != 4 {
+        // Behind an IPv4 EtherType, or on an L3 device after `l3_not_ipv4`.
         return Err((DROP, stat::DROP_MALFORMED));
     }
     let ihl = ((ip[ipv4::VERSION_IHL] & 0x0f) as usize) * 4;
@@ -48,7 +60,7 @@ pub fn parse<C: Frame>(ctx: &C) -> Result<Packet, Exit> {
     }
     let src_be = u32::from_ne_bytes(field4(&ip, ipv4::SRC));
     let dst_be = u32::from_ne_bytes(field4(&ip, ipv4::DST));
-    let l4_off = ETH_LEN + ihl;
+    let l4_off = C::L2 + ihl;
     let frag = u16::from_be_bytes([ip[ipv4::FLAGS_FRAG], ip[ipv4::FLAGS_FRAG + 1]]);
     let frag_key = FragKey {
         src_be,
@@ -65,7 +77,7 @@ pub fn parse<C: Frame>(ctx: &C) -> Result<Packet, Exit> {
         return Ok(Packet::Icmp {
             src_be,
             l4_off,
-            ip_end: ETH_LEN + total,
+            ip_end: C::L2 + total,
         });
     }
     if frag & ipv4::FRAG_OFFSET_MASK != 0 {

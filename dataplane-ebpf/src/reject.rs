@@ -14,7 +14,8 @@
 //! the datagram (`bpf_skb_adjust_room`), the datagram is cut to the quote
 //! (`bpf_skb_change_tail`), the headers are written, the ICMP checksum is summed over
 //! a per-CPU copy of header and quote (`bpf_csum_diff` takes whole words), and the
-//! packet is redirected to the egress of its own interface.
+//! packet is redirected to the egress of its own interface. On an interface without
+//! an Ethernet header (`sliceway_rej_l3`) the same, with no Ethernet header to turn.
 
 use aya_ebpf::{
     bindings::{bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, TC_ACT_REDIRECT, TC_ACT_SHOT},
@@ -49,35 +50,50 @@ const ICMP_PORT_UNREACH: u8 = 3;
 /// IPTOS_PREC_INTERNETCONTROL, as the kernel's own ICMP errors carry.
 const TOS_INTERNETCONTROL: u8 = 0xc0;
 
-/// Hands the packet of `flow` to `sliceway_reject` (a tail call: a program of its
-/// own, with a stack of its own), which turns it into an ICMP port unreachable to its
-/// source and redirects it, counting `reason`. Returns only if the handover failed
-/// (the caller drops the packet).
+/// Hands the packet of `flow` to `sliceway_reject` (`sliceway_rej_l3` where `l3`: no
+/// Ethernet header) by tail call (a program of its own, with a stack of its own),
+/// which turns it into an ICMP port unreachable to its source and redirects it,
+/// counting `reason`. Returns only if the handover failed (the caller drops the
+/// packet).
 #[inline(always)]
-pub fn port_unreachable(ctx: &TcContext, flow: &Flow, reason: u32) {
+pub fn port_unreachable(ctx: &TcContext, flow: &Flow, reason: u32, l3: bool) {
     // SAFETY: the context's own skb; `cb` is scratch space that travels with it.
     unsafe {
         (*ctx.skb.skb).cb[CB_REASON] = reason;
         (*ctx.skb.skb).cb[CB_L4_OFF] = flow.l4_off as u32;
-        JUMP.tail_call(ctx, JUMP_REJECT);
+        JUMP.tail_call(ctx, if l3 { JUMP_REJECT_L3 } else { JUMP_REJECT });
     }
 }
 
 /// Slot of `sliceway_reject` in `JUMP`.
 pub const JUMP_REJECT: u32 = 0;
+/// Slot of `sliceway_rej_l3` in `JUMP`.
+pub const JUMP_REJECT_L3: u32 = 2;
 /// Words of the skb's control buffer handed over with the packet.
 const CB_REASON: usize = 0;
 const CB_L4_OFF: usize = 1;
 
-/// The reject program, entered only by tail call from `sliceway_tc`.
+/// The reject program, entered only by tail call from the TC programs.
 #[classifier]
 pub fn sliceway_reject(ctx: TcContext) -> i32 {
+    reject::<ETH_LEN>(&ctx)
+}
+
+/// The reject program of interfaces without an Ethernet header.
+#[classifier]
+pub fn sliceway_rej_l3(ctx: TcContext) -> i32 {
+    reject::<0>(&ctx)
+}
+
+/// `L2`: bytes before the IP header.
+#[inline(always)]
+fn reject<const L2: usize>(ctx: &TcContext) -> i32 {
     // SAFETY: the context's own skb.
     let (reason, l4_off) = unsafe {
         let cb = &(*ctx.skb.skb).cb;
         (cb[CB_REASON], cb[CB_L4_OFF] as usize)
     };
-    match build(&ctx, l4_off) {
+    match build::<L2>(ctx, l4_off) {
         Ok(action) => {
             count(reason);
             action
@@ -92,14 +108,18 @@ pub fn sliceway_reject(ctx: TcContext) -> i32 {
 /// Builds the reply in place and redirects it: the TC verdict, or `Err` when the
 /// reply cannot be made.
 #[inline(always)]
-fn build(ctx: &TcContext, l4_off: usize) -> Result<i32, ()> {
+fn build<const L2: usize>(ctx: &TcContext, l4_off: usize) -> Result<i32, ()> {
     // A plain 20-byte header only: the quote's layout stays fixed for the verifier.
-    if l4_off != ETH_LEN + IP_HDR {
+    if l4_off != L2 + IP_HDR {
         return Err(());
     }
     // Copies, taken before any helper moves the packet.
-    let eth: EthHdr = load(ctx, 0).ok_or(())?;
-    let ip: Ipv4Hdr = load(ctx, ETH_LEN).ok_or(())?;
+    let eth: Option<EthHdr> = if L2 > 0 {
+        Some(load(ctx, 0).ok_or(())?)
+    } else {
+        None
+    };
+    let ip: Ipv4Hdr = load(ctx, L2).ok_or(())?;
     let total = ip.tot_len() as usize;
     let quote = if total < QUOTE_MAX { total } else { QUOTE_MAX } & !3;
     // The quote must hold the IP header and the 8 bytes of ports (RFC 792).
@@ -108,19 +128,21 @@ fn build(ctx: &TcContext, l4_off: usize) -> Result<i32, ()> {
     }
     ctx.adjust_room((IP_HDR + ICMP_HDR) as i32, BPF_ADJ_ROOM_MAC, 0)
         .map_err(|_| ())?;
-    let new_len = (ETH_LEN + IP_HDR + ICMP_HDR + quote) as u32;
+    let new_len = (L2 + IP_HDR + ICMP_HDR + quote) as u32;
     // SAFETY: the context's own skb; the helper checks the length.
     if unsafe { bpf_skb_change_tail(ctx.skb.skb, new_len, 0) } != 0 {
         return Err(());
     }
 
     // Ethernet: back to where it came from.
-    let back = EthHdr {
-        dst_addr: eth.src_addr,
-        src_addr: eth.dst_addr,
-        ether_type: eth.ether_type,
-    };
-    ctx.store(0, &back, 0).map_err(|_| ())?;
+    if let Some(eth) = eth {
+        let back = EthHdr {
+            dst_addr: eth.src_addr,
+            src_addr: eth.dst_addr,
+            ether_type: eth.ether_type,
+        };
+        ctx.store(0, &back, 0).map_err(|_| ())?;
+    }
 
     // IPv4: from the address the client asked for, to the client.
     let mut hdr = ip;
@@ -135,11 +157,11 @@ fn build(ctx: &TcContext, l4_off: usize) -> Result<i32, ()> {
     hdr.dst_addr = ip.src_addr;
     hdr.set_checksum(0);
     hdr.set_checksum(ipv4_header_checksum(&hdr));
-    ctx.store(ETH_LEN, &hdr, 0).map_err(|_| ())?;
+    ctx.store(L2, &hdr, 0).map_err(|_| ())?;
 
     // ICMP header with a zero checksum, then the checksum over header and quote.
     let icmp = [ICMP_DEST_UNREACH, ICMP_PORT_UNREACH, 0, 0, 0, 0, 0, 0];
-    let icmp_off = ETH_LEN + IP_HDR;
+    let icmp_off = L2 + IP_HDR;
     ctx.store(icmp_off, &icmp, 0).map_err(|_| ())?;
     let len = ICMP_HDR + quote;
     if len == 0 || len > SUM_MAX {

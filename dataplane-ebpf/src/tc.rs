@@ -21,8 +21,8 @@ use crate::{
     counters::{self, count, Exit},
     icmp, lookup, maps,
     nat::{rewrite, End},
-    packet::{Flow, Frame, Packet},
-    parse::parse,
+    packet::{Flow, Frame, Packet, L3},
+    parse::{self, parse},
     reject, sctp, xdp,
 };
 
@@ -67,7 +67,7 @@ impl Program for TcContext {
 
     #[inline(always)]
     fn reject(&self, flow: &Flow, reason: u32) -> Exit {
-        reject::port_unreachable(self, flow, reason);
+        reject::port_unreachable(self, flow, reason, false);
         (DROP, stat::DROP_REJECT)
     }
 
@@ -81,9 +81,38 @@ impl Program for TcContext {
     }
 }
 
+/// Interfaces without an Ethernet header: the same, with offsets from the IP header
+/// and the reject program that turns no Ethernet header (`sliceway_sctp_nat` takes
+/// its offsets from the handover).
+impl Program for L3<'_> {
+    const TAIL_CALLS: bool = true;
+
+    #[inline(always)]
+    fn icmp_error(
+        &self,
+        src_be: u32,
+        l4_off: usize,
+        ip_end: usize,
+        now: u64,
+    ) -> Result<Exit, Exit> {
+        icmp::error(self, src_be, l4_off, ip_end, now)
+    }
+
+    #[inline(always)]
+    fn reject(&self, flow: &Flow, reason: u32) -> Exit {
+        reject::port_unreachable(self.0, flow, reason, true);
+        (DROP, stat::DROP_REJECT)
+    }
+
+    #[inline(always)]
+    fn sctp_ports(&self, flow: &Flow, sport_be: u16, dport_be: u16, reason: u32) -> Exit {
+        self.0.sctp_ports(flow, sport_be, dport_be, reason)
+    }
+}
+
 #[classifier]
 pub fn sliceway_tc(ctx: TcContext) -> i32 {
-    run::<false, false>(&ctx)
+    run::<false, false, _>(&ctx)
 }
 
 /// The program of the node's uplinks (`--external-interfaces`): what `sliceway_tc`
@@ -97,15 +126,35 @@ pub fn sliceway_tc_ext(ctx: TcContext) -> i32 {
         count(stat::PASS_XDP_DECIDED);
         return PASS;
     }
-    run::<false, true>(&ctx)
+    run::<false, true, _>(&ctx)
+}
+
+/// `sliceway_tc` on an interface without an Ethernet header.
+#[classifier]
+pub fn sliceway_l3(ctx: TcContext) -> i32 {
+    if parse::l3_not_ipv4(&L3(&ctx)) {
+        count(stat::PASS_NOT_IPV4);
+        return PASS;
+    }
+    run::<false, false, _>(&L3(&ctx))
+}
+
+/// `sliceway_tc_ext` on an uplink without an Ethernet header (no XDP there).
+#[classifier]
+pub fn sliceway_l3_ext(ctx: TcContext) -> i32 {
+    if parse::l3_not_ipv4(&L3(&ctx)) {
+        count(stat::PASS_NOT_IPV4);
+        return PASS;
+    }
+    run::<false, true, _>(&L3(&ctx))
 }
 
 /// The program's body; `BRIDGE` adds what `sliceway_bridge` does while an agent
 /// migrates from layout v1 (`bridge.rs`), compiled out of `sliceway_tc`; `EXTERNAL`
 /// makes it `sliceway_tc_ext`.
 #[inline(always)]
-pub fn run<const BRIDGE: bool, const EXTERNAL: bool>(ctx: &TcContext) -> i32 {
-    let (action, reason) = match decide::<BRIDGE, EXTERNAL, _>(ctx) {
+pub fn run<const BRIDGE: bool, const EXTERNAL: bool, C: Program>(ctx: &C) -> i32 {
+    let (action, reason) = match decide::<BRIDGE, EXTERNAL, C>(ctx) {
         Ok(exit) => exit,
         Err(exit) => exit,
     };

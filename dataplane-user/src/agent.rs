@@ -707,7 +707,7 @@ fn attach_selected(
         for (iface, _, role) in &plan.attach {
             match dp.attach(iface, *role) {
                 Ok(how) => {
-                    attached(iface, how, *role, m);
+                    attached(iface, how, dp.program_on(iface), m);
                     attach_xdp(dp, iface, *role, xdp, m);
                 }
                 Err(e) if selection.exact().any(|n| n == iface) => {
@@ -780,8 +780,8 @@ fn migrate(dp: &mut Datapath, selection: &Selection, xdp: XdpChoice, m: &Metrics
 }
 
 /// Says that `iface` was attached, `how`: in the log and in the metrics.
-fn attached(iface: &str, how: Attached, role: interfaces::Role, m: &Metrics) {
-    m.set_link(iface, how.as_str(), role.program());
+fn attached(iface: &str, how: Attached, program: Option<&str>, m: &Metrics) {
+    m.set_link(iface, how.as_str(), program.unwrap_or("unknown"));
     if let Err(e) = interfaces::accept_local(iface) {
         warn!(interface = %iface, "cannot set accept_local ({e}): replies of this interface's pods' connections to a NodePort on the node's own address are dropped as martians");
     }
@@ -940,7 +940,7 @@ impl Scanner {
         for (iface, index, role) in &plan.attach {
             match dp.attach(iface, *role) {
                 Ok(how) => {
-                    attached(iface, how, *role, &self.metrics);
+                    attached(iface, how, dp.program_on(iface), &self.metrics);
                     attach_xdp(dp, iface, *role, self.xdp, &self.metrics);
                     self.failed.remove(&(iface.clone(), *index));
                 }

@@ -232,7 +232,7 @@ impl Metrics {
         let links = Family::<Labels, Gauge>::default();
         registry.register(
             "interface_link",
-            "Interfaces a TC program is attached to (value 1), with how (new_link, took_over_link, new_filter, replaced_filter, unpinned) and which program (sliceway_tc on pods' interfaces, sliceway_tc_ext on the node's uplinks; sliceway_xdp beside it with --xdp, how native, generic or refused)",
+            "Interfaces a TC program is attached to (value 1), with how (new_link, took_over_link, new_filter, replaced_filter, unpinned) and which program (sliceway_tc on pods' interfaces, sliceway_tc_ext on the node's uplinks; sliceway_l3 and sliceway_l3_ext on interfaces without an Ethernet header; sliceway_xdp beside it with --xdp, how native, generic or refused)",
             links.clone(),
         );
         let socket_links = Family::<Labels, Gauge>::default();
@@ -332,9 +332,9 @@ impl Metrics {
     pub fn forget_link(&self, iface: &str) {
         self.forget_xdp(iface);
         for how in crate::kernel::Attached::ALL {
-            for role in [crate::kernel::Role::Pods, crate::kernel::Role::External] {
+            for program in crate::kernel::TC_PROGRAMS {
                 self.links
-                    .remove(&link_labels(iface, how.as_str(), role.program()));
+                    .remove(&link_labels(iface, how.as_str(), program));
             }
         }
     }

@@ -110,3 +110,77 @@ pub fn remove_stale(prefix: &str) {
         }
     }
 }
+
+/// A tun device made in a lab namespace: an interface without an Ethernet header
+/// (`IFF_TUN | IFF_NO_PI`: raw IP packets both ways), the test at its other end. It
+/// goes when this is dropped.
+pub struct Tun {
+    file: File,
+}
+
+/// `TUNSETIFF` (linux/if_tun.h: `_IOW('T', 202, int)`).
+const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+
+impl Tun {
+    /// Makes tun device `name` in namespace `ns` (down, no address).
+    pub fn create(ns: &str, name: &str) -> Result<Self> {
+        let name = name.to_string();
+        let file = in_netns(ns, move || -> Result<File> {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open("/dev/net/tun")
+                .context("opening /dev/net/tun")?;
+            // SAFETY: an all-zero ifreq is valid; the name (checked shorter than
+            // IFNAMSIZ) is copied in, the flags set.
+            let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+            if name.len() >= libc::IFNAMSIZ {
+                bail!("interface name {name} too long");
+            }
+            for (d, s) in req.ifr_name.iter_mut().zip(name.bytes()) {
+                *d = s as libc::c_char;
+            }
+            req.ifr_ifru.ifru_flags = (libc::IFF_TUN | libc::IFF_NO_PI) as libc::c_short;
+            // SAFETY: TUNSETIFF reads the ifreq set up above.
+            if unsafe { libc::ioctl(file.as_raw_fd(), TUNSETIFF as _, &mut req) } != 0 {
+                return Err(std::io::Error::last_os_error()).context("TUNSETIFF");
+            }
+            Ok(file)
+        })??;
+        Ok(Self { file })
+    }
+
+    /// Hands `packet` (from its IP header) to the kernel, as if it came in on the
+    /// device.
+    pub fn send(&self, packet: &[u8]) -> Result<()> {
+        use std::io::Write as _;
+        (&self.file)
+            .write_all(packet)
+            .context("writing to the tun device")
+    }
+
+    /// The next packet the kernel sends out of the device (from its IP header), or
+    /// `None` after `timeout`.
+    pub fn recv(&self, timeout: std::time::Duration) -> Result<Option<Vec<u8>>> {
+        use std::io::Read as _;
+        let mut poll = libc::pollfd {
+            fd: self.file.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut poll, 1, timeout.as_millis() as libc::c_int) };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error()).context("poll");
+        }
+        if n == 0 {
+            return Ok(None);
+        }
+        let mut buf = vec![0u8; 65536];
+        let len = (&self.file)
+            .read(&mut buf)
+            .context("reading the tun device")?;
+        buf.truncate(len);
+        Ok(Some(buf))
+    }
+}

@@ -424,3 +424,142 @@ in_both_modes!(
     pods_and_the_node_reach_a_cluster_ip_whose_backend_is_on_the_other_node,
     every_node_picks_the_same_backend_for_a_flow_with_maglev
 );
+
+/// Issue 11: an uplink without an Ethernet header (a tun device here; ipip and
+/// WireGuard are alike) gets the program that reads the IP header first
+/// (`sliceway_l3_ext`), never one that would take the IP header for an Ethernet one.
+/// A client behind it reaches a load-balancer IP (masqueraded, answered by a pod
+/// through the pod's own program, the answer sent back out of the tun device with
+/// the frontend as its source and good checksums); a packet for no Service passes
+/// untouched to the node, which answers it; an IPv6 packet passes untouched; a
+/// packet to a Service without endpoints is rejected back out of the device.
+#[test]
+fn an_uplink_without_an_ethernet_header_is_read_from_its_ip_header() {
+    use sliceway_agent::packet::{build, parse, PacketSpec};
+    use sliceway_lab::netns::Tun;
+    use std::time::Duration;
+    let lab = TwoNodes::new(1).unwrap();
+    lab.write_manifest("nodes.yaml", &lab.node_objects())
+        .unwrap();
+    lab.write_manifest("web.yaml", &web(&lab, "LoadBalancer", "Cluster", &[(1, 0)]))
+        .unwrap();
+    lab.write_manifest(
+        "empty.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: empty, namespace: default}\n\
+         spec:\n  clusterIP: 10.96.0.51\n  ports: [{port: 80, protocol: UDP}]\n",
+    )
+    .unwrap();
+    let node = lab.node(1);
+    let tun = Tun::create(&node.ns.name, "tun0").unwrap();
+    node.ns.run("ip", &["link", "set", "tun0", "up"]).unwrap();
+    node.ns
+        .run("ip", &["addr", "add", "10.200.0.1/24", "dev", "tun0"])
+        .unwrap();
+    let a1 = lab
+        .start_agent(1, &["--external-interfaces", "tun0", "--xdp", "native"])
+        .unwrap();
+    let series = |program: &str| {
+        a1.metrics().unwrap().lines().any(|l| {
+            l.starts_with("sliceway_interface_link{interface=\"tun0\",")
+                && l.contains(&format!("program=\"{program}\""))
+        })
+    };
+    assert!(series("sliceway_l3_ext"), "{:#?}", a1.metrics());
+    assert!(!series("sliceway_xdp"), "no XDP without an Ethernet header");
+    // Frames from the packet builder, without their Ethernet header.
+    let ip_only = |spec: &PacketSpec| build(spec)[14..].to_vec();
+    let with_eth = |ip: &[u8]| [&[0u8; 12][..], &[0x08, 0x00], ip].concat();
+    let client: SocketAddrV4 = "10.200.0.2:40000".parse().unwrap();
+    let lb = SocketAddrV4::new(LB_IP, 80);
+    tun.send(&ip_only(&PacketSpec::udp(client, lb, b"hello")))
+        .unwrap();
+    let answer = loop {
+        let p = tun
+            .recv(Duration::from_secs(5))
+            .unwrap()
+            .expect("an answer out of tun0");
+        // The node may also send its own packets out of the device (IPv6 router
+        // solicitations); the answer is the IPv4 UDP one.
+        if p.first().is_some_and(|b| b >> 4 == 4) && p.get(9) == Some(&17) {
+            break p;
+        }
+    };
+    let parsed = parse(&with_eth(&answer)).expect("an IPv4 UDP answer");
+    assert_eq!((parsed.src, parsed.dst), (lb, client), "{parsed:?}");
+    assert!(parsed.ip_csum_ok && parsed.l4_csum_ok, "{parsed:?}");
+    let text = String::from_utf8_lossy(&answer[28..]).to_string();
+    assert!(
+        text.starts_with(&lab.node(1).pods[0].name),
+        "the pod's answer: {text:?}"
+    );
+    // Masqueraded: the backend saw the node's address.
+    assert!(text.contains(&format!(" {}:", node.ip)), "{text:?}");
+    let count = |reason: &str| {
+        a1.metric(&format!("sliceway_datapath_packets{{reason=\"{reason}\"}}"))
+            .unwrap()
+            .unwrap_or(0.0)
+    };
+    assert_eq!(count("dnat_masqueraded"), 1.0, "{:#?}", a1.metrics());
+    // To the node's own address on tun0, a port nothing listens on: passed untouched,
+    // so the node answers port unreachable itself, quoting what was sent.
+    let before = count("pass_no_service");
+    let sent = ip_only(&PacketSpec::udp(
+        client,
+        "10.200.0.1:9".parse().unwrap(),
+        b"anyone",
+    ));
+    tun.send(&sent).unwrap();
+    let error = loop {
+        let p = tun.recv(Duration::from_secs(5)).unwrap().expect("ICMP");
+        if p.first().is_some_and(|b| b >> 4 == 4) && p.get(9) == Some(&1) {
+            break p;
+        }
+    };
+    assert_eq!(
+        &error[28..48],
+        &sent[..20],
+        "the quote is the packet as sent"
+    );
+    assert!(count("pass_no_service") > before, "{:#?}", a1.metrics());
+    // IPv6 (a minimal header, no payload): passed untouched, counted as not IPv4.
+    let before = count("pass_not_ipv4");
+    let mut v6 = vec![0u8; 40];
+    v6[0] = 0x60;
+    v6[6] = 59; // no next header
+    v6[7] = 64;
+    v6[8..24].copy_from_slice(&"fd00::2".parse::<std::net::Ipv6Addr>().unwrap().octets());
+    v6[24..40].copy_from_slice(&"fd00::1".parse::<std::net::Ipv6Addr>().unwrap().octets());
+    tun.send(&v6).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while count("pass_not_ipv4") <= before {
+        assert!(std::time::Instant::now() < deadline, "{:#?}", a1.metrics());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A ClusterIP without endpoints, reached through the device: rejected, the ICMP
+    // port unreachable sent back out of it (the reject program without an Ethernet
+    // header), from the ClusterIP, quoting the packet, checksums good.
+    let sent = ip_only(&PacketSpec::udp(
+        client,
+        "10.96.0.51:80".parse().unwrap(),
+        b"nobody",
+    ));
+    tun.send(&sent).unwrap();
+    let reject = loop {
+        let p = tun.recv(Duration::from_secs(5)).unwrap().expect("ICMP");
+        if p.first().is_some_and(|b| b >> 4 == 4) && p.get(9) == Some(&1) {
+            break p;
+        }
+    };
+    assert_eq!((reject[20], reject[21]), (3, 3), "port unreachable");
+    assert_eq!(&reject[12..16], &[10, 96, 0, 51], "from the ClusterIP");
+    assert_eq!(&reject[16..20], &[10, 200, 0, 2], "to the client");
+    let c = sliceway_agent::packet::checksum;
+    assert_eq!((c(&reject[..20], 0), c(&reject[20..], 0)), (0, 0));
+    assert_eq!(
+        &reject[28..48],
+        &sent[..20],
+        "the quote is the packet as sent"
+    );
+    assert_eq!(count("reject_no_backend"), 1.0, "{:#?}", a1.metrics());
+    assert_eq!(a1.problems_logged().unwrap(), 0, "{:#?}", a1.log());
+}

@@ -1346,11 +1346,13 @@ fn a_pod_reaching_its_own_service_is_answered_by_itself() {
 }
 
 /// Issue 11: an interface without an Ethernet header (a tun device here; ipip and
-/// WireGuard alike) is never attached, so the program never reads its IP header as an
-/// Ethernet one: matched by a pattern it is left alone with a warning while the
-/// others are served; named exactly, the agent refuses to start and says why.
+/// WireGuard alike) gets the program that reads the IP header first (`sliceway_l3`),
+/// never one that would read it as an Ethernet header, while the others are served;
+/// an interface of a link type no program reads (the loopback) is never attached:
+/// named exactly, the agent refuses to start and says why. (Traffic through such an
+/// interface: `multinode_lab`, `an_uplink_without_an_ethernet_header_...`.)
 #[test]
-fn an_interface_without_an_ethernet_header_is_never_attached() {
+fn an_interface_without_an_ethernet_header_gets_the_program_for_it() {
     let lab = Lab::new(1).unwrap();
     lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0]))
         .unwrap();
@@ -1359,15 +1361,26 @@ fn an_interface_without_an_ethernet_header_is_never_attached() {
         .unwrap();
     lab.node.run("ip", &["link", "set", "vtun0", "up"]).unwrap();
     let mut agent = lab.start_agent_with(&["v*"]).unwrap();
-    assert_eq!(agent.link("vtun0").unwrap(), None);
-    assert!(agent.link(&lab.client.node_iface).unwrap().is_some());
-    assert!(agent.problems_logged().unwrap() >= 1, "{:#?}", agent.log());
+    let program = |iface: &str| {
+        agent
+            .metric_label(
+                &format!("sliceway_interface_link{{interface=\"{iface}\","),
+                "program",
+            )
+            .unwrap()
+    };
+    assert_eq!(program("vtun0").as_deref(), Some("sliceway_l3"));
+    assert_eq!(
+        program(&lab.client.node_iface).as_deref(),
+        Some("sliceway_tc")
+    );
+    assert_eq!(agent.problems_logged().unwrap(), 0, "{:#?}", agent.log());
     lab.tcp_request(vip()).unwrap();
     agent.kill();
 
-    let agent = refused_to_start(&lab, &["vtun0"]);
+    let agent = refused_to_start(&lab, &["lo"]);
     wait_until(&agent, "saying why", || {
-        agent.logged("has no Ethernet header")
+        agent.logged("neither Ethernet nor plain IP")
     });
 }
 

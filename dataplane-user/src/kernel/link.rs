@@ -22,21 +22,32 @@ use aya::programs::{
 };
 
 use super::{
-    load::{TC_EXT_PROGRAM, TC_PROGRAM},
+    load::{L3_EXT_PROGRAM, L3_PROGRAM, TC_EXT_PROGRAM, TC_PROGRAM},
     pin::unpin,
     Datapath, KernelError,
 };
 pub use crate::interfaces::Role;
 
 impl Role {
-    /// The TC program interfaces of this role get.
+    /// The TC program interfaces of this role get (with an Ethernet header).
     pub fn program(self) -> &'static str {
-        match self {
-            Role::Pods => TC_PROGRAM,
-            Role::External => TC_EXT_PROGRAM,
+        self.program_for(false)
+    }
+
+    /// The TC program interfaces of this role get: `l3` for one without an Ethernet
+    /// header.
+    pub fn program_for(self, l3: bool) -> &'static str {
+        match (self, l3) {
+            (Role::Pods, false) => TC_PROGRAM,
+            (Role::External, false) => TC_EXT_PROGRAM,
+            (Role::Pods, true) => L3_PROGRAM,
+            (Role::External, true) => L3_EXT_PROGRAM,
         }
     }
 }
+
+/// Every TC program the agent attaches, by name (its filters are found by it).
+pub const TC_PROGRAMS: [&str; 4] = [TC_PROGRAM, TC_EXT_PROGRAM, L3_PROGRAM, L3_EXT_PROGRAM];
 
 /// Priority of sliceway's TC filter at clsact ingress (lower runs first). Fixed, so a
 /// restarted agent finds the filter an earlier run left.
@@ -100,8 +111,9 @@ pub(super) struct InterfaceLink {
     pin: Option<PathBuf>,
     /// A TC filter at sliceway's priority and handle, kept after the agent exits.
     filter: bool,
-    /// Which program: the pods' or the uplink's.
+    /// Which role, and the program it runs (Ethernet or not).
     role: Role,
+    program: &'static str,
 }
 
 /// How `attach` attached.
@@ -189,11 +201,12 @@ impl Datapath {
             iface: iface.to_string(),
             source,
         })?;
-        // The programs read an Ethernet header first: on an interface without one
-        // (ipip, WireGuard, a tun device) they would read the IP header as one.
-        // Such an interface is refused, never misread.
-        match link_type(iface) {
-            Ok(ARPHRD_ETHER) => {}
+        // An interface without an Ethernet header (a tun device, ipip, WireGuard)
+        // gets the programs that read the IP header first; any other link type is
+        // refused, never misread.
+        let l3 = match link_type(iface) {
+            Ok(ARPHRD_ETHER) => false,
+            Ok(t) if L3_LINK_TYPES.contains(&t) => true,
             Ok(other) => {
                 return Err(KernelError::NotEthernet {
                     iface: iface.to_string(),
@@ -206,13 +219,18 @@ impl Datapath {
                     source,
                 })
             }
-        }
+        };
         let path = self.attach_path()?;
+        let name = role.program_for(l3);
         let program: &mut SchedClassifier = self
             .ebpf
-            .program_mut(role.program())
-            .ok_or(KernelError::MissingProgram(role.program()))?
+            .program_mut(name)
+            .ok_or(KernelError::MissingProgram(name))?
             .try_into()?;
+        if l3 && program.fd().is_err() {
+            // Loaded the first time an interface needs it.
+            program.load()?;
+        }
         if path == TcPath::Netlink {
             // The filter needs the clsact qdisc (EEXIST when it is there already).
             let _ = tc::qdisc_add_clsact(iface);
@@ -234,6 +252,7 @@ impl Datapath {
                     pin: None,
                     filter: false,
                     role,
+                    program: name,
                 },
             );
             return Ok(Attached::Unpinned);
@@ -248,6 +267,7 @@ impl Datapath {
                     pin: None,
                     filter: true,
                     role,
+                    program: name,
                 },
             );
             return Ok(how);
@@ -296,6 +316,7 @@ impl Datapath {
                 pin: Some(link_pin),
                 filter: false,
                 role,
+                program: name,
             },
         );
         Ok(how)
@@ -314,8 +335,8 @@ impl Datapath {
         if let Some(id) = link.owned {
             let program: &mut SchedClassifier = self
                 .ebpf
-                .program_mut(link.role.program())
-                .ok_or(KernelError::MissingProgram(link.role.program()))?
+                .program_mut(link.program)
+                .ok_or(KernelError::MissingProgram(link.program))?
                 .try_into()?;
             // Dropping the link detaches it; with the interface gone the kernel has
             // detached it already and the error of doing it again is of no interest.
@@ -334,6 +355,11 @@ impl Datapath {
             })?;
         }
         Ok(true)
+    }
+
+    /// The TC program this agent attached to `iface`, if any.
+    pub fn program_on(&self, iface: &str) -> Option<&'static str> {
+        self.links.get(iface).map(|l| l.program)
     }
 
     /// Interfaces this agent attached to, with their index at attach time and the
@@ -433,12 +459,21 @@ fn delete_filter(iface: &str) -> Result<(), aya::programs::ProgramError> {
 /// Deletes every TC filter of sliceway's program at ingress of `iface` (any priority:
 /// an unpinned agent's filters too). Returns whether there was one.
 pub(super) fn remove_filters(iface: &str) -> bool {
-    tc::qdisc_detach_program(iface, TcAttachType::Ingress, TC_PROGRAM).is_ok()
+    let mut any = false;
+    for name in TC_PROGRAMS {
+        any |= tc::qdisc_detach_program(iface, TcAttachType::Ingress, name).is_ok();
+    }
+    any
 }
 
 /// The index of interface `name` in the calling thread's network namespace.
 /// `ARPHRD_ETHER`: an Ethernet header on every packet (veth, bridges, NICs).
 const ARPHRD_ETHER: u16 = 1;
+/// Link types whose packets reach TC ingress at their IP header
+/// (include/uapi/linux/if_arp.h): `ARPHRD_NONE` (tun devices, WireGuard),
+/// `ARPHRD_TUNNEL` (ipip), `ARPHRD_TUNNEL6` (ip6ip6), `ARPHRD_SIT`, `ARPHRD_IPGRE`,
+/// `ARPHRD_RAWIP`, `ARPHRD_PPP`.
+const L3_LINK_TYPES: [u16; 7] = [0xfffe, 768, 769, 776, 778, 519, 512];
 
 /// The link-layer type of interface `name` (`ARPHRD_*`: 1 for Ethernet, 65534 for a
 /// tun device or WireGuard, 768 for ipip), from `SIOCGIFHWADDR`.

@@ -24,6 +24,14 @@ pub const TC_PROGRAM: &str = "sliceway_tc";
 /// The TC program of the node's uplinks (`--external-interfaces`): clients outside
 /// the node, masqueraded unless a frontend says `externalTrafficPolicy: Local`.
 pub const TC_EXT_PROGRAM: &str = "sliceway_tc_ext";
+/// `sliceway_tc` for interfaces without an Ethernet header (a tun device, ipip,
+/// WireGuard): the same code, offsets from the IP header. Loaded when such an
+/// interface is first attached.
+pub const L3_PROGRAM: &str = "sliceway_l3";
+/// `sliceway_tc_ext` for uplinks without an Ethernet header, loaded likewise.
+pub const L3_EXT_PROGRAM: &str = "sliceway_l3_ext";
+/// The reject program of interfaces without an Ethernet header (tail call).
+pub const REJECT_L3_PROGRAM: &str = "sliceway_rej_l3";
 /// The XDP program of the uplinks (`--xdp`): the uplink TC program's decisions,
 /// before the skb is made; what it cannot finish it leaves to that program.
 pub const XDP_PROGRAM: &str = "sliceway_xdp";
@@ -203,9 +211,10 @@ impl Datapath {
             .try_into()?;
         xdp.load()?;
         // The programs reached from the TC program by tail call (a stack of their
-        // own), loaded and put in their slots of JUMP: reject in 0, SCTP ports in 1.
+        // own), loaded and put in their slots of JUMP: reject in 0, SCTP ports in 1,
+        // reject without an Ethernet header in 2.
         let mut fds = Vec::new();
-        for name in [REJECT_PROGRAM, SCTP_NAT_PROGRAM] {
+        for name in [REJECT_PROGRAM, SCTP_NAT_PROGRAM, REJECT_L3_PROGRAM] {
             let p: &mut SchedClassifier = ebpf
                 .program_mut(name)
                 .ok_or(KernelError::MissingProgram(name))?
@@ -334,6 +343,9 @@ pub fn check() -> Result<KernelCheck, KernelError> {
         TC_EXT_PROGRAM,
         REJECT_PROGRAM,
         SCTP_NAT_PROGRAM,
+        L3_PROGRAM,
+        L3_EXT_PROGRAM,
+        REJECT_L3_PROGRAM,
         super::BRIDGE_PROGRAM,
     ];
     let sock = super::SOCK_PROGRAMS.map(|(name, _)| name);

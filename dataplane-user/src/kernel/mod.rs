@@ -23,10 +23,12 @@ use dataplane_common::{CtEntry, CtKey, MAP_LAYOUT_VERSION};
 use crate::writer::Limits;
 
 use link::InterfaceLink;
-pub use link::{probe_tcx, AttachMode, Attached, Role, TcPath, TC_HANDLE, TC_PRIORITY};
+pub use link::{
+    probe_tcx, AttachMode, Attached, Role, TcPath, TC_HANDLE, TC_PRIORITY, TC_PROGRAMS,
+};
 pub use load::{
-    check, render_check, KernelCheck, ProgramCheck, REJECT_PROGRAM, SCTP_NAT_PROGRAM,
-    TC_EXT_PROGRAM, TC_PROGRAM, XDP_PROGRAM,
+    check, render_check, KernelCheck, ProgramCheck, L3_EXT_PROGRAM, L3_PROGRAM, REJECT_L3_PROGRAM,
+    REJECT_PROGRAM, SCTP_NAT_PROGRAM, TC_EXT_PROGRAM, TC_PROGRAM, XDP_PROGRAM,
 };
 pub(crate) use maps::summed;
 pub use maps::KernelMaps;
@@ -83,8 +85,8 @@ pub enum KernelError {
     #[error("--attach tcx: this kernel has no tcx (Linux 6.6 or later has it): {reason}")]
     NoTcx { reason: String },
     #[error(
-        "interface {iface} has no Ethernet header (link type {link_type}: ipip, WireGuard, \
-         a tun device, ...): not attached, so its packets are never misread"
+        "interface {iface} has link type {link_type}, neither Ethernet nor plain IP (a tun \
+         device, ipip, GRE, WireGuard): not attached, so its packets are never misread"
     )]
     NotEthernet { iface: String, link_type: u16 },
     #[error("XDP on interface {iface} refused ({reason}); its TC program decides every packet")]

@@ -95,6 +95,13 @@ impl Datapath {
             ],
         };
         self.detach_xdp(iface);
+        if self
+            .program_on(iface)
+            .is_some_and(|p| p == super::L3_PROGRAM || p == super::L3_EXT_PROGRAM)
+        {
+            tracing::info!(interface = %iface, "no Ethernet header: no XDP here, its TC program decides every packet");
+            return Ok(None);
+        }
         let mut refused = Vec::new();
         for &(mode, how) in modes {
             match self.xdp_program()?.attach(iface, mode) {
