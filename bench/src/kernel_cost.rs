@@ -162,8 +162,8 @@ pub fn per_packet(cfg: &Config) -> Result<Fig1> {
         },
         ..Capacities::default()
     };
-    let dp = Datapath::load(&caps, None).context("loading the datapath")?;
-    let mut dp = dp;
+    let mut dp = Datapath::load(&caps, None).context("loading the datapath")?;
+    dp.load_xdp().context("loading the XDP program")?;
     let mut writer = MapWriter::new(caps.limits);
     // The same program without flow counters, over the same maps contents.
     let uncounted_caps = Capacities {

@@ -20,6 +20,8 @@ pub const PROTO_SCTP: u8 = 132;
 
 /// Slots of the `JUMP` program array (the programs the TC program tail-calls).
 pub const JUMP_SLOTS: u32 = 3;
+/// The slot of the reject program of interfaces without an Ethernet header.
+pub const JUMP_REJECT_L3: u32 = 2;
 
 /// Capacity defaults. The agent may size maps differently at load time.
 pub mod capacity {

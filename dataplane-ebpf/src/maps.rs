@@ -68,7 +68,8 @@ pub static AFFINITY: LruHashMap<AffinityKey, AffinityValue> =
 /// Scratch space for building replies (one per CPU): a copy of an ICMP header and
 /// quote to sum the checksum over.
 #[map]
-pub static SCRATCH: PerCpuArray<[u8; crate::reject::SUM_MAX]> = PerCpuArray::with_max_entries(1, 0);
+pub static SCRATCH: PerCpuArray<[u8; crate::reject::SCRATCH_LEN]> =
+    PerCpuArray::with_max_entries(1, 0);
 
 /// Programs the TC program hands a packet over to (tail calls): slot
 /// `JUMP_REJECT` is `sliceway_reject`, `JUMP_SCTP_NAT` is `sliceway_sctp_nat`,

@@ -45,6 +45,13 @@ pub const SUM_MAX: usize = ICMP_HDR + QUOTE_MAX;
 /// Bytes summed by the first of two `bpf_csum_diff` calls (a multiple of 4, under
 /// the 512 older kernels take per call).
 const CSUM_PART: usize = 256;
+/// What the second part's length is masked with: every multiple of 4 below 512.
+const REST_MASK: usize = 0x1fc;
+const _: () =
+    assert!(SUM_MAX - CSUM_PART < 512 && SUM_MAX.is_multiple_of(4) && CSUM_PART.is_multiple_of(4));
+/// The per-CPU buffer the checksum is summed over: room for the first part and any
+/// masked second part, so the verifier sees every length fit whatever it knows.
+pub const SCRATCH_LEN: usize = CSUM_PART + REST_MASK;
 const ICMP_DEST_UNREACH: u8 = 3;
 const ICMP_PORT_UNREACH: u8 = 3;
 /// IPTOS_PREC_INTERNETCONTROL, as the kernel's own ICMP errors carry.
@@ -68,7 +75,7 @@ pub fn port_unreachable(ctx: &TcContext, flow: &Flow, reason: u32, l3: bool) {
 /// Slot of `sliceway_reject` in `JUMP`.
 pub const JUMP_REJECT: u32 = 0;
 /// Slot of `sliceway_rej_l3` in `JUMP`.
-pub const JUMP_REJECT_L3: u32 = 2;
+pub const JUMP_REJECT_L3: u32 = dataplane_common::JUMP_REJECT_L3;
 /// Words of the skb's control buffer handed over with the packet.
 const CB_REASON: usize = 0;
 const CB_L4_OFF: usize = 1;
@@ -168,8 +175,9 @@ fn build<const L2: usize>(ctx: &TcContext, l4_off: usize) -> Result<i32, ()> {
         return Err(());
     }
     let buf = SCRATCH.get_ptr_mut(0).ok_or(())?;
-    // SAFETY: a per-CPU buffer of SUM_MAX bytes, only this program on this CPU uses
-    // it while it runs; `len` is at most SUM_MAX and a multiple of 4.
+    // SAFETY: a per-CPU buffer of SCRATCH_LEN bytes (more than SUM_MAX), only this
+    // program on this CPU uses it while it runs; `len` is at most SUM_MAX and a
+    // multiple of 4.
     let sum = unsafe {
         let copied = bpf_skb_load_bytes(
             ctx.skb.skb as *const c_void,
@@ -186,11 +194,11 @@ fn build<const L2: usize>(ctx: &TcContext, l4_off: usize) -> Result<i32, ()> {
         if len <= CSUM_PART {
             bpf_csum_diff(core::ptr::null_mut(), 0, buf as *mut u32, len as u32, 0)
         } else {
-            let rest = len - CSUM_PART;
-            // Bounded again for the verifier: rest fits behind the first part.
-            if rest > SUM_MAX - CSUM_PART {
-                return Err(());
-            }
+            // Masked for the verifier (a no-op: `rest` is a multiple of 4 below 512),
+            // which on Linux 6.1 may meet `len` reloaded from the stack without the
+            // bound the comparison above gave another copy ("R4 min value is
+            // negative"); the buffer has room for any masked length (`SCRATCH_LEN`).
+            let rest = (len - CSUM_PART) & REST_MASK;
             let first = bpf_csum_diff(
                 core::ptr::null_mut(),
                 0,

@@ -82,8 +82,8 @@ impl Program for TcContext {
 }
 
 /// Interfaces without an Ethernet header: the same, with offsets from the IP header
-/// and the reject program that turns no Ethernet header (`sliceway_sctp_nat` takes
-/// its offsets from the handover).
+/// and a reject program of their own (there is no Ethernet header to turn round);
+/// `sliceway_sctp_nat` serves both, its offsets come with the handover.
 impl Program for L3<'_> {
     const TAIL_CALLS: bool = true;
 

@@ -4,17 +4,20 @@
 //! Golden files are written by the code, never by hand: run with `UPDATE_GOLDEN=1` to
 //! regenerate them after a deliberate change, and review the diff.
 
-use std::{collections::BTreeMap, convert::Infallible, fmt::Write as _, fs, path::Path};
+use std::{collections::BTreeMap, fmt::Write as _, fs, path::Path};
+
+mod common;
+use common::Checked;
 
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use serde::Deserialize as _;
 
-use dataplane_common::{Backend, ServiceKey, ServiceName, ServiceValue, SlotKey, PROTO_TCP};
+use dataplane_common::{Backend, ServiceKey, SlotKey, PROTO_TCP};
 use sliceway_agent::{
     compiler::{compile, Frontend, Options, ServicePortName},
     memory_maps::{MemoryMaps, Op},
     source::local::parse_file,
-    writer::{Limits, MapOps, MapWriter},
+    writer::{Limits, MapWriter},
 };
 
 /// The Services and EndpointSlices of a manifest, read without the front door
@@ -121,67 +124,6 @@ fn golden_parity_with_kube_proxy_for_node_1_in_zone_a() {
 
 // ---------------------------------------------------------------------------------
 // Writer guarantees.
-
-/// Checks after every single map operation that each published slot points at an
-/// existing backend: what a packet arriving at that instant would see.
-#[derive(Default)]
-struct Checked {
-    inner: MemoryMaps,
-    ops: usize,
-}
-
-impl Checked {
-    fn check(&mut self) {
-        self.ops += 1;
-        if let Err(e) = self.inner.consistent() {
-            panic!(
-                "after operation {} ({:?}): {e}",
-                self.ops,
-                self.inner.ops.last()
-            );
-        }
-    }
-}
-
-impl MapOps for Checked {
-    type Error = Infallible;
-    fn put_backend(&mut self, id: u32, b: &Backend) -> Result<(), Infallible> {
-        self.inner.put_backend(id, b)?;
-        self.check();
-        Ok(())
-    }
-    fn del_backend(&mut self, id: u32) -> Result<(), Infallible> {
-        self.inner.del_backend(id)?;
-        self.check();
-        Ok(())
-    }
-    fn put_slot(&mut self, k: &SlotKey, b: u32) -> Result<(), Infallible> {
-        self.inner.put_slot(k, b)?;
-        self.check();
-        Ok(())
-    }
-    fn del_slot(&mut self, k: &SlotKey) -> Result<(), Infallible> {
-        self.inner.del_slot(k)?;
-        self.check();
-        Ok(())
-    }
-    fn put_service(&mut self, k: &ServiceKey, v: &ServiceValue) -> Result<(), Infallible> {
-        self.inner.put_service(k, v)?;
-        self.check();
-        Ok(())
-    }
-    fn del_service(&mut self, k: &ServiceKey) -> Result<(), Infallible> {
-        self.inner.del_service(k)?;
-        self.check();
-        Ok(())
-    }
-    fn put_name(&mut self, id: u32, name: &ServiceName) -> Result<(), Infallible> {
-        self.inner.put_name(id, name)
-    }
-    fn del_name(&mut self, id: u32) -> Result<(), Infallible> {
-        self.inner.del_name(id)
-    }
-}
 
 fn key(i: u32) -> ServiceKey {
     ServiceKey {

@@ -1,8 +1,9 @@
 //! Issue 11, traffic from outside the cluster, in the two-node lab
 //! (`sliceway_lab::nodes`): two agents in local mode, each on its node's pods and its
 //! uplink, clients outside the cluster on the node network. Real sockets only.
-//! Every test runs twice: with the uplinks' TC program alone (`tc::`) and with the
-//! XDP fast path in front of it (`xdp::`, native XDP on the nodes' veth uplinks).
+//! Every test runs three times: with the uplinks' TC program alone (`tc::`) and with
+//! the XDP fast path in front of it, native XDP on the nodes' veth uplinks (`xdp::`)
+//! and generic XDP (`xdp_generic::`).
 
 use std::{
     collections::BTreeSet,
@@ -399,7 +400,7 @@ fn every_node_picks_the_same_backend_for_a_flow_with_maglev(xdp: Option<&'static
     assert_ne!(one, two, "without Maglev the placements differ");
 }
 
-/// Each test, once per uplink datapath.
+/// Each test, once per uplink datapath: TC alone, native XDP, generic XDP.
 macro_rules! in_both_modes {
     ($($name:ident),* $(,)?) => {
         mod tc {
@@ -412,6 +413,12 @@ macro_rules! in_both_modes {
             $(#[test]
             fn $name() {
                 super::$name(Some("native"))
+            })*
+        }
+        mod xdp_generic {
+            $(#[test]
+            fn $name() {
+                super::$name(Some("generic"))
             })*
         }
     };

@@ -33,11 +33,29 @@ const VM_TESTS: &[(&str, &[&str])] = &[
             "sctp_through_the_vip_reaches_every_backend_with_its_port_translated",
             "the_nodes_own_sockets_reach_a_clusterip_and_see_it_as_their_peer",
             "a_pod_reaching_its_own_service_is_answered_by_itself",
+            "an_interface_without_an_ethernet_header_gets_the_program_for_it",
         ],
     ),
     // Traffic from outside the node through the uplink program, on TC filters
-    // where the kernel has no tcx.
-    ("multinode_lab", &[]),
+    // where the kernel has no tcx, alone and behind native XDP (generic XDP, the
+    // same program attached another way, runs on the host only: the guest's time
+    // is short), and through a tun uplink.
+    (
+        "multinode_lab",
+        &[
+            "tc::an_external_client_reaches_a_node_port_whose_backend_is_on_another_node",
+            "tc::external_traffic_policy_local_keeps_the_client_address_on_nodes_with_endpoints",
+            "tc::load_balancer_source_ranges_let_in_the_allowed_client_only",
+            "tc::pods_and_the_node_reach_a_cluster_ip_whose_backend_is_on_the_other_node",
+            "tc::every_node_picks_the_same_backend_for_a_flow_with_maglev",
+            "xdp::an_external_client_reaches_a_node_port_whose_backend_is_on_another_node",
+            "xdp::external_traffic_policy_local_keeps_the_client_address_on_nodes_with_endpoints",
+            "xdp::load_balancer_source_ranges_let_in_the_allowed_client_only",
+            "xdp::pods_and_the_node_reach_a_cluster_ip_whose_backend_is_on_the_other_node",
+            "xdp::every_node_picks_the_same_backend_for_a_flow_with_maglev",
+            "an_uplink_without_an_ethernet_header_is_read_from_its_ip_header",
+        ],
+    ),
 ];
 
 /// Runs the VM tier on `kernels`; fails if any test failed or any program was refused.
@@ -132,6 +150,9 @@ fn guest_script(out: &Path, binaries: &[(String, String)]) -> String {
          failed=0\n\
          # Debian's kernels have SCTP: its node-lab test must run, not report its absence.\n\
          export SLICEWAY_REQUIRE_SCTP=1\n\
+         # tun is a module there, and /dev/net/tun appears only once it is loaded (no\n\
+         # udev in the guest to make the static node).\n\
+         modprobe tun || echo 'test-vm: no tun module: the tun tests will fail'\n\
          echo 'test-vm: sliceway-agent check'\n",
     );
     let _ = writeln!(

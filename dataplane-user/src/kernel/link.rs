@@ -221,16 +221,15 @@ impl Datapath {
             }
         };
         let path = self.attach_path()?;
+        if l3 {
+            self.load_l3()?;
+        }
         let name = role.program_for(l3);
         let program: &mut SchedClassifier = self
             .ebpf
             .program_mut(name)
             .ok_or(KernelError::MissingProgram(name))?
             .try_into()?;
-        if l3 && program.fd().is_err() {
-            // Loaded the first time an interface needs it.
-            program.load()?;
-        }
         if path == TcPath::Netlink {
             // The filter needs the clsact qdisc (EEXIST when it is there already).
             let _ = tc::qdisc_add_clsact(iface);

@@ -33,7 +33,8 @@ pub const L3_EXT_PROGRAM: &str = "sliceway_l3_ext";
 /// The reject program of interfaces without an Ethernet header (tail call).
 pub const REJECT_L3_PROGRAM: &str = "sliceway_rej_l3";
 /// The XDP program of the uplinks (`--xdp`): the uplink TC program's decisions,
-/// before the skb is made; what it cannot finish it leaves to that program.
+/// before the skb is made; what it cannot finish it leaves to that program. Loaded
+/// when first needed (`Datapath::load_xdp`).
 pub const XDP_PROGRAM: &str = "sliceway_xdp";
 /// The program the TC program hands packets to reject to (tail call).
 pub const REJECT_PROGRAM: &str = "sliceway_reject";
@@ -205,16 +206,12 @@ impl Datapath {
             .ok_or(KernelError::MissingProgram(TC_EXT_PROGRAM))?
             .try_into()?;
         ext.load()?;
-        let xdp: &mut aya::programs::Xdp = ebpf
-            .program_mut(XDP_PROGRAM)
-            .ok_or(KernelError::MissingProgram(XDP_PROGRAM))?
-            .try_into()?;
-        xdp.load()?;
         // The programs reached from the TC program by tail call (a stack of their
-        // own), loaded and put in their slots of JUMP: reject in 0, SCTP ports in 1,
-        // reject without an Ethernet header in 2.
+        // own), loaded and put in their slots of JUMP: reject in 0, SCTP ports in 1
+        // (reject without an Ethernet header goes in 2 with the L3 programs,
+        // `Datapath::load_l3`).
         let mut fds = Vec::new();
-        for name in [REJECT_PROGRAM, SCTP_NAT_PROGRAM, REJECT_L3_PROGRAM] {
+        for name in [REJECT_PROGRAM, SCTP_NAT_PROGRAM] {
             let p: &mut SchedClassifier = ebpf
                 .program_mut(name)
                 .ok_or(KernelError::MissingProgram(name))?
@@ -250,7 +247,7 @@ impl Datapath {
             maps,
             conntrack,
             stats,
-            _jump: jump,
+            jump,
             pins: pins.cloned(),
             limits,
             links: BTreeMap::new(),
@@ -261,6 +258,38 @@ impl Datapath {
             netns_cookie,
             sock_cgroup: None,
         })
+    }
+}
+
+impl Datapath {
+    /// Loads the programs of interfaces without an Ethernet header, the first time
+    /// one is attached: `sliceway_l3`, `sliceway_l3_ext` and their reject program
+    /// (`JUMP` slot 2). A kernel that refuses them refuses such interfaces only.
+    pub(super) fn load_l3(&mut self) -> Result<(), KernelError> {
+        for name in [L3_PROGRAM, L3_EXT_PROGRAM, REJECT_L3_PROGRAM] {
+            let p: &mut SchedClassifier = self
+                .ebpf
+                .program_mut(name)
+                .ok_or(KernelError::MissingProgram(name))?
+                .try_into()?;
+            if p.fd().is_ok() {
+                continue;
+            }
+            p.load()?;
+            if name == REJECT_L3_PROGRAM {
+                let fd = p
+                    .fd()?
+                    .try_clone()
+                    .map_err(|e| KernelError::Program(aya::programs::ProgramError::IOError(e)))?;
+                self.jump
+                    .set(dataplane_common::JUMP_REJECT_L3, &fd, 0)
+                    .map_err(|source| KernelError::Map {
+                        name: map_name::JUMP,
+                        source,
+                    })?;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -137,7 +137,7 @@ pub struct Datapath {
     stats: PerCpuArray<MapData, u64>,
     /// Held for as long as the datapath lives: the kernel empties a program array no
     /// process or pin holds.
-    _jump: aya::maps::ProgramArray<MapData>,
+    jump: aya::maps::ProgramArray<MapData>,
     pins: Option<PinDir>,
     limits: Limits,
     /// Interfaces the program is attached to by this agent.

@@ -69,6 +69,17 @@ impl Datapath {
             .try_into()?)
     }
 
+    /// Loads the XDP program if it is not yet (at the first uplink that gets it, or
+    /// the first test run): an agent without `--xdp` never has the kernel verify it.
+    pub fn load_xdp(&mut self) -> Result<(), KernelError> {
+        let program = self.xdp_program()?;
+        if program.fd().is_err() {
+            program.load()?;
+        }
+        Ok(())
+    }
+
+    /// The XDP program, loaded ([`Datapath::load_xdp`]).
     fn xdp_loaded(&self) -> Result<&Xdp, KernelError> {
         Ok(self
             .ebpf
@@ -102,6 +113,7 @@ impl Datapath {
             tracing::info!(interface = %iface, "no Ethernet header: no XDP here, its TC program decides every packet");
             return Ok(None);
         }
+        self.load_xdp()?;
         let mut refused = Vec::new();
         for &(mode, how) in modes {
             match self.xdp_program()?.attach(iface, mode) {
@@ -143,7 +155,8 @@ impl Datapath {
     /// Runs one packet (from the Ethernet header) through the XDP program with
     /// BPF_PROG_TEST_RUN. The verdict is XDP's (`XDP_DROP`, `XDP_PASS`); the packet
     /// as the program left it, without the metadata it put in front.
-    pub fn test_run_xdp(&self, packet: &[u8]) -> Result<TestRunOutput, KernelError> {
+    pub fn test_run_xdp(&mut self, packet: &[u8]) -> Result<TestRunOutput, KernelError> {
+        self.load_xdp()?;
         let ctx_in = XdpMd {
             data_end: packet.len() as u32,
             ..XdpMd::default()
@@ -168,8 +181,8 @@ impl Datapath {
 }
 
 impl Datapath {
-    /// Runs one packet `repeat` times through the XDP program and returns the
-    /// kernel-measured time per run. The runs share one frame, so the metadata the
+    /// Runs one packet `repeat` times through the XDP program (loaded first with
+    /// [`Datapath::load_xdp`]) and returns the kernel-measured time per run. The runs share one frame, so the metadata the
     /// program puts in front grows until the kernel refuses more (32 bytes); the mark
     /// is then not written, which costs nothing more.
     pub fn time_run_xdp(
