@@ -608,6 +608,49 @@ fn tc_filters_follow_interfaces_survive_a_stop_and_are_cleaned_up() {
     assert!(!lab.bpffs.exists());
 }
 
+/// `cleanup` removes the TC filter of every sliceway program, the uplink program's
+/// too (it once looked for `sliceway_tc`'s only, and left `sliceway_tc_ext` running
+/// on uplinks after an uninstall).
+#[test]
+fn cleanup_removes_the_tc_filters_of_every_program() {
+    let mut lab = Lab::new(1).unwrap();
+    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0]))
+        .unwrap();
+    let uplink = lab.pod_interfaces()[0].clone();
+    lab.agent_args = vec![
+        "--attach".into(),
+        "tc".into(),
+        "--external-interfaces".into(),
+        uplink.clone(),
+    ];
+    let mut agent = lab.start_agent_with(&["v*"]).unwrap();
+    let program = agent
+        .metric_label(
+            &format!("sliceway_interface_link{{interface=\"{uplink}\","),
+            "program",
+        )
+        .unwrap();
+    assert_eq!(program.as_deref(), Some("sliceway_tc_ext"));
+    agent.stop();
+    for iface in lab.pod_interfaces() {
+        assert_eq!(
+            tc_filters(&lab, &iface).len(),
+            1,
+            "{iface}: kept after a stop"
+        );
+    }
+    let bin = sliceway_lab::workspace_binary("sliceway-agent").unwrap();
+    lab.node
+        .run(
+            bin.to_str().unwrap(),
+            &["cleanup", "--bpffs-dir", lab.bpffs.to_str().unwrap()],
+        )
+        .unwrap();
+    for iface in lab.pod_interfaces() {
+        assert!(tc_filters(&lab, &iface).is_empty(), "{iface}");
+    }
+}
+
 #[test]
 fn an_exact_interface_name_that_does_not_exist_is_an_error() {
     let lab = Lab::new(1).unwrap();
