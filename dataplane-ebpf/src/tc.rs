@@ -39,9 +39,14 @@ pub const TO_TC: i32 = -1;
 pub trait Program: Frame {
     /// Whether this program finishes every packet itself (TC).
     const TAIL_CALLS: bool;
-    /// An ICMP error that may be about a translated connection (`icmp::error`).
-    fn icmp_error(&self, src_be: u32, l4_off: usize, ip_end: usize, now: u64)
-        -> Result<Exit, Exit>;
+    /// An ICMP error that may be about a translated connection.
+    #[inline(always)]
+    fn icmp_error(&self, src_be: u32, l4_off: usize, ip_end: usize, now: u64) -> Result<Exit, Exit>
+    where
+        Self: Sized,
+    {
+        icmp::error(self, src_be, l4_off, ip_end, now)
+    }
     /// Answers `flow` with ICMP port unreachable (`sliceway_reject` counts `reason`);
     /// drops it if the handover fails.
     fn reject(&self, flow: &Flow, reason: u32) -> Exit;
@@ -53,17 +58,6 @@ pub trait Program: Frame {
 
 impl Program for TcContext {
     const TAIL_CALLS: bool = true;
-
-    #[inline(always)]
-    fn icmp_error(
-        &self,
-        src_be: u32,
-        l4_off: usize,
-        ip_end: usize,
-        now: u64,
-    ) -> Result<Exit, Exit> {
-        icmp::error(self, src_be, l4_off, ip_end, now)
-    }
 
     #[inline(always)]
     fn reject(&self, flow: &Flow, reason: u32) -> Exit {
@@ -86,17 +80,6 @@ impl Program for TcContext {
 /// `sliceway_sctp_nat` serves both, its offsets come with the handover.
 impl Program for L3<'_> {
     const TAIL_CALLS: bool = true;
-
-    #[inline(always)]
-    fn icmp_error(
-        &self,
-        src_be: u32,
-        l4_off: usize,
-        ip_end: usize,
-        now: u64,
-    ) -> Result<Exit, Exit> {
-        icmp::error(self, src_be, l4_off, ip_end, now)
-    }
 
     #[inline(always)]
     fn reject(&self, flow: &Flow, reason: u32) -> Exit {

@@ -478,19 +478,20 @@ fn an_uplink_without_an_ethernet_header_is_read_from_its_ip_header() {
     let with_eth = |ip: &[u8]| [&[0u8; 12][..], &[0x08, 0x00], ip].concat();
     let client: SocketAddrV4 = "10.200.0.2:40000".parse().unwrap();
     let lb = SocketAddrV4::new(LB_IP, 80);
-    tun.send(&ip_only(&PacketSpec::udp(client, lb, b"hello")))
-        .unwrap();
-    let answer = loop {
+    // The next IPv4 packet of `proto` out of the device (the node also sends its own
+    // there, such as IPv6 router solicitations).
+    let next_out = |proto: u8| loop {
         let p = tun
             .recv(Duration::from_secs(5))
             .unwrap()
-            .expect("an answer out of tun0");
-        // The node may also send its own packets out of the device (IPv6 router
-        // solicitations); the answer is the IPv4 UDP one.
-        if p.first().is_some_and(|b| b >> 4 == 4) && p.get(9) == Some(&17) {
+            .expect("a packet out of tun0");
+        if p.first().is_some_and(|b| b >> 4 == 4) && p.get(9) == Some(&proto) {
             break p;
         }
     };
+    tun.send(&ip_only(&PacketSpec::udp(client, lb, b"hello")))
+        .unwrap();
+    let answer = next_out(17);
     let parsed = parse(&with_eth(&answer)).expect("an IPv4 UDP answer");
     assert_eq!((parsed.src, parsed.dst), (lb, client), "{parsed:?}");
     assert!(parsed.ip_csum_ok && parsed.l4_csum_ok, "{parsed:?}");
@@ -516,12 +517,7 @@ fn an_uplink_without_an_ethernet_header_is_read_from_its_ip_header() {
         b"anyone",
     ));
     tun.send(&sent).unwrap();
-    let error = loop {
-        let p = tun.recv(Duration::from_secs(5)).unwrap().expect("ICMP");
-        if p.first().is_some_and(|b| b >> 4 == 4) && p.get(9) == Some(&1) {
-            break p;
-        }
-    };
+    let error = next_out(1);
     assert_eq!(
         &error[28..48],
         &sent[..20],
@@ -551,12 +547,7 @@ fn an_uplink_without_an_ethernet_header_is_read_from_its_ip_header() {
         b"nobody",
     ));
     tun.send(&sent).unwrap();
-    let reject = loop {
-        let p = tun.recv(Duration::from_secs(5)).unwrap().expect("ICMP");
-        if p.first().is_some_and(|b| b >> 4 == 4) && p.get(9) == Some(&1) {
-            break p;
-        }
-    };
+    let reject = next_out(1);
     assert_eq!((reject[20], reject[21]), (3, 3), "port unreachable");
     assert_eq!(&reject[12..16], &[10, 96, 0, 51], "from the ClusterIP");
     assert_eq!(&reject[16..20], &[10, 200, 0, 2], "to the client");

@@ -590,14 +590,7 @@ fn tc_filters_follow_interfaces_survive_a_stop_and_are_cleaned_up() {
     agent.stop();
 
     // cleanup: pins and filters gone.
-    let bin = sliceway_lab::workspace_binary("sliceway-agent").unwrap();
-    let out = lab
-        .node
-        .run(
-            bin.to_str().unwrap(),
-            &["cleanup", "--bpffs-dir", lab.bpffs.to_str().unwrap()],
-        )
-        .unwrap();
+    let out = cleanup(&lab);
     for iface in lab.pod_interfaces() {
         assert!(tc_filters(&lab, &iface).is_empty(), "{iface}");
         assert!(
@@ -639,16 +632,21 @@ fn cleanup_removes_the_tc_filters_of_every_program() {
             "{iface}: kept after a stop"
         );
     }
+    cleanup(&lab);
+    for iface in lab.pod_interfaces() {
+        assert!(tc_filters(&lab, &iface).is_empty(), "{iface}");
+    }
+}
+
+/// `sliceway-agent cleanup` on the lab's pins and interfaces; what it printed.
+fn cleanup(lab: &Lab) -> String {
     let bin = sliceway_lab::workspace_binary("sliceway-agent").unwrap();
     lab.node
         .run(
             bin.to_str().unwrap(),
             &["cleanup", "--bpffs-dir", lab.bpffs.to_str().unwrap()],
         )
-        .unwrap();
-    for iface in lab.pod_interfaces() {
-        assert!(tc_filters(&lab, &iface).is_empty(), "{iface}");
-    }
+        .unwrap()
 }
 
 #[test]
