@@ -119,7 +119,9 @@ pub struct TraceArgs {
     #[arg(long, value_enum, default_value_t = Proto::Tcp)]
     pub proto: Proto,
     /// Where the packet arrives: from a pod (a pod-facing interface), from the node
-    /// itself (`host`) or from outside the node (`external`, its uplink).
+    /// itself (`host`) or from outside the node (`external`, its uplink;
+    /// `external-xdp`: an uplink with `--xdp`, the XDP program first and the TC
+    /// program for what it leaves).
     #[arg(long, value_enum, default_value_t = From::Pod)]
     pub from: From,
     /// This node's name: its Node object in the directory gives the zone topology
@@ -174,6 +176,7 @@ pub enum From {
     Pod,
     Host,
     External,
+    ExternalXdp,
 }
 
 #[derive(clap::Args)]

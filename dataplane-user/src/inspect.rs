@@ -334,6 +334,10 @@ pub struct Trace {
     pub skipped: Vec<TraceSkipped>,
     /// The datapath's reason for the verdict.
     pub reason: String,
+    /// The program that decided (`--from external-xdp`: `sliceway_xdp`, or
+    /// `sliceway_tc_ext` for what XDP leaves to it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub program: Option<String>,
 }
 
 /// An object the manifest reader or the compiler skipped, as `trace` shows it.
@@ -396,6 +400,7 @@ pub fn trace(
         From::Host => host_trace(&dp, dst, proto)?,
         From::Pod => run_trace(&dp, Role::Pods, src, dst, proto)?,
         From::External => run_trace(&dp, Role::External, src, dst, proto)?,
+        From::ExternalXdp => run_trace_xdp(&mut dp, src, dst, proto)?,
     };
     trace.skipped = pipeline
         .compiler
@@ -421,18 +426,70 @@ pub fn run_trace(
     dst: SocketAddrV4,
     proto: u8,
 ) -> Result<Trace, KernelError> {
+    let packet = trace_packet(src, dst, proto);
+    let before = dp.stats()?;
+    let out = dp.test_run_as(role, &packet)?;
+    let after = dp.stats()?;
+    traced(dp, role, src, dst, proto, out, counted(&before, &after))
+}
+
+/// [`run_trace`] through the uplink's XDP program (`--from external-xdp`), and
+/// through its TC program if XDP leaves the packet to it; `program` says which
+/// decided.
+pub fn run_trace_xdp(
+    dp: &mut Datapath,
+    src: SocketAddrV4,
+    dst: SocketAddrV4,
+    proto: u8,
+) -> Result<Trace, KernelError> {
+    let packet = trace_packet(src, dst, proto);
+    let before = dp.stats()?;
+    let mut out = dp.test_run_xdp(&packet)?;
+    let after = dp.stats()?;
+    let reason = counted(&before, &after);
+    if reason == stat::NAMES[stat::XDP_TO_TC as usize] {
+        let mut trace = run_trace(dp, Role::External, src, dst, proto)?;
+        trace.program = Some(crate::kernel::TC_EXT_PROGRAM.into());
+        return Ok(trace);
+    }
+    // In TC's terms, which the rest reads.
+    out.verdict = match out.verdict {
+        crate::kernel::XDP_DROP => TC_ACT_SHOT,
+        _ => crate::kernel::TC_ACT_OK,
+    };
+    let mut trace = traced(dp, Role::External, src, dst, proto, out, reason)?;
+    trace.program = Some(crate::kernel::XDP_PROGRAM.into());
+    Ok(trace)
+}
+
+/// The packet a trace sends: a TCP SYN, an SCTP INIT or a UDP datagram.
+fn trace_packet(src: SocketAddrV4, dst: SocketAddrV4, proto: u8) -> Vec<u8> {
     let spec = match proto {
         PROTO_TCP => PacketSpec::tcp(src, dst, TCP_SYN),
         PROTO_SCTP => PacketSpec::sctp(src, dst, packet::SCTP_INIT),
         _ => PacketSpec::udp(src, dst, b"trace"),
     };
-    let before = dp.stats()?;
-    let out = dp.test_run_as(role, &packet::build(&spec))?;
-    let after = dp.stats()?;
-    let reason = (0..stat::COUNT as usize)
+    packet::build(&spec)
+}
+
+/// The exit a run counted, by name.
+fn counted(before: &[u64], after: &[u64]) -> String {
+    (0..stat::COUNT as usize)
         .find(|i| after[*i] > before[*i])
         .map_or("unknown", |i| stat::NAMES[i])
-        .to_string();
+        .to_string()
+}
+
+/// The trace of a run that gave `out` for exit `reason`.
+fn traced(
+    dp: &Datapath,
+    role: Role,
+    src: SocketAddrV4,
+    dst: SocketAddrV4,
+    proto: u8,
+    out: crate::kernel::TestRunOutput,
+    reason: String,
+) -> Result<Trace, KernelError> {
     let key = ServiceKey {
         addr_be: u32::from(*dst.ip()).to_be(),
         port_be: dst.port().to_be(),
@@ -493,6 +550,7 @@ pub fn run_trace(
         snat,
         skipped: Vec::new(),
         reason,
+        program: Some(role.program().into()),
     })
 }
 
@@ -547,6 +605,7 @@ pub fn host_trace(dp: &Datapath, dst: SocketAddrV4, proto: u8) -> Result<Trace, 
         snat: None,
         skipped: Vec::new(),
         reason: stat::NAMES[reason as usize].into(),
+        program: None,
     })
 }
 

@@ -203,7 +203,7 @@ fn main() -> anyhow::Result<()> {
                     trace
                 }
                 None => {
-                    let dp = inspect::live_datapath(&PinDir::new(&args.bpffs_dir))?;
+                    let mut dp = inspect::live_datapath(&PinDir::new(&args.bpffs_dir))?;
                     match args.from {
                         From::Host => inspect::host_trace(&dp, args.dst, proto)?,
                         From::Pod => {
@@ -212,6 +212,7 @@ fn main() -> anyhow::Result<()> {
                         From::External => {
                             inspect::run_trace(&dp, kernel::Role::External, src, args.dst, proto)?
                         }
+                        From::ExternalXdp => inspect::run_trace_xdp(&mut dp, src, args.dst, proto)?,
                     }
                 }
             };
@@ -220,13 +221,14 @@ fn main() -> anyhow::Result<()> {
                 Output::Yaml => print!("{}", serde_yaml_ng::to_string(&trace)?),
                 Output::Table => {
                     println!(
-                        "verdict {} ({}); service {}; backend {}; candidates [{}]; snat {}",
+                        "verdict {} ({}); service {}; backend {}; candidates [{}]; snat {}; program {}",
                         trace.verdict,
                         trace.reason,
                         trace.service.as_deref().unwrap_or("-"),
                         trace.backend.as_deref().unwrap_or("-"),
                         trace.candidates.join(", "),
-                        trace.snat.as_deref().unwrap_or("-")
+                        trace.snat.as_deref().unwrap_or("-"),
+                        trace.program.as_deref().unwrap_or("-")
                     );
                     for s in &trace.skipped {
                         match &s.file {

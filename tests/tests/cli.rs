@@ -165,6 +165,42 @@ fn trace_answers_every_origin_and_follows_the_service_proxy_name() {
         external["backend"],
         format!("{}:{}", lab.backends[0].ip, sliceway_lab::BACKEND_PORT)
     );
+    assert_eq!(external["program"], "sliceway_tc_ext");
+    // The same through the XDP program, which decides it itself; a Service without
+    // endpoints it leaves to the TC program, which rejects.
+    let xdp = theirs(&["--from", "external-xdp", mine[0], mine[1], node[0], node[1]]);
+    for key in [
+        "verdict",
+        "reason",
+        "snat",
+        "backend",
+        "service",
+        "candidates",
+    ] {
+        assert_eq!(xdp[key], external[key], "{key}: {xdp} against {external}");
+    }
+    assert_eq!(xdp["program"], "sliceway_xdp", "{xdp}");
+    lab.write_manifest(
+        "empty.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: empty, namespace: default}\n\
+         spec:\n  clusterIP: 10.96.0.31\n  ports: [{port: 80, protocol: TCP}]\n",
+    )
+    .unwrap();
+    let empty = |from: &str| to("10.96.0.31:80", &["--from", from, node[0], node[1]]);
+    let (tc, xdp) = (empty("external"), empty("external-xdp"));
+    assert_eq!(
+        (&xdp["verdict"], &xdp["reason"], &xdp["program"]),
+        (
+            &"reject".into(),
+            &"reject_no_backend".into(),
+            &"sliceway_tc_ext".into()
+        ),
+        "{xdp}"
+    );
+    assert_eq!(
+        (&tc["verdict"], &tc["reason"]),
+        (&xdp["verdict"], &xdp["reason"])
+    );
     let host = theirs(&["--from", "host", "--service-proxy-name", "sliceway"]);
     for t in [&external, &host] {
         for key in ["service", "backend", "candidates", "snat", "reason"] {
