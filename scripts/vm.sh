@@ -22,7 +22,7 @@ set -euo pipefail
 CACHE="${SLICEWAY_VM_CACHE:-$HOME/.cache/sliceway/vm}"
 MIRROR="${SLICEWAY_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 MEMORY="${SLICEWAY_VM_MEMORY:-2048}"
-TIMEOUT="${SLICEWAY_VM_TIMEOUT:-900}"
+TIMEOUT="${SLICEWAY_VM_TIMEOUT:-1500}"
 
 SCRIPT_SUM=$(sha256sum "${BASH_SOURCE[0]}" | cut -d' ' -f1)
 
@@ -234,13 +234,14 @@ run_guest() {
     out_arg="sliceway.out=$out"
   fi
   # The guest prints its exit status last; qemu's own status says nothing about it.
-  # The firmware's terminal escapes are taken out of the console.
+  # The firmware's terminal escapes are taken out of the console. Kernel warnings
+  # (loglevel 5) reach the console, with every CPU's backtrace on a soft lockup.
   timeout --foreground "$TIMEOUT" qemu-system-x86_64 "${accel[@]}" -smp "$(nproc)" -m "$MEMORY" \
     -nographic -no-reboot -nic none \
     -virtfs "local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap" \
     "${out_dev[@]}" \
     -kernel "$dir/root/boot/vmlinuz-$kver" -initrd "$dir/initramfs-$SCRIPT_SUM.gz" \
-    -append "console=ttyS0 panic=-1 quiet loglevel=3 sliceway.modules=$dir/root/lib/modules sliceway.dir=$workdir sliceway.script=$script sliceway.home=$HOME $out_arg" \
+    -append "console=ttyS0 panic=-1 quiet loglevel=5 softlockup_all_cpu_backtrace=1 sliceway.modules=$dir/root/lib/modules sliceway.dir=$workdir sliceway.script=$script sliceway.home=$HOME $out_arg" \
     2>&1 | sed -u -e 's/\x1b\[[0-9;?]*[a-zA-Z]//g' -e 's/\x1bc/\n/g' -e 's/\x1b([A-Z0-9]//g' -e 's/\r$//' -e 's/\r/\n/g' -e 's/[\x0e\x0f]//g' | tee "$log" || true
   if [ -n "${SLICEWAY_VM_OUT:-}" ]; then cp "$log" "$SLICEWAY_VM_OUT/console.log"; fi
   local rc

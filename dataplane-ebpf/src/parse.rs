@@ -1,9 +1,9 @@
 //! Parsing: Ethernet (or none, on an L3 device) + IPv4 + TCP/UDP/SCTP into a
 //! [`Flow`]. Deliberate policy for what the program does not handle: other EtherTypes
-//! (on an L3 device: another IP version) and other IP protocols pass
-//! untouched; truncated or malformed headers drop, and so does a packet whose IP total
-//! length ends before its L4 header (never rewritten: the bytes after the datagram
-//! are not ours).
+//! (on an L3 device: IPv6; any version but 4 and 6 is malformed) and other IP
+//! protocols pass untouched; truncated or malformed headers drop, and so does a
+//! packet whose IP total length ends before its L4 header (never rewritten: the bytes
+//! after the datagram are not ours).
 //!
 //! Fragments, as Cilium's fragment map does
 //! (https://github.com/cilium/cilium/blob/main/bpf/lib/ipv4.h): the first fragment

@@ -659,13 +659,14 @@ fn an_exact_interface_name_that_does_not_exist_is_an_error() {
 }
 
 /// Starts an agent on `lab`'s manifests and `interfaces` that must refuse to start:
-/// waits (at most 10 s) for it to exit with a failure; its log says why.
+/// waits (at most 60 s: loading the programs takes seconds under the VM tier's
+/// software emulation) for it to exit with a failure; its log says why.
 fn refused_to_start(lab: &Lab, interfaces: &[&str]) -> sliceway_lab::Agent {
     let source = ["--manifests".into(), lab.manifests.clone().into_os_string()];
     let interfaces: Vec<String> = interfaces.iter().map(|i| i.to_string()).collect();
     let mut agent =
         sliceway_lab::Agent::start(&lab.node.name, &source, &interfaces, &lab.bpffs).unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let status = loop {
         if let Some(status) = agent.exit_status() {
             break status;

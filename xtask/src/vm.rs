@@ -53,10 +53,18 @@ const VM_TESTS: &[(&str, &[&str])] = &[
             "xdp::load_balancer_source_ranges_let_in_the_allowed_client_only",
             "xdp::pods_and_the_node_reach_a_cluster_ip_whose_backend_is_on_the_other_node",
             "xdp::every_node_picks_the_same_backend_for_a_flow_with_maglev",
+            "tc::direct_server_return_keeps_a_connection_that_moves_to_another_node",
+            "xdp::direct_server_return_keeps_a_connection_that_moves_to_another_node",
             "an_uplink_without_an_ethernet_header_is_read_from_its_ip_header",
         ],
     ),
 ];
+
+/// Test binaries whose tests run one at a time in the VM. The two-node lab's: on
+/// Debian's 6.1 under software emulation, two of its labs started side by side once
+/// hung both virtual CPUs for the rest of the run (soft lockups in the test threads,
+/// not reproduced since); one lab at a time keeps the tier to what it tests.
+const SERIAL: &[&str] = &["multinode_lab"];
 
 /// Runs the VM tier on `kernels`; fails if any test failed or any program was refused.
 pub fn test_vm(root: &Path, kernels: &[String]) -> Result<()> {
@@ -166,11 +174,14 @@ fn guest_script(out: &Path, binaries: &[(String, String)]) -> String {
             .iter()
             .find(|(f, _)| f == name)
             .expect("checked in test_binaries");
-        let filter = if tests.is_empty() {
+        let mut filter = if tests.is_empty() {
             String::new()
         } else {
             format!(" --exact {}", tests.join(" "))
         };
+        if SERIAL.contains(name) {
+            filter.push_str(" --test-threads 1");
+        }
         let _ = writeln!(
             s,
             "echo 'test-vm: {name}'\n./{path} --color never{filter} || failed=$((failed + 1))"
