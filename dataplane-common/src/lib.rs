@@ -19,9 +19,26 @@ pub const PROTO_UDP: u8 = 17;
 pub const PROTO_SCTP: u8 = 132;
 
 /// Slots of the `JUMP` program array (the programs the TC program tail-calls).
-pub const JUMP_SLOTS: u32 = 3;
+pub const JUMP_SLOTS: u32 = 4;
 /// The slot of the reject program of interfaces without an Ethernet header.
 pub const JUMP_REJECT_L3: u32 = 2;
+/// The slot of the direct server return program (`sliceway_dsr`).
+pub const JUMP_DSR: u32 = 3;
+
+/// Direct server return: the IPv4 option with which the node a connection from
+/// outside arrives at tells the backend's node the frontend the client addressed, so
+/// the backend's replies leave from that node with the frontend as their source.
+/// Option 30 with the copied flag (0x80 | 30): the experimental value of RFC 4727
+/// (https://www.rfc-editor.org/rfc/rfc4727#section-2.4), never given to anything
+/// else. Eight bytes: type, length, the frontend's port, then its address (both in
+/// network byte order).
+pub mod dsr {
+    pub const OPT_TYPE: u8 = 0x9e;
+    pub const OPT_LEN: u8 = 8;
+    /// Offset of the option from the IPv4 header: right after its fixed 20 bytes,
+    /// where `bpf_skb_adjust_room` makes room, before any options the packet had.
+    pub const OPT_OFF: usize = 20;
+}
 
 /// Capacity defaults. The agent may size maps differently at load time.
 pub mod capacity {
@@ -172,6 +189,12 @@ pub const SVC_F_SOURCE_RANGES: u32 = 1 << 2;
 /// backends' identities alone, so every node picks the same backend for a flow. The
 /// programs pick as for any frontend; the agent reads the bit back after a restart.
 pub const SVC_F_MAGLEV: u32 = 1 << 3;
+/// Direct server return (`--external-mode dsr`): a connection from outside the node
+/// that would be masqueraded keeps its client's address instead, and leaves with the
+/// frontend in an IPv4 option ([`dsr`]); the backend's node records it and its
+/// replies go straight to the client from the frontend's address. Read by the uplink
+/// program only.
+pub const SVC_F_DSR: u32 = 1 << 4;
 
 /// What the `SOURCE_RANGES` longest-prefix-match map matches on (after the key's
 /// prefix length): a frontend (always its `SCOPE_ANY` key) and a source address. An
@@ -648,8 +671,21 @@ pub mod stat {
     /// The uplink's TC program saw a packet the XDP program had decided (and
     /// counted): passed at once.
     pub const PASS_XDP_DECIDED: u32 = 30;
+    /// A new connection from outside to a frontend with direct server return: sent
+    /// on with the client's own address and the frontend in an IPv4 option.
+    pub const DNAT_DSR: u32 = 31;
+    /// Such a connection could not get its option (the IPv4 header holds too many
+    /// options already, or the kernel refused the room): dropped, never sent on
+    /// without it.
+    pub const DROP_DSR_OPTION: u32 = 32;
+    /// A packet with the option, for a pod of this node: its connection recorded, so
+    /// the pod's replies leave with the frontend as their source.
+    pub const DSR_ACCEPTED: u32 = 33;
+    /// A packet with the option that names no frontend of this node, or whose reply
+    /// tuple a live connection holds: passed untouched, nothing recorded.
+    pub const PASS_DSR_REFUSED: u32 = 34;
     /// Number of slots.
-    pub const COUNT: u32 = 31;
+    pub const COUNT: u32 = 35;
 
     /// Names, indexed by slot, as `list` and metrics print them.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -684,6 +720,10 @@ pub mod stat {
         "drop_source_range",
         "xdp_to_tc",
         "pass_xdp_decided",
+        "dnat_dsr",
+        "drop_dsr_option",
+        "dsr_accepted",
+        "pass_dsr_refused",
     ];
 }
 

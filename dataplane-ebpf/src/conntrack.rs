@@ -227,6 +227,10 @@ pub fn direct(flow: &Flow, key: &CtKey) {
 /// from the range of `NAT_CONFIG`: `TRACKED_MASQUERADED`, or `DROP_SNAT_EXHAUSTED`
 /// when none of [`SNAT_TRIES`] candidates is free, `DROP_NO_NODE_ADDR` when the
 /// agent wrote no address.
+///
+/// With direct server return (`crate::dsr`) the backend's replies never come back
+/// through this node, so a remapped source port could not be given back to the
+/// client: a clash drops (`DROP_CT_CLASH`) instead.
 #[inline(always)]
 pub fn track(
     flow: &Flow,
@@ -234,23 +238,26 @@ pub fn track(
     service_id: u32,
     backend_id: u32,
     backend: &Backend,
-    masquerade: bool,
+    nat: u8,
 ) -> u32 {
-    match track_inner(
-        flow,
-        key,
-        service_id,
-        backend_id,
-        backend,
-        masquerade,
-        now(),
-    ) {
-        Ok(_) if masquerade => TRACKED_MASQUERADED,
+    let now = now();
+    // Checked here, before the body, whose frame has no room for one more value.
+    if nat == NAT_DSR && reply_taken(&reply_key(flow, backend), key, now) {
+        return stat::DROP_CT_CLASH;
+    }
+    match track_inner(flow, key, service_id, backend_id, backend, nat, now) {
+        Ok(_) if nat == NAT_MASQUERADE => TRACKED_MASQUERADED,
         Ok(false) => TRACKED,
         Ok(true) => TRACKED_REMAPPED,
         Err((_, reason)) => reason,
     }
 }
+
+/// How [`track`] translates the client: its address kept (a port remapped on a
+/// clash), masqueraded to the node's address, or kept with direct server return.
+pub const NAT_KEEP: u8 = 0;
+pub const NAT_MASQUERADE: u8 = 1;
+pub const NAT_DSR: u8 = 2;
 
 /// Results of [`track`] that are not drop reasons (those are below `stat::COUNT`).
 pub const TRACKED: u32 = u32::MAX;
@@ -283,6 +290,20 @@ fn masquerade_port(reply: &mut CtKey, flow: &Flow, key: &CtKey, nat: &NatConfig,
     false
 }
 
+/// The reply tuple of a new connection of `flow` to `backend`, before any source
+/// translation. A pod picked as the backend of its own connection sees it come from
+/// the hairpin address, never from itself.
+#[inline(always)]
+fn reply_key(flow: &Flow, backend: &Backend) -> CtKey {
+    CtKey::v4(
+        backend.addr_be,
+        dataplane_common::reply_client(flow.src_be, backend.addr_be),
+        backend.port_be,
+        flow.sport_be,
+        flow.proto,
+    )
+}
+
 #[inline(always)]
 fn track_inner(
     flow: &Flow,
@@ -290,23 +311,15 @@ fn track_inner(
     service_id: u32,
     backend_id: u32,
     backend: &Backend,
-    masquerade: bool,
+    nat: u8,
     now: u64,
 ) -> Result<bool, Exit> {
     // The previous connection on this tuple, if any: its reverse entry goes unless it
     // is the one this connection will use.
     let previous = maps::with_conntrack(key, |e| (e.dir == CT_FORWARD).then_some(e.pair)).flatten();
-    // A pod picked as the backend of its own connection sees it come from the hairpin
-    // address, never from itself.
-    let mut reply = CtKey::v4(
-        backend.addr_be,
-        dataplane_common::reply_client(flow.src_be, backend.addr_be),
-        backend.port_be,
-        flow.sport_be,
-        flow.proto,
-    );
+    let mut reply = reply_key(flow, backend);
     let mut remapped = false;
-    if masquerade {
+    if nat == NAT_MASQUERADE {
         // Read in place: a copy would cost stack the uplink program lacks.
         let nat = maps::NAT_CONFIG
             .get(0)
@@ -368,6 +381,62 @@ fn track_inner(
         }
     }
     Ok(remapped)
+}
+
+/// A connection another node sent here with direct server return (`crate::dsr`):
+/// the client, the pod it was translated to here, and the frontend it addressed.
+pub struct Dsr {
+    pub client_be: u32,
+    pub pod_be: u32,
+    pub sport_be: u16,
+    pub pod_port_be: u16,
+    pub frontend_be: u32,
+    pub fport_be: u16,
+    pub proto: u8,
+    pub tcp_flags: u8,
+}
+
+/// Records, on the backend's node, a connection the first node sent here with direct
+/// server return: the pair of entries this node would have made had it picked the
+/// pod itself (forward: client to frontend; reverse: pod to client), so `reverse`
+/// gives the pod's replies the frontend back as their source. A live forward entry
+/// of the same pair is only refreshed (the option comes again on the first packet a
+/// node sees of a flow moved to it). The backend id is none (`u32::MAX`): this node
+/// did not pick it, and a UDP flow that reaches this node directly later picks
+/// again. False, nothing recorded, if a live connection holds the reply tuple.
+#[inline(always)]
+pub fn adopt_dsr(c: Dsr, service_id: u32, now: u64) -> bool {
+    let key = CtKey::v4(c.client_be, c.frontend_be, c.sport_be, c.fport_be, c.proto);
+    let reply = CtKey::v4(c.pod_be, c.client_be, c.pod_port_be, c.sport_be, c.proto);
+    if reply_taken(&reply, &key, now) {
+        return false;
+    }
+    let live = maps::with_conntrack(&key, |f| {
+        (f.dir == CT_FORWARD && same(&f.pair, &reply) && alive(f, now)).then_some(f.flags)
+    });
+    if let Some(Some(seen)) = live {
+        let (s, seen) = next_state(c.proto, seen, c.tcp_flags, true);
+        maps::conntrack_touch(&key, s, seen, now);
+        let _ = maps::conntrack(&reply);
+        return true;
+    }
+    let (s, seen) = next_state(c.proto, 0, c.tcp_flags, true);
+    let forward = CtEntry {
+        pair: reply,
+        last_seen_ns: now,
+        service_id,
+        backend_id: u32::MAX,
+        dir: CT_FORWARD,
+        state: s,
+        flags: seen,
+        _pad: [0; 5],
+    };
+    let reverse = CtEntry {
+        pair: key,
+        dir: CT_REVERSE,
+        ..forward
+    };
+    CONNTRACK.insert(reply, reverse, 0).is_ok() && CONNTRACK.insert(key, forward, 0).is_ok()
 }
 
 /// Whether `reply` is the reverse key of a live connection other than `key`'s.

@@ -3,10 +3,10 @@
 
 use dataplane_common::{
     clusterip_marker, stat, AffinityKey, AffinityValue, Backend, ServiceKey, ServiceValue, SlotKey,
-    SCOPE_ANY, SCOPE_EXTERNAL, SVC_F_AFFINITY,
+    PROTO_SCTP, SCOPE_ANY, SCOPE_EXTERNAL, SVC_F_AFFINITY, SVC_F_DSR,
 };
 
-use crate::{counters::Exit, maps, packet::Flow, tc::DROP};
+use crate::{conntrack, counters::Exit, maps, packet::Flow, tc::DROP};
 
 /// Session affinity's client for connections the node's own sockets open (socket
 /// programs, before the kernel picks a source address): the node is one client, as
@@ -30,22 +30,32 @@ pub fn frontend(flow: &Flow) -> Option<ServiceValue> {
     maps::service(&frontend_key(flow))
 }
 
-/// The frontend a packet from outside the node is addressed to, and whether its
-/// client is to be masqueraded: the frontend's external entry if it has one (a
+/// The frontend a packet from outside the node is addressed to, and how its client
+/// is translated (`conntrack::NAT_*`): the frontend's external entry if it has one (a
 /// Service with `externalTrafficPolicy: Local`: this node's endpoints, the client's
 /// address kept), else its entry for every client, masqueraded (kube-proxy's
 /// `KUBE-EXT-*` chain marks such traffic for masquerade: the backend, maybe on
-/// another node, must answer through this node, which translates the reply back).
+/// another node, must answer through this node, which translates the reply back), or
+/// with direct server return where the frontend says so (`crate::dsr`; not SCTP,
+/// whose ports take a tail call of their own).
 #[inline(always)]
-pub fn frontend_external(flow: &Flow) -> Option<(ServiceValue, bool)> {
+pub fn frontend_external(flow: &Flow) -> Option<(ServiceValue, u8)> {
     let key = ServiceKey {
         scope: SCOPE_EXTERNAL,
         ..frontend_key(flow)
     };
     if let Some(local) = maps::service(&key) {
-        return Some((local, false));
+        return Some((local, conntrack::NAT_KEEP));
     }
-    frontend(flow).map(|any| (any, true))
+    frontend(flow).map(|any| {
+        let dsr = any.flags & SVC_F_DSR != 0 && flow.proto != PROTO_SCTP;
+        let nat = if dsr {
+            conntrack::NAT_DSR
+        } else {
+            conntrack::NAT_MASQUERADE
+        };
+        (any, nat)
+    })
 }
 
 /// Whether the packet's destination is a ClusterIP (on a port or protocol no

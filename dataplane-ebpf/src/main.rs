@@ -22,6 +22,8 @@ mod conntrack;
 #[cfg(target_arch = "bpf")]
 mod counters;
 #[cfg(target_arch = "bpf")]
+mod dsr;
+#[cfg(target_arch = "bpf")]
 mod icmp;
 #[cfg(target_arch = "bpf")]
 mod lookup;

@@ -19,7 +19,7 @@ use crate::{
     bridge,
     conntrack::{self, Forward},
     counters::{self, count, Exit},
-    icmp, lookup, maps,
+    dsr, icmp, lookup, maps,
     nat::{rewrite, End},
     packet::{Flow, Frame, Packet, L3},
     parse::{self, parse},
@@ -54,6 +54,13 @@ pub trait Program: Frame {
     /// `sliceway_sctp_nat`, which counts `reason` and passes it); unchanged ports
     /// need no handover.
     fn sctp_ports(&self, flow: &Flow, sport_be: u16, dport_be: u16, reason: u32) -> Exit;
+    /// Direct server return (`sliceway_dsr`): with `insert`, adds the option naming
+    /// the frontend [`Program::dsr_frontend`] kept to the translated packet of a new
+    /// connection; without, records the connection of a packet that carries one.
+    fn dsr(&self, insert: bool) -> Exit;
+    /// Keeps the frontend a new connection with direct server return was sent to
+    /// (the flow's destination as parsed) for [`Program::dsr`].
+    fn dsr_frontend(&self, flow: &Flow);
 }
 
 impl Program for TcContext {
@@ -73,6 +80,16 @@ impl Program for TcContext {
         sctp::translate_ports(self, flow, sport_be, dport_be, reason);
         (DROP, stat::DROP_REWRITE)
     }
+
+    #[inline(always)]
+    fn dsr(&self, insert: bool) -> Exit {
+        dsr::hand_over(self, insert, Self::L2)
+    }
+
+    #[inline(always)]
+    fn dsr_frontend(&self, flow: &Flow) {
+        dsr::keep_frontend(self, flow)
+    }
 }
 
 /// Interfaces without an Ethernet header: the same, with offsets from the IP header
@@ -91,6 +108,16 @@ impl Program for L3<'_> {
     fn sctp_ports(&self, flow: &Flow, sport_be: u16, dport_be: u16, reason: u32) -> Exit {
         self.0.sctp_ports(flow, sport_be, dport_be, reason)
     }
+
+    #[inline(always)]
+    fn dsr(&self, insert: bool) -> Exit {
+        dsr::hand_over(self.0, insert, Self::L2)
+    }
+
+    #[inline(always)]
+    fn dsr_frontend(&self, flow: &Flow) {
+        dsr::keep_frontend(self.0, flow)
+    }
 }
 
 #[classifier]
@@ -102,14 +129,32 @@ pub fn sliceway_tc(ctx: TcContext) -> i32 {
 /// does, but a new connection comes from outside the node, so it meets a frontend's
 /// external entry first and is masqueraded without one (`lookup::frontend_external`).
 /// Replies of masqueraded connections, from backends on other nodes, come back here.
-/// A packet the XDP program decided passes at once.
+/// A packet the XDP program decided passes at once; one with the direct server
+/// return option goes to `sliceway_dsr` ([`dsr_accept`]).
 #[classifier]
 pub fn sliceway_tc_ext(ctx: TcContext) -> i32 {
     if xdp::decided(&ctx) {
         count(stat::PASS_XDP_DECIDED);
         return PASS;
     }
+    if let Some(verdict) = dsr_accept(&ctx) {
+        return verdict;
+    }
     run::<false, true, _>(&ctx)
+}
+
+/// A connection another node sent here with direct server return, for a pod of
+/// this node (only a node that translated it adds the option): handed to
+/// `sliceway_dsr` to be recorded, so the pod's replies leave from the frontend.
+/// Checked before parsing, outside the body's frame, which has no room to spare.
+#[inline(always)]
+fn dsr_accept<C: Program>(ctx: &C) -> Option<i32> {
+    if !dsr::carries_option(ctx, C::L2) {
+        return None;
+    }
+    let (verdict, reason) = ctx.dsr(false);
+    count(reason);
+    Some(verdict)
 }
 
 /// `sliceway_tc` on an interface without an Ethernet header.
@@ -129,6 +174,9 @@ pub fn sliceway_l3_ext(ctx: TcContext) -> i32 {
         count(stat::PASS_NOT_IPV4);
         return PASS;
     }
+    if let Some(verdict) = dsr_accept(&L3(&ctx)) {
+        return verdict;
+    }
     run::<false, true, _>(&L3(&ctx))
 }
 
@@ -137,10 +185,15 @@ pub fn sliceway_l3_ext(ctx: TcContext) -> i32 {
 /// makes it `sliceway_tc_ext`.
 #[inline(always)]
 pub fn run<const BRIDGE: bool, const EXTERNAL: bool, C: Program>(ctx: &C) -> i32 {
-    let (action, reason) = match decide::<BRIDGE, EXTERNAL, C>(ctx) {
+    let (mut action, mut reason) = match decide::<BRIDGE, EXTERNAL, C>(ctx) {
         Ok(exit) => exit,
         Err(exit) => exit,
     };
+    if EXTERNAL && reason == stat::DNAT_DSR {
+        // The new connection is translated: its option goes on by tail call, out of
+        // the body's frame (`sliceway_dsr` counts it).
+        (action, reason) = ctx.dsr(true);
+    }
     count(reason);
     action
 }
@@ -189,9 +242,9 @@ fn from_client<const BRIDGE: bool, const EXTERNAL: bool, C: Program>(
             let found = if EXTERNAL {
                 lookup::frontend_external(flow)
             } else {
-                lookup::frontend(flow).map(|s| (s, false))
+                lookup::frontend(flow).map(|s| (s, conntrack::NAT_KEEP))
             };
-            let Some((service, masquerade)) = found else {
+            let Some((service, nat)) = found else {
                 return Ok(None);
             };
             if flow.later_fragment {
@@ -220,6 +273,14 @@ fn from_client<const BRIDGE: bool, const EXTERNAL: bool, C: Program>(
                 counters::refused(service.id, false);
                 return Ok(Some(ctx.reject(flow, stat::REJECT_NO_BACKEND)));
             }
+            // Direct server return's option needs the skb: TC's.
+            if nat == conntrack::NAT_DSR {
+                if !C::TAIL_CALLS {
+                    return Ok(Some((TO_TC, stat::XDP_TO_TC)));
+                }
+                // For the option, added once the packet is translated (`run`).
+                ctx.dsr_frontend(flow);
+            }
             let picked = lookup::pick(flow.src_be, flow.hash(), &service, now)?;
             let reason = match conntrack::track(
                 flow,
@@ -227,8 +288,9 @@ fn from_client<const BRIDGE: bool, const EXTERNAL: bool, C: Program>(
                 service.id,
                 picked.backend_id,
                 &picked.backend,
-                masquerade,
+                nat,
             ) {
+                conntrack::TRACKED if nat == conntrack::NAT_DSR => stat::DNAT_DSR,
                 conntrack::TRACKED => stat::DNAT_NEW,
                 conntrack::TRACKED_REMAPPED => stat::DNAT_PORT_REMAPPED,
                 conntrack::TRACKED_MASQUERADED => stat::DNAT_MASQUERADED,

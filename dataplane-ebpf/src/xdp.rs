@@ -36,6 +36,11 @@ const META_LEN: usize = 4;
 
 #[xdp]
 pub fn sliceway_xdp(ctx: XdpContext) -> u32 {
+    if crate::dsr::carries_option(&ctx, <XdpContext as crate::packet::Frame>::L2) {
+        // Direct server return's record is made by TC's `sliceway_dsr`.
+        count(stat::XDP_TO_TC);
+        return XDP_PASS;
+    }
     let (verdict, reason) = match tc::decide::<false, true, _>(&ctx) {
         Ok(exit) => exit,
         Err(exit) => exit,
@@ -76,6 +81,15 @@ impl Program for XdpContext {
         // `tc::decide` leaves SCTP to TC before anything is rewritten.
         (TO_TC, stat::XDP_TO_TC)
     }
+
+    #[inline(always)]
+    fn dsr(&self, _insert: bool) -> Exit {
+        // `tc::decide` leaves both to TC before anything is rewritten.
+        (TO_TC, stat::XDP_TO_TC)
+    }
+
+    #[inline(always)]
+    fn dsr_frontend(&self, _flow: &Flow) {}
 }
 
 /// Puts the mark in the frame's metadata; nothing if the driver keeps no metadata.

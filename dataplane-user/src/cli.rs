@@ -139,6 +139,9 @@ pub struct TraceArgs {
     /// Maglev tables as `run` builds them (same flags).
     #[command(flatten)]
     pub maglev: MaglevArgs,
+    /// The uplink's translation as `run` does it (same flag).
+    #[command(flatten)]
+    pub external: ExternalArgs,
 }
 
 /// Maglev consistent hashing for the frontends traffic from outside reaches.
@@ -154,6 +157,35 @@ pub struct MaglevArgs {
     /// slot each, fewest moves on a change), which differs from node to node.
     #[arg(long, conflicts_with = "maglev_table_size")]
     pub no_maglev: bool,
+}
+
+/// How the uplink program translates a connection from outside that it does not
+/// keep on this node's endpoints (`externalTrafficPolicy: Cluster`).
+#[derive(clap::Args, Clone, Copy)]
+pub struct ExternalArgs {
+    /// `masquerade`: the backend sees the node's address and answers through this
+    /// node, as with kube-proxy. `dsr`: direct server return, the backend sees the
+    /// client's address; the packet carries the frontend in an IPv4 option to the
+    /// backend's node, whose agent must run in this mode too, and the backend's
+    /// replies go from there straight to the client with the frontend as their
+    /// source (so the node network must let a node send from a frontend's address).
+    /// With Maglev, a connection that arrives at another node later goes on. Not
+    /// for SCTP (masqueraded).
+    #[arg(long, value_enum, default_value_t = ExternalMode::Masquerade)]
+    pub external_mode: ExternalMode,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExternalMode {
+    Masquerade,
+    Dsr,
+}
+
+impl ExternalArgs {
+    /// The compiler's `dsr` option.
+    pub fn dsr(&self) -> bool {
+        self.external_mode == ExternalMode::Dsr
+    }
 }
 
 impl MaglevArgs {
@@ -309,6 +341,8 @@ pub struct RunArgs {
     pub no_socket_lb: bool,
     #[command(flatten)]
     pub maglev: MaglevArgs,
+    #[command(flatten)]
+    pub external: ExternalArgs,
 }
 
 /// `MIN-MAX`, 1024 <= MIN <= MAX.

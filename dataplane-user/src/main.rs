@@ -60,6 +60,7 @@ fn main() -> anyhow::Result<()> {
                         node_port_ips: Vec::new(),
                         node_ip: None,
                         maglev: args.maglev.table_size(),
+                        dsr: args.external.dsr(),
                     },
                     capacities: Capacities {
                         limits: Limits {
@@ -182,6 +183,7 @@ fn main() -> anyhow::Result<()> {
                         node_name: args.node.clone(),
                         proxy_name: args.service_proxy_name,
                         maglev: args.maglev.table_size(),
+                        dsr: args.external.dsr(),
                         ..Default::default()
                     });
                     let mut manifests = ManifestDir::new(dir, args.node);

@@ -395,6 +395,7 @@ fn check_reports_every_program_and_the_attach_path() {
             "sliceway_tc_ext",
             "sliceway_reject",
             "sliceway_sctp_nat",
+            "sliceway_dsr",
             "sliceway_l3",
             "sliceway_l3_ext",
             "sliceway_rej_l3",

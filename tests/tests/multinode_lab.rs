@@ -400,6 +400,79 @@ fn every_node_picks_the_same_backend_for_a_flow_with_maglev(xdp: Option<&'static
     assert_ne!(one, two, "without Maglev the placements differ");
 }
 
+/// Issue 11: direct server return (`--external-mode dsr`) with Maglev. An external
+/// client's TCP connection to the load-balancer IP, routed through node 1, whose only
+/// backend is on node 2: the backend sees the client's own address, and its answers
+/// go from node 2 straight to the client with the LB IP as their source (node 1
+/// translates none back). When the client's route to the LB IP moves to node 2 (ECMP
+/// or a node change) and back, the same connection goes on. With masquerade (the
+/// default) the same move breaks it: node 2 would reach the backend from its own
+/// address, a connection the backend does not have.
+fn direct_server_return_keeps_a_connection_that_moves_to_another_node(xdp: Option<&'static str>) {
+    use sliceway_lab::{in_netns, servers::EchoConn};
+    use std::time::Duration;
+    let moved = |mode: &str| -> (bool, String) {
+        let mut lab = TwoNodes::new(1).unwrap();
+        lab.xdp = xdp;
+        lab.write_manifest("nodes.yaml", &lab.node_objects())
+            .unwrap();
+        lab.write_manifest("web.yaml", &web(&lab, "LoadBalancer", "Cluster", &[(2, 0)]))
+            .unwrap();
+        let a1 = lab.start_agent(1, &["--external-mode", mode]).unwrap();
+        let a2 = lab.start_agent(2, &["--external-mode", mode]).unwrap();
+        let client = &lab.clients[0];
+        client.route_via(LB_IP, lab.node(1).ip).unwrap();
+        let lb = SocketAddrV4::new(LB_IP, 80);
+        let mut conn = in_netns(&client.ns.name, move || {
+            EchoConn::open(lb, Duration::from_secs(2))
+        })
+        .unwrap()
+        .unwrap();
+        assert_eq!(conn.reply.backend, lab.node(2).pods[0].name);
+        let count = |a: &sliceway_lab::Agent, reason: &str| {
+            a.metric(&format!("sliceway_datapath_packets{{reason=\"{reason}\"}}"))
+                .unwrap()
+                .unwrap_or(0.0)
+        };
+        conn.roundtrip("through node 1").unwrap();
+        if mode == "dsr" {
+            assert_eq!(
+                peer_ip(conn.reply.peer),
+                Some(client.ip.into()),
+                "the client's own address"
+            );
+            assert_eq!(count(&a1, "dnat_dsr"), 1.0, "{:#?}", a1.metrics());
+            assert_eq!(count(&a2, "dsr_accepted"), 1.0, "{:#?}", a2.metrics());
+            assert_eq!(
+                count(&a1, "revnat"),
+                0.0,
+                "no reply came back through node 1"
+            );
+            assert!(count(&a2, "revnat") >= 2.0, "{:#?}", a2.metrics());
+        } else {
+            assert_eq!(peer_ip(conn.reply.peer), Some(lab.node(1).ip.into()));
+        }
+        client.route_via(LB_IP, lab.node(2).ip).unwrap();
+        let on_node_2 = conn.roundtrip("through node 2");
+        let back = on_node_2.as_ref().ok().map(|_| {
+            client.route_via(LB_IP, lab.node(1).ip).unwrap();
+            conn.roundtrip("through node 1 again")
+        });
+        let ok = on_node_2.is_ok() && matches!(back, Some(Ok(())));
+        for a in [&a1, &a2] {
+            assert_eq!(a.problems_logged().unwrap(), 0, "{:#?}", a.log());
+        }
+        (ok, format!("{on_node_2:?} {back:?}"))
+    };
+    let (ok, how) = moved("dsr");
+    assert!(
+        ok,
+        "the moved connection goes on with direct server return: {how}"
+    );
+    let (ok, how) = moved("masquerade");
+    assert!(!ok, "with masquerade the moved connection breaks: {how}");
+}
+
 /// Each test, once per uplink datapath: TC alone, native XDP, generic XDP.
 macro_rules! in_both_modes {
     ($($name:ident),* $(,)?) => {
@@ -429,7 +502,8 @@ in_both_modes!(
     external_traffic_policy_local_keeps_the_client_address_on_nodes_with_endpoints,
     load_balancer_source_ranges_let_in_the_allowed_client_only,
     pods_and_the_node_reach_a_cluster_ip_whose_backend_is_on_the_other_node,
-    every_node_picks_the_same_backend_for_a_flow_with_maglev
+    every_node_picks_the_same_backend_for_a_flow_with_maglev,
+    direct_server_return_keeps_a_connection_that_moves_to_another_node
 );
 
 /// Issue 11: an uplink without an Ethernet header (a tun device here; ipip and

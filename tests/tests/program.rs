@@ -1703,3 +1703,150 @@ fn the_xdp_program_decides_every_fixture_packet_as_the_uplink_tc_program_does() 
         "{decided} decided, {handed_over} handed over"
     );
 }
+
+/// A load-balancer Service (and its NodePort) with one backend, for direct server
+/// return.
+const DSR_LB: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: lb, namespace: default}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.60
+  ports: [{name: http, port: 80, targetPort: 8080, nodePort: 30080}]
+status: {loadBalancer: {ingress: [{ip: 192.0.2.10}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: lb-1, namespace: default, labels: {kubernetes.io/service-name: lb}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: [10.244.11.2]}]
+"#;
+
+/// `packet` (Ethernet, IPv4 without options) with the direct server return option
+/// naming `frontend` put after its fixed IPv4 header, lengths and IPv4 checksum
+/// fixed: what the first node is to send.
+fn with_dsr_option(packet: &[u8], frontend: SocketAddrV4) -> Vec<u8> {
+    let ip = &packet[ETH..];
+    let mut opt = vec![
+        dataplane_common::dsr::OPT_TYPE,
+        dataplane_common::dsr::OPT_LEN,
+    ];
+    opt.extend_from_slice(&frontend.port().to_be_bytes());
+    opt.extend_from_slice(&frontend.ip().octets());
+    let mut out = [&packet[..ETH], &ip[..20], &opt, &ip[20..]].concat();
+    let hdr = &mut out[ETH..ETH + 28];
+    hdr[0] = 0x47;
+    let total = u16::from_be_bytes([hdr[2], hdr[3]]) + 8;
+    hdr[2..4].copy_from_slice(&total.to_be_bytes());
+    hdr[10..12].copy_from_slice(&[0, 0]);
+    let sum = sliceway_agent::packet::checksum(hdr, 0);
+    hdr[10..12].copy_from_slice(&sum.to_be_bytes());
+    out
+}
+
+/// Issue 11: direct server return in the kernel (`--external-mode dsr`). The first
+/// node's uplink program sends a new connection from outside to its backend with the
+/// client's own address and the frontend in an IPv4 option (exact bytes, checksums
+/// checked on their own too), later packets of it translated without; the XDP
+/// program leaves the new connection to TC. The backend's node records the
+/// connection from the option, so the pod's reply leaves with the frontend as its
+/// source; an option naming no frontend of that node is refused (nothing recorded,
+/// the pod's reply untouched); a packet whose IPv4 header has no room for the option
+/// is dropped, never sent on without it.
+#[test]
+fn direct_server_return_carries_the_frontend_to_the_backends_node() {
+    use sliceway_agent::kernel::{Role, XDP_PASS};
+    let load = || {
+        let caps = fixture_capacities();
+        let mut dp = Datapath::load(&caps, None).expect("loading the datapath (needs root)");
+        let (objects, problems) = parse_file("lb.yaml".as_ref(), DSR_LB);
+        assert!(problems.is_empty(), "{problems:?}");
+        let objects = objects.unwrap();
+        let opts = Options {
+            dsr: true,
+            ..Options::default()
+        };
+        let compiled = compiler::compile(&objects.services, &objects.slices, &opts);
+        let mut writer = MapWriter::new(caps.limits);
+        let report = writer.apply(&compiled.frontends, &mut dp.maps);
+        assert!(report.errors.is_empty(), "{report:?}");
+        dp.set_nat(dataplane_common::NatConfig {
+            node_addr_be: u32::from(std::net::Ipv4Addr::new(10, 100, 0, 1)).to_be(),
+            port_min: 61_000,
+            port_max: 65_535,
+        })
+        .unwrap();
+        (dp, writer)
+    };
+    let run = |dp: &Datapath, role: Role, p: &[u8]| {
+        let before = dp.stats().unwrap();
+        let out = dp.test_run_as(role, p).unwrap();
+        let after = dp.stats().unwrap();
+        let reason = (0..stat::COUNT as usize)
+            .find(|&r| after[r] != before[r])
+            .map_or("none", |r| stat::NAMES[r]);
+        (out, reason)
+    };
+    let (mut first, _w1) = load();
+    let (second, _w2) = load();
+    let lb = "192.0.2.10:80";
+    let from = addr("198.51.100.7:41000");
+    // The new connection through XDP: left to TC, untouched.
+    let syn = tcp(from, lb, TCP_SYN);
+    let before = first.stats().unwrap();
+    let out = first.test_run_xdp(&syn).unwrap();
+    let after = first.stats().unwrap();
+    assert_eq!(
+        (out.verdict, out.packet.as_slice()),
+        (XDP_PASS, syn.as_slice())
+    );
+    assert_eq!(
+        after[stat::XDP_TO_TC as usize] - before[stat::XDP_TO_TC as usize],
+        1
+    );
+    // Through TC: to the backend, the client's address kept, the option added.
+    let (out, reason) = run(&first, Role::External, &syn);
+    assert_eq!((out.verdict, reason), (PASS, "dnat_dsr"));
+    let sent = with_dsr_option(&tcp(from, BACKEND_HTTP, TCP_SYN), addr(lb));
+    assert_eq!(out.packet, sent);
+    let ip = &out.packet[ETH..];
+    assert_eq!(sliceway_agent::packet::checksum(&ip[..28], 0), 0);
+    let p = parse(&out.packet).unwrap();
+    assert!(p.ip_csum_ok && p.l4_csum_ok, "{p:?}");
+    // A later packet of it: translated, no option.
+    let (out, reason) = run(&first, Role::External, &tcp(from, lb, TCP_ACK));
+    assert_eq!((out.verdict, reason), (PASS, "dnat_established"));
+    assert_eq!(out.packet, tcp(from, BACKEND_HTTP, TCP_ACK));
+    // The backend's node: recorded, passed as it came.
+    let (out, reason) = run(&second, Role::External, &sent);
+    assert_eq!((out.verdict, reason), (PASS, "dsr_accepted"));
+    assert_eq!(out.packet, sent);
+    // The pod's reply leaves from the frontend.
+    let (out, reason) = run(
+        &second,
+        Role::Pods,
+        &tcp_to(BACKEND_HTTP, from, TCP_SYN | TCP_ACK),
+    );
+    assert_eq!((out.verdict, reason), (PASS, "revnat"));
+    assert_eq!(out.packet, tcp_to(lb, from, TCP_SYN | TCP_ACK));
+    // An option naming no frontend of this node: refused.
+    let to_node_port = addr("198.51.100.7:41001");
+    let unknown = with_dsr_option(
+        &tcp(to_node_port, BACKEND_HTTP, TCP_SYN),
+        addr("192.0.2.99:80"),
+    );
+    let (out, reason) = run(&second, Role::External, &unknown);
+    assert_eq!((out.verdict, reason), (PASS, "pass_dsr_refused"));
+    assert_eq!(out.packet, unknown);
+    let reply = tcp_to(BACKEND_HTTP, to_node_port, TCP_SYN | TCP_ACK);
+    let (out, reason) = run(&second, Role::Pods, &reply);
+    assert_eq!((out.verdict, reason), (PASS, "pass_no_service"));
+    assert_eq!(out.packet, reply, "nothing recorded: untouched");
+    // No room left in the IPv4 header (56 bytes with its options, 64 with this one).
+    let mut spec = PacketSpec::tcp(addr("198.51.100.7:41002"), addr(lb), TCP_SYN);
+    spec.ip_options = 36;
+    let (out, reason) = run(&first, Role::External, &build(&spec));
+    assert_eq!((out.verdict, reason), (DROP, "drop_dsr_option"));
+}

@@ -64,6 +64,9 @@ pub struct Options {
     /// backend for a flow; `None` places their slots as a ClusterIP's. `None` here
     /// by default; the agent's is `--maglev-table-size`.
     pub maglev: Option<crate::maglev::TableSize>,
+    /// Direct server return for the frontends traffic from outside reaches, where
+    /// the uplink program would masquerade (`--external-mode dsr`).
+    pub dsr: bool,
 }
 
 /// Where NodePorts are served: kube-proxy's `--nodeport-addresses`

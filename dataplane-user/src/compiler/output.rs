@@ -72,6 +72,9 @@ pub struct FrontendPolicy {
     /// The slots are a Maglev table of this size ([`crate::maglev`]): set for the
     /// frontends traffic from outside reaches, when they have backends.
     pub maglev: Option<crate::maglev::TableSize>,
+    /// Direct server return for connections from outside the node that would be
+    /// masqueraded (`SVC_F_DSR`).
+    pub dsr: bool,
 }
 
 /// kube-proxy's default `sessionAffinityConfig.clientIP.timeoutSeconds`
@@ -96,6 +99,9 @@ impl FrontendPolicy {
         if self.maglev.is_some() {
             flags |= dataplane_common::SVC_F_MAGLEV;
         }
+        if self.dsr {
+            flags |= dataplane_common::SVC_F_DSR;
+        }
         dataplane_common::ServiceValue {
             id,
             count,
@@ -117,6 +123,7 @@ impl FrontendPolicy {
             source_ranges: v.flags & dataplane_common::SVC_F_SOURCE_RANGES != 0,
             maglev: (v.flags & dataplane_common::SVC_F_MAGLEV != 0 && v.count > 0)
                 .then(|| crate::maglev::TableSize::restored(v.count)),
+            dsr: v.flags & dataplane_common::SVC_F_DSR != 0,
         }
     }
 }

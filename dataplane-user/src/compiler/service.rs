@@ -277,6 +277,9 @@ pub(super) fn compile_service(
                         affinity_timeout,
                         source_ranges: !ranges.is_empty(),
                         maglev,
+                        // Reached from outside and masqueraded there: direct
+                        // server return instead, where asked for.
+                        dsr: opts.dsr && !is_cluster_ip,
                     },
                     source_ranges: ranges.clone(),
                 },
@@ -309,6 +312,8 @@ pub(super) fn compile_service(
                             affinity_timeout,
                             source_ranges: !ranges.is_empty(),
                             maglev: opts.maglev.filter(|_| !local.is_empty()),
+                            // The client's address is kept anyway.
+                            dsr: false,
                         },
                         backends: to_backends(local),
                         // The ranges are kept under the frontend's entry for all.

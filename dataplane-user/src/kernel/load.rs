@@ -40,6 +40,10 @@ pub const XDP_PROGRAM: &str = "sliceway_xdp";
 pub const REJECT_PROGRAM: &str = "sliceway_reject";
 /// The program the TC program hands SCTP packets to for their ports (tail call).
 pub const SCTP_NAT_PROGRAM: &str = "sliceway_sctp_nat";
+/// The uplink programs' direct server return (`--external-mode dsr`, tail call):
+/// adds the option naming the frontend, or records the connection of a packet that
+/// carries one.
+pub const DSR_PROGRAM: &str = "sliceway_dsr";
 
 fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, KernelError>
 where
@@ -207,29 +211,33 @@ impl Datapath {
             .try_into()?;
         ext.load()?;
         // The programs reached from the TC program by tail call (a stack of their
-        // own), loaded and put in their slots of JUMP: reject in 0, SCTP ports in 1
-        // (reject without an Ethernet header goes in 2 with the L3 programs,
-        // `Datapath::load_l3`).
+        // own), loaded and put in their slots of JUMP: reject in 0, SCTP ports in 1,
+        // direct server return in 3 (reject without an Ethernet header goes in 2
+        // with the L3 programs, `Datapath::load_l3`).
         let mut fds = Vec::new();
-        for name in [REJECT_PROGRAM, SCTP_NAT_PROGRAM] {
+        for (slot, name) in [
+            (0, REJECT_PROGRAM),
+            (1, SCTP_NAT_PROGRAM),
+            (dataplane_common::JUMP_DSR, DSR_PROGRAM),
+        ] {
             let p: &mut SchedClassifier = ebpf
                 .program_mut(name)
                 .ok_or(KernelError::MissingProgram(name))?
                 .try_into()?;
             p.load()?;
-            fds.push(
+            fds.push((
+                slot,
                 p.fd()?
                     .try_clone()
                     .map_err(|e| KernelError::Program(aya::programs::ProgramError::IOError(e)))?,
-            );
+            ));
         }
         let mut jump: aya::maps::ProgramArray<MapData> = take(&mut ebpf, map_name::JUMP)?;
-        for (slot, fd) in fds.iter().enumerate() {
-            jump.set(slot as u32, fd, 0)
-                .map_err(|source| KernelError::Map {
-                    name: map_name::JUMP,
-                    source,
-                })?;
+        for (slot, fd) in &fds {
+            jump.set(*slot, fd, 0).map_err(|source| KernelError::Map {
+                name: map_name::JUMP,
+                source,
+            })?;
         }
         let maps = KernelMaps {
             services: take(&mut ebpf, map_name::SERVICES)?,
@@ -372,6 +380,7 @@ pub fn check() -> Result<KernelCheck, KernelError> {
         TC_EXT_PROGRAM,
         REJECT_PROGRAM,
         SCTP_NAT_PROGRAM,
+        DSR_PROGRAM,
         L3_PROGRAM,
         L3_EXT_PROGRAM,
         REJECT_L3_PROGRAM,

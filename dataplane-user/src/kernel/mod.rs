@@ -27,8 +27,8 @@ pub use link::{
     probe_tcx, AttachMode, Attached, Role, TcPath, TC_HANDLE, TC_PRIORITY, TC_PROGRAMS,
 };
 pub use load::{
-    check, render_check, KernelCheck, ProgramCheck, L3_EXT_PROGRAM, L3_PROGRAM, REJECT_L3_PROGRAM,
-    REJECT_PROGRAM, SCTP_NAT_PROGRAM, TC_EXT_PROGRAM, TC_PROGRAM, XDP_PROGRAM,
+    check, render_check, KernelCheck, ProgramCheck, DSR_PROGRAM, L3_EXT_PROGRAM, L3_PROGRAM,
+    REJECT_L3_PROGRAM, REJECT_PROGRAM, SCTP_NAT_PROGRAM, TC_EXT_PROGRAM, TC_PROGRAM, XDP_PROGRAM,
 };
 pub(crate) use maps::summed;
 pub use maps::KernelMaps;
