@@ -166,9 +166,10 @@ pub struct ExternalArgs {
     /// `masquerade`: the backend sees the node's address and answers through this
     /// node, as with kube-proxy. `dsr`: direct server return, the backend sees the
     /// client's address; the packet carries the frontend in an IPv4 option to the
-    /// backend's node, whose agent must run in this mode too, and the backend's
-    /// replies go from there straight to the client with the frontend as their
-    /// source (so the node network must let a node send from a frontend's address).
+    /// backend's node, whose agent (in either mode) records the connection, and the
+    /// backend's replies go from there straight to the client with the frontend as
+    /// their source (so the node network must let a node send from a frontend's
+    /// address).
     /// With Maglev, a connection that arrives at another node later goes on. Not
     /// for SCTP (masqueraded).
     #[arg(long, value_enum, default_value_t = ExternalMode::Masquerade)]

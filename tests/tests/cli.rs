@@ -180,6 +180,35 @@ fn trace_answers_every_origin_and_follows_the_service_proxy_name() {
         assert_eq!(xdp[key], external[key], "{key}: {xdp} against {external}");
     }
     assert_eq!(xdp["program"], "sliceway_xdp", "{xdp}");
+    // Direct server return to a NodePort of the node: the client's address kept, no
+    // masquerade; the XDP program leaves the new connection to the TC program.
+    let np = lab
+        .service_yaml("np", Ipv4Addr::new(10, 96, 0, 32), 80, &[0])
+        .replace("  type: ClusterIP\n", "  type: NodePort\n")
+        .replace(
+            "protocol: TCP, targetPort: 8080}",
+            "protocol: TCP, targetPort: 8080, nodePort: 30080}",
+        );
+    lab.write_manifest("np.yaml", &np).unwrap();
+    for from in ["external", "external-xdp"] {
+        let dsr = &["--from", from, node[0], node[1], "--external-mode", "dsr"];
+        let t = to("10.100.0.11:30080", dsr);
+        assert_eq!(
+            (&t["verdict"], &t["reason"], &t["snat"], &t["program"]),
+            (
+                &"dnat".into(),
+                &"dnat_dsr".into(),
+                &Value::Null,
+                &"sliceway_tc_ext".into()
+            ),
+            "{t}"
+        );
+    }
+    let masqueraded = to(
+        "10.100.0.11:30080",
+        &["--from", "external", node[0], node[1]],
+    );
+    assert_eq!(masqueraded["reason"], "dnat_masqueraded", "{masqueraded}");
     lab.write_manifest(
         "empty.yaml",
         "apiVersion: v1\nkind: Service\nmetadata: {name: empty, namespace: default}\n\
