@@ -510,16 +510,17 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
             let _ = writeln!(m, "{}\n", f.method);
             let _ = writeln!(
                 m,
-                "| Services | endpoints each | peak RSS (MiB) | RSS after sync (MiB) | start to synced (ms) | agent's sync (ms) |\n|---:|---:|---:|---:|---:|---:|"
+                "| Services | endpoints each | peak RSS (MiB) | RSS after sync (MiB) | BPF maps (MiB) | start to synced (ms) | agent's sync (ms) |\n|---:|---:|---:|---:|---:|---:|---:|"
             );
             for row in &f.rows {
                 let _ = writeln!(
                     m,
-                    "| {} | {} | {} | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {} | {} | {} |",
                     row.services,
                     row.endpoints_per_service,
                     row.peak_rss_mib.show(1),
                     row.rss_mib.show(1),
+                    row.map_mib.show(1),
                     row.start_to_synced_ms.show(0),
                     row.agent_sync_ms.show(1)
                 );

@@ -240,7 +240,7 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(100..))]
     pub counters_interval_ms: u64,
     /// The program counts nothing per frontend or backend (the counting code is
-    /// left out of the verified program; `list`, `top` and /metrics show zeros).
+    /// left out of the verified program; `list` and `top` show zeros, /metrics none).
     #[arg(long)]
     pub no_flow_counters: bool,
     /// No per-backend series in /metrics (one per backend of the cluster; the

@@ -415,7 +415,15 @@ impl KernelCounter {
         }
     }
 
+    /// Sets the series of `labels` to the kernel's count. A series starts at its
+    /// first count above zero: a frontend or backend nothing went through yet has
+    /// none, so /metrics holds series for the traffic there was, not one per
+    /// frontend and backend the maps can hold (at 10,000 Services of 10 endpoints,
+    /// 140,000 series took 70 MB of the agent's heap).
     fn set(&mut self, labels: &Labels, value: u64) {
+        if value == 0 && !self.last.contains_key(labels) {
+            return;
+        }
         let last = self.last.insert(labels.clone(), value).unwrap_or(0);
         let add = if value >= last { value - last } else { value };
         self.family.get_or_create(labels).inc_by(add);
@@ -595,4 +603,43 @@ pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<(
     let listener = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!(%addr, "serving /metrics, /healthz, /livez and /audit");
     conventions::http::serve_on(listener, metrics).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A frontend nothing went through has no series; its series starts with its
+    /// first count and stays while the frontend does, also through a count that
+    /// starts again from zero (an id given anew), and goes with it.
+    #[test]
+    fn flow_series_start_with_their_first_count() {
+        let m = Metrics::new(std::time::Duration::from_secs(60));
+        let labels: Labels = vec![("frontend".into(), "10.96.0.10:80/TCP".into())];
+        let front = |new: u64| FrontendCount {
+            labels: labels.clone(),
+            counts: dataplane_common::FrontendCounters {
+                new,
+                ..Default::default()
+            },
+        };
+        let series = |m: &Metrics| {
+            m.render()
+                .lines()
+                .filter(|l| l.starts_with("sliceway_frontend_connections_total{"))
+                .map(String::from)
+                .collect::<Vec<_>>()
+        };
+        m.publish_flows(&[front(0)], None);
+        assert_eq!(series(&m), Vec::<String>::new());
+        m.publish_flows(&[front(3)], None);
+        assert_eq!(
+            series(&m),
+            ["sliceway_frontend_connections_total{frontend=\"10.96.0.10:80/TCP\"} 3"]
+        );
+        m.publish_flows(&[front(0)], None);
+        assert_eq!(series(&m).len(), 1, "kept once it exists");
+        m.publish_flows(&[], None);
+        assert_eq!(series(&m), Vec::<String>::new());
+    }
 }
