@@ -1408,6 +1408,22 @@ fn flow_counters_count_translated_and_refused_flows_and_can_be_left_out() {
     }
 }
 
+/// Runs `p` through the program of `role`: its output, and the first exit reason it
+/// counted ("none" if it counted none).
+fn run_as(
+    dp: &Datapath,
+    role: sliceway_agent::kernel::Role,
+    p: &[u8],
+) -> (sliceway_agent::kernel::TestRunOutput, &'static str) {
+    let before = dp.stats().unwrap();
+    let out = dp.test_run_as(role, p).unwrap();
+    let after = dp.stats().unwrap();
+    let reason = (0..stat::COUNT as usize)
+        .find(|&r| after[r] != before[r])
+        .map_or("none", |r| stat::NAMES[r]);
+    (out, reason)
+}
+
 /// Issue 11: the uplink program (`sliceway_tc_ext`) masquerades a client from
 /// outside the node to the node's address, each connection on a source port of its
 /// own from the configured range (a retransmitted SYN finds its port again), and
@@ -1421,15 +1437,7 @@ fn the_uplink_program_masquerades_each_connection_to_a_port_of_its_own() {
     use sliceway_agent::kernel::Role;
     let (mut dp, _writer) = datapath(ONE_BACKEND);
     let node = std::net::Ipv4Addr::new(10, 100, 0, 1);
-    let run = |dp: &Datapath, role: Role, p: Vec<u8>| {
-        let before = dp.stats().unwrap();
-        let out = dp.test_run_as(role, &p).unwrap();
-        let after = dp.stats().unwrap();
-        let reason = (0..stat::COUNT as usize)
-            .find(|&r| after[r] != before[r])
-            .map(|r| stat::NAMES[r]);
-        (out, reason.unwrap_or("none"))
-    };
+    let run = |dp: &Datapath, role: Role, p: Vec<u8>| run_as(dp, role, &p);
     // No address of the node yet: dropped.
     let (out, reason) = run(&dp, Role::External, tcp(client(41000), VIP_HTTP, TCP_SYN));
     assert_eq!((out.verdict, reason), (DROP, "drop_no_node_addr"));
@@ -1780,15 +1788,7 @@ fn direct_server_return_carries_the_frontend_to_the_backends_node() {
         .unwrap();
         (dp, writer)
     };
-    let run = |dp: &Datapath, role: Role, p: &[u8]| {
-        let before = dp.stats().unwrap();
-        let out = dp.test_run_as(role, p).unwrap();
-        let after = dp.stats().unwrap();
-        let reason = (0..stat::COUNT as usize)
-            .find(|&r| after[r] != before[r])
-            .map_or("none", |r| stat::NAMES[r]);
-        (out, reason)
-    };
+    let run = run_as;
     let (mut first, _w1) = load();
     let (second, _w2) = load();
     let lb = "192.0.2.10:80";
