@@ -676,7 +676,9 @@ pub mod stat {
     pub const DNAT_DSR: u32 = 31;
     /// Such a connection could not get its option (the IPv4 header holds too many
     /// options already, or the kernel refused the room): dropped, never sent on
-    /// without it.
+    /// without it. Also a packet carrying the option addressed to a frontend or a
+    /// ClusterIP (the option comes only on translated packets): dropped, never
+    /// passed to the frontend untranslated.
     pub const DROP_DSR_OPTION: u32 = 32;
     /// A packet with the option, for a pod of this node: its connection recorded, so
     /// the pod's replies leave with the frontend as their source.

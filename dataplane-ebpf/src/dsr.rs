@@ -22,7 +22,9 @@ use aya_ebpf::{
     macros::classifier,
     programs::TcContext,
 };
-use dataplane_common::{csum_replace2, dsr, stat, ServiceKey, PROTO_TCP, PROTO_UDP, SCOPE_ANY};
+use dataplane_common::{
+    clusterip_marker, csum_replace2, dsr, stat, ServiceKey, PROTO_TCP, PROTO_UDP, SCOPE_ANY,
+};
 
 use crate::{
     conntrack,
@@ -172,7 +174,9 @@ fn insert(ctx: &TcContext, l2: usize, frontend_be: u32, fport_be: u16) -> Result
 /// Records the connection of a packet with the option, for a pod of this node: its
 /// source is the client, its destination the pod, the option names the frontend the
 /// client reached. Refused (passed, nothing recorded) if the frontend is not one of
-/// this node's.
+/// this node's. A packet with the option addressed to a frontend or a ClusterIP is
+/// dropped: the option comes only on packets already translated, and the packet
+/// must never reach a frontend untranslated.
 #[inline(always)]
 fn accept(ctx: &TcContext, l2: usize) -> Exit {
     let refused = (PASS, stat::PASS_DSR_REFUSED);
@@ -206,6 +210,16 @@ fn accept(ctx: &TcContext, l2: usize) -> Exit {
         proto,
         tcp_flags,
     };
+    let to_frontend = ServiceKey {
+        addr_be: c.pod_be,
+        port_be: c.pod_port_be,
+        proto,
+        scope: SCOPE_ANY,
+    };
+    if maps::service(&to_frontend).is_some() || maps::service(&clusterip_marker(c.pod_be)).is_some()
+    {
+        return (DROP, stat::DROP_DSR_OPTION);
+    }
     let key = ServiceKey {
         addr_be: c.frontend_be,
         port_be: c.fport_be,

@@ -1761,8 +1761,9 @@ fn with_dsr_option(packet: &[u8], frontend: SocketAddrV4) -> Vec<u8> {
 /// program leaves the new connection to TC. The backend's node records the
 /// connection from the option, so the pod's reply leaves with the frontend as its
 /// source; an option naming no frontend of that node is refused (nothing recorded,
-/// the pod's reply untouched); a packet whose IPv4 header has no room for the option
-/// is dropped, never sent on without it.
+/// the pod's reply untouched), one on a packet to a frontend or a ClusterIP dropped;
+/// a packet whose IPv4 header has no room for the option is dropped, never sent on
+/// without it.
 #[test]
 fn direct_server_return_carries_the_frontend_to_the_backends_node() {
     use sliceway_agent::kernel::{Role, XDP_PASS};
@@ -1844,6 +1845,13 @@ fn direct_server_return_carries_the_frontend_to_the_backends_node() {
     let (out, reason) = run(&second, Role::Pods, &reply);
     assert_eq!((out.verdict, reason), (PASS, "pass_no_service"));
     assert_eq!(out.packet, reply, "nothing recorded: untouched");
+    // The option on a packet to a frontend (never sent so): dropped, not passed to the
+    // frontend untranslated; to a ClusterIP too.
+    for to in [lb, "10.96.0.60:80"] {
+        let odd = with_dsr_option(&tcp(addr("198.51.100.7:41003"), to, TCP_SYN), addr(lb));
+        let (out, reason) = run(&second, Role::External, &odd);
+        assert_eq!((out.verdict, reason), (DROP, "drop_dsr_option"), "{to}");
+    }
     // No room left in the IPv4 header (56 bytes with its options, 64 with this one).
     let mut spec = PacketSpec::tcp(addr("198.51.100.7:41002"), addr(lb), TCP_SYN);
     spec.ip_options = 36;
