@@ -8,6 +8,9 @@
 use bytemuck::{Pod, Zeroable};
 use core::mem::size_of;
 
+mod v6;
+pub use v6::*;
+
 /// Version of the map layout. Map names carry it, so an agent never reads maps
 /// written with another layout.
 pub const MAP_LAYOUT_VERSION: u32 = 2;
@@ -762,6 +765,16 @@ pub mod map_name {
     /// `loadBalancerSourceRanges` (prefix length and `SourceRange` → 1), written by the
     /// agent.
     pub const SOURCE_RANGES: &str = "SOURCE_RANGES";
+    /// IPv6 frontends (`ServiceKey6` → `ServiceValue`), written by the agent.
+    pub const SERVICES6: &str = "SERVICES6";
+    /// IPv6 backends (backend id → `Backend6`), written by the agent.
+    pub const BACKENDS6: &str = "BACKENDS6";
+    /// IPv6 fragments (`FragKey6` → `FragPorts`), written by the programs.
+    pub const FRAGMENTS6: &str = "FRAGMENTS6";
+    /// The uplink program's IPv6 masquerade settings (`NatConfig6`).
+    pub const NAT_CONFIG6: &str = "NAT_CONFIG6";
+    /// IPv6 `loadBalancerSourceRanges` (`SourceRange6`), written by the agent.
+    pub const SOURCE_RANGES6: &str = "SOURCE_RANGES6";
 
     /// Every map, in the order the agent pins them.
     pub const ALL: [&str; 15] = [

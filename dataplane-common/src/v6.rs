@@ -1,0 +1,191 @@
+//! IPv6's map types. IPv6 has maps of its own beside IPv4's (`SERVICES6`,
+//! `BACKENDS6`, `FRAGMENTS6`, `NAT_CONFIG6`, `SOURCE_RANGES6`), so IPv4's entries keep
+//! their size (an IPv4 frontend key is 8 bytes, an IPv6 one 20) and each lookup stays
+//! one hash of its own family's key. What the families share is keyed by ids or
+//! already has room for 16 bytes: frontend ids and backend ids come from one id space
+//! each (`SLOTS`, the counters and `SERVICE_NAMES` serve both; a backend id is in
+//! `BACKENDS` or in `BACKENDS6`, never both), and `CONNTRACK` and `AFFINITY` keys
+//! carry a family and 16-byte addresses. Adding maps changes no existing one's
+//! layout: an agent of the same layout version without them ignores them.
+//!
+//! Bytes per entry (key + value, before the kernel's own per-entry cost): `SERVICES6`
+//! 20 + 16, `BACKENDS6` 4 + 20, `FRAGMENTS6` 40 + 4, `SOURCE_RANGES6` 4 + 36 + 1.
+//!
+//! Addresses are four words in network byte order, as `CtKey` has them: the first
+//! word holds the address's first four bytes.
+
+use super::*;
+
+/// An IPv6 address as the maps hold it, from its 16 bytes in network order.
+#[inline(always)]
+pub fn addr_of(octets: [u8; 16]) -> [u32; 4] {
+    let w = |i: usize| u32::from_ne_bytes([octets[i], octets[i + 1], octets[i + 2], octets[i + 3]]);
+    [w(0), w(4), w(8), w(12)]
+}
+
+/// The 16 bytes of an address the maps hold, in network order.
+#[inline(always)]
+pub fn octets_of(addr_be: [u32; 4]) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    let mut i = 0;
+    while i < 4 {
+        let b = addr_be[i].to_ne_bytes();
+        out[i * 4] = b[0];
+        out[i * 4 + 1] = b[1];
+        out[i * 4 + 2] = b[2];
+        out[i * 4 + 3] = b[3];
+        i += 1;
+    }
+    out
+}
+
+/// Key of the `SERVICES6` hash map: one IPv6 frontend. The value is a
+/// [`ServiceValue`], as IPv4's, with ids from the same space.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Pod, Zeroable)]
+pub struct ServiceKey6 {
+    pub addr_be: [u32; 4],
+    pub port_be: u16,
+    pub proto: u8,
+    /// [`SCOPE_ANY`] or [`SCOPE_EXTERNAL`], as IPv4's.
+    pub scope: u8,
+}
+const _: () = assert!(size_of::<ServiceKey6>() == 20);
+
+/// The `SERVICES6` key with port 0 and protocol 0 that marks an IPv6 ClusterIP, as
+/// [`clusterip_marker`] does for IPv4.
+#[inline(always)]
+pub fn clusterip_marker6(addr_be: [u32; 4]) -> ServiceKey6 {
+    ServiceKey6 {
+        addr_be,
+        port_be: 0,
+        proto: 0,
+        scope: SCOPE_ANY,
+    }
+}
+
+/// Value of the `BACKENDS6` hash map (keyed by backend id, a `u32`, from the same
+/// space as `BACKENDS`' ids): an IPv6 endpoint.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Pod, Zeroable)]
+pub struct Backend6 {
+    pub addr_be: [u32; 4],
+    pub port_be: u16,
+    pub proto: u8,
+    pub _pad: u8,
+}
+const _: () = assert!(size_of::<Backend6>() == 20);
+
+/// Key of the `FRAGMENTS6` map: one IPv6 datagram being fragmented (RFC 8200, 4.5:
+/// source, destination and the Fragment header's 32-bit identification name it; the
+/// protocol is the one after the Fragment header). The value is a [`FragPorts`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct FragKey6 {
+    pub src_be: [u32; 4],
+    pub dst_be: [u32; 4],
+    pub id_be: u32,
+    pub proto: u8,
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(size_of::<FragKey6>() == 40);
+
+/// The uplink program's IPv6 masquerade settings (`NAT_CONFIG6`, one entry), as
+/// [`NatConfig`] for IPv4: the node's IPv6 address (zero: unknown, a connection that
+/// needs it is dropped) and the source ports it may give connections.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct NatConfig6 {
+    pub node_addr_be: [u32; 4],
+    pub port_min: u16,
+    pub port_max: u16,
+}
+const _: () = assert!(size_of::<NatConfig6>() == 20);
+
+/// What the `SOURCE_RANGES6` longest-prefix-match map matches on, as
+/// [`SourceRange`] for IPv4: an IPv6 frontend (its `SCOPE_ANY` key) and a source.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Pod, Zeroable)]
+pub struct SourceRange6 {
+    pub frontend: ServiceKey6,
+    pub src_be: [u32; 4],
+}
+const _: () = assert!(size_of::<SourceRange6>() == 36);
+
+impl SourceRange6 {
+    /// Bits of the key before the source address.
+    pub const FRONTEND_BITS: u32 = 160;
+    /// The prefix length of a lookup: the whole key.
+    pub const LOOKUP_BITS: u32 = 288;
+
+    /// The data of range `addr_be/len` of `frontend`, or of a lookup of source
+    /// `addr_be`; the prefix length goes beside it.
+    #[inline(always)]
+    pub fn of(frontend: ServiceKey6, addr_be: [u32; 4]) -> Self {
+        Self {
+            frontend: ServiceKey6 {
+                scope: SCOPE_ANY,
+                ..frontend
+            },
+            src_be: addr_be,
+        }
+    }
+}
+
+/// The source an IPv6 hairpin connection is given (see [`HAIRPIN_ADDR_BE`]):
+/// `100::5c1c:1`, in RFC 6666's discard-only prefix `100::/64`, which is never
+/// assigned to a host, so never a pod's; the pod's reply goes by its default route
+/// to the node, where it is translated back before any route is looked up.
+pub const HAIRPIN6_ADDR_BE: [u32; 4] = [
+    u32::from_ne_bytes([0x01, 0x00, 0, 0]),
+    0,
+    0,
+    u32::from_ne_bytes([0x5c, 0x1c, 0, 1]),
+];
+
+/// The client address an IPv6 connection's reply tuple names: the client's own, or
+/// [`HAIRPIN6_ADDR_BE`] for a pod that reached itself.
+#[inline(always)]
+pub fn reply_client6(client_be: [u32; 4], backend_be: [u32; 4]) -> [u32; 4] {
+    if client_be == backend_be {
+        HAIRPIN6_ADDR_BE
+    } else {
+        client_be
+    }
+}
+
+/// The most IPv6 extension headers the programs walk before the transport header
+/// (hop-by-hop, routing, destination options, fragment; RFC 8200 recommends at most
+/// one of each but a destination options header twice). A longer chain is dropped
+/// and counted (`stat::DROP_IPV6_EXT_CHAIN`), never passed to a frontend untranslated.
+pub const IPV6_EXT_MAX: usize = 6;
+
+/// IPv6's capacity defaults; the agent may size them differently at load time.
+pub mod capacity6 {
+    /// IPv6 frontends and ClusterIP markers.
+    pub const SERVICES6: u32 = 65_536;
+    /// Distinct IPv6 backends.
+    pub const BACKENDS6: u32 = 131_072;
+    /// IPv6 datagrams being fragmented at once; LRU.
+    pub const FRAGMENTS6: u32 = 4_096;
+    /// IPv6 `loadBalancerSourceRanges` entries.
+    pub const SOURCE_RANGES6: u32 = 8_192;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_round_trip_in_network_order() {
+        let octets = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x10];
+        let addr = addr_of(octets);
+        assert_eq!(addr[0].to_ne_bytes(), [0xfd, 0, 0, 0]);
+        assert_eq!(addr[3].to_ne_bytes(), [0, 0, 0, 0x10]);
+        assert_eq!(octets_of(addr), octets);
+        assert_eq!(
+            octets_of(HAIRPIN6_ADDR_BE),
+            [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x5c, 0x1c, 0, 1]
+        );
+    }
+}
