@@ -22,7 +22,7 @@ pub mod servers;
 use std::{
     fs,
     io::{BufRead, BufReader},
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::{Arc, Mutex},
@@ -49,6 +49,8 @@ pub struct Pod {
     pub name: String,
     pub ns: String,
     pub ip: Ipv4Addr,
+    /// The pod's IPv6 address in a dual-stack lab ([`Lab::dual_stack`]).
+    pub ip6: Option<Ipv6Addr>,
     pub node_iface: String,
 }
 
@@ -67,6 +69,8 @@ pub struct Lab {
     added_servers: Vec<(String, BackendServers)>,
     /// Whether the pods' interfaces keep veth's TX checksum offload.
     pod_offload: bool,
+    /// Whether pods get an IPv6 address beside their IPv4 one.
+    dual_stack: bool,
     /// More arguments for the agents the lab starts (`--attach tc`, say).
     pub agent_args: Vec<String>,
 }
@@ -79,7 +83,7 @@ impl Lab {
     /// TX checksum offload is off everywhere, so every packet carries a full checksum
     /// that the receiver verifies.
     pub fn new(backends: usize) -> Result<Self> {
-        Self::build(backends, false)
+        Self::build(backends, false, false)
     }
 
     /// Like [`Lab::new`], but the pods send as they do in a cluster: veth's TX
@@ -89,10 +93,18 @@ impl Lab {
     /// completes the checksum in software when it forwards a packet, and the
     /// receiving pod verifies it: a wrong update of the partial checksum is caught.
     pub fn with_pod_checksum_offload(backends: usize) -> Result<Self> {
-        Self::build(backends, true)
+        Self::build(backends, true, false)
     }
 
-    fn build(backends: usize, pod_offload: bool) -> Result<Self> {
+    /// Like [`Lab::new`], with pods of both families, as a dual-stack cluster has
+    /// them: each pod also gets `fd00:10:244:N::2/64` (its node side `::1`) and a
+    /// default IPv6 route through the node, which forwards IPv6. With `pod_offload`,
+    /// the pods keep veth's TX checksum offload ([`Lab::with_pod_checksum_offload`]).
+    pub fn dual_stack(backends: usize, pod_offload: bool) -> Result<Self> {
+        Self::build(backends, pod_offload, true)
+    }
+
+    fn build(backends: usize, pod_offload: bool, dual_stack: bool) -> Result<Self> {
         netns::remove_stale(NS_PREFIX);
         static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -108,6 +120,7 @@ impl Lab {
                 name: String::new(),
                 ns: String::new(),
                 ip: Ipv4Addr::UNSPECIFIED,
+                ip6: None,
                 node_iface: String::new(),
             },
             backends: Vec::new(),
@@ -117,9 +130,17 @@ impl Lab {
             servers: None,
             added_servers: Vec::new(),
             pod_offload,
+            dual_stack,
             agent_args: Vec::new(),
         };
         node_sysctls(&lab.node.name)?;
+        if dual_stack {
+            netns::nsenter(
+                &lab.node.name,
+                "sysctl",
+                &["-qw", "net.ipv6.conf.all.forwarding=1"],
+            )?;
+        }
         lab.client = lab.add_pod("client", 1)?;
         for i in 0..backends {
             let pod = lab.add_pod(&format!("backend-{}", i + 1), 11 + i as u8)?;
@@ -160,10 +181,44 @@ impl Lab {
         if !self.pod_offload {
             ns.run("ethtool", &["-K", "eth0", "tx", "off"])?;
         }
+        let ip6 = if self.dual_stack {
+            // `nodad`: the addresses are usable at once, not tentative for a second.
+            let pod_ip6: Ipv6Addr = format!("fd00:10:244:{subnet}::2").parse()?;
+            let node_ip6 = format!("fd00:10:244:{subnet}::1");
+            self.node.run(
+                "ip",
+                &[
+                    "-6",
+                    "addr",
+                    "add",
+                    &format!("{node_ip6}/64"),
+                    "dev",
+                    &node_iface,
+                    "nodad",
+                ],
+            )?;
+            ns.run(
+                "ip",
+                &[
+                    "-6",
+                    "addr",
+                    "add",
+                    &format!("{pod_ip6}/64"),
+                    "dev",
+                    "eth0",
+                    "nodad",
+                ],
+            )?;
+            ns.run("ip", &["-6", "route", "add", "default", "via", &node_ip6])?;
+            Some(pod_ip6)
+        } else {
+            None
+        };
         let pod = Pod {
             name: name.to_string(),
             ns: ns.name.clone(),
             ip: pod_ip,
+            ip6,
             node_iface,
         };
         self.pods.push(ns);
@@ -271,14 +326,16 @@ impl Lab {
     }
 
     /// One TCP request from the client pod: the answering backend.
-    pub fn tcp_request(&self, vip: SocketAddrV4) -> Result<Reply> {
+    pub fn tcp_request(&self, vip: impl Into<SocketAddr>) -> Result<Reply> {
+        let vip = vip.into();
         in_netns(&self.client.ns, move || {
             servers::tcp_request(vip, Duration::from_secs(2))
         })?
     }
 
     /// One UDP request from the client pod: the answering backend.
-    pub fn udp_request(&self, vip: SocketAddrV4) -> Result<Reply> {
+    pub fn udp_request(&self, vip: impl Into<SocketAddr>) -> Result<Reply> {
+        let vip = vip.into();
         in_netns(&self.client.ns, move || {
             servers::udp_request(vip, Duration::from_secs(1))
         })?
@@ -286,7 +343,8 @@ impl Lab {
 
     /// A TCP transfer of `bytes` from a backend to the client through `vip`; checks
     /// every byte and returns the backend.
-    pub fn tcp_stream(&self, vip: SocketAddrV4, bytes: usize) -> Result<Reply> {
+    pub fn tcp_stream(&self, vip: impl Into<SocketAddr>, bytes: usize) -> Result<Reply> {
+        let vip = vip.into();
         in_netns(&self.client.ns, move || {
             servers::tcp_stream(vip, bytes, Duration::from_secs(20))
         })?
@@ -309,6 +367,62 @@ impl Lab {
         format!(
             "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  type: ClusterIP\n  clusterIP: {vip}\n  clusterIPs: [{vip}]\n  selector: {{app: {name}}}\n  ports:\n  - {{name: http, port: {port}, protocol: TCP, targetPort: {BACKEND_PORT}}}\n  - {{name: dns, port: {port}, protocol: UDP, targetPort: {BACKEND_PORT}}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-abcde\n  namespace: default\n  labels:\n    kubernetes.io/service-name: {name}\n    endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io\naddressType: IPv4\nports:\n- {{name: http, port: {BACKEND_PORT}, protocol: TCP}}\n- {{name: dns, port: {BACKEND_PORT}, protocol: UDP}}\nendpoints:\n{eps}"
         )
+    }
+}
+
+impl Lab {
+    /// A Service of the families of `vips` (one ClusterIP each, the first the
+    /// primary, as the API server orders `clusterIPs` and `ipFamilies`) with one TCP
+    /// and one UDP port, and one EndpointSlice per family for `backends`, as the
+    /// EndpointSlice controller writes them: a dual-stack Service with
+    /// `ipFamilyPolicy: RequireDualStack`, a single one `SingleStack`.
+    pub fn service_yaml_families(
+        &self,
+        name: &str,
+        vips: &[std::net::IpAddr],
+        port: u16,
+        backends: &[usize],
+    ) -> Result<String> {
+        let family = |ip: &std::net::IpAddr| if ip.is_ipv4() { "IPv4" } else { "IPv6" };
+        let ips: Vec<String> = vips.iter().map(|ip| ip.to_string()).collect();
+        let families: Vec<&str> = vips.iter().map(family).collect();
+        let policy = if vips.len() > 1 {
+            "RequireDualStack"
+        } else {
+            "SingleStack"
+        };
+        let mut yaml = format!(
+            "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  type: ClusterIP\n  clusterIP: {}\n  clusterIPs: [{}]\n  ipFamilies: [{}]\n  ipFamilyPolicy: {policy}\n  selector: {{app: {name}}}\n  ports:\n  - {{name: http, port: {port}, protocol: TCP, targetPort: {BACKEND_PORT}}}\n  - {{name: dns, port: {port}, protocol: UDP, targetPort: {BACKEND_PORT}}}\n",
+            ips.first().context("a Service needs a ClusterIP")?,
+            ips.join(", "),
+            families.join(", "),
+        );
+        for ip in vips {
+            let mut eps = String::new();
+            for &i in backends {
+                let pod = &self.backends[i];
+                let addr = if ip.is_ipv4() {
+                    pod.ip.to_string()
+                } else {
+                    pod.ip6
+                        .context("an IPv6 endpoint needs a dual-stack lab")?
+                        .to_string()
+                };
+                eps.push_str(&format!(
+                    "  - addresses: [\"{addr}\"]\n    conditions: {{ready: true}}\n    nodeName: node-1\n    targetRef: {{kind: Pod, namespace: default, name: {}}}\n",
+                    pod.name
+                ));
+            }
+            if backends.is_empty() {
+                eps.push_str("  []\n");
+            }
+            let fam = family(ip);
+            yaml.push_str(&format!(
+                "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-{}\n  namespace: default\n  labels:\n    kubernetes.io/service-name: {name}\n    endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io\naddressType: {fam}\nports:\n- {{name: http, port: {BACKEND_PORT}, protocol: TCP}}\n- {{name: dns, port: {BACKEND_PORT}, protocol: UDP}}\nendpoints:\n{eps}",
+                fam.to_lowercase()
+            ));
+        }
+        Ok(yaml)
     }
 }
 

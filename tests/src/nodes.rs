@@ -291,6 +291,7 @@ impl Node {
             name,
             ns: ns.name.clone(),
             ip: pod_ip,
+            ip6: None,
             node_iface: iface,
         });
         self.pod_ns.push(ns);

@@ -12,7 +12,7 @@
 
 use std::{
     io::{BufRead, BufReader, Read, Write},
-    net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream, UdpSocket},
+    net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket},
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc,
@@ -50,18 +50,26 @@ impl BackendServers {
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();
         for pod in pods {
+            // A pod of a dual-stack lab answers on its IPv6 address too, with the
+            // same identity (its name and IPv4 address); the peer it adds tells the
+            // family the client came in by.
             let ident = format!("{} {}\n", pod.name, pod.ip);
-            let (tcp, udp) = in_netns(&pod.ns, move || -> Result<(TcpListener, UdpSocket)> {
-                let tcp = TcpListener::bind(("0.0.0.0", port))?;
-                tcp.set_nonblocking(true)?;
-                let udp = UdpSocket::bind(("0.0.0.0", port))?;
-                udp.set_read_timeout(Some(Duration::from_millis(100)))?;
-                Ok((tcp, udp))
-            })??;
-            let (s, id) = (stop.clone(), ident.clone());
-            threads.push(std::thread::spawn(move || serve_tcp(tcp, id, s)));
-            let s = stop.clone();
-            threads.push(std::thread::spawn(move || serve_udp(udp, ident, s)));
+            let mut addrs = vec![SocketAddr::from((Ipv4Addr::UNSPECIFIED, port))];
+            addrs.extend(pod.ip6.map(|ip6| SocketAddr::from((ip6, port))));
+            for addr in addrs {
+                let (tcp, udp) =
+                    in_netns(&pod.ns, move || -> Result<(TcpListener, UdpSocket)> {
+                        let tcp = TcpListener::bind(addr)?;
+                        tcp.set_nonblocking(true)?;
+                        let udp = UdpSocket::bind(addr)?;
+                        udp.set_read_timeout(Some(Duration::from_millis(100)))?;
+                        Ok((tcp, udp))
+                    })??;
+                let (s, id) = (stop.clone(), ident.clone());
+                threads.push(std::thread::spawn(move || serve_tcp(tcp, id, s)));
+                let (s, id) = (stop.clone(), ident.clone());
+                threads.push(std::thread::spawn(move || serve_udp(udp, id, s)));
+            }
         }
         Ok(Self { stop, threads })
     }
@@ -239,6 +247,14 @@ fn serve_udp(socket: UdpSocket, ident: String, stop: Arc<AtomicBool>) {
     }
 }
 
+/// Any address of `to`'s family, port 0: where a client socket binds.
+fn unspecified(to: &SocketAddr) -> SocketAddr {
+    match to {
+        SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
+        SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
+    }
+}
+
 fn parse_ident(line: &str) -> Result<Reply> {
     let mut parts = line.split_whitespace();
     let (Some(name), Some(addr)) = (parts.next(), parts.next()) else {
@@ -252,9 +268,10 @@ fn parse_ident(line: &str) -> Result<Reply> {
 }
 
 /// Connects, sends `hello`, reads the answer.
-pub fn tcp_request(to: SocketAddrV4, timeout: Duration) -> Result<Reply> {
-    let conn = TcpStream::connect_timeout(&to.into(), timeout)
-        .with_context(|| format!("connecting to {to}"))?;
+pub fn tcp_request(to: impl Into<SocketAddr>, timeout: Duration) -> Result<Reply> {
+    let to = to.into();
+    let conn =
+        TcpStream::connect_timeout(&to, timeout).with_context(|| format!("connecting to {to}"))?;
     conn.set_read_timeout(Some(timeout))?;
     (&conn).write_all(b"hello\n")?;
     let mut line = String::new();
@@ -265,8 +282,9 @@ pub fn tcp_request(to: SocketAddrV4, timeout: Duration) -> Result<Reply> {
 }
 
 /// Sends one datagram, reads the answer.
-pub fn udp_request(to: SocketAddrV4, timeout: Duration) -> Result<Reply> {
-    let socket = UdpSocket::bind(("0.0.0.0", 0))?;
+pub fn udp_request(to: impl Into<SocketAddr>, timeout: Duration) -> Result<Reply> {
+    let to = to.into();
+    let socket = UdpSocket::bind(unspecified(&to))?;
     socket.set_read_timeout(Some(timeout))?;
     socket.connect(to)?;
     socket.send(b"hello")?;
@@ -278,8 +296,9 @@ pub fn udp_request(to: SocketAddrV4, timeout: Duration) -> Result<Reply> {
 }
 
 /// Asks for `bytes` bytes and checks each of them.
-pub fn tcp_stream(to: SocketAddrV4, bytes: usize, timeout: Duration) -> Result<Reply> {
-    let conn = TcpStream::connect_timeout(&to.into(), Duration::from_secs(2))?;
+pub fn tcp_stream(to: impl Into<SocketAddr>, bytes: usize, timeout: Duration) -> Result<Reply> {
+    let to = to.into();
+    let conn = TcpStream::connect_timeout(&to, Duration::from_secs(2))?;
     conn.set_read_timeout(Some(timeout))?;
     (&conn).write_all(format!("stream {bytes}\n").as_bytes())?;
     let mut reader = BufReader::new(&conn);

@@ -384,6 +384,7 @@ fn start_pod(cfg: &NodeConfig, st: &mut State, pod: &Pod, uid: &str) -> Result<R
         name: pod.metadata.name.clone().unwrap_or_default(),
         ns: ns.name.clone(),
         ip,
+        ip6: Some(ip6),
         node_iface: iface.clone(),
     };
     let mut ports: Vec<u16> = pod

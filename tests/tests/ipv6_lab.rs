@@ -1,0 +1,170 @@
+//! IPv6 and dual-stack in the node lab (issue 12): pods of both families, real IPv6
+//! sockets through the attached programs, in network namespaces. Need root.
+//!
+//! The lab's pods have `10.244.N.2` and `fd00:10:244:N::2`; each family of a
+//! Service is compiled from the EndpointSlices of its own address type, as
+//! kube-proxy's per-family proxiers do
+//! (https://github.com/kubernetes/kubernetes/blob/master/pkg/proxy/endpointschangetracker.go).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    time::Duration,
+};
+
+use sliceway_lab::Lab;
+
+const VIP4: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+const VIP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x10);
+const PORT: u16 = 80;
+
+fn at(ip: impl Into<IpAddr>, port: u16) -> SocketAddr {
+    SocketAddr::new(ip.into(), port)
+}
+
+/// `n` TCP and `n` UDP requests from the client pod to `vip`: the backends that
+/// answered each, and every peer address they saw the client as.
+fn spread(
+    lab: &Lab,
+    vip: SocketAddr,
+    n: usize,
+) -> (BTreeSet<String>, BTreeSet<String>, BTreeSet<IpAddr>) {
+    let (mut tcp, mut udp, mut peers) = (BTreeSet::new(), BTreeSet::new(), BTreeSet::new());
+    for _ in 0..n {
+        let t = lab.tcp_request(vip).unwrap();
+        let u = lab.udp_request(vip).unwrap();
+        peers.extend(t.peer.map(|p| p.ip()));
+        peers.extend(u.peer.map(|p| p.ip()));
+        tcp.insert(t.backend);
+        udp.insert(u.backend);
+    }
+    (tcp, udp, peers)
+}
+
+/// A dual-stack Service is reached over both families, each through its own
+/// ClusterIP, by every backend of its family's slice; the backends see the client's
+/// own address of that family (no masquerade between pods).
+#[test]
+fn a_dual_stack_service_is_reached_over_both_families() {
+    let lab = Lab::dual_stack(3, false).unwrap();
+    let yaml = lab
+        .service_yaml_families("web", &[VIP4.into(), VIP6.into()], PORT, &[0, 1, 2])
+        .unwrap();
+    lab.write_manifest("web.yaml", &yaml).unwrap();
+    // Control: without the agent neither ClusterIP exists.
+    assert!(lab.tcp_request(at(VIP6, PORT)).is_err());
+    let agent = lab.start_agent().unwrap();
+    let all: BTreeSet<String> = lab.backends.iter().map(|b| b.name.clone()).collect();
+    let client6 = lab.client.ip6.unwrap();
+    for (vip, client) in [
+        (at(VIP4, PORT), IpAddr::from(lab.client.ip)),
+        (at(VIP6, PORT), client6.into()),
+    ] {
+        let (tcp, udp, peers) = spread(&lab, vip, 40);
+        assert_eq!(tcp, all, "TCP spread over {vip}");
+        assert_eq!(udp, all, "UDP spread over {vip}");
+        assert_eq!(
+            peers,
+            BTreeSet::from([client]),
+            "the client as backends saw it over {vip}"
+        );
+    }
+    assert_eq!(agent.problems_logged().unwrap(), 0, "{:#?}", agent.log());
+}
+
+/// An IPv6-only Service (`SingleStack`, one IPv6 ClusterIP) beside an IPv4 one:
+/// each serves its family only; a port the IPv6 Service does not declare, and an
+/// IPv6 Service without endpoints, are refused at once (ICMPv6 port unreachable
+/// turns into ECONNREFUSED, a drop would time out), as kube-proxy rejects them.
+#[test]
+fn an_ipv6_only_service_serves_its_family_and_refuses_what_it_does_not_declare() {
+    let lab = Lab::dual_stack(2, false).unwrap();
+    let v6 = lab
+        .service_yaml_families("web6", &[VIP6.into()], PORT, &[0, 1])
+        .unwrap();
+    let empty6: Ipv6Addr = "fd00:96::20".parse().unwrap();
+    let empty = lab
+        .service_yaml_families("empty6", &[empty6.into()], PORT, &[])
+        .unwrap();
+    lab.write_manifest("web6.yaml", &v6).unwrap();
+    lab.write_manifest("empty6.yaml", &empty).unwrap();
+    let _agent = lab.start_agent().unwrap();
+
+    let (tcp, udp, _) = spread(&lab, at(VIP6, PORT), 30);
+    let both = BTreeSet::from(["backend-1".to_string(), "backend-2".to_string()]);
+    assert_eq!((tcp, udp), (both.clone(), both));
+
+    let client = lab.client.ns.clone();
+    let kinds = sliceway_lab::netns::in_netns(&client, move || {
+        let connect = |to: SocketAddr| {
+            std::net::TcpStream::connect_timeout(&to, Duration::from_secs(3))
+                .map(drop)
+                .map_err(|e| e.kind())
+        };
+        let udp = (|| {
+            let s = std::net::UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 0))?;
+            s.set_read_timeout(Some(Duration::from_secs(3)))?;
+            s.connect(at(empty6, PORT))?;
+            s.send(b"hello")?;
+            s.recv(&mut [0u8; 64]).map(drop)
+        })()
+        .map_err(|e| e.kind());
+        (connect(at(empty6, PORT)), udp, connect(at(VIP6, PORT + 1)))
+    })
+    .unwrap();
+    let refused = Err(std::io::ErrorKind::ConnectionRefused);
+    assert_eq!(kinds, (refused, refused, refused));
+}
+
+/// Pods that keep veth's TX checksum offload send IPv6 with partial checksums (the
+/// pseudo-header sum only); the program's address rewrite must keep them right: a
+/// long transfer arrives intact (the receiver verifies every segment), and UDP,
+/// whose checksum IPv6 makes mandatory, too.
+#[test]
+fn ipv6_partial_checksums_from_pods_with_tx_offload_stay_right() {
+    let lab = Lab::dual_stack(2, true).unwrap();
+    let yaml = lab
+        .service_yaml_families("web", &[VIP6.into(), VIP4.into()], PORT, &[0, 1])
+        .unwrap();
+    lab.write_manifest("web.yaml", &yaml).unwrap();
+    let _agent = lab.start_agent().unwrap();
+    let reply = lab.tcp_stream(at(VIP6, PORT), 8 << 20).unwrap();
+    assert!(lab.backends.iter().any(|b| b.name == reply.backend));
+    let mut udp = BTreeMap::new();
+    for _ in 0..20 {
+        *udp.entry(lab.udp_request(at(VIP6, PORT)).unwrap().backend)
+            .or_insert(0) += 1;
+    }
+    assert_eq!(udp.len(), 2, "{udp:?}");
+}
+
+/// A pod that reaches its own IPv6 Service and is picked as the backend is answered
+/// by itself, the connection coming from the IPv6 hairpin address (`100::5c1c:1`,
+/// never a pod's), over TCP and UDP.
+#[test]
+fn a_pod_reaching_its_own_ipv6_service_is_answered_by_itself() {
+    let lab = Lab::dual_stack(1, false).unwrap();
+    let yaml = lab
+        .service_yaml_families("web", &[VIP6.into()], PORT, &[0])
+        .unwrap();
+    lab.write_manifest("web.yaml", &yaml).unwrap();
+    let _agent = lab.start_agent().unwrap();
+    let me = lab.backends[0].clone();
+    let seen = sliceway_lab::in_netns(
+        &me.ns,
+        move || -> anyhow::Result<BTreeSet<(String, Option<IpAddr>)>> {
+            let mut seen = BTreeSet::new();
+            for _ in 0..5 {
+                let t = sliceway_lab::servers::tcp_request(at(VIP6, PORT), Duration::from_secs(2))?;
+                let u = sliceway_lab::servers::udp_request(at(VIP6, PORT), Duration::from_secs(2))?;
+                seen.insert((t.backend, t.peer.map(|p| p.ip())));
+                seen.insert((u.backend, u.peer.map(|p| p.ip())));
+            }
+            Ok(seen)
+        },
+    )
+    .unwrap()
+    .unwrap();
+    let hairpin: IpAddr = "100::5c1c:1".parse().unwrap();
+    assert_eq!(seen, BTreeSet::from([(me.name.clone(), Some(hairpin))]));
+}
