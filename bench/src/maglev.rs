@@ -94,6 +94,26 @@ impl MapOps for Counting {
         self.0 += 1;
         Ok(())
     }
+    fn put_backend6(&mut self, _: u32, _: &dataplane_common::Backend6) -> Result<(), Infallible> {
+        self.0 += 1;
+        Ok(())
+    }
+    fn del_backend6(&mut self, _: u32) -> Result<(), Infallible> {
+        self.0 += 1;
+        Ok(())
+    }
+    fn put_service6(
+        &mut self,
+        _: &dataplane_common::ServiceKey6,
+        _: &ServiceValue,
+    ) -> Result<(), Infallible> {
+        self.0 += 1;
+        Ok(())
+    }
+    fn del_service6(&mut self, _: &dataplane_common::ServiceKey6) -> Result<(), Infallible> {
+        self.0 += 1;
+        Ok(())
+    }
 }
 
 /// Heap bytes in use (every arena, and mmapped chunks).
@@ -153,10 +173,13 @@ fn roomy() -> Limits {
 
 /// A frontend's slots as backends, as the writer holds them.
 fn slots_of(writer: &MapWriter, key: &ServiceKey) -> Vec<Backend> {
-    writer.programmed()[key]
+    writer.programmed()[&(*key).into()]
         .slots
         .iter()
-        .map(|id| *writer.backend(*id).expect("a slot's backend"))
+        .filter_map(|id| match writer.backend(*id) {
+            Some(sliceway_agent::compiler::AnyBackend::V4(b)) => Some(*b),
+            _ => None,
+        })
         .collect()
 }
 

@@ -1078,6 +1078,12 @@ mod user {
     unsafe impl aya::Pod for SourceRange {}
     unsafe impl aya::Pod for v1::FlowKey {}
     unsafe impl aya::Pod for v1::NatTarget {}
+    // IPv6's map types (v6.rs), on the same grounds.
+    unsafe impl aya::Pod for ServiceKey6 {}
+    unsafe impl aya::Pod for Backend6 {}
+    unsafe impl aya::Pod for FragKey6 {}
+    unsafe impl aya::Pod for NatConfig6 {}
+    unsafe impl aya::Pod for SourceRange6 {}
 }
 
 #[cfg(test)]

@@ -119,6 +119,8 @@ pub struct Pipeline {
     pub writer: MapWriter,
     /// `loadBalancerSourceRanges`, written around the map writer's apply.
     pub ranges: crate::ranges::RangeWriter,
+    /// IPv6's, in `SOURCE_RANGES6`.
+    pub ranges6: crate::ranges::RangeWriter<crate::ranges::V6>,
     /// Whether the writer has done one full apply.
     applied: bool,
 }
@@ -139,6 +141,7 @@ impl Pipeline {
             compiler,
             writer,
             ranges: Default::default(),
+            ranges6: Default::default(),
             applied: false,
         }
     }
@@ -151,25 +154,33 @@ impl Pipeline {
         let full = !self.applied;
         // The source ranges of every frontend at the first sync, of the changed ones
         // after: new ones before the writer publishes, stale ones after.
-        let range_keys = if full {
-            self.compiler.frontends().keys().copied().collect()
+        let (range_keys, range_keys6) = if full {
+            (
+                self.compiler.frontends().keys().copied().collect(),
+                self.compiler.frontends6().keys().copied().collect(),
+            )
         } else {
-            changed.clone()
+            let mut v4 = BTreeSet::new();
+            let mut v6 = BTreeSet::new();
+            for key in &changed {
+                match key {
+                    compiler::FrontendKey::V4(k) => v4.insert(*k),
+                    compiler::FrontendKey::V6(k) => v6.insert(*k),
+                };
+            }
+            (v4, v6)
         };
-        let mut range_errors = self
-            .ranges
-            .before(self.compiler.frontends(), &range_keys, maps);
+        let desired = self.compiler.desired();
+        let mut range_errors = self.ranges.before(desired, &range_keys, maps);
+        range_errors.extend(self.ranges6.before(desired, &range_keys6, maps));
         let report = if full {
             self.applied = true;
-            self.writer.apply(self.compiler.frontends(), maps)
+            self.writer.apply(desired, maps)
         } else {
-            self.writer
-                .apply_changed(self.compiler.frontends(), &changed, maps)
+            self.writer.apply_changed(desired, &changed, maps)
         };
-        range_errors.extend(
-            self.ranges
-                .after(self.compiler.frontends(), &range_keys, maps),
-        );
+        range_errors.extend(self.ranges.after(desired, &range_keys, maps));
+        range_errors.extend(self.ranges6.after(desired, &range_keys6, maps));
         for e in range_errors {
             warn!("{e}; written again at that Service's next change");
         }
@@ -192,7 +203,7 @@ struct Syncer {
     /// Why this kernel opens no SCTP socket, if it opens none.
     no_kernel_sctp: Option<String>,
     /// SCTP frontends already reported on such a kernel.
-    sctp_reported: BTreeSet<dataplane_common::ServiceKey>,
+    sctp_reported: BTreeSet<compiler::FrontendKey>,
     /// Whether a map write of a sync failed since the maps were last known whole:
     /// the change stays queued for `/healthz` until an audit repairs the maps.
     writes_failed: bool,
@@ -214,6 +225,8 @@ struct Syncer {
     snat_ports: (u16, u16),
     /// The masquerade settings last written to the datapath.
     nat: Option<dataplane_common::NatConfig>,
+    /// IPv6's, last written (`NAT_CONFIG6`).
+    nat6: Option<dataplane_common::NatConfig6>,
 }
 
 impl Syncer {
@@ -224,12 +237,12 @@ impl Syncer {
         let Some(why) = &self.no_kernel_sctp else {
             return;
         };
-        let sctp: BTreeSet<dataplane_common::ServiceKey> = self
+        let sctp: BTreeSet<compiler::FrontendKey> = self
             .pipeline
             .writer
             .programmed()
             .keys()
-            .filter(|k| k.proto == dataplane_common::PROTO_SCTP)
+            .filter(|k| k.proto() == dataplane_common::PROTO_SCTP)
             .copied()
             .collect();
         for key in sctp.difference(&self.sctp_reported) {
@@ -241,7 +254,7 @@ impl Syncer {
                 .map(|p| p.service.to_string())
                 .unwrap_or_default();
             warn!(
-                frontend = %compiler::frontend_addr(key),
+                frontend = %compiler::any_frontend_addr(key),
                 %service,
                 "an SCTP frontend on a kernel without SCTP ({why}): it is translated, but no pod on this node can open an SCTP association"
             );
@@ -325,13 +338,52 @@ impl Syncer {
             }
             Err(e) => warn!("writing the masquerade settings: {e}; trying again at the next sync"),
         }
+        self.sync_nat6(dp, &uplinks);
+    }
+
+    /// [`sync_nat`](Self::sync_nat) for IPv6 (`NAT_CONFIG6`): the node's primary
+    /// IPv6 address, else the first global IPv6 address of an uplink (a link-local
+    /// one is never a masquerade source: replies from other links could not reach
+    /// it).
+    fn sync_nat6(&mut self, dp: &mut Datapath, uplinks: &[String]) {
+        if !dp.has_ipv6_maps() {
+            return;
+        }
+        let addr = self.pipeline.compiler.node_ip6().or_else(|| {
+            interfaces::ipv6_addresses_by_interface()
+                .ok()?
+                .into_iter()
+                .filter(|(_, a)| usable_node_addr6(a))
+                .find(|(name, _)| uplinks.iter().any(|u| u == name))
+                .map(|(_, a)| a)
+        });
+        let nat = dataplane_common::NatConfig6 {
+            node_addr_be: addr.map_or([0; 4], |a| dataplane_common::addr_of(a.octets())),
+            port_min: self.snat_ports.0,
+            port_max: self.snat_ports.1,
+        };
+        if self.nat6 == Some(nat) {
+            return;
+        }
+        match dp.set_nat6(nat) {
+            Ok(()) => {
+                match addr {
+                    Some(a) => info!(address = %a, ports = ?self.snat_ports, "masquerading IPv6 clients from outside the node to this address"),
+                    None => warn!("no IPv6 address of the node is known (no Node object with one, no global IPv6 address on an uplink): IPv6 connections from outside the node that need masquerading are dropped"),
+                }
+                self.nat6 = Some(nat);
+            }
+            Err(e) => {
+                warn!("writing the IPv6 masquerade settings: {e}; trying again at the next sync")
+            }
+        }
     }
 
     fn sync(&mut self, dp: &mut Datapath) {
         let started = Instant::now();
         // NodePorts on the addresses of the node's interfaces in the CIDRs (read at
         // every sync: cheap, and addresses come and go with interfaces).
-        if let crate::compiler::NodePortAddresses::Cidrs(_) =
+        if let crate::compiler::NodePortAddresses::Cidrs(..) =
             self.pipeline.compiler.options().node_port_addresses
         {
             match interfaces::ipv4_addresses() {
@@ -339,6 +391,14 @@ impl Syncer {
                     self.pipeline.compiler.set_interface_addrs(&addrs);
                 }
                 Err(e) => warn!("listing the node's addresses for NodePorts: {e}"),
+            }
+            match interfaces::ipv6_addresses_by_interface() {
+                Ok(addrs) => {
+                    let addrs: Vec<std::net::Ipv6Addr> =
+                        addrs.into_iter().map(|(_, a)| a).collect();
+                    self.pipeline.compiler.set_interface_addrs6(&addrs);
+                }
+                Err(e) => warn!("listing the node's IPv6 addresses for NodePorts: {e}"),
             }
         }
         let synced = self.pipeline.sync(&mut dp.maps);
@@ -393,7 +453,7 @@ impl Syncer {
         let clusterips = writer
             .programmed()
             .keys()
-            .filter(|k| crate::compiler::is_clusterip_marker(k))
+            .filter(|k| crate::compiler::is_any_clusterip_marker(k))
             .count();
         let frontends = writer.programmed().len() - clusterips;
         self.metrics.frontends.set(frontends as i64);
@@ -432,7 +492,7 @@ impl Syncer {
             ("other_proxy", ignored.other_proxy),
             ("headless", ignored.headless),
             ("external_name", ignored.external_name),
-            ("ipv6", ignored.ipv6),
+            ("other_family", ignored.other_family),
         ] {
             counts.insert(("ignored".into(), code.into()), n as i64);
         }
@@ -533,7 +593,7 @@ fn publish_counters(dp: &Datapath, m: &Metrics, writer: &MapWriter, per_backend:
     let frontends: Vec<_> = writer
         .programmed()
         .iter()
-        .filter(|(k, _)| !compiler::is_clusterip_marker(k))
+        .filter(|(k, _)| !compiler::is_any_clusterip_marker(k))
         .collect();
     let ids = frontends.iter().map(|(_, p)| p.id + 1).max().unwrap_or(0);
     let counts = dp.maps.frontend_counters(ids);
@@ -545,7 +605,7 @@ fn publish_counters(dp: &Datapath, m: &Metrics, writer: &MapWriter, per_backend:
                     ("namespace".into(), p.service.namespace.clone()),
                     ("service".into(), p.service.name.clone()),
                     ("port".into(), p.service.port.clone()),
-                    ("frontend".into(), compiler::frontend_addr(key)),
+                    ("frontend".into(), compiler::any_frontend_addr(key)),
                 ],
                 counts: *counts.get(p.id as usize)?,
             })
@@ -559,8 +619,8 @@ fn publish_counters(dp: &Datapath, m: &Metrics, writer: &MapWriter, per_backend:
             .filter_map(|(id, b)| {
                 Some(BackendCount {
                     labels: vec![
-                        ("backend".into(), compiler::backend_addr(b)),
-                        ("protocol".into(), compiler::proto_name(b.proto).into()),
+                        ("backend".into(), compiler::any_backend_addr(b)),
+                        ("protocol".into(), compiler::proto_name(b.proto()).into()),
                     ],
                     counts: *counts.get(id as usize)?,
                 })
@@ -1021,6 +1081,7 @@ pub async fn run(
         source_skipped: BTreeMap::new(),
         snat_ports: settings.snat_ports,
         nat: None,
+        nat6: None,
     };
     tokio::pin!(shutdown);
     match &settings.source {
@@ -1080,4 +1141,13 @@ async fn follow<S: source::Source>(
             }
         }
     }
+}
+
+/// Whether an IPv6 address of an interface may be the masquerade source: global
+/// unicast (not loopback, link-local, multicast or unspecified).
+fn usable_node_addr6(a: &std::net::Ipv6Addr) -> bool {
+    !(a.is_loopback()
+        || a.is_unspecified()
+        || a.is_multicast()
+        || a.segments()[0] & 0xffc0 == 0xfe80)
 }

@@ -12,12 +12,12 @@
 
 use std::collections::BTreeMap;
 
-use dataplane_common::{map_name, ServiceKey, ServiceName};
+use dataplane_common::{map_name, ServiceName};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    compiler::{backend_addr, frontend_addr},
-    writer::{KernelState, MapOpError, MapOps, MapWriter},
+    compiler::{any_backend_addr, any_frontend_addr, AnyBackend, FrontendKey},
+    writer::{self, KernelState, MapOpError, MapOps, MapWriter},
 };
 
 /// How one entry differs.
@@ -184,17 +184,19 @@ pub fn audit<M: MapOps>(writer: &MapWriter, actual: &KernelState, maps: &mut M) 
         .values()
         .map(|p| (p.id, p.service.to_string()))
         .collect();
+    // Both families at once: IPv6's entries are in SERVICES6 and BACKENDS6, with ids
+    // from the same spaces as IPv4's.
     let services = differ(
-        &expected.services.iter().copied().collect(),
-        &actual.services.iter().copied().collect::<BTreeMap<_, _>>(),
+        &expected.all_services().collect(),
+        &actual.all_services().collect::<BTreeMap<_, _>>(),
     );
     let slots = differ(
         &expected.slots.iter().copied().collect(),
         &actual.slots.iter().copied().collect::<BTreeMap<_, _>>(),
     );
     let backends = differ(
-        &expected.backends.iter().copied().collect(),
-        &actual.backends.iter().copied().collect::<BTreeMap<_, _>>(),
+        &expected.all_backends().collect(),
+        &actual.all_backends().collect::<BTreeMap<_, _>>(),
     );
     // Names compared as the kernel holds them (a fixed-size, possibly cut string).
     let name_diff = differ(
@@ -208,26 +210,31 @@ pub fn audit<M: MapOps>(writer: &MapWriter, actual: &KernelState, maps: &mut M) 
 
     let mut report = AuditReport::default();
     let service_of_id = |id: u32| names.get(&id).cloned();
-    let service_of_key = |k: &ServiceKey| {
+    let service_of_key = |k: &FrontendKey| {
         writer
             .programmed()
             .get(k)
             .map(|p| p.service.to_string())
             .or_else(|| {
                 actual
-                    .services
-                    .iter()
+                    .all_services()
                     .find(|(a, _)| a == k)
                     .and_then(|(_, v)| service_of_id(v.id))
             })
     };
+    let backends_map = |b: &AnyBackend| match b {
+        AnyBackend::V4(_) => map_name::BACKENDS,
+        AnyBackend::V6(_) => map_name::BACKENDS6,
+    };
+    let services_map = |k: &FrontendKey| match k {
+        FrontendKey::V4(_) => map_name::SERVICES,
+        FrontendKey::V6(_) => map_name::SERVICES6,
+    };
     for (k, e, a) in &backends {
+        let b = e.as_ref().or(a.as_ref()).expect("one side");
         report.drift.push(Drift {
-            map: map_name::BACKENDS.to_string(),
-            entry: format!(
-                "{k} ({})",
-                backend_addr(e.as_ref().or(a.as_ref()).expect("one side"))
-            ),
+            map: backends_map(b).to_string(),
+            entry: format!("{k} ({})", any_backend_addr(b)),
             kind: kind(e, a),
             service: None,
         });
@@ -250,8 +257,8 @@ pub fn audit<M: MapOps>(writer: &MapWriter, actual: &KernelState, maps: &mut M) 
     }
     for (k, e, a) in &services {
         report.drift.push(Drift {
-            map: map_name::SERVICES.to_string(),
-            entry: frontend_addr(k),
+            map: services_map(k).to_string(),
+            entry: any_frontend_addr(k),
             kind: kind(e, a),
             service: service_of_key(k),
         });
@@ -268,10 +275,18 @@ pub fn audit<M: MapOps>(writer: &MapWriter, actual: &KernelState, maps: &mut M) 
             });
         }
     };
-    for (k, e, _) in backends.iter().filter(|d| d.1.is_some()) {
+    for (k, e, a) in backends.iter().filter(|d| d.1.is_some()) {
+        let e = e.expect("filtered");
+        // An id held by the other family's map: removed there (an id is in one).
+        if let Some(a) = a.filter(|a| std::mem::discriminant(a) != std::mem::discriminant(&e)) {
+            op(
+                format!("removing backend {k} of the other family"),
+                writer::del_any_backend(maps, *k, &a),
+            );
+        }
         op(
             format!("writing backend {k}"),
-            maps.put_backend(*k, &e.unwrap()),
+            writer::put_any_backend(maps, *k, &e),
         );
     }
     for (k, e, _) in slots.iter().filter(|d| d.1.is_some()) {
@@ -289,14 +304,14 @@ pub fn audit<M: MapOps>(writer: &MapWriter, actual: &KernelState, maps: &mut M) 
     }
     for (k, e, _) in services.iter().filter(|d| d.1.is_some()) {
         op(
-            format!("writing service {}", frontend_addr(k)),
-            maps.put_service(k, &e.unwrap()),
+            format!("writing service {}", any_frontend_addr(k)),
+            writer::put_any_service(maps, k, &e.unwrap()),
         );
     }
     for (k, _, _) in services.iter().filter(|d| d.1.is_none()) {
         op(
-            format!("removing service {}", frontend_addr(k)),
-            maps.del_service(k),
+            format!("removing service {}", any_frontend_addr(k)),
+            writer::del_any_service(maps, k),
         );
     }
     for (id, _, _) in name_diff.iter().filter(|d| d.1.is_none()) {
@@ -311,8 +326,12 @@ pub fn audit<M: MapOps>(writer: &MapWriter, actual: &KernelState, maps: &mut M) 
             maps.del_slot(k),
         );
     }
-    for (k, _, _) in backends.iter().filter(|d| d.1.is_none()) {
-        op(format!("removing backend {k}"), maps.del_backend(*k));
+    for (k, _, a) in backends.iter().filter(|d| d.1.is_none()) {
+        let a = a.expect("one side");
+        op(
+            format!("removing backend {k}"),
+            writer::del_any_backend(maps, *k, &a),
+        );
     }
     report.errors = errors.iter().map(ToString::to_string).collect();
     report
@@ -354,7 +373,7 @@ ports: [{name: http, port: 8080, protocol: TCP}, {name: dns, port: 5353, protoco
             crate::source::local::parse_file(std::path::Path::new("x.yaml"), dir);
         assert!(problems.is_empty(), "{problems:?}");
         let o = objects.unwrap();
-        let frontends: BTreeMap<ServiceKey, Frontend> =
+        let frontends: BTreeMap<dataplane_common::ServiceKey, Frontend> =
             compiler::compile(&o.services, &o.slices, &compiler::Options::default()).frontends;
         let mut writer = MapWriter::new(Limits::default());
         let mut maps = MemoryMaps::default();

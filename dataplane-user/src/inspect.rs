@@ -16,7 +16,7 @@ use dataplane_common::{BackendCounters, FrontendCounters};
 use crate::{
     agent::Pipeline,
     cli::From,
-    compiler::{backend_addr, frontend_addr, Incremental},
+    compiler::{any_backend_addr, any_frontend_addr, Incremental},
     kernel::summed,
     kernel::{Capacities, Datapath, KernelError, PinDir, Role, TC_ACT_REDIRECT, TC_ACT_SHOT},
     packet::{self, PacketSpec, TCP_SYN},
@@ -40,7 +40,7 @@ pub struct ListedFrontend {
     #[serde(skip)]
     id: u32,
     #[serde(skip)]
-    key: ServiceKey,
+    key: crate::compiler::FrontendKey,
 }
 
 /// Counts of a frontend or backend, summed over CPUs.
@@ -88,7 +88,8 @@ pub(crate) fn open_pinned<T: TryFrom<Map, Error = aya::maps::MapError>>(
         }
         map_name::CONNTRACK => Map::LruHashMap(data),
         map_name::CT_TIMEOUTS | map_name::NAT_CONFIG => Map::Array(data),
-        map_name::SOURCE_RANGES => Map::LpmTrie(data),
+        map_name::NAT_CONFIG6 => Map::Array(data),
+        map_name::SOURCE_RANGES | map_name::SOURCE_RANGES6 => Map::LpmTrie(data),
         _ => Map::HashMap(data),
     };
     T::try_from(map).map_err(|source| KernelError::Map { name, source })
@@ -105,6 +106,15 @@ pub fn list(pins: &PinDir, service: Option<&str>) -> Result<Listing, KernelError
     let stats: PerCpuArray<MapData, u64> = open_pinned(pins, map_name::STATS)?;
     let conntrack: BpfHashMap<MapData, dataplane_common::CtKey, dataplane_common::CtEntry> =
         open_pinned(pins, map_name::CONNTRACK)?;
+    // IPv6's maps, when the agent that pinned them had them.
+    let services6 = open_pinned::<BpfHashMap<MapData, dataplane_common::ServiceKey6, ServiceValue>>(
+        pins,
+        map_name::SERVICES6,
+    );
+    let backends6 = open_pinned::<BpfHashMap<MapData, u32, dataplane_common::Backend6>>(
+        pins,
+        map_name::BACKENDS6,
+    );
     let state = KernelState {
         services: services.iter().filter_map(Result::ok).collect(),
         slots: slots.iter().filter_map(Result::ok).collect(),
@@ -113,6 +123,14 @@ pub fn list(pins: &PinDir, service: Option<&str>) -> Result<Listing, KernelError
             .iter()
             .filter_map(Result::ok)
             .map(|(id, n)| (id, n.as_str().to_string()))
+            .collect(),
+        services6: services6
+            .iter()
+            .flat_map(|m| m.iter().filter_map(Result::ok))
+            .collect(),
+        backends6: backends6
+            .iter()
+            .flat_map(|m| m.iter().filter_map(Result::ok))
             .collect(),
     };
     let mut counters = BTreeMap::new();
@@ -137,7 +155,7 @@ pub fn list(pins: &PinDir, service: Option<&str>) -> Result<Listing, KernelError
         });
     }
     // Source ranges, by frontend (a pinned map of an older agent may lack them).
-    let mut ranges: BTreeMap<ServiceKey, Vec<String>> = BTreeMap::new();
+    let mut ranges: BTreeMap<crate::compiler::FrontendKey, Vec<String>> = BTreeMap::new();
     let trie = open_pinned::<aya::maps::LpmTrie<MapData, dataplane_common::SourceRange, u8>>(
         pins,
         map_name::SOURCE_RANGES,
@@ -151,15 +169,38 @@ pub fn list(pins: &PinDir, service: Option<&str>) -> Result<Listing, KernelError
             let addr = std::net::Ipv4Addr::from(u32::from_be(data.src_be));
             let bits = len.saturating_sub(dataplane_common::SourceRange::FRONTEND_BITS);
             ranges
-                .entry(data.frontend)
+                .entry(data.frontend.into())
+                .or_default()
+                .push(format!("{addr}/{bits}"));
+        }
+    }
+    let trie6 = open_pinned::<aya::maps::LpmTrie<MapData, dataplane_common::SourceRange6, u8>>(
+        pins,
+        map_name::SOURCE_RANGES6,
+    );
+    if let Ok(trie) = trie6 {
+        for k in trie.keys().filter_map(Result::ok) {
+            let (len, data) = (k.prefix_len(), k.data());
+            let addr = crate::compiler::format::ipv6_of(data.src_be);
+            let bits = len.saturating_sub(dataplane_common::SourceRange6::FRONTEND_BITS);
+            ranges
+                .entry(data.frontend.into())
                 .or_default()
                 .push(format!("{addr}/{bits}"));
         }
     }
     for f in &mut frontends {
-        let any = ServiceKey {
-            scope: dataplane_common::SCOPE_ANY,
-            ..f.key
+        let any = match f.key {
+            crate::compiler::FrontendKey::V4(k) => crate::compiler::FrontendKey::V4(ServiceKey {
+                scope: dataplane_common::SCOPE_ANY,
+                ..k
+            }),
+            crate::compiler::FrontendKey::V6(k) => {
+                crate::compiler::FrontendKey::V6(dataplane_common::ServiceKey6 {
+                    scope: dataplane_common::SCOPE_ANY,
+                    ..k
+                })
+            }
         };
         if let Some(r) = ranges.get(&any) {
             f.source_ranges = r.clone();
@@ -181,13 +222,12 @@ pub fn list(pins: &PinDir, service: Option<&str>) -> Result<Listing, KernelError
         .flat_map(|f| f.backends.iter().map(String::as_str))
         .collect();
     let mut backends: Vec<ListedBackend> = state
-        .backends
-        .iter()
-        .filter(|(_, b)| wanted.contains(backend_addr(b).as_str()))
+        .all_backends()
+        .filter(|(_, b)| wanted.contains(any_backend_addr(b).as_str()))
         .map(|(id, b)| ListedBackend {
-            backend: backend_addr(b),
-            protocol: crate::compiler::proto_name(b.proto),
-            counters: summed(&backend_counters, *id, BackendCounters::add)
+            backend: any_backend_addr(&b),
+            protocol: crate::compiler::proto_name(b.proto()),
+            counters: summed(&backend_counters, id, BackendCounters::add)
                 .map(|c| Counts {
                     connections: c.new,
                     packets: c.packets,
@@ -209,15 +249,14 @@ pub fn list(pins: &PinDir, service: Option<&str>) -> Result<Listing, KernelError
 /// Frontends of a map state, sorted by address.
 pub fn list_state(state: &KernelState) -> Vec<ListedFrontend> {
     let slots: BTreeMap<SlotKey, u32> = state.slots.iter().copied().collect();
-    let backends: BTreeMap<u32, Backend> = state.backends.iter().copied().collect();
+    let backends: BTreeMap<u32, crate::compiler::AnyBackend> = state.all_backends().collect();
     let names: BTreeMap<u32, &str> = state
         .names
         .iter()
         .map(|(id, n)| (*id, n.as_str()))
         .collect();
-    let mut out: Vec<(ServiceKey, ListedFrontend)> = state
-        .services
-        .iter()
+    let mut out: Vec<(crate::compiler::FrontendKey, ListedFrontend)> = state
+        .all_services()
         .map(|(key, value)| {
             // Each backend once, in the order of its first slot (a Maglev table
             // holds each in many).
@@ -230,7 +269,7 @@ pub fn list_state(state: &KernelState) -> Vec<ListedFrontend> {
                         slot,
                     })
                     .and_then(|id| backends.get(id))
-                    .map_or_else(|| "<missing>".to_string(), backend_addr);
+                    .map_or_else(|| "<missing>".to_string(), any_backend_addr);
                 if seen.insert(b.clone()) {
                     listed.push(b);
                 }
@@ -238,20 +277,21 @@ pub fn list_state(state: &KernelState) -> Vec<ListedFrontend> {
             let backends = listed;
             let service = names.get(&value.id).copied().unwrap_or("?").to_string();
             (
-                *key,
+                key,
                 ListedFrontend {
-                    frontend: frontend_addr(key),
+                    frontend: any_frontend_addr(&key),
                     service,
                     backends,
                     counters: None,
                     source_ranges: Vec::new(),
                     id: value.id,
-                    key: *key,
+                    key,
                 },
             )
         })
         .collect();
-    out.sort_by_key(|(k, _)| (u32::from_be(k.addr_be), u16::from_be(k.port_be), k.proto));
+    // IPv4's first, each by address, port and protocol.
+    out.sort_by_key(|(k, _)| (k.ip(), k.port(), k.proto()));
     out.into_iter().map(|(_, f)| f).collect()
 }
 

@@ -234,6 +234,36 @@ pub fn ipv4_addresses_by_interface() -> std::io::Result<Vec<(String, std::net::I
     Ok(out)
 }
 
+/// The IPv6 addresses of the node's interfaces, with the name of the interface of
+/// each (as [`ipv4_addresses_by_interface`]).
+pub fn ipv6_addresses_by_interface() -> std::io::Result<Vec<(String, std::net::Ipv6Addr)>> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `head` with a list that is ours until freeifaddrs.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut out = Vec::new();
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: `cur` is an element of the list getifaddrs returned; an
+        // `ifa_addr` of family AF_INET6 points at a sockaddr_in6.
+        unsafe {
+            let addr = (*cur).ifa_addr;
+            if !addr.is_null() && i32::from((*addr).sa_family) == libc::AF_INET6 {
+                let sin6 = &*(addr as *const libc::sockaddr_in6);
+                let name = std::ffi::CStr::from_ptr((*cur).ifa_name)
+                    .to_string_lossy()
+                    .into_owned();
+                out.push((name, std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr)));
+            }
+            cur = (*cur).ifa_next;
+        }
+    }
+    // SAFETY: `head` came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(head) };
+    Ok(out)
+}
+
 /// Link notifications of the calling thread's network namespace (rtnetlink's
 /// `RTMGRP_LINK` group): an interface that appears, changes or goes is seen when the
 /// kernel says so, not at the next scan, so a new pod's interface has the program

@@ -108,7 +108,7 @@ impl fmt::Display for TableSize {
 /// The lookup table of `size` entries for `backends` (sorted and without duplicates,
 /// as the compiler gives them): entry `i` is the index in `backends` of the backend
 /// slot `i` sends to. Empty without backends.
-pub fn table(backends: &[Backend], size: TableSize) -> Vec<u32> {
+pub fn table<B: Identity>(backends: &[B], size: TableSize) -> Vec<u32> {
     let m = size.get();
     if backends.is_empty() {
         return Vec::new();
@@ -144,8 +144,8 @@ struct Preferences {
 }
 
 impl Preferences {
-    fn of(b: &Backend, m: u32) -> Self {
-        let id = identity(b);
+    fn of<B: Identity>(b: &B, m: u32) -> Self {
+        let id = b.identity();
         let offset = (hash(id, SEED_OFFSET) % u64::from(m)) as u32;
         // 1..M-1: with M prime, a step that walks through every entry.
         let skip = (hash(id, SEED_SKIP) % u64::from(m - 1)) as u32 + 1;
@@ -162,10 +162,36 @@ impl Preferences {
 
 /// What identifies a backend on every node: its address, port and protocol (host
 /// order, so the value does not depend on how the maps store them).
-fn identity(b: &Backend) -> u64 {
-    (u64::from(u32::from_be(b.addr_be)) << 32)
-        | (u64::from(u16::from_be(b.port_be)) << 16)
-        | u64::from(b.proto)
+pub trait Identity {
+    fn identity(&self) -> u64;
+}
+
+impl Identity for Backend {
+    fn identity(&self) -> u64 {
+        (u64::from(u32::from_be(self.addr_be)) << 32)
+            | (u64::from(u16::from_be(self.port_be)) << 16)
+            | u64::from(self.proto)
+    }
+}
+
+/// An IPv6 backend's 128-bit address does not fit beside its port in 64 bits: its
+/// two halves are folded in with the hash's mixer, then port and protocol, so the
+/// value is still a function of address, port and protocol alone.
+impl Identity for dataplane_common::Backend6 {
+    fn identity(&self) -> u64 {
+        let addr = u128::from_be_bytes(dataplane_common::octets_of(self.addr_be));
+        let folded = fmix64(fmix64((addr >> 64) as u64) ^ addr as u64);
+        folded ^ ((u64::from(u16::from_be(self.port_be)) << 8) | u64::from(self.proto))
+    }
+}
+
+impl Identity for crate::compiler::AnyBackend {
+    fn identity(&self) -> u64 {
+        match self {
+            Self::V4(b) => b.identity(),
+            Self::V6(b) => b.identity(),
+        }
+    }
 }
 
 const SEED_OFFSET: u64 = 0x736c_6963_6577_6179;
@@ -262,7 +288,7 @@ mod tests {
         seen.sort();
         seen.dedup();
         assert_eq!(seen.len(), 251, "every entry a different backend");
-        assert!(table(&[], TableSize::DEFAULT).is_empty());
+        assert!(table::<Backend>(&[], TableSize::DEFAULT).is_empty());
     }
 
     #[test]

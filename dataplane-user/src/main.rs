@@ -59,6 +59,8 @@ fn main() -> anyhow::Result<()> {
                         node_port_addresses: args.nodeport_addresses,
                         node_port_ips: Vec::new(),
                         node_ip: None,
+                        node_port_ips6: Vec::new(),
+                        node_ip6: None,
                         maglev: args.maglev.table_size(),
                         dsr: args.external.dsr(),
                     },

@@ -9,7 +9,7 @@ use std::{collections::BTreeMap, convert::Infallible, fmt::Write as _};
 use dataplane_common::{Backend, ServiceKey, ServiceName, ServiceValue, SlotKey};
 
 use crate::{
-    compiler::{backend_addr, frontend_addr, proto_name},
+    compiler::{backend_addr, backend_addr6, frontend_addr, frontend_addr6, proto_name},
     writer::MapOps,
 };
 
@@ -24,6 +24,10 @@ pub enum Op {
     DelService(ServiceKey),
     PutName(u32),
     DelName(u32),
+    PutBackend6(u32),
+    DelBackend6(u32),
+    PutService6(dataplane_common::ServiceKey6),
+    DelService6(dataplane_common::ServiceKey6),
 }
 
 /// The three service maps, in memory.
@@ -34,8 +38,13 @@ pub struct MemoryMaps {
     pub backends: BTreeMap<u32, Backend>,
     pub names: BTreeMap<u32, String>,
     pub ops: Vec<Op>,
+    /// `SERVICES6` and `BACKENDS6`.
+    pub services6: BTreeMap<dataplane_common::ServiceKey6, ServiceValue>,
+    pub backends6: BTreeMap<u32, dataplane_common::Backend6>,
     /// `SOURCE_RANGES` (prefix length, data).
     pub ranges: std::collections::BTreeSet<(u32, dataplane_common::SourceRange)>,
+    /// `SOURCE_RANGES6` (prefix length, data).
+    pub ranges6: std::collections::BTreeSet<(u32, dataplane_common::SourceRange6)>,
 }
 
 impl crate::ranges::RangeOps for MemoryMaps {
@@ -58,6 +67,25 @@ impl crate::ranges::RangeOps for MemoryMaps {
     }
     fn ranges(&self) -> Result<Vec<(u32, dataplane_common::SourceRange)>, Infallible> {
         Ok(self.ranges.iter().copied().collect())
+    }
+    fn put_range6(
+        &mut self,
+        prefix_len: u32,
+        range: &dataplane_common::SourceRange6,
+    ) -> Result<(), Infallible> {
+        self.ranges6.insert((prefix_len, *range));
+        Ok(())
+    }
+    fn del_range6(
+        &mut self,
+        prefix_len: u32,
+        range: &dataplane_common::SourceRange6,
+    ) -> Result<(), Infallible> {
+        self.ranges6.remove(&(prefix_len, *range));
+        Ok(())
+    }
+    fn ranges6(&self) -> Result<Vec<(u32, dataplane_common::SourceRange6)>, Infallible> {
+        Ok(self.ranges6.iter().copied().collect())
     }
 }
 
@@ -103,6 +131,34 @@ impl MapOps for MemoryMaps {
         self.names.remove(&id);
         Ok(())
     }
+    fn put_backend6(
+        &mut self,
+        id: u32,
+        backend: &dataplane_common::Backend6,
+    ) -> Result<(), Infallible> {
+        self.ops.push(Op::PutBackend6(id));
+        self.backends6.insert(id, *backend);
+        Ok(())
+    }
+    fn del_backend6(&mut self, id: u32) -> Result<(), Infallible> {
+        self.ops.push(Op::DelBackend6(id));
+        self.backends6.remove(&id);
+        Ok(())
+    }
+    fn put_service6(
+        &mut self,
+        key: &dataplane_common::ServiceKey6,
+        value: &ServiceValue,
+    ) -> Result<(), Infallible> {
+        self.ops.push(Op::PutService6(*key));
+        self.services6.insert(*key, *value);
+        Ok(())
+    }
+    fn del_service6(&mut self, key: &dataplane_common::ServiceKey6) -> Result<(), Infallible> {
+        self.ops.push(Op::DelService6(*key));
+        self.services6.remove(key);
+        Ok(())
+    }
 }
 
 impl MemoryMaps {
@@ -127,6 +183,33 @@ impl MemoryMaps {
                 }
             }
         }
+        // An IPv6 frontend's slots name IPv6 backends only; an id is in one
+        // family's backends.
+        for (key, value) in &self.services6 {
+            for slot in 0..value.count {
+                let k = SlotKey {
+                    service_id: value.id,
+                    slot,
+                };
+                let backend = self
+                    .slots
+                    .get(&k)
+                    .ok_or_else(|| format!("{} slot {slot} missing", frontend_addr6(key)))?;
+                if !self.backends6.contains_key(backend) {
+                    return Err(format!(
+                        "{} slot {slot} points at missing IPv6 backend {backend}",
+                        frontend_addr6(key)
+                    ));
+                }
+            }
+        }
+        if let Some(id) = self
+            .backends6
+            .keys()
+            .find(|id| self.backends.contains_key(id))
+        {
+            return Err(format!("backend id {id} is in BACKENDS and BACKENDS6"));
+        }
         Ok(())
     }
 
@@ -137,6 +220,8 @@ impl MemoryMaps {
             slots: self.slots.iter().map(|(k, v)| (*k, *v)).collect(),
             backends: self.backends.iter().map(|(k, v)| (*k, *v)).collect(),
             names: self.names.iter().map(|(k, v)| (*k, v.clone())).collect(),
+            services6: self.services6.iter().map(|(k, v)| (*k, *v)).collect(),
+            backends6: self.backends6.iter().map(|(k, v)| (*k, *v)).collect(),
         }
     }
 
@@ -147,17 +232,7 @@ impl MemoryMaps {
         out.push_str("SERVICES\n");
         for (key, value) in &self.services {
             let name = self.names.get(&value.id).cloned().unwrap_or_default();
-            // Only what differs from the default (reject when empty, no affinity).
-            let mut policy = String::new();
-            if value.flags & dataplane_common::SVC_F_DROP_EMPTY != 0 {
-                policy.push_str(" empty=drop");
-            }
-            if value.flags & dataplane_common::SVC_F_AFFINITY != 0 {
-                let _ = write!(policy, " affinity={}s", value.affinity_timeout_s);
-            }
-            if value.flags & dataplane_common::SVC_F_MAGLEV != 0 {
-                policy.push_str(" maglev");
-            }
+            let policy = policy_text(value);
             let _ = writeln!(
                 out,
                 "  {} => id={} count={}{policy}  # {name}",
@@ -178,6 +253,46 @@ impl MemoryMaps {
         for (id, b) in &self.backends {
             let _ = writeln!(out, "  {id} => {}/{}", backend_addr(b), proto_name(b.proto));
         }
+        // IPv6's maps, when they hold anything (so dumps of IPv4 alone read as before).
+        if !self.services6.is_empty() || !self.backends6.is_empty() {
+            out.push_str("SERVICES6\n");
+            for (key, value) in &self.services6 {
+                let name = self.names.get(&value.id).cloned().unwrap_or_default();
+                let _ = writeln!(
+                    out,
+                    "  {} => id={} count={}{}  # {name}",
+                    frontend_addr6(key),
+                    value.id,
+                    value.count,
+                    policy_text(value)
+                );
+            }
+            out.push_str("BACKENDS6\n");
+            for (id, b) in &self.backends6 {
+                let _ = writeln!(
+                    out,
+                    "  {id} => {}/{}",
+                    backend_addr6(b),
+                    proto_name(b.proto)
+                );
+            }
+        }
         out
     }
+}
+
+/// A service entry's policy in a dump: only what differs from the default (reject
+/// when empty, no affinity).
+fn policy_text(value: &ServiceValue) -> String {
+    let mut policy = String::new();
+    if value.flags & dataplane_common::SVC_F_DROP_EMPTY != 0 {
+        policy.push_str(" empty=drop");
+    }
+    if value.flags & dataplane_common::SVC_F_AFFINITY != 0 {
+        let _ = write!(policy, " affinity={}s", value.affinity_timeout_s);
+    }
+    if value.flags & dataplane_common::SVC_F_MAGLEV != 0 {
+        policy.push_str(" maglev");
+    }
+    policy
 }

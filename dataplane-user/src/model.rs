@@ -5,10 +5,14 @@
 //! an object of a reflector store), so the agent keeps this lean copy and not the full
 //! API objects. Values are kept as the API gives them (strings, optional conditions):
 //! the compiler validates them and says what was wrong. Endpoints, by far the most
-//! numerous, are kept compact: an address that is IPv4 is stored parsed, and a slice's
-//! endpoints share one copy of each node name.
+//! numerous, are kept compact: an address that is an IP (either family) is stored
+//! parsed, and a slice's endpoints share one copy of each node name.
 
-use std::{net::Ipv4Addr, path::Path, sync::Arc};
+use std::{
+    net::{Ipv4Addr, Ipv6Addr},
+    path::Path,
+    sync::Arc,
+};
 
 use k8s_openapi::api::{
     core::v1::Service,
@@ -20,7 +24,7 @@ use conventions::labels::{
     LABEL_ZONE,
 };
 
-/// What the agent reads of a Node: its name, zone and primary IPv4 address.
+/// What the agent reads of a Node: its name, zone and primary address of each family.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeInfo {
     pub name: String,
@@ -30,6 +34,10 @@ pub struct NodeInfo {
     /// (pkg/util/node `GetNodeHostIPs`): its first `InternalIP` of the family, else
     /// its first `ExternalIP`. NodePorts are served there by default.
     pub primary_ipv4: Option<std::net::Ipv4Addr>,
+    /// The node's primary IPv6 address, found the same way among its IPv6
+    /// addresses: where IPv6 NodePorts are served by default, and the address IPv6
+    /// connections from outside are masqueraded to.
+    pub primary_ipv6: Option<std::net::Ipv6Addr>,
 }
 
 impl From<&k8s_openapi::api::core::v1::Node> for NodeInfo {
@@ -43,20 +51,23 @@ impl From<&k8s_openapi::api::core::v1::Node> for NodeInfo {
                 .and_then(|l| l.get(LABEL_ZONE))
                 .filter(|z| !z.is_empty())
                 .cloned(),
-            primary_ipv4: primary_ipv4(node),
+            primary_ipv4: primary_ip(node),
+            primary_ipv6: primary_ip(node),
         }
     }
 }
 
-/// kube-proxy's primary IPv4 address of a Node: the first `InternalIP` that is
-/// IPv4, else the first such `ExternalIP`.
-fn primary_ipv4(node: &k8s_openapi::api::core::v1::Node) -> Option<std::net::Ipv4Addr> {
+/// kube-proxy's primary address of a Node in one family (`A`, IPv4 or IPv6): the
+/// first `InternalIP` of the family, else the first such `ExternalIP`
+/// (<https://github.com/kubernetes/kubernetes/blob/master/pkg/util/node/node.go>
+/// `GetNodeHostIPs`: each family's first address, `InternalIP` before `ExternalIP`).
+fn primary_ip<A: std::str::FromStr>(node: &k8s_openapi::api::core::v1::Node) -> Option<A> {
     let addresses = node.status.as_ref()?.addresses.as_ref()?;
     let of = |kind: &str| {
         addresses
             .iter()
             .filter(|a| a.type_ == kind)
-            .find_map(|a| a.address.parse::<std::net::Ipv4Addr>().ok())
+            .find_map(|a| a.address.parse::<A>().ok())
     };
     of("InternalIP").or_else(|| of("ExternalIP"))
 }
@@ -79,8 +90,14 @@ pub struct ServiceInfo {
 pub struct ServiceSpecInfo {
     /// `type: ExternalName`.
     pub external_name: bool,
-    /// `clusterIPs` if set and not empty, else `clusterIP` if set.
+    /// `clusterIPs` if set and not empty, else `clusterIP` if set: one per family,
+    /// the primary family's first (two for a dual-stack Service).
     pub cluster_ips: Vec<String>,
+    /// `ipFamilies`, as written (`IPv4`, `IPv6`), in the order of `clusterIPs`.
+    pub ip_families: Vec<String>,
+    /// `ipFamilyPolicy`, as written (`SingleStack`, `PreferDualStack`,
+    /// `RequireDualStack`).
+    pub ip_family_policy: Option<String>,
     /// `externalIPs`.
     pub external_ips: Vec<String>,
     /// The load-balancer ingress IPs of the status (VIP mode only).
@@ -155,10 +172,11 @@ pub struct EndpointInfo {
     pub node_hints: Box<[Arc<str>]>,
 }
 
-/// An endpoint address: IPv4, or anything else as written.
+/// An endpoint address: IPv4, IPv6, or anything else as written.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Address {
     V4(Ipv4Addr),
+    V6(Ipv6Addr),
     Other(Box<str>),
 }
 
@@ -168,7 +186,8 @@ impl Address {
     pub fn new(written: &str) -> Self {
         match conventions::validate::parse_ip_sloppy(written) {
             Some(std::net::IpAddr::V4(ip)) => Self::V4(ip),
-            _ => Self::Other(written.into()),
+            Some(std::net::IpAddr::V6(ip)) => Self::V6(ip),
+            None => Self::Other(written.into()),
         }
     }
 }
@@ -239,6 +258,8 @@ impl From<&Service> for ServiceInfo {
             ServiceSpecInfo {
                 external_name: spec.type_.as_deref() == Some("ExternalName"),
                 cluster_ips,
+                ip_families: spec.ip_families.clone().unwrap_or_default(),
+                ip_family_policy: spec.ip_family_policy.clone(),
                 external_ips,
                 load_balancer_ips,
                 load_balancer_source_ranges: spec

@@ -8,86 +8,195 @@
 //! while a Service changes; a frontend that goes loses its ranges after its entry.
 //! Entries are keyed by the frontend's address, port and protocol, not by the map
 //! writer's ids, so the two writers need nothing from each other.
+//!
+//! IPv6's frontends have their ranges in `SOURCE_RANGES6`, kept by a
+//! `RangeWriter<V6>` the same way.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use dataplane_common::{ServiceKey, SourceRange, SCOPE_ANY};
+use dataplane_common::{ServiceKey, ServiceKey6, SourceRange, SourceRange6, SCOPE_ANY};
 
-use crate::compiler::Frontend;
+use crate::writer::Desired;
 
-/// The map operations of [`RangeWriter`]: the kernel's map, or memory in tests.
+/// The map operations of [`RangeWriter`]: the kernel's maps, or memory in tests.
 pub trait RangeOps {
     type Error: std::fmt::Display;
     fn put_range(&mut self, prefix_len: u32, range: &SourceRange) -> Result<(), Self::Error>;
     fn del_range(&mut self, prefix_len: u32, range: &SourceRange) -> Result<(), Self::Error>;
     /// Every entry the map holds (what an earlier run left, at the first sync).
     fn ranges(&self) -> Result<Vec<(u32, SourceRange)>, Self::Error>;
+    /// `SOURCE_RANGES6`.
+    fn put_range6(&mut self, prefix_len: u32, range: &SourceRange6) -> Result<(), Self::Error>;
+    fn del_range6(&mut self, prefix_len: u32, range: &SourceRange6) -> Result<(), Self::Error>;
+    fn ranges6(&self) -> Result<Vec<(u32, SourceRange6)>, Self::Error>;
+}
+
+/// A family's source-range map: its frontend keys, entries and map operations.
+pub trait RangeFamily {
+    type Key: Copy + Ord + std::fmt::Debug;
+    type Range: Copy + Ord + std::fmt::Debug;
+    /// The map's name, for messages.
+    const MAP: &'static str;
+    /// The entries frontend `key` wants (none if it is gone).
+    fn wanted(desired: &Desired<'_>, key: &Self::Key) -> BTreeSet<(u32, Self::Range)>;
+    fn scope(key: &Self::Key) -> u8;
+    fn frontend(range: &Self::Range) -> Self::Key;
+    fn put<M: RangeOps>(ops: &mut M, len: u32, range: &Self::Range) -> Result<(), M::Error>;
+    fn del<M: RangeOps>(ops: &mut M, len: u32, range: &Self::Range) -> Result<(), M::Error>;
+    fn list<M: RangeOps>(ops: &M) -> Result<Vec<(u32, Self::Range)>, M::Error>;
+    /// An entry as text: the frontend and the source prefix.
+    fn name(e: &(u32, Self::Range)) -> String;
+}
+
+/// IPv4's `SOURCE_RANGES`.
+#[derive(Debug, Default)]
+pub struct V4;
+
+/// IPv6's `SOURCE_RANGES6`.
+#[derive(Debug, Default)]
+pub struct V6;
+
+impl RangeFamily for V4 {
+    type Key = ServiceKey;
+    type Range = SourceRange;
+    const MAP: &'static str = dataplane_common::map_name::SOURCE_RANGES;
+    fn wanted(desired: &Desired<'_>, key: &ServiceKey) -> BTreeSet<(u32, SourceRange)> {
+        let Some(f) = desired.v4.get(key) else {
+            return BTreeSet::new();
+        };
+        f.source_ranges
+            .iter()
+            .map(|&(addr_be, len)| {
+                (
+                    SourceRange::FRONTEND_BITS + u32::from(len),
+                    SourceRange::of(*key, addr_be),
+                )
+            })
+            .collect()
+    }
+    fn scope(key: &ServiceKey) -> u8 {
+        key.scope
+    }
+    fn frontend(range: &SourceRange) -> ServiceKey {
+        range.frontend
+    }
+    fn put<M: RangeOps>(ops: &mut M, len: u32, range: &SourceRange) -> Result<(), M::Error> {
+        ops.put_range(len, range)
+    }
+    fn del<M: RangeOps>(ops: &mut M, len: u32, range: &SourceRange) -> Result<(), M::Error> {
+        ops.del_range(len, range)
+    }
+    fn list<M: RangeOps>(ops: &M) -> Result<Vec<(u32, SourceRange)>, M::Error> {
+        ops.ranges()
+    }
+    fn name(e: &(u32, SourceRange)) -> String {
+        format!(
+            "{} from {}/{}",
+            crate::compiler::frontend_addr(&e.1.frontend),
+            std::net::Ipv4Addr::from(u32::from_be(e.1.src_be)),
+            e.0.saturating_sub(SourceRange::FRONTEND_BITS)
+        )
+    }
+}
+
+impl RangeFamily for V6 {
+    type Key = ServiceKey6;
+    type Range = SourceRange6;
+    const MAP: &'static str = dataplane_common::map_name::SOURCE_RANGES6;
+    fn wanted(desired: &Desired<'_>, key: &ServiceKey6) -> BTreeSet<(u32, SourceRange6)> {
+        let Some(f) = desired.v6.get(key) else {
+            return BTreeSet::new();
+        };
+        f.source_ranges
+            .iter()
+            .map(|&(addr_be, len)| {
+                (
+                    SourceRange6::FRONTEND_BITS + u32::from(len),
+                    SourceRange6::of(*key, addr_be),
+                )
+            })
+            .collect()
+    }
+    fn scope(key: &ServiceKey6) -> u8 {
+        key.scope
+    }
+    fn frontend(range: &SourceRange6) -> ServiceKey6 {
+        range.frontend
+    }
+    fn put<M: RangeOps>(ops: &mut M, len: u32, range: &SourceRange6) -> Result<(), M::Error> {
+        ops.put_range6(len, range)
+    }
+    fn del<M: RangeOps>(ops: &mut M, len: u32, range: &SourceRange6) -> Result<(), M::Error> {
+        ops.del_range6(len, range)
+    }
+    fn list<M: RangeOps>(ops: &M) -> Result<Vec<(u32, SourceRange6)>, M::Error> {
+        ops.ranges6()
+    }
+    fn name(e: &(u32, SourceRange6)) -> String {
+        format!(
+            "{} from {}/{}",
+            crate::compiler::frontend_addr6(&e.1.frontend),
+            crate::compiler::format::ipv6_of(e.1.src_be),
+            e.0.saturating_sub(SourceRange6::FRONTEND_BITS)
+        )
+    }
 }
 
 /// One entry: prefix length and data.
-type Entry = (u32, SourceRange);
+type Entry<F> = (u32, <F as RangeFamily>::Range);
 
-/// The entries of one frontend's ranges.
-fn entries(key: &ServiceKey, ranges: &[(u32, u8)]) -> BTreeSet<Entry> {
-    ranges
-        .iter()
-        .map(|&(addr_be, len)| {
-            (
-                SourceRange::FRONTEND_BITS + u32::from(len),
-                SourceRange::of(*key, addr_be),
-            )
-        })
-        .collect()
-}
-
-/// The entries frontend `key` wants (none if it is gone).
-fn wanted(frontends: &BTreeMap<ServiceKey, Frontend>, key: &ServiceKey) -> BTreeSet<Entry> {
-    frontends
-        .get(key)
-        .map(|f| entries(key, &f.source_ranges))
-        .unwrap_or_default()
-}
-
-/// The `SOURCE_RANGES` mirror and its writes.
-#[derive(Debug, Default)]
-pub struct RangeWriter {
+/// The `SOURCE_RANGES` (or, for [`V6`], `SOURCE_RANGES6`) mirror and its writes.
+#[derive(Debug)]
+pub struct RangeWriter<F: RangeFamily = V4> {
     /// What the kernel holds, by frontend (its `SCOPE_ANY` key).
-    programmed: BTreeMap<ServiceKey, BTreeSet<Entry>>,
+    programmed: BTreeMap<F::Key, BTreeSet<Entry<F>>>,
     /// Entries found in the map at the first sync that belong to no frontend now.
-    leftovers: BTreeSet<Entry>,
+    leftovers: BTreeSet<Entry<F>>,
     listed: bool,
     /// Frontends with a write that failed in `before`: not recorded as held, so
     /// their next sync writes their ranges again.
-    failed: BTreeSet<ServiceKey>,
+    failed: BTreeSet<F::Key>,
 }
 
-impl RangeWriter {
+impl<F: RangeFamily> Default for RangeWriter<F> {
+    fn default() -> Self {
+        Self {
+            programmed: BTreeMap::new(),
+            leftovers: BTreeSet::new(),
+            listed: false,
+            failed: BTreeSet::new(),
+        }
+    }
+}
+
+impl<F: RangeFamily> RangeWriter<F> {
     /// Writes the new ranges of the frontends at `keys` (every frontend at the first
     /// sync), before the map writer publishes them. Errors are said, not fatal: a
     /// range not written refuses its sources until the frontend's next sync (its
     /// Service's next change) writes it again.
-    pub fn before<M: RangeOps>(
+    pub fn before<'d, M: RangeOps>(
         &mut self,
-        frontends: &BTreeMap<ServiceKey, Frontend>,
-        keys: &BTreeSet<ServiceKey>,
+        frontends: impl Into<Desired<'d>>,
+        keys: &BTreeSet<F::Key>,
         ops: &mut M,
     ) -> Vec<String> {
+        let frontends = frontends.into();
         let mut errors = Vec::new();
         if !self.listed {
             self.listed = true;
-            match ops.ranges() {
+            match F::list(ops) {
                 Ok(found) => self.leftovers = found.into_iter().collect(),
-                Err(e) => errors.push(format!("listing SOURCE_RANGES: {e}")),
+                Err(e) => errors.push(format!("listing {}: {e}", F::MAP)),
             }
         }
-        for key in keys.iter().filter(|k| k.scope == SCOPE_ANY) {
-            let want = wanted(frontends, key);
+        for key in keys.iter().filter(|k| F::scope(k) == SCOPE_ANY) {
+            let want = F::wanted(&frontends, key);
             let have = self.programmed.get(key);
             for e in &want {
                 if have.is_some_and(|h| h.contains(e)) {
                     continue;
                 }
-                if let Err(err) = ops.put_range(e.0, &e.1) {
+                if let Err(err) = F::put(ops, e.0, &e.1) {
                     errors.push(format!("writing a source range of {key:?}: {err}"));
                     self.failed.insert(*key);
                 }
@@ -99,18 +208,19 @@ impl RangeWriter {
 
     /// Removes what the frontends at `keys` no longer allow (after the map writer),
     /// and at the first sync what an earlier run left for frontends gone since.
-    pub fn after<M: RangeOps>(
+    pub fn after<'d, M: RangeOps>(
         &mut self,
-        frontends: &BTreeMap<ServiceKey, Frontend>,
-        keys: &BTreeSet<ServiceKey>,
+        frontends: impl Into<Desired<'d>>,
+        keys: &BTreeSet<F::Key>,
         ops: &mut M,
     ) -> Vec<String> {
+        let frontends = frontends.into();
         let mut errors = Vec::new();
-        for key in keys.iter().filter(|k| k.scope == SCOPE_ANY) {
-            let want = wanted(frontends, key);
+        for key in keys.iter().filter(|k| F::scope(k) == SCOPE_ANY) {
+            let want = F::wanted(&frontends, key);
             let have = self.programmed.remove(key).unwrap_or_default();
             for e in have.difference(&want) {
-                if let Err(err) = ops.del_range(e.0, &e.1) {
+                if let Err(err) = F::del(ops, e.0, &e.1) {
                     errors.push(format!("removing a source range of {key:?}: {err}"));
                 }
             }
@@ -119,9 +229,9 @@ impl RangeWriter {
             }
         }
         for e in std::mem::take(&mut self.leftovers) {
-            let still = wanted(frontends, &e.1.frontend).contains(&e);
+            let still = F::wanted(&frontends, &F::frontend(&e.1)).contains(&e);
             if !still {
-                if let Err(err) = ops.del_range(e.0, &e.1) {
+                if let Err(err) = F::del(ops, e.0, &e.1) {
                     errors.push(format!("removing a stale source range: {err}"));
                 }
             }
@@ -134,28 +244,21 @@ impl RangeWriter {
     /// removed (after the writes, so an allowed source is never refused meanwhile).
     pub fn audit<M: RangeOps>(&self, ops: &mut M, report: &mut crate::audit::AuditReport) {
         use crate::audit::{Drift, DriftKind};
-        let actual: BTreeSet<Entry> = match ops.ranges() {
+        let actual: BTreeSet<Entry<F>> = match F::list(ops) {
             Ok(found) => found.into_iter().collect(),
             Err(e) => {
-                report.errors.push(format!("listing SOURCE_RANGES: {e}"));
+                report.errors.push(format!("listing {}: {e}", F::MAP));
                 return;
             }
         };
-        let expected: BTreeSet<Entry> = self.programmed.values().flatten().copied().collect();
-        let name = |e: &Entry| {
-            format!(
-                "{} from {}/{}",
-                crate::compiler::frontend_addr(&e.1.frontend),
-                std::net::Ipv4Addr::from(u32::from_be(e.1.src_be)),
-                e.0.saturating_sub(SourceRange::FRONTEND_BITS)
-            )
-        };
-        let missing: Vec<&Entry> = expected.difference(&actual).collect();
-        let extra: Vec<&Entry> = actual.difference(&expected).collect();
+        let expected: BTreeSet<Entry<F>> = self.programmed.values().flatten().copied().collect();
+        let name = |e: &Entry<F>| F::name(e);
+        let missing: Vec<&Entry<F>> = expected.difference(&actual).collect();
+        let extra: Vec<&Entry<F>> = actual.difference(&expected).collect();
         for (list, kind) in [(&missing, DriftKind::Missing), (&extra, DriftKind::Extra)] {
             for e in list {
                 report.drift.push(Drift {
-                    map: dataplane_common::map_name::SOURCE_RANGES.to_string(),
+                    map: F::MAP.to_string(),
                     entry: name(e),
                     kind,
                     service: None,
@@ -164,7 +267,7 @@ impl RangeWriter {
         }
         for e in missing {
             report.repaired += 1;
-            if let Err(err) = ops.put_range(e.0, &e.1) {
+            if let Err(err) = F::put(ops, e.0, &e.1) {
                 report
                     .errors
                     .push(format!("writing source range {}: {err}", name(e)));
@@ -172,7 +275,7 @@ impl RangeWriter {
         }
         for e in extra {
             report.repaired += 1;
-            if let Err(err) = ops.del_range(e.0, &e.1) {
+            if let Err(err) = F::del(ops, e.0, &e.1) {
                 report
                     .errors
                     .push(format!("removing source range {}: {err}", name(e)));
@@ -209,7 +312,7 @@ mod tests {
             scope: SCOPE_ANY,
         };
         let net = u32::from_be_bytes([10, 0, 0, 0]).to_be();
-        let frontend = Frontend {
+        let frontend = crate::compiler::Frontend {
             service: crate::compiler::ServicePortName::unknown(),
             backends: Vec::new(),
             policy: Default::default(),
@@ -218,7 +321,7 @@ mod tests {
         let frontends = BTreeMap::from([(key, frontend)]);
         let keys = BTreeSet::from([key]);
         let mut maps = MemoryMaps::default();
-        let mut w = RangeWriter::default();
+        let mut w: RangeWriter = RangeWriter::default();
         assert!(w.before(&frontends, &keys, &mut maps).is_empty());
         assert!(w.after(&frontends, &keys, &mut maps).is_empty());
         let written = maps.ranges.clone();

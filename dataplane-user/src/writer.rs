@@ -18,12 +18,21 @@
 //! only at the frontends said to have changed (and at those rejected before, which
 //! are retried), in the same order and with the same operations, so its cost follows
 //! the change and not the cluster.
+//!
+//! Both families go through the same writer, in the same order: IPv6 frontends
+//! (`SERVICES6`) and backends (`BACKENDS6`) take their ids from the same allocators
+//! as IPv4's, since `SLOTS`, `SERVICE_NAMES` and the counters are indexed by them,
+//! so a backend id names one backend in `BACKENDS` or in `BACKENDS6`, never both.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use dataplane_common::{Backend, ServiceKey, ServiceName, ServiceValue, SlotKey};
+use dataplane_common::{
+    Backend, Backend6, ServiceKey, ServiceKey6, ServiceName, ServiceValue, SlotKey,
+};
 
-use crate::compiler::{Frontend, FrontendPolicy, ServicePortName};
+use crate::compiler::{
+    AnyBackend, Frontend, Frontend6, FrontendKey, FrontendPolicy, ServicePortName,
+};
 
 /// The map operations the writer issues. Implemented by the kernel maps and by the
 /// in-memory recorder the tests use.
@@ -37,6 +46,168 @@ pub trait MapOps {
     fn del_service(&mut self, key: &ServiceKey) -> Result<(), Self::Error>;
     fn put_name(&mut self, id: u32, name: &ServiceName) -> Result<(), Self::Error>;
     fn del_name(&mut self, id: u32) -> Result<(), Self::Error>;
+    /// `BACKENDS6`.
+    fn put_backend6(&mut self, id: u32, backend: &Backend6) -> Result<(), Self::Error>;
+    fn del_backend6(&mut self, id: u32) -> Result<(), Self::Error>;
+    /// `SERVICES6`.
+    fn put_service6(&mut self, key: &ServiceKey6, value: &ServiceValue) -> Result<(), Self::Error>;
+    fn del_service6(&mut self, key: &ServiceKey6) -> Result<(), Self::Error>;
+}
+
+pub(crate) fn put_any_backend<M: MapOps>(
+    maps: &mut M,
+    id: u32,
+    b: &AnyBackend,
+) -> Result<(), M::Error> {
+    match b {
+        AnyBackend::V4(b) => maps.put_backend(id, b),
+        AnyBackend::V6(b) => maps.put_backend6(id, b),
+    }
+}
+
+pub(crate) fn del_any_backend<M: MapOps>(
+    maps: &mut M,
+    id: u32,
+    b: &AnyBackend,
+) -> Result<(), M::Error> {
+    match b {
+        AnyBackend::V4(_) => maps.del_backend(id),
+        AnyBackend::V6(_) => maps.del_backend6(id),
+    }
+}
+
+pub(crate) fn put_any_service<M: MapOps>(
+    maps: &mut M,
+    key: &FrontendKey,
+    value: &ServiceValue,
+) -> Result<(), M::Error> {
+    match key {
+        FrontendKey::V4(k) => maps.put_service(k, value),
+        FrontendKey::V6(k) => maps.put_service6(k, value),
+    }
+}
+
+pub(crate) fn del_any_service<M: MapOps>(maps: &mut M, key: &FrontendKey) -> Result<(), M::Error> {
+    match key {
+        FrontendKey::V4(k) => maps.del_service(k),
+        FrontendKey::V6(k) => maps.del_service6(k),
+    }
+}
+
+/// The frontends the maps should hold, of both families.
+#[derive(Clone, Copy, Debug)]
+pub struct Desired<'a> {
+    pub v4: &'a BTreeMap<ServiceKey, Frontend>,
+    pub v6: &'a BTreeMap<ServiceKey6, Frontend6>,
+}
+
+/// No IPv6 frontend.
+static NO_FRONTENDS6: BTreeMap<ServiceKey6, Frontend6> = BTreeMap::new();
+
+/// IPv4 frontends only: the maps hold no IPv6 frontend.
+impl<'a> From<&'a BTreeMap<ServiceKey, Frontend>> for Desired<'a> {
+    fn from(v4: &'a BTreeMap<ServiceKey, Frontend>) -> Self {
+        Self {
+            v4,
+            v6: &NO_FRONTENDS6,
+        }
+    }
+}
+
+impl<'a> Desired<'a> {
+    fn get(&self, key: &FrontendKey) -> Option<FrontendRef<'a>> {
+        match key {
+            FrontendKey::V4(k) => self.v4.get(k).map(FrontendRef::V4),
+            FrontendKey::V6(k) => self.v6.get(k).map(FrontendRef::V6),
+        }
+    }
+
+    fn contains(&self, key: &FrontendKey) -> bool {
+        match key {
+            FrontendKey::V4(k) => self.v4.contains_key(k),
+            FrontendKey::V6(k) => self.v6.contains_key(k),
+        }
+    }
+
+    /// Every frontend, IPv4's first.
+    fn iter(&self) -> impl Iterator<Item = (FrontendKey, FrontendRef<'a>)> + 'a {
+        let v4 = self
+            .v4
+            .iter()
+            .map(|(k, f)| (FrontendKey::V4(*k), FrontendRef::V4(f)));
+        let v6 = self
+            .v6
+            .iter()
+            .map(|(k, f)| (FrontendKey::V6(*k), FrontendRef::V6(f)));
+        v4.chain(v6)
+    }
+}
+
+/// A desired frontend of either family.
+#[derive(Clone, Copy, Debug)]
+enum FrontendRef<'a> {
+    V4(&'a Frontend),
+    V6(&'a Frontend6),
+}
+
+impl<'a> FrontendRef<'a> {
+    fn service(&self) -> &'a ServicePortName {
+        match self {
+            Self::V4(f) => &f.service,
+            Self::V6(f) => &f.service,
+        }
+    }
+
+    fn policy(&self) -> FrontendPolicy {
+        match self {
+            Self::V4(f) => f.policy,
+            Self::V6(f) => f.policy,
+        }
+    }
+
+    fn backend_count(&self) -> usize {
+        match self {
+            Self::V4(f) => f.backends.len(),
+            Self::V6(f) => f.backends.len(),
+        }
+    }
+
+    /// The backends, sorted (each family's order is kept by `AnyBackend`'s).
+    fn backends(&self) -> Vec<AnyBackend> {
+        match self {
+            Self::V4(f) => f.backends.iter().map(|b| AnyBackend::V4(*b)).collect(),
+            Self::V6(f) => f.backends.iter().map(|b| AnyBackend::V6(*b)).collect(),
+        }
+    }
+
+    /// Whether `have` (sorted) are the frontend's backends.
+    fn backends_are(&self, have: &[AnyBackend]) -> bool {
+        match self {
+            Self::V4(f) => have
+                .iter()
+                .copied()
+                .eq(f.backends.iter().map(|b| AnyBackend::V4(*b))),
+            Self::V6(f) => have
+                .iter()
+                .copied()
+                .eq(f.backends.iter().map(|b| AnyBackend::V6(*b))),
+        }
+    }
+
+    /// The frontend's Maglev table, as indexes into its backends.
+    fn table(&self, m: crate::maglev::TableSize) -> Vec<u32> {
+        match self {
+            Self::V4(f) => crate::maglev::table(&f.backends, m),
+            Self::V6(f) => crate::maglev::table(&f.backends, m),
+        }
+    }
+
+    fn backend(&self, i: usize) -> Option<AnyBackend> {
+        match self {
+            Self::V4(f) => f.backends.get(i).map(|b| AnyBackend::V4(*b)),
+            Self::V6(f) => f.backends.get(i).map(|b| AnyBackend::V6(*b)),
+        }
+    }
 }
 
 /// The service maps as read back from the kernel (pinned maps of an earlier run).
@@ -46,6 +217,35 @@ pub struct KernelState {
     pub slots: Vec<(SlotKey, u32)>,
     pub backends: Vec<(u32, Backend)>,
     pub names: Vec<(u32, String)>,
+    /// `SERVICES6` (empty when the loaded programs have no IPv6 maps).
+    pub services6: Vec<(ServiceKey6, ServiceValue)>,
+    /// `BACKENDS6`.
+    pub backends6: Vec<(u32, Backend6)>,
+}
+
+impl KernelState {
+    /// Every frontend of both families, IPv4's first.
+    pub fn all_services(&self) -> impl Iterator<Item = (FrontendKey, ServiceValue)> + '_ {
+        let v4 = self.services.iter().map(|(k, v)| (FrontendKey::V4(*k), *v));
+        let v6 = self
+            .services6
+            .iter()
+            .map(|(k, v)| (FrontendKey::V6(*k), *v));
+        v4.chain(v6)
+    }
+
+    /// Every backend of both families.
+    pub fn all_backends(&self) -> impl Iterator<Item = (u32, AnyBackend)> + '_ {
+        let v4 = self
+            .backends
+            .iter()
+            .map(|(id, b)| (*id, AnyBackend::V4(*b)));
+        let v6 = self
+            .backends6
+            .iter()
+            .map(|(id, b)| (*id, AnyBackend::V6(*b)));
+        v4.chain(v6)
+    }
 }
 
 /// Map capacities the writer must stay within.
@@ -63,6 +263,23 @@ impl Default for Limits {
             services: capacity::SERVICES,
             backends: capacity::BACKENDS,
             slots: capacity::SLOTS,
+        }
+    }
+}
+
+/// IPv6's map capacities (frontends and backends; slots are shared with IPv4).
+#[derive(Clone, Copy, Debug)]
+pub struct Limits6 {
+    pub services: u32,
+    pub backends: u32,
+}
+
+impl Default for Limits6 {
+    fn default() -> Self {
+        use dataplane_common::capacity6;
+        Self {
+            services: capacity6::SERVICES6,
+            backends: capacity6::BACKENDS6,
         }
     }
 }
@@ -147,10 +364,14 @@ impl IdAllocator {
 #[derive(Debug, Default)]
 pub struct MapWriter {
     limits: Limits,
-    frontends: BTreeMap<ServiceKey, Programmed>,
+    limits6: Limits6,
+    frontends: BTreeMap<FrontendKey, Programmed>,
+    /// IPv6 frontends among `frontends`, and IPv6 backends among `backends`.
+    frontends6: usize,
+    backends6: usize,
     /// backend → (id, number of slots referring to it)
-    backends: HashMap<Backend, (u32, u32)>,
-    backend_by_id: HashMap<u32, Backend>,
+    backends: HashMap<AnyBackend, (u32, u32)>,
+    backend_by_id: HashMap<u32, AnyBackend>,
     service_ids: IdAllocator,
     backend_ids: IdAllocator,
     slot_count: u64,
@@ -160,7 +381,7 @@ pub struct MapWriter {
     /// Restored and not yet brought to a desired state by a full `apply`.
     restored: bool,
     /// Frontends the last apply rejected: the next one tries them again.
-    retry: BTreeSet<ServiceKey>,
+    retry: BTreeSet<FrontendKey>,
     /// Maglev tables adopted from the maps are compared entry by entry (not only by
     /// their backends) until a full `apply`: a write an earlier run left half done
     /// can hold the right backends in the wrong entries.
@@ -175,14 +396,42 @@ impl MapWriter {
         }
     }
 
+    /// The writer with IPv6's capacities (the defaults of `capacity6` otherwise).
+    pub fn with_limits6(mut self, limits6: Limits6) -> Self {
+        self.limits6 = limits6;
+        self
+    }
+
+    /// Counts a frontend or backend in or out of its family's.
+    fn count(&mut self, v6: bool, backend: bool, add: bool) {
+        if !v6 {
+            return;
+        }
+        let n = if backend {
+            &mut self.backends6
+        } else {
+            &mut self.frontends6
+        };
+        if add {
+            *n += 1;
+        } else {
+            *n -= 1;
+        }
+    }
+
     /// A writer that adopts what an earlier run left in the maps, so the next `apply`
     /// writes only the difference (and flushes nothing). Entries no published slot
     /// reaches are deleted by that `apply`.
     pub fn restore(limits: Limits, state: KernelState) -> Self {
         let mut w = Self::new(limits);
-        for (id, b) in &state.backends {
-            w.backends.insert(*b, (*id, 0));
-            w.backend_by_id.insert(*id, *b);
+        for (id, b) in state.all_backends() {
+            // An id in both families' maps (never written so): the first kept.
+            if w.backend_by_id.contains_key(&id) || w.backends.contains_key(&b) {
+                continue;
+            }
+            w.backends.insert(b, (id, 0));
+            w.backend_by_id.insert(id, b);
+            w.count(matches!(b, AnyBackend::V6(_)), true, true);
         }
         let slots: HashMap<SlotKey, u32> = state.slots.iter().copied().collect();
         let names: HashMap<u32, &str> = state
@@ -192,7 +441,8 @@ impl MapWriter {
             .collect();
         let mut service_ids = std::collections::BTreeSet::new();
         let mut published = std::collections::HashSet::new();
-        for (key, value) in &state.services {
+        for (key, value) in state.all_services() {
+            let value = &value;
             let mut programmed = Vec::new();
             for slot in 0..value.count {
                 let k = SlotKey {
@@ -230,7 +480,9 @@ impl MapWriter {
             if p.slots.len() != value.count as usize {
                 p.service = ServicePortName::unknown();
             }
-            w.frontends.insert(*key, p);
+            if w.frontends.insert(key, p).is_none() {
+                w.count(matches!(key, FrontendKey::V6(_)), false, true);
+            }
         }
         w.stale_slots = slots
             .keys()
@@ -253,8 +505,11 @@ impl MapWriter {
     pub fn expected(&self) -> KernelState {
         let mut out = KernelState::default();
         for (key, p) in &self.frontends {
-            out.services
-                .push((*key, p.policy.service_value(p.id, p.slots.len() as u32)));
+            let value = p.policy.service_value(p.id, p.slots.len() as u32);
+            match key {
+                FrontendKey::V4(k) => out.services.push((*k, value)),
+                FrontendKey::V6(k) => out.services6.push((*k, value)),
+            }
             out.names.push((p.id, p.service.to_string()));
             for (slot, b) in p.slots.iter().enumerate() {
                 out.slots.push((
@@ -266,21 +521,32 @@ impl MapWriter {
                 ));
             }
         }
-        out.backends = self.backend_by_id.iter().map(|(id, b)| (*id, *b)).collect();
+        for (id, b) in &self.backend_by_id {
+            match b {
+                AnyBackend::V4(b) => out.backends.push((*id, *b)),
+                AnyBackend::V6(b) => out.backends6.push((*id, *b)),
+            }
+        }
         out
     }
 
-    /// What the kernel holds, as far as the writer knows.
-    pub fn programmed(&self) -> &BTreeMap<ServiceKey, Programmed> {
+    /// What the kernel holds, as far as the writer knows: both families'
+    /// frontends, IPv4's first.
+    pub fn programmed(&self) -> &BTreeMap<FrontendKey, Programmed> {
         &self.frontends
     }
 
-    pub fn backend(&self, id: u32) -> Option<&Backend> {
+    pub fn backend(&self, id: u32) -> Option<&AnyBackend> {
         self.backend_by_id.get(&id)
     }
 
+    /// IPv6 frontends among [`programmed`](Self::programmed), and IPv6 backends.
+    pub fn counts6(&self) -> (usize, usize) {
+        (self.frontends6, self.backends6)
+    }
+
     /// Every backend the writer wrote, with its id.
-    pub fn backends(&self) -> impl Iterator<Item = (u32, &Backend)> {
+    pub fn backends(&self) -> impl Iterator<Item = (u32, &AnyBackend)> {
         self.backend_by_id.iter().map(|(id, b)| (*id, b))
     }
 
@@ -292,25 +558,27 @@ impl MapWriter {
         self.slot_count
     }
 
-    /// Brings the maps to `desired`, writing only what differs.
-    pub fn apply<M: MapOps>(
+    /// Brings the maps to `desired` (both families, or IPv4's frontends alone),
+    /// writing only what differs.
+    pub fn apply<'d, M: MapOps>(
         &mut self,
-        desired: &BTreeMap<ServiceKey, Frontend>,
+        desired: impl Into<Desired<'d>>,
         maps: &mut M,
     ) -> ApplyReport {
+        let desired = desired.into();
         let mut report = ApplyReport::default();
         self.retry.clear();
         self.restored = false;
-        for (key, frontend) in desired {
-            if let Err(reason) = self.apply_frontend(key, frontend, maps, &mut report) {
-                report.rejected.push((frontend.service.clone(), reason));
-                self.retry.insert(*key);
+        for (key, frontend) in desired.iter() {
+            if let Err(reason) = self.apply_frontend(&key, frontend, maps, &mut report) {
+                report.rejected.push((frontend.service().clone(), reason));
+                self.retry.insert(key);
             }
         }
-        let removed: Vec<ServiceKey> = self
+        let removed: Vec<FrontendKey> = self
             .frontends
             .keys()
-            .filter(|k| !desired.contains_key(k))
+            .filter(|k| !desired.contains(k))
             .copied()
             .collect();
         let mut orphans = Vec::new();
@@ -352,24 +620,28 @@ impl MapWriter {
     /// restricted to those keys and to the frontends rejected before, with the same
     /// map operations in the same order. Writers restored from pinned maps fall back to
     /// the full `apply` until they have done one.
-    pub fn apply_changed<'a, M: MapOps>(
+    pub fn apply_changed<'a, 'd, K, M: MapOps>(
         &mut self,
-        desired: &BTreeMap<ServiceKey, Frontend>,
-        changed: impl IntoIterator<Item = &'a ServiceKey>,
+        desired: impl Into<Desired<'d>>,
+        changed: impl IntoIterator<Item = &'a K>,
         maps: &mut M,
-    ) -> ApplyReport {
+    ) -> ApplyReport
+    where
+        K: Copy + Into<FrontendKey> + 'a,
+    {
+        let desired = desired.into();
         if self.restored {
             return self.apply(desired, maps);
         }
         let mut keys = std::mem::take(&mut self.retry);
-        keys.extend(changed);
+        keys.extend(changed.into_iter().map(|k| (*k).into()));
         let mut report = ApplyReport::default();
         let mut removed = Vec::new();
         for key in keys {
             match desired.get(&key) {
                 Some(frontend) => {
                     if let Err(reason) = self.apply_frontend(&key, frontend, maps, &mut report) {
-                        report.rejected.push((frontend.service.clone(), reason));
+                        report.rejected.push((frontend.service().clone(), reason));
                         self.retry.insert(key);
                     }
                 }
@@ -390,23 +662,26 @@ impl MapWriter {
 
     fn apply_frontend<M: MapOps>(
         &mut self,
-        key: &ServiceKey,
-        frontend: &Frontend,
+        key: &FrontendKey,
+        desired: FrontendRef<'_>,
         maps: &mut M,
         report: &mut ApplyReport,
     ) -> Result<(), Rejected> {
         let old = self.frontends.get(key);
-        let maglev = frontend
-            .policy
-            .maglev
-            .filter(|_| !frontend.backends.is_empty());
+        let policy = desired.policy();
+        let maglev = policy.maglev.filter(|_| desired.backend_count() > 0);
         if old.is_some_and(|o| {
-            o.service == frontend.service
-                && o.policy == frontend.policy
-                && self.holds(&o.slots, frontend, maglev)
+            &o.service == desired.service()
+                && o.policy == policy
+                && self.holds(&o.slots, desired, maglev)
         }) {
             return Ok(());
         }
+        let frontend = Changed {
+            service: desired.service(),
+            policy,
+            backends: desired.backends(),
+        };
         // The Maglev table, as indexes into `frontend.backends`; the backends it
         // gives no entry (more backends than entries) are not written.
         let table = maglev.map(|m| crate::maglev::table(&frontend.backends, m));
@@ -416,7 +691,8 @@ impl MapWriter {
         }
         let slots_wanted = table.as_ref().map_or(frontend.backends.len(), Vec::len) as u64;
         // Capacity check before any write: a frontend that does not fit keeps its
-        // previous state and touches nothing.
+        // previous state and touches nothing. Each family's frontends and backends
+        // have maps of their own; slots are shared.
         let new_backends = frontend
             .backends
             .iter()
@@ -424,16 +700,37 @@ impl MapWriter {
             .filter(|(b, used)| **used && !self.backends.contains_key(b))
             .count() as u64;
         let old_slots = old.map_or(0, |o| o.slots.len()) as u64;
-        if old.is_none() && self.frontends.len() as u64 >= self.limits.services as u64 {
+        let v6 = matches!(key, FrontendKey::V6(_));
+        let (frontends_now, backends_now, services_cap, backends_cap, services_map, backends_map) =
+            if v6 {
+                (
+                    self.frontends6,
+                    self.backends6,
+                    self.limits6.services,
+                    self.limits6.backends,
+                    "services6",
+                    "backends6",
+                )
+            } else {
+                (
+                    self.frontends.len() - self.frontends6,
+                    self.backends.len() - self.backends6,
+                    self.limits.services,
+                    self.limits.backends,
+                    "services",
+                    "backends",
+                )
+            };
+        if old.is_none() && frontends_now as u64 >= services_cap as u64 {
             return Err(Rejected::Full {
-                map: "services",
-                capacity: self.limits.services,
+                map: services_map,
+                capacity: services_cap,
             });
         }
-        if self.backends.len() as u64 + new_backends > self.limits.backends as u64 {
+        if backends_now as u64 + new_backends > backends_cap as u64 {
             return Err(Rejected::Full {
-                map: "backends",
-                capacity: self.limits.backends,
+                map: backends_map,
+                capacity: backends_cap,
             });
         }
         if self.slot_count - old_slots + slots_wanted > self.limits.slots as u64 {
@@ -456,7 +753,7 @@ impl MapWriter {
                 Some((id, _)) => *id,
                 None => {
                     let id = self.backend_ids.take();
-                    if let Err(e) = maps.put_backend(id, b) {
+                    if let Err(e) = put_any_backend(maps, id, b) {
                         self.backend_ids.give_back(id);
                         report
                             .errors
@@ -469,6 +766,9 @@ impl MapWriter {
                     report.map_writes += 1;
                     self.backends.insert(*b, (id, 0));
                     self.backend_by_id.insert(id, *b);
+                    if v6 {
+                        self.backends6 += 1;
+                    }
                     id
                 }
             };
@@ -532,7 +832,7 @@ impl MapWriter {
 
         // 3. The name (read only by tools), then the service entry that publishes the
         // new slot count.
-        if old.is_none_or(|o| o.service != frontend.service) {
+        if old.is_none_or(|o| &o.service != frontend.service) {
             if let Err(e) = maps.put_name(id, &ServiceName::new(&frontend.service.to_string())) {
                 report.errors.push(MapOpError::new(
                     format!("writing the name of {}", frontend.service),
@@ -543,7 +843,7 @@ impl MapWriter {
         }
         if old_slots.len() != new_slots.len() || old.is_none_or(|o| o.policy != frontend.policy) {
             let value = frontend.policy.service_value(id, new_slots.len() as u32);
-            if let Err(e) = maps.put_service(key, &value) {
+            if let Err(e) = put_any_service(maps, key, &value) {
                 report.errors.push(MapOpError::new(
                     format!("writing service {}", frontend.service),
                     &e,
@@ -570,22 +870,28 @@ impl MapWriter {
             self.release_backend(*b, &mut orphans);
         }
         self.slot_count = self.slot_count - old_slots.len() as u64 + new_slots.len() as u64;
-        self.frontends.insert(
-            *key,
-            Programmed {
-                id,
-                service: frontend.service.clone(),
-                policy: frontend.policy,
-                slots: new_slots,
-            },
-        );
+        let added = self
+            .frontends
+            .insert(
+                *key,
+                Programmed {
+                    id,
+                    service: frontend.service.clone(),
+                    policy: frontend.policy,
+                    slots: new_slots,
+                },
+            )
+            .is_none();
+        if added {
+            self.count(v6, false, true);
+        }
         self.collect_orphans(orphans, maps, report);
         Ok(())
     }
 
     fn remove_frontend<M: MapOps>(
         &mut self,
-        key: &ServiceKey,
+        key: &FrontendKey,
         maps: &mut M,
         report: &mut ApplyReport,
         orphans: &mut Vec<u32>,
@@ -593,8 +899,9 @@ impl MapWriter {
         let Some(old) = self.frontends.remove(key) else {
             return;
         };
+        self.count(matches!(key, FrontendKey::V6(_)), false, false);
         // The service entry goes first, so no packet follows it to a deleted slot.
-        if let Err(e) = maps.del_service(key) {
+        if let Err(e) = del_any_service(maps, key) {
             report.errors.push(MapOpError::new(
                 format!("deleting service {}", old.service),
                 &e,
@@ -651,12 +958,13 @@ impl MapWriter {
             if self.backends[&backend].1 != 0 {
                 continue; // picked up again by another frontend
             }
-            if let Err(e) = maps.del_backend(id) {
+            if let Err(e) = del_any_backend(maps, id, &backend) {
                 report
                     .errors
                     .push(MapOpError::new(format!("deleting backend {id}"), &e));
             }
             report.map_deletes += 1;
+            self.count(matches!(backend, AnyBackend::V6(_)), true, false);
             self.backends.remove(&backend);
             self.backend_by_id.remove(&id);
             self.backend_ids.give_back(id);
@@ -672,42 +980,49 @@ impl MapWriter {
     fn holds(
         &self,
         slots: &[u32],
-        frontend: &Frontend,
+        frontend: FrontendRef<'_>,
         maglev: Option<crate::maglev::TableSize>,
     ) -> bool {
         let Some(m) = maglev else {
-            return slots.len() == frontend.backends.len()
-                && same_set(slots, &frontend.backends, &self.backend_by_id, false);
+            return slots.len() == frontend.backend_count()
+                && same_set(slots, frontend, &self.backend_by_id, false);
         };
-        if slots.len() != m.get() as usize
-            || !same_set(slots, &frontend.backends, &self.backend_by_id, true)
+        if slots.len() != m.get() as usize || !same_set(slots, frontend, &self.backend_by_id, true)
         {
             return false;
         }
         !self.verify_tables
-            || crate::maglev::table(&frontend.backends, m)
+            || frontend
+                .table(m)
                 .iter()
                 .zip(slots)
-                .all(|(&i, id)| self.backend_by_id[id] == frontend.backends[i as usize])
+                .all(|(&i, id)| Some(self.backend_by_id[id]) == frontend.backend(i as usize))
     }
 }
 
-/// Whether the slots' backends are `backends` (sorted); `distinct`: each may fill
-/// more than one slot.
+/// A frontend that differs from what the maps hold: its backends of either family.
+struct Changed<'a> {
+    service: &'a ServicePortName,
+    policy: FrontendPolicy,
+    backends: Vec<AnyBackend>,
+}
+
+/// Whether the slots' backends are the frontend's (sorted); `distinct`: each may
+/// fill more than one slot.
 fn same_set(
     slots: &[u32],
-    backends: &[Backend],
-    by_id: &HashMap<u32, Backend>,
+    frontend: FrontendRef<'_>,
+    by_id: &HashMap<u32, AnyBackend>,
     distinct: bool,
 ) -> bool {
-    let mut have: Vec<Backend> = if distinct {
+    let mut have: Vec<AnyBackend> = if distinct {
         let ids: BTreeSet<u32> = slots.iter().copied().collect();
         ids.iter().map(|id| by_id[id]).collect()
     } else {
         slots.iter().map(|id| by_id[id]).collect()
     };
     have.sort();
-    have == backends
+    frontend.backends_are(&have)
 }
 
 /// New slot layout: backends that stay keep their slot; holes left by removed backends

@@ -45,7 +45,7 @@ fn golden(case: &str, input: &str, opts: &Options) {
     let compiled = compile(&services, &slices, opts);
     let mut writer = MapWriter::new(Limits::default());
     let mut maps = MemoryMaps::default();
-    let report = writer.apply(&compiled.frontends, &mut maps);
+    let report = writer.apply(compiled.desired(), &mut maps);
     assert!(report.errors.is_empty() && report.rejected.is_empty());
     maps.consistent().unwrap();
 
@@ -72,6 +72,24 @@ fn golden(case: &str, input: &str, opts: &Options) {
     assert_eq!(
         got, want,
         "golden dump of {case} differs; if the change is deliberate, UPDATE_GOLDEN=1"
+    );
+}
+
+/// Issue 12: IPv6 and dual-stack Services, for node-1 with addresses of both
+/// families (NodePorts on both, masquerade sources, `allowFromNode`).
+#[test]
+fn golden_dualstack() {
+    golden(
+        "dualstack",
+        "dualstack",
+        &Options {
+            node_name: Some("node-1".into()),
+            node_port_ips: vec!["198.51.100.1".parse().unwrap()],
+            node_ip: Some("198.51.100.1".parse().unwrap()),
+            node_port_ips6: vec!["2001:db8:1::1".parse().unwrap()],
+            node_ip6: Some("2001:db8:1::1".parse().unwrap()),
+            ..Options::default()
+        },
     );
 }
 

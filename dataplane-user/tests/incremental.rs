@@ -71,17 +71,25 @@ fn origin(rng: &mut Rng) -> Origin {
 /// addresses so that frontends collide.
 fn service(rng: &mut Rng) -> ServiceInfo {
     let ip = |rng: &mut Rng| format!("10.96.0.{}", rng.below(6) + 1);
+    let ip6 = |rng: &mut Rng| format!("fd00::{}", rng.below(6) + 1);
     let mut cluster_ips = vec![ip(rng)];
     match rng.below(12) {
         0 => cluster_ips = vec!["None".into()],
         1 => cluster_ips = vec![],
         2 => cluster_ips.push("fd00::1".into()),
         3 => cluster_ips = vec!["10.96.0.999".into()],
+        // IPv6 only, IPv6 first, two of one family (issue 12).
+        4 => cluster_ips = vec![ip6(rng)],
+        5 => cluster_ips.insert(0, ip6(rng)),
+        6 => cluster_ips.push(ip(rng)),
         _ => {}
     }
     let mut external_ips = Vec::new();
     if rng.chance(4) {
         external_ips.push(ip(rng));
+    }
+    if rng.chance(4) {
+        external_ips.push(ip6(rng));
     }
     if rng.chance(10) {
         external_ips.push("not-an-ip".into());
@@ -89,6 +97,9 @@ fn service(rng: &mut Rng) -> ServiceInfo {
     let mut load_balancer_ips = Vec::new();
     if rng.chance(4) {
         load_balancer_ips.push(ip(rng));
+    }
+    if rng.chance(5) {
+        load_balancer_ips.push(ip6(rng));
     }
     let load_balancer_source_ranges: Vec<String> = match rng.below(6) {
         0 => vec!["10.0.0.0/8".into()],
@@ -118,6 +129,8 @@ fn service(rng: &mut Rng) -> ServiceInfo {
     let spec = (!rng.chance(20)).then(|| ServiceSpecInfo {
         external_name: rng.chance(15),
         cluster_ips,
+        ip_families: Vec::new(),
+        ip_family_policy: None,
         external_ips,
         load_balancer_ips,
         load_balancer_source_ranges,
@@ -159,6 +172,8 @@ fn endpoint(rng: &mut Rng) -> EndpointInfo {
     let address = match rng.below(25) {
         0 => None,
         1 => Some(Address::new("not-an-ip")),
+        // Either family, whatever the slice's addressType.
+        2..=7 => Some(Address::new(&format!("fd00:244::{}", rng.below(12) + 1))),
         _ => Some(Address::new(&format!("10.244.0.{}", rng.below(12) + 1))),
     };
     let cond = |rng: &mut Rng| *rng.pick(&[None, Some(true), Some(false)]);
@@ -296,13 +311,47 @@ fn resolve(maps: &MemoryMaps) -> BTreeMap<ServiceKey, (String, Vec<Backend>)> {
         .collect()
 }
 
+/// [`resolve`] of IPv6's frontends.
+fn resolve6(
+    maps: &MemoryMaps,
+) -> BTreeMap<dataplane_common::ServiceKey6, (String, Vec<dataplane_common::Backend6>)> {
+    maps.services6
+        .iter()
+        .map(|(k, v)| {
+            let mut b: Vec<_> = (0..v.count)
+                .map(|slot| {
+                    maps.backends6[&maps.slots[&SlotKey {
+                        service_id: v.id,
+                        slot,
+                    }]]
+                })
+                .collect();
+            b.sort();
+            (*k, (maps.names[&v.id].clone(), b))
+        })
+        .collect()
+}
+
 fn no_leftovers(maps: &MemoryMaps, at: &str) {
     maps.consistent().unwrap_or_else(|e| panic!("{at}: {e}"));
     let used: BTreeSet<u32> = maps.slots.values().copied().collect();
-    assert_eq!(used.len(), maps.backends.len(), "{at}: orphan backends");
-    let slots: usize = maps.services.values().map(|v| v.count as usize).sum();
+    assert_eq!(
+        used.len(),
+        maps.backends.len() + maps.backends6.len(),
+        "{at}: orphan backends"
+    );
+    let slots: usize = maps
+        .services
+        .values()
+        .chain(maps.services6.values())
+        .map(|v| v.count as usize)
+        .sum();
     assert_eq!(slots, maps.slots.len(), "{at}: stale slots");
-    assert_eq!(maps.names.len(), maps.services.len(), "{at}: stale names");
+    assert_eq!(
+        maps.names.len(),
+        maps.services.len() + maps.services6.len(),
+        "{at}: stale names"
+    );
 }
 
 fn same_maps(a: &MemoryMaps, b: &MemoryMaps, at: &str) {
@@ -310,6 +359,8 @@ fn same_maps(a: &MemoryMaps, b: &MemoryMaps, at: &str) {
     assert_eq!(a.slots, b.slots, "{at}: slots");
     assert_eq!(a.backends, b.backends, "{at}: backends");
     assert_eq!(a.names, b.names, "{at}: names");
+    assert_eq!(a.services6, b.services6, "{at}: IPv6 services");
+    assert_eq!(a.backends6, b.backends6, "{at}: IPv6 backends");
 }
 
 /// Runs `rounds` rounds of a few random changes. `limits` small enough make the writer
@@ -325,6 +376,7 @@ fn random_walk(seed: u32, rounds: usize, opts: Options, limits: Limits) {
     let mut full = MapWriter::new(limits);
     let mut full_maps = MemoryMaps::default();
     let mut before = BTreeMap::new();
+    let mut before6 = BTreeMap::new();
     let mut rounds_with_ranges = 0;
     for round in 0..rounds {
         let at = format!("seed {seed:#x} round {round}");
@@ -352,6 +404,7 @@ fn random_walk(seed: u32, rounds: usize, opts: Options, limits: Limits) {
         let want = world.compile(&opts);
         let got = incremental.compiler.compiled();
         assert_eq!(got.frontends, want.frontends, "{at}: frontends");
+        assert_eq!(got.frontends6, want.frontends6, "{at}: IPv6 frontends");
         assert_eq!(got.skipped, want.skipped, "{at}: skipped");
         assert_eq!(got.ignored, want.ignored, "{at}: ignored");
         // What the compile called changed covers every frontend that changed.
@@ -360,9 +413,17 @@ fn random_walk(seed: u32, rounds: usize, opts: Options, limits: Limits) {
             .chain(want.frontends.keys())
             .filter(|k| before.get(*k) != want.frontends.get(*k))
             .collect();
-        assert!(synced.changed >= changed.len(), "{at}: changes missed");
+        let changed6 = before6
+            .keys()
+            .chain(want.frontends6.keys())
+            .filter(|k| before6.get(*k) != want.frontends6.get(*k))
+            .collect::<BTreeSet<_>>();
+        assert!(
+            synced.changed >= changed.len() + changed6.len(),
+            "{at}: changes missed"
+        );
 
-        let report = full.apply(&want.frontends, &mut full_maps);
+        let report = full.apply(want.desired(), &mut full_maps);
         assert_eq!(synced.report, report, "{at}: reports differ");
         assert_eq!(inc_maps.ops, full_maps.ops, "{at}: operations differ");
         same_maps(&inc_maps, &full_maps, &at);
@@ -389,10 +450,16 @@ fn random_walk(seed: u32, rounds: usize, opts: Options, limits: Limits) {
         if roomy {
             no_leftovers(&inc_maps, &at);
             let mut scratch = MemoryMaps::default();
-            MapWriter::new(limits).apply(&want.frontends, &mut scratch);
+            MapWriter::new(limits).apply(want.desired(), &mut scratch);
             assert_eq!(resolve(&inc_maps), resolve(&scratch), "{at}: from scratch");
+            assert_eq!(
+                resolve6(&inc_maps),
+                resolve6(&scratch),
+                "{at}: IPv6 from scratch"
+            );
         }
         before = want.frontends;
+        before6 = want.frontends6;
     }
     assert!(
         rounds < 50 || rounds_with_ranges > 0,
@@ -475,6 +542,8 @@ fn one_endpoint_change_in_ten_thousand_services_recompiles_one_service() {
                     (i / 256) % 256,
                     i % 256
                 )],
+                ip_families: Vec::new(),
+                ip_family_policy: None,
                 external_ips: vec![],
                 load_balancer_ips: vec![],
                 load_balancer_source_ranges: vec![],

@@ -1377,7 +1377,7 @@ fn flow_counters_count_translated_and_refused_flows_and_can_be_left_out() {
             writer
                 .programmed()
                 .iter()
-                .find(|(k, _)| sliceway_agent::compiler::frontend_addr(k) == vip)
+                .find(|(k, _)| sliceway_agent::compiler::any_frontend_addr(k) == vip)
                 .map(|(_, p)| p.id)
                 .unwrap()
         };
@@ -1385,7 +1385,7 @@ fn flow_counters_count_translated_and_refused_flows_and_can_be_left_out() {
         let counts = dp.maps.frontend_counters(web.max(refused) + 1);
         let backend = writer
             .backends()
-            .find(|(_, b)| b.proto == dataplane_common::PROTO_TCP)
+            .find(|(_, b)| b.proto() == dataplane_common::PROTO_TCP)
             .unwrap()
             .0;
         let backends = dp.maps.backend_counters(backend + 1);

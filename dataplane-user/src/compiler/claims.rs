@@ -1,11 +1,8 @@
 //! Frontends asked for by Services, and who gets one several ask for.
 
-use std::net::Ipv4Addr;
-
-use dataplane_common::ServiceKey;
-
 use super::{
-    frontend_addr, is_clusterip_marker, proto_name, Frontend, ObjectRef, ServicePortName, Skipped,
+    any_frontend_addr, is_any_clusterip_marker, proto_name, AnyFrontend, FrontendKey, ObjectRef,
+    ServicePortName, Skipped,
 };
 
 /// A frontend a Service asks for. When several ask for one, a ClusterIP (or its
@@ -14,8 +11,9 @@ use super::{
 /// it, and every one of them is reported.
 #[derive(Clone, Debug)]
 pub(super) struct Claim {
-    pub(super) key: ServiceKey,
-    pub(super) frontend: Frontend,
+    pub(super) key: FrontendKey,
+    /// Of the key's family.
+    pub(super) frontend: AnyFrontend,
     pub(super) order: ClaimOrder,
 }
 
@@ -28,19 +26,19 @@ impl Claim {
     pub(super) fn by(&self) -> ObjectRef {
         ObjectRef {
             kind: "Service",
-            namespace: self.frontend.service.namespace.clone(),
-            name: self.frontend.service.name.clone(),
+            namespace: self.frontend.service().namespace.clone(),
+            name: self.frontend.service().name.clone(),
         }
     }
 }
 
 /// The messages of a frontend several Services ask for (`who` in precedence order):
 /// each that does not get it, and the one that keeps it.
-pub(super) fn conflict_messages(key: &ServiceKey, who: &[&Claim]) -> Vec<Skipped> {
+pub(super) fn conflict_messages(key: &FrontendKey, who: &[&Claim]) -> Vec<Skipped> {
     if who.len() < 2 {
         return Vec::new();
     }
-    let owner = &who[0].frontend.service;
+    let owner = who[0].frontend.service();
     let mut out: Vec<Skipped> = who[1..]
         .iter()
         .map(|c| conflict(key, c.by(), owner))
@@ -51,7 +49,7 @@ pub(super) fn conflict_messages(key: &ServiceKey, who: &[&Claim]) -> Vec<Skipped
         code: "frontend_kept",
         reason: format!(
             "{} is also asked for by {}; this Service keeps it (a ClusterIP before an external IP, then the oldest Service)",
-            frontend_addr(key),
+            any_frontend_addr(key),
             others.join(", ")
         ),
     });
@@ -59,10 +57,10 @@ pub(super) fn conflict_messages(key: &ServiceKey, who: &[&Claim]) -> Vec<Skipped
 }
 
 /// The message of a Service that asks for another one's frontend.
-fn conflict(key: &ServiceKey, by: ObjectRef, winner: &ServicePortName) -> Skipped {
-    let vip = Ipv4Addr::from(u32::from_be(key.addr_be));
-    let number = u16::from_be(key.port_be);
-    if is_clusterip_marker(key) {
+fn conflict(key: &FrontendKey, by: ObjectRef, winner: &ServicePortName) -> Skipped {
+    let vip = key.ip();
+    let number = key.port();
+    if is_any_clusterip_marker(key) {
         return Skipped {
             object: by,
             code: "clusterip_conflict",
@@ -75,8 +73,12 @@ fn conflict(key: &ServiceKey, by: ObjectRef, winner: &ServicePortName) -> Skippe
         object: by,
         code: "frontend_conflict",
         reason: format!(
-            "{vip}:{number}/{} is already the frontend of {winner}; this one is skipped",
-            proto_name(key.proto),
+            "{}:{number}/{} is already the frontend of {winner}; this one is skipped",
+            match vip {
+                std::net::IpAddr::V4(v4) => v4.to_string(),
+                std::net::IpAddr::V6(v6) => format!("[{v6}]"),
+            },
+            proto_name(key.proto()),
         ),
     }
 }

@@ -2,13 +2,12 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use dataplane_common::ServiceKey;
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 
 use super::claims::{conflict_messages, Claim, ClaimOrder};
 use super::service::{compile_service, GroupKey, ServiceOut};
 use super::slices::{classify_slice, merge_slice, EndpointsKey, PortEndpoints};
-use super::{Compiled, Options};
+use super::{Compiled, FrontendKey, Options};
 use crate::model::{ServiceInfo, SliceInfo};
 
 /// Compiles Services and EndpointSlices into frontends.
@@ -80,13 +79,13 @@ pub fn compile_model(services: &[ServiceInfo], slices: &[SliceInfo], opts: &Opti
         }
     }
     claims.sort_by(|a, b| (&a.0, &a.1, a.2).cmp(&(&b.0, &b.1, b.2)));
-    let mut by_key: BTreeMap<ServiceKey, Vec<&Claim>> = BTreeMap::new();
+    let mut by_key: BTreeMap<FrontendKey, Vec<&Claim>> = BTreeMap::new();
     for (_, _, _, claim) in &claims {
         by_key.entry(claim.key).or_default().push(claim);
     }
     for (key, who) in by_key {
         out.skipped.extend(conflict_messages(&key, &who));
-        out.frontends.insert(key, who[0].frontend.clone());
+        out.insert(key, who[0].frontend.clone());
     }
     out.skipped.append(&mut compiled.skipped);
     out.ignored.add(&compiled.ignored);

@@ -2,12 +2,14 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use dataplane_common::ServiceKey;
+use dataplane_common::{ServiceKey, ServiceKey6};
 
 use super::claims::{conflict_messages, Claim, ClaimOrder};
 use super::service::{compile_service, GroupKey, ServiceOut};
 use super::slices::{classify_slice, merge_slice, EndpointsKey, PortEndpoints};
-use super::{Compiled, Frontend, HealthCheck, Ignored, Options, Skipped};
+use super::{
+    AnyFrontend, Compiled, Frontend, Frontend6, FrontendKey, HealthCheck, Ignored, Options, Skipped,
+};
 use crate::model::{Origin, ServiceId, ServiceInfo, SliceId, SliceInfo};
 
 /// The compiler kept running between syncs. Objects go in one at a time
@@ -25,12 +27,13 @@ pub struct Incremental {
     endpoints: HashMap<EndpointsKey, PortEndpoints>,
     groups: HashMap<GroupKey, ServiceOut>,
     /// Who asks for each frontend, first (the owner) first: (group, claim index).
-    claims: HashMap<ServiceKey, Vec<(ClaimOrder, GroupKey, u32)>>,
+    claims: HashMap<FrontendKey, Vec<(ClaimOrder, GroupKey, u32)>>,
     frontends: BTreeMap<ServiceKey, Frontend>,
+    frontends6: BTreeMap<ServiceKey6, Frontend6>,
     /// Slices and groups that have something skipped; frontends asked for twice.
     slices_skipping: BTreeSet<SliceId>,
     groups_skipping: BTreeSet<GroupKey>,
-    conflicts: BTreeSet<ServiceKey>,
+    conflicts: BTreeSet<FrontendKey>,
     ignored: Ignored,
     /// Health checks by Service, the first of a group's.
     health_checks: BTreeMap<(String, String), HealthCheck>,
@@ -96,8 +99,48 @@ impl Incremental {
         }
         match self.opts.node_port_addresses {
             super::NodePortAddresses::Primary => self.set_node_port_ips(ip.into_iter().collect()),
-            super::NodePortAddresses::Cidrs(_) => false,
+            super::NodePortAddresses::Cidrs(..) => false,
         }
+    }
+
+    /// This node's primary IPv6 address as its Node object says, if known.
+    pub fn node_ip6(&self) -> Option<std::net::Ipv6Addr> {
+        self.opts.node_ip6
+    }
+
+    /// Sets this node's primary IPv6 address (from its Node object), as
+    /// [`set_node_ip`](Self::set_node_ip) for IPv4. Whether the IPv6 NodePort
+    /// addresses changed.
+    pub fn set_node_ip6(&mut self, ip: Option<std::net::Ipv6Addr>) -> bool {
+        if self.opts.node_ip6 != ip {
+            self.opts.node_ip6 = ip;
+            self.recompile_all();
+        }
+        match self.opts.node_port_addresses {
+            super::NodePortAddresses::Primary => self.set_node_port_ips6(ip.into_iter().collect()),
+            super::NodePortAddresses::Cidrs(..) => false,
+        }
+    }
+
+    /// Sets the IPv6 addresses of the node's interfaces, as
+    /// [`set_interface_addrs`](Self::set_interface_addrs) for IPv4.
+    pub fn set_interface_addrs6(&mut self, addrs: &[std::net::Ipv6Addr]) -> bool {
+        match &self.opts.node_port_addresses {
+            super::NodePortAddresses::Primary => false,
+            cidrs => {
+                let ips = cidrs.matching6(addrs);
+                self.set_node_port_ips6(ips)
+            }
+        }
+    }
+
+    fn set_node_port_ips6(&mut self, ips: Vec<std::net::Ipv6Addr>) -> bool {
+        if self.opts.node_port_ips6 == ips {
+            return false;
+        }
+        self.opts.node_port_ips6 = ips;
+        self.recompile_all();
+        true
     }
 
     /// Sets the addresses of the node's interfaces, where NodePorts are served in
@@ -274,9 +317,9 @@ impl Incremental {
         self.slices.len()
     }
 
-    /// Recompiles what changed since the last call. Returns the frontends that were
-    /// added, changed or removed.
-    pub fn compile(&mut self) -> BTreeSet<ServiceKey> {
+    /// Recompiles what changed since the last call. Returns the frontends (of both
+    /// families) that were added, changed or removed.
+    pub fn compile(&mut self) -> BTreeSet<FrontendKey> {
         for key in std::mem::take(&mut self.dirty_endpoints) {
             let merged = self.slices_of.get(&key).map(|ids| {
                 let mut merged = PortEndpoints::default();
@@ -371,15 +414,31 @@ impl Incremental {
             let owner = who
                 .and_then(|w| w.first())
                 .map(|(_, g, i)| &self.groups[g].claims[*i as usize].frontend);
-            if owner == self.frontends.get(&key) {
+            let same = match (key, owner) {
+                (FrontendKey::V4(k), Some(AnyFrontend::V4(f))) => self.frontends.get(&k) == Some(f),
+                (FrontendKey::V6(k), Some(AnyFrontend::V6(f))) => {
+                    self.frontends6.get(&k) == Some(f)
+                }
+                (FrontendKey::V4(k), None) => !self.frontends.contains_key(&k),
+                (FrontendKey::V6(k), None) => !self.frontends6.contains_key(&k),
+                // A claim's frontend is of its key's family.
+                _ => true,
+            };
+            if same {
                 continue;
             }
-            match owner {
-                Some(f) => {
-                    self.frontends.insert(key, f.clone());
+            match (key, owner) {
+                (FrontendKey::V4(k), Some(AnyFrontend::V4(f))) => {
+                    self.frontends.insert(k, f.clone());
                 }
-                None => {
-                    self.frontends.remove(&key);
+                (FrontendKey::V6(k), Some(AnyFrontend::V6(f))) => {
+                    self.frontends6.insert(k, f.clone());
+                }
+                (FrontendKey::V4(k), _) => {
+                    self.frontends.remove(&k);
+                }
+                (FrontendKey::V6(k), _) => {
+                    self.frontends6.remove(&k);
                 }
             }
             changed.insert(key);
@@ -390,6 +449,19 @@ impl Incremental {
     /// The frontends as of the last [`compile`](Self::compile).
     pub fn frontends(&self) -> &BTreeMap<ServiceKey, Frontend> {
         &self.frontends
+    }
+
+    /// The IPv6 frontends as of the last [`compile`](Self::compile).
+    pub fn frontends6(&self) -> &BTreeMap<ServiceKey6, Frontend6> {
+        &self.frontends6
+    }
+
+    /// Both families' frontends, as the map writer takes them.
+    pub fn desired(&self) -> crate::writer::Desired<'_> {
+        crate::writer::Desired {
+            v4: &self.frontends,
+            v6: &self.frontends6,
+        }
     }
 
     /// What could not be used, sorted, as of the last [`compile`](Self::compile) (and
@@ -428,6 +500,7 @@ impl Incremental {
     pub fn compiled(&self) -> Compiled {
         Compiled {
             frontends: self.frontends.clone(),
+            frontends6: self.frontends6.clone(),
             skipped: self.skipped(),
             ignored: self.ignored.clone(),
             health_checks: self.health_checks.clone(),

@@ -23,7 +23,17 @@
 //!   policies, topology hints against this node's zone, the serving-terminating
 //!   fallback), and what a frontend without them does (reject, or drop when only
 //!   other nodes have endpoints and the policy is `Local`);
-//! - session affinity: `pkg/proxy/serviceport.go` (`ClientIP` with its timeout).
+//! - session affinity: `pkg/proxy/serviceport.go` (`ClientIP` with its timeout);
+//! - dual stack: kube-proxy runs one proxier per family, and each sees a Service
+//!   only through its ClusterIP of that family (`GetClusterIPByFamily` in
+//!   <https://github.com/kubernetes/kubernetes/blob/master/pkg/proxy/servicechangetracker.go>:
+//!   none, and the Service is not that family's), with that family's external and
+//!   load-balancer IPs and source ranges (`newBaseServiceInfo`,
+//!   <https://github.com/kubernetes/kubernetes/blob/master/pkg/proxy/serviceport.go>),
+//!   and only the EndpointSlices of its `addressType`
+//!   (<https://github.com/kubernetes/kubernetes/blob/master/pkg/proxy/endpointschangetracker.go>).
+//!   Here both families compile together: an IPv4 frontend's backends come from
+//!   IPv4 slices only, an IPv6 one's from IPv6 slices only.
 
 mod claims;
 pub mod format;
@@ -33,12 +43,16 @@ pub mod output;
 mod service;
 mod slices;
 
-pub use format::{backend_addr, frontend_addr, is_clusterip_marker, proto_name};
+pub use format::{
+    any_backend_addr, any_frontend_addr, backend_addr, backend_addr6, frontend_addr,
+    frontend_addr6, is_any_clusterip_marker, is_clusterip_marker, is_clusterip_marker6, proto_name,
+};
 pub use full::{compile, compile_model};
 pub use incremental::Incremental;
 pub use output::{
-    Compiled, Frontend, FrontendPolicy, HealthCheck, Ignored, ObjectRef, ServicePortName, Skipped,
-    DEFAULT_AFFINITY_TIMEOUT, MAX_AFFINITY_TIMEOUT,
+    AnyBackend, AnyFrontend, Compiled, Frontend, Frontend6, FrontendKey, FrontendPolicy,
+    HealthCheck, Ignored, ObjectRef, ServicePortName, Skipped, DEFAULT_AFFINITY_TIMEOUT,
+    MAX_AFFINITY_TIMEOUT,
 };
 
 /// What the compiler needs to know besides the objects.
@@ -56,9 +70,13 @@ pub struct Options {
     /// The addresses NodePorts are served on now, as `node_port_addresses` finds
     /// them (the node's primary address, or its interfaces' addresses in the CIDRs).
     pub node_port_ips: Vec<std::net::Ipv4Addr>,
+    /// The IPv6 addresses NodePorts are served on, found as `node_port_ips`.
+    pub node_port_ips6: Vec<std::net::Ipv6Addr>,
     /// The node's primary address (its Node object), for `loadBalancerSourceRanges`
     /// that contain it (kube-proxy's `allowFromNode`).
     pub node_ip: Option<std::net::Ipv4Addr>,
+    /// The node's primary IPv6 address, as `node_ip` for IPv6's ranges.
+    pub node_ip6: Option<std::net::Ipv6Addr>,
     /// The Maglev table size of the frontends traffic from outside reaches
     /// (NodePorts, external and load-balancer IPs), so every node picks the same
     /// backend for a flow; `None` places their slots as a ClusterIP's. `None` here
@@ -78,25 +96,32 @@ pub enum NodePortAddresses {
     #[default]
     Primary,
     /// Every address of the node's interfaces within one of these CIDRs
-    /// (address, prefix length).
-    Cidrs(Vec<(std::net::Ipv4Addr, u8)>),
+    /// (address, prefix length): IPv4's, then IPv6's. A family without CIDRs gets
+    /// no NodePorts.
+    Cidrs(Vec<(std::net::Ipv4Addr, u8)>, Vec<(std::net::Ipv6Addr, u8)>),
 }
 
 impl NodePortAddresses {
-    /// `--nodeport-addresses`: `primary` (or nothing), or comma-separated IPv4
-    /// CIDRs; an IPv6 CIDR is accepted and left to the IPv6 work (IPv4 NodePorts
-    /// only today).
+    /// `--nodeport-addresses`: `primary` (or nothing), or comma-separated CIDRs of
+    /// either family.
     pub fn parse(s: &str) -> Result<Self, String> {
         let s = s.trim();
         if s.is_empty() || s == "primary" {
             return Ok(Self::Primary);
         }
         let mut cidrs = Vec::new();
+        let mut cidrs6 = Vec::new();
         for part in s.split(',').map(str::trim) {
             let (addr, len) = part
                 .split_once('/')
                 .ok_or_else(|| format!("{part:?} is not a CIDR (address/length)"))?;
-            if addr.parse::<std::net::Ipv6Addr>().is_ok() {
+            if let Ok(addr) = addr.parse::<std::net::Ipv6Addr>() {
+                let len: u8 = len
+                    .parse()
+                    .ok()
+                    .filter(|l| *l <= 128)
+                    .ok_or_else(|| format!("{part:?}: the prefix length must be 0 to 128"))?;
+                cidrs6.push((addr, len));
                 continue;
             }
             let addr: std::net::Ipv4Addr = addr
@@ -109,12 +134,12 @@ impl NodePortAddresses {
                 .ok_or_else(|| format!("{part:?}: the prefix length must be 0 to 32"))?;
             cidrs.push((addr, len));
         }
-        Ok(Self::Cidrs(cidrs))
+        Ok(Self::Cidrs(cidrs, cidrs6))
     }
 
     /// The addresses of `interface_addrs` within the CIDRs (none in `Primary` mode).
     pub fn matching(&self, interface_addrs: &[std::net::Ipv4Addr]) -> Vec<std::net::Ipv4Addr> {
-        let Self::Cidrs(cidrs) = self else {
+        let Self::Cidrs(cidrs, _) = self else {
             return Vec::new();
         };
         let within = |ip: &std::net::Ipv4Addr, (net, len): &(std::net::Ipv4Addr, u8)| {
@@ -130,6 +155,33 @@ impl NodePortAddresses {
         out.dedup();
         out
     }
+}
+
+impl NodePortAddresses {
+    /// The IPv6 addresses of `interface_addrs` within the IPv6 CIDRs (none in
+    /// `Primary` mode).
+    pub fn matching6(&self, interface_addrs: &[std::net::Ipv6Addr]) -> Vec<std::net::Ipv6Addr> {
+        let Self::Cidrs(_, cidrs) = self else {
+            return Vec::new();
+        };
+        let within = |ip: &std::net::Ipv6Addr, (net, len): &(std::net::Ipv6Addr, u8)| {
+            let mask = prefix_mask6(*len);
+            u128::from(*ip) & mask == u128::from(*net) & mask
+        };
+        let mut out: Vec<_> = interface_addrs
+            .iter()
+            .filter(|ip| cidrs.iter().any(|c| within(ip, c)))
+            .copied()
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+}
+
+/// The IPv6 netmask of a prefix of `len` bits (0 to 128).
+pub(crate) fn prefix_mask6(len: u8) -> u128 {
+    u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0)
 }
 
 /// The IPv4 netmask of a prefix of `len` bits (0 to 32), host order.

@@ -3,7 +3,7 @@
 
 use std::{collections::BTreeMap, fmt};
 
-use dataplane_common::{Backend, ServiceKey};
+use dataplane_common::{Backend, Backend6, ServiceKey, ServiceKey6};
 
 use crate::categorize::EmptyVerdict;
 
@@ -49,15 +49,89 @@ impl fmt::Display for ServicePortName {
 }
 
 /// One frontend to program: the Service port it belongs to and its backends, sorted
-/// and without duplicates.
+/// and without duplicates. `B` is the family's backend and `A` its address as the
+/// maps hold it: [`Frontend`] is IPv4's, [`Frontend6`] IPv6's.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Frontend {
+pub struct Frontend<B = Backend, A = u32> {
     pub service: ServicePortName,
-    pub backends: Vec<Backend>,
+    pub backends: Vec<B>,
     pub policy: FrontendPolicy,
     /// `loadBalancerSourceRanges` of a load-balancer IP (network address in network
     /// byte order, prefix length), sorted; empty: every source (and no check).
-    pub source_ranges: Vec<(u32, u8)>,
+    pub source_ranges: Vec<(A, u8)>,
+}
+
+/// An IPv6 frontend: its backends are IPv6 endpoints only, from the Service's
+/// `addressType: IPv6` slices.
+pub type Frontend6 = Frontend<Backend6, [u32; 4]>;
+
+/// A frontend's key in either family's map (`SERVICES` or `SERVICES6`). IPv4's sort
+/// first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum FrontendKey {
+    V4(ServiceKey),
+    V6(ServiceKey6),
+}
+
+impl FrontendKey {
+    /// `SCOPE_ANY` or `SCOPE_EXTERNAL`.
+    pub fn scope(&self) -> u8 {
+        match self {
+            Self::V4(k) => k.scope,
+            Self::V6(k) => k.scope,
+        }
+    }
+
+    /// Host-order port (0 for a ClusterIP marker).
+    pub fn port(&self) -> u16 {
+        match self {
+            Self::V4(k) => u16::from_be(k.port_be),
+            Self::V6(k) => u16::from_be(k.port_be),
+        }
+    }
+
+    pub fn proto(&self) -> u8 {
+        match self {
+            Self::V4(k) => k.proto,
+            Self::V6(k) => k.proto,
+        }
+    }
+
+    /// The frontend's address.
+    pub fn ip(&self) -> std::net::IpAddr {
+        match self {
+            Self::V4(k) => std::net::Ipv4Addr::from(u32::from_be(k.addr_be)).into(),
+            Self::V6(k) => std::net::Ipv6Addr::from(dataplane_common::octets_of(k.addr_be)).into(),
+        }
+    }
+}
+
+impl From<ServiceKey> for FrontendKey {
+    fn from(k: ServiceKey) -> Self {
+        Self::V4(k)
+    }
+}
+
+impl From<ServiceKey6> for FrontendKey {
+    fn from(k: ServiceKey6) -> Self {
+        Self::V6(k)
+    }
+}
+
+/// A frontend of either family, as a Service claims it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AnyFrontend {
+    V4(Frontend),
+    V6(Frontend6),
+}
+
+impl AnyFrontend {
+    pub fn service(&self) -> &ServicePortName {
+        match self {
+            Self::V4(f) => &f.service,
+            Self::V6(f) => &f.service,
+        }
+    }
 }
 
 /// What a frontend does besides picking among its backends.
@@ -173,7 +247,10 @@ pub struct Ignored {
     pub other_proxy: usize,
     pub headless: usize,
     pub external_name: usize,
-    pub ipv6: usize,
+    /// Addresses of a family the Service has no ClusterIP of (kube-proxy's proxier
+    /// of that family leaves the Service alone): its external and load-balancer IPs
+    /// of that family.
+    pub other_family: usize,
 }
 
 /// kube-proxy's health check of a Service that needs one (a `LoadBalancer` with
@@ -192,10 +269,36 @@ pub struct HealthCheck {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Compiled {
     pub frontends: BTreeMap<ServiceKey, Frontend>,
+    /// IPv6 frontends (`SERVICES6`).
+    pub frontends6: BTreeMap<ServiceKey6, Frontend6>,
     pub skipped: Vec<Skipped>,
     pub ignored: Ignored,
     /// Health checks by Service (namespace, name).
     pub health_checks: BTreeMap<(String, String), HealthCheck>,
+}
+
+impl Compiled {
+    /// Both families' frontends, as the map writer takes them.
+    pub fn desired(&self) -> crate::writer::Desired<'_> {
+        crate::writer::Desired {
+            v4: &self.frontends,
+            v6: &self.frontends6,
+        }
+    }
+
+    /// Puts a frontend in its family's map; a key and frontend of different
+    /// families (never made by the compiler) are left out.
+    pub(super) fn insert(&mut self, key: FrontendKey, frontend: AnyFrontend) {
+        match (key, frontend) {
+            (FrontendKey::V4(k), AnyFrontend::V4(f)) => {
+                self.frontends.insert(k, f);
+            }
+            (FrontendKey::V6(k), AnyFrontend::V6(f)) => {
+                self.frontends6.insert(k, f);
+            }
+            _ => {}
+        }
+    }
 }
 
 impl Ignored {
@@ -203,12 +306,55 @@ impl Ignored {
         self.other_proxy += o.other_proxy;
         self.headless += o.headless;
         self.external_name += o.external_name;
-        self.ipv6 += o.ipv6;
+        self.other_family += o.other_family;
     }
     pub(super) fn sub(&mut self, o: &Ignored) {
         self.other_proxy -= o.other_proxy;
         self.headless -= o.headless;
         self.external_name -= o.external_name;
-        self.ipv6 -= o.ipv6;
+        self.other_family -= o.other_family;
+    }
+}
+
+/// A backend of either family: the writer's mirror holds both (backend ids are one
+/// space; an id is in `BACKENDS` or in `BACKENDS6`, never both).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum AnyBackend {
+    V4(Backend),
+    V6(Backend6),
+}
+
+impl From<Backend> for AnyBackend {
+    fn from(b: Backend) -> Self {
+        Self::V4(b)
+    }
+}
+
+impl From<Backend6> for AnyBackend {
+    fn from(b: Backend6) -> Self {
+        Self::V6(b)
+    }
+}
+
+impl AnyBackend {
+    pub fn port(&self) -> u16 {
+        match self {
+            Self::V4(b) => u16::from_be(b.port_be),
+            Self::V6(b) => u16::from_be(b.port_be),
+        }
+    }
+
+    pub fn proto(&self) -> u8 {
+        match self {
+            Self::V4(b) => b.proto,
+            Self::V6(b) => b.proto,
+        }
+    }
+
+    pub fn ip(&self) -> std::net::IpAddr {
+        match self {
+            Self::V4(b) => std::net::Ipv4Addr::from(u32::from_be(b.addr_be)).into(),
+            Self::V6(b) => std::net::Ipv6Addr::from(dataplane_common::octets_of(b.addr_be)).into(),
+        }
     }
 }

@@ -4,17 +4,18 @@
 
 use std::{
     collections::{BTreeSet, HashMap},
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
 use conventions::validate;
-use dataplane_common::{Backend, ServiceKey};
+use dataplane_common::{Backend, Backend6, ServiceKey, ServiceKey6};
 
 use super::claims::Claim;
 use super::slices::{port_number, protocol, EndpointsKey, PortEndpoints};
 use super::{
-    is_other_proxys, Frontend, FrontendPolicy, HealthCheck, Ignored, ObjectRef, Options,
-    ServicePortName, Skipped, DEFAULT_AFFINITY_TIMEOUT, MAX_AFFINITY_TIMEOUT,
+    is_other_proxys, AnyFrontend, Frontend, Frontend6, FrontendKey, FrontendPolicy, HealthCheck,
+    Ignored, ObjectRef, Options, ServicePortName, Skipped, DEFAULT_AFFINITY_TIMEOUT,
+    MAX_AFFINITY_TIMEOUT,
 };
 use crate::categorize::{self, EmptyVerdict, EndpointFacts, NodeFacts, PortPolicy};
 use crate::model::{ServiceInfo, ServiceSpecInfo};
@@ -87,79 +88,106 @@ pub(super) fn compile_service(
         });
         return;
     }
-    let mut vips: Vec<(Ipv4Addr, bool)> = Vec::new();
+    // One ClusterIP per family: kube-proxy's proxier of each family takes the first
+    // ClusterIP of its family (`GetClusterIPByFamily`, servicechangetracker.go).
+    let mut cluster4: Option<Ipv4Addr> = None;
+    let mut cluster6: Option<Ipv6Addr> = None;
     for ip in &spec.cluster_ips {
         // As kube-proxy reads it (netutils.ParseIPSloppy): a stored ClusterIP may have
         // leading zeros; a file's was refused at the front door.
-        match validate::parse_ip_sloppy(ip).ok_or(()) {
-            Ok(std::net::IpAddr::V4(v4)) => match validate::translatable(v4.into()) {
-                None => vips.push((v4, true)),
-                Some(why) => out.skipped.push(Skipped {
-                    object: me.clone(),
-                    code: "refused_cluster_ip",
-                    reason: format!("clusterIP {v4} {why}; that address is skipped"),
-                }),
-            },
-            Ok(std::net::IpAddr::V6(_)) => out.ignored.ipv6 += 1,
-            Err(_) => {
-                out.skipped.push(Skipped {
-                    object: me,
-                    code: "bad_cluster_ip",
-                    reason: format!("clusterIP {ip:?} is not an IP address"),
-                });
-                return;
+        let Some(parsed) = validate::parse_ip_sloppy(ip) else {
+            out.skipped.push(Skipped {
+                object: me,
+                code: "bad_cluster_ip",
+                reason: format!("clusterIP {ip:?} is not an IP address"),
+            });
+            return;
+        };
+        if let Some(why) = validate::translatable(parsed) {
+            out.skipped.push(Skipped {
+                object: me.clone(),
+                code: "refused_cluster_ip",
+                reason: format!("clusterIP {parsed} {why}; that address is skipped"),
+            });
+            continue;
+        }
+        let taken = match parsed {
+            IpAddr::V4(v4) => cluster4.replace(v4).map(IpAddr::from),
+            IpAddr::V6(v6) => cluster6.replace(v6).map(IpAddr::from),
+        };
+        // The API server allows one ClusterIP per family; a file may list two of
+        // one. The first stays, as kube-proxy's `GetClusterIPByFamily` takes it.
+        if let Some(first) = taken {
+            match first {
+                IpAddr::V4(v4) => cluster4 = Some(v4),
+                IpAddr::V6(v6) => cluster6 = Some(v6),
             }
+            out.skipped.push(Skipped {
+                object: me.clone(),
+                code: "cluster_ip_same_family",
+                reason: format!(
+                    "clusterIPs lists {parsed} after {first}, of the same family (a Service has one ClusterIP per family); {parsed} is ignored"
+                ),
+            });
         }
     }
     // External IPs and load-balancer ingress IPs reach the same endpoints; they follow
     // externalTrafficPolicy, which only matters for traffic from outside the node.
-    let mut lb_vips = BTreeSet::new();
+    // Each is its family's, and only a family the Service has a ClusterIP of serves
+    // them (kube-proxy's proxier of the other family never sees the Service).
+    let mut others4: Vec<(Ipv4Addr, bool)> = Vec::new();
+    let mut others6: Vec<(Ipv6Addr, bool)> = Vec::new();
     let external = spec.external_ips.iter().map(|ip| (ip, false));
     let lb = spec.load_balancer_ips.iter().map(|ip| (ip, true));
     for (ip, is_lb) in external.chain(lb) {
-        match validate::parse_ip_sloppy(ip).ok_or(()) {
-            Ok(std::net::IpAddr::V4(v4)) => match validate::translatable(v4.into()) {
-                None => {
-                    vips.push((v4, false));
-                    if is_lb {
-                        lb_vips.insert(v4);
-                    }
-                }
-                Some(why) => out.skipped.push(Skipped {
-                    object: me.clone(),
-                    code: "refused_external_ip",
-                    reason: format!("external IP {v4} {why}; that frontend is skipped"),
-                }),
-            },
-            Ok(std::net::IpAddr::V6(_)) | Err(()) => out.skipped.push(Skipped {
+        let Some(parsed) = validate::parse_ip_sloppy(ip) else {
+            out.skipped.push(Skipped {
                 object: me.clone(),
                 code: "bad_external_ip",
                 reason: format!(
-                    "external IP {ip:?} is not an IPv4 address; that frontend is skipped"
+                    "external IP {ip:?} is not an IP address; that frontend is skipped"
                 ),
-            }),
+            });
+            continue;
+        };
+        if let Some(why) = validate::translatable(parsed) {
+            out.skipped.push(Skipped {
+                object: me.clone(),
+                code: "refused_external_ip",
+                reason: format!("external IP {parsed} {why}; that frontend is skipped"),
+            });
+            continue;
+        }
+        match parsed {
+            IpAddr::V4(v4) if cluster4.is_some() => others4.push((v4, is_lb)),
+            IpAddr::V6(v6) if cluster6.is_some() => others6.push((v6, is_lb)),
+            _ => {
+                out.ignored.other_family += 1;
+                out.skipped.push(Skipped {
+                    object: me.clone(),
+                    code: "external_ip_other_family",
+                    reason: format!(
+                        "external IP {parsed} is of a family the Service has no ClusterIP of; that frontend is skipped"
+                    ),
+                });
+            }
         }
     }
-    let policy = PortPolicy {
-        internal_local: spec.internal_local,
-        external_local: spec.external_local,
-        // kube-proxy's `ExternallyAccessible`: a NodePort, an external or a
-        // load-balancer IP.
-        externally_accessible: vips.iter().any(|(_, is_cluster_ip)| !is_cluster_ip)
-            || spec.ports.iter().any(|p| p.node_port.is_some()),
-    };
     let affinity_timeout = session_affinity(spec, &me, &mut out.skipped);
-    let source_ranges = if lb_vips.is_empty() {
-        Vec::new()
+    let any_lb = others4.iter().any(|(_, lb)| *lb) || others6.iter().any(|(_, lb)| *lb);
+    let (ranges4, ranges6) = if any_lb {
+        parse_source_ranges(spec, &me, &mut out.skipped)
     } else {
-        source_ranges(spec, &lb_vips, opts, &me, &mut out.skipped)
+        Default::default()
     };
-    let node = NodeFacts {
-        name: opts.node_name.as_deref().unwrap_or_default(),
-        zone: opts.zone.as_deref().unwrap_or_default(),
-    };
+    let families = (
+        cluster4.map(|c| Family::new(c, &others4, spec, &ranges4, opts)),
+        cluster6.map(|c| Family::new(c, &others6, spec, &ranges6, opts)),
+    );
     let svc_endpoints = endpoints.get(&(me.namespace.clone(), me.name.clone()));
-    health_check(spec, &me, svc_endpoints, out);
+    // The Service's health check counts its primary family's endpoints.
+    let primary_v6 = cluster4.is_none() && cluster6.is_some();
+    health_check(spec, &me, svc_endpoints, primary_v6, out);
     let mut seen_ports = BTreeSet::new();
     for port in &spec.ports {
         let port_name = &port.name;
@@ -184,30 +212,6 @@ pub(super) fn compile_service(
             });
             continue;
         }
-        let name = ServicePortName {
-            namespace: me.namespace.clone(),
-            name: me.name.clone(),
-            port: port_name.clone(),
-        };
-        let candidates: Vec<(&(Ipv4Addr, u16), &EndpointFacts)> = svc_endpoints
-            .and_then(|e| e.get(&(port_name.clone(), proto)))
-            .map(|m| m.iter().collect())
-            .unwrap_or_default();
-        let facts: Vec<&EndpointFacts> = candidates.iter().map(|(_, e)| *e).collect();
-        let sets = categorize::categorize(&facts, &policy, &node);
-        let to_backends = |idx: &[usize]| -> Vec<Backend> {
-            idx.iter()
-                .map(|&i| {
-                    let (ip, port) = candidates[i].0;
-                    Backend {
-                        addr_be: u32::from(*ip).to_be(),
-                        port_be: port.to_be(),
-                        proto,
-                        _pad: 0,
-                    }
-                })
-                .collect()
-        };
         // NodePorts: the node's addresses on the port's nodePort, reached as an
         // external IP is (from this node's pods and its own sockets today).
         let node_port = match port.node_port.map(port_number).transpose() {
@@ -221,13 +225,281 @@ pub(super) fn compile_service(
                 None
             }
         };
+        let port = PortSpec {
+            name: ServicePortName {
+                namespace: me.namespace.clone(),
+                name: me.name.clone(),
+                port: port_name.clone(),
+            },
+            proto,
+            number,
+            node_port,
+        };
+        let ctx = Ctx {
+            svc,
+            endpoints: svc_endpoints,
+            opts,
+            affinity_timeout,
+        };
+        if let Some(f) = &families.0 {
+            f.claims(&ctx, &port, &mut out.claims);
+        }
+        if let Some(f) = &families.1 {
+            f.claims(&ctx, &port, &mut out.claims);
+        }
+    }
+    // Each ClusterIP of a Service with a port is marked, so traffic to it on a port
+    // or protocol the Service does not declare is rejected (the nftables proxier's
+    // `cluster-ips` set, filled per service port).
+    if !seen_ports.is_empty() {
+        let service = ServicePortName {
+            namespace: me.namespace.clone(),
+            name: me.name.clone(),
+            port: String::new(),
+        };
+        if let Some(f) = &families.0 {
+            out.claims.push(f.marker(service.clone(), svc));
+        }
+        if let Some(f) = &families.1 {
+            out.claims.push(f.marker(service, svc));
+        }
+    }
+}
+
+/// An address family as the compiler uses it: IPv4 ([`Ipv4Addr`], `SERVICES`) or
+/// IPv6 ([`Ipv6Addr`], `SERVICES6`).
+pub(super) trait Ip: Copy + Ord + Into<IpAddr> + std::fmt::Display {
+    /// The family's backend in the maps.
+    type Backend: Clone;
+    /// An address as the maps hold it (network order).
+    type Raw: Copy + Ord;
+    /// The family's addresses of either.
+    fn of(ip: IpAddr) -> Option<Self>;
+    fn raw(self) -> Self::Raw;
+    fn backend(self, port: u16, proto: u8) -> Self::Backend;
+    fn key(self, port: u16, proto: u8, scope: u8) -> FrontendKey;
+    fn marker(self) -> FrontendKey;
+    fn wrap(f: Frontend<Self::Backend, Self::Raw>) -> AnyFrontend;
+    fn node_port_ips(opts: &Options) -> &[Self];
+    fn node_ip(opts: &Options) -> Option<Self>;
+    /// The network of `self/len` (`len` within the family's bits).
+    fn network(self, len: u8) -> Self;
+    const BITS: u8;
+}
+
+impl Ip for Ipv4Addr {
+    type Backend = Backend;
+    type Raw = u32;
+    fn of(ip: IpAddr) -> Option<Self> {
+        match ip {
+            IpAddr::V4(v4) => Some(v4),
+            IpAddr::V6(_) => None,
+        }
+    }
+    fn raw(self) -> u32 {
+        u32::from(self).to_be()
+    }
+    fn backend(self, port: u16, proto: u8) -> Backend {
+        Backend {
+            addr_be: self.raw(),
+            port_be: port.to_be(),
+            proto,
+            _pad: 0,
+        }
+    }
+    fn key(self, port: u16, proto: u8, scope: u8) -> FrontendKey {
+        FrontendKey::V4(ServiceKey {
+            addr_be: self.raw(),
+            port_be: port.to_be(),
+            proto,
+            scope,
+        })
+    }
+    fn marker(self) -> FrontendKey {
+        FrontendKey::V4(dataplane_common::clusterip_marker(self.raw()))
+    }
+    fn wrap(f: Frontend) -> AnyFrontend {
+        AnyFrontend::V4(f)
+    }
+    fn node_port_ips(opts: &Options) -> &[Self] {
+        &opts.node_port_ips
+    }
+    fn node_ip(opts: &Options) -> Option<Self> {
+        opts.node_ip
+    }
+    fn network(self, len: u8) -> Self {
+        Ipv4Addr::from(u32::from(self) & super::prefix_mask(len))
+    }
+    const BITS: u8 = 32;
+}
+
+impl Ip for Ipv6Addr {
+    type Backend = Backend6;
+    type Raw = [u32; 4];
+    fn of(ip: IpAddr) -> Option<Self> {
+        match ip {
+            IpAddr::V6(v6) => Some(v6),
+            IpAddr::V4(_) => None,
+        }
+    }
+    fn raw(self) -> [u32; 4] {
+        dataplane_common::addr_of(self.octets())
+    }
+    fn backend(self, port: u16, proto: u8) -> Backend6 {
+        Backend6 {
+            addr_be: self.raw(),
+            port_be: port.to_be(),
+            proto,
+            _pad: 0,
+        }
+    }
+    fn key(self, port: u16, proto: u8, scope: u8) -> FrontendKey {
+        FrontendKey::V6(ServiceKey6 {
+            addr_be: self.raw(),
+            port_be: port.to_be(),
+            proto,
+            scope,
+        })
+    }
+    fn marker(self) -> FrontendKey {
+        FrontendKey::V6(dataplane_common::clusterip_marker6(self.raw()))
+    }
+    fn wrap(f: Frontend6) -> AnyFrontend {
+        AnyFrontend::V6(f)
+    }
+    fn node_port_ips(opts: &Options) -> &[Self] {
+        &opts.node_port_ips6
+    }
+    fn node_ip(opts: &Options) -> Option<Self> {
+        opts.node_ip6
+    }
+    fn network(self, len: u8) -> Self {
+        Ipv6Addr::from(u128::from(self) & super::prefix_mask6(len))
+    }
+    const BITS: u8 = 128;
+}
+
+/// One port of a Service, checked.
+struct PortSpec {
+    name: ServicePortName,
+    proto: u8,
+    number: u16,
+    node_port: Option<u16>,
+}
+
+/// What every family's frontends of a Service read.
+struct Ctx<'a> {
+    svc: &'a ServiceInfo,
+    endpoints: Option<&'a PortEndpoints>,
+    opts: &'a Options,
+    affinity_timeout: Option<u32>,
+}
+
+/// A Service as one family's proxier sees it: its ClusterIP of the family, then
+/// its external and load-balancer IPs of the family, in order.
+struct Family<A: Ip> {
+    /// (address, is a ClusterIP).
+    vips: Vec<(A, bool)>,
+    lb_vips: BTreeSet<A>,
+    policy: PortPolicy,
+    source_ranges: Vec<(A::Raw, u8)>,
+}
+
+impl<A: Ip> Family<A> {
+    fn new(
+        cluster_ip: A,
+        others: &[(A, bool)],
+        spec: &ServiceSpecInfo,
+        ranges: &Ranges<A>,
+        opts: &Options,
+    ) -> Self {
+        let mut vips = vec![(cluster_ip, true)];
+        vips.extend(others.iter().map(|(ip, _)| (*ip, false)));
+        let lb_vips: BTreeSet<A> = others
+            .iter()
+            .filter(|(_, lb)| *lb)
+            .map(|(ip, _)| *ip)
+            .collect();
+        let policy = PortPolicy {
+            internal_local: spec.internal_local,
+            external_local: spec.external_local,
+            // kube-proxy's `ExternallyAccessible`: a NodePort, an external or a
+            // load-balancer IP (of this family).
+            externally_accessible: !others.is_empty()
+                || spec.ports.iter().any(|p| p.node_port.is_some()),
+        };
+        let source_ranges = if lb_vips.is_empty() {
+            Vec::new()
+        } else {
+            extend_source_ranges(ranges, &lb_vips, A::node_ip(opts))
+        };
+        Self {
+            vips,
+            lb_vips,
+            policy,
+            source_ranges,
+        }
+    }
+
+    /// The ClusterIP's marker claim.
+    fn marker(&self, service: ServicePortName, svc: &ServiceInfo) -> Claim {
+        Claim {
+            key: self.vips[0].0.marker(),
+            frontend: A::wrap(Frontend {
+                service,
+                backends: Vec::new(),
+                policy: FrontendPolicy::default(),
+                source_ranges: Vec::new(),
+            }),
+            order: (0, svc.created.clone()),
+        }
+    }
+
+    /// The frontends of one port in this family.
+    fn claims(&self, ctx: &Ctx<'_>, port: &PortSpec, claims: &mut Vec<Claim>) {
+        let PortSpec {
+            name,
+            proto,
+            number,
+            node_port,
+        } = port;
+        let (proto, number) = (*proto, *number);
+        let opts = ctx.opts;
+        let node = NodeFacts {
+            name: opts.node_name.as_deref().unwrap_or_default(),
+            zone: opts.zone.as_deref().unwrap_or_default(),
+        };
+        // This family's endpoints: from its slices only (an address is of its
+        // slice's addressType).
+        let candidates: Vec<(A, u16, &EndpointFacts)> = ctx
+            .endpoints
+            .and_then(|e| e.get(&(name.port.clone(), proto)))
+            .map(|m| {
+                m.iter()
+                    .filter_map(|((ip, p), e)| Some((A::of(*ip)?, *p, e)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let facts: Vec<&EndpointFacts> = candidates.iter().map(|(_, _, e)| *e).collect();
+        let policy = &self.policy;
+        let sets = categorize::categorize(&facts, policy, &node);
+        let to_backends = |idx: &[usize]| -> Vec<A::Backend> {
+            idx.iter()
+                .map(|&i| {
+                    let (ip, port, _) = candidates[i];
+                    ip.backend(port, proto)
+                })
+                .collect()
+        };
         let node_ports = node_port
-            .into_iter()
-            .flat_map(|n| opts.node_port_ips.iter().map(move |ip| (*ip, n)));
-        let frontends = vips
+            .iter()
+            .flat_map(|n| A::node_port_ips(opts).iter().map(move |ip| (*ip, *n)));
+        let frontends = self
+            .vips
             .iter()
             .map(|&(vip, is_cluster_ip)| (vip, number, is_cluster_ip))
             .chain(node_ports.map(|(ip, n)| (ip, n, false)));
+        let created = &ctx.svc.created;
         for (vip, number, is_cluster_ip) in frontends {
             // Traffic from this node's pods: to a ClusterIP it follows
             // internalTrafficPolicy; to an external or load-balancer IP it is
@@ -235,7 +507,7 @@ pub(super) fn compile_service(
             // externalTrafficPolicy says (the nftables proxier's EXT chain).
             let (backends, mut on_empty) = if is_cluster_ip {
                 (
-                    to_backends(sets.internal(&policy)),
+                    to_backends(sets.internal(policy)),
                     sets.internal_empty_verdict(),
                 )
             } else {
@@ -254,27 +526,22 @@ pub(super) fn compile_service(
             let maglev = opts
                 .maglev
                 .filter(|_| !is_cluster_ip && !backends.is_empty());
-            let key = ServiceKey {
-                addr_be: u32::from(vip).to_be(),
-                port_be: number.to_be(),
-                proto,
-                scope: 0,
-            };
+            let key = vip.key(number, proto, dataplane_common::SCOPE_ANY);
             // loadBalancerSourceRanges guard the load-balancer IPs only (not
             // NodePorts, external IPs or ClusterIPs), from every client.
-            let ranges = if lb_vips.contains(&vip) {
-                source_ranges.clone()
+            let ranges = if self.lb_vips.contains(&vip) {
+                self.source_ranges.clone()
             } else {
                 Vec::new()
             };
-            out.claims.push(Claim {
+            claims.push(Claim {
                 key,
-                frontend: Frontend {
+                frontend: A::wrap(Frontend {
                     service: name.clone(),
                     backends,
                     policy: FrontendPolicy {
                         on_empty,
-                        affinity_timeout,
+                        affinity_timeout: ctx.affinity_timeout,
                         source_ranges: !ranges.is_empty(),
                         maglev,
                         // Reached from outside and masqueraded there: direct
@@ -282,8 +549,8 @@ pub(super) fn compile_service(
                         dsr: opts.dsr && !is_cluster_ip,
                     },
                     source_ranges: ranges.clone(),
-                },
-                order: (u8::from(!is_cluster_ip), svc.created.clone()),
+                }),
+                order: (u8::from(!is_cluster_ip), created.clone()),
             });
             // Traffic from outside the node (the uplink program): with
             // `externalTrafficPolicy: Local`, this node's endpoints only and the
@@ -300,16 +567,13 @@ pub(super) fn compile_service(
                 } else {
                     sets.internal_empty_verdict()
                 };
-                out.claims.push(Claim {
-                    key: ServiceKey {
-                        scope: dataplane_common::SCOPE_EXTERNAL,
-                        ..key
-                    },
-                    frontend: Frontend {
+                claims.push(Claim {
+                    key: vip.key(number, proto, dataplane_common::SCOPE_EXTERNAL),
+                    frontend: A::wrap(Frontend {
                         service: name.clone(),
                         policy: FrontendPolicy {
                             on_empty,
-                            affinity_timeout,
+                            affinity_timeout: ctx.affinity_timeout,
                             source_ranges: !ranges.is_empty(),
                             maglev: opts.maglev.filter(|_| !local.is_empty()),
                             // The client's address is kept anyway.
@@ -318,54 +582,36 @@ pub(super) fn compile_service(
                         backends: to_backends(local),
                         // The ranges are kept under the frontend's entry for all.
                         source_ranges: Vec::new(),
-                    },
-                    order: (1, svc.created.clone()),
+                    }),
+                    order: (1, created.clone()),
                 });
             }
         }
     }
-    // Each ClusterIP of a Service with a port is marked, so traffic to it on a port
-    // or protocol the Service does not declare is rejected (the nftables proxier's
-    // `cluster-ips` set, filled per service port).
-    if !seen_ports.is_empty() {
-        for &(vip, is_cluster_ip) in &vips {
-            if !is_cluster_ip {
-                continue;
-            }
-            out.claims.push(Claim {
-                key: dataplane_common::clusterip_marker(u32::from(vip).to_be()),
-                frontend: Frontend {
-                    service: ServicePortName {
-                        namespace: me.namespace.clone(),
-                        name: me.name.clone(),
-                        port: String::new(),
-                    },
-                    backends: Vec::new(),
-                    policy: FrontendPolicy::default(),
-                    source_ranges: Vec::new(),
-                },
-                order: (0, svc.created.clone()),
-            });
-        }
-    }
 }
 
-/// The sources a Service's load-balancer IPs accept new connections from, as
-/// kube-proxy reads `loadBalancerSourceRanges` (pkg/proxy/serviceport.go: trimmed,
-/// parsed as `ParseCIDRSloppy` does, this family's only, a zero-length prefix
-/// meaning every source, so no check) and extends them (the nftables proxier's
-/// firewall chain: when a range contains the node's address, the load-balancer IPs
-/// themselves too, for a node that answers its own LB IP with it as the source).
-/// Network addresses in network byte order, with prefix lengths, sorted; empty:
-/// no check. A range that does not parse is reported and left out.
-fn source_ranges(
+/// One family's `loadBalancerSourceRanges`: networks with prefix lengths; `None`
+/// when one of them is a zero-length prefix (every source: no check).
+type Ranges<A> = Option<Vec<(A, u8)>>;
+
+/// `loadBalancerSourceRanges` as kube-proxy reads them (pkg/proxy/serviceport.go:
+/// trimmed, parsed as `ParseCIDRSloppy` does, split by family, each family's
+/// proxier taking its own). A range that does not parse is reported once and left
+/// out.
+fn parse_source_ranges(
     spec: &ServiceSpecInfo,
-    lb_vips: &BTreeSet<Ipv4Addr>,
-    opts: &Options,
     me: &ObjectRef,
     skipped: &mut Vec<Skipped>,
-) -> Vec<(u32, u8)> {
-    let mut out = Vec::new();
+) -> (Ranges<Ipv4Addr>, Ranges<Ipv6Addr>) {
+    let mut v4 = Some(Vec::new());
+    let mut v6 = Some(Vec::new());
+    fn add<A: Ip>(ranges: &mut Ranges<A>, addr: A, len: u8) {
+        if len == 0 {
+            *ranges = None;
+        } else if let Some(r) = ranges {
+            r.push((addr.network(len), len));
+        }
+    }
     for raw in &spec.load_balancer_source_ranges {
         let text = raw.trim();
         let parsed = text.split_once('/').and_then(|(addr, len)| {
@@ -374,14 +620,8 @@ fn source_ranges(
             Some((addr, len))
         });
         match parsed {
-            Some((std::net::IpAddr::V4(addr), len)) if len <= 32 => {
-                if len == 0 {
-                    return Vec::new();
-                }
-                out.push((u32::from(addr) & super::prefix_mask(len), len));
-            }
-            // The other family's ranges are the IPv6 frontends' business.
-            Some((std::net::IpAddr::V6(_), len)) if len <= 128 => {}
+            Some((IpAddr::V4(addr), len)) if len <= <Ipv4Addr as Ip>::BITS => add(&mut v4, addr, len),
+            Some((IpAddr::V6(addr), len)) if len <= <Ipv6Addr as Ip>::BITS => add(&mut v6, addr, len),
             _ => skipped.push(Skipped {
                 object: me.clone(),
                 code: "bad_source_range",
@@ -391,21 +631,33 @@ fn source_ranges(
             }),
         }
     }
-    if out.is_empty() {
-        // Only unusable entries: kube-proxy checks nothing either.
+    (v4, v6)
+}
+
+/// The sources a family's load-balancer IPs accept new connections from: its
+/// ranges, extended as the nftables proxier's firewall chain does (when a range
+/// contains the node's address, the load-balancer IPs themselves too, for a node
+/// that answers its own LB IP with it as the source). Network addresses in network
+/// byte order, with prefix lengths, sorted; empty: no check.
+fn extend_source_ranges<A: Ip>(
+    ranges: &Ranges<A>,
+    lb_vips: &BTreeSet<A>,
+    node_ip: Option<A>,
+) -> Vec<(A::Raw, u8)> {
+    let Some(ranges) = ranges else {
+        return Vec::new();
+    };
+    if ranges.is_empty() {
+        // Only unusable entries (or none of this family): kube-proxy checks
+        // nothing either.
         return Vec::new();
     }
-    let contains = |ip: Ipv4Addr| {
-        out.iter()
-            .any(|&(net, len)| u32::from(ip) & super::prefix_mask(len) == net)
-    };
-    if opts.node_ip.is_some_and(contains) {
-        out.extend(lb_vips.iter().map(|ip| (u32::from(*ip), 32)));
+    let mut out = ranges.clone();
+    let contains = |ip: A| ranges.iter().any(|&(net, len)| ip.network(len) == net);
+    if node_ip.is_some_and(contains) {
+        out.extend(lb_vips.iter().map(|ip| (*ip, A::BITS)));
     }
-    let mut out: Vec<(u32, u8)> = out
-        .into_iter()
-        .map(|(net, len)| (net.to_be(), len))
-        .collect();
+    let mut out: Vec<(A::Raw, u8)> = out.into_iter().map(|(net, len)| (net.raw(), len)).collect();
     out.sort();
     out.dedup();
     out
@@ -414,11 +666,13 @@ fn source_ranges(
 /// The Service's health check, if it needs one (kube-proxy's `newBaseServiceInfo`
 /// takes `healthCheckNodePort` when `NeedsHealthCheck`, and logs one that is 0), with
 /// its ready endpoints on this node counted by address (`LocalReadyEndpoints`: ready
-/// only, since a node with only terminating endpoints should fail the check).
+/// only, since a node with only terminating endpoints should fail the check), of
+/// the Service's primary family (`v6`: IPv6).
 fn health_check(
     spec: &crate::model::ServiceSpecInfo,
     me: &ObjectRef,
     svc_endpoints: Option<&PortEndpoints>,
+    v6: bool,
     out: &mut ServiceOut,
 ) {
     let Some(port) = spec.health_check_node_port else {
@@ -437,11 +691,11 @@ fn health_check(
             return;
         }
     };
-    let local: BTreeSet<Ipv4Addr> = svc_endpoints
+    let local: BTreeSet<IpAddr> = svc_endpoints
         .into_iter()
         .flat_map(|by_port| by_port.values())
         .flat_map(|eps| eps.iter())
-        .filter(|(_, facts)| facts.ready && facts.local)
+        .filter(|((ip, _), facts)| facts.ready && facts.local && ip.is_ipv6() == v6)
         .map(|((ip, _), _)| *ip)
         .collect();
     out.health_checks.push((
@@ -452,7 +706,6 @@ fn health_check(
         },
     ));
 }
-
 /// `sessionAffinity: ClientIP` and its timeout (`pkg/proxy/serviceport.go`
 /// `newBaseServiceInfo`); a value the API would refuse is reported and the Service
 /// gets no affinity.

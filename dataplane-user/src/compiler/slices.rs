@@ -4,7 +4,7 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
-    net::Ipv4Addr,
+    net::IpAddr,
 };
 
 use dataplane_common::{PROTO_SCTP, PROTO_TCP, PROTO_UDP};
@@ -15,8 +15,11 @@ use super::{is_other_proxys, Ignored, ObjectRef, Options, Skipped};
 use crate::categorize::EndpointFacts;
 use crate::model::{Address, SliceInfo};
 
-/// (port name, protocol) → address → endpoint, its slices merged.
-pub(super) type PortEndpoints = HashMap<(String, u8), BTreeMap<(Ipv4Addr, u16), EndpointFacts>>;
+/// (port name, protocol) → address → endpoint, its slices merged. Both families'
+/// slices merge here; an address is of its slice's `addressType` (checked by
+/// [`merge_slice`]), so a frontend takes its family's addresses and with them only
+/// its family's slices. IPv4's sort first.
+pub(super) type PortEndpoints = HashMap<(String, u8), BTreeMap<(IpAddr, u16), EndpointFacts>>;
 
 /// The slices of one Service: their namespace (`default` when unset) and the
 /// Service's name from their label.
@@ -80,25 +83,32 @@ pub(super) fn classify_slice(
         });
         return None;
     };
-    match slice.address_type.as_str() {
-        "IPv4" => {}
-        "IPv6" => {
-            ignored.ipv6 += 1;
-            return None;
-        }
-        other => {
-            skipped.push(Skipped {
-                object: slice_ref(slice),
-                code: "address_type",
-                reason: format!("addressType {other} is not supported (IPv4 is)"),
-            });
-            return None;
-        }
+    // kube-proxy's proxier of each family watches the slices of its addressType;
+    // FQDN slices are nobody's (endpointschangetracker.go).
+    if family_of(slice).is_none() {
+        skipped.push(Skipped {
+            object: slice_ref(slice),
+            code: "address_type",
+            reason: format!(
+                "addressType {} is not supported (IPv4 and IPv6 are)",
+                slice.address_type
+            ),
+        });
+        return None;
     }
     Some((
         slice.namespace.clone().unwrap_or_else(|| "default".into()),
         service.clone(),
     ))
+}
+
+/// The family of a slice's `addressType`: `Some(false)` IPv4, `Some(true)` IPv6.
+fn family_of(slice: &SliceInfo) -> Option<bool> {
+    match slice.address_type.as_str() {
+        "IPv4" => Some(false),
+        "IPv6" => Some(true),
+        _ => None,
+    }
 }
 
 /// Adds the endpoints of a used slice to its Service's, as kube-proxy's
@@ -109,6 +119,10 @@ pub(super) fn merge_slice(
     by_port: &mut PortEndpoints,
     skipped: &mut Vec<Skipped>,
 ) {
+    let Some(is_v6) = family_of(slice) else {
+        return;
+    };
+    let family = if is_v6 { "IPv6" } else { "IPv4" };
     for port in &slice.ports {
         // endpointslicecache: a port without a name field, without a number or with
         // number 0 is ignored (with an error in kube-proxy's log; here a message).
@@ -166,29 +180,43 @@ pub(super) fn merge_slice(
             let Some(addr) = &ep.address else {
                 continue;
             };
-            let ip: Ipv4Addr = match addr {
-                Address::V4(ip) => match conventions::validate::translatable((*ip).into()) {
-                    None => *ip,
-                    Some(why) => {
-                        skipped.push(Skipped {
-                            object: slice_ref(slice),
-                            code: "refused_endpoint_address",
-                            reason: format!(
-                                "endpoint address {ip} {why}; that endpoint is skipped"
-                            ),
-                        });
-                        continue;
-                    }
-                },
+            let ip: IpAddr = match addr {
+                Address::V4(ip) if !is_v6 => (*ip).into(),
+                Address::V6(ip) if is_v6 => (*ip).into(),
+                // The API server refuses it in a slice it stores; a file may have it.
+                // Never a backend of the other family's frontends.
+                Address::V4(_) | Address::V6(_) => {
+                    skipped.push(Skipped {
+                        object: slice_ref(slice),
+                        code: "endpoint_address_family",
+                        reason: format!(
+                            "endpoint address {} is not an {family} address, and the slice's addressType is {family}; that endpoint is skipped",
+                            match addr {
+                                Address::V4(ip) => ip.to_string(),
+                                Address::V6(ip) => ip.to_string(),
+                                Address::Other(s) => s.to_string(),
+                            }
+                        ),
+                    });
+                    continue;
+                }
                 Address::Other(addr) => {
                     skipped.push(Skipped {
                         object: slice_ref(slice),
                         code: "bad_endpoint_address",
-                        reason: format!("endpoint address {addr:?} is not an IPv4 address"),
+                        reason: format!("endpoint address {addr:?} is not an {family} address"),
                     });
                     continue;
                 }
             };
+            if let Some(why) = conventions::validate::translatable(ip) {
+                skipped.push(Skipped {
+                    object: slice_ref(slice),
+                    code: "refused_endpoint_address",
+                    reason: format!("endpoint address {ip} {why}; that endpoint is skipped"),
+                });
+                continue;
+            }
             // endpointslicecache `addEndpoints`: a copy replaces an earlier one of the
             // same address unless it is terminating.
             match addrs.entry((ip, number)) {

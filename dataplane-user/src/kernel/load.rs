@@ -53,6 +53,19 @@ where
     T::try_from(map).map_err(|source| KernelError::Map { name, source })
 }
 
+/// [`take`] of a map the object may lack (IPv6's, in an object built before them).
+fn take_if_there<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<Option<T>, KernelError>
+where
+    T: TryFrom<aya::maps::Map, Error = MapError>,
+{
+    match ebpf.take_map(name) {
+        None => Ok(None),
+        Some(map) => T::try_from(map)
+            .map(Some)
+            .map_err(|source| KernelError::Map { name, source }),
+    }
+}
+
 impl Datapath {
     /// Loads the object with maps of the given sizes and loads (not attaches) the TC
     /// program. With `pins`, maps are pinned there, and maps already pinned by an
@@ -247,6 +260,21 @@ impl Datapath {
             frontend_counters: take(&mut ebpf, map_name::FRONTEND_COUNTERS)?,
             backend_counters: take(&mut ebpf, map_name::BACKEND_COUNTERS)?,
             source_ranges: take(&mut ebpf, map_name::SOURCE_RANGES)?,
+            // Both or neither: an object with IPv6's maps has them all.
+            v6: match (
+                take_if_there(&mut ebpf, map_name::SERVICES6)?,
+                take_if_there(&mut ebpf, map_name::BACKENDS6)?,
+                take_if_there(&mut ebpf, map_name::SOURCE_RANGES6)?,
+            ) {
+                (Some(services), Some(backends), Some(source_ranges)) => {
+                    Some(super::maps::KernelMaps6 {
+                        services,
+                        backends,
+                        source_ranges,
+                    })
+                }
+                _ => None,
+            },
         };
         let conntrack = take(&mut ebpf, map_name::CONNTRACK)?;
         let stats = take(&mut ebpf, map_name::STATS)?;

@@ -20,6 +20,25 @@ pub struct KernelMaps {
     pub(super) frontend_counters: PerCpuArray<MapData, FrontendCounters>,
     pub(super) backend_counters: PerCpuArray<MapData, BackendCounters>,
     pub(super) source_ranges: aya::maps::LpmTrie<MapData, dataplane_common::SourceRange, u8>,
+    /// IPv6's maps, when the loaded programs have them (`None`: an object built
+    /// before IPv6; writing an IPv6 frontend then fails with a message, and IPv4 is
+    /// untouched).
+    pub(super) v6: Option<KernelMaps6>,
+}
+
+/// IPv6's service maps.
+pub struct KernelMaps6 {
+    pub(super) services: BpfHashMap<MapData, dataplane_common::ServiceKey6, ServiceValue>,
+    pub(super) backends: BpfHashMap<MapData, u32, dataplane_common::Backend6>,
+    pub(super) source_ranges: aya::maps::LpmTrie<MapData, dataplane_common::SourceRange6, u8>,
+}
+
+impl KernelMaps {
+    fn v6(&mut self, name: &'static str) -> Result<&mut KernelMaps6, MapError> {
+        self.v6.as_mut().ok_or_else(|| MapError::InvalidName {
+            name: format!("{name} (the loaded programs have no IPv6 maps)"),
+        })
+    }
 }
 
 impl crate::ranges::RangeOps for KernelMaps {
@@ -42,6 +61,36 @@ impl crate::ranges::RangeOps for KernelMaps {
     }
     fn ranges(&self) -> Result<Vec<(u32, dataplane_common::SourceRange)>, MapError> {
         self.source_ranges
+            .keys()
+            .map(|k| k.map(|k| (k.prefix_len(), k.data())))
+            .collect()
+    }
+    fn put_range6(
+        &mut self,
+        prefix_len: u32,
+        range: &dataplane_common::SourceRange6,
+    ) -> Result<(), MapError> {
+        let key = aya::maps::lpm_trie::Key::new(prefix_len, *range);
+        self.v6(map_name::SOURCE_RANGES6)?
+            .source_ranges
+            .insert(&key, 1, 0)
+    }
+    fn del_range6(
+        &mut self,
+        prefix_len: u32,
+        range: &dataplane_common::SourceRange6,
+    ) -> Result<(), MapError> {
+        let key = aya::maps::lpm_trie::Key::new(prefix_len, *range);
+        self.v6(map_name::SOURCE_RANGES6)?
+            .source_ranges
+            .remove(&key)
+    }
+    fn ranges6(&self) -> Result<Vec<(u32, dataplane_common::SourceRange6)>, MapError> {
+        // No IPv6 maps: nothing held.
+        let Some(v6) = &self.v6 else {
+            return Ok(Vec::new());
+        };
+        v6.source_ranges
             .keys()
             .map(|k| k.map(|k| (k.prefix_len(), k.data())))
             .collect()
@@ -97,6 +146,16 @@ impl KernelMaps {
             services: self.services.iter().filter_map(Result::ok).collect(),
             slots: self.slots.iter().filter_map(Result::ok).collect(),
             backends: self.backends.iter().filter_map(Result::ok).collect(),
+            services6: self
+                .v6
+                .iter()
+                .flat_map(|m| m.services.iter().filter_map(Result::ok))
+                .collect(),
+            backends6: self
+                .v6
+                .iter()
+                .flat_map(|m| m.backends.iter().filter_map(Result::ok))
+                .collect(),
             names: self
                 .names
                 .iter()
@@ -158,6 +217,26 @@ impl Datapath {
             .map_err(|source| KernelError::Map { name, source })
     }
 
+    /// Whether the loaded programs have IPv6's maps.
+    pub fn has_ipv6_maps(&self) -> bool {
+        self.maps.v6.is_some()
+    }
+
+    /// Writes what the uplink program masquerades IPv6 connections with
+    /// (`NAT_CONFIG6`).
+    pub fn set_nat6(&mut self, nat: dataplane_common::NatConfig6) -> Result<(), KernelError> {
+        let name = map_name::NAT_CONFIG6;
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or(KernelError::MissingMap(name))?;
+        let mut array: aya::maps::Array<&mut MapData, dataplane_common::NatConfig6> =
+            aya::maps::Array::try_from(map).map_err(|source| KernelError::Map { name, source })?;
+        array
+            .set(0, nat, 0)
+            .map_err(|source| KernelError::Map { name, source })
+    }
+
     /// Writes the conntrack idle timeouts the program uses (seconds, by state).
     pub fn set_ct_timeouts(&mut self, seconds: &[u64]) -> Result<(), KernelError> {
         let name = map_name::CT_TIMEOUTS;
@@ -206,6 +285,30 @@ impl MapOps for KernelMaps {
     }
     fn del_name(&mut self, id: u32) -> Result<(), MapError> {
         ignore_missing(self.names.remove(&id))
+    }
+    fn put_backend6(
+        &mut self,
+        id: u32,
+        backend: &dataplane_common::Backend6,
+    ) -> Result<(), MapError> {
+        let v6 = self.v6(map_name::BACKENDS6)?;
+        v6.backends.insert(id, backend, 0)?;
+        // A new backend for this id: its counts start at zero (one id space).
+        zero(&mut self.backend_counters, id);
+        Ok(())
+    }
+    fn del_backend6(&mut self, id: u32) -> Result<(), MapError> {
+        ignore_missing(self.v6(map_name::BACKENDS6)?.backends.remove(&id))
+    }
+    fn put_service6(
+        &mut self,
+        key: &dataplane_common::ServiceKey6,
+        value: &ServiceValue,
+    ) -> Result<(), MapError> {
+        self.v6(map_name::SERVICES6)?.services.insert(key, value, 0)
+    }
+    fn del_service6(&mut self, key: &dataplane_common::ServiceKey6) -> Result<(), MapError> {
+        ignore_missing(self.v6(map_name::SERVICES6)?.services.remove(key))
     }
 }
 

@@ -388,7 +388,8 @@ impl KubeSource {
             .first()
             .map(|n| crate::model::NodeInfo::from(&**n));
         compiler.set_zone(node.as_ref().and_then(|n| n.zone.clone()));
-        compiler.set_node_ip(node.and_then(|n| n.primary_ipv4));
+        compiler.set_node_ip(node.as_ref().and_then(|n| n.primary_ipv4));
+        compiler.set_node_ip6(node.and_then(|n| n.primary_ipv6));
         let mut refused = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
         let before = refused.clone();
         if changes.relisted {

@@ -127,6 +127,7 @@ impl ManifestDir {
         let node = self.node_name.as_deref().and_then(|name| self.node(name));
         sink.set_zone(node.and_then(|n| n.zone.clone()));
         sink.set_node_ip(node.and_then(|n| n.primary_ipv4));
+        sink.set_node_ip6(node.and_then(|n| n.primary_ipv6));
         Ok(scan)
     }
 
@@ -230,6 +231,7 @@ enum Op {
     RemoveSlice(SliceId),
     Zone(Option<String>),
     NodeIp(Option<std::net::Ipv4Addr>),
+    NodeIp6(Option<std::net::Ipv6Addr>),
 }
 
 impl Sink for Recorded {
@@ -257,6 +259,10 @@ impl Sink for Recorded {
         self.0.push(Op::NodeIp(ip));
         true
     }
+    fn set_node_ip6(&mut self, ip: Option<std::net::Ipv6Addr>) -> bool {
+        self.0.push(Op::NodeIp6(ip));
+        true
+    }
     // The directory's reading never asks what is held.
     fn services_held(&self) -> Vec<ServiceId> {
         Vec::new()
@@ -276,6 +282,7 @@ impl Recorded {
                 Op::RemoveSlice(id) => sink.remove_slice(&id),
                 Op::Zone(zone) => sink.set_zone(zone),
                 Op::NodeIp(ip) => sink.set_node_ip(ip),
+                Op::NodeIp6(ip) => sink.set_node_ip6(ip),
             };
         }
     }

@@ -29,6 +29,9 @@ pub trait Sink {
     fn set_zone(&mut self, zone: Option<String>) -> bool;
     /// Sets this node's primary address (from its Node object; `None` without one).
     fn set_node_ip(&mut self, ip: Option<std::net::Ipv4Addr>) -> bool;
+    /// Sets this node's primary IPv6 address (from its Node object; `None` without
+    /// one).
+    fn set_node_ip6(&mut self, ip: Option<std::net::Ipv6Addr>) -> bool;
     /// The Services held: a source that lists everything anew removes the others.
     fn services_held(&self) -> Vec<ServiceId>;
     /// The EndpointSlices held, as [`services_held`](Self::services_held).
@@ -53,6 +56,9 @@ impl Sink for Incremental {
     }
     fn set_node_ip(&mut self, ip: Option<std::net::Ipv4Addr>) -> bool {
         Incremental::set_node_ip(self, ip)
+    }
+    fn set_node_ip6(&mut self, ip: Option<std::net::Ipv6Addr>) -> bool {
+        Incremental::set_node_ip6(self, ip)
     }
     fn services_held(&self) -> Vec<ServiceId> {
         self.service_ids().cloned().collect()

@@ -88,4 +88,28 @@ impl MapOps for Checked {
     fn del_name(&mut self, id: u32) -> Result<(), Infallible> {
         self.inner.del_name(id)
     }
+    fn put_backend6(&mut self, id: u32, b: &dataplane_common::Backend6) -> Result<(), Infallible> {
+        self.inner.put_backend6(id, b)?;
+        self.check(None);
+        Ok(())
+    }
+    fn del_backend6(&mut self, id: u32) -> Result<(), Infallible> {
+        self.inner.del_backend6(id)?;
+        self.check(None);
+        Ok(())
+    }
+    fn put_service6(
+        &mut self,
+        k: &dataplane_common::ServiceKey6,
+        v: &ServiceValue,
+    ) -> Result<(), Infallible> {
+        self.inner.put_service6(k, v)?;
+        self.check(Some(v.id));
+        Ok(())
+    }
+    fn del_service6(&mut self, k: &dataplane_common::ServiceKey6) -> Result<(), Infallible> {
+        self.inner.del_service6(k)?;
+        self.check(None);
+        Ok(())
+    }
 }
