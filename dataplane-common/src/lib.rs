@@ -777,7 +777,7 @@ pub mod map_name {
     pub const SOURCE_RANGES6: &str = "SOURCE_RANGES6";
 
     /// Every map, in the order the agent pins them.
-    pub const ALL: [&str; 15] = [
+    pub const ALL: [&str; 20] = [
         SERVICES,
         SLOTS,
         BACKENDS,
@@ -793,6 +793,11 @@ pub mod map_name {
         SOCK_REVNAT,
         NAT_CONFIG,
         SOURCE_RANGES,
+        SERVICES6,
+        BACKENDS6,
+        FRAGMENTS6,
+        NAT_CONFIG6,
+        SOURCE_RANGES6,
     ];
 }
 

@@ -13,8 +13,7 @@
 use aya_ebpf::helpers::bpf_ktime_get_ns;
 use dataplane_common::{
     ct::{self, flag, state},
-    stat, Backend, CtEntry, CtKey, NatConfig, CT_FORWARD, CT_REVERSE, PROTO_SCTP, PROTO_TCP,
-    PROTO_UDP,
+    stat, Backend, CtEntry, CtKey, CT_FORWARD, CT_REVERSE, PROTO_SCTP, PROTO_TCP, PROTO_UDP,
 };
 
 use crate::{
@@ -29,6 +28,83 @@ const REMAP_TRIES: u32 = 8;
 /// Remapped source ports stay out of the privileged range, as netfilter's do for
 /// ports above it.
 const REMAP_PORT_MIN: u32 = 1024;
+
+/// What conntrack reads of a packet, for either family ([`Flow`] for IPv4,
+/// `crate::v6::Flow6` for IPv6): one code for both, monomorphized, so IPv4's
+/// program is what it was.
+pub trait Tuple {
+    /// The backend a new connection is given (`Backend` or `Backend6`).
+    type Backend;
+    fn proto(&self) -> u8;
+    fn syn_only(&self) -> bool;
+    fn tcp_flags(&self) -> u8;
+    /// The flow's hash (port remap and masquerade candidates).
+    fn hash(&self) -> u32;
+    /// The reply tuple of a new connection to `backend`, before any source
+    /// translation. A pod picked as the backend of its own connection sees it come
+    /// from the hairpin address, never from itself.
+    fn reply_key(&self, backend: &Self::Backend) -> CtKey;
+    /// Whether backend id `entry.backend_id` still holds the backend `entry` names.
+    fn backend_holds(entry: &CtEntry) -> bool;
+    /// Puts the node's address as the client of `reply` and gives it a free source
+    /// port of the masquerade range ([`masquerade_port`]).
+    fn masquerade(&self, reply: &mut CtKey, key: &CtKey, now: u64) -> Result<(), Exit>;
+}
+
+impl Tuple for Flow {
+    type Backend = Backend;
+
+    #[inline(always)]
+    fn proto(&self) -> u8 {
+        self.proto
+    }
+
+    #[inline(always)]
+    fn syn_only(&self) -> bool {
+        self.syn_only
+    }
+
+    #[inline(always)]
+    fn tcp_flags(&self) -> u8 {
+        self.tcp_flags
+    }
+
+    #[inline(always)]
+    fn hash(&self) -> u32 {
+        Flow::hash(self)
+    }
+
+    #[inline(always)]
+    fn reply_key(&self, backend: &Backend) -> CtKey {
+        CtKey::v4(
+            backend.addr_be,
+            dataplane_common::reply_client(self.src_be, backend.addr_be),
+            backend.port_be,
+            self.sport_be,
+            self.proto,
+        )
+    }
+
+    #[inline(always)]
+    fn backend_holds(entry: &CtEntry) -> bool {
+        matches!(maps::backend(entry.backend_id),
+            Some(b) if b.addr_be == entry.pair.src_be[0] && b.port_be == entry.pair.sport_be)
+    }
+
+    #[inline(always)]
+    fn masquerade(&self, reply: &mut CtKey, key: &CtKey, now: u64) -> Result<(), Exit> {
+        // Read in place: a copy would cost stack the uplink program lacks.
+        let nat = maps::NAT_CONFIG
+            .get(0)
+            .filter(|c| c.node_addr_be != 0)
+            .ok_or((DROP, stat::DROP_NO_NODE_ADDR))?;
+        reply.dst_be[0] = nat.node_addr_be;
+        if !masquerade_port(reply, self.hash(), key, nat.port_min, nat.port_max, now) {
+            return Err((DROP, stat::DROP_SNAT_EXHAUSTED));
+        }
+        Ok(())
+    }
+}
 
 /// The current time for conntrack (CLOCK_MONOTONIC, which the agent's sweeper reads).
 #[inline(always)]
@@ -128,23 +204,20 @@ pub enum Forward {
 /// is gone moves on (kube-proxy clears UDP conntrack of removed endpoints:
 /// https://github.com/kubernetes/kubernetes/blob/master/pkg/proxy/conntrack/cleanup.go).
 #[inline(always)]
-pub fn forward(flow: &Flow, key: &CtKey, now: u64) -> Forward {
+pub fn forward<F: Tuple>(flow: &F, key: &CtKey, now: u64) -> Forward {
     let Some(entry) = maps::conntrack(key) else {
         return Forward::New;
     };
     if entry.dir != CT_FORWARD || !alive(&entry, now) {
         return Forward::New;
     }
-    if flow.syn_only {
+    if flow.syn_only() {
         return Forward::New;
     }
-    if flow.proto == PROTO_UDP {
-        match maps::backend(entry.backend_id) {
-            Some(b) if b.addr_be == entry.pair.src_be[0] && b.port_be == entry.pair.sport_be => {}
-            _ => return Forward::New,
-        }
+    if flow.proto() == PROTO_UDP && !F::backend_holds(&entry) {
+        return Forward::New;
     }
-    let (s, seen) = next_state(flow.proto, entry.flags, flow.tcp_flags, true);
+    let (s, seen) = next_state(flow.proto(), entry.flags, flow.tcp_flags(), true);
     maps::conntrack_touch(key, s, seen, now);
     // Refresh the reverse entry's LRU recency with the forward one.
     let _ = maps::conntrack(&entry.pair);
@@ -155,7 +228,7 @@ pub fn forward(flow: &Flow, key: &CtKey, now: u64) -> Forward {
 /// if the packet belongs to a live one. A reverse entry that belongs to no live
 /// connection is removed and reported as `Err`.
 #[inline(always)]
-pub fn reverse(flow: &Flow, key: &CtKey, now: u64) -> Result<Option<CtKey>, ()> {
+pub fn reverse<F: Tuple>(flow: &F, key: &CtKey, now: u64) -> Result<Option<CtKey>, ()> {
     let Some(Some(fwd_key)) =
         maps::with_conntrack(key, |rev| (rev.dir == CT_REVERSE).then_some(rev.pair))
     else {
@@ -168,7 +241,7 @@ pub fn reverse(flow: &Flow, key: &CtKey, now: u64) -> Result<Option<CtKey>, ()> 
         let _ = CONNTRACK.remove(key);
         return Err(());
     };
-    let (s, seen) = next_state(flow.proto, fwd_flags, flow.tcp_flags, false);
+    let (s, seen) = next_state(flow.proto(), fwd_flags, flow.tcp_flags(), false);
     maps::conntrack_touch(&fwd_key, s, seen, now);
     Ok(Some(fwd_key))
 }
@@ -188,8 +261,8 @@ pub fn related(reply: &CtKey, now: u64) -> Option<CtKey> {
 /// connection's reverse entry would catch: once that connection is closing or closed,
 /// its entries go, so the new direct connection is never rewritten.
 #[inline(always)]
-pub fn direct(flow: &Flow, key: &CtKey) {
-    if !flow.syn_only {
+pub fn direct<F: Tuple>(flow: &F, key: &CtKey) {
+    if !flow.syn_only() {
         return;
     }
     let reply = key.reversed();
@@ -232,17 +305,17 @@ pub fn direct(flow: &Flow, key: &CtKey) {
 /// through this node, so a remapped source port could not be given back to the
 /// client: a clash drops (`DROP_CT_CLASH`) instead.
 #[inline(always)]
-pub fn track(
-    flow: &Flow,
+pub fn track<F: Tuple>(
+    flow: &F,
     key: &CtKey,
     service_id: u32,
     backend_id: u32,
-    backend: &Backend,
+    backend: &F::Backend,
     nat: u8,
 ) -> u32 {
     let now = now();
     // Checked here, before the body, whose frame has no room for one more value.
-    if nat == NAT_DSR && reply_taken(&reply_key(flow, backend), key, now) {
+    if nat == NAT_DSR && reply_taken(&flow.reply_key(backend), key, now) {
         return stat::DROP_CT_CLASH;
     }
     match track_inner(flow, key, service_id, backend_id, backend, nat, now) {
@@ -275,11 +348,17 @@ const SNAT_STEP: u32 = 0x9e37_79b1;
 /// Gives `reply` (from the backend, to the node's address) a source port of `nat`'s
 /// range that no live connection holds; false if the tries found none.
 #[inline(always)]
-fn masquerade_port(reply: &mut CtKey, flow: &Flow, key: &CtKey, nat: &NatConfig, now: u64) -> bool {
-    let min = nat.port_min as u32;
-    let max = nat.port_max as u32;
+pub fn masquerade_port(
+    reply: &mut CtKey,
+    start: u32,
+    key: &CtKey,
+    port_min: u16,
+    port_max: u16,
+    now: u64,
+) -> bool {
+    let min = port_min as u32;
+    let max = port_max as u32;
     let span = if max >= min { max - min + 1 } else { 1 };
-    let start = flow.hash();
     for i in 0..SNAT_TRIES {
         reply.dport_be =
             ((min + start.wrapping_add(i.wrapping_mul(SNAT_STEP)) % span) as u16).to_be();
@@ -290,45 +369,23 @@ fn masquerade_port(reply: &mut CtKey, flow: &Flow, key: &CtKey, nat: &NatConfig,
     false
 }
 
-/// The reply tuple of a new connection of `flow` to `backend`, before any source
-/// translation. A pod picked as the backend of its own connection sees it come from
-/// the hairpin address, never from itself.
 #[inline(always)]
-fn reply_key(flow: &Flow, backend: &Backend) -> CtKey {
-    CtKey::v4(
-        backend.addr_be,
-        dataplane_common::reply_client(flow.src_be, backend.addr_be),
-        backend.port_be,
-        flow.sport_be,
-        flow.proto,
-    )
-}
-
-#[inline(always)]
-fn track_inner(
-    flow: &Flow,
+fn track_inner<F: Tuple>(
+    flow: &F,
     key: &CtKey,
     service_id: u32,
     backend_id: u32,
-    backend: &Backend,
+    backend: &F::Backend,
     nat: u8,
     now: u64,
 ) -> Result<bool, Exit> {
     // The previous connection on this tuple, if any: its reverse entry goes unless it
     // is the one this connection will use.
     let previous = maps::with_conntrack(key, |e| (e.dir == CT_FORWARD).then_some(e.pair)).flatten();
-    let mut reply = reply_key(flow, backend);
+    let mut reply = flow.reply_key(backend);
     let mut remapped = false;
     if nat == NAT_MASQUERADE {
-        // Read in place: a copy would cost stack the uplink program lacks.
-        let nat = maps::NAT_CONFIG
-            .get(0)
-            .filter(|c| c.node_addr_be != 0)
-            .ok_or((DROP, stat::DROP_NO_NODE_ADDR))?;
-        reply.dst_be[0] = nat.node_addr_be;
-        if !masquerade_port(&mut reply, flow, key, nat, now) {
-            return Err((DROP, stat::DROP_SNAT_EXHAUSTED));
-        }
+        flow.masquerade(&mut reply, key, now)?;
     } else if reply_taken(&reply, key, now) {
         let hash = flow.hash();
         let span = 65_536 - REMAP_PORT_MIN;
@@ -350,7 +407,7 @@ fn track_inner(
         }
         remapped = true;
     }
-    let (s, seen) = next_state(flow.proto, 0, flow.tcp_flags, true);
+    let (s, seen) = next_state(flow.proto(), 0, flow.tcp_flags(), true);
     let forward = CtEntry {
         pair: reply,
         last_seen_ns: now,

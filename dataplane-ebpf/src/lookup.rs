@@ -65,10 +65,10 @@ pub fn is_clusterip(flow: &Flow) -> bool {
     maps::service(&clusterip_marker(flow.dst_be)).is_some()
 }
 
-/// A backend chosen for a new connection.
-pub struct Picked {
+/// A backend chosen for a new connection (`Backend` or `Backend6`).
+pub struct Picked<B = Backend> {
     pub backend_id: u32,
-    pub backend: Backend,
+    pub backend: B,
 }
 
 /// Picks a backend for a new connection from `client_be` to `service` (which has at
@@ -79,9 +79,21 @@ pub struct Picked {
 /// untranslated).
 #[inline(always)]
 pub fn pick(client_be: u32, hash: u32, service: &ServiceValue, now: u64) -> Result<Picked, Exit> {
+    pick_in([client_be, 0, 0, 0], hash, service, now, maps::backend)
+}
+
+/// [`pick`] with the backend read by `backend` (the family's map).
+#[inline(always)]
+fn pick_in<B>(
+    client: [u32; 4],
+    hash: u32,
+    service: &ServiceValue,
+    now: u64,
+    backend: impl FnOnce(u32) -> Option<B>,
+) -> Result<Picked<B>, Exit> {
     let sticky = service.flags & SVC_F_AFFINITY != 0;
     let remembered = if sticky {
-        remembered(client_be, service, now)
+        remembered(client, service, now)
     } else {
         None
     };
@@ -97,12 +109,12 @@ pub fn pick(client_be: u32, hash: u32, service: &ServiceValue, now: u64) -> Resu
             (slot, id)
         }
     };
-    let backend = maps::backend(backend_id).ok_or((DROP, stat::DROP_MISSING_BACKEND))?;
+    let backend = backend(backend_id).ok_or((DROP, stat::DROP_MISSING_BACKEND))?;
     if sticky {
         // Remembered when picked: a connection that then fails to be tracked leaves
         // an entry the client's next connection refreshes.
         let key = AffinityKey {
-            client: [client_be, 0, 0, 0],
+            client,
             service_id: service.id,
         };
         let seen = AffinityValue {
@@ -122,9 +134,9 @@ pub fn pick(client_be: u32, hash: u32, service: &ServiceValue, now: u64) -> Resu
 /// The slot and backend session affinity gave this client, if it connected within
 /// the timeout and that backend is still in that slot.
 #[inline(always)]
-fn remembered(client_be: u32, service: &ServiceValue, now: u64) -> Option<(u32, u32)> {
+fn remembered(client: [u32; 4], service: &ServiceValue, now: u64) -> Option<(u32, u32)> {
     let seen = maps::affinity(&AffinityKey {
-        client: [client_be, 0, 0, 0],
+        client,
         service_id: service.id,
     })?;
     let timeout_ns = service.affinity_timeout_s as u64 * 1_000_000_000;

@@ -13,6 +13,7 @@ use dataplane_common::{
     FragKey, FragPorts, FrontendCounters, NatConfig, ServiceKey, ServiceName, ServiceValue,
     SlotKey, SockRevKey, SockRevValue, SourceRange,
 };
+use dataplane_common::{capacity6, Backend6, FragKey6, NatConfig6, ServiceKey6, SourceRange6};
 
 /// Frontends: (VIP, port, proto) → (id, slot count). Written by the agent.
 #[map]
@@ -229,3 +230,30 @@ pub fn fragment(key: &FragKey) -> Option<FragPorts> {
     // SAFETY: as in `service`.
     unsafe { FRAGMENTS.get(key).copied() }
 }
+
+/// IPv6 frontends: (VIP, port, proto, scope) → (id, slot count), ids from the same
+/// space as `SERVICES`' (`SLOTS` serves both). Written by the agent.
+#[map]
+pub static SERVICES6: HashMap<ServiceKey6, ServiceValue> =
+    HashMap::with_max_entries(capacity6::SERVICES6, 0);
+
+/// IPv6 backends: backend id → (ip, port, proto); an id is in `BACKENDS` or here,
+/// never both. Written by the agent.
+#[map]
+pub static BACKENDS6: HashMap<u32, Backend6> = HashMap::with_max_entries(capacity6::BACKENDS6, 0);
+
+/// Fragmented IPv6 datagrams: (src, dst, id, proto) → the ports of the first
+/// fragment. Written by the IPv6 programs for every first fragment; LRU.
+#[map]
+pub static FRAGMENTS6: LruHashMap<FragKey6, FragPorts> =
+    LruHashMap::with_max_entries(capacity6::FRAGMENTS6, 0);
+
+/// The uplink IPv6 program's masquerade settings (one entry). Written by the agent.
+#[map]
+pub static NAT_CONFIG6: Array<NatConfig6> = Array::with_max_entries(1, 0);
+
+/// IPv6 `loadBalancerSourceRanges`: (frontend, source) prefixes → 1. Written by the
+/// agent.
+#[map]
+pub static SOURCE_RANGES6: LpmTrie<SourceRange6, u8> =
+    LpmTrie::with_max_entries(capacity6::SOURCE_RANGES6, 0);

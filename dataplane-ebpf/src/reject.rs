@@ -174,6 +174,29 @@ fn build<const L2: usize>(ctx: &TcContext, l4_off: usize) -> Result<i32, ()> {
     if len == 0 || len > SUM_MAX {
         return Err(());
     }
+    let sum = sum_message(ctx, icmp_off, len, 0)?;
+    let check = !csum_fold(sum);
+    ctx.store(icmp_off + 2, &check.to_ne_bytes(), 0)
+        .map_err(|_| ())?;
+
+    // SAFETY: reads the ifindex field of the context's skb.
+    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    // SAFETY: a plain helper call; it only records where the packet goes.
+    let action = unsafe { bpf_redirect(ifindex, 0) } as i32;
+    if action != TC_ACT_REDIRECT {
+        return Err(());
+    }
+    Ok(action)
+}
+
+/// The one's-complement sum (32 bits, unfolded) of the `len` bytes of an ICMP
+/// message at `icmp_off` (header and quote, `len` a multiple of 4 up to `SUM_MAX`),
+/// on top of `seed` (ICMPv6's pseudo-header; zero for ICMP).
+#[inline(always)]
+pub fn sum_message(ctx: &TcContext, icmp_off: usize, len: usize, seed: u32) -> Result<u32, ()> {
+    if len == 0 || len > SUM_MAX {
+        return Err(());
+    }
     let buf = SCRATCH.get_ptr_mut(0).ok_or(())?;
     // SAFETY: a per-CPU buffer of SCRATCH_LEN bytes (more than SUM_MAX), only this
     // program on this CPU uses it while it runs; `len` is at most SUM_MAX and a
@@ -192,7 +215,7 @@ fn build<const L2: usize>(ctx: &TcContext, l4_off: usize) -> Result<i32, ()> {
         // per-CPU scratch pad; EINVAL above that, measured on Debian's 6.1), so a
         // longer quote is summed in two calls, the first of a constant size.
         if len <= CSUM_PART {
-            bpf_csum_diff(core::ptr::null_mut(), 0, buf as *mut u32, len as u32, 0)
+            bpf_csum_diff(core::ptr::null_mut(), 0, buf as *mut u32, len as u32, seed)
         } else {
             // Masked for the verifier (a no-op: `rest` is a multiple of 4 below 512),
             // which on Linux 6.1 may meet `len` reloaded from the stack without the
@@ -204,7 +227,7 @@ fn build<const L2: usize>(ctx: &TcContext, l4_off: usize) -> Result<i32, ()> {
                 0,
                 buf as *mut u32,
                 CSUM_PART as u32,
-                0,
+                seed,
             );
             if first < 0 {
                 return Err(());
@@ -221,18 +244,7 @@ fn build<const L2: usize>(ctx: &TcContext, l4_off: usize) -> Result<i32, ()> {
     if sum < 0 {
         return Err(());
     }
-    let check = !csum_fold(sum as u32);
-    ctx.store(icmp_off + 2, &check.to_ne_bytes(), 0)
-        .map_err(|_| ())?;
-
-    // SAFETY: reads the ifindex field of the context's skb.
-    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
-    // SAFETY: a plain helper call; it only records where the packet goes.
-    let action = unsafe { bpf_redirect(ifindex, 0) } as i32;
-    if action != TC_ACT_REDIRECT {
-        return Err(());
-    }
-    Ok(action)
+    Ok(sum as u32)
 }
 
 /// The checksum of an IPv4 header without options whose checksum field is zero, as

@@ -8,7 +8,7 @@ use aya::{
     programs::SchedClassifier,
     Ebpf, EbpfLoader,
 };
-use dataplane_common::{map_name, MAP_LAYOUT_VERSION};
+use dataplane_common::{capacity6, map_name, MAP_LAYOUT_VERSION};
 
 use super::{
     migrate::V1Layout,
@@ -129,6 +129,10 @@ impl Datapath {
             .map_max_entries(map_name::SLOTS, caps.limits.slots)
             .map_max_entries(map_name::BACKENDS, caps.limits.backends)
             .map_max_entries(map_name::CONNTRACK, caps.conntrack)
+            .map_max_entries(map_name::SERVICES6, capacity6::SERVICES6)
+            .map_max_entries(map_name::BACKENDS6, capacity6::BACKENDS6)
+            .map_max_entries(map_name::FRAGMENTS6, capacity6::FRAGMENTS6)
+            .map_max_entries(map_name::SOURCE_RANGES6, capacity6::SOURCE_RANGES6)
             .override_global("FLOW_COUNTERS", &flow_counters, true)
             .override_global("HOST_NETNS", &host_netns, true);
         let pin_paths: Vec<(&str, PathBuf)> = pins
@@ -392,6 +396,10 @@ pub fn check() -> Result<KernelCheck, KernelError> {
         .map_max_entries(map_name::SLOTS, 16)
         .map_max_entries(map_name::BACKENDS, 16)
         .map_max_entries(map_name::CONNTRACK, 16)
+        .map_max_entries(map_name::SERVICES6, 16)
+        .map_max_entries(map_name::BACKENDS6, 16)
+        .map_max_entries(map_name::FRAGMENTS6, 16)
+        .map_max_entries(map_name::SOURCE_RANGES6, 16)
         .load(OBJECT)?;
     let mut programs = Vec::new();
     // The bridge is loaded only while migrating from layout v1; checked all the same,

@@ -97,6 +97,20 @@ pub(super) fn expected_sizes(name: &str) -> (usize, usize) {
             size_of::<dataplane_common::SockRevKey>(),
             size_of::<dataplane_common::SockRevValue>(),
         ),
+        map_name::SERVICES6 => (
+            size_of::<dataplane_common::ServiceKey6>(),
+            size_of::<ServiceValue>(),
+        ),
+        map_name::BACKENDS6 => (size_of::<u32>(), size_of::<dataplane_common::Backend6>()),
+        map_name::FRAGMENTS6 => (
+            size_of::<dataplane_common::FragKey6>(),
+            size_of::<dataplane_common::FragPorts>(),
+        ),
+        map_name::NAT_CONFIG6 => (size_of::<u32>(), size_of::<dataplane_common::NatConfig6>()),
+        map_name::SOURCE_RANGES6 => (
+            size_of::<u32>() + size_of::<dataplane_common::SourceRange6>(),
+            size_of::<u8>(),
+        ),
         _ => (0, 0),
     }
 }
