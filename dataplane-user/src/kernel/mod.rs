@@ -27,8 +27,10 @@ pub use link::{
     probe_tcx, AttachMode, Attached, Role, TcPath, TC_HANDLE, TC_PRIORITY, TC_PROGRAMS,
 };
 pub use load::{
-    check, render_check, KernelCheck, ProgramCheck, DSR_PROGRAM, L3_EXT_PROGRAM, L3_PROGRAM,
-    REJECT_L3_PROGRAM, REJECT_PROGRAM, SCTP_NAT_PROGRAM, TC_EXT_PROGRAM, TC_PROGRAM, XDP_PROGRAM,
+    check, render_check, KernelCheck, ProgramCheck, DSR_PROGRAM, EXT6_PROGRAM, L3_6_PROGRAM,
+    L3_EXT6_PROGRAM, L3_EXT_PROGRAM, L3_PROGRAM, REJECT6_L3_PROGRAM, REJECT6_PROGRAM,
+    REJECT_L3_PROGRAM, REJECT_PROGRAM, SCTP_NAT_PROGRAM, TC6_PROGRAM, TC_EXT_PROGRAM, TC_PROGRAM,
+    XDP_PROGRAM,
 };
 pub(crate) use maps::summed;
 pub use maps::KernelMaps;
@@ -138,6 +140,8 @@ pub struct Datapath {
     /// Held for as long as the datapath lives: the kernel empties a program array no
     /// process or pin holds.
     jump: aya::maps::ProgramArray<MapData>,
+    /// The IPv6 programs' table (`JUMP6`), held likewise.
+    jump6: aya::maps::ProgramArray<MapData>,
     pins: Option<PinDir>,
     limits: Limits,
     /// Interfaces the program is attached to by this agent.
