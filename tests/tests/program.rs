@@ -1873,8 +1873,8 @@ mod v6 {
 
     use aya::maps::{Array, HashMap, Map, MapData};
     use dataplane_common::{
-        addr_of, clusterip_marker6, map_name, Backend6, NatConfig6, ServiceKey6, ServiceValue,
-        SlotKey, PROTO_SCTP, PROTO_TCP, PROTO_UDP, SCOPE_ANY,
+        addr_of, clusterip_marker6, map_name, AffinityKey, AffinityValue, Backend6, NatConfig6,
+        ServiceKey6, ServiceValue, SlotKey, PROTO_SCTP, PROTO_TCP, PROTO_UDP, SCOPE_ANY,
     };
     use sliceway_agent::{
         kernel::{Datapath, Role, TC_ACT_REDIRECT, XDP_PASS},
@@ -2081,6 +2081,110 @@ mod v6 {
         assert_translated(&out, &sctp6(sa(VIP, 3868), client, SCTP_DATA));
     }
 
+    /// Writes frontend `vip:80` (TCP) with `id`, `flags` and one slot per backend
+    /// (`backend_ids[i]` at `BACKEND` with the last group of its address `i + 2`).
+    fn frontend(dp: &Datapath, vip: &str, id: u32, flags: u32, backend_ids: &[u32]) {
+        let mut services: HashMap<MapData, ServiceKey6, ServiceValue> =
+            HashMap::try_from(Map::HashMap(map(dp, map_name::SERVICES6))).unwrap();
+        let mut backends: HashMap<MapData, u32, Backend6> =
+            HashMap::try_from(Map::HashMap(map(dp, map_name::BACKENDS6))).unwrap();
+        let mut slots: HashMap<MapData, SlotKey, u32> =
+            HashMap::try_from(Map::HashMap(map(dp, map_name::SLOTS))).unwrap();
+        let value = ServiceValue {
+            id,
+            count: backend_ids.len() as u32,
+            flags,
+            affinity_timeout_s: 60,
+        };
+        services.insert(key(vip, 80, PROTO_TCP), value, 0).unwrap();
+        for (slot, &backend_id) in backend_ids.iter().enumerate() {
+            let key = SlotKey {
+                service_id: id,
+                slot: slot as u32,
+            };
+            slots.insert(key, backend_id, 0).unwrap();
+            let addr = format!("fd00:10:244:11::{}", slot + 2);
+            let b = Backend6 {
+                addr_be: ip(&addr),
+                port_be: 8080u16.to_be(),
+                proto: PROTO_TCP,
+                _pad: 0,
+            };
+            backends.insert(backend_id, b, 0).unwrap();
+        }
+    }
+
+    /// Two IPv6 frontends sharing a backend, one client port: the second connection's
+    /// reply tuple is taken, so it gets the first candidate port of the remap rule
+    /// (`1024 + flow_hash6 % 64512`), as IPv4's does; its reply goes back to the
+    /// client's own port.
+    #[test]
+    fn an_ipv6_reply_tuple_clash_remaps_the_source_port() {
+        let dp = v6_datapath();
+        const API: &str = "fd00:10:96::11";
+        frontend(&dp, API, 906, 0, &[4000]);
+        let client = sa(CLIENT, 41000);
+        let (_, reason, _) = run(&dp, &tcp6(client, sa(VIP, 80), TCP_SYN));
+        assert_eq!(reason, "dnat_new");
+        let (verdict, reason, out) = run(&dp, &tcp6(client, sa(API, 80), TCP_SYN));
+        assert_eq!((verdict, reason), (PASS, "dnat_port_remapped"));
+        let hash = dataplane_common::flow_hash6(
+            ip(CLIENT),
+            ip(API),
+            41000u16.to_be(),
+            80u16.to_be(),
+            PROTO_TCP,
+        );
+        let port = (1024 + hash % 64_512) as u16;
+        assert_translated(&out, &tcp6(sa(CLIENT, port), sa(BACKEND, 8080), TCP_SYN));
+        let reply = tcp6(sa(BACKEND, 8080), sa(CLIENT, port), TCP_SYN | TCP_ACK);
+        let (verdict, reason, out) = run(&dp, &reply);
+        assert_eq!((verdict, reason), (PASS, "revnat"));
+        assert_translated(&out, &tcp6(sa(API, 80), client, TCP_SYN | TCP_ACK));
+    }
+
+    /// Session affinity keys an IPv6 client by its whole address: every connection
+    /// of one client lands on the backend its first got, whatever its port hashes to,
+    /// and `AFFINITY` holds one entry per client (these two differ only in their
+    /// second word).
+    #[test]
+    fn ipv6_session_affinity_keeps_a_client_on_its_backend() {
+        let dp = v6_datapath();
+        const STICKY: &str = "fd00:10:96::40";
+        frontend(
+            &dp,
+            STICKY,
+            907,
+            dataplane_common::SVC_F_AFFINITY,
+            &[4010, 4011, 4012],
+        );
+        let backend_of = |src: SocketAddrV6| {
+            let (verdict, reason, out) = run(&dp, &tcp6(src, sa(STICKY, 80), TCP_SYN));
+            assert_eq!((verdict, reason), (PASS, "dnat_new"));
+            *parse6(&out).unwrap().dst.ip()
+        };
+        let first = backend_of(sa(CLIENT, 50000));
+        for port in 50001..50020 {
+            assert_eq!(backend_of(sa(CLIENT, port)), first, "port {port}");
+        }
+        let other = "fd00:10:244:2::5";
+        let seen: std::collections::BTreeSet<_> =
+            (50000..50020).map(|p| backend_of(sa(other, p))).collect();
+        assert_eq!(seen.len(), 1, "the other client is sticky too");
+        let affinity: HashMap<MapData, AffinityKey, AffinityValue> =
+            HashMap::try_from(Map::LruHashMap(map(&dp, map_name::AFFINITY))).unwrap();
+        let mut clients: Vec<[u32; 4]> = affinity
+            .keys()
+            .map(|k| k.unwrap())
+            .filter(|k| k.service_id == 907)
+            .map(|k| k.client)
+            .collect();
+        clients.sort();
+        let mut want = vec![ip(CLIENT), ip(other)];
+        want.sort();
+        assert_eq!(clients, want);
+    }
+
     #[test]
     fn an_ipv6_pod_reaching_itself_through_its_clusterip_is_hairpinned() {
         let dp = v6_datapath();
@@ -2209,8 +2313,12 @@ mod v6 {
         let (verdict, reason, out) = run(&dp, &fragment6(&sent, 0x1234, 16, false));
         assert_eq!((verdict, reason), (PASS, "nat_fragment"));
         assert_eq!(out, fragment6(&want, 0x1234, 16, false));
-        // A later fragment whose first was never seen: dropped.
+        // A later fragment whose first was never seen: dropped, to a ClusterIP and
+        // (its ports, so its Service, unknown) to anything else alike, as IPv4's.
         let (verdict, reason, _) = run(&dp, &fragment6(&sent, 0x9999, 16, false));
+        assert_eq!((verdict, reason), (DROP, "drop_fragment_orphan"));
+        let to_pod = udp6(client, sa(BACKEND, 5353), &payload);
+        let (verdict, reason, _) = run(&dp, &fragment6(&to_pod, 0x9999, 16, false));
         assert_eq!((verdict, reason), (DROP, "drop_fragment_orphan"));
     }
 
