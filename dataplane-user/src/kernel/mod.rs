@@ -218,6 +218,31 @@ impl Datapath {
         })
     }
 
+    /// [`Datapath::test_run_as`] through the program of interfaces of `role` without
+    /// an Ethernet header (`packet` starts at the IP header), loading those programs
+    /// first as attaching to such an interface does.
+    pub fn test_run_l3(&mut self, role: Role, packet: &[u8]) -> Result<TestRunOutput, KernelError> {
+        self.load_l3()?;
+        let name = role.program_for(true);
+        let program: &SchedClassifier = self
+            .ebpf
+            .program(name)
+            .ok_or(KernelError::MissingProgram(name))?
+            .try_into()?;
+        let mut out = vec![0u8; packet.len() + 256];
+        let result = program.test_run(TestRunOptions {
+            data_in: Some(packet),
+            data_out: Some(&mut out),
+            ..TestRunOptions::new()
+        })?;
+        out.truncate(result.data_size_out as usize);
+        Ok(TestRunOutput {
+            verdict: result.return_value as i32,
+            packet: out,
+            duration: result.duration,
+        })
+    }
+
     /// Runs one packet `repeat` times and returns the kernel-measured time per run.
     pub fn time_run(&self, packet: &[u8], repeat: u32) -> Result<std::time::Duration, KernelError> {
         self.time_run_as(Role::Pods, packet, repeat)
