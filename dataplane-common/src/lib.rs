@@ -590,7 +590,8 @@ pub const CT_REVERSE: u8 = 2;
 /// Slots of the per-CPU `STATS` array: every exit of a program is counted once,
 /// by verdict and reason.
 pub mod stat {
-    /// Not IPv4 (the agent handles IPv4 only today): passed untouched.
+    /// Neither IPv4 nor IPv6 (or IPv6 whose program could not be reached: the kernel
+    /// refused it, or the agent has not loaded it yet): passed untouched.
     pub const PASS_NOT_IPV4: u32 = 0;
     /// IPv4 but neither TCP nor UDP, nor an ICMP error about a translated
     /// connection: passed untouched.
@@ -669,7 +670,8 @@ pub mod stat {
     /// `loadBalancerSourceRanges`: dropped (kube-proxy's firewall chain).
     pub const DROP_SOURCE_RANGE: u32 = 28;
     /// The XDP program left the packet, untouched, to the TC program of its
-    /// interface, which counts it again: an ICMP error, SCTP, or a packet to reject.
+    /// interface, which counts it again: an ICMP error, SCTP, a packet to reject, or
+    /// IPv6 (TC's alone).
     pub const XDP_TO_TC: u32 = 29;
     /// The uplink's TC program saw a packet the XDP program had decided (and
     /// counted): passed at once.
@@ -689,8 +691,12 @@ pub mod stat {
     /// A packet with the option that names no frontend of this node, or whose reply
     /// tuple a live connection holds: passed untouched, nothing recorded.
     pub const PASS_DSR_REFUSED: u32 = 34;
+    /// An IPv6 packet with more extension headers before its transport header than
+    /// the programs walk (`IPV6_EXT_MAX`): dropped, never passed to a frontend
+    /// untranslated.
+    pub const DROP_IPV6_EXT_CHAIN: u32 = 35;
     /// Number of slots.
-    pub const COUNT: u32 = 35;
+    pub const COUNT: u32 = 36;
 
     /// Names, indexed by slot, as `list` and metrics print them.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -729,6 +735,7 @@ pub mod stat {
         "drop_dsr_option",
         "dsr_accepted",
         "pass_dsr_refused",
+        "drop_ipv6_ext_chain",
     ];
 }
 
@@ -775,9 +782,11 @@ pub mod map_name {
     pub const NAT_CONFIG6: &str = "NAT_CONFIG6";
     /// IPv6 `loadBalancerSourceRanges` (`SourceRange6`), written by the agent.
     pub const SOURCE_RANGES6: &str = "SOURCE_RANGES6";
+    /// The IPv6 programs (tail calls, `JUMP6_*` slots), pinned as `JUMP` is.
+    pub const JUMP6: &str = "JUMP6";
 
     /// Every map, in the order the agent pins them.
-    pub const ALL: [&str; 20] = [
+    pub const ALL: [&str; 21] = [
         SERVICES,
         SLOTS,
         BACKENDS,
@@ -798,6 +807,7 @@ pub mod map_name {
         FRAGMENTS6,
         NAT_CONFIG6,
         SOURCE_RANGES6,
+        JUMP6,
     ];
 }
 

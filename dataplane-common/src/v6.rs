@@ -160,6 +160,45 @@ pub fn reply_client6(client_be: [u32; 4], backend_be: [u32; 4]) -> [u32; 4] {
 /// and counted (`stat::DROP_IPV6_EXT_CHAIN`), never passed to a frontend untranslated.
 pub const IPV6_EXT_MAX: usize = 6;
 
+/// Slots of the `JUMP6` program array: the IPv6 programs the entry programs hand an
+/// IPv6 packet to (so IPv4's programs keep their frame and verifier cost), and their
+/// reject programs. A slot left empty (a kernel that refused the IPv6 programs)
+/// passes IPv6 untouched, counted `pass_not_ipv4`.
+pub const JUMP6_SLOTS: u32 = 8;
+/// `sliceway_tc6`, reached from `sliceway_tc`.
+pub const JUMP6_TC: u32 = 0;
+/// `sliceway_ext6`, reached from `sliceway_tc_ext`.
+pub const JUMP6_EXT: u32 = 1;
+/// `sliceway_l3_6`, reached from `sliceway_l3`.
+pub const JUMP6_L3: u32 = 2;
+/// `sliceway_l3ext6`, reached from `sliceway_l3_ext`.
+pub const JUMP6_L3_EXT: u32 = 3;
+/// `sliceway_rej6`: ICMPv6 port unreachable, behind an Ethernet header.
+pub const JUMP6_REJECT: u32 = 4;
+/// `sliceway_rej6_l3`: the same without one.
+pub const JUMP6_REJECT_L3: u32 = 5;
+
+/// [`flow_hash`] of an IPv6 flow: each address folded to one word (XOR of its four)
+/// first, so a flow's slot is as cheap to find as an IPv4 one's.
+#[inline(always)]
+pub fn flow_hash6(
+    src_be: [u32; 4],
+    dst_be: [u32; 4],
+    sport_be: u16,
+    dport_be: u16,
+    proto: u8,
+) -> u32 {
+    let fold = |a: [u32; 4]| a[0] ^ a[1] ^ a[2] ^ a[3];
+    flow_hash(fold(src_be), fold(dst_be), sport_be, dport_be, proto)
+}
+
+/// Protocol numbers of IPv6 (RFC 8200, 4; IANA's protocol numbers).
+pub const PROTO_ICMPV6: u8 = 58;
+pub const IPV6_HOP_BY_HOP: u8 = 0;
+pub const IPV6_ROUTING: u8 = 43;
+pub const IPV6_FRAGMENT: u8 = 44;
+pub const IPV6_DEST_OPTS: u8 = 60;
+
 /// IPv6's capacity defaults; the agent may size them differently at load time.
 pub mod capacity6 {
     /// IPv6 frontends and ClusterIP markers.

@@ -2,11 +2,12 @@
 //! proto), then session affinity or the flow hash for the slot, backend by id.
 
 use dataplane_common::{
-    clusterip_marker, stat, AffinityKey, AffinityValue, Backend, ServiceKey, ServiceValue, SlotKey,
-    PROTO_SCTP, SCOPE_ANY, SCOPE_EXTERNAL, SVC_F_AFFINITY, SVC_F_DSR,
+    clusterip_marker, clusterip_marker6, stat, AffinityKey, AffinityValue, Backend, Backend6,
+    ServiceKey, ServiceKey6, ServiceValue, SlotKey, PROTO_SCTP, SCOPE_ANY, SCOPE_EXTERNAL,
+    SVC_F_AFFINITY, SVC_F_DSR,
 };
 
-use crate::{conntrack, counters::Exit, maps, packet::Flow, tc::DROP};
+use crate::{conntrack, counters::Exit, maps, packet::Flow, tc::DROP, v6::Flow6};
 
 /// Session affinity's client for connections the node's own sockets open (socket
 /// programs, before the kernel picks a source address): the node is one client, as
@@ -65,6 +66,37 @@ pub fn is_clusterip(flow: &Flow) -> bool {
     maps::service(&clusterip_marker(flow.dst_be)).is_some()
 }
 
+/// The key of the IPv6 frontend the packet is addressed to (for everyone).
+#[inline(always)]
+pub fn frontend_key6(flow: &Flow6) -> ServiceKey6 {
+    ServiceKey6 {
+        addr_be: flow.dst_be,
+        port_be: flow.dport_be,
+        proto: flow.proto,
+        scope: SCOPE_ANY,
+    }
+}
+
+/// [`frontend_external`] for IPv6. Direct server return is IPv4's alone (its
+/// option is an IPv4 option): an IPv6 frontend with `SVC_F_DSR` is masqueraded.
+#[inline(always)]
+pub fn frontend_external6(flow: &Flow6) -> Option<(ServiceValue, u8)> {
+    let key = ServiceKey6 {
+        scope: SCOPE_EXTERNAL,
+        ..frontend_key6(flow)
+    };
+    if let Some(local) = maps::service6(&key) {
+        return Some((local, conntrack::NAT_KEEP));
+    }
+    maps::service6(&frontend_key6(flow)).map(|any| (any, conntrack::NAT_MASQUERADE))
+}
+
+/// [`is_clusterip`] for IPv6.
+#[inline(always)]
+pub fn is_clusterip6(flow: &Flow6) -> bool {
+    maps::service6(&clusterip_marker6(flow.dst_be)).is_some()
+}
+
 /// A backend chosen for a new connection (`Backend` or `Backend6`).
 pub struct Picked<B = Backend> {
     pub backend_id: u32,
@@ -80,6 +112,18 @@ pub struct Picked<B = Backend> {
 #[inline(always)]
 pub fn pick(client_be: u32, hash: u32, service: &ServiceValue, now: u64) -> Result<Picked, Exit> {
     pick_in([client_be, 0, 0, 0], hash, service, now, maps::backend)
+}
+
+/// [`pick`] for an IPv6 client: backends from `BACKENDS6`, affinity keyed by the
+/// whole address.
+#[inline(always)]
+pub fn pick6(
+    client_be: [u32; 4],
+    hash: u32,
+    service: &ServiceValue,
+    now: u64,
+) -> Result<Picked<Backend6>, Exit> {
+    pick_in(client_be, hash, service, now, maps::backend6)
 }
 
 /// [`pick`] with the backend read by `backend` (the family's map).

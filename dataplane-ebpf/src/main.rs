@@ -44,6 +44,8 @@ mod sock;
 #[cfg(target_arch = "bpf")]
 mod tc;
 #[cfg(target_arch = "bpf")]
+mod v6;
+#[cfg(target_arch = "bpf")]
 mod xdp;
 
 #[cfg(target_arch = "bpf")]

@@ -79,6 +79,17 @@ pub static SCRATCH: PerCpuArray<[u8; crate::reject::SCRATCH_LEN]> =
 #[map]
 pub static JUMP: ProgramArray = ProgramArray::with_max_entries(dataplane_common::JUMP_SLOTS, 0);
 
+/// The IPv6 programs (`dataplane_common::JUMP6_*` slots): the entry programs hand
+/// IPv6 packets over to them, they hand rejects to their reject programs. A map of
+/// its own, so `JUMP`'s size and slots stay as they are. Filled by the agent.
+#[map]
+pub static JUMP6: ProgramArray = ProgramArray::with_max_entries(dataplane_common::JUMP6_SLOTS, 0);
+
+/// Scratch space of the IPv6 programs (one per CPU): the packet's flow, conntrack
+/// key and entry, kept off the stack.
+#[map]
+pub static SCRATCH6: PerCpuArray<crate::v6::Scratch6> = PerCpuArray::with_max_entries(1, 0);
+
 /// Layout v1's conntrack, read and written only by `sliceway_bridge` while an agent
 /// migrates from v1: the agent then loads the object over the pinned v1 map; the rest
 /// of the time this is a small private map nothing uses.
@@ -257,3 +268,35 @@ pub static NAT_CONFIG6: Array<NatConfig6> = Array::with_max_entries(1, 0);
 #[map]
 pub static SOURCE_RANGES6: LpmTrie<SourceRange6, u8> =
     LpmTrie::with_max_entries(capacity6::SOURCE_RANGES6, 0);
+
+/// The IPv6 frontend at `key`, if any.
+#[inline(always)]
+pub fn service6(key: &ServiceKey6) -> Option<ServiceValue> {
+    // SAFETY: as in `service`.
+    unsafe { SERVICES6.get(key).copied() }
+}
+
+/// The IPv6 backend with id `id`, if any.
+#[inline(always)]
+pub fn backend6(id: u32) -> Option<Backend6> {
+    // SAFETY: as in `service`.
+    unsafe { BACKENDS6.get(id).copied() }
+}
+
+/// The ports the first fragment of IPv6 datagram `key` carried, if it was seen.
+#[inline(always)]
+pub fn fragment6(key: &FragKey6) -> Option<FragPorts> {
+    // SAFETY: as in `service`.
+    unsafe { FRAGMENTS6.get(key).copied() }
+}
+
+/// Whether `src_be` may open connections to IPv6 `frontend` (a frontend with
+/// `SVC_F_SOURCE_RANGES`): it is within one of its ranges.
+#[inline(always)]
+pub fn source_allowed6(frontend: ServiceKey6, src_be: [u32; 4]) -> bool {
+    let key = Key::new(
+        SourceRange6::LOOKUP_BITS,
+        SourceRange6::of(frontend, src_be),
+    );
+    SOURCE_RANGES6.get(&key).is_some()
+}

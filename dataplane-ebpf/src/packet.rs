@@ -134,6 +134,16 @@ impl Frame for XdpContext {
 pub const ETH_LEN: usize = 14;
 pub const ETH_TYPE_OFF: usize = 12;
 pub const ETH_P_IP: u16 = 0x0800;
+pub const ETH_P_IPV6: u16 = 0x86dd;
+
+/// IPv6 header fields, as offsets into the fixed header (RFC 8200, 3).
+pub mod ipv6 {
+    pub const LEN: usize = 40;
+    pub const PAYLOAD_LEN: usize = 4;
+    pub const NEXT: usize = 6;
+    pub const SRC: usize = 8;
+    pub const DST: usize = 24;
+}
 
 /// IPv4 header fields, as offsets into the header (RFC 791).
 pub mod ipv4 {

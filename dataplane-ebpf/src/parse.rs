@@ -1,6 +1,7 @@
 //! Parsing: Ethernet (or none, on an L3 device) + IPv4 + TCP/UDP/SCTP into a
-//! [`Flow`]. Deliberate policy for what the program does not handle: other EtherTypes
-//! (on an L3 device: IPv6; any version but 4 and 6 is malformed) and other IP
+//! [`Flow`]. IPv6 never gets here: the entry programs hand it to the IPv6 programs
+//! (`crate::v6`) first. Deliberate policy for what the program does not handle:
+//! other EtherTypes (any IP version but 4 and 6 is malformed) and other IP
 //! protocols pass untouched; truncated or malformed headers drop, and so does a
 //! packet whose IP total length ends before its L4 header (never rewritten: the bytes
 //! after the datagram are not ours).
@@ -25,8 +26,8 @@ use crate::{
 };
 
 /// On an interface without an Ethernet header the IP version says the family: IPv6
-/// passes untouched, as another EtherType does (checked before `parse`, which then
-/// takes any other version as malformed).
+/// goes to the IPv6 program (checked before `parse`, which then takes any other
+/// version as malformed).
 #[inline(always)]
 pub fn l3_not_ipv4(ctx: &impl Frame) -> bool {
     load::<u32>(ctx, 0).is_some_and(|w| w.to_ne_bytes()[ipv4::VERSION_IHL] >> 4 == 6)

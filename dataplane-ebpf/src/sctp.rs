@@ -55,6 +55,28 @@ pub fn translate_ports(ctx: &TcContext, flow: &Flow, sport_be: u16, dport_be: u1
     }
 }
 
+/// [`translate_ports`] for an IPv6 packet (the program reads only the SCTP header:
+/// one for both families).
+#[inline(always)]
+pub fn translate_ports6(
+    ctx: &TcContext,
+    flow: &crate::v6::Flow6,
+    sport_be: u16,
+    dport_be: u16,
+    reason: u32,
+) {
+    let pair = |old: u16, new: u16| (old as u32) | ((new as u32) << 16);
+    // SAFETY: as in `translate_ports`.
+    unsafe {
+        let cb = &mut (*ctx.skb.skb).cb;
+        cb[CB_REASON] = reason;
+        cb[CB_L4] = (flow.l4_off as u32 & 0xffff) | ((flow.l4_len as u32) << 16);
+        cb[CB_SPORT] = pair(flow.sport_be, sport_be);
+        cb[CB_DPORT] = pair(flow.dport_be, dport_be);
+        JUMP.tail_call(ctx, JUMP_SCTP_NAT);
+    }
+}
+
 /// The SCTP port program, entered only by tail call from `sliceway_tc`.
 #[classifier]
 pub fn sliceway_sctp_nat(ctx: TcContext) -> i32 {

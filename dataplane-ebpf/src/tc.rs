@@ -4,6 +4,9 @@
 //! packet may come from a backend (`from_backend`: reverse NAT), is rejected if it is
 //! for a ClusterIP's undeclared port, or passes untouched.
 //!
+//! IPv6 is handed over first, by tail call, to the IPv6 programs (`crate::v6`),
+//! so this body and its frame are IPv4's alone.
+//!
 //! The XDP program of the uplinks (`xdp.rs`) runs this same body ([`decide`]) over
 //! its frame; what needs a tail call or the skb (REJECT, SCTP ports, ICMP errors) it
 //! leaves to this program ([`TO_TC`]).
@@ -13,7 +16,10 @@ use aya_ebpf::{
     macros::classifier,
     programs::TcContext,
 };
-use dataplane_common::{stat, CtKey, PROTO_SCTP, SVC_F_DROP_EMPTY, SVC_F_SOURCE_RANGES};
+use dataplane_common::{
+    stat, CtKey, JUMP6_EXT, JUMP6_L3, JUMP6_L3_EXT, JUMP6_TC, PROTO_SCTP, SVC_F_DROP_EMPTY,
+    SVC_F_SOURCE_RANGES,
+};
 
 use crate::{
     bridge,
@@ -23,7 +29,7 @@ use crate::{
     nat::{rewrite, End},
     packet::{Flow, Frame, Packet, L3},
     parse::{self, parse},
-    reject, sctp, xdp,
+    reject, sctp, v6, xdp,
 };
 
 pub const PASS: i32 = TC_ACT_OK;
@@ -122,6 +128,9 @@ impl Program for L3<'_> {
 
 #[classifier]
 pub fn sliceway_tc(ctx: TcContext) -> i32 {
+    if v6::is_ipv6(&ctx) {
+        return v6::hand_over(&ctx, JUMP6_TC);
+    }
     run::<false, false, _>(&ctx)
 }
 
@@ -133,6 +142,10 @@ pub fn sliceway_tc(ctx: TcContext) -> i32 {
 /// return option goes to `sliceway_dsr` ([`dsr_accept`]).
 #[classifier]
 pub fn sliceway_tc_ext(ctx: TcContext) -> i32 {
+    // First: the XDP program leaves IPv6 to TC, unmarked.
+    if v6::is_ipv6(&ctx) {
+        return v6::hand_over(&ctx, JUMP6_EXT);
+    }
     if xdp::decided(&ctx) {
         count(stat::PASS_XDP_DECIDED);
         return PASS;
@@ -161,8 +174,7 @@ fn dsr_accept<C: Program>(ctx: &C) -> Option<i32> {
 #[classifier]
 pub fn sliceway_l3(ctx: TcContext) -> i32 {
     if parse::l3_not_ipv4(&L3(&ctx)) {
-        count(stat::PASS_NOT_IPV4);
-        return PASS;
+        return v6::hand_over(&ctx, JUMP6_L3);
     }
     run::<false, false, _>(&L3(&ctx))
 }
@@ -171,8 +183,7 @@ pub fn sliceway_l3(ctx: TcContext) -> i32 {
 #[classifier]
 pub fn sliceway_l3_ext(ctx: TcContext) -> i32 {
     if parse::l3_not_ipv4(&L3(&ctx)) {
-        count(stat::PASS_NOT_IPV4);
-        return PASS;
+        return v6::hand_over(&ctx, JUMP6_L3_EXT);
     }
     if let Some(verdict) = dsr_accept(&L3(&ctx)) {
         return verdict;

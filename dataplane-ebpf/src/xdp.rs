@@ -36,6 +36,13 @@ const META_LEN: usize = 4;
 
 #[xdp]
 pub fn sliceway_xdp(ctx: XdpContext) -> u32 {
+    if crate::packet::load::<[u8; 2]>(&ctx, crate::packet::ETH_TYPE_OFF)
+        .is_some_and(|t| u16::from_be_bytes(t) == crate::packet::ETH_P_IPV6)
+    {
+        // IPv6 is TC's (`sliceway_ext6`): passed on untouched and unmarked.
+        count(stat::XDP_TO_TC);
+        return XDP_PASS;
+    }
     if crate::dsr::carries_option(&ctx, <XdpContext as crate::packet::Frame>::L2) {
         // Direct server return's record is made by TC's `sliceway_dsr`.
         count(stat::XDP_TO_TC);

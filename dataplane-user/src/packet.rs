@@ -1,6 +1,7 @@
-//! Crafting and checking IPv4 TCP/UDP/SCTP packets, for `trace` and for program tests.
+//! Crafting and checking IPv4 TCP/UDP/SCTP packets and IPv6 TCP/UDP packets, for
+//! `trace` and for program tests.
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddrV4, SocketAddrV6};
 
 use dataplane_common::{PROTO_SCTP, PROTO_TCP, PROTO_UDP};
 
@@ -298,4 +299,233 @@ mod tests {
         p[last] ^= 1;
         assert!(!parse(&p).unwrap().l4_csum_ok);
     }
+}
+
+/// What to put in a crafted IPv6 packet.
+#[derive(Clone, Debug)]
+pub struct PacketSpec6 {
+    pub src: SocketAddrV6,
+    pub dst: SocketAddrV6,
+    pub proto: u8,
+    /// TCP flags (ignored for UDP).
+    pub tcp_flags: u8,
+    pub payload: Vec<u8>,
+    /// Extension headers before the transport header, by type (hop-by-hop 0,
+    /// routing 43, destination options 60), each 8 bytes: padding only, or a routing
+    /// header with no segments left.
+    pub ext: Vec<u8>,
+}
+
+impl PacketSpec6 {
+    pub fn tcp(src: SocketAddrV6, dst: SocketAddrV6, flags: u8) -> Self {
+        Self {
+            src,
+            dst,
+            proto: PROTO_TCP,
+            tcp_flags: flags,
+            payload: Vec::new(),
+            ext: Vec::new(),
+        }
+    }
+    pub fn udp(src: SocketAddrV6, dst: SocketAddrV6, payload: &[u8]) -> Self {
+        Self {
+            src,
+            dst,
+            proto: PROTO_UDP,
+            tcp_flags: 0,
+            payload: payload.to_vec(),
+            ext: Vec::new(),
+        }
+    }
+    /// An SCTP packet with one chunk of type `chunk`, as [`PacketSpec::sctp`].
+    pub fn sctp(src: SocketAddrV6, dst: SocketAddrV6, chunk: u8) -> Self {
+        let v4 = PacketSpec::sctp(
+            SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, src.port()),
+            SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, dst.port()),
+            chunk,
+        );
+        Self {
+            src,
+            dst,
+            proto: PROTO_SCTP,
+            tcp_flags: chunk,
+            payload: v4.payload,
+            ext: Vec::new(),
+        }
+    }
+}
+
+/// IPv6's next header of ICMPv6.
+pub const PROTO_ICMPV6: u8 = 58;
+/// The IPv6 extension headers `build6` and `parse6` know.
+const EXT_HEADERS: [u8; 4] = [0, 43, 44, 60];
+
+/// Builds Ethernet + IPv6 (+ extension headers) + TCP/UDP/SCTP with a correct
+/// checksum.
+pub fn build6(spec: &PacketSpec6) -> Vec<u8> {
+    let header = match spec.proto {
+        PROTO_TCP => 20,
+        PROTO_SCTP => 12,
+        _ => 8,
+    };
+    let l4_len = header + spec.payload.len();
+    let mut p = Vec::with_capacity(14 + 40 + 8 * spec.ext.len() + l4_len);
+    p.extend_from_slice(&[0x02, 0, 0, 0, 0, 2]);
+    p.extend_from_slice(&[0x02, 0, 0, 0, 0, 1]);
+    p.extend_from_slice(&0x86ddu16.to_be_bytes());
+    p.extend_from_slice(&[0x60, 0, 0, 0]);
+    p.extend_from_slice(&((8 * spec.ext.len() + l4_len) as u16).to_be_bytes());
+    p.push(spec.ext.first().copied().unwrap_or(spec.proto));
+    p.push(64);
+    p.extend_from_slice(&spec.src.ip().octets());
+    p.extend_from_slice(&spec.dst.ip().octets());
+    for (i, kind) in spec.ext.iter().enumerate() {
+        let next = spec.ext.get(i + 1).copied().unwrap_or(spec.proto);
+        // Next header, length 0 (8 bytes), then: options, a PadN of 4 bytes; a
+        // routing header, type 0 with no segments left (RFC 8200, 4.4: ignored).
+        if *kind == 43 {
+            p.extend_from_slice(&[next, 0, 0, 0, 0, 0, 0, 0]);
+        } else {
+            p.extend_from_slice(&[next, 0, 1, 4, 0, 0, 0, 0]);
+        }
+    }
+    let l4_start = p.len();
+    p.extend_from_slice(&spec.src.port().to_be_bytes());
+    p.extend_from_slice(&spec.dst.port().to_be_bytes());
+    if spec.proto == PROTO_SCTP {
+        let tag: u32 = if spec.tcp_flags == SCTP_INIT { 0 } else { 1 };
+        p.extend_from_slice(&tag.to_be_bytes());
+        p.extend_from_slice(&[0; 4]);
+        p.extend_from_slice(&spec.payload);
+        let crc = crc32c(&p[l4_start..]);
+        p[l4_start + 8..l4_start + 12].copy_from_slice(&crc.to_le_bytes());
+        return p;
+    }
+    let csum_off = if spec.proto == PROTO_TCP {
+        p.extend_from_slice(&1000u32.to_be_bytes());
+        let ack: u32 = if spec.tcp_flags & TCP_ACK != 0 {
+            2000
+        } else {
+            0
+        };
+        p.extend_from_slice(&ack.to_be_bytes());
+        p.push(5 << 4);
+        p.push(spec.tcp_flags);
+        p.extend_from_slice(&64240u16.to_be_bytes());
+        p.extend_from_slice(&[0, 0, 0, 0]);
+        16
+    } else {
+        p.extend_from_slice(&(l4_len as u16).to_be_bytes());
+        p.extend_from_slice(&[0, 0]);
+        6
+    };
+    p.extend_from_slice(&spec.payload);
+    let csum = l4_checksum6(
+        &spec.src.ip().octets(),
+        &spec.dst.ip().octets(),
+        spec.proto,
+        &p[l4_start..],
+    );
+    let csum = if spec.proto == PROTO_UDP && csum == 0 {
+        0xffff
+    } else {
+        csum
+    };
+    p[l4_start + csum_off..l4_start + csum_off + 2].copy_from_slice(&csum.to_be_bytes());
+    p
+}
+
+/// The checksum of an IPv6 upper-layer packet `seg` (RFC 8200, 8.1: over the
+/// pseudo-header of source, destination, length and next header, then `seg`). Over
+/// a packet with a correct checksum in place, the result is zero.
+pub fn l4_checksum6(src: &[u8; 16], dst: &[u8; 16], proto: u8, seg: &[u8]) -> u16 {
+    let mut pseudo = Vec::with_capacity(40);
+    pseudo.extend_from_slice(src);
+    pseudo.extend_from_slice(dst);
+    pseudo.extend_from_slice(&(seg.len() as u32).to_be_bytes());
+    pseudo.extend_from_slice(&[0, 0, 0, proto]);
+    checksum(seg, sum(&pseudo))
+}
+
+/// The fields of a parsed IPv6 packet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Parsed6 {
+    pub src: SocketAddrV6,
+    pub dst: SocketAddrV6,
+    pub proto: u8,
+    /// Offset of the transport header from the start of the frame.
+    pub l4_off: usize,
+    pub l4_csum_ok: bool,
+}
+
+/// Parses Ethernet + IPv6 (+ hop-by-hop, routing, destination options) + TCP/UDP/
+/// SCTP/ICMPv6 and verifies the checksum (SCTP's CRC32c); `None` for anything else (a
+/// fragment included).
+pub fn parse6(p: &[u8]) -> Option<Parsed6> {
+    if p.len() < 14 + 40 || u16::from_be_bytes([p[12], p[13]]) != 0x86dd {
+        return None;
+    }
+    let ip = &p[14..];
+    let total = 40 + u16::from_be_bytes([ip[4], ip[5]]) as usize;
+    if ip.len() < total {
+        return None;
+    }
+    let src: [u8; 16] = ip[8..24].try_into().ok()?;
+    let dst: [u8; 16] = ip[24..40].try_into().ok()?;
+    let mut next = ip[6];
+    let mut off = 40;
+    while EXT_HEADERS.contains(&next) && next != 44 {
+        next = *ip.get(off)?;
+        off += (*ip.get(off + 1)? as usize + 1) * 8;
+    }
+    if next == 44 || off + 4 > total {
+        return None;
+    }
+    let l4 = &ip[off..total];
+    let port = |at: usize| u16::from_be_bytes([l4[at], l4[at + 1]]);
+    let (sport, dport) = if next == PROTO_ICMPV6 {
+        (0, 0)
+    } else {
+        (port(0), port(2))
+    };
+    Some(Parsed6 {
+        src: SocketAddrV6::new(src.into(), sport, 0, 0),
+        dst: SocketAddrV6::new(dst.into(), dport, 0, 0),
+        proto: next,
+        l4_off: 14 + off,
+        l4_csum_ok: if next == PROTO_SCTP {
+            l4.len() >= 12 && crc32c(l4).to_le_bytes() == l4[8..12]
+        } else {
+            l4_checksum6(&src, &dst, next, l4) == 0
+        },
+    })
+}
+
+/// The reply an IPv6 REJECT makes of `original` (an Ethernet frame holding an IPv6
+/// packet), written from the RFCs for tests to compare with: ICMPv6 destination
+/// unreachable, port unreachable (RFC 4443, 3.1), from the address the client asked
+/// for, quoting the packet up to the programs' cap of 548 bytes in whole 32-bit
+/// words; hop limit 64, Ethernet addresses swapped.
+pub fn icmp6_port_unreachable(original: &[u8]) -> Vec<u8> {
+    let ip = &original[14..];
+    let total = 40 + u16::from_be_bytes([ip[4], ip[5]]) as usize;
+    let quote = &ip[..total.min(548) / 4 * 4];
+    let mut out = Vec::with_capacity(14 + 48 + quote.len());
+    out.extend_from_slice(&original[6..12]);
+    out.extend_from_slice(&original[0..6]);
+    out.extend_from_slice(&original[12..14]);
+    let len = (8 + quote.len()) as u16;
+    out.extend_from_slice(&[0x60, 0, 0, 0]);
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(&[PROTO_ICMPV6, 64]);
+    out.extend_from_slice(&ip[24..40]);
+    out.extend_from_slice(&ip[8..24]);
+    let mut icmp = vec![1, 4, 0, 0, 0, 0, 0, 0];
+    icmp.extend_from_slice(quote);
+    let src: [u8; 16] = ip[24..40].try_into().unwrap_or_default();
+    let dst: [u8; 16] = ip[8..24].try_into().unwrap_or_default();
+    let c = l4_checksum6(&src, &dst, PROTO_ICMPV6, &icmp);
+    icmp[2..4].copy_from_slice(&c.to_be_bytes());
+    out.extend_from_slice(&icmp);
+    out
 }

@@ -45,6 +45,18 @@ pub const SCTP_NAT_PROGRAM: &str = "sliceway_sctp_nat";
 /// carries one.
 pub const DSR_PROGRAM: &str = "sliceway_dsr";
 
+/// The IPv6 programs, reached by tail call (`JUMP6`) from the entry programs above
+/// when a packet is IPv6: `sliceway_tc`'s, `sliceway_tc_ext`'s and their reject
+/// program. A kernel that refuses them refuses IPv6 only (it then passes untouched).
+pub const TC6_PROGRAM: &str = "sliceway_tc6";
+pub const EXT6_PROGRAM: &str = "sliceway_ext6";
+pub const REJECT6_PROGRAM: &str = "sliceway_rej6";
+/// The IPv6 programs of interfaces without an Ethernet header, loaded with the L3
+/// programs.
+pub const L3_6_PROGRAM: &str = "sliceway_l3_6";
+pub const L3_EXT6_PROGRAM: &str = "sliceway_l3ext6";
+pub const REJECT6_L3_PROGRAM: &str = "sliceway_rej6_l3";
+
 fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, KernelError>
 where
     T: TryFrom<aya::maps::Map, Error = MapError>,
@@ -174,6 +186,7 @@ impl Datapath {
                     map_name::STATS => Some(dataplane_common::stat::COUNT),
                     map_name::CT_TIMEOUTS => Some(dataplane_common::ct::state::COUNT),
                     map_name::JUMP => Some(dataplane_common::JUMP_SLOTS),
+                    map_name::JUMP6 => Some(dataplane_common::JUMP6_SLOTS),
                     _ => None,
                 };
                 if let Some(now) = grows {
@@ -282,12 +295,14 @@ impl Datapath {
         };
         let conntrack = take(&mut ebpf, map_name::CONNTRACK)?;
         let stats = take(&mut ebpf, map_name::STATS)?;
-        Ok(Self {
+        let jump6 = take(&mut ebpf, map_name::JUMP6)?;
+        let mut datapath = Self {
             ebpf,
             maps,
             conntrack,
             stats,
             jump,
+            jump6,
             pins: pins.cloned(),
             limits,
             links: BTreeMap::new(),
@@ -297,7 +312,13 @@ impl Datapath {
             adopted,
             netns_cookie,
             sock_cgroup: None,
-        })
+        };
+        datapath.load_v6(&[
+            (dataplane_common::JUMP6_TC, TC6_PROGRAM),
+            (dataplane_common::JUMP6_EXT, EXT6_PROGRAM),
+            (dataplane_common::JUMP6_REJECT, REJECT6_PROGRAM),
+        ]);
+        Ok(datapath)
     }
 }
 
@@ -306,6 +327,11 @@ impl Datapath {
     /// one is attached: `sliceway_l3`, `sliceway_l3_ext` and their reject program
     /// (`JUMP` slot 2). A kernel that refuses them refuses such interfaces only.
     pub(super) fn load_l3(&mut self) -> Result<(), KernelError> {
+        self.load_v6(&[
+            (dataplane_common::JUMP6_L3, L3_6_PROGRAM),
+            (dataplane_common::JUMP6_L3_EXT, L3_EXT6_PROGRAM),
+            (dataplane_common::JUMP6_REJECT_L3, REJECT6_L3_PROGRAM),
+        ]);
         for name in [L3_PROGRAM, L3_EXT_PROGRAM, REJECT_L3_PROGRAM] {
             let p: &mut SchedClassifier = self
                 .ebpf
@@ -330,6 +356,74 @@ impl Datapath {
             }
         }
         Ok(())
+    }
+}
+
+impl Datapath {
+    /// Loads IPv6 programs and puts each in its `JUMP6` slot. One the kernel refuses
+    /// is logged and left out: its slot stays empty, so IPv6 passes untouched
+    /// (counted `pass_not_ipv4`) and IPv4 is served as before.
+    fn load_v6(&mut self, programs: &[(u32, &'static str)]) {
+        for &(slot, name) in programs {
+            if let Err(e) = self.load_into_jump6(slot, name) {
+                tracing::warn!(
+                    program = name,
+                    error = %e,
+                    "the kernel refused an IPv6 program: IPv6 passes untouched"
+                );
+            }
+        }
+    }
+
+    fn load_into_jump6(&mut self, slot: u32, name: &'static str) -> Result<(), KernelError> {
+        let p: &mut SchedClassifier = self
+            .ebpf
+            .program_mut(name)
+            .ok_or(KernelError::MissingProgram(name))?
+            .try_into()?;
+        if p.fd().is_err() {
+            p.load()?;
+        }
+        let fd = p
+            .fd()?
+            .try_clone()
+            .map_err(|e| KernelError::Program(aya::programs::ProgramError::IOError(e)))?;
+        self.jump6
+            .set(slot, &fd, 0)
+            .map_err(|source| KernelError::Map {
+                name: map_name::JUMP6,
+                source,
+            })
+    }
+
+    /// A map of the loaded object by name, found through the maps the IPv6 programs
+    /// use (so also one another part of the agent holds): for tests and tools that
+    /// fill IPv6's maps before the map writer knows them.
+    pub fn v6_map(&self, name: &str) -> Result<MapData, KernelError> {
+        let missing = || KernelError::Pin {
+            path: PathBuf::from(name),
+            reason: "no such map in the IPv6 program (is it loaded?)".into(),
+        };
+        for program in [TC6_PROGRAM, EXT6_PROGRAM] {
+            let p: &SchedClassifier = self
+                .ebpf
+                .program(program)
+                .ok_or(KernelError::MissingProgram(program))?
+                .try_into()?;
+            let ids = p.info()?.map_ids()?.unwrap_or_default();
+            for id in ids {
+                let Ok(info) = MapInfo::from_id(id) else {
+                    continue;
+                };
+                if info.name_as_str() == Some(name) {
+                    return MapData::from_id(id).map_err(|source| KernelError::Map {
+                        name: map_name::JUMP6,
+                        source,
+                    });
+                }
+            }
+        }
+        Err(missing())
     }
 }
 
@@ -421,6 +515,12 @@ pub fn check() -> Result<KernelCheck, KernelError> {
         L3_EXT_PROGRAM,
         REJECT_L3_PROGRAM,
         super::BRIDGE_PROGRAM,
+        TC6_PROGRAM,
+        EXT6_PROGRAM,
+        REJECT6_PROGRAM,
+        L3_6_PROGRAM,
+        L3_EXT6_PROGRAM,
+        REJECT6_L3_PROGRAM,
     ];
     let sock = super::SOCK_PROGRAMS.map(|(name, _)| name);
     for (name, kind) in tc

@@ -27,8 +27,10 @@ pub use link::{
     probe_tcx, AttachMode, Attached, Role, TcPath, TC_HANDLE, TC_PRIORITY, TC_PROGRAMS,
 };
 pub use load::{
-    check, render_check, KernelCheck, ProgramCheck, DSR_PROGRAM, L3_EXT_PROGRAM, L3_PROGRAM,
-    REJECT_L3_PROGRAM, REJECT_PROGRAM, SCTP_NAT_PROGRAM, TC_EXT_PROGRAM, TC_PROGRAM, XDP_PROGRAM,
+    check, render_check, KernelCheck, ProgramCheck, DSR_PROGRAM, EXT6_PROGRAM, L3_6_PROGRAM,
+    L3_EXT6_PROGRAM, L3_EXT_PROGRAM, L3_PROGRAM, REJECT6_L3_PROGRAM, REJECT6_PROGRAM,
+    REJECT_L3_PROGRAM, REJECT_PROGRAM, SCTP_NAT_PROGRAM, TC6_PROGRAM, TC_EXT_PROGRAM, TC_PROGRAM,
+    XDP_PROGRAM,
 };
 pub(crate) use maps::summed;
 pub use maps::KernelMaps;
@@ -138,6 +140,8 @@ pub struct Datapath {
     /// Held for as long as the datapath lives: the kernel empties a program array no
     /// process or pin holds.
     jump: aya::maps::ProgramArray<MapData>,
+    /// The IPv6 programs' table (`JUMP6`), held likewise.
+    jump6: aya::maps::ProgramArray<MapData>,
     pins: Option<PinDir>,
     limits: Limits,
     /// Interfaces the program is attached to by this agent.
@@ -202,6 +206,31 @@ impl Datapath {
     pub fn test_run_as(&self, role: Role, packet: &[u8]) -> Result<TestRunOutput, KernelError> {
         let mut out = vec![0u8; packet.len() + 256];
         let result = self.program(role).test_run(TestRunOptions {
+            data_in: Some(packet),
+            data_out: Some(&mut out),
+            ..TestRunOptions::new()
+        })?;
+        out.truncate(result.data_size_out as usize);
+        Ok(TestRunOutput {
+            verdict: result.return_value as i32,
+            packet: out,
+            duration: result.duration,
+        })
+    }
+
+    /// [`Datapath::test_run_as`] through the program of interfaces of `role` without
+    /// an Ethernet header (`packet` starts at the IP header), loading those programs
+    /// first as attaching to such an interface does.
+    pub fn test_run_l3(&mut self, role: Role, packet: &[u8]) -> Result<TestRunOutput, KernelError> {
+        self.load_l3()?;
+        let name = role.program_for(true);
+        let program: &SchedClassifier = self
+            .ebpf
+            .program(name)
+            .ok_or(KernelError::MissingProgram(name))?
+            .try_into()?;
+        let mut out = vec![0u8; packet.len() + 256];
+        let result = program.test_run(TestRunOptions {
             data_in: Some(packet),
             data_out: Some(&mut out),
             ..TestRunOptions::new()

@@ -75,7 +75,7 @@ pub(super) fn expected_sizes(name: &str) -> (usize, usize) {
         ),
         map_name::STATS => (size_of::<u32>(), size_of::<u64>()),
         map_name::SERVICE_NAMES => (size_of::<u32>(), size_of::<ServiceName>()),
-        map_name::JUMP => (size_of::<u32>(), size_of::<u32>()),
+        map_name::JUMP | map_name::JUMP6 => (size_of::<u32>(), size_of::<u32>()),
         map_name::AFFINITY => (
             size_of::<dataplane_common::AffinityKey>(),
             size_of::<dataplane_common::AffinityValue>(),

@@ -1,0 +1,411 @@
+//! IPv6: programs of their own, reached by tail call (`JUMP6`) from the entry
+//! programs, which see the EtherType (or the IP version on an interface without an
+//! Ethernet header) and hand the packet over before IPv4's body, so IPv4's frame and
+//! verifier cost stay as they were. A kernel that refuses these programs leaves their
+//! slots empty: IPv6 then passes untouched, counted `pass_not_ipv4`, as before.
+//!
+//! The body makes IPv4's decisions (`crate::tc`) over IPv6's maps (`SERVICES6`,
+//! `BACKENDS6`, `FRAGMENTS6`, `NAT_CONFIG6`, `SOURCE_RANGES6`) and the shared ones
+//! (`SLOTS`, `CONNTRACK` with `FAMILY_V6` keys, `AFFINITY` keyed by the whole
+//! address, the counters): conntrack or pick, DNAT (a source port remapped on a
+//! reply-tuple clash), reverse NAT, hairpin through `HAIRPIN6_ADDR_BE`, the
+//! ClusterIP marker, reject (ICMPv6 port unreachable, `reject.rs`) or drop for
+//! frontends without backends, masquerade on the uplinks (`NAT_CONFIG6`).
+//!
+//! Not here (yet): ICMPv6 errors about translated connections (Packet Too Big from a
+//! router between a pod and a client is passed untranslated); direct server return
+//! (an IPv4 option: IPv6 frontends with `SVC_F_DSR` are masqueraded); XDP (the XDP
+//! program leaves IPv6 to TC).
+
+mod nat;
+mod parse;
+mod reject;
+
+use aya_ebpf::{macros::classifier, programs::TcContext};
+use dataplane_common::{
+    flow_hash6, reply_client6, stat, Backend6, CtEntry, CtKey, FAMILY_V6, JUMP6_REJECT,
+    JUMP6_REJECT_L3, PROTO_SCTP, SVC_F_DROP_EMPTY, SVC_F_SOURCE_RANGES,
+};
+
+use crate::{
+    conntrack::{self, Forward, Tuple},
+    counters::{self, count, Exit},
+    lookup, maps,
+    nat::End,
+    packet::{Frame, L3},
+    sctp,
+    tc::{DROP, PASS},
+};
+
+pub use nat::rewrite6;
+
+/// The fields of an IPv6 TCP/UDP/SCTP packet the programs decide on, network byte
+/// order; as [`crate::packet::Flow`].
+pub struct Flow6 {
+    pub src_be: [u32; 4],
+    pub dst_be: [u32; 4],
+    pub sport_be: u16,
+    pub dport_be: u16,
+    pub proto: u8,
+    /// The first packet of a connection: TCP SYN without ACK, or SCTP INIT.
+    pub syn_only: bool,
+    /// TCP flags; SCTP's ends as `FLAG_RST` (see `Flow`).
+    pub tcp_flags: u8,
+    /// A non-first fragment: ports from the first fragment, addresses rewritten only.
+    pub later_fragment: bool,
+    /// Length of the L4 packet (payload length minus extension headers), zero for a
+    /// first fragment. SCTP's checksum covers it.
+    pub l4_len: u16,
+    /// Offset of the L4 header (after the extension headers).
+    pub l4_off: usize,
+}
+
+impl Flow6 {
+    /// The conntrack key of the packet as it arrives.
+    #[inline(always)]
+    pub fn key(&self) -> CtKey {
+        CtKey {
+            src_be: self.src_be,
+            dst_be: self.dst_be,
+            sport_be: self.sport_be,
+            dport_be: self.dport_be,
+            proto: self.proto,
+            family: FAMILY_V6,
+            _pad: [0; 2],
+        }
+    }
+}
+
+impl Tuple for Flow6 {
+    type Backend = Backend6;
+
+    #[inline(always)]
+    fn proto(&self) -> u8 {
+        self.proto
+    }
+
+    #[inline(always)]
+    fn syn_only(&self) -> bool {
+        self.syn_only
+    }
+
+    #[inline(always)]
+    fn tcp_flags(&self) -> u8 {
+        self.tcp_flags
+    }
+
+    #[inline(always)]
+    fn hash(&self) -> u32 {
+        flow_hash6(
+            self.src_be,
+            self.dst_be,
+            self.sport_be,
+            self.dport_be,
+            self.proto,
+        )
+    }
+
+    #[inline(always)]
+    fn reply_key(&self, backend: &Backend6) -> CtKey {
+        CtKey {
+            src_be: backend.addr_be,
+            dst_be: reply_client6(self.src_be, backend.addr_be),
+            sport_be: backend.port_be,
+            dport_be: self.sport_be,
+            proto: self.proto,
+            family: FAMILY_V6,
+            _pad: [0; 2],
+        }
+    }
+
+    #[inline(always)]
+    fn backend_holds(entry: &CtEntry) -> bool {
+        matches!(maps::backend6(entry.backend_id),
+            Some(b) if same_addr(&b.addr_be, &entry.pair.src_be) && b.port_be == entry.pair.sport_be)
+    }
+
+    #[inline(always)]
+    fn masquerade(&self, reply: &mut CtKey, key: &CtKey, now: u64) -> Result<(), Exit> {
+        let nat = maps::NAT_CONFIG6
+            .get(0)
+            .filter(|c| c.node_addr_be != [0; 4])
+            .ok_or((DROP, stat::DROP_NO_NODE_ADDR))?;
+        reply.dst_be = nat.node_addr_be;
+        if !conntrack::masquerade_port(reply, self.hash(), key, nat.port_min, nat.port_max, now) {
+            return Err((DROP, stat::DROP_SNAT_EXHAUSTED));
+        }
+        Ok(())
+    }
+}
+
+/// Address equality word by word (a derived `==` on arrays may become a `bcmp`
+/// call, which BPF does not have).
+#[inline(always)]
+pub fn same_addr(a: &[u32; 4], b: &[u32; 4]) -> bool {
+    a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3]
+}
+
+/// Whether the frame behind an Ethernet header is IPv6 (EtherType 0x86DD).
+#[inline(always)]
+pub fn is_ipv6(ctx: &TcContext) -> bool {
+    crate::packet::load::<[u8; 2]>(ctx, crate::packet::ETH_TYPE_OFF)
+        .is_some_and(|t| u16::from_be_bytes(t) == crate::packet::ETH_P_IPV6)
+}
+
+/// Hands an IPv6 packet to the IPv6 program in `slot` of `JUMP6`; if there is none
+/// (the kernel refused it, or it is not loaded), passes it untouched, counted.
+#[inline(always)]
+pub fn hand_over(ctx: &TcContext, slot: u32) -> i32 {
+    // SAFETY: a tail call with the context's own skb; it returns only if it failed.
+    unsafe {
+        maps::JUMP6.tail_call(ctx, slot);
+    }
+    count(stat::PASS_NOT_IPV4);
+    PASS
+}
+
+/// What the IPv6 body needs beyond packet memory: the skb (tail calls) and which
+/// reject program fits the interface.
+pub trait Program6: Frame {
+    const REJECT_SLOT: u32;
+    fn skb(&self) -> &TcContext;
+}
+
+impl Program6 for TcContext {
+    const REJECT_SLOT: u32 = JUMP6_REJECT;
+
+    #[inline(always)]
+    fn skb(&self) -> &TcContext {
+        self
+    }
+}
+
+impl Program6 for L3<'_> {
+    const REJECT_SLOT: u32 = JUMP6_REJECT_L3;
+
+    #[inline(always)]
+    fn skb(&self) -> &TcContext {
+        self.0
+    }
+}
+
+/// `sliceway_tc`'s IPv6 program (`JUMP6_TC`).
+#[classifier]
+pub fn sliceway_tc6(ctx: TcContext) -> i32 {
+    run::<false, _>(&ctx)
+}
+
+/// `sliceway_tc_ext`'s IPv6 program (`JUMP6_EXT`): new connections from outside
+/// meet the external entry first, else are masqueraded to `NAT_CONFIG6`.
+#[classifier]
+pub fn sliceway_ext6(ctx: TcContext) -> i32 {
+    run::<true, _>(&ctx)
+}
+
+/// `sliceway_l3`'s IPv6 program (`JUMP6_L3`).
+#[classifier]
+pub fn sliceway_l3_6(ctx: TcContext) -> i32 {
+    run::<false, _>(&L3(&ctx))
+}
+
+/// `sliceway_l3_ext`'s IPv6 program (`JUMP6_L3_EXT`).
+#[classifier]
+pub fn sliceway_l3ext6(ctx: TcContext) -> i32 {
+    run::<true, _>(&L3(&ctx))
+}
+
+#[inline(always)]
+fn run<const EXTERNAL: bool, C: Program6>(ctx: &C) -> i32 {
+    let (action, reason) = match decide::<EXTERNAL, C>(ctx) {
+        Ok(exit) => exit,
+        Err(exit) => exit,
+    };
+    count(reason);
+    action
+}
+
+/// The IPv6 body's flow, its conntrack key and the entry it is translated with,
+/// kept in a per-CPU map (`SCRATCH6`) rather than on the stack: with 16-byte
+/// addresses they would not fit the frame beside conntrack's own copies.
+pub struct Scratch6 {
+    pub flow: Flow6,
+    pub key: CtKey,
+    pub entry: CtEntry,
+}
+
+/// What to do with the packet, and the `stat` slot that says why.
+#[inline(always)]
+fn decide<const EXTERNAL: bool, C: Program6>(ctx: &C) -> Result<Exit, Exit> {
+    let s = maps::SCRATCH6
+        .get_ptr_mut(0)
+        .ok_or((DROP, stat::DROP_MALFORMED))?;
+    // SAFETY: a per-CPU map value, used only by this program on this CPU while it
+    // runs (TC programs are not preempted); no reference outlives the run.
+    let s = unsafe { &mut *s };
+    parse::parse(ctx, &mut s.flow)?;
+    s.key = s.flow.key();
+    let now = conntrack::now();
+    match from_client::<EXTERNAL, C>(ctx, &s.flow, &s.key, &mut s.entry, now)? {
+        Some(exit) => Ok(exit),
+        None => from_backend(ctx, &s.flow, &s.key, now),
+    }
+}
+
+/// Answers the packet with ICMPv6 port unreachable (the reject program counts
+/// `reason`); dropped if the handover fails.
+#[inline(always)]
+fn reject<C: Program6>(ctx: &C, reason: u32) -> Exit {
+    reject::port_unreachable(ctx.skb(), reason, C::REJECT_SLOT);
+    (DROP, stat::DROP_REJECT)
+}
+
+/// Sets the ports of an SCTP packet whose addresses are translated
+/// (`sliceway_sctp_nat`, shared with IPv4); unchanged ports need no handover.
+#[inline(always)]
+fn sctp_ports<C: Program6>(
+    ctx: &C,
+    flow: &Flow6,
+    sport_be: u16,
+    dport_be: u16,
+    reason: u32,
+) -> Exit {
+    if sport_be == flow.sport_be && dport_be == flow.dport_be {
+        return (PASS, reason);
+    }
+    sctp::translate_ports6(ctx.skb(), flow, sport_be, dport_be, reason);
+    (DROP, stat::DROP_REWRITE)
+}
+
+/// As `tc::from_client`: a tracked connection keeps its backend; a new packet to a
+/// frontend picks one and is tracked; then DNAT. `None`: neither.
+#[inline(always)]
+fn from_client<const EXTERNAL: bool, C: Program6>(
+    ctx: &C,
+    flow: &Flow6,
+    key: &CtKey,
+    entry: &mut CtEntry,
+    now: u64,
+) -> Result<Option<Exit>, Exit> {
+    let reason = match conntrack::forward(flow, key, now) {
+        Forward::Tracked(tracked) => {
+            *entry = tracked;
+            if flow.later_fragment {
+                stat::NAT_FRAGMENT
+            } else {
+                stat::DNAT_ESTABLISHED
+            }
+        }
+        Forward::New => {
+            let found = if EXTERNAL {
+                lookup::frontend_external6(flow)
+            } else {
+                maps::service6(&lookup::frontend_key6(flow)).map(|s| (s, conntrack::NAT_KEEP))
+            };
+            let Some((service, nat)) = found else {
+                return Ok(None);
+            };
+            if flow.later_fragment {
+                return Err((DROP, stat::DROP_FRAGMENT_ORPHAN));
+            }
+            if service.flags & SVC_F_SOURCE_RANGES != 0
+                && !maps::source_allowed6(lookup::frontend_key6(flow), flow.src_be)
+            {
+                return Err((DROP, stat::DROP_SOURCE_RANGE));
+            }
+            if service.count == 0 {
+                if service.flags & SVC_F_DROP_EMPTY != 0 {
+                    counters::refused(service.id, true);
+                    return Ok(Some((DROP, stat::DROP_NO_BACKEND)));
+                }
+                counters::refused(service.id, false);
+                return Ok(Some(reject(ctx, stat::REJECT_NO_BACKEND)));
+            }
+            let picked = lookup::pick6(flow.src_be, flow.hash(), &service, now)?;
+            let reason = match conntrack::track(
+                flow,
+                key,
+                service.id,
+                picked.backend_id,
+                &picked.backend,
+                nat,
+            ) {
+                conntrack::TRACKED => stat::DNAT_NEW,
+                conntrack::TRACKED_REMAPPED => stat::DNAT_PORT_REMAPPED,
+                conntrack::TRACKED_MASQUERADED => stat::DNAT_MASQUERADED,
+                reason => return Err((DROP, reason)),
+            };
+            *entry = maps::conntrack(key).ok_or((DROP, stat::DROP_CONNTRACK))?;
+            reason
+        }
+    };
+    counters::translated(
+        entry.service_id,
+        entry.backend_id,
+        ctx.wire_len() as u64,
+        reason != stat::DNAT_ESTABLISHED && reason != stat::NAT_FRAGMENT,
+    );
+    let to = &entry.pair;
+    rewrite6(ctx, flow, End::Destination, &to.src_be, to.sport_be)
+        .map_err(|_| (DROP, stat::DROP_REWRITE))?;
+    let ports_here = flow.proto != PROTO_SCTP && !flow.later_fragment;
+    if !same_addr(&to.dst_be, &flow.src_be) || (ports_here && to.dport_be != flow.sport_be) {
+        rewrite6(ctx, flow, End::Source, &to.dst_be, to.dport_be)
+            .map_err(|_| (DROP, stat::DROP_REWRITE))?;
+    }
+    if flow.proto == PROTO_SCTP && !flow.later_fragment {
+        return Ok(Some(sctp_ports(
+            ctx,
+            flow,
+            to.dport_be,
+            to.sport_be,
+            reason,
+        )));
+    }
+    Ok(Some((PASS, reason)))
+}
+
+/// As `tc::from_backend`: a reply of a live connection gets its frontend back as
+/// the source; a ClusterIP's undeclared port is rejected; anything else passes.
+#[inline(always)]
+fn from_backend<C: Program6>(ctx: &C, flow: &Flow6, key: &CtKey, now: u64) -> Result<Exit, Exit> {
+    match conntrack::reverse(flow, key, now) {
+        Ok(Some(orig)) => {
+            rewrite6(ctx, flow, End::Source, &orig.dst_be, orig.dport_be)
+                .map_err(|_| (DROP, stat::DROP_REWRITE))?;
+            let ports_here = flow.proto != PROTO_SCTP && !flow.later_fragment;
+            if !same_addr(&orig.src_be, &flow.dst_be)
+                || (ports_here && orig.sport_be != flow.dport_be)
+            {
+                rewrite6(ctx, flow, End::Destination, &orig.src_be, orig.sport_be)
+                    .map_err(|_| (DROP, stat::DROP_REWRITE))?;
+            }
+            if flow.proto == PROTO_SCTP && !flow.later_fragment {
+                return Ok(sctp_ports(
+                    ctx,
+                    flow,
+                    orig.dport_be,
+                    orig.sport_be,
+                    stat::REVNAT,
+                ));
+            }
+            if flow.later_fragment {
+                return Ok((PASS, stat::NAT_FRAGMENT));
+            }
+            Ok((PASS, stat::REVNAT))
+        }
+        Ok(None) if flow.later_fragment && lookup::is_clusterip6(flow) => {
+            Ok((DROP, stat::DROP_FRAGMENT_ORPHAN))
+        }
+        Ok(None) if flow.later_fragment => Ok((PASS, stat::PASS_FRAGMENT)),
+        Ok(None) => {
+            conntrack::direct(flow, key);
+            // A ClusterIP on a port or protocol its Service does not declare:
+            // rejected, as kube-proxy's nftables `cluster-ips` set does.
+            if lookup::is_clusterip6(flow) {
+                return Ok(reject(ctx, stat::REJECT_NO_PORT));
+            }
+            Ok((PASS, stat::PASS_NO_SERVICE))
+        }
+        Err(()) => Ok((PASS, stat::PASS_STALE_CONNTRACK)),
+    }
+}
