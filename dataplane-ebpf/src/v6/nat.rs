@@ -12,6 +12,9 @@ use crate::{
     packet::{ipv6, store, tcp, udp, Frame},
 };
 
+/// Every offset below 2048: more than any header the programs read lies at.
+const L4_OFF_MASK: usize = 0x7ff;
+
 /// Rewrites one end of `flow` to `addr_be:port_be`, fixing the L4 checksum (a later
 /// fragment or SCTP: the address only, as IPv4's `rewrite`).
 #[inline(always)]
@@ -22,26 +25,21 @@ pub fn rewrite6<C: Frame>(
     addr_be: &[u32; 4],
     port_be: u16,
 ) -> Result<(), ()> {
+    // The flow lives in a map (`SCRATCH6`), so its offset comes back with no bound;
+    // Linux 6.1's verifier then loses it when the value is spilled and reloaded
+    // ("math between pkt pointer and register with unbounded min value"). Masked
+    // here (a no-op: parsing keeps it under `MAX_OFFSET`), so every copy is bounded.
+    let l4_off = flow.l4_off & L4_OFF_MASK;
     let (addr_off, port_off, old_addr, old_port) = match end {
-        End::Source => (
-            ipv6::SRC,
-            flow.l4_off + tcp::SPORT,
-            &flow.src_be,
-            flow.sport_be,
-        ),
-        End::Destination => (
-            ipv6::DST,
-            flow.l4_off + tcp::DPORT,
-            &flow.dst_be,
-            flow.dport_be,
-        ),
+        End::Source => (ipv6::SRC, l4_off + tcp::SPORT, &flow.src_be, flow.sport_be),
+        End::Destination => (ipv6::DST, l4_off + tcp::DPORT, &flow.dst_be, flow.dport_be),
     };
     let ports_here = !flow.later_fragment && flow.proto != PROTO_SCTP;
     if ports_here {
         let (csum_off, udp) = if flow.proto == PROTO_TCP {
-            (flow.l4_off + tcp::CSUM, false)
+            (l4_off + tcp::CSUM, false)
         } else {
-            (flow.l4_off + udp::CSUM, true)
+            (l4_off + udp::CSUM, true)
         };
         let mut i = 0;
         while i < 4 {
