@@ -36,6 +36,16 @@ const VM_TESTS: &[(&str, &[&str])] = &[
             "an_interface_without_an_ethernet_header_gets_the_program_for_it",
         ],
     ),
+    // IPv6 through the IPv6 programs (tail-called from the entry programs) with
+    // real sockets: a dual-stack Service over both families, an IPv6-only one and
+    // its refusals (ICMPv6 port unreachable).
+    (
+        "ipv6_lab",
+        &[
+            "a_dual_stack_service_is_reached_over_both_families",
+            "an_ipv6_only_service_serves_its_family_and_refuses_what_it_does_not_declare",
+        ],
+    ),
     // Traffic from outside the node through the uplink program, on TC filters
     // where the kernel has no tcx, alone and behind native XDP (generic XDP, the
     // same program attached another way, runs on the host only: the guest's time
