@@ -52,10 +52,10 @@ pub enum Command {
         /// Only the connections of this Service (`namespace/name`).
         #[arg(long)]
         service: Option<String>,
-        /// Remove every connection to this backend (`IP:PORT`): their next packets
-        /// pick a backend again.
-        #[arg(long, value_name = "IP:PORT")]
-        flush_backend: Option<std::net::SocketAddrV4>,
+        /// Remove every connection to this backend (`IP:PORT` or `[IPv6]:PORT`):
+        /// their next packets pick a backend again.
+        #[arg(long, value_name = "IP:PORT", value_parser = socket_addr)]
+        flush_backend: Option<SocketAddr>,
         #[arg(short, long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
@@ -490,6 +490,20 @@ mod tests {
                 .unwrap_or_else(|| panic!("{src} {dst} parsed"))
                 .to_string();
             assert!(err.contains(wanted), "{src} {dst}: {err}");
+        }
+    }
+
+    /// `conntrack --flush-backend` takes an IPv6 backend too.
+    #[test]
+    fn flush_backend_takes_both_families() {
+        for backend in ["10.244.1.2:8080", "[fd00:244:1::60]:8080"] {
+            let cli =
+                Cli::try_parse_from(["sliceway-agent", "conntrack", "--flush-backend", backend])
+                    .unwrap();
+            let Command::Conntrack { flush_backend, .. } = cli.command else {
+                unreachable!("parsed as conntrack");
+            };
+            assert_eq!(flush_backend, Some(backend.parse().unwrap()));
         }
     }
 }
