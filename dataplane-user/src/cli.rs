@@ -2,7 +2,10 @@
 //! deployment manifests' check) parse arguments with the same definition as the
 //! binary.
 
-use std::path::PathBuf;
+use std::{
+    net::{IpAddr, SocketAddr},
+    path::PathBuf,
+};
 
 use clap::{Parser, Subcommand};
 
@@ -49,10 +52,10 @@ pub enum Command {
         /// Only the connections of this Service (`namespace/name`).
         #[arg(long)]
         service: Option<String>,
-        /// Remove every connection to this backend (`IP:PORT`): their next packets
-        /// pick a backend again.
-        #[arg(long, value_name = "IP:PORT")]
-        flush_backend: Option<std::net::SocketAddrV4>,
+        /// Remove every connection to this backend (`IP:PORT` or `[IPv6]:PORT`):
+        /// their next packets pick a backend again.
+        #[arg(long, value_name = "IP:PORT", value_parser = socket_addr)]
+        flush_backend: Option<SocketAddr>,
         #[arg(short, long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
@@ -69,7 +72,7 @@ pub enum Command {
     Audit {
         /// The running agent's --metrics-addr.
         #[arg(long, default_value = "127.0.0.1:10256")]
-        metrics_addr: std::net::SocketAddr,
+        metrics_addr: SocketAddr,
         #[arg(short, long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
@@ -110,12 +113,12 @@ pub struct TraceArgs {
     /// the live pinned maps.
     #[arg(long)]
     pub manifests: Option<PathBuf>,
-    /// Source address, IP or IP:PORT.
-    #[arg(long)]
-    pub src: String,
-    /// Destination IP:PORT.
-    #[arg(long)]
-    pub dst: std::net::SocketAddrV4,
+    /// Source address: IP, IP:PORT or [IPv6]:PORT, of --dst's family.
+    #[arg(long, value_parser = trace_source)]
+    pub src: TraceSource,
+    /// Destination IP:PORT or [IPv6]:PORT.
+    #[arg(long, value_parser = socket_addr)]
+    pub dst: SocketAddr,
     #[arg(long, value_enum, default_value_t = Proto::Tcp)]
     pub proto: Proto,
     /// Where the packet arrives: from a pod (a pod-facing interface), from the node
@@ -227,7 +230,7 @@ pub struct RunArgs {
     /// Address for /metrics, /healthz, /livez and /audit (kube-proxy's port;
     /// localhost by default).
     #[arg(long, default_value = "127.0.0.1:10256")]
-    pub metrics_addr: std::net::SocketAddr,
+    pub metrics_addr: SocketAddr,
     /// Serve no metrics.
     #[arg(long)]
     pub no_metrics: bool,
@@ -346,6 +349,42 @@ pub struct RunArgs {
     pub external: ExternalArgs,
 }
 
+/// A traced packet's source as given: an address, and a port if one was given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TraceSource {
+    pub ip: IpAddr,
+    pub port: Option<u16>,
+}
+
+/// `--src`: `IP`, `IP:PORT`, an IPv6 address alone (bare or in brackets) or
+/// `[IPv6]:PORT`.
+fn trace_source(s: &str) -> Result<TraceSource, String> {
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Ok(TraceSource {
+            ip: a.ip(),
+            port: Some(a.port()),
+        });
+    }
+    let bare = s
+        .strip_prefix('[')
+        .and_then(|r| r.strip_suffix(']'))
+        .unwrap_or(s);
+    match bare.parse::<IpAddr>() {
+        Ok(ip) if bare == s || ip.is_ipv6() => Ok(TraceSource { ip, port: None }),
+        _ => Err(format!(
+            "{s:?}: expected IP, IP:PORT or [IPv6]:PORT, such as 10.244.1.2, \
+             10.244.1.2:40000, fd00:244::2 or [fd00:244::2]:40000"
+        )),
+    }
+}
+
+/// `IP:PORT` or `[IPv6]:PORT`.
+fn socket_addr(s: &str) -> Result<SocketAddr, String> {
+    s.parse::<SocketAddr>().map_err(|_| {
+        format!("{s:?}: expected IP:PORT or [IPv6]:PORT, such as 10.96.0.10:80 or [fd00::10]:80")
+    })
+}
+
 /// `MIN-MAX`, 1024 <= MIN <= MAX.
 fn snat_ports(s: &str) -> Result<(u16, u16), String> {
     let (min, max) = s
@@ -373,4 +412,98 @@ fn node_port_addresses(s: &str) -> Result<NodePortAddresses, String> {
 fn interface_entry(entry: &str) -> Result<String, SelectionError> {
     Selection::parse(&[entry])?;
     Ok(entry.trim().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn trace_args(extra: &[&str]) -> Result<TraceArgs, clap::Error> {
+        let mut args = vec!["sliceway-agent", "trace"];
+        args.extend_from_slice(extra);
+        match Cli::try_parse_from(args)?.command {
+            Command::Trace(t) => Ok(t),
+            _ => unreachable!("parsed as trace"),
+        }
+    }
+
+    /// Issue 12: `trace` takes IPv6 destinations and sources, bracketed with a port.
+    #[test]
+    fn trace_takes_both_families() {
+        let t = trace_args(&["--src", "10.244.1.2", "--dst", "10.96.0.10:80"]).unwrap();
+        assert_eq!(t.dst, "10.96.0.10:80".parse::<SocketAddr>().unwrap());
+        let v4: IpAddr = "10.244.1.2".parse().unwrap();
+        assert_eq!(t.src, TraceSource { ip: v4, port: None });
+        let t = trace_args(&["--src", "[fd00:244::2]:41000", "--dst", "[fd00::10]:80"]).unwrap();
+        assert_eq!(t.dst, "[fd00::10]:80".parse::<SocketAddr>().unwrap());
+        let v6: IpAddr = "fd00:244::2".parse().unwrap();
+        assert_eq!(
+            t.src,
+            TraceSource {
+                ip: v6,
+                port: Some(41000)
+            }
+        );
+        for bare in ["fd00:244::2", "[fd00:244::2]"] {
+            let t = trace_args(&["--src", bare, "--dst", "[fd00::10]:80"]).unwrap();
+            assert_eq!(t.src, TraceSource { ip: v6, port: None }, "{bare}");
+        }
+    }
+
+    /// A malformed `--src` or `--dst` is refused with the forms it takes.
+    #[test]
+    fn trace_refuses_malformed_addresses_with_the_expected_form() {
+        for (src, dst, wanted) in [
+            (
+                "10.244.1.2",
+                "fd00::10:80",
+                "expected IP:PORT or [IPv6]:PORT",
+            ),
+            (
+                "10.244.1.2",
+                "10.96.0.10",
+                "expected IP:PORT or [IPv6]:PORT",
+            ),
+            (
+                "10.244.1.2",
+                "[fd00::10]",
+                "expected IP:PORT or [IPv6]:PORT",
+            ),
+            (
+                "[10.244.1.2]",
+                "10.96.0.10:80",
+                "expected IP, IP:PORT or [IPv6]:PORT",
+            ),
+            (
+                "pod-a",
+                "10.96.0.10:80",
+                "expected IP, IP:PORT or [IPv6]:PORT",
+            ),
+            (
+                "fd00::2]:80",
+                "[fd00::10]:80",
+                "expected IP, IP:PORT or [IPv6]:PORT",
+            ),
+        ] {
+            let err = trace_args(&["--src", src, "--dst", dst])
+                .err()
+                .unwrap_or_else(|| panic!("{src} {dst} parsed"))
+                .to_string();
+            assert!(err.contains(wanted), "{src} {dst}: {err}");
+        }
+    }
+
+    /// `conntrack --flush-backend` takes an IPv6 backend too.
+    #[test]
+    fn flush_backend_takes_both_families() {
+        for backend in ["10.244.1.2:8080", "[fd00:244:1::60]:8080"] {
+            let cli =
+                Cli::try_parse_from(["sliceway-agent", "conntrack", "--flush-backend", backend])
+                    .unwrap();
+            let Command::Conntrack { flush_backend, .. } = cli.command else {
+                unreachable!("parsed as conntrack");
+            };
+            assert_eq!(flush_backend, Some(backend.parse().unwrap()));
+        }
+    }
 }

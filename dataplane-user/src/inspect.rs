@@ -2,12 +2,13 @@
 
 use std::{
     collections::BTreeMap,
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, SocketAddr, SocketAddrV4, SocketAddrV6},
 };
 
 use aya::maps::{HashMap as BpfHashMap, Map, MapData, PerCpuArray};
 use dataplane_common::{
-    map_name, stat, Backend, ServiceKey, ServiceName, ServiceValue, SlotKey, PROTO_SCTP, PROTO_TCP,
+    map_name, stat, Backend, ServiceKey, ServiceKey6, ServiceName, ServiceValue, SlotKey,
+    PROTO_SCTP, PROTO_TCP,
 };
 use serde::Serialize;
 
@@ -16,10 +17,10 @@ use dataplane_common::{BackendCounters, FrontendCounters};
 use crate::{
     agent::Pipeline,
     cli::From,
-    compiler::{any_backend_addr, any_frontend_addr, Incremental},
+    compiler::{any_backend_addr, any_frontend_addr, FrontendKey, Incremental},
     kernel::summed,
     kernel::{Capacities, Datapath, KernelError, PinDir, Role, TC_ACT_REDIRECT, TC_ACT_SHOT},
-    packet::{self, PacketSpec, TCP_SYN},
+    packet::{self, PacketSpec, PacketSpec6, TCP_SYN},
     writer::{KernelState, MapWriter},
 };
 
@@ -409,38 +410,88 @@ impl TraceSkipped {
     }
 }
 
+/// Why a trace was not run.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    #[error(
+        "--src {src} and --dst {dst} are of different address families: give both as IPv4 \
+         (10.244.1.2, 10.96.0.10:80) or both as IPv6 (fd00:244::2, [fd00::10]:80)"
+    )]
+    MixedFamilies { src: IpAddr, dst: SocketAddr },
+    #[error(
+        "--from host with IPv6 destination {dst}: the socket programs that translate the node's \
+         own sockets are IPv4-only today (sliceway_connect4, sliceway_sendmsg4), so an IPv6 \
+         socket of the node is not translated; trace IPv6 with --from pod, external or \
+         external-xdp"
+    )]
+    HostIpv6 { dst: SocketAddr },
+}
+
+/// The client a trace sends from and the frontend it sends to, checked: one family
+/// (`src` with no port gets [`default_src`]'s), and no IPv6 from the node itself,
+/// whose socket programs are IPv4's only.
+pub fn endpoints(
+    src: crate::cli::TraceSource,
+    dst: SocketAddr,
+    from: From,
+) -> Result<(SocketAddr, SocketAddr), TraceError> {
+    if src.ip.is_ipv4() != dst.is_ipv4() {
+        return Err(TraceError::MixedFamilies { src: src.ip, dst });
+    }
+    if from == From::Host && dst.is_ipv6() {
+        return Err(TraceError::HostIpv6 { dst });
+    }
+    let src = match src.port {
+        Some(port) => SocketAddr::new(src.ip, port),
+        None => default_src(src.ip),
+    };
+    Ok((src, dst))
+}
+
 /// Loads the programs with private maps (no attach, no pinning), writes what
 /// `compiler` holds into them as the agent's loop does (the incremental compiler's
-/// first sync through the map writer), and runs one crafted packet through
-/// BPF_PROG_TEST_RUN (`from_host`: what the socket programs do with a node's socket
-/// connecting to `dst`, [`host_trace`]). `trace --manifests` fills `compiler` from
-/// the local source, as `run` does.
+/// first sync through the map writer), and runs one crafted packet, IPv4 or IPv6 as
+/// `dst` is, through BPF_PROG_TEST_RUN (`from_host`: what the socket programs do
+/// with a node's socket connecting to `dst`, [`host_trace`], IPv4 only). `trace
+/// --manifests` fills `compiler` from the local source, as `run` does.
 pub fn trace(
     compiler: Incremental,
-    src: SocketAddrV4,
-    dst: SocketAddrV4,
+    src: SocketAddr,
+    dst: SocketAddr,
     proto: u8,
     from: From,
-) -> Result<Trace, KernelError> {
+) -> Result<Trace, TraceError> {
     let mut dp = Datapath::load(&Capacities::default(), None)?;
     let mut pipeline = Pipeline::new(compiler, MapWriter::new(dp.limits()));
     pipeline.sync(&mut dp.maps);
-    // The node's address to masquerade to, as the agent takes it from the Node
+    // The node's addresses to masquerade to, as the agent takes them from the Node
     // object (an agent without one takes its uplink's address, which a trace from
     // files does not know).
+    let (port_min, port_max) = dataplane_common::SNAT_PORTS_DEFAULT;
     if let Some(addr) = pipeline.compiler.node_ip() {
-        let (port_min, port_max) = dataplane_common::SNAT_PORTS_DEFAULT;
         dp.set_nat(dataplane_common::NatConfig {
             node_addr_be: u32::from(addr).to_be(),
             port_min,
             port_max,
         })?;
     }
-    let mut trace = match from {
-        From::Host => host_trace(&dp, dst, proto)?,
-        From::Pod => run_trace(&dp, Role::Pods, src, dst, proto)?,
-        From::External => run_trace(&dp, Role::External, src, dst, proto)?,
-        From::ExternalXdp => run_trace_xdp(&mut dp, src, dst, proto)?,
+    if let Some(addr) = pipeline.compiler.node_ip6() {
+        if dp.has_ipv6_maps() {
+            dp.set_nat6(dataplane_common::NatConfig6 {
+                node_addr_be: dataplane_common::addr_of(addr.octets()),
+                port_min,
+                port_max,
+            })?;
+        }
+    }
+    let mut trace = match (from, dst) {
+        (From::Host, SocketAddr::V4(dst)) => host_trace(&dp, dst, proto)?,
+        (From::Host, dst) => return Err(TraceError::HostIpv6 { dst }),
+        (From::Pod, _) => run_trace(&dp, Role::Pods, src, dst, proto)?,
+        (From::External, _) => run_trace(&dp, Role::External, src, dst, proto)?,
+        (From::ExternalXdp, _) => run_trace_xdp(&mut dp, src, dst, proto)?,
     };
     trace.skipped = pipeline
         .compiler
@@ -458,12 +509,13 @@ pub fn trace(
 }
 
 /// Runs one packet through an already filled datapath; reads the frontend and its
-/// candidates back from the maps, so it works on live maps too.
+/// candidates back from the maps (`SERVICES6` and `BACKENDS6` for IPv6), so it works
+/// on live maps too.
 pub fn run_trace(
     dp: &Datapath,
     role: Role,
-    src: SocketAddrV4,
-    dst: SocketAddrV4,
+    src: SocketAddr,
+    dst: SocketAddr,
     proto: u8,
 ) -> Result<Trace, KernelError> {
     let packet = trace_packet(src, dst, proto);
@@ -474,12 +526,12 @@ pub fn run_trace(
 }
 
 /// [`run_trace`] through the uplink's XDP program (`--from external-xdp`), and
-/// through its TC program if XDP leaves the packet to it; `program` says which
-/// decided.
+/// through its TC program if XDP leaves the packet to it (as it leaves all of
+/// IPv6); `program` says which decided.
 pub fn run_trace_xdp(
     dp: &mut Datapath,
-    src: SocketAddrV4,
-    dst: SocketAddrV4,
+    src: SocketAddr,
+    dst: SocketAddr,
     proto: u8,
 ) -> Result<Trace, KernelError> {
     let packet = trace_packet(src, dst, proto);
@@ -488,9 +540,7 @@ pub fn run_trace_xdp(
     let after = dp.stats()?;
     let reason = counted(&before, &after);
     if reason == stat::NAMES[stat::XDP_TO_TC as usize] {
-        let mut trace = run_trace(dp, Role::External, src, dst, proto)?;
-        trace.program = Some(crate::kernel::TC_EXT_PROGRAM.into());
-        return Ok(trace);
+        return run_trace(dp, Role::External, src, dst, proto);
     }
     // In TC's terms, which the rest reads.
     out.verdict = match out.verdict {
@@ -502,14 +552,67 @@ pub fn run_trace_xdp(
     Ok(trace)
 }
 
-/// The packet a trace sends: a TCP SYN, an SCTP INIT or a UDP datagram.
-fn trace_packet(src: SocketAddrV4, dst: SocketAddrV4, proto: u8) -> Vec<u8> {
-    let spec = match proto {
-        PROTO_TCP => PacketSpec::tcp(src, dst, TCP_SYN),
-        PROTO_SCTP => PacketSpec::sctp(src, dst, packet::SCTP_INIT),
-        _ => PacketSpec::udp(src, dst, b"trace"),
-    };
-    packet::build(&spec)
+/// The packet a trace sends: a TCP SYN, an SCTP INIT or a UDP datagram, over IPv4
+/// or IPv6 as the addresses are (one family, [`endpoints`]).
+fn trace_packet(src: SocketAddr, dst: SocketAddr, proto: u8) -> Vec<u8> {
+    match (src, dst) {
+        (SocketAddr::V4(src), SocketAddr::V4(dst)) => packet::build(&match proto {
+            PROTO_TCP => PacketSpec::tcp(src, dst, TCP_SYN),
+            PROTO_SCTP => PacketSpec::sctp(src, dst, packet::SCTP_INIT),
+            _ => PacketSpec::udp(src, dst, b"trace"),
+        }),
+        (src, dst) => {
+            let (src, dst) = (v6_of(src), v6_of(dst));
+            packet::build6(&match proto {
+                PROTO_TCP => PacketSpec6::tcp(src, dst, TCP_SYN),
+                PROTO_SCTP => PacketSpec6::sctp(src, dst, packet::SCTP_INIT),
+                _ => PacketSpec6::udp(src, dst, b"trace"),
+            })
+        }
+    }
+}
+
+/// An address as IPv6 (an IPv4 one mapped, which [`endpoints`] never lets through).
+fn v6_of(a: SocketAddr) -> SocketAddrV6 {
+    match a {
+        SocketAddr::V6(a) => a,
+        SocketAddr::V4(a) => SocketAddrV6::new(a.ip().to_ipv6_mapped(), a.port(), 0, 0),
+    }
+}
+
+/// Source and destination of a packet a program left, of either family.
+fn parsed_addrs(packet: &[u8]) -> Option<(SocketAddr, SocketAddr)> {
+    packet::parse(packet)
+        .map(|p| (p.src.into(), p.dst.into()))
+        .or_else(|| packet::parse6(packet).map(|p| (p.src.into(), p.dst.into())))
+}
+
+/// The frontend key of `dst` in its family's map, of scope `scope`.
+fn frontend_key(dst: SocketAddr, proto: u8, scope: u8) -> FrontendKey {
+    match dst {
+        SocketAddr::V4(d) => FrontendKey::V4(ServiceKey {
+            addr_be: u32::from(*d.ip()).to_be(),
+            port_be: d.port().to_be(),
+            proto,
+            scope,
+        }),
+        SocketAddr::V6(d) => FrontendKey::V6(ServiceKey6 {
+            addr_be: dataplane_common::addr_of(d.ip().octets()),
+            port_be: d.port().to_be(),
+            proto,
+            scope,
+        }),
+    }
+}
+
+/// The program that decides a packet of `dst`'s family arriving on an interface of
+/// `role`: the entry program for IPv4, the IPv6 program it hands IPv6 to.
+fn deciding_program(role: Role, dst: SocketAddr) -> &'static str {
+    match (dst, role) {
+        (SocketAddr::V4(_), role) => role.program(),
+        (SocketAddr::V6(_), Role::Pods) => crate::kernel::TC6_PROGRAM,
+        (SocketAddr::V6(_), Role::External) => crate::kernel::EXT6_PROGRAM,
+    }
 }
 
 /// The exit a run counted, by name.
@@ -524,40 +627,33 @@ fn counted(before: &[u64], after: &[u64]) -> String {
 fn traced(
     dp: &Datapath,
     role: Role,
-    src: SocketAddrV4,
-    dst: SocketAddrV4,
+    src: SocketAddr,
+    dst: SocketAddr,
     proto: u8,
     out: crate::kernel::TestRunOutput,
     reason: String,
 ) -> Result<Trace, KernelError> {
-    let key = ServiceKey {
-        addr_be: u32::from(*dst.ip()).to_be(),
-        port_be: dst.port().to_be(),
-        proto,
-        scope: dataplane_common::SCOPE_ANY,
-    };
+    let key = frontend_key(dst, proto, dataplane_common::SCOPE_ANY);
     let state = dp.maps.state();
-    let find = |k: ServiceKey| {
-        state
-            .services
-            .iter()
-            .find(|(s, _)| *s == k)
-            .map(|(k, v)| (*k, *v))
-    };
+    let find = |k: FrontendKey| state.all_services().find(|(s, _)| *s == k);
     // From outside the node, a frontend's external entry comes first, as in the
     // uplink program.
     let frontend = match role {
-        Role::External => find(ServiceKey {
-            scope: dataplane_common::SCOPE_EXTERNAL,
-            ..key
-        })
-        .or_else(|| find(key)),
+        Role::External => {
+            find(frontend_key(dst, proto, dataplane_common::SCOPE_EXTERNAL)).or_else(|| find(key))
+        }
         Role::Pods => find(key),
     };
     let (service, candidates) = match frontend {
         Some((k, v)) => {
+            // The state of this one frontend, in its family's map.
+            let (services, services6) = match k {
+                FrontendKey::V4(k) => (vec![(k, v)], Vec::new()),
+                FrontendKey::V6(k) => (Vec::new(), vec![(k, v)]),
+            };
             let listed = list_state(&KernelState {
-                services: vec![(k, v)],
+                services,
+                services6,
                 ..state.clone()
             });
             let f = listed.into_iter().next().expect("one frontend");
@@ -565,20 +661,20 @@ fn traced(
         }
         None => (None, Vec::new()),
     };
-    let parsed = packet::parse(&out.packet);
+    let parsed = parsed_addrs(&out.packet);
     // A new source: a pod reaching itself through its Service (hairpin), or a client
     // outside the node masqueraded to the node's address.
     let snat = parsed
         .as_ref()
-        .filter(|p| p.src.ip() != src.ip() && out.verdict != TC_ACT_SHOT)
-        .map(|p| p.src.ip().to_string());
+        .filter(|(p_src, _)| p_src.ip() != src.ip() && out.verdict != TC_ACT_SHOT)
+        .map(|(p_src, _)| p_src.ip().to_string());
     let (verdict, backend) = if out.verdict == TC_ACT_SHOT {
         ("drop", None)
     } else if out.verdict == TC_ACT_REDIRECT && reason.starts_with("reject") {
         ("reject", None)
     } else {
         match parsed {
-            Some(p) if p.dst != dst => ("dnat", Some(p.dst.to_string())),
+            Some((_, p_dst)) if p_dst != dst => ("dnat", Some(p_dst.to_string())),
             _ => ("pass", None),
         }
     };
@@ -590,7 +686,7 @@ fn traced(
         snat,
         skipped: Vec::new(),
         reason,
-        program: Some(role.program().into()),
+        program: Some(deciding_program(role, dst).into()),
     })
 }
 
@@ -656,6 +752,6 @@ pub fn live_datapath(pins: &PinDir) -> Result<Datapath, KernelError> {
 }
 
 /// A placeholder address for a client when `--src` has no port.
-pub fn default_src(ip: Ipv4Addr) -> SocketAddrV4 {
-    SocketAddrV4::new(ip, 40000)
+pub fn default_src(ip: IpAddr) -> SocketAddr {
+    SocketAddr::new(ip, 40000)
 }

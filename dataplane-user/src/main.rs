@@ -1,9 +1,6 @@
 //! `sliceway-agent`: the node agent's command line.
 
-use std::{
-    net::{Ipv4Addr, SocketAddrV4},
-    time::Duration,
-};
+use std::{net::SocketAddr, time::Duration};
 
 use anyhow::Context as _;
 use clap::Parser;
@@ -165,12 +162,7 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Trace(args) => {
-            let src = match args.src.parse::<SocketAddrV4>() {
-                Ok(s) => s,
-                Err(_) => inspect::default_src(args.src.parse::<Ipv4Addr>().map_err(|_| {
-                    anyhow::anyhow!("--src {:?} is neither IP nor IP:PORT", args.src)
-                })?),
-            };
+            let (src, dst) = inspect::endpoints(args.src, args.dst, args.from)?;
             let proto = match args.proto {
                 Proto::Tcp => PROTO_TCP,
                 Proto::Udp => PROTO_UDP,
@@ -197,7 +189,7 @@ fn main() -> anyhow::Result<()> {
                         tracing::warn!(file = %p.file.display(), "{}", p.reason);
                     }
                     // What the reader refused first, then what the compiler did.
-                    let mut trace = inspect::trace(compiler, src, args.dst, proto, args.from)?;
+                    let mut trace = inspect::trace(compiler, src, dst, proto, args.from)?;
                     let mut skipped: Vec<_> = problems
                         .iter()
                         .map(inspect::TraceSkipped::of_problem)
@@ -209,14 +201,16 @@ fn main() -> anyhow::Result<()> {
                 None => {
                     let mut dp = inspect::live_datapath(&PinDir::new(&args.bpffs_dir))?;
                     match args.from {
-                        From::Host => inspect::host_trace(&dp, args.dst, proto)?,
-                        From::Pod => {
-                            inspect::run_trace(&dp, kernel::Role::Pods, src, args.dst, proto)?
-                        }
+                        From::Host => match dst {
+                            SocketAddr::V4(dst) => inspect::host_trace(&dp, dst, proto)?,
+                            // Refused by `endpoints` already.
+                            dst => return Err(inspect::TraceError::HostIpv6 { dst }.into()),
+                        },
+                        From::Pod => inspect::run_trace(&dp, kernel::Role::Pods, src, dst, proto)?,
                         From::External => {
-                            inspect::run_trace(&dp, kernel::Role::External, src, args.dst, proto)?
+                            inspect::run_trace(&dp, kernel::Role::External, src, dst, proto)?
                         }
-                        From::ExternalXdp => inspect::run_trace_xdp(&mut dp, src, args.dst, proto)?,
+                        From::ExternalXdp => inspect::run_trace_xdp(&mut dp, src, dst, proto)?,
                     }
                 }
             };

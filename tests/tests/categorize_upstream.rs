@@ -8,7 +8,7 @@
 //! set, and a ClusterIP without candidates must reject when upstream has no endpoints
 //! anywhere and drop when it has only remote ones. Needs root (BPF).
 
-use std::{collections::BTreeSet, fmt::Write as _, net::SocketAddrV4, sync::Arc};
+use std::{collections::BTreeSet, fmt::Write as _, net::SocketAddr, sync::Arc};
 
 use dataplane_common::PROTO_TCP;
 use sliceway_agent::{
@@ -174,7 +174,7 @@ fn every_upstream_categorize_case_through_the_compiler_and_the_program() {
         }
         let trace = inspect::trace(
             incremental,
-            "10.244.1.2:40000".parse::<SocketAddrV4>().unwrap(),
+            "10.244.1.2:40000".parse::<SocketAddr>().unwrap(),
             format!("{vip}:80").parse().unwrap(),
             PROTO_TCP,
             sliceway_agent::cli::From::Pod,

@@ -317,6 +317,288 @@ fn trace_answers_every_origin_and_follows_the_service_proxy_name() {
     );
 }
 
+/// A manifest directory of its own for one test, removed when dropped.
+struct ManifestDir(std::path::PathBuf);
+
+impl ManifestDir {
+    fn new(name: &str, files: &[(&str, &str)]) -> Self {
+        let dir = std::env::temp_dir().join(format!("sliceway-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for (file, text) in files {
+            std::fs::write(dir.join(file), text).unwrap();
+        }
+        Self(dir)
+    }
+}
+
+impl Drop for ManifestDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Dual stack as `trace` reads it from a directory: the Services of the compiler's
+/// fixture (dataplane-user/tests/testdata/dualstack.yaml) without its malformed
+/// endpoints, which the manifest reader refuses with their whole slice, and an IPv6
+/// ClusterIP without endpoints.
+const DUALSTACK: &str = r#"apiVersion: v1
+kind: Service
+metadata: {name: dual, namespace: ds}
+spec:
+  clusterIP: 10.96.6.1
+  clusterIPs: [10.96.6.1, fd00:96::1]
+  ipFamilies: [IPv4, IPv6]
+  ipFamilyPolicy: RequireDualStack
+  ports:
+  - {name: http, port: 80, targetPort: 8080}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: dual-v4, namespace: ds, labels: {kubernetes.io/service-name: dual}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints:
+- {addresses: [10.244.1.60], nodeName: node-1}
+- {addresses: [10.244.2.60], nodeName: node-2}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: dual-v6, namespace: ds, labels: {kubernetes.io/service-name: dual}}
+addressType: IPv6
+ports: [{name: http, port: 8080}]
+endpoints:
+- {addresses: ["fd00:244:1::60"], nodeName: node-1}
+- {addresses: ["fd00:244:2::60"], nodeName: node-2}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: only6, namespace: ds}
+spec:
+  clusterIP: fd00:96::2
+  clusterIPs: [fd00:96::2]
+  ipFamilies: [IPv6]
+  ipFamilyPolicy: SingleStack
+  externalIPs: ["2001:db8::62"]
+  ports:
+  - {name: dns, port: 53, protocol: UDP}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: only6-a, namespace: ds, labels: {kubernetes.io/service-name: only6}}
+addressType: IPv6
+ports: [{name: dns, port: 5353, protocol: UDP}]
+endpoints:
+- {addresses: ["fd00:244:1::53"], nodeName: node-1}
+- {addresses: ["fd00:244:1::54"], nodeName: node-1, conditions: {ready: false, serving: true, terminating: true}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: empty6, namespace: ds}
+spec:
+  clusterIP: fd00:96::3
+  clusterIPs: [fd00:96::3]
+  ipFamilies: [IPv6]
+  ports:
+  - {name: http, port: 80}
+"#;
+const DUAL_NODE: &str = "apiVersion: v1\nkind: Node\nmetadata: {name: node-1}\nstatus:\n  \
+     addresses: [{type: InternalIP, address: 10.100.0.11}, {type: InternalIP, address: \"fd00:100::11\"}]\n";
+
+/// `sliceway-agent trace` with `args`, expected to fail: its standard error.
+fn trace_fails(args: &[&str]) -> String {
+    let out = Command::new(workspace_binary("sliceway-agent").unwrap())
+        .arg("trace")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{args:?} succeeded: {out:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Issue 12: `trace --dst [v6]:port` sends an IPv6 packet through the IPv6 programs
+/// and reads the frontend and its backends back from SERVICES6 and BACKENDS6: a
+/// pod's packet to a dual-stack Service's IPv6 ClusterIP is translated to one of its
+/// IPv6 endpoints; a ClusterIP without endpoints and an undeclared port are
+/// rejected; from outside, masqueraded to the Node's IPv6 address; IPv4 of the same
+/// Service still answers as before.
+#[test]
+fn trace_follows_ipv6_packets() {
+    let dir = ManifestDir::new(
+        "trace-v6",
+        &[("dualstack.yaml", DUALSTACK), ("node.yaml", DUAL_NODE)],
+    );
+    let manifests = ["--manifests", dir.0.to_str().unwrap()];
+    let t = trace(manifests, "[fd00:244:1::2]:41000", "[fd00:96::1]:80", &[]);
+    assert_eq!(
+        (&t["verdict"], &t["reason"], &t["service"], &t["program"]),
+        (
+            &"dnat".into(),
+            &"dnat_new".into(),
+            &"ds/dual:http".into(),
+            &"sliceway_tc6".into()
+        ),
+        "{t}"
+    );
+    let endpoints = ["[fd00:244:1::60]:8080", "[fd00:244:2::60]:8080"];
+    let mut candidates: Vec<&str> = t["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    candidates.sort();
+    assert_eq!(candidates, endpoints, "{t}");
+    assert!(endpoints.contains(&t["backend"].as_str().unwrap()), "{t}");
+    assert_eq!(t["snat"], Value::Null, "{t}");
+    assert_eq!(t["skipped"], Value::Array(vec![]), "{t}");
+    // A source without a port, bare or in brackets.
+    for src in ["fd00:244:1::2", "[fd00:244:1::2]"] {
+        let t = trace(manifests, src, "[fd00:96::1]:80", &[]);
+        assert_eq!(t["verdict"], "dnat", "{src}: {t}");
+    }
+    // No endpoints: rejected, by ICMPv6.
+    let t = trace(manifests, "fd00:244:1::2", "[fd00:96::3]:80", &[]);
+    assert_eq!(
+        (&t["verdict"], &t["reason"], &t["service"], &t["candidates"]),
+        (
+            &"reject".into(),
+            &"reject_no_backend".into(),
+            &"ds/empty6:http".into(),
+            &Value::Array(vec![])
+        ),
+        "{t}"
+    );
+    // A port the Service does not declare.
+    let t = trace(manifests, "fd00:244:1::2", "[fd00:96::1]:9999", &[]);
+    assert_eq!(
+        (&t["verdict"], &t["reason"], &t["service"]),
+        (&"reject".into(), &"reject_no_port".into(), &Value::Null),
+        "{t}"
+    );
+    // UDP to an IPv6-only Service: its ready endpoint only.
+    let t = trace(
+        manifests,
+        "fd00:244:1::2",
+        "[fd00:96::2]:53",
+        &["--proto", "udp"],
+    );
+    assert_eq!(
+        (&t["verdict"], &t["backend"]),
+        (&"dnat".into(), &"[fd00:244:1::53]:5353".into()),
+        "{t}"
+    );
+    // From outside: an external IP, masqueraded to the Node's IPv6 address; XDP
+    // leaves IPv6 to the uplink's TC program.
+    for from in ["external", "external-xdp"] {
+        let t = trace(
+            manifests,
+            "[2001:db8:9::1]:41000",
+            "[2001:db8::62]:53",
+            &["--proto", "udp", "--from", from, "--node", "node-1"],
+        );
+        assert_eq!(
+            (&t["verdict"], &t["reason"], &t["snat"], &t["program"]),
+            (
+                &"dnat".into(),
+                &"dnat_masqueraded".into(),
+                &"fd00:100::11".into(),
+                &"sliceway_ext6".into()
+            ),
+            "{from}: {t}"
+        );
+    }
+    // IPv4 of the dual-stack Service: its IPv4 endpoints, as before.
+    let t = trace(manifests, "10.244.1.2", "10.96.6.1:80", &[]);
+    assert_eq!(
+        (&t["verdict"], &t["service"], &t["program"]),
+        (
+            &"dnat".into(),
+            &"ds/dual:http".into(),
+            &"sliceway_tc".into()
+        ),
+        "{t}"
+    );
+    let mut candidates: Vec<&str> = t["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    candidates.sort();
+    assert_eq!(candidates, ["10.244.1.60:8080", "10.244.2.60:8080"], "{t}");
+}
+
+/// Issue 12: `trace` over a running agent's pinned maps finds its IPv6 frontends
+/// (SERVICES6 and BACKENDS6 taken from the pins, not made empty).
+#[test]
+fn live_trace_reads_pinned_ipv6_maps() {
+    let lab = Lab::new(1).unwrap();
+    lab.write_manifest("dualstack.yaml", DUALSTACK).unwrap();
+    let _agent = lab.start_agent().unwrap();
+    let bpffs = ["--bpffs-dir", lab.bpffs.to_str().unwrap()];
+    let t = trace(
+        bpffs,
+        "fd00:244:1::2",
+        "[fd00:96::2]:53",
+        &["--proto", "udp"],
+    );
+    assert_eq!(
+        (&t["verdict"], &t["service"], &t["backend"]),
+        (
+            &"dnat".into(),
+            &"ds/only6:dns".into(),
+            &"[fd00:244:1::53]:5353".into()
+        ),
+        "{t}"
+    );
+}
+
+/// Issue 12: a `--src` of one family with a `--dst` of the other is refused with
+/// what to give instead, and so is IPv6 from the node's own sockets (the socket
+/// programs are IPv4's); a malformed `--dst` names the forms it takes.
+#[test]
+fn trace_refuses_mixed_families_and_ipv6_from_the_host() {
+    let dir = ManifestDir::new("trace-mixed", &[("dualstack.yaml", DUALSTACK)]);
+    let d = dir.0.to_str().unwrap();
+    for (src, dst) in [
+        ("10.244.1.2", "[fd00:96::1]:80"),
+        ("[fd00:244:1::2]:41000", "10.96.6.1:80"),
+    ] {
+        let err = trace_fails(&["--manifests", d, "--src", src, "--dst", dst]);
+        assert!(
+            err.contains("are of different address families: give both as IPv4"),
+            "{src} {dst}: {err}"
+        );
+    }
+    let err = trace_fails(&[
+        "--manifests",
+        d,
+        "--src",
+        "fd00:244:1::2",
+        "--dst",
+        "[fd00:96::1]:80",
+        "--from",
+        "host",
+    ]);
+    assert!(
+        err.contains("the socket programs that translate the node's own sockets are IPv4-only"),
+        "{err}"
+    );
+    let err = trace_fails(&[
+        "--manifests",
+        d,
+        "--src",
+        "fd00:244:1::2",
+        "--dst",
+        "fd00:96::1:80",
+    ]);
+    assert!(
+        err.contains("expected IP:PORT or [IPv6]:PORT, such as 10.96.0.10:80 or [fd00::10]:80"),
+        "{err}"
+    );
+}
+
 /// `conntrack` lists a running agent's connections from its pinned map (client,
 /// frontend, Service, backend, state), filters by Service, and `--flush-backend`
 /// forgets the connections of one backend.
@@ -429,6 +711,12 @@ fn check_reports_every_program_and_the_attach_path() {
             "sliceway_l3_ext",
             "sliceway_rej_l3",
             "sliceway_bridge",
+            "sliceway_tc6",
+            "sliceway_ext6",
+            "sliceway_rej6",
+            "sliceway_l3_6",
+            "sliceway_l3ext6",
+            "sliceway_rej6_l3",
             "sliceway_xdp",
             "sliceway_connect4",
             "sliceway_sendmsg4",

@@ -108,19 +108,27 @@ impl Datapath {
             conntrack: 1024,
             ..Capacities::default()
         };
-        Self::load_with(
-            &caps,
-            Some(pins),
-            &[
-                map_name::SERVICES,
-                map_name::SLOTS,
-                map_name::BACKENDS,
-                map_name::SERVICE_NAMES,
-                map_name::NAT_CONFIG,
-                map_name::SOURCE_RANGES,
-            ],
-            false,
-        )
+        let mut pinned = vec![
+            map_name::SERVICES,
+            map_name::SLOTS,
+            map_name::BACKENDS,
+            map_name::SERVICE_NAMES,
+            map_name::NAT_CONFIG,
+            map_name::SOURCE_RANGES,
+        ];
+        // IPv6's, where the running agent pinned them (never made here: a trace
+        // leaves no pin behind).
+        pinned.extend(
+            [
+                map_name::SERVICES6,
+                map_name::BACKENDS6,
+                map_name::NAT_CONFIG6,
+                map_name::SOURCE_RANGES6,
+            ]
+            .into_iter()
+            .filter(|name| pins.map(name).exists()),
+        );
+        Self::load_with(&caps, Some(pins), &pinned, false)
     }
 
     fn load_with(
