@@ -369,7 +369,8 @@ impl Syncer {
             Ok(()) => {
                 match addr {
                     Some(a) => info!(address = %a, ports = ?self.snat_ports, "masquerading IPv6 clients from outside the node to this address"),
-                    None => warn!("no IPv6 address of the node is known (no Node object with one, no global IPv6 address on an uplink): IPv6 connections from outside the node that need masquerading are dropped"),
+                    // An IPv4-only node, as most are: said once, not a problem.
+                    None => info!("no IPv6 address of the node is known (no Node object with one, no global IPv6 address on an uplink): IPv6 connections from outside the node that need masquerading are dropped"),
                 }
                 self.nat6 = Some(nat);
             }

@@ -140,6 +140,7 @@ impl Lab {
                 "sysctl",
                 &["-qw", "net.ipv6.conf.all.forwarding=1"],
             )?;
+            no_dad(&lab.node.name)?;
         }
         lab.client = lab.add_pod("client", 1)?;
         for i in 0..backends {
@@ -154,6 +155,9 @@ impl Lab {
     /// node side 10.244.N.1/24, default route via the node.
     fn add_pod(&mut self, name: &str, subnet: u8) -> Result<Pod> {
         let ns = Netns::create(&format!("{}-{name}", self.prefix))?;
+        if self.dual_stack {
+            no_dad(&ns.name)?;
+        }
         let node_iface = format!("v{subnet}");
         let pod_ip = Ipv4Addr::new(10, 244, subnet, 2);
         let node_ip = Ipv4Addr::new(10, 244, subnet, 1);
@@ -435,6 +439,23 @@ impl Drop for Lab {
         self.pods.clear();
         let _ = fs::remove_dir_all(&self.manifests);
     }
+}
+
+/// No duplicate address detection on the interfaces made in `ns` from now on
+/// (before they are made: each copies the namespace's defaults). Without it, an
+/// interface's link-local address is tentative for its first second, and until then
+/// the kernel sends no neighbour solicitation for packets it forwards out of it
+/// (it has no source address for one): the first datagrams through a new pod's
+/// interface would wait a second or more, longer than a UDP request's timeout.
+/// Addresses added with `nodad` are usable at once, link-local ones are not.
+fn no_dad(ns: &str) -> Result<()> {
+    for key in [
+        "net.ipv6.conf.all.accept_dad=0",
+        "net.ipv6.conf.default.accept_dad=0",
+    ] {
+        netns::nsenter(ns, "sysctl", &["-qw", key])?;
+    }
+    Ok(())
 }
 
 pub(crate) fn node_sysctls(ns: &str) -> Result<()> {

@@ -598,17 +598,21 @@ fn an_uplink_without_an_ethernet_header_is_read_from_its_ip_header() {
         "the quote is the packet as sent"
     );
     assert!(count("pass_no_service") > before, "{:#?}", a1.metrics());
-    // IPv6 (a minimal header, no payload): passed untouched, counted as not IPv4.
-    let before = count("pass_not_ipv4");
-    let mut v6 = vec![0u8; 40];
+    // IPv6 is handed to the IPv6 program of such uplinks (`sliceway_l3ext6`): a
+    // UDP datagram without a checksum, invalid over IPv6, is dropped as malformed
+    // (without that program it would pass, `pass_not_ipv4`).
+    let before = count("drop_malformed");
+    let mut v6 = vec![0u8; 48];
     v6[0] = 0x60;
-    v6[6] = 59; // no next header
+    v6[5] = 8; // payload length: the UDP header
+    v6[6] = 17; // UDP
     v6[7] = 64;
+    v6[40..48].copy_from_slice(&[0x04, 0xd2, 0, 80, 0, 8, 0, 0]); // checksum zero
     v6[8..24].copy_from_slice(&"fd00::2".parse::<std::net::Ipv6Addr>().unwrap().octets());
     v6[24..40].copy_from_slice(&"fd00::1".parse::<std::net::Ipv6Addr>().unwrap().octets());
     tun.send(&v6).unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while count("pass_not_ipv4") <= before {
+    while count("drop_malformed") <= before {
         assert!(std::time::Instant::now() < deadline, "{:#?}", a1.metrics());
         std::thread::sleep(Duration::from_millis(100));
     }
