@@ -204,39 +204,30 @@ pub fn ipv4_addresses() -> std::io::Result<Vec<std::net::Ipv4Addr>> {
 
 /// [`ipv4_addresses`] with the name of the interface of each.
 pub fn ipv4_addresses_by_interface() -> std::io::Result<Vec<(String, std::net::Ipv4Addr)>> {
-    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills `head` with a list that is ours until freeifaddrs.
-    if unsafe { libc::getifaddrs(&mut head) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let mut out = Vec::new();
-    let mut cur = head;
-    while !cur.is_null() {
-        // SAFETY: `cur` is an element of the list getifaddrs returned; an
-        // `ifa_addr` of family AF_INET points at a sockaddr_in.
-        unsafe {
-            let addr = (*cur).ifa_addr;
-            if !addr.is_null() && i32::from((*addr).sa_family) == libc::AF_INET {
-                let sin = &*(addr as *const libc::sockaddr_in);
-                let name = std::ffi::CStr::from_ptr((*cur).ifa_name)
-                    .to_string_lossy()
-                    .into_owned();
-                out.push((
-                    name,
-                    std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)),
-                ));
-            }
-            cur = (*cur).ifa_next;
-        }
-    }
-    // SAFETY: `head` came from getifaddrs and is freed once.
-    unsafe { libc::freeifaddrs(head) };
-    Ok(out)
+    Ok(addresses_by_interface()?
+        .into_iter()
+        .filter_map(|(name, a)| match a {
+            std::net::IpAddr::V4(a) => Some((name, a)),
+            std::net::IpAddr::V6(_) => None,
+        })
+        .collect())
 }
 
 /// The IPv6 addresses of the node's interfaces, with the name of the interface of
 /// each (as [`ipv4_addresses_by_interface`]).
 pub fn ipv6_addresses_by_interface() -> std::io::Result<Vec<(String, std::net::Ipv6Addr)>> {
+    Ok(addresses_by_interface()?
+        .into_iter()
+        .filter_map(|(name, a)| match a {
+            std::net::IpAddr::V6(a) => Some((name, a)),
+            std::net::IpAddr::V4(_) => None,
+        })
+        .collect())
+}
+
+/// Every IPv4 and IPv6 address of the node's interfaces, with the name of the
+/// interface of each, in the order getifaddrs(3) lists them.
+fn addresses_by_interface() -> std::io::Result<Vec<(String, std::net::IpAddr)>> {
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs fills `head` with a list that is ours until freeifaddrs.
     if unsafe { libc::getifaddrs(&mut head) } != 0 {
@@ -246,15 +237,30 @@ pub fn ipv6_addresses_by_interface() -> std::io::Result<Vec<(String, std::net::I
     let mut cur = head;
     while !cur.is_null() {
         // SAFETY: `cur` is an element of the list getifaddrs returned; an
-        // `ifa_addr` of family AF_INET6 points at a sockaddr_in6.
+        // `ifa_addr` of family AF_INET points at a sockaddr_in, one of AF_INET6 at
+        // a sockaddr_in6.
         unsafe {
             let addr = (*cur).ifa_addr;
-            if !addr.is_null() && i32::from((*addr).sa_family) == libc::AF_INET6 {
+            let ip = if addr.is_null() {
+                None
+            } else if i32::from((*addr).sa_family) == libc::AF_INET {
+                let sin = &*(addr as *const libc::sockaddr_in);
+                Some(std::net::IpAddr::from(std::net::Ipv4Addr::from(
+                    u32::from_be(sin.sin_addr.s_addr),
+                )))
+            } else if i32::from((*addr).sa_family) == libc::AF_INET6 {
                 let sin6 = &*(addr as *const libc::sockaddr_in6);
+                Some(std::net::IpAddr::from(std::net::Ipv6Addr::from(
+                    sin6.sin6_addr.s6_addr,
+                )))
+            } else {
+                None
+            };
+            if let Some(ip) = ip {
                 let name = std::ffi::CStr::from_ptr((*cur).ifa_name)
                     .to_string_lossy()
                     .into_owned();
-                out.push((name, std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr)));
+                out.push((name, ip));
             }
             cur = (*cur).ifa_next;
         }

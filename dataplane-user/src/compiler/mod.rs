@@ -142,41 +142,35 @@ impl NodePortAddresses {
         let Self::Cidrs(cidrs, _) = self else {
             return Vec::new();
         };
-        let within = |ip: &std::net::Ipv4Addr, (net, len): &(std::net::Ipv4Addr, u8)| {
-            let mask = prefix_mask(*len);
-            u32::from(*ip) & mask == u32::from(*net) & mask
-        };
-        let mut out: Vec<_> = interface_addrs
-            .iter()
-            .filter(|ip| cidrs.iter().any(|c| within(ip, c)))
-            .copied()
-            .collect();
-        out.sort();
-        out.dedup();
-        out
+        within_any(interface_addrs, cidrs, |a| u128::from(u32::from(a)) << 96)
     }
-}
 
-impl NodePortAddresses {
     /// The IPv6 addresses of `interface_addrs` within the IPv6 CIDRs (none in
     /// `Primary` mode).
     pub fn matching6(&self, interface_addrs: &[std::net::Ipv6Addr]) -> Vec<std::net::Ipv6Addr> {
         let Self::Cidrs(_, cidrs) = self else {
             return Vec::new();
         };
-        let within = |ip: &std::net::Ipv6Addr, (net, len): &(std::net::Ipv6Addr, u8)| {
-            let mask = prefix_mask6(*len);
-            u128::from(*ip) & mask == u128::from(*net) & mask
-        };
-        let mut out: Vec<_> = interface_addrs
-            .iter()
-            .filter(|ip| cidrs.iter().any(|c| within(ip, c)))
-            .copied()
-            .collect();
-        out.sort();
-        out.dedup();
-        out
+        within_any(interface_addrs, cidrs, u128::from)
     }
+}
+
+/// The addresses within any of `cidrs` (network, prefix length), sorted, once each;
+/// `bits` puts an address's bits at the top of a `u128`, so a prefix of `len` bits
+/// is the top `len` bits for either family.
+fn within_any<A: Copy + Ord>(addrs: &[A], cidrs: &[(A, u8)], bits: impl Fn(A) -> u128) -> Vec<A> {
+    let within = |ip: A, (net, len): (A, u8)| {
+        let mask = prefix_mask6(len);
+        bits(ip) & mask == bits(net) & mask
+    };
+    let mut out: Vec<A> = addrs
+        .iter()
+        .copied()
+        .filter(|ip| cidrs.iter().any(|c| within(*ip, *c)))
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// The IPv6 netmask of a prefix of `len` bits (0 to 128).
@@ -194,5 +188,40 @@ fn is_other_proxys(label: Option<&String>, opts: &Options) -> bool {
     match label {
         None => false,
         Some(v) => opts.proxy_name.as_deref() != Some(v.as_str()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::NodePortAddresses;
+
+    /// `--nodeport-addresses` picks, per family, the interface addresses within its
+    /// CIDRs of that family (kube-proxy's pkg/proxy/util/nodeport_addresses.go):
+    /// prefix boundaries, both families from one flag, sorted and once each.
+    #[test]
+    fn nodeport_addresses_match_each_family_within_its_cidrs() {
+        let cidrs = NodePortAddresses::parse("10.0.0.0/8,192.168.1.0/31,fd00:10::/64").unwrap();
+        let v4 = [
+            "10.1.2.3",
+            "192.168.1.1",
+            "192.168.1.2",
+            "11.0.0.1",
+            "10.1.2.3",
+        ]
+        .map(|a| a.parse().unwrap());
+        assert_eq!(
+            cidrs.matching(&v4),
+            ["10.1.2.3", "192.168.1.1"].map(|a| a.parse::<std::net::Ipv4Addr>().unwrap())
+        );
+        let v6 = ["fd00:10::1", "fd00:10:0:1::1", "fd00:10::ffff", "fe80::1"]
+            .map(|a| a.parse().unwrap());
+        assert_eq!(
+            cidrs.matching6(&v6),
+            ["fd00:10::1", "fd00:10::ffff"].map(|a| a.parse::<std::net::Ipv6Addr>().unwrap())
+        );
+        assert!(NodePortAddresses::Primary.matching6(&v6).is_empty());
+        let all = NodePortAddresses::parse("0.0.0.0/0,::/0").unwrap();
+        assert_eq!(all.matching(&v4).len(), 4);
+        assert_eq!(all.matching6(&v6).len(), 4);
     }
 }
