@@ -209,7 +209,10 @@ fn handle_tcp(conn: TcpStream, ident: &str) -> std::io::Result<()> {
         Err(_) => conn.write_all(ident.as_bytes())?,
     }
     if line.trim() == "echo" {
-        conn.set_read_timeout(Some(Duration::from_secs(60)))?;
+        // Idle for as long as a test may keep a connection open across an agent's
+        // restart (under the VM tier's emulation, loading and verifying the programs
+        // again takes more than a minute).
+        conn.set_read_timeout(Some(Duration::from_secs(600)))?;
         loop {
             let mut l = String::new();
             if reader.read_line(&mut l)? == 0 {
