@@ -22,7 +22,7 @@ set -euo pipefail
 CACHE="${SLICEWAY_VM_CACHE:-$HOME/.cache/sliceway/vm}"
 MIRROR="${SLICEWAY_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 MEMORY="${SLICEWAY_VM_MEMORY:-2048}"
-TIMEOUT="${SLICEWAY_VM_TIMEOUT:-2400}"
+TIMEOUT="${SLICEWAY_VM_TIMEOUT:-3000}"
 
 SCRIPT_SUM=$(sha256sum "${BASH_SOURCE[0]}" | cut -d' ' -f1)
 
