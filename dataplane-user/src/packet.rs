@@ -76,12 +76,7 @@ impl PacketSpec {
 /// Builds Ethernet + IPv4 + TCP/UDP/SCTP with correct checksums.
 pub fn build(spec: &PacketSpec) -> Vec<u8> {
     let ihl = 20 + spec.ip_options;
-    let header = match spec.proto {
-        PROTO_TCP => 20,
-        PROTO_SCTP => 12,
-        _ => 8,
-    };
-    let l4_len = header + spec.payload.len();
+    let l4_len = transport_header_len(spec.proto) + spec.payload.len();
     let mut p = Vec::with_capacity(14 + ihl + l4_len);
     p.extend_from_slice(&[0x02, 0, 0, 0, 0, 2]); // dst MAC
     p.extend_from_slice(&[0x02, 0, 0, 0, 0, 1]); // src MAC
@@ -99,47 +94,91 @@ pub fn build(spec: &PacketSpec) -> Vec<u8> {
     p.extend(std::iter::repeat_n(1u8, spec.ip_options)); // NOP options
     let csum = checksum(&p[ip_start..ip_start + ihl], 0);
     p[ip_start + 10..ip_start + 12].copy_from_slice(&csum.to_be_bytes());
+    let pseudo = pseudo_sum(
+        &spec.src.ip().octets(),
+        &spec.dst.ip().octets(),
+        spec.proto,
+        l4_len,
+    );
+    push_transport(
+        &mut p,
+        spec.proto,
+        (spec.src.port(), spec.dst.port()),
+        spec.tcp_flags,
+        &spec.payload,
+        pseudo,
+    );
+    p
+}
+
+/// The length of the header [`push_transport`] writes for `proto`.
+fn transport_header_len(proto: u8) -> usize {
+    match proto {
+        PROTO_TCP => 20,
+        PROTO_SCTP => 12,
+        _ => 8,
+    }
+}
+
+/// Appends `proto`'s header (ports; TCP's sequence numbers and flags, UDP's length,
+/// SCTP's tag, `tcp_flags` naming SCTP's chunk) and the payload to `p`, with its
+/// checksum: SCTP's CRC32c, else the Internet checksum over the segment from
+/// `pseudo` (the sum of the family's pseudo-header, [`pseudo_sum`] or
+/// [`pseudo_sum6`]), UDP's zero sent as 0xffff. Both families' builders end here.
+fn push_transport(
+    p: &mut Vec<u8>,
+    proto: u8,
+    (sport, dport): (u16, u16),
+    tcp_flags: u8,
+    payload: &[u8],
+    pseudo: u32,
+) {
     let l4_start = p.len();
-    p.extend_from_slice(&spec.src.port().to_be_bytes());
-    p.extend_from_slice(&spec.dst.port().to_be_bytes());
-    if spec.proto == PROTO_SCTP {
-        let tag: u32 = if spec.tcp_flags == SCTP_INIT { 0 } else { 1 };
+    p.extend_from_slice(&sport.to_be_bytes());
+    p.extend_from_slice(&dport.to_be_bytes());
+    if proto == PROTO_SCTP {
+        let tag: u32 = if tcp_flags == SCTP_INIT { 0 } else { 1 };
         p.extend_from_slice(&tag.to_be_bytes());
         p.extend_from_slice(&[0; 4]);
-        p.extend_from_slice(&spec.payload);
+        p.extend_from_slice(payload);
         let crc = crc32c(&p[l4_start..]);
         p[l4_start + 8..l4_start + 12].copy_from_slice(&crc.to_le_bytes());
-        return p;
+        return;
     }
-    let csum_off = if spec.proto == PROTO_TCP {
+    let csum_off = if proto == PROTO_TCP {
         p.extend_from_slice(&1000u32.to_be_bytes()); // seq
-        p.extend_from_slice(
-            &(if spec.tcp_flags & TCP_ACK != 0 {
-                2000u32
-            } else {
-                0
-            })
-            .to_be_bytes(),
-        );
+        let ack: u32 = if tcp_flags & TCP_ACK != 0 { 2000 } else { 0 };
+        p.extend_from_slice(&ack.to_be_bytes());
         p.push(5 << 4);
-        p.push(spec.tcp_flags);
+        p.push(tcp_flags);
         p.extend_from_slice(&64240u16.to_be_bytes());
         p.extend_from_slice(&[0, 0, 0, 0]);
         16
     } else {
-        p.extend_from_slice(&(l4_len as u16).to_be_bytes());
+        let len = (8 + payload.len()) as u16;
+        p.extend_from_slice(&len.to_be_bytes());
         p.extend_from_slice(&[0, 0]);
         6
     };
-    p.extend_from_slice(&spec.payload);
-    let csum = l4_checksum(&p[ip_start..]);
-    let csum = if spec.proto == PROTO_UDP && csum == 0 {
+    p.extend_from_slice(payload);
+    let csum = checksum(&p[l4_start..], pseudo);
+    let csum = if proto == PROTO_UDP && csum == 0 {
         0xffff
     } else {
         csum
     };
     p[l4_start + csum_off..l4_start + csum_off + 2].copy_from_slice(&csum.to_be_bytes());
-    p
+}
+
+/// The sum of IPv4's pseudo-header (RFC 793, 3.1: source, destination, zero,
+/// protocol, transport length), where a transport checksum starts.
+fn pseudo_sum(src: &[u8; 4], dst: &[u8; 4], proto: u8, len: usize) -> u32 {
+    let mut pseudo = Vec::with_capacity(12);
+    pseudo.extend_from_slice(src);
+    pseudo.extend_from_slice(dst);
+    pseudo.extend_from_slice(&[0, proto]);
+    pseudo.extend_from_slice(&(len as u16).to_be_bytes());
+    sum(&pseudo)
 }
 
 /// The fields of a parsed packet.
@@ -206,12 +245,9 @@ fn l4_checksum(ip: &[u8]) -> u16 {
     let ihl = ((ip[0] & 0x0f) as usize) * 4;
     let total = u16::from_be_bytes([ip[2], ip[3]]) as usize;
     let seg = &ip[ihl..total];
-    let mut pseudo = Vec::with_capacity(12);
-    pseudo.extend_from_slice(&ip[12..20]);
-    pseudo.push(0);
-    pseudo.push(ip[9]);
-    pseudo.extend_from_slice(&(seg.len() as u16).to_be_bytes());
-    checksum(seg, sum(&pseudo))
+    let src = [ip[12], ip[13], ip[14], ip[15]];
+    let dst = [ip[16], ip[17], ip[18], ip[19]];
+    checksum(seg, pseudo_sum(&src, &dst, ip[9], seg.len()))
 }
 
 fn sum(data: &[u8]) -> u32 {
@@ -363,12 +399,7 @@ const EXT_HEADERS: [u8; 4] = [0, 43, 44, 60];
 /// Builds Ethernet + IPv6 (+ extension headers) + TCP/UDP/SCTP with a correct
 /// checksum.
 pub fn build6(spec: &PacketSpec6) -> Vec<u8> {
-    let header = match spec.proto {
-        PROTO_TCP => 20,
-        PROTO_SCTP => 12,
-        _ => 8,
-    };
-    let l4_len = header + spec.payload.len();
+    let l4_len = transport_header_len(spec.proto) + spec.payload.len();
     let mut p = Vec::with_capacity(14 + 40 + 8 * spec.ext.len() + l4_len);
     p.extend_from_slice(&[0x02, 0, 0, 0, 0, 2]);
     p.extend_from_slice(&[0x02, 0, 0, 0, 0, 1]);
@@ -389,62 +420,39 @@ pub fn build6(spec: &PacketSpec6) -> Vec<u8> {
             p.extend_from_slice(&[next, 0, 1, 4, 0, 0, 0, 0]);
         }
     }
-    let l4_start = p.len();
-    p.extend_from_slice(&spec.src.port().to_be_bytes());
-    p.extend_from_slice(&spec.dst.port().to_be_bytes());
-    if spec.proto == PROTO_SCTP {
-        let tag: u32 = if spec.tcp_flags == SCTP_INIT { 0 } else { 1 };
-        p.extend_from_slice(&tag.to_be_bytes());
-        p.extend_from_slice(&[0; 4]);
-        p.extend_from_slice(&spec.payload);
-        let crc = crc32c(&p[l4_start..]);
-        p[l4_start + 8..l4_start + 12].copy_from_slice(&crc.to_le_bytes());
-        return p;
-    }
-    let csum_off = if spec.proto == PROTO_TCP {
-        p.extend_from_slice(&1000u32.to_be_bytes());
-        let ack: u32 = if spec.tcp_flags & TCP_ACK != 0 {
-            2000
-        } else {
-            0
-        };
-        p.extend_from_slice(&ack.to_be_bytes());
-        p.push(5 << 4);
-        p.push(spec.tcp_flags);
-        p.extend_from_slice(&64240u16.to_be_bytes());
-        p.extend_from_slice(&[0, 0, 0, 0]);
-        16
-    } else {
-        p.extend_from_slice(&(l4_len as u16).to_be_bytes());
-        p.extend_from_slice(&[0, 0]);
-        6
-    };
-    p.extend_from_slice(&spec.payload);
-    let csum = l4_checksum6(
+    let pseudo = pseudo_sum6(
         &spec.src.ip().octets(),
         &spec.dst.ip().octets(),
         spec.proto,
-        &p[l4_start..],
+        l4_len,
     );
-    let csum = if spec.proto == PROTO_UDP && csum == 0 {
-        0xffff
-    } else {
-        csum
-    };
-    p[l4_start + csum_off..l4_start + csum_off + 2].copy_from_slice(&csum.to_be_bytes());
+    push_transport(
+        &mut p,
+        spec.proto,
+        (spec.src.port(), spec.dst.port()),
+        spec.tcp_flags,
+        &spec.payload,
+        pseudo,
+    );
     p
+}
+
+/// The sum of IPv6's pseudo-header (RFC 8200, 8.1: source, destination,
+/// upper-layer length, zeros, next header), where a transport checksum starts.
+fn pseudo_sum6(src: &[u8; 16], dst: &[u8; 16], proto: u8, len: usize) -> u32 {
+    let mut pseudo = Vec::with_capacity(40);
+    pseudo.extend_from_slice(src);
+    pseudo.extend_from_slice(dst);
+    pseudo.extend_from_slice(&(len as u32).to_be_bytes());
+    pseudo.extend_from_slice(&[0, 0, 0, proto]);
+    sum(&pseudo)
 }
 
 /// The checksum of an IPv6 upper-layer packet `seg` (RFC 8200, 8.1: over the
 /// pseudo-header of source, destination, length and next header, then `seg`). Over
 /// a packet with a correct checksum in place, the result is zero.
 pub fn l4_checksum6(src: &[u8; 16], dst: &[u8; 16], proto: u8, seg: &[u8]) -> u16 {
-    let mut pseudo = Vec::with_capacity(40);
-    pseudo.extend_from_slice(src);
-    pseudo.extend_from_slice(dst);
-    pseudo.extend_from_slice(&(seg.len() as u32).to_be_bytes());
-    pseudo.extend_from_slice(&[0, 0, 0, proto]);
-    checksum(seg, sum(&pseudo))
+    checksum(seg, pseudo_sum6(src, dst, proto, seg.len()))
 }
 
 /// The fields of a parsed IPv6 packet.
