@@ -205,16 +205,7 @@ impl Datapath {
 
     /// Writes what the uplink program masquerades with.
     pub fn set_nat(&mut self, nat: dataplane_common::NatConfig) -> Result<(), KernelError> {
-        let name = map_name::NAT_CONFIG;
-        let map = self
-            .ebpf
-            .map_mut(name)
-            .ok_or(KernelError::MissingMap(name))?;
-        let mut array: aya::maps::Array<&mut MapData, dataplane_common::NatConfig> =
-            aya::maps::Array::try_from(map).map_err(|source| KernelError::Map { name, source })?;
-        array
-            .set(0, nat, 0)
-            .map_err(|source| KernelError::Map { name, source })
+        self.set_only_entry(map_name::NAT_CONFIG, nat)
     }
 
     /// Whether the loaded programs have IPv6's maps.
@@ -225,15 +216,23 @@ impl Datapath {
     /// Writes what the uplink program masquerades IPv6 connections with
     /// (`NAT_CONFIG6`).
     pub fn set_nat6(&mut self, nat: dataplane_common::NatConfig6) -> Result<(), KernelError> {
-        let name = map_name::NAT_CONFIG6;
+        self.set_only_entry(map_name::NAT_CONFIG6, nat)
+    }
+
+    /// Writes entry 0 of the one-entry array `name` (the masquerade settings).
+    fn set_only_entry<T: aya::Pod>(
+        &mut self,
+        name: &'static str,
+        value: T,
+    ) -> Result<(), KernelError> {
         let map = self
             .ebpf
             .map_mut(name)
             .ok_or(KernelError::MissingMap(name))?;
-        let mut array: aya::maps::Array<&mut MapData, dataplane_common::NatConfig6> =
+        let mut array: aya::maps::Array<&mut MapData, T> =
             aya::maps::Array::try_from(map).map_err(|source| KernelError::Map { name, source })?;
         array
-            .set(0, nat, 0)
+            .set(0, value, 0)
             .map_err(|source| KernelError::Map { name, source })
     }
 
