@@ -204,18 +204,7 @@ impl Datapath {
     /// [`Datapath::test_run`] through the program of interfaces of `role` (the uplink
     /// program for `Role::External`).
     pub fn test_run_as(&self, role: Role, packet: &[u8]) -> Result<TestRunOutput, KernelError> {
-        let mut out = vec![0u8; packet.len() + 256];
-        let result = self.program(role).test_run(TestRunOptions {
-            data_in: Some(packet),
-            data_out: Some(&mut out),
-            ..TestRunOptions::new()
-        })?;
-        out.truncate(result.data_size_out as usize);
-        Ok(TestRunOutput {
-            verdict: result.return_value as i32,
-            packet: out,
-            duration: result.duration,
-        })
+        run_once(self.program(role), packet)
     }
 
     /// [`Datapath::test_run_as`] through the program of interfaces of `role` without
@@ -229,18 +218,7 @@ impl Datapath {
             .program(name)
             .ok_or(KernelError::MissingProgram(name))?
             .try_into()?;
-        let mut out = vec![0u8; packet.len() + 256];
-        let result = program.test_run(TestRunOptions {
-            data_in: Some(packet),
-            data_out: Some(&mut out),
-            ..TestRunOptions::new()
-        })?;
-        out.truncate(result.data_size_out as usize);
-        Ok(TestRunOutput {
-            verdict: result.return_value as i32,
-            packet: out,
-            duration: result.duration,
-        })
+        run_once(program, packet)
     }
 
     /// Runs one packet `repeat` times and returns the kernel-measured time per run.
@@ -279,3 +257,20 @@ pub const TC_ACT_OK: i32 = 0;
 pub const TC_ACT_SHOT: i32 = 2;
 /// The packet was redirected (a reply the program made, sent back where it came from).
 pub const TC_ACT_REDIRECT: i32 = 7;
+
+/// Runs `packet` once through a TC program with BPF_PROG_TEST_RUN: its verdict and
+/// the packet as the program left it (room for 256 bytes more: a reject's answer).
+fn run_once(program: &SchedClassifier, packet: &[u8]) -> Result<TestRunOutput, KernelError> {
+    let mut out = vec![0u8; packet.len() + 256];
+    let result = program.test_run(TestRunOptions {
+        data_in: Some(packet),
+        data_out: Some(&mut out),
+        ..TestRunOptions::new()
+    })?;
+    out.truncate(result.data_size_out as usize);
+    Ok(TestRunOutput {
+        verdict: result.return_value as i32,
+        packet: out,
+        duration: result.duration,
+    })
+}
