@@ -784,9 +784,11 @@ pub mod map_name {
     pub const SOURCE_RANGES6: &str = "SOURCE_RANGES6";
     /// The IPv6 programs (tail calls, `JUMP6_*` slots), pinned as `JUMP` is.
     pub const JUMP6: &str = "JUMP6";
+    /// The node's IPv6 sockets' translations (socket programs).
+    pub const SOCK_REVNAT6: &str = "SOCK_REVNAT6";
 
     /// Every map, in the order the agent pins them.
-    pub const ALL: [&str; 21] = [
+    pub const ALL: [&str; 22] = [
         SERVICES,
         SLOTS,
         BACKENDS,
@@ -808,6 +810,7 @@ pub mod map_name {
         NAT_CONFIG6,
         SOURCE_RANGES6,
         JUMP6,
+        SOCK_REVNAT6,
     ];
 }
 

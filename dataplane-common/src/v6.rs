@@ -9,7 +9,8 @@
 //! layout: an agent of the same layout version without them ignores them.
 //!
 //! Bytes per entry (key + value, before the kernel's own per-entry cost): `SERVICES6`
-//! 20 + 16, `BACKENDS6` 4 + 20, `FRAGMENTS6` 40 + 4, `SOURCE_RANGES6` 4 + 36 + 1.
+//! 20 + 16, `BACKENDS6` 4 + 20, `FRAGMENTS6` 40 + 4, `SOURCE_RANGES6` 4 + 36 + 1,
+//! `SOCK_REVNAT6` 32 + 20.
 //!
 //! Addresses are four words in network byte order, as `CtKey` has them: the first
 //! word holds the address's first four bytes.
@@ -209,10 +210,49 @@ pub mod capacity6 {
     pub const FRAGMENTS6: u32 = 4_096;
     /// IPv6 `loadBalancerSourceRanges` entries.
     pub const SOURCE_RANGES6: u32 = 8_192;
+    /// Translations the node's own IPv6 sockets made (`SOCK_REVNAT6`); LRU. Half of
+    /// IPv4's: its entries are three times the size, and IPv4-only nodes allocate
+    /// it too.
+    pub const SOCK_REVNAT6: u32 = 32_768;
+}
+
+/// Key of the `SOCK_REVNAT6` map: a socket of the node (its cookie) and the IPv6
+/// backend the socket programs gave it instead of a frontend (IPv4's
+/// [`SockRevKey`]; an IPv4-mapped address on an IPv6 socket is IPv4's, kept there).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct SockRevKey6 {
+    pub cookie: u64,
+    pub addr_be: [u32; 4],
+    pub port_be: u16,
+    pub _pad: u16,
+    pub _pad2: u32,
+}
+const _: () = assert!(size_of::<SockRevKey6>() == 32);
+
+/// Value of the `SOCK_REVNAT6` map: the IPv6 frontend the socket asked for.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct SockRevValue6 {
+    pub addr_be: [u32; 4],
+    pub port_be: u16,
+    pub _pad: u16,
+}
+const _: () = assert!(size_of::<SockRevValue6>() == 20);
+
+/// Word 2 of an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`, RFC 4291 2.5.5.2) as
+/// the maps hold it; words 0 and 1 are zero and word 3 is the IPv4 address.
+pub const V4_MAPPED_WORD_BE: u32 = 0x0000_ffff_u32.to_be();
+
+/// The IPv4 address an IPv4-mapped IPv6 address carries, if `addr_be` is one.
+#[inline(always)]
+pub fn v4_mapped(addr_be: [u32; 4]) -> Option<u32> {
+    (addr_be[0] == 0 && addr_be[1] == 0 && addr_be[2] == V4_MAPPED_WORD_BE).then_some(addr_be[3])
 }
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
     use super::*;
 
     #[test]
@@ -226,5 +266,19 @@ mod tests {
             octets_of(HAIRPIN6_ADDR_BE),
             [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x5c, 0x1c, 0, 1]
         );
+    }
+
+    #[test]
+    fn ipv4_mapped_addresses_give_their_ipv4_address() {
+        let mapped: std::net::Ipv6Addr = "::ffff:10.96.0.10".parse().unwrap();
+        let v4 = v4_mapped(addr_of(mapped.octets())).unwrap();
+        assert_eq!(
+            u32::from_be(v4),
+            u32::from(std::net::Ipv4Addr::new(10, 96, 0, 10))
+        );
+        for other in ["::10.96.0.10", "fd00::ffff:a60:a", "::1", "64:ff9b::a60:a"] {
+            let a: std::net::Ipv6Addr = other.parse().unwrap();
+            assert_eq!(v4_mapped(addr_of(a.octets())), None, "{other}");
+        }
     }
 }

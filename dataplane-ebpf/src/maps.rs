@@ -1,8 +1,9 @@
 //! The maps, one doc line each (key → value, who writes it), and getters that return
 //! copies of map values, so no reference into a map outlives a lookup. Only the
 //! agent's map writer writes `SERVICES`, `SLOTS` and `BACKENDS`; the programs write
-//! only `CONNTRACK`, `AFFINITY`, `SCRATCH`, `SOCK_REVNAT` and the counters (and, migrating, `CT_V1`). Capacities here are defaults, the agent resizes the
-//! maps at load time.
+//! only `CONNTRACK`, `AFFINITY`, the scratch maps, `FRAGMENTS`, `SOCK_REVNAT` (and
+//! IPv6's of these) and the counters (and, migrating, `CT_V1`). Capacities here are
+//! defaults, the agent resizes the maps at load time.
 
 use aya_ebpf::{
     macros::map,
@@ -13,7 +14,10 @@ use dataplane_common::{
     FragKey, FragPorts, FrontendCounters, NatConfig, ServiceKey, ServiceName, ServiceValue,
     SlotKey, SockRevKey, SockRevValue, SourceRange,
 };
-use dataplane_common::{capacity6, Backend6, FragKey6, NatConfig6, ServiceKey6, SourceRange6};
+use dataplane_common::{
+    capacity6, Backend6, FragKey6, NatConfig6, ServiceKey6, SockRevKey6, SockRevValue6,
+    SourceRange6,
+};
 
 /// Frontends: (VIP, port, proto) → (id, slot count). Written by the agent.
 #[map]
@@ -268,6 +272,20 @@ pub static NAT_CONFIG6: Array<NatConfig6> = Array::with_max_entries(1, 0);
 #[map]
 pub static SOURCE_RANGES6: LpmTrie<SourceRange6, u8> =
     LpmTrie::with_max_entries(capacity6::SOURCE_RANGES6, 0);
+
+/// The node's IPv6 sockets' translations: (socket cookie, IPv6 backend) → the
+/// frontend asked for. Written by `sliceway_connect6` and `sliceway_sendmsg6`, read
+/// by `sliceway_recvmsg6` and `sliceway_getpeername6`; LRU.
+#[map]
+pub static SOCK_REVNAT6: LruHashMap<SockRevKey6, SockRevValue6> =
+    LruHashMap::with_max_entries(capacity6::SOCK_REVNAT6, 0);
+
+/// The frontend an IPv6 socket of the node asked for, given its backend, if known.
+#[inline(always)]
+pub fn sock_revnat6(key: &SockRevKey6) -> Option<SockRevValue6> {
+    // SAFETY: as in `service`.
+    unsafe { SOCK_REVNAT6.get(key).copied() }
+}
 
 /// The IPv6 frontend at `key`, if any.
 #[inline(always)]

@@ -10,7 +10,14 @@
 //!   call fails with EPERM: a socket program can refuse, not answer);
 //! - `sliceway_recvmsg4` and `sliceway_getpeername4` show the frontend again where
 //!   the kernel would show the backend (a datagram's source, the peer's name), from
-//!   `SOCK_REVNAT` (socket cookie, backend → frontend).
+//!   `SOCK_REVNAT` (socket cookie, backend → frontend);
+//! - `sliceway_connect6`, `sliceway_sendmsg6`, `sliceway_recvmsg6` and
+//!   `sliceway_getpeername6` do the same for IPv6 sockets: IPv6 frontends from
+//!   `SERVICES6`, backends from `BACKENDS6`, reverse from `SOCK_REVNAT6`. An
+//!   IPv4-mapped address (`::ffff:10.96.0.10`) on an IPv6 socket is IPv4's: the
+//!   kernel connects such a socket over IPv4 without running the IPv4 hooks, so the
+//!   IPv6 hooks translate it through IPv4's maps and hand the backend back mapped
+//!   (as Cilium's socket LB does for dual-stack sockets).
 //!
 //! The programs hang on a cgroup (the root one by default, so every process on the
 //! node), but act only on sockets of the network namespace the agent runs in
@@ -24,14 +31,17 @@ use aya_ebpf::{
     EbpfContext,
 };
 use dataplane_common::{
-    clusterip_marker, stat, ServiceKey, SockRevKey, SockRevValue, PROTO_SCTP, PROTO_TCP, PROTO_UDP,
-    SCOPE_ANY, SVC_F_SOURCE_RANGES,
+    clusterip_marker, clusterip_marker6, stat, v4_mapped, ServiceKey, ServiceKey6, ServiceValue,
+    SockRevKey, SockRevKey6, SockRevValue, SockRevValue6, PROTO_SCTP, PROTO_TCP, PROTO_UDP,
+    SCOPE_ANY, SVC_F_SOURCE_RANGES, V4_MAPPED_WORD_BE,
 };
 
 use crate::{
     conntrack,
-    counters::{self, count},
-    lookup, maps,
+    counters::{self, count, Exit},
+    lookup,
+    lookup::Picked,
+    maps,
 };
 
 /// The cookie of the network namespace the agent runs in (`SO_NETNS_COOKIE`); zero
@@ -40,30 +50,53 @@ use crate::{
 static HOST_NETNS: u64 = 0;
 
 const AF_INET: u32 = 2;
+const AF_INET6: u32 = 10;
 /// What a `sock_addr` program returns: go on, or fail the call (EPERM).
 const ALLOW: i32 = 1;
 const REFUSE: i32 = 0;
 
 #[cgroup_sock_addr(connect4)]
 pub fn sliceway_connect4(ctx: SockAddrContext) -> i32 {
-    translate(&ctx)
+    translate::<false>(&ctx)
 }
 
 #[cgroup_sock_addr(sendmsg4)]
 pub fn sliceway_sendmsg4(ctx: SockAddrContext) -> i32 {
-    translate(&ctx)
+    translate::<false>(&ctx)
 }
 
 #[cgroup_sock_addr(recvmsg4)]
 pub fn sliceway_recvmsg4(ctx: SockAddrContext) -> i32 {
-    reverse(&ctx);
+    reverse::<false>(&ctx);
     // recvmsg programs must allow.
     ALLOW
 }
 
 #[cgroup_sock_addr(getpeername4)]
 pub fn sliceway_getpeername4(ctx: SockAddrContext) -> i32 {
-    reverse(&ctx);
+    reverse::<false>(&ctx);
+    ALLOW
+}
+
+#[cgroup_sock_addr(connect6)]
+pub fn sliceway_connect6(ctx: SockAddrContext) -> i32 {
+    translate::<true>(&ctx)
+}
+
+#[cgroup_sock_addr(sendmsg6)]
+pub fn sliceway_sendmsg6(ctx: SockAddrContext) -> i32 {
+    translate::<true>(&ctx)
+}
+
+#[cgroup_sock_addr(recvmsg6)]
+pub fn sliceway_recvmsg6(ctx: SockAddrContext) -> i32 {
+    reverse::<true>(&ctx);
+    ALLOW
+}
+
+#[cgroup_sock_addr(getpeername6)]
+pub fn sliceway_getpeername6(ctx: SockAddrContext) -> i32 {
+    reverse::<true>(&ctx);
     ALLOW
 }
 
@@ -76,20 +109,27 @@ fn in_host_netns(ctx: &SockAddrContext) -> bool {
     host != 0 && unsafe { bpf_get_netns_cookie(ctx.as_ptr()) } == host
 }
 
+/// The address a socket call names, by the maps' family: an IPv4 address (also one
+/// mapped into an IPv6 socket's), or an IPv6 one.
+#[derive(Clone, Copy)]
+enum Addr {
+    V4(u32),
+    V6([u32; 4]),
+}
+
 /// The peer the socket names: (address, port, protocol), network byte order; `None`
-/// for what is not IPv4 TCP, UDP or SCTP.
+/// for what is not TCP, UDP or SCTP. `V6`: the program is an IPv6 hook, whose
+/// context has only the IPv6 address (the verifier refuses a read of the other
+/// family's field even on a path never taken). An IPv4-mapped address is IPv4's
+/// ([`set_peer`] maps the answer back).
 #[inline(always)]
-fn peer(ctx: &SockAddrContext) -> Option<(u32, u16, u8)> {
-    // SAFETY: the kernel hands the program a valid `bpf_sock_addr`; these fields may
-    // be read by every sock_addr program (4-byte reads).
-    let (family, ip, port, proto) = unsafe {
-        let sa = &*ctx.sock_addr;
-        (sa.user_family, sa.user_ip4, sa.user_port, sa.protocol)
-    };
-    if family != AF_INET {
-        return None;
-    }
-    let proto = match proto {
+fn peer<const V6: bool>(ctx: &SockAddrContext) -> Option<(Addr, u16, u8)> {
+    // SAFETY: the kernel hands the program a valid `bpf_sock_addr`; the family's
+    // address, the port and the protocol may be read by its hooks (plain field
+    // reads, which compile to loads at constant offsets of the context, as the
+    // verifier wants them).
+    let sa = unsafe { &*ctx.sock_addr };
+    let proto = match sa.protocol {
         6 => PROTO_TCP,
         17 => PROTO_UDP,
         132 => PROTO_SCTP,
@@ -97,107 +137,248 @@ fn peer(ctx: &SockAddrContext) -> Option<(u32, u16, u8)> {
     };
     // The port is the low half of the word, in network byte order, as the packet
     // carries it.
-    Some((ip, port as u16, proto))
+    let port = sa.user_port as u16;
+    if !V6 {
+        return (sa.user_family == AF_INET).then_some((Addr::V4(sa.user_ip4), port, proto));
+    }
+    if sa.user_family != AF_INET6 {
+        return None;
+    }
+    let addr = [
+        sa.user_ip6[0],
+        sa.user_ip6[1],
+        sa.user_ip6[2],
+        sa.user_ip6[3],
+    ];
+    Some(match v4_mapped(addr) {
+        Some(v4) => (Addr::V4(v4), port, proto),
+        None => (Addr::V6(addr), port, proto),
+    })
 }
 
-/// Writes the peer's address and port (network byte order) into the call.
+/// Writes the peer's address and port (network byte order) into the call, in the
+/// hook's family (`V6`: an IPv4 address goes into an IPv6 hook's call mapped).
 #[inline(always)]
-fn set_peer(ctx: &SockAddrContext, addr_be: u32, port_be: u16) {
-    // SAFETY: connect4, sendmsg4, recvmsg4 and getpeername4 may write these two
-    // fields (4-byte writes); nothing else holds the context.
-    unsafe {
-        let sa = &mut *ctx.sock_addr;
-        sa.user_ip4 = addr_be;
-        sa.user_port = port_be as u32;
+fn set_peer<const V6: bool>(ctx: &SockAddrContext, addr: Addr, port_be: u16) {
+    // SAFETY: connect, sendmsg, recvmsg and getpeername hooks may write their
+    // family's address and the port (4-byte writes); nothing else holds the context.
+    let sa = unsafe { &mut *ctx.sock_addr };
+    let words = match addr {
+        Addr::V4(v4) if !V6 => {
+            sa.user_ip4 = v4;
+            None
+        }
+        Addr::V4(v4) => Some([0, 0, V4_MAPPED_WORD_BE, v4]),
+        Addr::V6(v6) if V6 => Some(v6),
+        // An IPv6 address never comes from an IPv4 hook's call.
+        Addr::V6(_) => return,
+    };
+    if let Some([w0, w1, w2, w3]) = words {
+        // Word by word from registers: an array copy may become a loop over a
+        // pointer into the context, which the verifier refuses.
+        sa.user_ip6[0] = w0;
+        sa.user_ip6[1] = w1;
+        sa.user_ip6[2] = w2;
+        sa.user_ip6[3] = w3;
+    }
+    sa.user_port = port_be as u32;
+}
+
+/// The frontend at (`addr`, `port_be`, `proto`) in its family's map, and whether
+/// `addr` is a ClusterIP (on another port or protocol) where none is.
+#[inline(always)]
+fn frontend(addr: Addr, port_be: u16, proto: u8) -> Result<ServiceValue, bool> {
+    let found = match addr {
+        Addr::V4(addr_be) => maps::service(&ServiceKey {
+            addr_be,
+            port_be,
+            proto,
+            scope: SCOPE_ANY,
+        }),
+        Addr::V6(addr_be) => maps::service6(&ServiceKey6 {
+            addr_be,
+            port_be,
+            proto,
+            scope: SCOPE_ANY,
+        }),
+    };
+    found.ok_or_else(|| match addr {
+        Addr::V4(a) => maps::service(&clusterip_marker(a)).is_some(),
+        Addr::V6(a) => maps::service6(&clusterip_marker6(a)).is_some(),
+    })
+}
+
+/// loadBalancerSourceRanges: the node's sockets come from its address (the one the
+/// uplink program masquerades to, of the frontend's family), as kube-proxy's output
+/// hook sees them.
+#[inline(always)]
+fn node_allowed(addr: Addr, port_be: u16, proto: u8) -> bool {
+    match addr {
+        Addr::V4(addr_be) => {
+            let node_be = maps::nat_config().map_or(0, |c| c.node_addr_be);
+            let key = ServiceKey {
+                addr_be,
+                port_be,
+                proto,
+                scope: SCOPE_ANY,
+            };
+            maps::source_allowed(key, node_be)
+        }
+        Addr::V6(addr_be) => {
+            let node_be = maps::NAT_CONFIG6.get(0).map_or([0; 4], |c| c.node_addr_be);
+            let key = ServiceKey6 {
+                addr_be,
+                port_be,
+                proto,
+                scope: SCOPE_ANY,
+            };
+            maps::source_allowed6(key, node_be)
+        }
     }
 }
 
-/// connect4 and sendmsg4: a frontend becomes a backend.
+/// A backend of `service` for the node's socket (the node is one client), and its
+/// address in the frontend's family.
 #[inline(always)]
-fn translate(ctx: &SockAddrContext) -> i32 {
+fn pick(addr: Addr, service: &ServiceValue) -> Result<(u32, Addr, u16), Exit> {
+    // SAFETY: a helper without arguments.
+    let random = unsafe { bpf_get_prandom_u32() };
+    let now = conntrack::now();
+    Ok(match addr {
+        Addr::V4(_) => {
+            let Picked {
+                backend_id,
+                backend,
+            } = lookup::pick(lookup::NODE_CLIENT, random, service, now)?;
+            (backend_id, Addr::V4(backend.addr_be), backend.port_be)
+        }
+        Addr::V6(_) => {
+            let client = [lookup::NODE_CLIENT, 0, 0, 0];
+            let Picked {
+                backend_id,
+                backend,
+            } = lookup::pick6(client, random, service, now)?;
+            (backend_id, Addr::V6(backend.addr_be), backend.port_be)
+        }
+    })
+}
+
+/// Remembers, for the socket, that `backend` stands for `frontend`; best effort:
+/// without it, replies and the peer name show the backend.
+#[inline(always)]
+fn remember(cookie: u64, backend: (Addr, u16), frontend: (Addr, u16)) {
+    match (backend, frontend) {
+        ((Addr::V4(b), bport), (Addr::V4(f), fport)) => {
+            let key = SockRevKey {
+                cookie,
+                addr_be: b,
+                port_be: bport,
+                _pad: 0,
+            };
+            let value = SockRevValue {
+                addr_be: f,
+                port_be: fport,
+                _pad: 0,
+            };
+            let _ = maps::SOCK_REVNAT.insert(key, value, 0);
+        }
+        ((Addr::V6(b), bport), (Addr::V6(f), fport)) => {
+            let key = SockRevKey6 {
+                cookie,
+                addr_be: b,
+                port_be: bport,
+                _pad: 0,
+                _pad2: 0,
+            };
+            let value = SockRevValue6 {
+                addr_be: f,
+                port_be: fport,
+                _pad: 0,
+            };
+            let _ = maps::SOCK_REVNAT6.insert(key, value, 0);
+        }
+        // A frontend's backends are of its family.
+        _ => {}
+    }
+}
+
+/// The frontend the socket asked for where it was given `backend`, if remembered.
+#[inline(always)]
+fn remembered(cookie: u64, backend: Addr, port_be: u16) -> Option<(Addr, u16)> {
+    match backend {
+        Addr::V4(addr_be) => maps::sock_revnat(&SockRevKey {
+            cookie,
+            addr_be,
+            port_be,
+            _pad: 0,
+        })
+        .map(|f| (Addr::V4(f.addr_be), f.port_be)),
+        Addr::V6(addr_be) => maps::sock_revnat6(&SockRevKey6 {
+            cookie,
+            addr_be,
+            port_be,
+            _pad: 0,
+            _pad2: 0,
+        })
+        .map(|f| (Addr::V6(f.addr_be), f.port_be)),
+    }
+}
+
+/// connect and sendmsg: a frontend becomes a backend.
+#[inline(always)]
+fn translate<const V6: bool>(ctx: &SockAddrContext) -> i32 {
     if !in_host_netns(ctx) {
         return ALLOW;
     }
-    let Some((addr_be, port_be, proto)) = peer(ctx) else {
+    let Some((addr, port_be, proto)) = peer::<V6>(ctx) else {
         return ALLOW;
     };
-    let key = ServiceKey {
-        addr_be,
-        port_be,
-        proto,
-        scope: SCOPE_ANY,
-    };
-    let Some(service) = maps::service(&key) else {
-        if maps::service(&clusterip_marker(addr_be)).is_some() {
+    let service = match frontend(addr, port_be, proto) {
+        Ok(service) => service,
+        Err(true) => {
             count(stat::SOCK_REJECT_NO_PORT);
             return REFUSE;
         }
-        return ALLOW;
+        Err(false) => return ALLOW,
     };
-    // loadBalancerSourceRanges: the node's sockets come from its address (the one
-    // the uplink program masquerades to), as kube-proxy's output hook sees them.
-    if service.flags & SVC_F_SOURCE_RANGES != 0 {
-        let node_be = maps::nat_config().map_or(0, |c| c.node_addr_be);
-        if !maps::source_allowed(key, node_be) {
-            count(stat::DROP_SOURCE_RANGE);
-            return REFUSE;
-        }
+    if service.flags & SVC_F_SOURCE_RANGES != 0 && !node_allowed(addr, port_be, proto) {
+        count(stat::DROP_SOURCE_RANGE);
+        return REFUSE;
     }
     if service.count == 0 {
         counters::refused(service.id, false);
         count(stat::SOCK_REJECT_NO_BACKEND);
         return REFUSE;
     }
-    // SAFETY: a helper without arguments.
-    let random = unsafe { bpf_get_prandom_u32() };
-    let picked = match lookup::pick(lookup::NODE_CLIENT, random, &service, conntrack::now()) {
-        Ok(p) => p,
+    let (backend_id, backend, backend_port) = match pick(addr, &service) {
+        Ok(picked) => picked,
         Err((_, reason)) => {
             count(reason);
             return REFUSE;
         }
     };
-    let backend = picked.backend;
     // SAFETY: the helper takes the program's context, which `ctx` is.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    let key = SockRevKey {
-        cookie,
-        addr_be: backend.addr_be,
-        port_be: backend.port_be,
-        _pad: 0,
-    };
-    let frontend = SockRevValue {
-        addr_be,
-        port_be,
-        _pad: 0,
-    };
-    // Best effort: without it, replies and the peer name show the backend.
-    let _ = maps::SOCK_REVNAT.insert(key, frontend, 0);
-    set_peer(ctx, backend.addr_be, backend.port_be);
-    counters::connected(service.id, picked.backend_id);
+    remember(cookie, (backend, backend_port), (addr, port_be));
+    set_peer::<V6>(ctx, backend, backend_port);
+    counters::connected(service.id, backend_id);
     count(stat::SOCK_TRANSLATED);
     ALLOW
 }
 
-/// recvmsg4 and getpeername4: a backend the socket was given shows as its frontend.
+/// recvmsg and getpeername: a backend the socket was given shows as its frontend.
 #[inline(always)]
-fn reverse(ctx: &SockAddrContext) {
+fn reverse<const V6: bool>(ctx: &SockAddrContext) {
     if !in_host_netns(ctx) {
         return;
     }
-    let Some((addr_be, port_be, _)) = peer(ctx) else {
+    let Some((addr, port_be, _)) = peer::<V6>(ctx) else {
         return;
     };
     // SAFETY: as in `translate`.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    let key = SockRevKey {
-        cookie,
-        addr_be,
-        port_be,
-        _pad: 0,
-    };
-    if let Some(frontend) = maps::sock_revnat(&key) {
-        set_peer(ctx, frontend.addr_be, frontend.port_be);
+    if let Some((frontend, frontend_port)) = remembered(cookie, addr, port_be) {
+        set_peer::<V6>(ctx, frontend, frontend_port);
         count(stat::SOCK_REVNAT);
     }
 }

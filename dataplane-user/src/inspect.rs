@@ -2,7 +2,7 @@
 
 use std::{
     collections::BTreeMap,
-    net::{IpAddr, SocketAddr, SocketAddrV4, SocketAddrV6},
+    net::{IpAddr, SocketAddr, SocketAddrV6},
 };
 
 use aya::maps::{HashMap as BpfHashMap, Map, MapData, PerCpuArray};
@@ -420,28 +420,16 @@ pub enum TraceError {
          (10.244.1.2, 10.96.0.10:80) or both as IPv6 (fd00:244::2, [fd00::10]:80)"
     )]
     MixedFamilies { src: IpAddr, dst: SocketAddr },
-    #[error(
-        "--from host with IPv6 destination {dst}: the socket programs that translate the node's \
-         own sockets are IPv4-only today (sliceway_connect4, sliceway_sendmsg4), so an IPv6 \
-         socket of the node is not translated; trace IPv6 with --from pod, external or \
-         external-xdp"
-    )]
-    HostIpv6 { dst: SocketAddr },
 }
 
 /// The client a trace sends from and the frontend it sends to, checked: one family
-/// (`src` with no port gets [`default_src`]'s), and no IPv6 from the node itself,
-/// whose socket programs are IPv4's only.
+/// (`src` with no port gets [`default_src`]'s).
 pub fn endpoints(
     src: crate::cli::TraceSource,
     dst: SocketAddr,
-    from: From,
 ) -> Result<(SocketAddr, SocketAddr), TraceError> {
     if src.ip.is_ipv4() != dst.is_ipv4() {
         return Err(TraceError::MixedFamilies { src: src.ip, dst });
-    }
-    if from == From::Host && dst.is_ipv6() {
-        return Err(TraceError::HostIpv6 { dst });
     }
     let src = match src.port {
         Some(port) => SocketAddr::new(src.ip, port),
@@ -454,7 +442,7 @@ pub fn endpoints(
 /// `compiler` holds into them as the agent's loop does (the incremental compiler's
 /// first sync through the map writer), and runs one crafted packet, IPv4 or IPv6 as
 /// `dst` is, through BPF_PROG_TEST_RUN (`from_host`: what the socket programs do
-/// with a node's socket connecting to `dst`, [`host_trace`], IPv4 only). `trace
+/// with a node's socket connecting to `dst`, [`host_trace`]). `trace
 /// --manifests` fills `compiler` from the local source, as `run` does.
 pub fn trace(
     compiler: Incremental,
@@ -487,8 +475,7 @@ pub fn trace(
         }
     }
     let mut trace = match (from, dst) {
-        (From::Host, SocketAddr::V4(dst)) => host_trace(&dp, dst, proto)?,
-        (From::Host, dst) => return Err(TraceError::HostIpv6 { dst }),
+        (From::Host, _) => host_trace(&dp, dst, proto)?,
         (From::Pod, _) => run_trace(&dp, Role::Pods, src, dst, proto)?,
         (From::External, _) => run_trace(&dp, Role::External, src, dst, proto)?,
         (From::ExternalXdp, _) => run_trace_xdp(&mut dp, src, dst, proto)?,
@@ -690,27 +677,62 @@ fn traced(
     })
 }
 
-/// What the socket programs (`sliceway_connect4`, `sliceway_sendmsg4`) do with a
-/// socket of the node that connects or sends to `dst`, read from the maps the way
-/// they read them (the kernel runs no test of socket programs): a frontend with
+/// What the socket programs (`sliceway_connect4`/`6`, `sliceway_sendmsg4`/`6`) do
+/// with a socket of the node that connects or sends to `dst`, read from the maps the
+/// way they read them (the kernel runs no test of socket programs): a frontend with
 /// backends is translated to one of its candidates (a random slot per connection,
 /// or the node's session-affinity backend, so no single backend is named); one
 /// without, or a ClusterIP's undeclared port, is refused (EPERM); anything else
-/// passes. The source does not matter: the node is one client.
-pub fn host_trace(dp: &Datapath, dst: SocketAddrV4, proto: u8) -> Result<Trace, KernelError> {
-    let addr_be = u32::from(*dst.ip()).to_be();
-    let key = ServiceKey {
-        addr_be,
-        port_be: dst.port().to_be(),
-        proto,
-        scope: 0,
+/// passes. An IPv4-mapped IPv6 destination (`[::ffff:10.96.0.10]:80`, a dual-stack
+/// socket's) is IPv4's, as the programs take it. The source does not matter: the
+/// node is one client.
+pub fn host_trace(dp: &Datapath, dst: SocketAddr, proto: u8) -> Result<Trace, KernelError> {
+    let port_be = dst.port().to_be();
+    let ip = match dst.ip() {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    };
+    let (key, marker) = match ip {
+        IpAddr::V4(v4) => {
+            let addr_be = u32::from(v4).to_be();
+            let key = ServiceKey {
+                addr_be,
+                port_be,
+                proto,
+                scope: 0,
+            };
+            let marker = dataplane_common::clusterip_marker(addr_be);
+            (FrontendKey::V4(key), FrontendKey::V4(marker))
+        }
+        IpAddr::V6(v6) => {
+            let addr_be = dataplane_common::addr_of(v6.octets());
+            let key = dataplane_common::ServiceKey6 {
+                addr_be,
+                port_be,
+                proto,
+                scope: 0,
+            };
+            let marker = dataplane_common::clusterip_marker6(addr_be);
+            (FrontendKey::V6(key), FrontendKey::V6(marker))
+        }
     };
     let state = dp.maps.state();
-    let frontend = state.services.iter().find(|(k, _)| *k == key).copied();
+    let frontend = state.all_services().find(|(k, _)| *k == key);
     let (verdict, reason, service, candidates) = match frontend {
-        Some((k, v)) => {
+        Some((_, v)) => {
             let listed = list_state(&KernelState {
-                services: vec![(k, v)],
+                services: state
+                    .services
+                    .iter()
+                    .filter(|(k, _)| FrontendKey::V4(*k) == key)
+                    .copied()
+                    .collect(),
+                services6: state
+                    .services6
+                    .iter()
+                    .filter(|(k, _)| FrontendKey::V6(*k) == key)
+                    .copied()
+                    .collect(),
                 ..state.clone()
             });
             let f = listed.into_iter().next().expect("one frontend");
@@ -724,11 +746,7 @@ pub fn host_trace(dp: &Datapath, dst: SocketAddrV4, proto: u8) -> Result<Trace, 
                 _ => ("dnat", stat::SOCK_TRANSLATED, Some(f.service), f.backends),
             }
         }
-        None if state
-            .services
-            .iter()
-            .any(|(k, _)| *k == dataplane_common::clusterip_marker(addr_be)) =>
-        {
+        None if state.all_services().any(|(k, _)| k == marker) => {
             ("reject", stat::SOCK_REJECT_NO_PORT, None, Vec::new())
         }
         None => ("pass", stat::PASS_NO_SERVICE, None, Vec::new()),

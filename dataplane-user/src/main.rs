@@ -1,6 +1,6 @@
 //! `sliceway-agent`: the node agent's command line.
 
-use std::{net::SocketAddr, time::Duration};
+use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
@@ -162,7 +162,7 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Trace(args) => {
-            let (src, dst) = inspect::endpoints(args.src, args.dst, args.from)?;
+            let (src, dst) = inspect::endpoints(args.src, args.dst)?;
             let proto = match args.proto {
                 Proto::Tcp => PROTO_TCP,
                 Proto::Udp => PROTO_UDP,
@@ -201,11 +201,7 @@ fn main() -> anyhow::Result<()> {
                 None => {
                     let mut dp = inspect::live_datapath(&PinDir::new(&args.bpffs_dir))?;
                     match args.from {
-                        From::Host => match dst {
-                            SocketAddr::V4(dst) => inspect::host_trace(&dp, dst, proto)?,
-                            // Refused by `endpoints` already.
-                            dst => return Err(inspect::TraceError::HostIpv6 { dst }.into()),
-                        },
+                        From::Host => inspect::host_trace(&dp, dst, proto)?,
                         From::Pod => inspect::run_trace(&dp, kernel::Role::Pods, src, dst, proto)?,
                         From::External => {
                             inspect::run_trace(&dp, kernel::Role::External, src, dst, proto)?

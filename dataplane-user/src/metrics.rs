@@ -238,7 +238,7 @@ impl Metrics {
         let socket_links = Family::<Labels, Gauge>::default();
         registry.register(
             "socket_link",
-            "Socket programs attached for the node's own sockets (value 1), by hook (sock-connect4, sock-sendmsg4, sock-recvmsg4, sock-getpeername4) and how (new_link, took_over_link, unpinned)",
+            "Socket programs attached for the node's own sockets (value 1), by hook (sock-connect4, sock-sendmsg4, sock-recvmsg4, sock-getpeername4 and their IPv6 twins sock-connect6, sock-sendmsg6, sock-recvmsg6, sock-getpeername6) and how (new_link, took_over_link, unpinned)",
             socket_links.clone(),
         );
         let health_checks = Gauge::default();

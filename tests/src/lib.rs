@@ -519,6 +519,49 @@ pub struct Agent {
 /// next, so two agents in one node namespace never share one.
 const AGENT_METRICS_PORT: u16 = 20256;
 
+/// The backends that answered one round of the node's own sockets to `vip` (run in
+/// the node's namespace): a TCP connection, a connected UDP socket and an
+/// unconnected one bound to `bind` (an address of `vip`'s family, or `[::]` for an
+/// IPv4-mapped `vip`). Each must see `vip` as its peer (getpeername) or as a reply's
+/// source (recvmsg), as the socket programs promise. Panics with what went wrong.
+pub fn node_socket_round(vip: SocketAddr, bind: SocketAddr, timeout: Duration) -> [String; 3] {
+    use std::{
+        io::Write as _,
+        net::{TcpStream, UdpSocket},
+    };
+    let first_word = |b: &[u8]| {
+        String::from_utf8_lossy(b)
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let conn = TcpStream::connect_timeout(&vip, timeout).unwrap();
+    assert_eq!(conn.peer_addr().unwrap(), vip, "TCP getpeername");
+    conn.set_read_timeout(Some(timeout)).unwrap();
+    (&conn).write_all(b"hello\n").unwrap();
+    let mut line = String::new();
+    BufReader::new(&conn).read_line(&mut line).unwrap();
+    let tcp = first_word(line.as_bytes());
+
+    let mut buf = [0u8; 1500];
+    let socket = UdpSocket::bind(bind).unwrap();
+    socket.set_read_timeout(Some(timeout)).unwrap();
+    socket.connect(vip).unwrap();
+    assert_eq!(socket.peer_addr().unwrap(), vip, "UDP getpeername");
+    socket.send(b"hello").unwrap();
+    let n = socket.recv(&mut buf).unwrap();
+    let udp = first_word(&buf[..n]);
+
+    // Unconnected: the reply's source is the frontend (recvmsg).
+    let socket = UdpSocket::bind(bind).unwrap();
+    socket.set_read_timeout(Some(timeout)).unwrap();
+    socket.send_to(b"hello", vip).unwrap();
+    let (n, from) = socket.recv_from(&mut buf).unwrap();
+    assert_eq!(from, vip, "a datagram's source");
+    [tcp, udp, first_word(&buf[..n])]
+}
+
 /// The value of the sample `series` in a Prometheus text exposition: the metric's
 /// name with its labels as printed (`sliceway_map_entries{map="SERVICES"}`).
 pub fn metric_value(text: &str, series: &str) -> Option<f64> {

@@ -554,11 +554,82 @@ fn live_trace_reads_pinned_ipv6_maps() {
     );
 }
 
-/// Issue 12: a `--src` of one family with a `--dst` of the other is refused with
-/// what to give instead, and so is IPv6 from the node's own sockets (the socket
-/// programs are IPv4's); a malformed `--dst` names the forms it takes.
+/// Issue 12: `trace --from host` over IPv6 shows what the IPv6 socket programs do
+/// with a socket of the node: an IPv6 frontend's backends as candidates, a
+/// frontend without endpoints and an undeclared port refused; an IPv4-mapped
+/// destination (a dual-stack socket's) is IPv4's frontend.
 #[test]
-fn trace_refuses_mixed_families_and_ipv6_from_the_host() {
+fn trace_from_the_host_over_ipv6() {
+    let dir = ManifestDir::new("trace-host6", &[("dualstack.yaml", DUALSTACK)]);
+    let d = dir.0.to_str().unwrap();
+    let host = |src: &str, dst: &str, extra: &[&str]| {
+        let mut args = vec!["--from", "host"];
+        args.extend_from_slice(extra);
+        trace(["--manifests", d], src, dst, &args)
+    };
+    let candidates = |t: &serde_json::Value| {
+        let mut c: Vec<String> = t["candidates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c.as_str().unwrap().to_string())
+            .collect();
+        c.sort();
+        c
+    };
+    let t = host("fd00:100::11", "[fd00:96::1]:80", &[]);
+    assert_eq!(
+        (&t["verdict"], &t["reason"], &t["service"]),
+        (
+            &"dnat".into(),
+            &"sock_translated".into(),
+            &"ds/dual:http".into()
+        ),
+        "{t}"
+    );
+    assert_eq!(
+        candidates(&t),
+        ["[fd00:244:1::60]:8080", "[fd00:244:2::60]:8080"],
+        "{t}"
+    );
+    let t = host("fd00:100::11", "[fd00:96::2]:53", &["--proto", "udp"]);
+    assert_eq!(
+        (&t["verdict"], &t["reason"]),
+        (&"dnat".into(), &"sock_translated".into()),
+        "{t}"
+    );
+    assert_eq!(candidates(&t), ["[fd00:244:1::53]:5353"], "{t}");
+    for (dst, reason) in [
+        ("[fd00:96::3]:80", "sock_reject_no_backend"),
+        ("[fd00:96::1]:9999", "sock_reject_no_port"),
+    ] {
+        let t = host("fd00:100::11", dst, &[]);
+        assert_eq!(
+            (&t["verdict"], &t["reason"]),
+            (&"reject".into(), &reason.into()),
+            "{dst}: {t}"
+        );
+    }
+    let t = host("fd00:100::11", "[fd00:96::99]:80", &[]);
+    assert_eq!(t["verdict"], "pass", "{t}");
+    // A dual-stack socket connecting to the IPv4 ClusterIP, mapped.
+    let t = host("::ffff:10.100.0.11", "[::ffff:10.96.6.1]:80", &[]);
+    assert_eq!(
+        (&t["verdict"], &t["service"]),
+        (&"dnat".into(), &"ds/dual:http".into()),
+        "{t}"
+    );
+    assert_eq!(
+        candidates(&t),
+        ["10.244.1.60:8080", "10.244.2.60:8080"],
+        "{t}"
+    );
+}
+
+/// Issue 12: a `--src` of one family with a `--dst` of the other is refused with
+/// what to give instead; a malformed `--dst` names the forms it takes.
+#[test]
+fn trace_refuses_mixed_families_and_malformed_destinations() {
     let dir = ManifestDir::new("trace-mixed", &[("dualstack.yaml", DUALSTACK)]);
     let d = dir.0.to_str().unwrap();
     for (src, dst) in [
@@ -571,20 +642,6 @@ fn trace_refuses_mixed_families_and_ipv6_from_the_host() {
             "{src} {dst}: {err}"
         );
     }
-    let err = trace_fails(&[
-        "--manifests",
-        d,
-        "--src",
-        "fd00:244:1::2",
-        "--dst",
-        "[fd00:96::1]:80",
-        "--from",
-        "host",
-    ]);
-    assert!(
-        err.contains("the socket programs that translate the node's own sockets are IPv4-only"),
-        "{err}"
-    );
     let err = trace_fails(&[
         "--manifests",
         d,
@@ -612,7 +669,7 @@ fn conntrack_lists_tracked_connections_and_flushes_a_backend() {
     .unwrap();
     let _agent = lab.start_agent().unwrap();
     let bpffs = lab.bpffs.to_str().unwrap();
-    let vip = "10.96.0.10:80".parse().unwrap();
+    let vip: std::net::SocketAddr = "10.96.0.10:80".parse().unwrap();
     // A connection that stays open while the listing is read.
     let conn = sliceway_lab::in_netns(&lab.client.ns, move || {
         sliceway_lab::servers::EchoConn::open(vip, std::time::Duration::from_secs(2))
@@ -722,6 +779,10 @@ fn check_reports_every_program_and_the_attach_path() {
             "sliceway_sendmsg4",
             "sliceway_recvmsg4",
             "sliceway_getpeername4",
+            "sliceway_connect6",
+            "sliceway_sendmsg6",
+            "sliceway_recvmsg6",
+            "sliceway_getpeername6",
         ]
     );
     for p in programs {

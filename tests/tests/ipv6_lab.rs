@@ -168,3 +168,77 @@ fn a_pod_reaching_its_own_ipv6_service_is_answered_by_itself() {
     let hairpin: IpAddr = "100::5c1c:1".parse().unwrap();
     assert_eq!(seen, BTreeSet::from([(me.name.clone(), Some(hairpin))]));
 }
+
+/// The node's own IPv6 sockets (`sliceway_connect6`, `sendmsg6`, `recvmsg6`,
+/// `getpeername6`) reach an IPv6 ClusterIP by every backend and see the ClusterIP as
+/// their peer; a dual-stack socket naming the IPv4 ClusterIP IPv4-mapped
+/// (`::ffff:10.96.0.10`, which the kernel connects over IPv4 without the IPv4 hooks)
+/// is translated too and sees the mapped ClusterIP; a frontend without endpoints
+/// and an undeclared port are refused at once (EPERM), as over IPv4. Pods' traffic
+/// stays the TC program's.
+#[test]
+fn the_nodes_own_ipv6_sockets_reach_a_clusterip_and_see_it_as_their_peer() {
+    let lab = Lab::dual_stack(3, false).unwrap();
+    let yaml = lab
+        .service_yaml_families("web", &[VIP6.into(), VIP4.into()], PORT, &[0, 1, 2])
+        .unwrap();
+    let empty6: Ipv6Addr = "fd00:96::20".parse().unwrap();
+    let empty = lab
+        .service_yaml_families("empty6", &[empty6.into()], PORT, &[])
+        .unwrap();
+    lab.write_manifest("web.yaml", &yaml).unwrap();
+    lab.write_manifest("empty6.yaml", &empty).unwrap();
+    let agent = lab.start_agent().unwrap();
+    let all: BTreeSet<String> = lab.backends.iter().map(|b| b.name.clone()).collect();
+    let timeout = Duration::from_secs(2);
+    let mapped = at(VIP4.to_ipv6_mapped(), PORT);
+    let any6 = at(Ipv6Addr::UNSPECIFIED, 0);
+    let (seen, refused) = sliceway_lab::in_netns(&lab.node.name, move || {
+        let mut seen: BTreeMap<(SocketAddr, usize), BTreeSet<String>> = BTreeMap::new();
+        for _ in 0..20 {
+            for vip in [at(VIP6, PORT), mapped] {
+                let round = sliceway_lab::node_socket_round(vip, any6, timeout);
+                for (i, backend) in round.into_iter().enumerate() {
+                    seen.entry((vip, i)).or_default().insert(backend);
+                }
+            }
+        }
+        let refused = [
+            at(empty6, PORT),
+            at(VIP6, 9999),
+            at(VIP4.to_ipv6_mapped(), 9999),
+        ]
+        .map(|to| {
+            std::net::TcpStream::connect_timeout(&to, timeout)
+                .map(drop)
+                .map_err(|e| e.kind())
+        });
+        (seen, refused)
+    })
+    .unwrap();
+    assert_eq!(seen.len(), 6, "{seen:?}");
+    for ((vip, call), backends) in &seen {
+        assert!(
+            backends.len() > 1 && backends.is_subset(&all),
+            "{vip}, call {call} (TCP, UDP, unconnected UDP): {backends:?}"
+        );
+    }
+    assert_eq!(
+        refused,
+        [Err(std::io::ErrorKind::PermissionDenied); 3],
+        "connect refused by the socket program"
+    );
+    let metrics = agent.metrics().unwrap();
+    let count = |reason: &str| {
+        let series = format!("sliceway_datapath_packets{{reason=\"{reason}\"}}");
+        sliceway_lab::metric_value(&metrics, &series).unwrap_or(0.0)
+    };
+    // 40 rounds of three calls, and two replies each read as the frontend.
+    assert!(count("sock_translated") >= 120.0, "{metrics}");
+    assert!(count("sock_revnat") >= 80.0, "{metrics}");
+    assert!(count("sock_reject_no_backend") >= 1.0, "{metrics}");
+    assert!(count("sock_reject_no_port") >= 2.0, "{metrics}");
+    // None of it passed a pod's interface.
+    assert_eq!(count("dnat_new"), 0.0, "{metrics}");
+    assert_eq!(agent.problems_logged().unwrap(), 0, "{:#?}", agent.log());
+}

@@ -351,7 +351,16 @@ fn killed_and_restarted_under_load(agent_args: &[&str]) {
         );
     }
     // The socket programs' pinned links too, in place.
-    for hook in ["connect4", "sendmsg4", "recvmsg4", "getpeername4"] {
+    for hook in [
+        "connect4",
+        "sendmsg4",
+        "recvmsg4",
+        "getpeername4",
+        "connect6",
+        "sendmsg6",
+        "recvmsg6",
+        "getpeername6",
+    ] {
         let series = format!("sliceway_socket_link{{hook=\"sock-{hook}\",how=\"took_over_link\"}}");
         assert_eq!(
             agent.metric(&series).unwrap(),
@@ -1098,10 +1107,7 @@ fn top_redraws_the_busiest_frontends_on_a_terminal() {
 /// through the TC program, which counts it).
 #[test]
 fn the_nodes_own_sockets_reach_a_clusterip_and_see_it_as_their_peer() {
-    use std::{
-        io::{BufRead as _, BufReader, Write as _},
-        net::{TcpStream, UdpSocket},
-    };
+    use std::net::{SocketAddr, TcpStream};
     let empty = Ipv4Addr::new(10, 96, 0, 20);
     let lab = Lab::new(3).unwrap();
     lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1, 2]))
@@ -1121,46 +1127,15 @@ fn the_nodes_own_sockets_reach_a_clusterip_and_see_it_as_their_peer() {
     let names: Vec<String> = lab.backends.iter().map(|b| b.name.clone()).collect();
     let timeout = Duration::from_secs(2);
     let (tcp, udp, udp_unconnected) = sliceway_lab::in_netns(&lab.node.name, move || {
-        let (mut tcp, mut udp, mut unconnected) =
-            (BTreeSet::new(), BTreeSet::new(), BTreeSet::new());
+        let mut seen: [BTreeSet<String>; 3] = Default::default();
+        let any = SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0));
         for _ in 0..30 {
-            let conn = TcpStream::connect_timeout(&vip().into(), timeout).unwrap();
-            assert_eq!(conn.peer_addr().unwrap(), vip().into(), "getpeername");
-            conn.set_read_timeout(Some(timeout)).unwrap();
-            (&conn).write_all(b"hello\n").unwrap();
-            let mut line = String::new();
-            BufReader::new(&conn).read_line(&mut line).unwrap();
-            tcp.insert(line.split_whitespace().next().unwrap().to_string());
-
-            let socket = UdpSocket::bind(("0.0.0.0", 0)).unwrap();
-            socket.set_read_timeout(Some(timeout)).unwrap();
-            socket.connect(vip()).unwrap();
-            assert_eq!(socket.peer_addr().unwrap(), vip().into(), "getpeername");
-            socket.send(b"hello").unwrap();
-            let mut buf = [0u8; 1500];
-            let n = socket.recv(&mut buf).unwrap();
-            udp.insert(
-                String::from_utf8_lossy(&buf[..n])
-                    .split_whitespace()
-                    .next()
-                    .unwrap()
-                    .to_string(),
-            );
-
-            // Unconnected: the reply's source is the ClusterIP (recvmsg).
-            let socket = UdpSocket::bind(("0.0.0.0", 0)).unwrap();
-            socket.set_read_timeout(Some(timeout)).unwrap();
-            socket.send_to(b"hello", vip()).unwrap();
-            let (n, from) = socket.recv_from(&mut buf).unwrap();
-            assert_eq!(from, vip().into(), "a datagram's source");
-            unconnected.insert(
-                String::from_utf8_lossy(&buf[..n])
-                    .split_whitespace()
-                    .next()
-                    .unwrap()
-                    .to_string(),
-            );
+            let round = sliceway_lab::node_socket_round(vip().into(), any, timeout);
+            for (set, backend) in seen.iter_mut().zip(round) {
+                set.insert(backend);
+            }
         }
+        let [tcp, udp, unconnected] = seen;
         (tcp, udp, unconnected)
     })
     .unwrap();

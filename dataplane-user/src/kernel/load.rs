@@ -502,6 +502,7 @@ pub fn check() -> Result<KernelCheck, KernelError> {
         .map_max_entries(map_name::BACKENDS6, 16)
         .map_max_entries(map_name::FRAGMENTS6, 16)
         .map_max_entries(map_name::SOURCE_RANGES6, 16)
+        .map_max_entries(map_name::SOCK_REVNAT6, 16)
         .load(OBJECT)?;
     let mut programs = Vec::new();
     // The bridge is loaded only while migrating from layout v1; checked all the same,

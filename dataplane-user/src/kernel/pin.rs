@@ -111,6 +111,10 @@ pub(super) fn expected_sizes(name: &str) -> (usize, usize) {
             size_of::<u32>() + size_of::<dataplane_common::SourceRange6>(),
             size_of::<u8>(),
         ),
+        map_name::SOCK_REVNAT6 => (
+            size_of::<dataplane_common::SockRevKey6>(),
+            size_of::<dataplane_common::SockRevValue6>(),
+        ),
         _ => (0, 0),
     }
 }

@@ -1,5 +1,5 @@
 //! Socket-level load balancing for the node's own sockets (the kernel's `sock.rs`):
-//! the four cgroup `sock_addr` programs attached to a cgroup v2 directory (the root
+//! the eight cgroup `sock_addr` programs (four hooks, for IPv4 and IPv6) attached to a cgroup v2 directory (the root
 //! one by default, so every process of the node), acting only on sockets of the
 //! agent's network namespace (its cookie, `SO_NETNS_COOKIE`, written into the object
 //! at load). With pinning, each attachment is a link pinned as `sock-<hook>` beside
@@ -20,11 +20,15 @@ use super::{
 
 /// The socket programs and their pins' names. The hook each is attached to is its
 /// section's (`cgroup/connect4`, ...).
-pub const SOCK_PROGRAMS: [(&str, &str); 4] = [
+pub const SOCK_PROGRAMS: [(&str, &str); 8] = [
     ("sliceway_connect4", "sock-connect4"),
     ("sliceway_sendmsg4", "sock-sendmsg4"),
     ("sliceway_recvmsg4", "sock-recvmsg4"),
     ("sliceway_getpeername4", "sock-getpeername4"),
+    ("sliceway_connect6", "sock-connect6"),
+    ("sliceway_sendmsg6", "sock-sendmsg6"),
+    ("sliceway_recvmsg6", "sock-recvmsg6"),
+    ("sliceway_getpeername6", "sock-getpeername6"),
 ];
 
 /// The cookie of the calling thread's network namespace (Linux 5.14+), which the
