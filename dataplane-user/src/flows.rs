@@ -212,19 +212,28 @@ pub fn to_backend(
         .collect()
 }
 
-/// The flows as a table for people.
+/// The flows as a table for people. The address columns are as wide as their
+/// widest entry (an IPv6 `[addr]:port` takes up to 47 characters), at least 21.
 pub fn render_table(flows: &[TrackedFlow]) -> String {
     use std::fmt::Write;
+    let width = |column: fn(&TrackedFlow) -> &str| {
+        flows.iter().map(|f| column(f).len()).fold(21, usize::max)
+    };
+    let (c, fr, b) = (
+        width(|f| &f.client),
+        width(|f| &f.frontend),
+        width(|f| &f.backend),
+    );
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<5} {:<21} {:<21} {:<21} {:<16} {:>6} {:>8}  SERVICE",
+        "{:<5} {:<c$} {:<fr$} {:<b$} {:<16} {:>6} {:>8}  SERVICE",
         "PROTO", "CLIENT", "FRONTEND", "BACKEND", "STATE", "IDLE", "EXPIRES"
     );
     for f in flows {
         let _ = writeln!(
             out,
-            "{:<5} {:<21} {:<21} {:<21} {:<16} {:>5}s {:>7}s  {}",
+            "{:<5} {:<c$} {:<fr$} {:<b$} {:<16} {:>5}s {:>7}s  {}",
             f.protocol,
             f.client,
             f.frontend,
@@ -343,6 +352,21 @@ mod tests {
         );
         assert_eq!(flows[1].idle_s, 2);
         assert_eq!(flows[1].state, "tcp_established");
+
+        // The table's columns stay aligned with long IPv6 addresses: every field
+        // starts where its header does.
+        let long = "[fd00:1234:5678:9abc:def0:1234:5678:9abc]:65535";
+        let mut wide = flows.clone();
+        wide[1].client = long.to_string();
+        let table = render_table(&wide);
+        let lines: Vec<&str> = table.lines().collect();
+        let at = |line: &str, field: &str| line.find(field).unwrap();
+        for (row, f) in lines[1..3].iter().zip(&wide) {
+            assert_eq!(at(row, &f.frontend), at(lines[0], "FRONTEND"), "{table}");
+            assert_eq!(at(row, &f.backend), at(lines[0], "BACKEND"), "{table}");
+            assert_eq!(at(row, &f.state), at(lines[0], "STATE"), "{table}");
+        }
+        assert_eq!(lines[3], "2 connections");
     }
 
     /// Issue 12: `--flush-backend [addr]:port` finds the IPv6 connections of that

@@ -336,7 +336,7 @@ pub struct EchoConn {
 }
 
 impl EchoConn {
-    pub fn open(to: SocketAddrV4, timeout: Duration) -> Result<Self> {
+    pub fn open(to: impl Into<std::net::SocketAddr>, timeout: Duration) -> Result<Self> {
         let conn = TcpStream::connect_timeout(&to.into(), timeout)?;
         conn.set_read_timeout(Some(timeout))?;
         (&conn).write_all(b"echo\n")?;

@@ -242,3 +242,86 @@ fn the_nodes_own_ipv6_sockets_reach_a_clusterip_and_see_it_as_their_peer() {
     assert_eq!(count("dnat_new"), 0.0, "{metrics}");
     assert_eq!(agent.problems_logged().unwrap(), 0, "{:#?}", agent.log());
 }
+
+/// `conntrack` lists a live IPv6 connection of a running agent from its pinned map
+/// (`[addr]:port` for client, frontend and backend; its Service), in JSON and in a
+/// table whose columns stay aligned, and `--flush-backend [addr]:port` forgets it.
+#[test]
+fn conntrack_lists_and_flushes_a_live_ipv6_connection() {
+    let lab = Lab::dual_stack(2, false).unwrap();
+    let yaml = lab
+        .service_yaml_families("web", &[VIP6.into(), VIP4.into()], PORT, &[0, 1])
+        .unwrap();
+    lab.write_manifest("web.yaml", &yaml).unwrap();
+    let _agent = lab.start_agent().unwrap();
+    let bpffs = lab.bpffs.to_str().unwrap().to_string();
+    let conn = sliceway_lab::in_netns(&lab.client.ns, move || {
+        sliceway_lab::servers::EchoConn::open(at(VIP6, PORT), Duration::from_secs(2))
+    })
+    .unwrap()
+    .unwrap();
+    let backend = lab
+        .backends
+        .iter()
+        .find(|b| b.name == conn.reply.backend)
+        .unwrap();
+    let backend_addr = at(backend.ip6.unwrap(), sliceway_lab::BACKEND_PORT).to_string();
+    let client = at(lab.client.ip6.unwrap(), conn.local_addr().port()).to_string();
+    let list = |out: &str| {
+        let args = ["conntrack", "--bpffs-dir", &bpffs, "-o", out];
+        std::process::Command::new(sliceway_lab::workspace_binary("sliceway-agent").unwrap())
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let flows: serde_json::Value = serde_json::from_slice(&list("json").stdout).unwrap();
+    let flows = flows.as_array().unwrap();
+    assert_eq!(flows.len(), 1, "{flows:?}");
+    let f = &flows[0];
+    assert_eq!(
+        (
+            &f["protocol"],
+            &f["client"],
+            &f["frontend"],
+            &f["backend"],
+            &f["service"],
+            &f["state"]
+        ),
+        (
+            &"TCP".into(),
+            &client.as_str().into(),
+            &format!("[{VIP6}]:{PORT}").into(),
+            &backend_addr.as_str().into(),
+            &"default/web:http".into(),
+            &"tcp_established".into()
+        ),
+        "{f}"
+    );
+    let table = String::from_utf8(list("table").stdout).unwrap();
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 3, "{table}");
+    assert_eq!(
+        lines[1].find(backend_addr.as_str()),
+        lines[0].find("BACKEND"),
+        "{table}"
+    );
+
+    let out = std::process::Command::new(sliceway_lab::workspace_binary("sliceway-agent").unwrap())
+        .args([
+            "conntrack",
+            "--bpffs-dir",
+            &bpffs,
+            "--flush-backend",
+            &backend_addr,
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("removed 1 connections to {backend_addr}")
+    );
+    let after: serde_json::Value = serde_json::from_slice(&list("json").stdout).unwrap();
+    assert_eq!(after, serde_json::json!([]), "{after}");
+    drop(conn);
+}
