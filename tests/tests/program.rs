@@ -1505,30 +1505,42 @@ fn the_uplink_program_masquerades_each_connection_to_a_port_of_its_own() {
     assert_eq!(out.packet, tcp(client(41004), BACKEND_HTTP, TCP_SYN));
 }
 
-/// Issue 11: `loadBalancerSourceRanges` in the kernel: a new connection to the
+/// One family's addresses for [`source_ranges_case`].
+struct RangesCase {
+    /// The Service's manifest with these `loadBalancerSourceRanges`.
+    manifest: fn(&str) -> String,
+    /// The ranges first set, then moved to take in `outside`'s address instead.
+    ranges: [&'static str; 2],
+    inside: &'static str,
+    outside: &'static str,
+    /// The load-balancer IP and the ClusterIP, with the port.
+    lb: &'static str,
+    cluster_ip: &'static str,
+}
+
+/// A SYN from `src` to `dst` (`ip:port`, `[ip]:port`), of their family.
+fn syn_any(src: std::net::SocketAddr, dst: &str) -> Vec<u8> {
+    use std::net::SocketAddr;
+    match (src, dst.parse::<SocketAddr>().unwrap()) {
+        (SocketAddr::V4(s), SocketAddr::V4(d)) => build(&PacketSpec::tcp(s, d, TCP_SYN)),
+        (SocketAddr::V6(s), SocketAddr::V6(d)) => {
+            sliceway_agent::packet::build6(&sliceway_agent::packet::PacketSpec6::tcp(s, d, TCP_SYN))
+        }
+        other => panic!("mixed families: {other:?}"),
+    }
+}
+
+/// `loadBalancerSourceRanges` in the kernel, for one family: a new connection to the
 /// load-balancer IP from a source outside the ranges is dropped and counted, from
 /// within them translated, through both programs; the ClusterIP of the same Service
 /// is not guarded; the ranges follow the Service through the agent's pipeline (a
 /// changed range lets the other source in; ranges removed, no check).
-#[test]
-fn load_balancer_source_ranges_drop_new_connections_from_elsewhere() {
+fn source_ranges_case(case: &RangesCase) {
     use sliceway_agent::{
         agent::Pipeline,
         compiler::Incremental,
         kernel::Role,
         model::{Origin, ServiceInfo, SliceInfo},
-    };
-    let lb = |ranges: &str| {
-        format!(
-            "apiVersion: v1\nkind: Service\nmetadata: {{name: lb, namespace: default}}\n\
-             spec:\n  type: LoadBalancer\n  clusterIP: 10.96.0.60\n  loadBalancerSourceRanges: {ranges}\n\
-             \x20 ports: [{{name: http, port: 80, targetPort: 8080, nodePort: 30080}}]\n\
-             status: {{loadBalancer: {{ingress: [{{ip: 192.0.2.10}}]}}}}\n---\n\
-             apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
-             metadata: {{name: lb-1, namespace: default, labels: {{kubernetes.io/service-name: lb}}}}\n\
-             addressType: IPv4\nports: [{{name: http, port: 8080}}]\n\
-             endpoints: [{{addresses: [10.244.11.2]}}]\n"
-        )
     };
     let caps = fixture_capacities();
     let mut dp = Datapath::load(&caps, None).expect("loading the datapath (needs root)");
@@ -1538,9 +1550,17 @@ fn load_balancer_source_ranges_drop_new_connections_from_elsewhere() {
         port_max: 65_535,
     })
     .unwrap();
+    let node6: std::net::Ipv6Addr = "fd00:100::1".parse().unwrap();
+    dp.set_nat6(dataplane_common::NatConfig6 {
+        node_addr_be: dataplane_common::addr_of(node6.octets()),
+        port_min: 61_000,
+        port_max: 65_535,
+    })
+    .unwrap();
     let mut pipeline = Pipeline::new(Incremental::default(), MapWriter::new(caps.limits));
-    let put = |pipeline: &mut Pipeline, dp: &mut Datapath, yaml: &str| {
-        let (objects, problems) = parse_file("lb.yaml".as_ref(), yaml);
+    let put = |pipeline: &mut Pipeline, dp: &mut Datapath, ranges: &str| {
+        let yaml = (case.manifest)(ranges);
+        let (objects, problems) = parse_file("lb.yaml".as_ref(), &yaml);
         assert!(problems.is_empty(), "{problems:?}");
         let objects = objects.unwrap();
         for s in &objects.services {
@@ -1553,54 +1573,109 @@ fn load_balancer_source_ranges_drop_new_connections_from_elsewhere() {
                 .compiler
                 .put_slice(Origin::default(), SliceInfo::from(s));
         }
-        pipeline.sync(&mut dp.maps);
+        let report = pipeline.sync(&mut dp.maps);
+        assert!(pipeline.compiler.skipped().is_empty(), "{report:?}");
     };
-    put(&mut pipeline, &mut dp, &lb(r#"["10.1.0.0/16"]"#));
-    let verdict = |dp: &Datapath, role: Role, src: &str, dst: &str| {
+    put(&mut pipeline, &mut dp, case.ranges[0]);
+    let verdict = |dp: &Datapath, role: Role, src: &str, port: u16, dst: &str| {
+        let src = std::net::SocketAddr::new(src.parse().unwrap(), port);
         let before = dp.stats().unwrap();
-        let out = dp.test_run_as(role, &tcp(addr(src), dst, TCP_SYN)).unwrap();
+        let out = dp.test_run_as(role, &syn_any(src, dst)).unwrap();
         let after = dp.stats().unwrap();
         let reason = (0..stat::COUNT as usize)
             .find(|&r| after[r] != before[r])
             .map_or("none", |r| stat::NAMES[r]);
         (out.verdict, reason)
     };
-    let inside = "10.1.2.3:40000";
-    let outside = "172.16.0.9:40000";
-    for role in [Role::Pods, Role::External] {
+    let (inside, outside, lb) = (case.inside, case.outside, case.lb);
+    for (role, translated) in [
+        (Role::Pods, "dnat_new"),
+        (Role::External, "dnat_masqueraded"),
+    ] {
         assert_eq!(
-            verdict(&dp, role, outside, "192.0.2.10:80"),
+            verdict(&dp, role, outside, 40000, lb),
             (DROP, "drop_source_range"),
             "{role:?}"
         );
-        assert_ne!(
-            verdict(&dp, role, inside, "192.0.2.10:80").1,
-            "drop_source_range",
+        assert_eq!(
+            verdict(&dp, role, inside, 40000, lb),
+            (PASS, translated),
             "{role:?}"
         );
     }
     assert_eq!(
-        verdict(&dp, Role::Pods, outside, "10.96.0.60:80"),
+        verdict(&dp, Role::Pods, outside, 40000, case.cluster_ip),
         (PASS, "dnat_new"),
         "the ClusterIP is not guarded"
     );
     // The range moves: the other source is let in, the first kept out.
-    put(&mut pipeline, &mut dp, &lb(r#"["172.16.0.0/12"]"#));
+    put(&mut pipeline, &mut dp, case.ranges[1]);
     assert_eq!(
-        verdict(&dp, Role::Pods, "172.16.0.9:40001", "192.0.2.10:80"),
+        verdict(&dp, Role::Pods, outside, 40001, lb),
         (PASS, "dnat_new")
     );
     assert_eq!(
-        verdict(&dp, Role::Pods, "10.1.2.3:40001", "192.0.2.10:80"),
+        verdict(&dp, Role::Pods, inside, 40001, lb),
         (DROP, "drop_source_range")
     );
     // No ranges: every source.
-    put(&mut pipeline, &mut dp, &lb("[]"));
+    put(&mut pipeline, &mut dp, "[]");
     assert_eq!(
-        verdict(&dp, Role::Pods, "10.1.2.3:40002", "192.0.2.10:80"),
+        verdict(&dp, Role::Pods, inside, 40002, lb),
         (PASS, "dnat_new")
     );
     assert!(pipeline.ranges.is_empty());
+}
+
+/// Issue 11: `loadBalancerSourceRanges` over IPv4 ([`source_ranges_case`]).
+#[test]
+fn load_balancer_source_ranges_drop_new_connections_from_elsewhere() {
+    source_ranges_case(&RangesCase {
+        manifest: |ranges| {
+            format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: lb, namespace: default}}\n\
+                 spec:\n  type: LoadBalancer\n  clusterIP: 10.96.0.60\n  loadBalancerSourceRanges: {ranges}\n\
+                 \x20 ports: [{{name: http, port: 80, targetPort: 8080, nodePort: 30080}}]\n\
+                 status: {{loadBalancer: {{ingress: [{{ip: 192.0.2.10}}]}}}}\n---\n\
+                 apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+                 metadata: {{name: lb-1, namespace: default, labels: {{kubernetes.io/service-name: lb}}}}\n\
+                 addressType: IPv4\nports: [{{name: http, port: 8080}}]\n\
+                 endpoints: [{{addresses: [10.244.11.2]}}]\n"
+            )
+        },
+        ranges: [r#"["10.1.0.0/16"]"#, r#"["172.16.0.0/12"]"#],
+        inside: "10.1.2.3",
+        outside: "172.16.0.9",
+        lb: "192.0.2.10:80",
+        cluster_ip: "10.96.0.60:80",
+    });
+}
+
+/// Issue 12: `loadBalancerSourceRanges` over IPv6: an IPv6-only LoadBalancer
+/// Service with an IPv6 ingress IP and IPv6 ranges (`SOURCE_RANGES6`), through
+/// `sliceway_tc6` and `sliceway_ext6` ([`source_ranges_case`]).
+#[test]
+fn ipv6_load_balancer_source_ranges_drop_new_connections_from_elsewhere() {
+    source_ranges_case(&RangesCase {
+        manifest: |ranges| {
+            format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: lb6, namespace: default}}\n\
+                 spec:\n  type: LoadBalancer\n  ipFamilies: [IPv6]\n  clusterIP: fd00:96::60\n\
+                 \x20 clusterIPs: [fd00:96::60]\n  loadBalancerSourceRanges: {ranges}\n\
+                 \x20 ports: [{{name: http, port: 80, targetPort: 8080, nodePort: 30080}}]\n\
+                 status: {{loadBalancer: {{ingress: [{{ip: \"2001:db8:ffff::10\"}}]}}}}\n---\n\
+                 apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+                 metadata: {{name: lb6-1, namespace: default, labels: {{kubernetes.io/service-name: lb6}}}}\n\
+                 addressType: IPv6\nports: [{{name: http, port: 8080}}]\n\
+                 endpoints: [{{addresses: [\"fd00:10:244:11::2\"]}}]\n"
+            )
+        },
+        ranges: [r#"["2001:db8:1::/48"]"#, r#"["2001:db8:2::/48"]"#],
+        inside: "2001:db8:1::3",
+        outside: "2001:db8:2::9",
+        lb: "[2001:db8:ffff::10]:80",
+        cluster_ip: "[fd00:96::60]:80",
+    });
 }
 
 /// The exits a run counted, by name, with how many each.
