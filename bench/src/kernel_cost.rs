@@ -4,21 +4,21 @@
 
 use std::{
     collections::BTreeMap,
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6},
     time::Instant,
 };
 
 use anyhow::{ensure, Context, Result};
-use dataplane_common::{stat, Backend, ServiceKey, PROTO_TCP};
+use dataplane_common::{addr_of, stat, Backend, Backend6, ServiceKey, ServiceKey6, PROTO_TCP};
 use serde::Serialize;
 use sliceway_agent::{
     agent::Pipeline,
-    compiler::{self, Frontend, Incremental, ServicePortName},
+    compiler::{self, Frontend, Frontend6, Incremental, ServicePortName},
     kernel::{Capacities, Datapath, Role},
     model::{Origin, ServiceInfo, SliceInfo},
-    packet::{build, PacketSpec, TCP_ACK, TCP_SYN},
+    packet::{build, build6, PacketSpec, PacketSpec6, TCP_ACK, TCP_SYN},
     source::local,
-    writer::{Limits, MapWriter},
+    writer::{Desired, Limits, MapWriter},
 };
 
 use super::{
@@ -53,6 +53,11 @@ pub struct Fig1Row {
     pub new_flow_fresh_tuples_ns: Summary,
     /// The floor measured the same way (one run each), to compare with the above.
     pub no_match_single_run_ns: Summary,
+    /// IPv6 packets through the same program (which hands them to `sliceway_tc6`),
+    /// the same paths, over the IPv6 twin of each Service, interleaved.
+    pub ipv6_no_match_ns: Summary,
+    pub ipv6_new_flow_ns: Summary,
+    pub ipv6_established_ns: Summary,
 }
 
 /// Figure 1.
@@ -68,16 +73,12 @@ pub struct Fig1 {
     pub ratio_largest_to_smallest: [Option<f64>; 3],
 }
 
-fn frontend(s: &Svc, backends: Vec<Backend>) -> (ServiceKey, Frontend) {
+/// A Service of figure 1 as a frontend of either family: its key and backends.
+fn frontend<K, B: Ord, A>(s: &Svc, key: K, backends: Vec<B>) -> (K, Frontend<B, A>) {
     let mut backends = backends;
     backends.sort();
     (
-        ServiceKey {
-            addr_be: u32::from(s.vip).to_be(),
-            port_be: s.port.to_be(),
-            proto: PROTO_TCP,
-            scope: 0,
-        },
+        key,
         Frontend {
             service: ServicePortName {
                 namespace: s.namespace.clone(),
@@ -100,24 +101,70 @@ fn backend(ip: Ipv4Addr, port: u16) -> Backend {
     }
 }
 
+/// The IPv6 twin of an IPv4 address of the model: `fd00:96::a.b.c.d` for a VIP,
+/// `fd00:244::a.b.c.d` for an endpoint (the prefix's second group is the IPv4
+/// address's second octet, 96 or 244).
+fn twin6(ip: Ipv4Addr) -> Ipv6Addr {
+    let [_, b, ..] = ip.octets();
+    // The octet's decimal digits read as hex: 96 → group `96`.
+    let group = u16::from_str_radix(&b.to_string(), 16).unwrap_or(0);
+    let low = u32::from(ip);
+    Ipv6Addr::new(0xfd00, group, 0, 0, 0, 0, (low >> 16) as u16, low as u16)
+}
+
+fn backend6(ip: Ipv4Addr, port: u16) -> Backend6 {
+    Backend6 {
+        addr_be: addr_of(twin6(ip).octets()),
+        port_be: port.to_be(),
+        proto: PROTO_TCP,
+        _pad: 0,
+    }
+}
+
 /// The first `n` Services of figure 1: Service 0 is its own backend (its DNAT is the
 /// identity, so a rerun of the program sees the same packet and takes the same path),
-/// the others have `FIG1_ENDPOINTS` made-up endpoints.
-fn fig1_frontends(services: &[Svc], n: usize) -> BTreeMap<ServiceKey, Frontend> {
+/// the others have `FIG1_ENDPOINTS` made-up endpoints. `backend` gives a backend of
+/// the family, `key` the frontend's key.
+fn fig1_frontends_of<K: Ord, B: Ord, A>(
+    services: &[Svc],
+    n: usize,
+    key: impl Fn(&Svc) -> K,
+    backend: impl Fn(Ipv4Addr, u16) -> B,
+) -> BTreeMap<K, Frontend<B, A>> {
     services[..n]
         .iter()
         .enumerate()
         .map(|(i, s)| {
-            if i == 0 {
-                frontend(s, vec![backend(s.vip, s.port)])
+            let backends = if i == 0 {
+                vec![backend(s.vip, s.port)]
             } else {
-                frontend(
-                    s,
-                    s.endpoints.iter().map(|(ip, p)| backend(*ip, *p)).collect(),
-                )
-            }
+                s.endpoints.iter().map(|(ip, p)| backend(*ip, *p)).collect()
+            };
+            frontend(s, key(s), backends)
         })
         .collect()
+}
+
+/// Figure 1's first `n` Services, IPv4.
+fn fig1_frontends(services: &[Svc], n: usize) -> BTreeMap<ServiceKey, Frontend> {
+    let key = |s: &Svc| ServiceKey {
+        addr_be: u32::from(s.vip).to_be(),
+        port_be: s.port.to_be(),
+        proto: PROTO_TCP,
+        scope: 0,
+    };
+    fig1_frontends_of(services, n, key, backend)
+}
+
+/// Their IPv6 twins ([`twin6`] addresses, same ports).
+fn fig1_frontends6(services: &[Svc], n: usize) -> BTreeMap<ServiceKey6, Frontend6> {
+    let key = |s: &Svc| ServiceKey6 {
+        addr_be: addr_of(twin6(s.vip).octets()),
+        port_be: s.port.to_be(),
+        proto: PROTO_TCP,
+        scope: 0,
+    };
+    fig1_frontends_of(services, n, key, backend6)
 }
 
 fn delta(before: &[u64], after: &[u64], slot: u32) -> u64 {
@@ -192,34 +239,64 @@ pub fn per_packet(cfg: &Config) -> Result<Fig1> {
         target,
         TCP_ACK,
     ));
+    // The same three packets over IPv6, to the IPv6 twins.
+    let client6 = twin6(client);
+    let target6 = SocketAddrV6::new(twin6(services[0].vip), services[0].port, 0, 0);
+    let nowhere6 = SocketAddrV6::new(twin6(*nowhere.ip()), 80, 0, 0);
+    let tcp6 = |port: u16, to: SocketAddrV6, flags: u8| {
+        build6(&PacketSpec6::tcp(
+            SocketAddrV6::new(client6, port, 0, 0),
+            to,
+            flags,
+        ))
+    };
+    let (floor6, syn6, ack6) = (
+        tcp6(40000, nowhere6, TCP_ACK),
+        tcp6(40001, target6, TCP_SYN),
+        tcp6(40002, target6, TCP_ACK),
+    );
     let mut sizes = cfg.fig1_sizes.clone();
     sizes.sort();
     let mut rows = Vec::new();
     let mut next_port: u16 = 1024;
+    ensure!(
+        dp.has_ipv6_maps(),
+        "this kernel refused the IPv6 programs: figure 1's IPv6 columns cannot be measured"
+    );
     for &n in &sizes {
-        let report = writer.apply(&fig1_frontends(&services, n), &mut dp.maps);
-        ensure!(
-            report.errors.is_empty() && report.rejected.is_empty(),
-            "filling the maps for {n} Services: {:?} {:?}",
-            report.errors,
-            report.rejected
-        );
-        let report = uncounted_writer.apply(&fig1_frontends(&services, n), &mut uncounted.maps);
-        ensure!(
-            report.errors.is_empty() && report.rejected.is_empty(),
-            "filling the maps (without counters) for {n} Services: {:?} {:?}",
-            report.errors,
-            report.rejected
-        );
-        // The established flow's conntrack entry: its first packet is a new flow.
-        let first = dp.test_run(&ack)?;
-        ensure!(first.packet == ack, "the identity DNAT changed the packet");
+        let (v4, v6) = (fig1_frontends(&services, n), fig1_frontends6(&services, n));
+        let desired = Desired { v4: &v4, v6: &v6 };
+        for (what, writer, maps) in [
+            ("", &mut writer, &mut dp.maps),
+            (
+                " (without counters)",
+                &mut uncounted_writer,
+                &mut uncounted.maps,
+            ),
+        ] {
+            let report = writer.apply(desired, maps);
+            ensure!(
+                report.errors.is_empty() && report.rejected.is_empty(),
+                "filling the maps{what} for {n} Services of each family: {:?} {:?}",
+                report.errors,
+                report.rejected
+            );
+        }
+        // The established flows' conntrack entries: their first packets are new flows.
+        for packet in [&ack, &ack6] {
+            let first = dp.test_run(packet)?;
+            ensure!(
+                &first.packet == packet,
+                "the identity DNAT changed the packet"
+            );
+        }
         uncounted.test_run(&ack)?;
         let (mut floor_ns, mut new_ns, mut est_ns, mut fresh_ns, mut floor1_ns) =
             (vec![], vec![], vec![], vec![], vec![]);
         let mut est_uncounted_ns = vec![];
         let (mut up_floor_tc, mut up_floor_xdp, mut up_est_tc, mut up_est_xdp) =
             (vec![], vec![], vec![], vec![]);
+        let (mut floor6_ns, mut new6_ns, mut est6_ns) = (vec![], vec![], vec![]);
         let repeat = cfg.repeat;
         for _ in 0..cfg.rounds {
             floor_ns.push(timed(&dp, &floor, cfg.repeat, stat::PASS_NO_SERVICE)?);
@@ -239,6 +316,9 @@ pub fn per_packet(cfg: &Config) -> Result<Fig1> {
             up_est_xdp.push(timed_with(&dp, repeat, stat::DNAT_ESTABLISHED, |dp| {
                 Ok(dp.time_run_xdp(&ack, repeat)?)
             })?);
+            floor6_ns.push(timed(&dp, &floor6, repeat, stat::PASS_NO_SERVICE)?);
+            new6_ns.push(timed(&dp, &syn6, repeat, stat::DNAT_NEW)?);
+            est6_ns.push(timed(&dp, &ack6, repeat, stat::DNAT_ESTABLISHED)?);
             // Cross-check of the new-flow path with tuples never seen before, one
             // run each (so the figure includes the timer's own cost once per packet).
             let mut sum_new = 0.0;
@@ -269,6 +349,9 @@ pub fn per_packet(cfg: &Config) -> Result<Fig1> {
             uplink_established_xdp_ns: Summary::of(&up_est_xdp),
             new_flow_fresh_tuples_ns: Summary::of(&fresh_ns),
             no_match_single_run_ns: Summary::of(&floor1_ns),
+            ipv6_no_match_ns: Summary::of(&floor6_ns),
+            ipv6_new_flow_ns: Summary::of(&new6_ns),
+            ipv6_established_ns: Summary::of(&est6_ns),
         });
     }
     let (first, last) = (rows.first().unwrap(), rows.last().unwrap());
@@ -288,7 +371,10 @@ pub fn per_packet(cfg: &Config) -> Result<Fig1> {
              program loaded without its per-frontend and per-backend counters, over the same \
              maps, interleaved round by round, gives what counting costs. Cross-check: SYNs from {fresh} \
              distinct never-seen tuples, repeat=1 each (this includes the kernel timer's own \
-             cost per packet, shown by the no-match floor measured the same way).",
+             cost per packet, shown by the no-match floor measured the same way). IPv6: \
+             the same three packets over IPv6 to each Service's IPv6 twin (the maps hold N \
+             Services of each family), through the same program, which tail-calls \
+             sliceway_tc6 for them; the IPv4 columns are measured with the IPv6 maps filled.",
             repeat = cfg.repeat,
             rounds = cfg.rounds,
             fresh = cfg.fresh_tuples,
@@ -587,4 +673,24 @@ pub fn conntrack_gc(connections: u32) -> Result<ConntrackGc> {
         ns_per_entry: pass_s * 1e9 / entries as f64,
         pass_at_default_interval_s: rounds as f64,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    use super::twin6;
+
+    #[test]
+    fn ipv6_twins_keep_the_prefix_readable_and_the_ipv4_address_whole() {
+        let twin = |a, b, c, d| twin6(Ipv4Addr::new(a, b, c, d));
+        assert_eq!(
+            twin(10, 96, 1, 1),
+            "fd00:96::a60:101".parse::<Ipv6Addr>().unwrap()
+        );
+        assert_eq!(
+            twin(10, 244, 1, 2),
+            "fd00:244::af4:102".parse::<Ipv6Addr>().unwrap()
+        );
+    }
 }

@@ -184,6 +184,9 @@ pub fn draw_all(r: &Report, out: &Path) -> Vec<(String, String)> {
                 s("no match (floor)", |x| x.no_match_ns.median),
                 s("new flow", |x| x.new_flow_ns.median),
                 s("established", |x| x.established_ns.median),
+                s("IPv6 no match", |x| x.ipv6_no_match_ns.median),
+                s("IPv6 new flow", |x| x.ipv6_new_flow_ns.median),
+                s("IPv6 established", |x| x.ipv6_established_ns.median),
             ],
         ));
     }

@@ -331,12 +331,12 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
             let _ = writeln!(m, "{}\n\n{} {}\n", f.method, f.program, f.xdp);
             let _ = writeln!(
                 m,
-                "| Services | no match (ns) | new flow (ns) | established (ns) | established without flow counters (ns) | new flow, fresh tuples, repeat=1 (ns) | no match, repeat=1 (ns) | uplink TC: no match / established (ns) | uplink XDP: no match / established (ns) |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+                "| Services | no match (ns) | new flow (ns) | established (ns) | established without flow counters (ns) | new flow, fresh tuples, repeat=1 (ns) | no match, repeat=1 (ns) | uplink TC: no match / established (ns) | uplink XDP: no match / established (ns) | IPv6: no match / new flow / established (ns) |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
             );
             for row in &f.rows {
                 let _ = writeln!(
                     m,
-                    "| {} | {} | {} | {} | {} | {} | {} | {} / {} | {} / {} |",
+                    "| {} | {} | {} | {} | {} | {} | {} | {} / {} | {} / {} | {} / {} / {} |",
                     row.services,
                     ns(&row.no_match_ns),
                     ns(&row.new_flow_ns),
@@ -347,7 +347,10 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
                     ns(&row.uplink_no_match_tc_ns),
                     ns(&row.uplink_established_tc_ns),
                     ns(&row.uplink_no_match_xdp_ns),
-                    ns(&row.uplink_established_xdp_ns)
+                    ns(&row.uplink_established_xdp_ns),
+                    ns(&row.ipv6_no_match_ns),
+                    ns(&row.ipv6_new_flow_ns),
+                    ns(&row.ipv6_established_ns)
                 );
             }
             let [a, b, c] = f.ratio_largest_to_smallest;
