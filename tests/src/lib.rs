@@ -448,7 +448,7 @@ impl Drop for Lab {
 /// (it has no source address for one): the first datagrams through a new pod's
 /// interface would wait a second or more, longer than a UDP request's timeout.
 /// Addresses added with `nodad` are usable at once, link-local ones are not.
-fn no_dad(ns: &str) -> Result<()> {
+pub(crate) fn no_dad(ns: &str) -> Result<()> {
     for key in [
         "net.ipv6.conf.all.accept_dad=0",
         "net.ipv6.conf.default.accept_dad=0",

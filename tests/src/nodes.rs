@@ -9,12 +9,14 @@
 //!
 //! Each node routes the other's pod network through it; the clients know only the
 //! node network (and a load-balancer address routed to a node of the test's choice,
-//! as a cloud load balancer sends to one node). Namespaces carry a prefix unique to
+//! as a cloud load balancer sends to one node). [`TwoNodes::dual_stack`] adds IPv6
+//! beside every address: the node network `fd00:100:1::/64` (nodes `::1`, `::2`,
+//! clients `::100`, `::101`), pods `fd00:10:24{3+k}:{11+i}::2/64`. Namespaces carry a prefix unique to
 //! the process and none has a link to the root namespace; they are deleted on drop.
 
 use std::{
     fs,
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4},
     path::PathBuf,
     time::Duration,
 };
@@ -30,18 +32,22 @@ use crate::{
 pub struct Client {
     pub ns: Netns,
     pub ip: Ipv4Addr,
+    /// Its IPv6 address in a dual-stack lab.
+    pub ip6: Option<Ipv6Addr>,
 }
 
 impl Client {
     /// One TCP request: who answered, and how it saw the client.
-    pub fn tcp(&self, to: SocketAddrV4) -> Result<Reply> {
+    pub fn tcp(&self, to: impl Into<SocketAddr>) -> Result<Reply> {
+        let to = to.into();
         in_netns(&self.ns.name, move || {
             servers::tcp_request(to, Duration::from_secs(2))
         })?
     }
 
     /// One UDP request.
-    pub fn udp(&self, to: SocketAddrV4) -> Result<Reply> {
+    pub fn udp(&self, to: impl Into<SocketAddr>) -> Result<Reply> {
+        let to = to.into();
         in_netns(&self.ns.name, move || {
             servers::udp_request(to, Duration::from_secs(1))
         })?
@@ -72,14 +78,25 @@ impl Client {
     }
 
     /// Routes `addr` (a load-balancer address) through `node`'s address, replacing
-    /// an earlier route.
-    pub fn route_via(&self, addr: Ipv4Addr, node: Ipv4Addr) -> Result<()> {
+    /// an earlier route; both of one family.
+    pub fn route_via(
+        &self,
+        addr: impl Into<std::net::IpAddr>,
+        node: impl Into<std::net::IpAddr>,
+    ) -> Result<()> {
+        let (addr, node) = (addr.into(), node.into());
+        let (family, len) = if addr.is_ipv4() {
+            ("-4", 32)
+        } else {
+            ("-6", 128)
+        };
         self.ns.run(
             "ip",
             &[
+                family,
                 "route",
                 "replace",
-                &format!("{addr}/32"),
+                &format!("{addr}/{len}"),
                 "via",
                 &node.to_string(),
             ],
@@ -94,6 +111,8 @@ pub struct Node {
     pub name: String,
     pub ns: Netns,
     pub ip: Ipv4Addr,
+    /// Its IPv6 address on the node network in a dual-stack lab.
+    pub ip6: Option<Ipv6Addr>,
     pub pods: Vec<Pod>,
     pod_ns: Vec<Netns>,
     servers: Option<BackendServers>,
@@ -109,13 +128,32 @@ pub struct TwoNodes {
     pub clients: Vec<Client>,
     /// `--xdp` for the agents (`None`: the uplinks' TC program alone).
     pub xdp: Option<&'static str>,
+    /// IPv6 beside IPv4 everywhere ([`TwoNodes::dual_stack`]).
+    pub dual_stack: bool,
     /// Namespace of the node network's bridge; dropped last.
     net: Netns,
+}
+
+/// The node network's IPv6 address with host part `host` (a node's index, or a
+/// client's 100 and 101).
+fn net6(host: u16) -> Ipv6Addr {
+    Ipv6Addr::new(0xfd00, 0x100, 1, 0, 0, 0, 0, host)
 }
 
 impl TwoNodes {
     /// Two nodes with `pods` pods each, two clients, everything up and routed.
     pub fn new(pods: usize) -> Result<Self> {
+        Self::build(pods, false)
+    }
+
+    /// [`TwoNodes::new`] with IPv6 beside IPv4 on every link, as a dual-stack
+    /// cluster has it (see the module's text for the addresses); nodes forward IPv6,
+    /// no address waits for duplicate address detection.
+    pub fn dual_stack(pods: usize) -> Result<Self> {
+        Self::build(pods, true)
+    }
+
+    fn build(pods: usize, dual_stack: bool) -> Result<Self> {
         netns::remove_stale(NS_PREFIX);
         static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -128,13 +166,22 @@ impl TwoNodes {
             nodes: Vec::new(),
             clients: Vec::new(),
             xdp: None,
+            dual_stack,
             net,
         };
         for k in 1..=2u8 {
             let ns = Netns::create(&format!("{prefix}-n{k}"))?;
             let ip = Ipv4Addr::new(10, 100, 1, k);
-            lab.plug(&ns, &format!("n{k}"), ip)?;
             crate::node_sysctls(&ns.name)?;
+            let ip6 = dual_stack.then(|| net6(k.into()));
+            if dual_stack {
+                netns::nsenter(
+                    &ns.name,
+                    "sysctl",
+                    &["-qw", "net.ipv6.conf.all.forwarding=1"],
+                )?;
+            }
+            lab.plug(&ns, &format!("n{k}"), ip, ip6)?;
             let manifests = std::env::temp_dir().join(format!("{prefix}-n{k}-manifests"));
             let _ = fs::remove_dir_all(&manifests);
             fs::create_dir_all(&manifests)?;
@@ -142,6 +189,7 @@ impl TwoNodes {
                 name: format!("node-{k}"),
                 ns,
                 ip,
+                ip6,
                 pods: Vec::new(),
                 pod_ns: Vec::new(),
                 servers: None,
@@ -149,7 +197,7 @@ impl TwoNodes {
                 bpffs: PathBuf::from(format!("/sys/fs/bpf/{prefix}-n{k}")),
             };
             for i in 0..pods {
-                node.add_pod(&prefix, k, i)?;
+                node.add_pod(&prefix, k, i, dual_stack)?;
             }
             node.servers = Some(BackendServers::start(&node.pods, crate::BACKEND_PORT)?);
             lab.nodes.push(node);
@@ -162,23 +210,51 @@ impl TwoNodes {
         lab.nodes[1]
             .ns
             .run("ip", &["route", "add", "10.244.0.0/16", "via", &a])?;
+        if dual_stack {
+            let (a, b) = (net6(1).to_string(), net6(2).to_string());
+            lab.nodes[0]
+                .ns
+                .run("ip", &["-6", "route", "add", "fd00:10:245::/48", "via", &b])?;
+            lab.nodes[1]
+                .ns
+                .run("ip", &["-6", "route", "add", "fd00:10:244::/48", "via", &a])?;
+        }
         for (i, ip) in [(0u8, 100u8), (1, 101)] {
             let ns = Netns::create(&format!("{prefix}-c{i}"))?;
             let ip = Ipv4Addr::new(10, 100, 1, ip);
-            lab.plug(&ns, &format!("c{i}"), ip)?;
-            lab.clients.push(Client { ns, ip });
+            let ip6 = dual_stack.then(|| net6(ip.octets()[3].into()));
+            lab.plug(&ns, &format!("c{i}"), ip, ip6)?;
+            lab.clients.push(Client { ns, ip, ip6 });
         }
         Ok(lab)
     }
 
-    /// Links `ns` to the bridge: `eth0` in `ns` with `ip`/24, `tag` on the bridge.
-    fn plug(&self, ns: &Netns, tag: &str, ip: Ipv4Addr) -> Result<()> {
+    /// Links `ns` to the bridge: `eth0` in `ns` with `ip`/24 (and `ip6`/64), `tag` on
+    /// the bridge.
+    fn plug(&self, ns: &Netns, tag: &str, ip: Ipv4Addr, ip6: Option<Ipv6Addr>) -> Result<()> {
         let outer = format!("b-{tag}");
+        if ip6.is_some() {
+            crate::no_dad(&ns.name)?;
+        }
         netns::veth_pair(&outer, &self.net.name, &ns.name)?;
         self.net
             .run("ip", &["link", "set", &outer, "master", "br0"])?;
         self.net.run("ip", &["link", "set", &outer, "up"])?;
         ns.run("ip", &["addr", "add", &format!("{ip}/24"), "dev", "eth0"])?;
+        if let Some(ip6) = ip6 {
+            ns.run(
+                "ip",
+                &[
+                    "-6",
+                    "addr",
+                    "add",
+                    &format!("{ip6}/64"),
+                    "dev",
+                    "eth0",
+                    "nodad",
+                ],
+            )?;
+        }
         ns.run("ip", &["link", "set", "eth0", "up"])?;
         // Checksums in full, as in the single-node lab.
         ns.run("ethtool", &["-K", "eth0", "tx", "off"])?;
@@ -210,13 +286,17 @@ impl TwoNodes {
         Ok(())
     }
 
-    /// The Node objects of both nodes, their InternalIP the node network address.
+    /// The Node objects of both nodes, their InternalIP the node network address
+    /// (both families' in a dual-stack lab).
     pub fn node_objects(&self) -> String {
         self.nodes
             .iter()
             .map(|n| {
+                let v6 = n.ip6.map_or(String::new(), |a| {
+                    format!(", {{type: InternalIP, address: \"{a}\"}}")
+                });
                 format!(
-                    "apiVersion: v1\nkind: Node\nmetadata: {{name: {}}}\nstatus:\n  addresses: [{{type: InternalIP, address: {}}}]\n",
+                    "apiVersion: v1\nkind: Node\nmetadata: {{name: {}}}\nstatus:\n  addresses: [{{type: InternalIP, address: {}}}{v6}]\n",
                     n.name, n.ip
                 )
             })
@@ -258,19 +338,33 @@ impl TwoNodes {
     /// An EndpointSlice entry for pod `i` of node `k`.
     pub fn endpoint(&self, k: usize, i: usize) -> String {
         let pod = &self.node(k).pods[i];
+        Self::endpoint_of(k, &pod.ip.to_string(), &pod.name)
+    }
+
+    /// An IPv6 EndpointSlice entry for pod `i` of node `k` (a dual-stack lab).
+    pub fn endpoint6(&self, k: usize, i: usize) -> String {
+        let pod = &self.node(k).pods[i];
+        let ip6 = pod.ip6.expect("a dual-stack lab");
+        Self::endpoint_of(k, &ip6.to_string(), &pod.name)
+    }
+
+    fn endpoint_of(k: usize, address: &str, pod: &str) -> String {
         format!(
-            "- addresses: [\"{}\"]\n  conditions: {{ready: true}}\n  nodeName: node-{k}\n  targetRef: {{kind: Pod, namespace: default, name: {}}}\n",
-            pod.ip, pod.name
+            "- addresses: [\"{address}\"]\n  conditions: {{ready: true}}\n  nodeName: node-{k}\n  targetRef: {{kind: Pod, namespace: default, name: {pod}}}\n"
         )
     }
 }
 
 impl Node {
     /// Pod `i` of node `k`: `n{k}-pod-{i}`, 10.24{3+k}.{11+i}.2/24 behind the node's
-    /// interface `p{11+i}` (10.24{3+k}.{11+i}.1).
-    fn add_pod(&mut self, prefix: &str, k: u8, i: usize) -> Result<()> {
+    /// interface `p{11+i}` (10.24{3+k}.{11+i}.1); with `dual_stack` also
+    /// fd00:10:24{3+k}:{11+i}::2/64 (the node's side `::1`).
+    fn add_pod(&mut self, prefix: &str, k: u8, i: usize, dual_stack: bool) -> Result<()> {
         let name = format!("n{k}-pod-{}", i + 1);
         let ns = Netns::create(&format!("{prefix}-{name}"))?;
+        if dual_stack {
+            crate::no_dad(&ns.name)?;
+        }
         let subnet = 11 + i as u8;
         let iface = format!("p{subnet}");
         let pod_ip = Ipv4Addr::new(10, 243 + k, subnet, 2);
@@ -287,11 +381,43 @@ impl Node {
         ns.run("ip", &["link", "set", "eth0", "up"])?;
         ns.run("ip", &["route", "add", "default", "via", &gw.to_string()])?;
         ns.run("ethtool", &["-K", "eth0", "tx", "off"])?;
+        let ip6 = if dual_stack {
+            let net = format!("fd00:10:{}:{subnet}", 243 + k as u16);
+            let (pod_ip6, gw6) = (format!("{net}::2"), format!("{net}::1"));
+            self.ns.run(
+                "ip",
+                &[
+                    "-6",
+                    "addr",
+                    "add",
+                    &format!("{gw6}/64"),
+                    "dev",
+                    &iface,
+                    "nodad",
+                ],
+            )?;
+            ns.run(
+                "ip",
+                &[
+                    "-6",
+                    "addr",
+                    "add",
+                    &format!("{pod_ip6}/64"),
+                    "dev",
+                    "eth0",
+                    "nodad",
+                ],
+            )?;
+            ns.run("ip", &["-6", "route", "add", "default", "via", &gw6])?;
+            Some(pod_ip6.parse()?)
+        } else {
+            None
+        };
         self.pods.push(Pod {
             name,
             ns: ns.name.clone(),
             ip: pod_ip,
-            ip6: None,
+            ip6,
             node_iface: iface,
         });
         self.pod_ns.push(ns);
@@ -299,7 +425,8 @@ impl Node {
     }
 
     /// One TCP request from pod `i` of this node.
-    pub fn pod_tcp(&self, i: usize, to: SocketAddrV4) -> Result<Reply> {
+    pub fn pod_tcp(&self, i: usize, to: impl Into<SocketAddr>) -> Result<Reply> {
+        let to = to.into();
         in_netns(&self.pods[i].ns, move || {
             servers::tcp_request(to, Duration::from_secs(2))
         })?

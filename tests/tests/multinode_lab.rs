@@ -474,6 +474,116 @@ fn direct_server_return_keeps_a_connection_that_moves_to_another_node(xdp: Optio
 }
 
 /// Each test, once per uplink datapath: TC alone, native XDP, generic XDP.
+/// Issue 12: traffic from outside over IPv6 in a dual-stack two-node lab, with an
+/// IPv6-only Service of each kind. eTP=Cluster: a NodePort on node 1's IPv6 address
+/// whose only backend is on node 2 is reached over TCP and UDP, masqueraded to node
+/// 1's IPv6 address (on node 2 itself, node 2's). eTP=Local with
+/// `loadBalancerSourceRanges`: the load-balancer IP routed to the node with the
+/// endpoint answers the allowed client, which the backend sees as itself; the client
+/// outside the ranges, and the node without endpoints, get no answer.
+fn ipv6_from_outside_reaches_backends_on_either_node(xdp: Option<&'static str>) {
+    let mut lab = TwoNodes::dual_stack(1).unwrap();
+    lab.xdp = xdp;
+    lab.write_manifest("nodes.yaml", &lab.node_objects())
+        .unwrap();
+    let (allowed, blocked) = (&lab.clients[0], &lab.clients[1]);
+    let lb6: std::net::Ipv6Addr = "2001:db8:ffff::10".parse().unwrap();
+    let service = |name: &str, kind: &str, policy: &str, vip: &str, port: u16, extra: &str| {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\n\
+             spec:\n  type: {kind}\n  ipFamilies: [IPv6]\n  clusterIP: \"{vip}\"\n\
+             \x20 clusterIPs: [\"{vip}\"]\n  externalTrafficPolicy: {policy}\n{extra}\
+             \x20 ports:\n\
+             \x20 - {{name: http, port: 80, protocol: TCP, targetPort: {BACKEND_PORT}, nodePort: {port}}}\n\
+             \x20 - {{name: dns, port: 80, protocol: UDP, targetPort: {BACKEND_PORT}, nodePort: {port}}}\n\
+             ---\n\
+             apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+             metadata: {{name: {name}-1, namespace: default, labels: {{kubernetes.io/service-name: {name}}}}}\n\
+             addressType: IPv6\n\
+             ports: [{{name: http, port: {BACKEND_PORT}, protocol: TCP}}, {{name: dns, port: {BACKEND_PORT}, protocol: UDP}}]\n\
+             endpoints:\n{}",
+            lab.endpoint6(2, 0)
+        )
+    };
+    let ranges = format!(
+        "  loadBalancerSourceRanges: [\"{}/128\"]\n",
+        allowed.ip6.unwrap()
+    );
+    let lb = service(
+        "lb6",
+        "LoadBalancer",
+        "Local",
+        "fd00:96::51",
+        30081,
+        &ranges,
+    )
+    .replace(
+        "---\n",
+        &format!("status: {{loadBalancer: {{ingress: [{{ip: \"{lb6}\"}}]}}}}\n---\n"),
+    );
+    lab.write_manifest(
+        "web6.yaml",
+        &service("web6", "NodePort", "Cluster", "fd00:96::50", NODE_PORT, ""),
+    )
+    .unwrap();
+    lab.write_manifest("lb6.yaml", &lb).unwrap();
+    let a1 = lab.start_agent(1, &[]).unwrap();
+    let a2 = lab.start_agent(2, &[]).unwrap();
+    let backend = lab.node(2).pods[0].name.clone();
+    for (node, seen_as) in [(1, lab.node(1).ip6), (2, lab.node(2).ip6)] {
+        let to = SocketAddr::new(lab.node(node).ip6.unwrap().into(), NODE_PORT);
+        for _ in 0..10 {
+            let t = allowed.tcp(to).unwrap();
+            assert_eq!(t.backend, backend);
+            assert_eq!(
+                peer_ip(t.peer),
+                seen_as.map(Into::into),
+                "TCP via node-{node}"
+            );
+            let port = t.peer.unwrap().port();
+            assert!((61_000..=65_535).contains(&port), "source port {port}");
+            let u = allowed.udp(to).unwrap();
+            assert_eq!(u.backend, backend);
+            assert_eq!(
+                peer_ip(u.peer),
+                seen_as.map(Into::into),
+                "UDP via node-{node}"
+            );
+        }
+    }
+    let to_lb = SocketAddr::new(lb6.into(), 80);
+    for c in [allowed, blocked] {
+        c.route_via(lb6, lab.node(2).ip6.unwrap()).unwrap();
+    }
+    let t = allowed.tcp(to_lb).unwrap();
+    assert_eq!(
+        (t.backend.as_str(), peer_ip(t.peer)),
+        (backend.as_str(), allowed.ip6.map(Into::into)),
+        "eTP=Local keeps the client's address"
+    );
+    assert_eq!(allowed.udp(to_lb).unwrap().backend, backend);
+    assert!(blocked.tcp(to_lb).is_err(), "not in the ranges");
+    assert!(blocked.udp(to_lb).is_err(), "not in the ranges");
+    for c in [allowed, blocked] {
+        c.route_via(lb6, lab.node(1).ip6.unwrap()).unwrap();
+    }
+    assert!(allowed.tcp(to_lb).is_err(), "node-1 has no endpoint");
+    let count = |a: &sliceway_lab::Agent, reason: &str| {
+        a.metric(&format!("sliceway_datapath_packets{{reason=\"{reason}\"}}"))
+            .unwrap()
+            .unwrap_or(0.0)
+    };
+    assert_eq!(count(&a1, "dnat_masqueraded"), 20.0, "{:#?}", a1.metrics());
+    assert!(
+        count(&a2, "drop_source_range") >= 2.0,
+        "{:#?}",
+        a2.metrics()
+    );
+    assert!(count(&a1, "drop_no_backend") >= 1.0, "{:#?}", a1.metrics());
+    assert_eq!(a1.problems_logged().unwrap(), 0, "{:#?}", a1.log());
+    assert_eq!(a2.problems_logged().unwrap(), 0, "{:#?}", a2.log());
+}
+
 macro_rules! in_both_modes {
     ($($name:ident),* $(,)?) => {
         mod tc {
@@ -503,7 +613,8 @@ in_both_modes!(
     load_balancer_source_ranges_let_in_the_allowed_client_only,
     pods_and_the_node_reach_a_cluster_ip_whose_backend_is_on_the_other_node,
     every_node_picks_the_same_backend_for_a_flow_with_maglev,
-    direct_server_return_keeps_a_connection_that_moves_to_another_node
+    direct_server_return_keeps_a_connection_that_moves_to_another_node,
+    ipv6_from_outside_reaches_backends_on_either_node
 );
 
 /// Issue 11: an uplink without an Ethernet header (a tun device here; ipip and
