@@ -18,7 +18,7 @@ use sliceway_agent::{
     model::{Origin, ServiceInfo, SliceInfo},
     packet::{build, build6, PacketSpec, PacketSpec6, TCP_ACK, TCP_SYN},
     source::local,
-    writer::{Desired, Limits, MapWriter},
+    writer::{Desired, Limits, Limits6, MapWriter},
 };
 
 use super::{
@@ -205,13 +205,17 @@ pub fn per_packet(cfg: &Config) -> Result<Fig1> {
         limits: Limits {
             services: (largest as u32 + 16).max(Limits::default().services),
             backends: entries.max(Limits::default().backends),
-            slots: entries.max(Limits::default().slots),
+            slots: (2 * entries).max(Limits::default().slots),
+        },
+        limits6: Limits6 {
+            services: (largest as u32 + 16).max(Limits6::default().services),
+            backends: entries.max(Limits6::default().backends),
         },
         ..Capacities::default()
     };
     let mut dp = Datapath::load(&caps, None).context("loading the datapath")?;
     dp.load_xdp().context("loading the XDP program")?;
-    let mut writer = MapWriter::new(caps.limits);
+    let mut writer = MapWriter::new(caps.limits).with_limits6(caps.limits6);
     // The same program without flow counters, over the same maps contents.
     let uncounted_caps = Capacities {
         flow_counters: false,
@@ -219,7 +223,7 @@ pub fn per_packet(cfg: &Config) -> Result<Fig1> {
     };
     let mut uncounted =
         Datapath::load(&uncounted_caps, None).context("loading the datapath without counters")?;
-    let mut uncounted_writer = MapWriter::new(caps.limits);
+    let mut uncounted_writer = MapWriter::new(caps.limits).with_limits6(caps.limits6);
 
     let client = Ipv4Addr::new(10, 244, 1, 2);
     let target = SocketAddrV4::new(services[0].vip, services[0].port);

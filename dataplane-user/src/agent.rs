@@ -651,9 +651,15 @@ fn start_datapath(settings: &Settings, m: &Metrics) -> Result<(Datapath, MapWrit
                 "adopted pinned maps"
             );
             let maps = if dp.adopted_pins() { "adopted" } else { "new" };
-            (MapWriter::restore(dp.limits(), state), maps)
+            (
+                MapWriter::restore(dp.limits(), state).with_limits6(dp.limits6()),
+                maps,
+            )
         }
-        None => (MapWriter::new(dp.limits()), "none"),
+        None => (
+            MapWriter::new(dp.limits()).with_limits6(dp.limits6()),
+            "none",
+        ),
     };
     let path = dp
         .choose_attach(settings.attach)

@@ -295,6 +295,14 @@ pub struct RunArgs {
     /// Capacity of the backends map.
     #[arg(long, default_value_t = Limits::default().backends)]
     pub max_backends: u32,
+    /// Capacity of IPv6's frontends map (`SERVICES6`; the names map holds both
+    /// families' frontends: --max-services plus this). Preallocated on every node,
+    /// IPv4-only ones too: lower it there.
+    #[arg(long, default_value_t = crate::writer::Limits6::default().services)]
+    pub max_services6: u32,
+    /// Capacity of IPv6's backends map (`BACKENDS6`).
+    #[arg(long, default_value_t = crate::writer::Limits6::default().backends)]
+    pub max_backends6: u32,
     /// Capacity of the slots map (sum of backends over frontends).
     #[arg(long, default_value_t = Limits::default().slots)]
     pub max_slots: u32,

@@ -452,7 +452,10 @@ pub fn trace(
     from: From,
 ) -> Result<Trace, TraceError> {
     let mut dp = Datapath::load(&Capacities::default(), None)?;
-    let mut pipeline = Pipeline::new(compiler, MapWriter::new(dp.limits()));
+    let mut pipeline = Pipeline::new(
+        compiler,
+        MapWriter::new(dp.limits()).with_limits6(dp.limits6()),
+    );
     pipeline.sync(&mut dp.maps);
     // The node's addresses to masquerade to, as the agent takes them from the Node
     // object (an agent without one takes its uplink's address, which a trace from

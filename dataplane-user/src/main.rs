@@ -67,6 +67,10 @@ fn main() -> anyhow::Result<()> {
                             backends: args.max_backends,
                             slots: args.max_slots,
                         },
+                        limits6: sliceway_agent::writer::Limits6 {
+                            services: args.max_services6,
+                            backends: args.max_backends6,
+                        },
                         conntrack: args.max_conntrack,
                         flow_counters: !args.no_flow_counters,
                     },

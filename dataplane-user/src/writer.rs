@@ -268,7 +268,7 @@ impl Default for Limits {
 }
 
 /// IPv6's map capacities (frontends and backends; slots are shared with IPv4).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits6 {
     pub services: u32,
     pub backends: u32,

@@ -1108,6 +1108,10 @@ fn fixture_capacities() -> Capacities {
             backends: 4096,
             slots: 16384,
         },
+        limits6: sliceway_agent::writer::Limits6 {
+            services: 1024,
+            backends: 4096,
+        },
         conntrack: 4096,
         ..Capacities::default()
     }

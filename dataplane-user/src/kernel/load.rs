@@ -139,18 +139,23 @@ impl Datapath {
     ) -> Result<Self, KernelError> {
         raise_memlock();
         let mut limits = caps.limits;
+        let mut limits6 = caps.limits6;
         let flow_counters = u8::from(caps.flow_counters);
         let netns_cookie = super::sock::netns_cookie();
         let host_netns = netns_cookie.unwrap_or(0);
         let mut loader = EbpfLoader::new();
         loader
             .map_max_entries(map_name::SERVICES, caps.limits.services)
-            .map_max_entries(map_name::SERVICE_NAMES, caps.limits.services)
+            // Frontend ids (and so names) come from one space for both families.
+            .map_max_entries(
+                map_name::SERVICE_NAMES,
+                caps.limits.services.saturating_add(caps.limits6.services),
+            )
             .map_max_entries(map_name::SLOTS, caps.limits.slots)
             .map_max_entries(map_name::BACKENDS, caps.limits.backends)
             .map_max_entries(map_name::CONNTRACK, caps.conntrack)
-            .map_max_entries(map_name::SERVICES6, capacity6::SERVICES6)
-            .map_max_entries(map_name::BACKENDS6, capacity6::BACKENDS6)
+            .map_max_entries(map_name::SERVICES6, caps.limits6.services)
+            .map_max_entries(map_name::BACKENDS6, caps.limits6.backends)
             .map_max_entries(map_name::FRAGMENTS6, capacity6::FRAGMENTS6)
             .map_max_entries(map_name::SOURCE_RANGES6, capacity6::SOURCE_RANGES6)
             .override_global("FLOW_COUNTERS", &flow_counters, true)
@@ -231,6 +236,8 @@ impl Datapath {
                         map_name::SERVICES => limits.services = info.max_entries(),
                         map_name::SLOTS => limits.slots = info.max_entries(),
                         map_name::BACKENDS => limits.backends = info.max_entries(),
+                        map_name::SERVICES6 => limits6.services = info.max_entries(),
+                        map_name::BACKENDS6 => limits6.backends = info.max_entries(),
                         _ => {}
                     }
                 }
@@ -313,6 +320,7 @@ impl Datapath {
             jump6,
             pins: pins.cloned(),
             limits,
+            limits6,
             links: BTreeMap::new(),
             xdp_links: BTreeMap::new(),
             path: None,

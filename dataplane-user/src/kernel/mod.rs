@@ -20,7 +20,7 @@ use aya::{
 };
 use dataplane_common::{CtEntry, CtKey, MAP_LAYOUT_VERSION};
 
-use crate::writer::Limits;
+use crate::writer::{Limits, Limits6};
 
 use link::InterfaceLink;
 pub use link::{
@@ -115,6 +115,8 @@ pub enum KernelError {
 #[derive(Clone, Copy, Debug)]
 pub struct Capacities {
     pub limits: Limits,
+    /// IPv6's frontend and backend maps (`SERVICES6`, `BACKENDS6`).
+    pub limits6: Limits6,
     pub conntrack: u32,
     /// Whether the program counts per frontend and per backend (set at load time;
     /// off, the counting code is not in the verified program).
@@ -125,6 +127,7 @@ impl Default for Capacities {
     fn default() -> Self {
         Self {
             limits: Limits::default(),
+            limits6: Limits6::default(),
             conntrack: dataplane_common::capacity::CONNTRACK,
             flow_counters: true,
         }
@@ -144,6 +147,7 @@ pub struct Datapath {
     jump6: aya::maps::ProgramArray<MapData>,
     pins: Option<PinDir>,
     limits: Limits,
+    limits6: Limits6,
     /// Interfaces the program is attached to by this agent.
     links: BTreeMap<String, InterfaceLink>,
     /// Uplinks with the XDP program, attached by this agent (not pinned).
@@ -186,6 +190,11 @@ impl Datapath {
     /// was created with).
     pub fn limits(&self) -> Limits {
         self.limits
+    }
+
+    /// IPv6's capacities, as loaded or adopted from pins.
+    pub fn limits6(&self) -> Limits6 {
+        self.limits6
     }
 
     fn program(&self, role: Role) -> &SchedClassifier {
