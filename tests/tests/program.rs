@@ -2478,6 +2478,14 @@ mod v6 {
                 assert_eq!(tc_packet, want);
             }
         }
+        // ICMPv6 is TC's too (its errors may be about a translated connection):
+        // neighbour discovery left to TC, which passes it.
+        let ns = neighbour_solicitation(CLIENT, VIP);
+        let (decided, verdict, counted, packet) = through_xdp(&mut xdp, &ns);
+        assert_eq!(
+            (decided, verdict, counted, packet),
+            (false, PASS, vec![("pass_not_l4", 1)], ns)
+        );
     }
 
     /// Interfaces without an Ethernet header (a tun device, WireGuard): the L3
