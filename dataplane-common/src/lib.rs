@@ -786,6 +786,10 @@ pub mod map_name {
     pub const JUMP6: &str = "JUMP6";
     /// The node's IPv6 sockets' translations (socket programs).
     pub const SOCK_REVNAT6: &str = "SOCK_REVNAT6";
+    /// The XDP program's IPv6 program (tail call, `XDP_JUMP6_*` slots). Not pinned:
+    /// the XDP program and its link are the agent's own and go when it exits, so
+    /// nothing attached outlives the map.
+    pub const XDP_JUMP6: &str = "XDP_JUMP6";
 
     /// Every map, in the order the agent pins them.
     pub const ALL: [&str; 22] = [

@@ -179,6 +179,14 @@ pub const JUMP6_REJECT: u32 = 4;
 /// `sliceway_rej6_l3`: the same without one.
 pub const JUMP6_REJECT_L3: u32 = 5;
 
+/// Slots of the `XDP_JUMP6` program array: an XDP program can tail-call XDP
+/// programs only, so `sliceway_xdp` hands IPv6 to its IPv6 program through a map of
+/// its own. An empty slot (a kernel that refused the program) leaves IPv6 to the
+/// uplink's TC program, untouched, counted `xdp_to_tc`.
+pub const XDP_JUMP6_SLOTS: u32 = 1;
+/// `sliceway_xdp6`, reached from `sliceway_xdp`.
+pub const XDP_JUMP6_EXT: u32 = 0;
+
 /// [`flow_hash`] of an IPv6 flow: each address folded to one word (XOR of its four)
 /// first, so a flow's slot is as cheap to find as an IPv4 one's.
 #[inline(always)]

@@ -89,6 +89,13 @@ pub static JUMP: ProgramArray = ProgramArray::with_max_entries(dataplane_common:
 #[map]
 pub static JUMP6: ProgramArray = ProgramArray::with_max_entries(dataplane_common::JUMP6_SLOTS, 0);
 
+/// The XDP program's IPv6 program (`dataplane_common::XDP_JUMP6_EXT`): an XDP
+/// program tail-calls XDP programs only, through an array of its own. Filled by the
+/// agent when it loads the XDP program; not pinned (the XDP program is not either).
+#[map]
+pub static XDP_JUMP6: ProgramArray =
+    ProgramArray::with_max_entries(dataplane_common::XDP_JUMP6_SLOTS, 0);
+
 /// Scratch space of the IPv6 programs (one per CPU): the packet's flow, conntrack
 /// key and entry, kept off the stack.
 #[map]

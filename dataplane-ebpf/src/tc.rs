@@ -142,13 +142,13 @@ pub fn sliceway_tc(ctx: TcContext) -> i32 {
 /// return option goes to `sliceway_dsr` ([`dsr_accept`]).
 #[classifier]
 pub fn sliceway_tc_ext(ctx: TcContext) -> i32 {
-    // First: the XDP program leaves IPv6 to TC, unmarked.
-    if v6::is_ipv6(&ctx) {
-        return v6::hand_over(&ctx, JUMP6_EXT);
-    }
+    // First: IPv4 or IPv6, what the XDP programs decided passes at once.
     if xdp::decided(&ctx) {
         count(stat::PASS_XDP_DECIDED);
         return PASS;
+    }
+    if v6::is_ipv6(&ctx) {
+        return v6::hand_over(&ctx, JUMP6_EXT);
     }
     if let Some(verdict) = dsr_accept(&ctx) {
         return verdict;

@@ -7,6 +7,14 @@
 //! whichever program decides it, and the uplink works the same where XDP cannot
 //! attach.
 //!
+//! IPv6 goes by tail call to `sliceway_xdp6` (`XDP_JUMP6`; an XDP program can reach
+//! XDP programs only), which runs `sliceway_ext6`'s body ([`v6::decide`]) the same
+//! way, so IPv4's program keeps its frame and verifier cost. It leaves to TC what
+//! `sliceway_ext6` hands on by tail call (rejects, SCTP) and what it does not
+//! translate (ICMPv6, its errors included, and other protocols). Without it (not
+//! loaded, or refused by the kernel) the tail call fails and IPv6 goes to TC
+//! untouched, as everything IPv6 did before.
+//!
 //! A packet the XDP program decided carries a mark in its metadata (4 bytes before
 //! the frame, kept in the skb's metadata), the interface's index under a constant, so
 //! the TC program passes it at once instead of looking it up again (`decided`). The
@@ -20,12 +28,14 @@ use aya_ebpf::{
     macros::xdp,
     programs::{TcContext, XdpContext},
 };
-use dataplane_common::stat;
+use dataplane_common::{stat, XDP_JUMP6_EXT};
 
 use crate::{
     counters::{count, Exit},
+    maps,
     packet::Flow,
     tc::{self, Program, DROP, PASS, TO_TC},
+    v6::{self, Flow6, Program6},
 };
 
 /// The mark's constant ("SLWX"); the interface's index is XORed in, so metadata left
@@ -39,7 +49,11 @@ pub fn sliceway_xdp(ctx: XdpContext) -> u32 {
     if crate::packet::load::<[u8; 2]>(&ctx, crate::packet::ETH_TYPE_OFF)
         .is_some_and(|t| u16::from_be_bytes(t) == crate::packet::ETH_P_IPV6)
     {
-        // IPv6 is TC's (`sliceway_ext6`): passed on untouched and unmarked.
+        // SAFETY: a tail call with the context's own frame; it returns only if it
+        // failed (no IPv6 program): then IPv6 is TC's, untouched and unmarked.
+        unsafe {
+            maps::XDP_JUMP6.tail_call(&ctx, XDP_JUMP6_EXT);
+        }
         count(stat::XDP_TO_TC);
         return XDP_PASS;
     }
@@ -53,9 +67,33 @@ pub fn sliceway_xdp(ctx: XdpContext) -> u32 {
         Err(exit) => exit,
     };
     count(reason);
+    action(&ctx, verdict)
+}
+
+/// `sliceway_xdp`'s IPv6 program (`XDP_JUMP6_EXT`): `sliceway_ext6`'s body on the
+/// frame.
+#[xdp]
+pub fn sliceway_xdp6(ctx: XdpContext) -> u32 {
+    let (verdict, reason) = match v6::decide::<true, _>(&ctx) {
+        Ok(exit) => exit,
+        Err(exit) => exit,
+    };
+    if reason == stat::PASS_NOT_L4 {
+        // ICMPv6 and the rest the body does not translate: TC's, which may have
+        // more to do with an ICMPv6 error than pass it.
+        count(stat::XDP_TO_TC);
+        return XDP_PASS;
+    }
+    count(reason);
+    action(&ctx, verdict)
+}
+
+/// XDP's action for the body's verdict: a packet passed is marked as decided.
+#[inline(always)]
+fn action(ctx: &XdpContext, verdict: i32) -> u32 {
     match verdict {
         PASS => {
-            mark(&ctx);
+            mark(ctx);
             XDP_PASS
         }
         DROP => XDP_DROP,
@@ -97,6 +135,22 @@ impl Program for XdpContext {
 
     #[inline(always)]
     fn dsr_frontend(&self, _flow: &Flow) {}
+}
+
+impl Program6 for XdpContext {
+    const TAIL_CALLS: bool = false;
+
+    #[inline(always)]
+    fn reject(&self, _reason: u32) -> Exit {
+        // `v6::decide` leaves rejects to TC before anything is rewritten.
+        (TO_TC, stat::XDP_TO_TC)
+    }
+
+    #[inline(always)]
+    fn sctp_ports(&self, _flow: &Flow6, _sport_be: u16, _dport_be: u16, _reason: u32) -> Exit {
+        // `v6::decide` leaves SCTP to TC before anything is rewritten.
+        (TO_TC, stat::XDP_TO_TC)
+    }
 }
 
 /// Puts the mark in the frame's metadata; nothing if the driver keeps no metadata.

@@ -375,8 +375,8 @@ pub struct Trace {
     pub skipped: Vec<TraceSkipped>,
     /// The datapath's reason for the verdict.
     pub reason: String,
-    /// The program that decided (`--from external-xdp`: `sliceway_xdp`, or
-    /// `sliceway_tc_ext` for what XDP leaves to it).
+    /// The program that decided (`--from external-xdp`: `sliceway_xdp` or, for
+    /// IPv6, `sliceway_xdp6`; the TC program for what XDP leaves to it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub program: Option<String>,
 }
@@ -515,9 +515,9 @@ pub fn run_trace(
     traced(dp, role, src, dst, proto, out, counted(&before, &after))
 }
 
-/// [`run_trace`] through the uplink's XDP program (`--from external-xdp`), and
-/// through its TC program if XDP leaves the packet to it (as it leaves all of
-/// IPv6); `program` says which decided.
+/// [`run_trace`] through the uplink's XDP program (`--from external-xdp`; IPv6 in
+/// its IPv6 program), and through its TC program if XDP leaves the packet to it;
+/// `program` says which decided.
 pub fn run_trace_xdp(
     dp: &mut Datapath,
     src: SocketAddr,
@@ -538,7 +538,13 @@ pub fn run_trace_xdp(
         _ => crate::kernel::TC_ACT_OK,
     };
     let mut trace = traced(dp, Role::External, src, dst, proto, out, reason)?;
-    trace.program = Some(crate::kernel::XDP_PROGRAM.into());
+    trace.program = Some(
+        match dst {
+            SocketAddr::V4(_) => crate::kernel::XDP_PROGRAM,
+            SocketAddr::V6(_) => crate::kernel::XDP6_PROGRAM,
+        }
+        .into(),
+    );
     Ok(trace)
 }
 

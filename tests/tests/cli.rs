@@ -488,9 +488,12 @@ fn trace_follows_ipv6_packets() {
         (&"dnat".into(), &"[fd00:244:1::53]:5353".into()),
         "{t}"
     );
-    // From outside: an external IP, masqueraded to the Node's IPv6 address; XDP
-    // leaves IPv6 to the uplink's TC program.
-    for from in ["external", "external-xdp"] {
+    // From outside: an external IP, masqueraded to the Node's IPv6 address, by the
+    // uplink's TC program or, as it would, by the XDP program's IPv6 program.
+    for (from, program) in [
+        ("external", "sliceway_ext6"),
+        ("external-xdp", "sliceway_xdp6"),
+    ] {
         let t = trace(
             manifests,
             "[2001:db8:9::1]:41000",
@@ -503,7 +506,7 @@ fn trace_follows_ipv6_packets() {
                 &"dnat".into(),
                 &"dnat_masqueraded".into(),
                 &"fd00:100::11".into(),
-                &"sliceway_ext6".into()
+                &program.into()
             ),
             "{from}: {t}"
         );
@@ -775,6 +778,7 @@ fn check_reports_every_program_and_the_attach_path() {
             "sliceway_l3ext6",
             "sliceway_rej6_l3",
             "sliceway_xdp",
+            "sliceway_xdp6",
             "sliceway_connect4",
             "sliceway_sendmsg4",
             "sliceway_recvmsg4",

@@ -2114,15 +2114,14 @@ mod v6 {
         assert_eq!((verdict, reason), (DROP, "drop_malformed"));
     }
 
-    #[test]
-    fn ipv6_sctp_gets_its_ports_from_the_shared_sctp_program() {
-        let dp = v6_datapath();
+    /// SCTP frontend `VIP:3868` (id 905) with one backend, `BACKEND:13868`.
+    fn sctp_frontend(dp: &Datapath) {
         let mut services: HashMap<MapData, ServiceKey6, ServiceValue> =
-            HashMap::try_from(Map::HashMap(map(&dp, map_name::SERVICES6))).unwrap();
+            HashMap::try_from(Map::HashMap(map(dp, map_name::SERVICES6))).unwrap();
         let mut backends: HashMap<MapData, u32, Backend6> =
-            HashMap::try_from(Map::HashMap(map(&dp, map_name::BACKENDS6))).unwrap();
+            HashMap::try_from(Map::HashMap(map(dp, map_name::BACKENDS6))).unwrap();
         let mut slots: HashMap<MapData, SlotKey, u32> =
-            HashMap::try_from(Map::HashMap(map(&dp, map_name::SLOTS))).unwrap();
+            HashMap::try_from(Map::HashMap(map(dp, map_name::SLOTS))).unwrap();
         let value = ServiceValue {
             id: 905,
             count: 1,
@@ -2149,7 +2148,16 @@ mod v6 {
             _pad: 0,
         };
         backends.insert(4002, b, 0).unwrap();
-        let sctp6 = |src, dst, chunk| build6(&PacketSpec6::sctp(src, dst, chunk));
+    }
+
+    fn sctp6(src: SocketAddrV6, dst: SocketAddrV6, chunk: u8) -> Vec<u8> {
+        build6(&PacketSpec6::sctp(src, dst, chunk))
+    }
+
+    #[test]
+    fn ipv6_sctp_gets_its_ports_from_the_shared_sctp_program() {
+        let dp = v6_datapath();
+        sctp_frontend(&dp);
         let client = sa(CLIENT, 5000);
         let (verdict, reason, out) = run(&dp, &sctp6(client, sa(VIP, 3868), SCTP_INIT));
         assert_eq!((verdict, reason), (PASS, "dnat_new"));
@@ -2401,15 +2409,10 @@ mod v6 {
         assert_eq!((verdict, reason), (DROP, "drop_fragment_orphan"));
     }
 
-    #[test]
-    fn ipv6_from_outside_is_masqueraded_on_the_uplink_and_xdp_leaves_it_to_tc() {
-        let mut dp = v6_datapath();
-        let client = sa("2001:db8::7", 41000);
-        let syn = tcp6(client, sa(VIP, 80), TCP_SYN);
-        let (out, reason) = run_as(&dp, Role::External, &syn);
-        assert_eq!((out.verdict, reason), (DROP, "drop_no_node_addr"));
+    /// Sets `NAT_CONFIG6` to the node's address and the single port 61000.
+    fn set_nat6(dp: &Datapath) {
         let mut nat: Array<MapData, NatConfig6> =
-            Array::try_from(Map::Array(map(&dp, map_name::NAT_CONFIG6))).unwrap();
+            Array::try_from(Map::Array(map(dp, map_name::NAT_CONFIG6))).unwrap();
         nat.set(
             0,
             NatConfig6 {
@@ -2420,6 +2423,16 @@ mod v6 {
             0,
         )
         .unwrap();
+    }
+
+    #[test]
+    fn ipv6_from_outside_is_masqueraded_on_the_uplink() {
+        let dp = v6_datapath();
+        let client = sa("2001:db8::7", 41000);
+        let syn = tcp6(client, sa(VIP, 80), TCP_SYN);
+        let (out, reason) = run_as(&dp, Role::External, &syn);
+        assert_eq!((out.verdict, reason), (DROP, "drop_no_node_addr"));
+        set_nat6(&dp);
         let (out, reason) = run_as(&dp, Role::External, &syn);
         assert_eq!((out.verdict, reason), (PASS, "dnat_masqueraded"));
         assert_translated(
@@ -2434,14 +2447,124 @@ mod v6 {
         let other = tcp6(sa("2001:db8::7", 41001), sa(VIP, 80), TCP_SYN);
         let (out, reason) = run_as(&dp, Role::External, &other);
         assert_eq!((out.verdict, reason), (DROP, "drop_snat_exhausted"));
-        // XDP passes IPv6 on to TC, untouched and counted.
-        let before = dp.stats().unwrap();
-        let out = dp.test_run_xdp(&syn).unwrap();
-        let after = dp.stats().unwrap();
-        assert_eq!(out.verdict, XDP_PASS);
-        assert_eq!(out.packet, syn);
-        let counted = super::counted_between(&before, &after);
-        assert_eq!(counted, [("xdp_to_tc", 1)]);
+    }
+
+    /// The XDP program's IPv6 program (`sliceway_xdp6`, reached from `sliceway_xdp`)
+    /// decides IPv6 from outside as the uplink's TC program (`sliceway_ext6`) does:
+    /// two datapaths alike, each packet through XDP on one (and through TC where XDP
+    /// leaves it there) and through TC alone on the other, the same verdict, exits
+    /// and bytes from both. What needs a tail call (a reject, SCTP) XDP leaves to TC
+    /// untouched, counted `xdp_to_tc`.
+    #[test]
+    fn ipv6_from_outside_is_decided_by_xdp_as_by_the_uplink_tc_program() {
+        use sliceway_agent::kernel::XDP_DROP;
+        let (mut xdp, tc) = (v6_datapath(), v6_datapath());
+        for dp in [&xdp, &tc] {
+            set_nat6(dp);
+            sctp_frontend(dp);
+        }
+        let client = sa("2001:db8::7", 41000);
+        // Through XDP: whether it decided, then the verdict in TC's terms, the exits
+        // counted (XDP's and, for a packet left to it, TC's) and the bytes.
+        let through_xdp = |xdp: &mut Datapath, input: &[u8]| {
+            let before = xdp.stats().unwrap();
+            let first = xdp.test_run_xdp(input).unwrap();
+            let mid = xdp.stats().unwrap();
+            let counted = super::counted_between(&before, &mid);
+            if counted == [("xdp_to_tc", 1)] {
+                assert_eq!(first.verdict, XDP_PASS);
+                assert_eq!(first.packet, input, "left to TC, but changed");
+                let out = xdp.test_run_as(Role::External, input).unwrap();
+                let counted = super::counted_between(&mid, &xdp.stats().unwrap());
+                return (false, out.verdict, counted, out.packet);
+            }
+            let verdict = match first.verdict {
+                XDP_PASS => PASS,
+                XDP_DROP => DROP,
+                other => other,
+            };
+            (true, verdict, counted, first.packet)
+        };
+        let through_tc = |input: &[u8]| {
+            let before = tc.stats().unwrap();
+            let out = tc.test_run_as(Role::External, input).unwrap();
+            let counted = super::counted_between(&before, &tc.stats().unwrap());
+            (out.verdict, counted, out.packet)
+        };
+        /// What the packet is, the packet, whether XDP decides it, and TC's
+        /// verdict, exit reason and output.
+        struct Step(&'static str, Vec<u8>, bool, i32, &'static str, Vec<u8>);
+        let steps = [
+            Step(
+                "a new connection, masqueraded",
+                tcp6(client, sa(VIP, 80), TCP_SYN),
+                true,
+                PASS,
+                "dnat_masqueraded",
+                tcp6(sa(NODE, 61_000), sa(BACKEND, 8080), TCP_SYN),
+            ),
+            Step(
+                "its reply",
+                tcp6(sa(BACKEND, 8080), sa(NODE, 61_000), TCP_SYN | TCP_ACK),
+                true,
+                PASS,
+                "revnat",
+                tcp6(sa(VIP, 80), client, TCP_SYN | TCP_ACK),
+            ),
+            Step(
+                "an established packet",
+                tcp6(client, sa(VIP, 80), TCP_ACK),
+                true,
+                PASS,
+                "dnat_established",
+                tcp6(sa(NODE, 61_000), sa(BACKEND, 8080), TCP_ACK),
+            ),
+            Step(
+                "a frontend without backends, rejected by TC",
+                tcp6(sa("2001:db8::8", 41000), sa(EMPTY, 80), TCP_SYN),
+                false,
+                TC_ACT_REDIRECT,
+                "reject_no_backend",
+                icmp6_port_unreachable(&tcp6(sa("2001:db8::8", 41000), sa(EMPTY, 80), TCP_SYN)),
+            ),
+            Step(
+                "SCTP, its ports set by TC's tail call",
+                sctp6(client, sa(VIP, 3868), SCTP_INIT),
+                false,
+                PASS,
+                "dnat_masqueraded",
+                sctp6(sa(NODE, 61_000), sa(BACKEND, 13868), SCTP_INIT),
+            ),
+        ];
+        for Step(what, input, decided_by_xdp, verdict, reason, want) in steps {
+            let (decided, got_verdict, counted, packet) = through_xdp(&mut xdp, &input);
+            let (tc_verdict, tc_counted, tc_packet) = through_tc(&input);
+            assert_eq!(
+                (got_verdict, &counted, &packet),
+                (tc_verdict, &tc_counted, &tc_packet),
+                "{what}: XDP against TC alone"
+            );
+            assert_eq!(decided, decided_by_xdp, "{what}: decided by XDP");
+            assert_eq!(tc_verdict, verdict, "{what}");
+            assert!(
+                tc_counted.iter().any(|(r, _)| *r == reason),
+                "{what}: {tc_counted:?}"
+            );
+            if verdict == PASS {
+                assert_translated(&tc_packet, &want);
+            } else {
+                assert_port_unreachable(&tc_packet, &input);
+                assert_eq!(tc_packet, want);
+            }
+        }
+        // ICMPv6 is TC's too (its errors may be about a translated connection):
+        // neighbour discovery left to TC, which passes it.
+        let ns = neighbour_solicitation(CLIENT, VIP);
+        let (decided, verdict, counted, packet) = through_xdp(&mut xdp, &ns);
+        assert_eq!(
+            (decided, verdict, counted, packet),
+            (false, PASS, vec![("pass_not_l4", 1)], ns)
+        );
     }
 
     /// Interfaces without an Ethernet header (a tun device, WireGuard): the L3

@@ -14,8 +14,11 @@
 //!
 //! Not here (yet): ICMPv6 errors about translated connections (Packet Too Big from a
 //! router between a pod and a client is passed untranslated); direct server return
-//! (an IPv4 option: IPv6 frontends with `SVC_F_DSR` are masqueraded); XDP (the XDP
-//! program leaves IPv6 to TC).
+//! (an IPv4 option: IPv6 frontends with `SVC_F_DSR` are masqueraded).
+//!
+//! The XDP program of the uplinks runs this body too ([`decide`], in
+//! `sliceway_xdp6`, `crate::xdp`): what needs a tail call (reject, SCTP ports) it
+//! leaves to TC before rewriting anything ([`Program6::TAIL_CALLS`]).
 
 mod nat;
 mod parse;
@@ -34,7 +37,7 @@ use crate::{
     nat::End,
     packet::{Frame, L3},
     sctp,
-    tc::{DROP, PASS},
+    tc::{DROP, PASS, TO_TC},
 };
 
 pub use nat::rewrite6;
@@ -164,28 +167,52 @@ pub fn hand_over(ctx: &TcContext, slot: u32) -> i32 {
     PASS
 }
 
-/// What the IPv6 body needs beyond packet memory: the skb (tail calls) and which
-/// reject program fits the interface.
+/// What the IPv6 body does beyond reading and rewriting its packet, as
+/// `crate::tc::Program`: TC hands packets on by tail call (its reject program,
+/// `sliceway_sctp_nat`); XDP cannot, so it leaves them to TC, untouched.
 pub trait Program6: Frame {
-    const REJECT_SLOT: u32;
-    fn skb(&self) -> &TcContext;
+    /// Whether this program finishes every packet itself (TC).
+    const TAIL_CALLS: bool;
+    /// Answers the packet with ICMPv6 port unreachable (the reject program counts
+    /// `reason`); drops it if the handover fails.
+    fn reject(&self, reason: u32) -> Exit;
+    /// Sets the ports of an SCTP packet whose addresses are translated
+    /// (`sliceway_sctp_nat`, shared with IPv4, which counts `reason`); unchanged
+    /// ports need no handover.
+    fn sctp_ports(&self, flow: &Flow6, sport_be: u16, dport_be: u16, reason: u32) -> Exit;
 }
 
 impl Program6 for TcContext {
-    const REJECT_SLOT: u32 = JUMP6_REJECT;
+    const TAIL_CALLS: bool = true;
 
     #[inline(always)]
-    fn skb(&self) -> &TcContext {
-        self
+    fn reject(&self, reason: u32) -> Exit {
+        reject::port_unreachable(self, reason, JUMP6_REJECT);
+        (DROP, stat::DROP_REJECT)
+    }
+
+    #[inline(always)]
+    fn sctp_ports(&self, flow: &Flow6, sport_be: u16, dport_be: u16, reason: u32) -> Exit {
+        if sport_be == flow.sport_be && dport_be == flow.dport_be {
+            return (PASS, reason);
+        }
+        sctp::translate_ports6(self, flow, sport_be, dport_be, reason);
+        (DROP, stat::DROP_REWRITE)
     }
 }
 
 impl Program6 for L3<'_> {
-    const REJECT_SLOT: u32 = JUMP6_REJECT_L3;
+    const TAIL_CALLS: bool = true;
 
     #[inline(always)]
-    fn skb(&self) -> &TcContext {
-        self.0
+    fn reject(&self, reason: u32) -> Exit {
+        reject::port_unreachable(self.0, reason, JUMP6_REJECT_L3);
+        (DROP, stat::DROP_REJECT)
+    }
+
+    #[inline(always)]
+    fn sctp_ports(&self, flow: &Flow6, sport_be: u16, dport_be: u16, reason: u32) -> Exit {
+        self.0.sctp_ports(flow, sport_be, dport_be, reason)
     }
 }
 
@@ -235,45 +262,24 @@ pub struct Scratch6 {
 
 /// What to do with the packet, and the `stat` slot that says why.
 #[inline(always)]
-fn decide<const EXTERNAL: bool, C: Program6>(ctx: &C) -> Result<Exit, Exit> {
+pub fn decide<const EXTERNAL: bool, C: Program6>(ctx: &C) -> Result<Exit, Exit> {
     let s = maps::SCRATCH6
         .get_ptr_mut(0)
         .ok_or((DROP, stat::DROP_MALFORMED))?;
     // SAFETY: a per-CPU map value, used only by this program on this CPU while it
-    // runs (TC programs are not preempted); no reference outlives the run.
+    // runs (TC and XDP programs are not preempted); no reference outlives the run.
     let s = unsafe { &mut *s };
     parse::parse(ctx, &mut s.flow)?;
+    if !C::TAIL_CALLS && s.flow.proto == PROTO_SCTP {
+        // Its ports are set by a tail call, after its addresses: all of it is TC's.
+        return Ok((TO_TC, stat::XDP_TO_TC));
+    }
     s.key = s.flow.key();
     let now = conntrack::now();
     match from_client::<EXTERNAL, C>(ctx, &s.flow, &s.key, &mut s.entry, now)? {
         Some(exit) => Ok(exit),
         None => from_backend(ctx, &s.flow, &s.key, now),
     }
-}
-
-/// Answers the packet with ICMPv6 port unreachable (the reject program counts
-/// `reason`); dropped if the handover fails.
-#[inline(always)]
-fn reject<C: Program6>(ctx: &C, reason: u32) -> Exit {
-    reject::port_unreachable(ctx.skb(), reason, C::REJECT_SLOT);
-    (DROP, stat::DROP_REJECT)
-}
-
-/// Sets the ports of an SCTP packet whose addresses are translated
-/// (`sliceway_sctp_nat`, shared with IPv4); unchanged ports need no handover.
-#[inline(always)]
-fn sctp_ports<C: Program6>(
-    ctx: &C,
-    flow: &Flow6,
-    sport_be: u16,
-    dport_be: u16,
-    reason: u32,
-) -> Exit {
-    if sport_be == flow.sport_be && dport_be == flow.dport_be {
-        return (PASS, reason);
-    }
-    sctp::translate_ports6(ctx.skb(), flow, sport_be, dport_be, reason);
-    (DROP, stat::DROP_REWRITE)
 }
 
 /// As `tc::from_client`: a tracked connection keeps its backend; a new packet to a
@@ -317,8 +323,11 @@ fn from_client<const EXTERNAL: bool, C: Program6>(
                     counters::refused(service.id, true);
                     return Ok(Some((DROP, stat::DROP_NO_BACKEND)));
                 }
+                if !C::TAIL_CALLS {
+                    return Ok(Some((TO_TC, stat::XDP_TO_TC)));
+                }
                 counters::refused(service.id, false);
-                return Ok(Some(reject(ctx, stat::REJECT_NO_BACKEND)));
+                return Ok(Some(ctx.reject(stat::REJECT_NO_BACKEND)));
             }
             let picked = lookup::pick6(flow.src_be, flow.hash(), &service, now)?;
             let reason = match conntrack::track(
@@ -353,13 +362,7 @@ fn from_client<const EXTERNAL: bool, C: Program6>(
             .map_err(|_| (DROP, stat::DROP_REWRITE))?;
     }
     if flow.proto == PROTO_SCTP && !flow.later_fragment {
-        return Ok(Some(sctp_ports(
-            ctx,
-            flow,
-            to.dport_be,
-            to.sport_be,
-            reason,
-        )));
+        return Ok(Some(ctx.sctp_ports(flow, to.dport_be, to.sport_be, reason)));
     }
     Ok(Some((PASS, reason)))
 }
@@ -380,13 +383,7 @@ fn from_backend<C: Program6>(ctx: &C, flow: &Flow6, key: &CtKey, now: u64) -> Re
                     .map_err(|_| (DROP, stat::DROP_REWRITE))?;
             }
             if flow.proto == PROTO_SCTP && !flow.later_fragment {
-                return Ok(sctp_ports(
-                    ctx,
-                    flow,
-                    orig.dport_be,
-                    orig.sport_be,
-                    stat::REVNAT,
-                ));
+                return Ok(ctx.sctp_ports(flow, orig.dport_be, orig.sport_be, stat::REVNAT));
             }
             if flow.later_fragment {
                 return Ok((PASS, stat::NAT_FRAGMENT));
@@ -402,7 +399,10 @@ fn from_backend<C: Program6>(ctx: &C, flow: &Flow6, key: &CtKey, now: u64) -> Re
             // A ClusterIP on a port or protocol its Service does not declare:
             // rejected, as kube-proxy's nftables `cluster-ips` set does.
             if lookup::is_clusterip6(flow) {
-                return Ok(reject(ctx, stat::REJECT_NO_PORT));
+                if !C::TAIL_CALLS {
+                    return Ok((TO_TC, stat::XDP_TO_TC));
+                }
+                return Ok(ctx.reject(stat::REJECT_NO_PORT));
             }
             Ok((PASS, stat::PASS_NO_SERVICE))
         }

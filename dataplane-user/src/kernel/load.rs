@@ -36,6 +36,10 @@ pub const REJECT_L3_PROGRAM: &str = "sliceway_rej_l3";
 /// before the skb is made; what it cannot finish it leaves to that program. Loaded
 /// when first needed (`Datapath::load_xdp`).
 pub const XDP_PROGRAM: &str = "sliceway_xdp";
+/// The XDP program's IPv6 program (tail call, `XDP_JUMP6`): the uplink IPv6 program's
+/// decisions, before the skb is made. Loaded with the XDP program; one the kernel
+/// refuses leaves IPv6 to the uplink's TC program, as before.
+pub const XDP6_PROGRAM: &str = "sliceway_xdp6";
 /// The program the TC program hands packets to reject to (tail call).
 pub const REJECT_PROGRAM: &str = "sliceway_reject";
 /// The program the TC program hands SCTP packets to for their ports (tail call).
@@ -543,7 +547,7 @@ pub fn check() -> Result<KernelCheck, KernelError> {
     for (name, kind) in tc
         .map(|n| (n, Kind::Tc))
         .into_iter()
-        .chain([(XDP_PROGRAM, Kind::Xdp)])
+        .chain([(XDP_PROGRAM, Kind::Xdp), (XDP6_PROGRAM, Kind::Xdp)])
         .chain(sock.map(|n| (n, Kind::Sock)))
     {
         let program = ebpf

@@ -30,7 +30,7 @@ pub use load::{
     check, render_check, KernelCheck, ProgramCheck, DSR_PROGRAM, EXT6_PROGRAM, L3_6_PROGRAM,
     L3_EXT6_PROGRAM, L3_EXT_PROGRAM, L3_PROGRAM, REJECT6_L3_PROGRAM, REJECT6_PROGRAM,
     REJECT_L3_PROGRAM, REJECT_PROGRAM, SCTP_NAT_PROGRAM, TC6_PROGRAM, TC_EXT_PROGRAM, TC_PROGRAM,
-    XDP_PROGRAM,
+    XDP6_PROGRAM, XDP_PROGRAM,
 };
 pub(crate) use maps::summed;
 pub use maps::KernelMaps;

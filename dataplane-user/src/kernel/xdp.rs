@@ -8,9 +8,16 @@
 //! between. A second XDP program on the same interface and mode is refused by the
 //! kernel (EBUSY): another owner's XDP program is never replaced.
 
-use aya::programs::{TestRun, TestRunOptions, Xdp, XdpMode};
+use aya::{
+    maps::ProgramArray,
+    programs::{TestRun, TestRunOptions, Xdp, XdpMode},
+};
+use dataplane_common::map_name;
 
-use super::{load::XDP_PROGRAM, Datapath, KernelError, TestRunOutput};
+use super::{
+    load::{XDP6_PROGRAM, XDP_PROGRAM},
+    Datapath, KernelError, TestRunOutput,
+};
 
 /// Where the XDP program goes (`--xdp`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -71,12 +78,50 @@ impl Datapath {
 
     /// Loads the XDP program if it is not yet (at the first uplink that gets it, or
     /// the first test run): an agent without `--xdp` never has the kernel verify it.
+    /// Its IPv6 program with it ([`Datapath::load_xdp6`]).
     pub fn load_xdp(&mut self) -> Result<(), KernelError> {
         let program = self.xdp_program()?;
         if program.fd().is_err() {
             program.load()?;
+            if let Err(e) = self.load_xdp6() {
+                tracing::warn!(
+                    program = XDP6_PROGRAM,
+                    error = %e,
+                    "the kernel refused the XDP program's IPv6 program: IPv6 is left to the uplinks' TC program"
+                );
+            }
         }
         Ok(())
+    }
+
+    /// Loads `sliceway_xdp6` and puts it in its slot of `XDP_JUMP6`, where
+    /// `sliceway_xdp` hands IPv6 to it. The map is the loaded object's own (not
+    /// pinned, as the XDP program is not).
+    fn load_xdp6(&mut self) -> Result<(), KernelError> {
+        let program: &mut Xdp = self
+            .ebpf
+            .program_mut(XDP6_PROGRAM)
+            .ok_or(KernelError::MissingProgram(XDP6_PROGRAM))?
+            .try_into()?;
+        if program.fd().is_err() {
+            program.load()?;
+        }
+        let fd = program
+            .fd()?
+            .try_clone()
+            .map_err(|e| KernelError::Program(aya::programs::ProgramError::IOError(e)))?;
+        let map = self
+            .ebpf
+            .map_mut(map_name::XDP_JUMP6)
+            .ok_or(KernelError::MissingMap(map_name::XDP_JUMP6))?;
+        let map_err = |source| KernelError::Map {
+            name: map_name::XDP_JUMP6,
+            source,
+        };
+        ProgramArray::try_from(map)
+            .map_err(map_err)?
+            .set(dataplane_common::XDP_JUMP6_EXT, &fd, 0)
+            .map_err(map_err)
     }
 
     /// The XDP program, loaded ([`Datapath::load_xdp`]).
