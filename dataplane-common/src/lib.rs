@@ -593,7 +593,7 @@ pub mod stat {
     /// Neither IPv4 nor IPv6 (or IPv6 whose program could not be reached: the kernel
     /// refused it, or the agent has not loaded it yet): passed untouched.
     pub const PASS_NOT_IPV4: u32 = 0;
-    /// IPv4 but neither TCP nor UDP, nor an ICMP error about a translated
+    /// Neither TCP, UDP nor SCTP, nor an ICMP or ICMPv6 error about a translated
     /// connection: passed untouched.
     pub const PASS_NOT_L4: u32 = 1;
     /// A non-first fragment of a datagram whose first fragment was seen, to no
@@ -634,8 +634,8 @@ pub mod stat {
     /// A non-first fragment of a translated datagram: its addresses translated as
     /// the first fragment's were.
     pub const NAT_FRAGMENT: u32 = 16;
-    /// An ICMP error about a translated connection: the quoted packet (and the
-    /// error's source, if it was the backend) translated back.
+    /// An ICMP or ICMPv6 error about a translated connection: the quoted packet (and
+    /// the error's source, if it was the backend) translated back.
     pub const NAT_ICMP_ERROR: u32 = 17;
     /// Frontend without endpoints anywhere: ICMP port unreachable sent back.
     pub const REJECT_NO_BACKEND: u32 = 18;

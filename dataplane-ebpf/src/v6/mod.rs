@@ -10,21 +10,23 @@
 //! address, the counters): conntrack or pick, DNAT (a source port remapped on a
 //! reply-tuple clash), reverse NAT, hairpin through `HAIRPIN6_ADDR_BE`, the
 //! ClusterIP marker, reject (ICMPv6 port unreachable, `reject.rs`) or drop for
-//! frontends without backends, masquerade on the uplinks (`NAT_CONFIG6`).
+//! frontends without backends, masquerade on the uplinks (`NAT_CONFIG6`); ICMPv6
+//! goes to the ICMPv6 error program (`icmp.rs`, tail call), which translates errors
+//! about translated connections back.
 //!
-//! Not here (yet): ICMPv6 errors about translated connections (Packet Too Big from a
-//! router between a pod and a client is passed untranslated); direct server return
-//! (an IPv4 option: IPv6 frontends with `SVC_F_DSR` are masqueraded); XDP (the XDP
-//! program leaves IPv6 to TC).
+//! Not here (yet): direct server return (an IPv4 option: IPv6 frontends with
+//! `SVC_F_DSR` are masqueraded); XDP (the XDP program leaves IPv6 to TC).
 
+mod icmp;
 mod nat;
 mod parse;
 mod reject;
 
 use aya_ebpf::{macros::classifier, programs::TcContext};
 use dataplane_common::{
-    flow_hash6, reply_client6, stat, Backend6, CtEntry, CtKey, FAMILY_V6, JUMP6_REJECT,
-    JUMP6_REJECT_L3, PROTO_SCTP, SVC_F_DROP_EMPTY, SVC_F_SOURCE_RANGES,
+    flow_hash6, reply_client6, stat, Backend6, CtEntry, CtKey, FAMILY_V6, JUMP6_ICMP,
+    JUMP6_ICMP_L3, JUMP6_REJECT, JUMP6_REJECT_L3, PROTO_SCTP, SVC_F_DROP_EMPTY,
+    SVC_F_SOURCE_RANGES,
 };
 
 use crate::{
@@ -168,11 +170,14 @@ pub fn hand_over(ctx: &TcContext, slot: u32) -> i32 {
 /// reject program fits the interface.
 pub trait Program6: Frame {
     const REJECT_SLOT: u32;
+    /// The ICMPv6 error program's slot.
+    const ICMP_SLOT: u32;
     fn skb(&self) -> &TcContext;
 }
 
 impl Program6 for TcContext {
     const REJECT_SLOT: u32 = JUMP6_REJECT;
+    const ICMP_SLOT: u32 = JUMP6_ICMP;
 
     #[inline(always)]
     fn skb(&self) -> &TcContext {
@@ -182,6 +187,7 @@ impl Program6 for TcContext {
 
 impl Program6 for L3<'_> {
     const REJECT_SLOT: u32 = JUMP6_REJECT_L3;
+    const ICMP_SLOT: u32 = JUMP6_ICMP_L3;
 
     #[inline(always)]
     fn skb(&self) -> &TcContext {
@@ -242,7 +248,11 @@ fn decide<const EXTERNAL: bool, C: Program6>(ctx: &C) -> Result<Exit, Exit> {
     // SAFETY: a per-CPU map value, used only by this program on this CPU while it
     // runs (TC programs are not preempted); no reference outlives the run.
     let s = unsafe { &mut *s };
-    parse::parse(ctx, &mut s.flow)?;
+    if let parse::Packet6::Icmp { l4_off, ip_end } = parse::parse(ctx, &mut s.flow)? {
+        // An error about a translated connection is translated back by a program
+        // of its own (`sliceway_icmp6`); the rest passes untouched there.
+        return Ok(icmp::hand_over(ctx.skb(), C::ICMP_SLOT, l4_off, ip_end));
+    }
     s.key = s.flow.key();
     let now = conntrack::now();
     match from_client::<EXTERNAL, C>(ctx, &s.flow, &s.key, &mut s.entry, now)? {
