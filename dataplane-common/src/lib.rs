@@ -593,7 +593,7 @@ pub mod stat {
     /// Neither IPv4 nor IPv6 (or IPv6 whose program could not be reached: the kernel
     /// refused it, or the agent has not loaded it yet): passed untouched.
     pub const PASS_NOT_IPV4: u32 = 0;
-    /// IPv4 but neither TCP nor UDP, nor an ICMP error about a translated
+    /// Neither TCP, UDP nor SCTP, nor an ICMP or ICMPv6 error about a translated
     /// connection: passed untouched.
     pub const PASS_NOT_L4: u32 = 1;
     /// A non-first fragment of a datagram whose first fragment was seen, to no
@@ -634,8 +634,8 @@ pub mod stat {
     /// A non-first fragment of a translated datagram: its addresses translated as
     /// the first fragment's were.
     pub const NAT_FRAGMENT: u32 = 16;
-    /// An ICMP error about a translated connection: the quoted packet (and the
-    /// error's source, if it was the backend) translated back.
+    /// An ICMP or ICMPv6 error about a translated connection: the quoted packet (and
+    /// the error's source, if it was the backend) translated back.
     pub const NAT_ICMP_ERROR: u32 = 17;
     /// Frontend without endpoints anywhere: ICMP port unreachable sent back.
     pub const REJECT_NO_BACKEND: u32 = 18;
@@ -976,6 +976,36 @@ pub fn csum_replace2(check: u16, from: u16, to: u16) -> u16 {
     !(sum as u16)
 }
 
+/// RFC 1624's `~m + m'` for a 16-byte field (an IPv6 address, as `CtKey` holds it)
+/// that changes from `from` to `to`, over its eight 16-bit words, not folded: the
+/// deltas of several fields add up, and [`csum_apply`] applies their sum to every
+/// checksum that covers them all.
+#[inline(always)]
+pub fn csum_delta16(from: &[u32; 4], to: &[u32; 4]) -> u32 {
+    let mut sum = 0;
+    let mut i = 0;
+    while i < 4 {
+        let nfrom = !from[i];
+        sum += (nfrom & 0xffff) + (nfrom >> 16) + (to[i] & 0xffff) + (to[i] >> 16);
+        i += 1;
+    }
+    sum
+}
+
+/// RFC 1624's `~m + m'` for a 16-bit field, as [`csum_delta16`].
+#[inline(always)]
+pub fn csum_delta2(from: u16, to: u16) -> u32 {
+    (!from) as u32 + to as u32
+}
+
+/// RFC 1624 eqn. 3 with a summed delta (below 2^31: the deltas of a few dozen
+/// fields): HC' = ~(~HC + sum of (~m + m')). As [`csum_replace4`], all as they lie
+/// in the packet.
+#[inline(always)]
+pub fn csum_apply(check: u16, delta: u32) -> u16 {
+    !csum_fold((!check) as u32 + delta)
+}
+
 /// SCTP's checksum, CRC32c (RFC 9260, appendix A: the Castagnoli polynomial,
 /// reflected, stored little-endian), updated for a changed port without reading the
 /// payload.
@@ -1146,13 +1176,19 @@ mod tests {
         assert_eq!(!crc, 0x8a91_36aa);
     }
 
-    #[test]
-    fn sctp_port_delta_matches_a_full_recompute() {
-        let mut state = 0x9e37_79b9u32;
-        let mut next = || {
+    /// A linear congruential generator from `seed` (Numerical Recipes' constants):
+    /// test data that is the same on every run.
+    fn lcg(seed: u32) -> impl FnMut() -> u32 {
+        let mut state = seed;
+        move || {
             state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
             state
-        };
+        }
+    }
+
+    #[test]
+    fn sctp_port_delta_matches_a_full_recompute() {
+        let mut next = lcg(0x9e37_79b9);
         for round in 0..400 {
             // Lengths from the bare common header to a jumbo frame and the 16-bit limit.
             let len = match round % 4 {
@@ -1216,6 +1252,50 @@ mod tests {
                 "{got:#06x} != {want:#06x} after rewriting to {to_host:#010x}"
             );
             check = want;
+        }
+    }
+
+    #[test]
+    fn summed_deltas_of_addresses_and_ports_match_a_full_recompute() {
+        // An IPv6 pseudo-header and a UDP header: source, destination, length, next
+        // header, ports, length, checksum (word 22 zeroed); both addresses and both
+        // ports are rewritten at once, as an ICMPv6 error's quote is.
+        let mut next = lcg(0x0bad_cafe);
+        let le = |w: u16| u16::from_ne_bytes(w.to_be_bytes());
+        // Eight words of an address as the program holds it: four native reads.
+        let addr = |w: &[u16]| -> [u32; 4] {
+            core::array::from_fn(|i| {
+                let [a, b] = w[2 * i].to_be_bytes();
+                let [c, d] = w[2 * i + 1].to_be_bytes();
+                u32::from_ne_bytes([a, b, c, d])
+            })
+        };
+        for round in 0..5_000 {
+            let mut words: [u16; 24] = core::array::from_fn(|_| next() as u16);
+            words[16] = 0;
+            words[17] = 16;
+            words[18] = 0;
+            words[19] = 17;
+            words[22] = 0;
+            let check = full(&words);
+            let old = words;
+            for i in (0..16).chain(20..22) {
+                words[i] = match round % 3 {
+                    0 => next() as u16,
+                    1 => 0,
+                    _ => 0xffff,
+                };
+            }
+            let delta = csum_delta16(&addr(&old[..8]), &addr(&words[..8]))
+                + csum_delta16(&addr(&old[8..16]), &addr(&words[8..16]))
+                + csum_delta2(le(old[20]), le(words[20]))
+                + csum_delta2(le(old[21]), le(words[21]));
+            let got = u16::from_be_bytes(csum_apply(le(check), delta).to_ne_bytes());
+            let want = full(&words);
+            assert!(
+                got == want || (got, want) == (0xffff, 0) || (got, want) == (0, 0xffff),
+                "{got:#06x} != {want:#06x} in round {round}"
+            );
         }
     }
 }

@@ -162,9 +162,10 @@ pub fn reply_client6(client_be: [u32; 4], backend_be: [u32; 4]) -> [u32; 4] {
 pub const IPV6_EXT_MAX: usize = 6;
 
 /// Slots of the `JUMP6` program array: the IPv6 programs the entry programs hand an
-/// IPv6 packet to (so IPv4's programs keep their frame and verifier cost), and their
-/// reject programs. A slot left empty (a kernel that refused the IPv6 programs)
-/// passes IPv6 untouched, counted `pass_not_ipv4`.
+/// IPv6 packet to (so IPv4's programs keep their frame and verifier cost), their
+/// reject programs and their ICMPv6 error programs. A slot left empty (a kernel that
+/// refused the IPv6 programs) passes IPv6 untouched, counted `pass_not_ipv4`; an
+/// empty ICMPv6 slot passes ICMPv6 untouched, counted `pass_not_l4`.
 pub const JUMP6_SLOTS: u32 = 8;
 /// `sliceway_tc6`, reached from `sliceway_tc`.
 pub const JUMP6_TC: u32 = 0;
@@ -178,6 +179,11 @@ pub const JUMP6_L3_EXT: u32 = 3;
 pub const JUMP6_REJECT: u32 = 4;
 /// `sliceway_rej6_l3`: the same without one.
 pub const JUMP6_REJECT_L3: u32 = 5;
+/// `sliceway_icmp6`: ICMPv6 errors about translated connections, translated back;
+/// behind an Ethernet header.
+pub const JUMP6_ICMP: u32 = 6;
+/// `sliceway_icmp6_l3`: the same without one.
+pub const JUMP6_ICMP_L3: u32 = 7;
 
 /// Slots of the `XDP_JUMP6` program array: an XDP program can tail-call XDP
 /// programs only, so `sliceway_xdp` hands IPv6 to its IPv6 program through a map of

@@ -187,6 +187,19 @@ pub mod icmp {
     pub const TIME_EXCEEDED: u8 = 11;
 }
 
+/// ICMPv6 header fields (RFC 4443, 2.1): ICMP's, type, code, checksum and a word of
+/// the message (Packet Too Big's MTU, Parameter Problem's pointer), the invoking
+/// packet quoted after it in an error. The error messages are types 1 to 4
+/// (destination unreachable, packet too big, time exceeded, parameter problem);
+/// informational ones are 128 and up.
+pub mod icmpv6 {
+    pub use super::icmp::{CSUM, HDR_LEN, TYPE};
+    pub const DEST_UNREACH: u8 = 1;
+    pub const PARAM_PROBLEM: u8 = 4;
+    /// Destination unreachable's code for port unreachable.
+    pub const PORT_UNREACH: u8 = 4;
+}
+
 /// SCTP common header fields and chunk types (RFC 9260). The ports lie where TCP's
 /// and UDP's do; the checksum is a CRC32c over the whole SCTP packet, no
 /// pseudo-header.

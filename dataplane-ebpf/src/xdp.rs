@@ -151,6 +151,13 @@ impl Program6 for XdpContext {
         // `v6::decide` leaves SCTP to TC before anything is rewritten.
         (TO_TC, stat::XDP_TO_TC)
     }
+
+    #[inline(always)]
+    fn icmp(&self, _l4_off: usize, _ip_end: usize) -> Exit {
+        // ICMPv6 errors are translated by a TC program (`sliceway_icmp6`); neighbour
+        // discovery and the rest pass there too.
+        (TO_TC, stat::XDP_TO_TC)
+    }
 }
 
 /// Puts the mark in the frame's metadata; nothing if the driver keeps no metadata.

@@ -1,7 +1,8 @@
-//! Crafting and checking IPv4 TCP/UDP/SCTP packets and IPv6 TCP/UDP packets, for
-//! `trace` and for program tests.
+//! Crafting and checking IPv4 TCP/UDP/SCTP packets, IPv6 TCP/UDP/SCTP packets and
+//! the ICMP and ICMPv6 errors the programs make or translate, for `trace` and for
+//! program tests.
 
-use std::net::{Ipv4Addr, SocketAddrV4, SocketAddrV6};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
 
 use dataplane_common::{PROTO_SCTP, PROTO_TCP, PROTO_UDP};
 
@@ -283,9 +284,7 @@ pub fn icmp_port_unreachable(original: &[u8]) -> Vec<u8> {
     let total = u16::from_be_bytes([ip[2], ip[3]]) as usize;
     let quote = &ip[..total.min(576 - 28) / 4 * 4];
     let mut out = Vec::with_capacity(14 + 28 + quote.len());
-    out.extend_from_slice(&original[6..12]);
-    out.extend_from_slice(&original[0..6]);
-    out.extend_from_slice(&original[12..14]);
+    out.extend_from_slice(&reply_ethernet(original));
     let mut hdr = [0u8; 20];
     hdr[0] = 0x45;
     hdr[1] = 0xc0;
@@ -303,6 +302,15 @@ pub fn icmp_port_unreachable(original: &[u8]) -> Vec<u8> {
     icmp[2..4].copy_from_slice(&c.to_be_bytes());
     out.extend_from_slice(&icmp);
     out
+}
+
+/// The Ethernet header of a reply to `frame`: its addresses swapped, its EtherType.
+fn reply_ethernet(frame: &[u8]) -> [u8; 14] {
+    let mut eth = [0; 14];
+    eth[..6].copy_from_slice(&frame[6..12]);
+    eth[6..12].copy_from_slice(&frame[..6]);
+    eth[12..].copy_from_slice(&frame[12..14]);
+    eth
 }
 
 #[cfg(test)]
@@ -518,21 +526,54 @@ pub fn icmp6_port_unreachable(original: &[u8]) -> Vec<u8> {
     let ip = &original[14..];
     let total = 40 + u16::from_be_bytes([ip[4], ip[5]]) as usize;
     let quote = &ip[..total.min(548) / 4 * 4];
-    let mut out = Vec::with_capacity(14 + 48 + quote.len());
-    out.extend_from_slice(&original[6..12]);
-    out.extend_from_slice(&original[0..6]);
-    out.extend_from_slice(&original[12..14]);
-    let len = (8 + quote.len()) as u16;
+    let from: [u8; 16] = ip[24..40].try_into().unwrap_or_default();
+    let to: [u8; 16] = ip[8..24].try_into().unwrap_or_default();
+    icmp6_message(&reply_ethernet(original), &from, &to, 1, 4, 0, quote)
+}
+
+/// An ICMPv6 error (RFC 4443: `kind` and `code`, `word` the four bytes after the
+/// checksum, Packet Too Big's MTU or Parameter Problem's pointer, zero for the
+/// others) from `from` to `to`, quoting the first `quote` bytes of the IPv6 packet in
+/// the frame `quoted`, in a frame with `quoted`'s Ethernet header; hop limit 64,
+/// checksum over the pseudo-header.
+pub fn icmp6_error(
+    from: Ipv6Addr,
+    to: Ipv6Addr,
+    kind: u8,
+    code: u8,
+    word: u32,
+    quoted: &[u8],
+    quote: usize,
+) -> Vec<u8> {
+    let eth: [u8; 14] = quoted[..14].try_into().unwrap_or_default();
+    let body = &quoted[14..14 + quote];
+    icmp6_message(&eth, &from.octets(), &to.octets(), kind, code, word, body)
+}
+
+/// Ethernet (`eth`: addresses and EtherType) + IPv6 (hop limit 64) + an ICMPv6
+/// message of `kind` and `code`, the word after the checksum and `body`, its
+/// checksum over the pseudo-header (RFC 4443, 2.3).
+pub fn icmp6_message(
+    eth: &[u8; 14],
+    src: &[u8; 16],
+    dst: &[u8; 16],
+    kind: u8,
+    code: u8,
+    word: u32,
+    body: &[u8],
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(14 + 48 + body.len());
+    out.extend_from_slice(eth);
+    let len = (8 + body.len()) as u16;
     out.extend_from_slice(&[0x60, 0, 0, 0]);
     out.extend_from_slice(&len.to_be_bytes());
     out.extend_from_slice(&[PROTO_ICMPV6, 64]);
-    out.extend_from_slice(&ip[24..40]);
-    out.extend_from_slice(&ip[8..24]);
-    let mut icmp = vec![1, 4, 0, 0, 0, 0, 0, 0];
-    icmp.extend_from_slice(quote);
-    let src: [u8; 16] = ip[24..40].try_into().unwrap_or_default();
-    let dst: [u8; 16] = ip[8..24].try_into().unwrap_or_default();
-    let c = l4_checksum6(&src, &dst, PROTO_ICMPV6, &icmp);
+    out.extend_from_slice(src);
+    out.extend_from_slice(dst);
+    let mut icmp = vec![kind, code, 0, 0];
+    icmp.extend_from_slice(&word.to_be_bytes());
+    icmp.extend_from_slice(body);
+    let c = l4_checksum6(src, dst, PROTO_ICMPV6, &icmp);
     icmp[2..4].copy_from_slice(&c.to_be_bytes());
     out.extend_from_slice(&icmp);
     out

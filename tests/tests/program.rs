@@ -1958,8 +1958,8 @@ mod v6 {
     use sliceway_agent::{
         kernel::{Datapath, Role, TC_ACT_REDIRECT, XDP_PASS},
         packet::{
-            build6, icmp6_port_unreachable, parse6, PacketSpec6, SCTP_DATA, SCTP_INIT, TCP_ACK,
-            TCP_SYN,
+            build6, icmp6_error, icmp6_message, icmp6_port_unreachable, parse6, PacketSpec6,
+            PROTO_ICMPV6, SCTP_DATA, SCTP_INIT, TCP_ACK, TCP_SYN,
         },
     };
 
@@ -2569,7 +2569,8 @@ mod v6 {
 
     /// Interfaces without an Ethernet header (a tun device, WireGuard): the L3
     /// programs hand IPv6 (IP version 6) to `sliceway_l3_6`, whose offsets start at
-    /// the IP header, and reject through `sliceway_rej6_l3`.
+    /// the IP header, translate ICMPv6 errors through `sliceway_icmp6_l3` and
+    /// reject through `sliceway_rej6_l3`.
     #[test]
     fn ipv6_on_an_interface_without_an_ethernet_header() {
         let mut dp = v6_datapath();
@@ -2584,6 +2585,19 @@ mod v6 {
         assert_eq!(
             super::counted_between(&before, &stats(&dp)),
             [("dnat_new", 1)]
+        );
+        // An error about the connection goes to `sliceway_icmp6_l3`.
+        let sent = tcp6(client, sa(BACKEND, 8080), TCP_ACK);
+        let asked = tcp6(client, sa(VIP, 80), TCP_ACK);
+        let error = l3(error6(ROUTER, CLIENT, [2, 0], MTU, &sent, whole(&sent)));
+        let before = stats(&dp);
+        let out = dp.test_run_l3(Role::Pods, &error).unwrap();
+        assert_eq!(out.verdict, PASS);
+        let want = error6(ROUTER, CLIENT, [2, 0], MTU, &asked, whole(&asked));
+        assert_eq!(out.packet, l3(want));
+        assert_eq!(
+            super::counted_between(&before, &stats(&dp)),
+            [("nat_icmp_error", 1)]
         );
         // BPF_PROG_TEST_RUN makes an skb with a 14-byte MAC header whatever the
         // program, its protocol from bytes 12 and 13 (here the client's address's
@@ -2608,6 +2622,250 @@ mod v6 {
         let dst: [u8; 16] = out.packet[24..40].try_into().unwrap();
         let c = sliceway_agent::packet::l4_checksum6(&src, &dst, 58, &out.packet[40..]);
         assert_eq!(c, 0, "ICMPv6 checksum");
+    }
+
+    /// A router on the backend's path.
+    const ROUTER: &str = "fd00:10:244:99::1";
+    /// Packet Too Big's MTU field: the next hop's MTU.
+    const MTU: u32 = 1280;
+
+    /// An ICMPv6 error (`kind`: type and code; `word`: the four bytes after the
+    /// checksum) from `from` to `to` quoting the first `quote` bytes of the IPv6
+    /// packet in the frame `quoted`.
+    fn error6(
+        from: &str,
+        to: &str,
+        kind: [u8; 2],
+        word: u32,
+        quoted: &[u8],
+        quote: usize,
+    ) -> Vec<u8> {
+        let (from, to) = (from.parse().unwrap(), to.parse().unwrap());
+        icmp6_error(from, to, kind[0], kind[1], word, quoted, quote)
+    }
+
+    /// A TCP segment from `src` to `dst` carrying `len` bytes.
+    fn tcp6_data(src: SocketAddrV6, dst: SocketAddrV6, len: usize) -> Vec<u8> {
+        let mut spec = PacketSpec6::tcp(src, dst, TCP_ACK);
+        spec.payload = (0..len).map(|i| (i * 7) as u8).collect();
+        build6(&spec)
+    }
+
+    /// The whole IPv6 packet of a frame: what an error quotes when it has room.
+    fn whole(frame: &[u8]) -> usize {
+        frame.len() - ETH
+    }
+
+    /// A translated ICMPv6 error: exactly `want`, its checksum right on its own
+    /// (`parse6` sums it over the pseudo-header of the error's own addresses), and,
+    /// where the quote holds the quoted packet whole, the quoted TCP or UDP checksum
+    /// right on its own too (over the quoted addresses).
+    fn assert_error_translated(got: &[u8], want: &[u8]) {
+        assert_eq!(parse6(got).map(|p| p.proto), Some(PROTO_ICMPV6));
+        let quote = &got[ETH + 48..];
+        let quoted_len = 40 + u16::from_be_bytes([quote[4], quote[5]]) as usize;
+        if quote.len() >= quoted_len {
+            let frame = [&got[..ETH], &quote[..quoted_len]].concat();
+            let q = parse6(&frame).expect("the quoted packet");
+            assert!(q.l4_csum_ok, "quoted checksum wrong: {q:?}");
+        }
+        assert_translated(got, want);
+    }
+
+    /// Path-MTU discovery through an IPv6 ClusterIP: a router on the backend's path
+    /// says a segment the client sent is too big. The error reaches the client with
+    /// the quoted segment as the client sent it (to the frontend), every checksum
+    /// right, the MTU as the router wrote it; quoted whole, and quoted as much as an
+    /// error holds (RFC 4443, 2.4 (c): 1,280 bytes in all) of a segment of 1,400.
+    #[test]
+    fn ipv6_packet_too_big_about_a_clusterip_connection_reaches_the_client_translated() {
+        let dp = v6_datapath();
+        let client = sa(CLIENT, 41000);
+        let (_, reason, _) = run(&dp, &tcp6(client, sa(VIP, 80), TCP_SYN));
+        assert_eq!(reason, "dnat_new");
+        for (len, quote) in [(100, None), (1400, Some(1280 - 48))] {
+            let sent = tcp6_data(client, sa(BACKEND, 8080), len);
+            let asked = tcp6_data(client, sa(VIP, 80), len);
+            let quote = quote.unwrap_or(whole(&sent));
+            let error = error6(ROUTER, CLIENT, [2, 0], MTU, &sent, quote);
+            let (verdict, reason, out) = run(&dp, &error);
+            assert_eq!((verdict, reason), (PASS, "nat_icmp_error"), "{len} bytes");
+            assert_error_translated(&out, &error6(ROUTER, CLIENT, [2, 0], MTU, &asked, quote));
+            assert_eq!(
+                out[ETH + 44..ETH + 48],
+                MTU.to_be_bytes(),
+                "the MTU untouched"
+            );
+            assert_eq!(out.len(), error.len());
+        }
+    }
+
+    /// ECONNREFUSED through an IPv6 ClusterIP: the backend itself answers a UDP
+    /// datagram with port unreachable. The error comes from the frontend and quotes
+    /// what the client sent. Time exceeded and parameter problem (its pointer kept)
+    /// from a router are translated too; the same error from a router about a
+    /// connection whose client port was remapped quotes the client's own port.
+    #[test]
+    fn ipv6_errors_from_the_backend_and_its_path_about_a_udp_connection_are_translated() {
+        let dp = v6_datapath();
+        let client = sa(CLIENT, 42000);
+        let (_, reason, _) = run(&dp, &udp6(client, sa(VIP, 53), b"query"));
+        assert_eq!(reason, "dnat_new");
+        let sent = udp6(client, sa(BACKEND, 5353), b"query");
+        let asked = udp6(client, sa(VIP, 53), b"query");
+        let error = error6(BACKEND, CLIENT, [1, 4], 0, &sent, whole(&sent));
+        let (verdict, reason, out) = run(&dp, &error);
+        assert_eq!((verdict, reason), (PASS, "nat_icmp_error"));
+        assert_error_translated(&out, &error6(VIP, CLIENT, [1, 4], 0, &asked, whole(&asked)));
+        for (kind, word) in [([3, 0], 0), ([4, 1], 46)] {
+            let error = error6(ROUTER, CLIENT, kind, word, &sent, whole(&sent));
+            let (verdict, reason, out) = run(&dp, &error);
+            assert_eq!((verdict, reason), (PASS, "nat_icmp_error"), "{kind:?}");
+            let want = error6(ROUTER, CLIENT, kind, word, &asked, whole(&asked));
+            assert_error_translated(&out, &want);
+        }
+        // A second frontend on the same backend, the same client port: its
+        // connection's source port is remapped (as in the clash test above).
+        const API: &str = "fd00:10:96::11";
+        frontend(&dp, API, 906, 0, &[4000]);
+        let client = sa(CLIENT, 41000);
+        run(&dp, &tcp6(client, sa(VIP, 80), TCP_SYN));
+        let (_, reason, out) = run(&dp, &tcp6(client, sa(API, 80), TCP_SYN));
+        assert_eq!(reason, "dnat_port_remapped");
+        let remapped = parse6(&out).unwrap().src;
+        let sent = tcp6(remapped, sa(BACKEND, 8080), TCP_ACK);
+        let error = error6(ROUTER, CLIENT, [3, 0], 0, &sent, whole(&sent));
+        let (verdict, reason, out) = run(&dp, &error);
+        assert_eq!((verdict, reason), (PASS, "nat_icmp_error"));
+        let asked = tcp6(client, sa(API, 80), TCP_ACK);
+        assert_error_translated(
+            &out,
+            &error6(ROUTER, CLIENT, [3, 0], 0, &asked, whole(&asked)),
+        );
+    }
+
+    /// A client outside, masqueraded on the uplink to the node's address: an error
+    /// about its connection, sent to the node's address, goes to the client and
+    /// quotes the client's own address and port; from a router on the backend's
+    /// path (Packet Too Big) and from the backend itself (from the frontend then,
+    /// both of the error's addresses changed).
+    #[test]
+    fn ipv6_errors_about_a_masqueraded_connection_go_back_to_the_client_outside() {
+        let dp = v6_datapath();
+        set_nat6(&dp);
+        let outside = "2001:db8::7";
+        let client = sa(outside, 41000);
+        let (out, reason) = run_as(&dp, Role::External, &tcp6(client, sa(VIP, 80), TCP_SYN));
+        assert_eq!(reason, "dnat_masqueraded");
+        assert_eq!(parse6(&out.packet).unwrap().src, sa(NODE, 61_000));
+        let sent = tcp6_data(sa(NODE, 61_000), sa(BACKEND, 8080), 200);
+        let asked = tcp6_data(client, sa(VIP, 80), 200);
+        let (from, to) = ([ROUTER, BACKEND], [ROUTER, VIP]);
+        for ((from, to), kind) in from.into_iter().zip(to).zip([[2, 0], [1, 4]]) {
+            let error = error6(from, NODE, kind, MTU, &sent, whole(&sent));
+            let (out, reason) = run_as(&dp, Role::External, &error);
+            assert_eq!(
+                (out.verdict, reason),
+                (PASS, "nat_icmp_error"),
+                "from {from}"
+            );
+            let want = error6(to, outside, kind, MTU, &asked, whole(&asked));
+            assert_error_translated(&out.packet, &want);
+        }
+    }
+
+    /// An ICMPv6 echo request (RFC 4443, 4.1) from `from` to `to`.
+    fn echo_request(from: &str, to: &str) -> Vec<u8> {
+        let (from, to): (Ipv6Addr, Ipv6Addr) = (from.parse().unwrap(), to.parse().unwrap());
+        let eth = tcp6(sa(CLIENT, 1), sa(VIP, 1), 0)[..ETH]
+            .try_into()
+            .unwrap();
+        icmp6_message(
+            &eth,
+            &from.octets(),
+            &to.octets(),
+            128,
+            0,
+            0x1234_0001,
+            b"ping",
+        )
+    }
+
+    /// What is not an error about a live translated connection passes byte for byte:
+    /// an error about a flow nobody translated, one about a connection that ended,
+    /// one a client sends about a backend's reply (only errors towards the client are
+    /// translated), echo to a frontend and to a pod.
+    #[test]
+    fn ipv6_errors_about_no_live_connection_and_echo_pass_untouched() {
+        let mut dp = v6_datapath();
+        let client = sa(CLIENT, 43000);
+        let (_, reason, _) = run(&dp, &tcp6(client, sa(VIP, 80), TCP_SYN));
+        assert_eq!(reason, "dnat_new");
+        let untracked = tcp6_data(sa(CLIENT, 43001), sa(BACKEND, 8080), 10);
+        let reply = tcp6(sa(BACKEND, 8080), client, TCP_SYN | TCP_ACK);
+        let untouched = [
+            error6(ROUTER, CLIENT, [2, 0], MTU, &untracked, whole(&untracked)),
+            error6(BACKEND, CLIENT, [1, 4], 0, &untracked, whole(&untracked)),
+            error6(CLIENT, BACKEND, [1, 4], 0, &reply, whole(&reply)),
+            echo_request(CLIENT, VIP),
+            echo_request(CLIENT, BACKEND),
+        ];
+        for p in &untouched {
+            let (verdict, reason, out) = run(&dp, p);
+            assert_eq!((verdict, reason), (PASS, "pass_not_l4"));
+            assert_eq!(&out, p);
+        }
+        // The connection ends (RST) and its entries expire (after 1 s here): an
+        // error about it then passes untouched.
+        let sent = tcp6(client, sa(BACKEND, 8080), TCP_ACK);
+        let error = error6(ROUTER, CLIENT, [2, 0], MTU, &sent, whole(&sent));
+        assert_eq!(run(&dp, &error).1, "nat_icmp_error");
+        let mut timeouts = dataplane_common::ct::DEFAULTS;
+        timeouts[dataplane_common::ct::state::TCP_CLOSE as usize] = 1;
+        dp.set_ct_timeouts(&timeouts).unwrap();
+        let (_, reason, _) = run(&dp, &tcp6(client, sa(VIP, 80), super::TCP_RST));
+        assert_eq!(reason, "dnat_established");
+        assert_eq!(
+            run(&dp, &error).1,
+            "nat_icmp_error",
+            "closing, not gone yet"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1200));
+        let (verdict, reason, out) = run(&dp, &error);
+        assert_eq!((verdict, reason), (PASS, "pass_not_l4"));
+        assert_eq!(out, error);
+    }
+
+    /// Errors cut short: a quote that ends before the quoted ports' 8 bytes passes
+    /// untouched; one that holds them but not the quoted TCP checksum is translated
+    /// without it (addresses and ports); an error header cut, or a frame that ends
+    /// before its payload length says, is dropped. Never rewritten on a guess.
+    #[test]
+    fn ipv6_errors_cut_short_are_passed_or_dropped_never_misread() {
+        let dp = v6_datapath();
+        let client = sa(CLIENT, 44000);
+        run(&dp, &tcp6(client, sa(VIP, 80), TCP_SYN));
+        let sent = tcp6(client, sa(BACKEND, 8080), TCP_ACK);
+        let asked = tcp6(client, sa(VIP, 80), TCP_ACK);
+        let short = error6(ROUTER, CLIENT, [2, 0], MTU, &sent, 40 + 4);
+        let (verdict, reason, out) = run(&dp, &short);
+        assert_eq!((verdict, reason), (PASS, "pass_not_l4"));
+        assert_eq!(out, short);
+        let ports = error6(ROUTER, CLIENT, [2, 0], MTU, &sent, 40 + 8);
+        let (verdict, reason, out) = run(&dp, &ports);
+        assert_eq!((verdict, reason), (PASS, "nat_icmp_error"));
+        assert_error_translated(&out, &error6(ROUTER, CLIENT, [2, 0], MTU, &asked, 40 + 8));
+        // The header cut after 4 bytes (the payload length says 4).
+        let mut cut = error6(ROUTER, CLIENT, [2, 0], MTU, &sent, 0);
+        cut.truncate(ETH + 44);
+        cut[ETH + 5] = 4;
+        let (verdict, reason, _) = run(&dp, &cut);
+        assert_eq!((verdict, reason), (DROP, "drop_malformed"));
+        // A frame that ends inside the quote its payload length announces.
+        let mut cut = error6(ROUTER, CLIENT, [2, 0], MTU, &sent, whole(&sent));
+        cut.truncate(cut.len() - 4);
+        let (verdict, reason, _) = run(&dp, &cut);
+        assert_eq!((verdict, reason), (DROP, "drop_malformed"));
     }
 
     #[test]

@@ -10,24 +10,28 @@
 //! address, the counters): conntrack or pick, DNAT (a source port remapped on a
 //! reply-tuple clash), reverse NAT, hairpin through `HAIRPIN6_ADDR_BE`, the
 //! ClusterIP marker, reject (ICMPv6 port unreachable, `reject.rs`) or drop for
-//! frontends without backends, masquerade on the uplinks (`NAT_CONFIG6`).
+//! frontends without backends, masquerade on the uplinks (`NAT_CONFIG6`); ICMPv6
+//! goes to the ICMPv6 error program (`icmp.rs`, tail call), which translates errors
+//! about translated connections back.
 //!
-//! Not here (yet): ICMPv6 errors about translated connections (Packet Too Big from a
-//! router between a pod and a client is passed untranslated); direct server return
-//! (an IPv4 option: IPv6 frontends with `SVC_F_DSR` are masqueraded).
+//! Not here (yet): direct server return (an IPv4 option: IPv6 frontends with
+//! `SVC_F_DSR` are masqueraded).
 //!
 //! The XDP program of the uplinks runs this body too ([`decide`], in
-//! `sliceway_xdp6`, `crate::xdp`): what needs a tail call (reject, SCTP ports) it
-//! leaves to TC before rewriting anything ([`Program6::TAIL_CALLS`]).
+//! `sliceway_xdp6`, `crate::xdp`): what needs a tail call (reject, SCTP ports,
+//! ICMPv6 errors) it leaves to TC before rewriting anything
+//! ([`Program6::TAIL_CALLS`]).
 
+mod icmp;
 mod nat;
 mod parse;
 mod reject;
 
 use aya_ebpf::{macros::classifier, programs::TcContext};
 use dataplane_common::{
-    flow_hash6, reply_client6, stat, Backend6, CtEntry, CtKey, FAMILY_V6, JUMP6_REJECT,
-    JUMP6_REJECT_L3, PROTO_SCTP, SVC_F_DROP_EMPTY, SVC_F_SOURCE_RANGES,
+    flow_hash6, reply_client6, stat, Backend6, CtEntry, CtKey, FAMILY_V6, JUMP6_ICMP,
+    JUMP6_ICMP_L3, JUMP6_REJECT, JUMP6_REJECT_L3, PROTO_SCTP, SVC_F_DROP_EMPTY,
+    SVC_F_SOURCE_RANGES,
 };
 
 use crate::{
@@ -180,10 +184,19 @@ pub trait Program6: Frame {
     /// (`sliceway_sctp_nat`, shared with IPv4, which counts `reason`); unchanged
     /// ports need no handover.
     fn sctp_ports(&self, flow: &Flow6, sport_be: u16, dport_be: u16, reason: u32) -> Exit;
+    /// An ICMPv6 message (its header at `l4_off`): an error about a translated
+    /// connection is translated back by a program of its own (`sliceway_icmp6`),
+    /// the rest passes untouched there.
+    fn icmp(&self, l4_off: usize, ip_end: usize) -> Exit;
 }
 
 impl Program6 for TcContext {
     const TAIL_CALLS: bool = true;
+
+    #[inline(always)]
+    fn icmp(&self, l4_off: usize, ip_end: usize) -> Exit {
+        icmp::hand_over(self, JUMP6_ICMP, l4_off, ip_end)
+    }
 
     #[inline(always)]
     fn reject(&self, reason: u32) -> Exit {
@@ -203,6 +216,11 @@ impl Program6 for TcContext {
 
 impl Program6 for L3<'_> {
     const TAIL_CALLS: bool = true;
+
+    #[inline(always)]
+    fn icmp(&self, l4_off: usize, ip_end: usize) -> Exit {
+        icmp::hand_over(self.0, JUMP6_ICMP_L3, l4_off, ip_end)
+    }
 
     #[inline(always)]
     fn reject(&self, reason: u32) -> Exit {
@@ -269,7 +287,10 @@ pub fn decide<const EXTERNAL: bool, C: Program6>(ctx: &C) -> Result<Exit, Exit> 
     // SAFETY: a per-CPU map value, used only by this program on this CPU while it
     // runs (TC and XDP programs are not preempted); no reference outlives the run.
     let s = unsafe { &mut *s };
-    parse::parse(ctx, &mut s.flow)?;
+    if let parse::Packet6::Icmp { l4_off, ip_end } = parse::parse(ctx, &mut s.flow)? {
+        // To the ICMPv6 error program (TC), or left to TC untouched (XDP).
+        return Ok(ctx.icmp(l4_off, ip_end));
+    }
     if !C::TAIL_CALLS && s.flow.proto == PROTO_SCTP {
         // Its ports are set by a tail call, after its addresses: all of it is TC's.
         return Ok((TO_TC, stat::XDP_TO_TC));

@@ -4,8 +4,10 @@
 //!   options (60), fragment (44), at most `IPV6_EXT_MAX` of them (RFC 8200, 4.1
 //!   recommends each at most once, destination options twice); a longer chain is
 //!   dropped (`drop_ipv6_ext_chain`), never passed to a frontend untranslated;
-//! - ICMPv6 (neighbour discovery included), AH, ESP, no next header and any other
-//!   protocol pass untouched (`pass_not_l4`);
+//! - ICMPv6 goes to `super::icmp` (errors about translated connections are
+//!   translated back, everything else, neighbour discovery and echo included, passes
+//!   untouched), unless it is a fragment: passed untouched, as IPv4's fragmented ICMP;
+//! - AH, ESP, no next header and any other protocol pass untouched (`pass_not_l4`);
 //! - UDP with checksum zero is invalid over IPv6 (RFC 8200, 8.1): dropped as
 //!   malformed; truncated headers, or headers beyond the payload length, too;
 //! - fragments as IPv4's: the first fragment's ports are remembered in `FRAGMENTS6`
@@ -16,7 +18,7 @@
 
 use dataplane_common::{
     stat, FragKey6, FragPorts, IPV6_DEST_OPTS, IPV6_EXT_MAX, IPV6_FRAGMENT, IPV6_HOP_BY_HOP,
-    IPV6_ROUTING, PROTO_SCTP, PROTO_TCP, PROTO_UDP,
+    IPV6_ROUTING, PROTO_ICMPV6, PROTO_SCTP, PROTO_TCP, PROTO_UDP,
 };
 
 use super::Flow6;
@@ -32,11 +34,20 @@ use crate::{
 const FRAG_OFFSET_MASK: u16 = 0xfff8;
 const FRAG_MORE: u16 = 1;
 
+/// What parsing found. The addresses are in the flow either way.
+pub enum Packet6 {
+    /// TCP, UDP or SCTP: the flow is whole.
+    L4,
+    /// ICMPv6, not a fragment: offset of its header, end of the payload (offsets
+    /// into the packet).
+    Icmp { l4_off: usize, ip_end: usize },
+}
+
 /// Parses the packet into `flow` (the per-CPU scratch: the addresses go straight
 /// there, never held in registers spilled to the stack). `Err` carries the exit for
 /// packets the program does not handle.
 #[inline(always)]
-pub fn parse<C: Frame>(ctx: &C, flow: &mut Flow6) -> Result<(), Exit> {
+pub fn parse<C: Frame>(ctx: &C, flow: &mut Flow6) -> Result<Packet6, Exit> {
     if C::L2 > 0 {
         let ether_type: [u8; 2] = load(ctx, ETH_TYPE_OFF).ok_or((DROP, stat::DROP_MALFORMED))?;
         if u16::from_be_bytes(ether_type) != ETH_P_IPV6 {
@@ -93,6 +104,12 @@ pub fn parse<C: Frame>(ctx: &C, flow: &mut Flow6) -> Result<(), Exit> {
         return Err((DROP, stat::DROP_MALFORMED));
     }
     let proto = next;
+    if proto == PROTO_ICMPV6 && frag.is_none() {
+        return Ok(Packet6::Icmp {
+            l4_off: off,
+            ip_end,
+        });
+    }
     if proto != PROTO_TCP && proto != PROTO_UDP && proto != PROTO_SCTP {
         return Err((PASS, stat::PASS_NOT_L4));
     }
@@ -115,7 +132,7 @@ pub fn parse<C: Frame>(ctx: &C, flow: &mut Flow6) -> Result<(), Exit> {
             flow.later_fragment = true;
             flow.l4_len = 0;
             flow.l4_off = off;
-            return Ok(());
+            return Ok(Packet6::L4);
         }
         if field & FRAG_MORE != 0 {
             first_fragment = Some(frag_key);
@@ -171,7 +188,7 @@ pub fn parse<C: Frame>(ctx: &C, flow: &mut Flow6) -> Result<(), Exit> {
         (ip_end - off) as u16
     };
     flow.l4_off = off;
-    Ok(())
+    Ok(Packet6::L4)
 }
 
 /// The port at `at` of a header copy, as it lies in the packet.

@@ -22,16 +22,13 @@ use dataplane_common::{csum_fold, stat, PROTO_ICMPV6};
 use crate::{
     counters::count,
     maps::JUMP6,
-    packet::{ipv6, load, ETH_LEN},
+    packet::{icmpv6, ipv6, load, ETH_LEN},
     reject::{sum_message, SUM_MAX},
 };
 
-const ICMP_HDR: usize = 8;
 /// Bytes of the invoking packet quoted at most (header and quote fill what IPv4's
 /// reply sums, `SUM_MAX`).
-pub const QUOTE_MAX: usize = SUM_MAX - ICMP_HDR;
-const ICMPV6_DEST_UNREACH: u8 = 1;
-const ICMPV6_PORT_UNREACH: u8 = 4;
+pub const QUOTE_MAX: usize = SUM_MAX - icmpv6::HDR_LEN;
 /// The reply's hop limit, as Linux's default.
 const HOP_LIMIT: u8 = 64;
 /// The word of the skb's control buffer the reason travels in.
@@ -96,9 +93,9 @@ fn build<const L2: usize>(ctx: &TcContext) -> Result<i32, ()> {
     if quote < ipv6::LEN + 8 {
         return Err(());
     }
-    ctx.adjust_room((ipv6::LEN + ICMP_HDR) as i32, BPF_ADJ_ROOM_MAC, 0)
+    ctx.adjust_room((ipv6::LEN + icmpv6::HDR_LEN) as i32, BPF_ADJ_ROOM_MAC, 0)
         .map_err(|_| ())?;
-    let new_len = (L2 + ipv6::LEN + ICMP_HDR + quote) as u32;
+    let new_len = (L2 + ipv6::LEN + icmpv6::HDR_LEN + quote) as u32;
     // SAFETY: the context's own skb; the helper checks the length.
     if unsafe { bpf_skb_change_tail(ctx.skb.skb, new_len, 0) } != 0 {
         return Err(());
@@ -110,13 +107,13 @@ fn build<const L2: usize>(ctx: &TcContext) -> Result<i32, ()> {
         ctx.store(0, &back, 0).map_err(|_| ())?;
     }
     // IPv6: from the address the client asked for, to the client.
-    let len = (ICMP_HDR + quote) as u16;
+    let len = (icmpv6::HDR_LEN + quote) as u16;
     let l = len.to_be_bytes();
     let fixed = [0x60, 0, 0, 0, l[0], l[1], PROTO_ICMPV6, HOP_LIMIT];
     ctx.store(L2, &fixed, 0).map_err(|_| ())?;
     ctx.store(L2 + ipv6::SRC, &dst, 0).map_err(|_| ())?;
     ctx.store(L2 + ipv6::DST, &src, 0).map_err(|_| ())?;
-    let icmp = [ICMPV6_DEST_UNREACH, ICMPV6_PORT_UNREACH, 0, 0, 0, 0, 0, 0];
+    let icmp = [icmpv6::DEST_UNREACH, icmpv6::PORT_UNREACH, 0, 0, 0, 0, 0, 0];
     let icmp_off = L2 + ipv6::LEN;
     ctx.store(icmp_off, &icmp, 0).map_err(|_| ())?;
     // The pseudo-header's words as they lie in memory, summed with end-around carry.

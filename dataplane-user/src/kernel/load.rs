@@ -50,16 +50,19 @@ pub const SCTP_NAT_PROGRAM: &str = "sliceway_sctp_nat";
 pub const DSR_PROGRAM: &str = "sliceway_dsr";
 
 /// The IPv6 programs, reached by tail call (`JUMP6`) from the entry programs above
-/// when a packet is IPv6: `sliceway_tc`'s, `sliceway_tc_ext`'s and their reject
-/// program. A kernel that refuses them refuses IPv6 only (it then passes untouched).
+/// when a packet is IPv6: `sliceway_tc`'s, `sliceway_tc_ext`'s, their reject
+/// program and their ICMPv6 error program. A kernel that refuses them refuses IPv6
+/// only (it then passes untouched).
 pub const TC6_PROGRAM: &str = "sliceway_tc6";
 pub const EXT6_PROGRAM: &str = "sliceway_ext6";
 pub const REJECT6_PROGRAM: &str = "sliceway_rej6";
+pub const ICMP6_PROGRAM: &str = "sliceway_icmp6";
 /// The IPv6 programs of interfaces without an Ethernet header, loaded with the L3
 /// programs.
 pub const L3_6_PROGRAM: &str = "sliceway_l3_6";
 pub const L3_EXT6_PROGRAM: &str = "sliceway_l3ext6";
 pub const REJECT6_L3_PROGRAM: &str = "sliceway_rej6_l3";
+pub const ICMP6_L3_PROGRAM: &str = "sliceway_icmp6_l3";
 
 fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, KernelError>
 where
@@ -337,6 +340,7 @@ impl Datapath {
             (dataplane_common::JUMP6_TC, TC6_PROGRAM),
             (dataplane_common::JUMP6_EXT, EXT6_PROGRAM),
             (dataplane_common::JUMP6_REJECT, REJECT6_PROGRAM),
+            (dataplane_common::JUMP6_ICMP, ICMP6_PROGRAM),
         ]);
         Ok(datapath)
     }
@@ -351,6 +355,7 @@ impl Datapath {
             (dataplane_common::JUMP6_L3, L3_6_PROGRAM),
             (dataplane_common::JUMP6_L3_EXT, L3_EXT6_PROGRAM),
             (dataplane_common::JUMP6_REJECT_L3, REJECT6_L3_PROGRAM),
+            (dataplane_common::JUMP6_ICMP_L3, ICMP6_L3_PROGRAM),
         ]);
         for name in [L3_PROGRAM, L3_EXT_PROGRAM, REJECT_L3_PROGRAM] {
             let p: &mut SchedClassifier = self
@@ -539,9 +544,11 @@ pub fn check() -> Result<KernelCheck, KernelError> {
         TC6_PROGRAM,
         EXT6_PROGRAM,
         REJECT6_PROGRAM,
+        ICMP6_PROGRAM,
         L3_6_PROGRAM,
         L3_EXT6_PROGRAM,
         REJECT6_L3_PROGRAM,
+        ICMP6_L3_PROGRAM,
     ];
     let sock = super::SOCK_PROGRAMS.map(|(name, _)| name);
     for (name, kind) in tc
