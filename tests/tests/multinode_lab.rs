@@ -574,6 +574,12 @@ fn ipv6_from_outside_reaches_backends_on_either_node(xdp: Option<&'static str>) 
             .unwrap_or(0.0)
     };
     assert_eq!(count(&a1, "dnat_masqueraded"), 20.0, "{:#?}", a1.metrics());
+    if xdp.is_some() {
+        // XDP (`sliceway_xdp6`) decided the IPv6 packets from outside, and the TC
+        // program behind it saw its mark and let them pass at once.
+        let decided = count(&a1, "pass_xdp_decided");
+        assert!(decided >= 20.0, "{decided}: {:#?}", a1.metrics());
+    }
     assert!(
         count(&a2, "drop_source_range") >= 2.0,
         "{:#?}",
