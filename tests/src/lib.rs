@@ -186,35 +186,12 @@ impl Lab {
             ns.run("ethtool", &["-K", "eth0", "tx", "off"])?;
         }
         let ip6 = if self.dual_stack {
-            // `nodad`: the addresses are usable at once, not tentative for a second.
-            let pod_ip6: Ipv6Addr = format!("fd00:10:244:{subnet}::2").parse()?;
-            let node_ip6 = format!("fd00:10:244:{subnet}::1");
-            self.node.run(
-                "ip",
-                &[
-                    "-6",
-                    "addr",
-                    "add",
-                    &format!("{node_ip6}/64"),
-                    "dev",
-                    &node_iface,
-                    "nodad",
-                ],
-            )?;
-            ns.run(
-                "ip",
-                &[
-                    "-6",
-                    "addr",
-                    "add",
-                    &format!("{pod_ip6}/64"),
-                    "dev",
-                    "eth0",
-                    "nodad",
-                ],
-            )?;
-            ns.run("ip", &["-6", "route", "add", "default", "via", &node_ip6])?;
-            Some(pod_ip6)
+            Some(pod_ipv6(
+                &self.node,
+                &node_iface,
+                &ns,
+                &format!("fd00:10:244:{subnet}"),
+            )?)
         } else {
             None
         };
@@ -448,6 +425,19 @@ impl Drop for Lab {
 /// (it has no source address for one): the first datagrams through a new pod's
 /// interface would wait a second or more, longer than a UDP request's timeout.
 /// Addresses added with `nodad` are usable at once, link-local ones are not.
+/// Gives a pod IPv6 beside IPv4: `{net}::2/64` on its `eth0`, `{net}::1/64` on the
+/// node's end `node_iface`, a default route through the node; `nodad`, so the
+/// addresses are usable at once, not tentative for a second. The pod's address.
+pub(crate) fn pod_ipv6(node: &Netns, node_iface: &str, pod: &Netns, net: &str) -> Result<Ipv6Addr> {
+    let (pod_ip6, gw6) = (format!("{net}::2"), format!("{net}::1"));
+    for (ns, addr, dev) in [(node, &gw6, node_iface), (pod, &pod_ip6, "eth0")] {
+        let cidr = format!("{addr}/64");
+        ns.run("ip", &["-6", "addr", "add", &cidr, "dev", dev, "nodad"])?;
+    }
+    pod.run("ip", &["-6", "route", "add", "default", "via", &gw6])?;
+    Ok(pod_ip6.parse()?)
+}
+
 pub(crate) fn no_dad(ns: &str) -> Result<()> {
     for key in [
         "net.ipv6.conf.all.accept_dad=0",

@@ -383,33 +383,7 @@ impl Node {
         ns.run("ethtool", &["-K", "eth0", "tx", "off"])?;
         let ip6 = if dual_stack {
             let net = format!("fd00:10:{}:{subnet}", 243 + k as u16);
-            let (pod_ip6, gw6) = (format!("{net}::2"), format!("{net}::1"));
-            self.ns.run(
-                "ip",
-                &[
-                    "-6",
-                    "addr",
-                    "add",
-                    &format!("{gw6}/64"),
-                    "dev",
-                    &iface,
-                    "nodad",
-                ],
-            )?;
-            ns.run(
-                "ip",
-                &[
-                    "-6",
-                    "addr",
-                    "add",
-                    &format!("{pod_ip6}/64"),
-                    "dev",
-                    "eth0",
-                    "nodad",
-                ],
-            )?;
-            ns.run("ip", &["-6", "route", "add", "default", "via", &gw6])?;
-            Some(pod_ip6.parse()?)
+            Some(crate::pod_ipv6(&self.ns, &iface, &ns, &net)?)
         } else {
             None
         };

@@ -369,3 +369,45 @@ impl EchoConn {
         Ok(())
     }
 }
+
+/// A TCP server in `ns` on `bind` for one upload: it reads everything its client
+/// sends and answers with the byte count; joined, the count it read.
+pub fn upload_server(
+    ns: &str,
+    bind: SocketAddr,
+) -> std::thread::JoinHandle<std::io::Result<usize>> {
+    let listener = in_netns(ns, move || std::net::TcpListener::bind(bind))
+        .expect("entering the namespace")
+        .expect("binding the upload server");
+    std::thread::spawn(move || -> std::io::Result<usize> {
+        let (mut conn, _) = listener.accept()?;
+        conn.set_read_timeout(Some(Duration::from_secs(20)))?;
+        let mut total = 0;
+        let mut buf = vec![0u8; 65_536];
+        loop {
+            let n = conn.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            total += n;
+        }
+        conn.write_all(format!("{total}\n").as_bytes())?;
+        Ok(total)
+    })
+}
+
+/// Uploads `size` bytes from `ns` to `to` over one TCP connection and returns the
+/// server's answer ([`upload_server`]'s byte count).
+pub fn upload(ns: &str, to: SocketAddr, size: usize) -> std::io::Result<String> {
+    in_netns(ns, move || -> std::io::Result<String> {
+        let mut conn = TcpStream::connect_timeout(&to, Duration::from_secs(2))?;
+        conn.set_write_timeout(Some(Duration::from_secs(20)))?;
+        conn.set_read_timeout(Some(Duration::from_secs(20)))?;
+        conn.write_all(&vec![7u8; size])?;
+        conn.shutdown(std::net::Shutdown::Write)?;
+        let mut answer = String::new();
+        conn.read_to_string(&mut answer)?;
+        Ok(answer)
+    })
+    .map_err(std::io::Error::other)?
+}

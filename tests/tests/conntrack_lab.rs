@@ -344,27 +344,8 @@ fn a_path_mtu_drop_between_client_and_backend_reaches_the_client() {
         )
         .unwrap();
     // The server reads everything and answers with the byte count.
-    let listener = in_netns(&far.name, move || {
-        std::net::TcpListener::bind(("0.0.0.0", PORT))
-    })
-    .unwrap()
-    .unwrap();
-    let server = std::thread::spawn(move || -> std::io::Result<usize> {
-        use std::io::{Read, Write};
-        let (mut conn, _) = listener.accept()?;
-        conn.set_read_timeout(Some(Duration::from_secs(20)))?;
-        let mut total = 0;
-        let mut buf = vec![0u8; 65_536];
-        loop {
-            let n = conn.read(&mut buf)?;
-            if n == 0 {
-                break;
-            }
-            total += n;
-        }
-        conn.write_all(format!("{total}\n").as_bytes())?;
-        Ok(total)
-    });
+    let server =
+        sliceway_lab::servers::upload_server(&far.name, (Ipv4Addr::UNSPECIFIED, PORT).into());
     lab.write_manifest(
         "far.yaml",
         &one_port_service("far", VIP, PORT, "TCP", far_ip),
@@ -373,22 +354,9 @@ fn a_path_mtu_drop_between_client_and_backend_reaches_the_client() {
     let _agent = lab.start_agent().unwrap();
     let icmp_before = counter(&lab, "nat_icmp_error");
     const SIZE: usize = 256 * 1024;
-    let answer = in_netns(&lab.client.ns, || -> std::io::Result<String> {
-        use std::io::{Read, Write};
-        let mut conn = std::net::TcpStream::connect_timeout(
-            &SocketAddrV4::new(VIP, PORT).into(),
-            Duration::from_secs(2),
-        )?;
-        conn.set_write_timeout(Some(Duration::from_secs(20)))?;
-        conn.set_read_timeout(Some(Duration::from_secs(20)))?;
-        conn.write_all(&vec![7u8; SIZE])?;
-        conn.shutdown(std::net::Shutdown::Write)?;
-        let mut answer = String::new();
-        conn.read_to_string(&mut answer)?;
-        Ok(answer)
-    })
-    .unwrap()
-    .unwrap_or_else(|e| panic!("the upload through the smaller path MTU failed: {e}"));
+    let answer =
+        sliceway_lab::servers::upload(&lab.client.ns, SocketAddrV4::new(VIP, PORT).into(), SIZE)
+            .unwrap_or_else(|e| panic!("the upload through the smaller path MTU failed: {e}"));
     assert_eq!(answer.trim(), SIZE.to_string());
     assert_eq!(server.join().unwrap().unwrap(), SIZE);
     assert!(

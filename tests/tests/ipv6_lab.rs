@@ -325,3 +325,93 @@ fn conntrack_lists_and_flushes_a_live_ipv6_connection() {
     assert_eq!(after, serde_json::json!([]), "{after}");
     drop(conn);
 }
+
+/// Path-MTU discovery through an IPv6 ClusterIP: the backend is a server one hop
+/// behind a pod, over a link of IPv6's minimum MTU (1,280), so the pod, as a
+/// router, answers the client's full-size segments with ICMPv6 Packet Too Big
+/// about the translated connection (pod → backend). `sliceway_icmp6` translates it
+/// back (the quote gets the ClusterIP), so the client's kernel lowers its path MTU
+/// to the ClusterIP and the upload arrives whole; untranslated, the error would
+/// name a connection the client never opened and the upload would stall.
+#[test]
+fn a_packet_too_big_behind_the_backend_reaches_the_client_over_ipv6() {
+    const PORT: u16 = 9300;
+    const SIZE: usize = 256 * 1024;
+    let lab = Lab::dual_stack(1, false).unwrap();
+    let pod = lab.backends[0].clone();
+    let far = sliceway_lab::Netns::create(&format!("{}-far", lab.prefix)).unwrap();
+    let far_ip: Ipv6Addr = "fd00:10:244:111::2".parse().unwrap();
+    sliceway_lab::netns::ip(&[
+        "link", "add", "far0", "netns", &pod.ns, "type", "veth", "peer", "name", "eth0", "netns",
+        &far.name,
+    ])
+    .unwrap();
+    for cmd in [
+        "sysctl -qw net.ipv6.conf.all.forwarding=1",
+        "ip -6 addr add fd00:10:244:111::1/64 dev far0 nodad",
+        "ip link set far0 mtu 1280 up",
+        "ethtool -K far0 tx off",
+    ] {
+        let args: Vec<&str> = cmd.split(' ').collect();
+        sliceway_lab::netns::nsenter(&pod.ns, args[0], &args[1..]).unwrap();
+    }
+    for cmd in [
+        // The server's side keeps MTU 1500, so it offers the client a full MSS.
+        "sysctl -qw net.ipv6.conf.all.accept_dad=0",
+        "ip -6 addr add fd00:10:244:111::2/64 dev eth0 nodad",
+        "ip link set eth0 up",
+        "ethtool -K eth0 tx off",
+        "ip -6 route add default via fd00:10:244:111::1",
+    ] {
+        let args: Vec<&str> = cmd.split(' ').collect();
+        far.run(args[0], &args[1..]).unwrap();
+    }
+    let pod_ip6 = pod.ip6.unwrap().to_string();
+    lab.node
+        .run(
+            "ip",
+            &[
+                "-6",
+                "route",
+                "add",
+                "fd00:10:244:111::/64",
+                "via",
+                &pod_ip6,
+            ],
+        )
+        .unwrap();
+    let server = sliceway_lab::servers::upload_server(&far.name, at(Ipv6Addr::UNSPECIFIED, PORT));
+    let yaml = format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: far, namespace: default}}\n\
+         spec:\n  ipFamilies: [IPv6]\n  clusterIP: \"{VIP6}\"\n  clusterIPs: [\"{VIP6}\"]\n\
+         \x20 ports: [{{name: p, port: {PORT}, protocol: TCP}}]\n---\n\
+         apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+         metadata: {{name: far-1, namespace: default, labels: {{kubernetes.io/service-name: far}}}}\n\
+         addressType: IPv6\nports: [{{name: p, port: {PORT}, protocol: TCP}}]\n\
+         endpoints:\n- {{addresses: [\"{far_ip}\"], conditions: {{ready: true}}, nodeName: node-1}}\n"
+    );
+    lab.write_manifest("far.yaml", &yaml).unwrap();
+    let agent = lab.start_agent().unwrap();
+    let translated = || {
+        agent
+            .metric("sliceway_datapath_packets{reason=\"nat_icmp_error\"}")
+            .unwrap()
+            .unwrap_or(0.0)
+    };
+    let before = translated();
+    let answer = sliceway_lab::servers::upload(&lab.client.ns, at(VIP6, PORT), SIZE)
+        .unwrap_or_else(|e| panic!("the upload through the smaller path MTU failed: {e}"));
+    assert_eq!(answer.trim(), SIZE.to_string());
+    assert_eq!(server.join().unwrap().unwrap(), SIZE);
+    assert!(translated() > before, "no ICMPv6 error was translated");
+    let route = sliceway_lab::netns::nsenter(
+        &lab.client.ns,
+        "ip",
+        &["-6", "route", "get", &VIP6.to_string()],
+    )
+    .unwrap_or_else(|e| panic!("ip route get: {e:#}"));
+    assert!(
+        route.contains("mtu 1280"),
+        "the client's route to the ClusterIP does not show the path MTU: {route}"
+    );
+}
