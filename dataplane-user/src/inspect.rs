@@ -8,7 +8,7 @@ use std::{
 use aya::maps::{HashMap as BpfHashMap, Map, MapData, PerCpuArray};
 use dataplane_common::{
     map_name, stat, Backend, ServiceKey, ServiceKey6, ServiceName, ServiceValue, SlotKey,
-    PROTO_SCTP, PROTO_TCP,
+    PROTO_SCTP, PROTO_TCP, SCOPE_ANY,
 };
 use serde::Serialize;
 
@@ -193,12 +193,12 @@ pub fn list(pins: &PinDir, service: Option<&str>) -> Result<Listing, KernelError
     for f in &mut frontends {
         let any = match f.key {
             crate::compiler::FrontendKey::V4(k) => crate::compiler::FrontendKey::V4(ServiceKey {
-                scope: dataplane_common::SCOPE_ANY,
+                scope: SCOPE_ANY,
                 ..k
             }),
             crate::compiler::FrontendKey::V6(k) => {
                 crate::compiler::FrontendKey::V6(dataplane_common::ServiceKey6 {
-                    scope: dataplane_common::SCOPE_ANY,
+                    scope: SCOPE_ANY,
                     ..k
                 })
             }
@@ -629,7 +629,7 @@ fn traced(
     out: crate::kernel::TestRunOutput,
     reason: String,
 ) -> Result<Trace, KernelError> {
-    let key = frontend_key(dst, proto, dataplane_common::SCOPE_ANY);
+    let key = frontend_key(dst, proto, SCOPE_ANY);
     let state = dp.maps.state();
     let find = |k: FrontendKey| state.all_services().find(|(s, _)| *s == k);
     // From outside the node, a frontend's external entry comes first, as in the
@@ -642,17 +642,7 @@ fn traced(
     };
     let (service, candidates) = match frontend {
         Some((k, v)) => {
-            // The state of this one frontend, in its family's map.
-            let (services, services6) = match k {
-                FrontendKey::V4(k) => (vec![(k, v)], Vec::new()),
-                FrontendKey::V6(k) => (Vec::new(), vec![(k, v)]),
-            };
-            let listed = list_state(&KernelState {
-                services,
-                services6,
-                ..state.clone()
-            });
-            let f = listed.into_iter().next().expect("one frontend");
+            let f = list_one(&state, k, v);
             (Some(f.service), f.backends)
         }
         None => (None, Vec::new()),
@@ -686,6 +676,20 @@ fn traced(
     })
 }
 
+/// The listing of one frontend of `state` (`key`, `value`), with its backends.
+fn list_one(state: &KernelState, key: FrontendKey, value: ServiceValue) -> ListedFrontend {
+    let (services, services6) = match key {
+        FrontendKey::V4(k) => (vec![(k, value)], Vec::new()),
+        FrontendKey::V6(k) => (Vec::new(), vec![(k, value)]),
+    };
+    let listed = list_state(&KernelState {
+        services,
+        services6,
+        ..state.clone()
+    });
+    listed.into_iter().next().expect("one frontend")
+}
+
 /// What the socket programs (`sliceway_connect4`/`6`, `sliceway_sendmsg4`/`6`) do
 /// with a socket of the node that connects or sends to `dst`, read from the maps the
 /// way they read them (the kernel runs no test of socket programs): a frontend with
@@ -696,55 +700,18 @@ fn traced(
 /// socket's) is IPv4's, as the programs take it. The source does not matter: the
 /// node is one client.
 pub fn host_trace(dp: &Datapath, dst: SocketAddr, proto: u8) -> Result<Trace, KernelError> {
-    let port_be = dst.port().to_be();
     let ip = match dst.ip() {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
         v4 => v4,
     };
-    let (key, marker) = match ip {
-        IpAddr::V4(v4) => {
-            let addr_be = u32::from(v4).to_be();
-            let key = ServiceKey {
-                addr_be,
-                port_be,
-                proto,
-                scope: 0,
-            };
-            let marker = dataplane_common::clusterip_marker(addr_be);
-            (FrontendKey::V4(key), FrontendKey::V4(marker))
-        }
-        IpAddr::V6(v6) => {
-            let addr_be = dataplane_common::addr_of(v6.octets());
-            let key = dataplane_common::ServiceKey6 {
-                addr_be,
-                port_be,
-                proto,
-                scope: 0,
-            };
-            let marker = dataplane_common::clusterip_marker6(addr_be);
-            (FrontendKey::V6(key), FrontendKey::V6(marker))
-        }
-    };
+    let key = frontend_key(SocketAddr::new(ip, dst.port()), proto, SCOPE_ANY);
+    // The ClusterIP's marker: its address, port and protocol 0.
+    let marker = frontend_key(SocketAddr::new(ip, 0), 0, SCOPE_ANY);
     let state = dp.maps.state();
     let frontend = state.all_services().find(|(k, _)| *k == key);
     let (verdict, reason, service, candidates) = match frontend {
-        Some((_, v)) => {
-            let listed = list_state(&KernelState {
-                services: state
-                    .services
-                    .iter()
-                    .filter(|(k, _)| FrontendKey::V4(*k) == key)
-                    .copied()
-                    .collect(),
-                services6: state
-                    .services6
-                    .iter()
-                    .filter(|(k, _)| FrontendKey::V6(*k) == key)
-                    .copied()
-                    .collect(),
-                ..state.clone()
-            });
-            let f = listed.into_iter().next().expect("one frontend");
+        Some((k, v)) => {
+            let f = list_one(&state, k, v);
             match v.count {
                 0 => (
                     "reject",
