@@ -352,6 +352,91 @@ impl Lab {
 }
 
 impl Lab {
+    /// A network namespace one hop behind backend pod `pod`, for path-MTU tests: the
+    /// pod routes to it over a link whose pod end has MTU `mtu`, the far end keeps
+    /// 1,500 (so it offers full-size segments), and the node routes to it through
+    /// the pod. On 10.244.111.0/24, or fd00:10:244:111::/64 with `v6`. Returns the
+    /// namespace (deleted on drop) and the address of the far end.
+    pub fn server_behind(
+        &self,
+        pod: &Pod,
+        v6: bool,
+        mtu: u16,
+    ) -> Result<(Netns, std::net::IpAddr)> {
+        let far = Netns::create(&format!("{}-far", self.prefix))?;
+        netns::ip(&[
+            "link", "add", "far0", "netns", &pod.ns, "type", "veth", "peer", "name", "eth0",
+            "netns", &far.name,
+        ])?;
+        let mtu = mtu.to_string();
+        let (net, router, far_ip, via) = if v6 {
+            let via = pod
+                .ip6
+                .context("the pod has no IPv6 address (a dual-stack lab)")?;
+            (
+                "fd00:10:244:111::/64",
+                "fd00:10:244:111::1/64",
+                "fd00:10:244:111::2",
+                via.to_string(),
+            )
+        } else {
+            (
+                "10.244.111.0/24",
+                "10.244.111.1/24",
+                "10.244.111.2",
+                pod.ip.to_string(),
+            )
+        };
+        let (family, forwarding, nodad): (&[&str], _, &[&str]) = if v6 {
+            (&["-6"], "net.ipv6.conf.all.forwarding=1", &["nodad"])
+        } else {
+            (&[], "net.ipv4.ip_forward=1", &[])
+        };
+        let far_prefix = format!("{far_ip}/{}", if v6 { 64 } else { 24 });
+        let router_ip = router.split('/').next().unwrap_or_default();
+        let in_pod: [Vec<&str>; 4] = [
+            vec!["sysctl", "-qw", forwarding],
+            [
+                &["ip"],
+                family,
+                &["addr", "add", router, "dev", "far0"],
+                nodad,
+            ]
+            .concat(),
+            vec!["ip", "link", "set", "far0", "mtu", &mtu, "up"],
+            vec!["ethtool", "-K", "far0", "tx", "off"],
+        ];
+        for cmd in &in_pod {
+            netns::nsenter(&pod.ns, cmd[0], &cmd[1..])?;
+        }
+        let in_far: [Vec<&str>; 5] = [
+            vec!["sysctl", "-qw", "net.ipv6.conf.all.accept_dad=0"],
+            [
+                &["ip"],
+                family,
+                &["addr", "add", &far_prefix, "dev", "eth0"],
+                nodad,
+            ]
+            .concat(),
+            vec!["ip", "link", "set", "eth0", "up"],
+            vec!["ethtool", "-K", "eth0", "tx", "off"],
+            [
+                &["ip"],
+                family,
+                &["route", "add", "default", "via", router_ip],
+            ]
+            .concat(),
+        ];
+        for cmd in &in_far {
+            far.run(cmd[0], &cmd[1..])?;
+        }
+        self.node.run(
+            "ip",
+            &[family, &["route", "add", net, "via", &via]].concat(),
+        )?;
+        Ok((far, far_ip.parse()?))
+    }
+
     /// A Service of the families of `vips` (one ClusterIP each, the first the
     /// primary, as the API server orders `clusterIPs` and `ipFamilies`) with one TCP
     /// and one UDP port, and one EndpointSlice per family for `backends`, as the
@@ -475,6 +560,29 @@ pub fn agent_cli(args: &[&str]) -> serde_json::Value {
     );
     serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("{args:?}: {e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+/// `sliceway-agent conntrack --flush-backend BACKEND` on the pinned maps under
+/// `bpffs`: it must say it removed the one connection to `backend`, and the table
+/// must be empty afterwards. Panics with what went wrong.
+pub fn flush_the_one_connection_to(bpffs: &str, backend: &str) {
+    let out = Command::new(workspace_binary("sliceway-agent").expect("the agent binary"))
+        .args([
+            "conntrack",
+            "--bpffs-dir",
+            bpffs,
+            "--flush-backend",
+            backend,
+        ])
+        .output()
+        .expect("running sliceway-agent");
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("removed 1 connections to {backend}")
+    );
+    let after = agent_cli(&["conntrack", "--bpffs-dir", bpffs, "-o", "json"]);
+    assert_eq!(after, serde_json::json!([]), "{after}");
 }
 
 /// Path of a binary of this workspace, built by `cargo build --bins`.

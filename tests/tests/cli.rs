@@ -722,23 +722,7 @@ fn conntrack_lists_tracked_connections_and_flushes_a_backend() {
     ]);
     assert_eq!(mine.as_array().unwrap().len(), 1);
 
-    let out = Command::new(workspace_binary("sliceway-agent").unwrap())
-        .args([
-            "conntrack",
-            "--bpffs-dir",
-            bpffs,
-            "--flush-backend",
-            &backend_addr,
-        ])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        format!("removed 1 connections to {backend_addr}")
-    );
-    let after = agent_cli(&["conntrack", "--bpffs-dir", bpffs, "-o", "json"]);
-    assert_eq!(after, Value::Array(vec![]), "{after}");
+    sliceway_lab::flush_the_one_connection_to(bpffs, &backend_addr);
     drop(conn);
 }
 

@@ -305,44 +305,10 @@ fn a_path_mtu_drop_between_client_and_backend_reaches_the_client() {
     let lab = Lab::new(1).unwrap();
     let pod = lab.backends[0].clone();
     // A server one hop behind the backend pod, over a link of MTU 1200.
-    let far = sliceway_lab::Netns::create(&format!("{}-far", lab.prefix)).unwrap();
-    let far_ip = Ipv4Addr::new(10, 244, 111, 2);
-    sliceway_lab::netns::ip(&[
-        "link", "add", "far0", "netns", &pod.ns, "type", "veth", "peer", "name", "eth0", "netns",
-        &far.name,
-    ])
-    .unwrap();
-    for cmd in [
-        "ip addr add 10.244.111.1/24 dev far0",
-        "ip link set far0 mtu 1200 up",
-        "ethtool -K far0 tx off",
-        "sysctl -qw net.ipv4.ip_forward=1",
-    ] {
-        let args: Vec<&str> = cmd.split(' ').collect();
-        sliceway_lab::netns::nsenter(&pod.ns, args[0], &args[1..]).unwrap();
-    }
-    for cmd in [
-        // The server's side keeps MTU 1500, so it offers the client a full MSS.
-        "ip addr add 10.244.111.2/24 dev eth0",
-        "ip link set eth0 up",
-        "ethtool -K eth0 tx off",
-        "ip route add default via 10.244.111.1",
-    ] {
-        let args: Vec<&str> = cmd.split(' ').collect();
-        far.run(args[0], &args[1..]).unwrap();
-    }
-    lab.node
-        .run(
-            "ip",
-            &[
-                "route",
-                "add",
-                "10.244.111.0/24",
-                "via",
-                &pod.ip.to_string(),
-            ],
-        )
-        .unwrap();
+    let (far, far_ip) = lab.server_behind(&pod, false, 1200).unwrap();
+    let std::net::IpAddr::V4(far_ip) = far_ip else {
+        unreachable!("an IPv4 server")
+    };
     // The server reads everything and answers with the byte count.
     let server =
         sliceway_lab::servers::upload_server(&far.name, (Ipv4Addr::UNSPECIFIED, PORT).into());

@@ -306,23 +306,7 @@ fn conntrack_lists_and_flushes_a_live_ipv6_connection() {
         "{table}"
     );
 
-    let out = std::process::Command::new(sliceway_lab::workspace_binary("sliceway-agent").unwrap())
-        .args([
-            "conntrack",
-            "--bpffs-dir",
-            &bpffs,
-            "--flush-backend",
-            &backend_addr,
-        ])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        format!("removed 1 connections to {backend_addr}")
-    );
-    let after: serde_json::Value = serde_json::from_slice(&list("json").stdout).unwrap();
-    assert_eq!(after, serde_json::json!([]), "{after}");
+    sliceway_lab::flush_the_one_connection_to(&bpffs, &backend_addr);
     drop(conn);
 }
 
@@ -339,47 +323,7 @@ fn a_packet_too_big_behind_the_backend_reaches_the_client_over_ipv6() {
     const SIZE: usize = 256 * 1024;
     let lab = Lab::dual_stack(1, false).unwrap();
     let pod = lab.backends[0].clone();
-    let far = sliceway_lab::Netns::create(&format!("{}-far", lab.prefix)).unwrap();
-    let far_ip: Ipv6Addr = "fd00:10:244:111::2".parse().unwrap();
-    sliceway_lab::netns::ip(&[
-        "link", "add", "far0", "netns", &pod.ns, "type", "veth", "peer", "name", "eth0", "netns",
-        &far.name,
-    ])
-    .unwrap();
-    for cmd in [
-        "sysctl -qw net.ipv6.conf.all.forwarding=1",
-        "ip -6 addr add fd00:10:244:111::1/64 dev far0 nodad",
-        "ip link set far0 mtu 1280 up",
-        "ethtool -K far0 tx off",
-    ] {
-        let args: Vec<&str> = cmd.split(' ').collect();
-        sliceway_lab::netns::nsenter(&pod.ns, args[0], &args[1..]).unwrap();
-    }
-    for cmd in [
-        // The server's side keeps MTU 1500, so it offers the client a full MSS.
-        "sysctl -qw net.ipv6.conf.all.accept_dad=0",
-        "ip -6 addr add fd00:10:244:111::2/64 dev eth0 nodad",
-        "ip link set eth0 up",
-        "ethtool -K eth0 tx off",
-        "ip -6 route add default via fd00:10:244:111::1",
-    ] {
-        let args: Vec<&str> = cmd.split(' ').collect();
-        far.run(args[0], &args[1..]).unwrap();
-    }
-    let pod_ip6 = pod.ip6.unwrap().to_string();
-    lab.node
-        .run(
-            "ip",
-            &[
-                "-6",
-                "route",
-                "add",
-                "fd00:10:244:111::/64",
-                "via",
-                &pod_ip6,
-            ],
-        )
-        .unwrap();
+    let (far, far_ip) = lab.server_behind(&pod, true, 1280).unwrap();
     let server = sliceway_lab::servers::upload_server(&far.name, at(Ipv6Addr::UNSPECIFIED, PORT));
     let yaml = format!(
         "apiVersion: v1\nkind: Service\nmetadata: {{name: far, namespace: default}}\n\
