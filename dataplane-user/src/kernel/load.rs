@@ -4,8 +4,8 @@
 use std::{collections::BTreeMap, path::PathBuf};
 
 use aya::{
-    maps::{MapData, MapError, MapInfo},
-    programs::SchedClassifier,
+    maps::{MapData, MapError, MapInfo, ProgramArray},
+    programs::{Program, ProgramError, ProgramFd, SchedClassifier},
     Ebpf, EbpfLoader,
 };
 use dataplane_common::{capacity6, map_name, MAP_LAYOUT_VERSION};
@@ -266,30 +266,14 @@ impl Datapath {
         // own), loaded and put in their slots of JUMP: reject in 0, SCTP ports in 1,
         // direct server return in 3 (reject without an Ethernet header goes in 2
         // with the L3 programs, `Datapath::load_l3`).
-        let mut fds = Vec::new();
+        let mut jump: ProgramArray<MapData> = take(&mut ebpf, map_name::JUMP)?;
         for (slot, name) in [
             (0, REJECT_PROGRAM),
             (1, SCTP_NAT_PROGRAM),
             (dataplane_common::JUMP_DSR, DSR_PROGRAM),
         ] {
-            let p: &mut SchedClassifier = ebpf
-                .program_mut(name)
-                .ok_or(KernelError::MissingProgram(name))?
-                .try_into()?;
-            p.load()?;
-            fds.push((
-                slot,
-                p.fd()?
-                    .try_clone()
-                    .map_err(|e| KernelError::Program(aya::programs::ProgramError::IOError(e)))?,
-            ));
-        }
-        let mut jump: aya::maps::ProgramArray<MapData> = take(&mut ebpf, map_name::JUMP)?;
-        for (slot, fd) in &fds {
-            jump.set(*slot, fd, 0).map_err(|source| KernelError::Map {
-                name: map_name::JUMP,
-                source,
-            })?;
+            let fd = loaded_fd(&mut ebpf, name, load_classifier)?;
+            set_slot(&mut jump, map_name::JUMP, slot, &fd)?;
         }
         let maps = KernelMaps {
             services: take(&mut ebpf, map_name::SERVICES)?,
@@ -358,30 +342,53 @@ impl Datapath {
             (dataplane_common::JUMP6_ICMP_L3, ICMP6_L3_PROGRAM),
         ]);
         for name in [L3_PROGRAM, L3_EXT_PROGRAM, REJECT_L3_PROGRAM] {
-            let p: &mut SchedClassifier = self
-                .ebpf
-                .program_mut(name)
-                .ok_or(KernelError::MissingProgram(name))?
-                .try_into()?;
-            if p.fd().is_ok() {
-                continue;
-            }
-            p.load()?;
+            let fd = loaded_fd(&mut self.ebpf, name, load_classifier)?;
             if name == REJECT_L3_PROGRAM {
-                let fd = p
-                    .fd()?
-                    .try_clone()
-                    .map_err(|e| KernelError::Program(aya::programs::ProgramError::IOError(e)))?;
-                self.jump
-                    .set(dataplane_common::JUMP_REJECT_L3, &fd, 0)
-                    .map_err(|source| KernelError::Map {
-                        name: map_name::JUMP,
-                        source,
-                    })?;
+                set_slot(
+                    &mut self.jump,
+                    map_name::JUMP,
+                    dataplane_common::JUMP_REJECT_L3,
+                    &fd,
+                )?;
             }
         }
         Ok(())
     }
+}
+
+/// Program `name` of `ebpf`, loaded with `load` (its type's: aya has no load common
+/// to every type) unless it already is, and a copy of its fd for a program array.
+pub(super) fn loaded_fd(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+    load: fn(&mut Program) -> Result<(), ProgramError>,
+) -> Result<ProgramFd, KernelError> {
+    let p = ebpf
+        .program_mut(name)
+        .ok_or(KernelError::MissingProgram(name))?;
+    if p.fd().is_err() {
+        load(p)?;
+    }
+    p.fd()?
+        .try_clone()
+        .map_err(|e| KernelError::Program(ProgramError::IOError(e)))
+}
+
+/// Loads a TC program ([`loaded_fd`]'s `load`).
+pub(super) fn load_classifier(p: &mut Program) -> Result<(), ProgramError> {
+    <&mut SchedClassifier>::try_from(p)?.load()
+}
+
+/// Puts `fd` in `slot` of program array `array` (map `name`).
+pub(super) fn set_slot<T: std::borrow::BorrowMut<MapData>>(
+    array: &mut ProgramArray<T>,
+    name: &'static str,
+    slot: u32,
+    fd: &ProgramFd,
+) -> Result<(), KernelError> {
+    array
+        .set(slot, fd, 0)
+        .map_err(|source| KernelError::Map { name, source })
 }
 
 impl Datapath {
@@ -401,24 +408,8 @@ impl Datapath {
     }
 
     fn load_into_jump6(&mut self, slot: u32, name: &'static str) -> Result<(), KernelError> {
-        let p: &mut SchedClassifier = self
-            .ebpf
-            .program_mut(name)
-            .ok_or(KernelError::MissingProgram(name))?
-            .try_into()?;
-        if p.fd().is_err() {
-            p.load()?;
-        }
-        let fd = p
-            .fd()?
-            .try_clone()
-            .map_err(|e| KernelError::Program(aya::programs::ProgramError::IOError(e)))?;
-        self.jump6
-            .set(slot, &fd, 0)
-            .map_err(|source| KernelError::Map {
-                name: map_name::JUMP6,
-                source,
-            })
+        let fd = loaded_fd(&mut self.ebpf, name, load_classifier)?;
+        set_slot(&mut self.jump6, map_name::JUMP6, slot, &fd)
     }
 
     /// A map of the loaded object by name, found through the maps the IPv6 programs

@@ -15,7 +15,7 @@ use aya::{
 use dataplane_common::map_name;
 
 use super::{
-    load::{XDP6_PROGRAM, XDP_PROGRAM},
+    load::{loaded_fd, set_slot, XDP6_PROGRAM, XDP_PROGRAM},
     Datapath, KernelError, TestRunOutput,
 };
 
@@ -98,30 +98,23 @@ impl Datapath {
     /// `sliceway_xdp` hands IPv6 to it. The map is the loaded object's own (not
     /// pinned, as the XDP program is not).
     fn load_xdp6(&mut self) -> Result<(), KernelError> {
-        let program: &mut Xdp = self
-            .ebpf
-            .program_mut(XDP6_PROGRAM)
-            .ok_or(KernelError::MissingProgram(XDP6_PROGRAM))?
-            .try_into()?;
-        if program.fd().is_err() {
-            program.load()?;
-        }
-        let fd = program
-            .fd()?
-            .try_clone()
-            .map_err(|e| KernelError::Program(aya::programs::ProgramError::IOError(e)))?;
+        let fd = loaded_fd(&mut self.ebpf, XDP6_PROGRAM, |p| {
+            <&mut Xdp>::try_from(p)?.load()
+        })?;
         let map = self
             .ebpf
             .map_mut(map_name::XDP_JUMP6)
             .ok_or(KernelError::MissingMap(map_name::XDP_JUMP6))?;
-        let map_err = |source| KernelError::Map {
+        let mut array = ProgramArray::try_from(map).map_err(|source| KernelError::Map {
             name: map_name::XDP_JUMP6,
             source,
-        };
-        ProgramArray::try_from(map)
-            .map_err(map_err)?
-            .set(dataplane_common::XDP_JUMP6_EXT, &fd, 0)
-            .map_err(map_err)
+        })?;
+        set_slot(
+            &mut array,
+            map_name::XDP_JUMP6,
+            dataplane_common::XDP_JUMP6_EXT,
+            &fd,
+        )
     }
 
     /// The XDP program, loaded ([`Datapath::load_xdp`]).
