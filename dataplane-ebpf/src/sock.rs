@@ -184,27 +184,45 @@ fn set_peer<const V6: bool>(ctx: &SockAddrContext, addr: Addr, port_be: u16) {
     sa.user_port = port_be as u32;
 }
 
-/// The frontend at (`addr`, `port_be`, `proto`) in its family's map, and whether
-/// `addr` is a ClusterIP (on another port or protocol) where none is.
+/// A frontend's key in its family's map.
+#[derive(Clone, Copy)]
+enum Key {
+    V4(ServiceKey),
+    V6(ServiceKey6),
+}
+
+impl Key {
+    /// The key of (`addr`, `port_be`, `proto`), of scope [`SCOPE_ANY`].
+    #[inline(always)]
+    fn of(addr: Addr, port_be: u16, proto: u8) -> Self {
+        match addr {
+            Addr::V4(addr_be) => Key::V4(ServiceKey {
+                addr_be,
+                port_be,
+                proto,
+                scope: SCOPE_ANY,
+            }),
+            Addr::V6(addr_be) => Key::V6(ServiceKey6 {
+                addr_be,
+                port_be,
+                proto,
+                scope: SCOPE_ANY,
+            }),
+        }
+    }
+}
+
+/// The frontend of `key`, and whether its address is a ClusterIP (on another port
+/// or protocol) where there is none.
 #[inline(always)]
-fn frontend(addr: Addr, port_be: u16, proto: u8) -> Result<ServiceValue, bool> {
-    let found = match addr {
-        Addr::V4(addr_be) => maps::service(&ServiceKey {
-            addr_be,
-            port_be,
-            proto,
-            scope: SCOPE_ANY,
-        }),
-        Addr::V6(addr_be) => maps::service6(&ServiceKey6 {
-            addr_be,
-            port_be,
-            proto,
-            scope: SCOPE_ANY,
-        }),
+fn frontend(key: &Key) -> Result<ServiceValue, bool> {
+    let found = match key {
+        Key::V4(k) => maps::service(k),
+        Key::V6(k) => maps::service6(k),
     };
-    found.ok_or_else(|| match addr {
-        Addr::V4(a) => maps::service(&clusterip_marker(a)).is_some(),
-        Addr::V6(a) => maps::service6(&clusterip_marker6(a)).is_some(),
+    found.ok_or_else(|| match key {
+        Key::V4(k) => maps::service(&clusterip_marker(k.addr_be)).is_some(),
+        Key::V6(k) => maps::service6(&clusterip_marker6(k.addr_be)).is_some(),
     })
 }
 
@@ -212,28 +230,13 @@ fn frontend(addr: Addr, port_be: u16, proto: u8) -> Result<ServiceValue, bool> {
 /// uplink program masquerades to, of the frontend's family), as kube-proxy's output
 /// hook sees them.
 #[inline(always)]
-fn node_allowed(addr: Addr, port_be: u16, proto: u8) -> bool {
-    match addr {
-        Addr::V4(addr_be) => {
-            let node_be = maps::nat_config().map_or(0, |c| c.node_addr_be);
-            let key = ServiceKey {
-                addr_be,
-                port_be,
-                proto,
-                scope: SCOPE_ANY,
-            };
-            maps::source_allowed(key, node_be)
-        }
-        Addr::V6(addr_be) => {
-            let node_be = maps::NAT_CONFIG6.get(0).map_or([0; 4], |c| c.node_addr_be);
-            let key = ServiceKey6 {
-                addr_be,
-                port_be,
-                proto,
-                scope: SCOPE_ANY,
-            };
-            maps::source_allowed6(key, node_be)
-        }
+fn node_allowed(key: &Key) -> bool {
+    match *key {
+        Key::V4(k) => maps::source_allowed(k, maps::nat_config().map_or(0, |c| c.node_addr_be)),
+        Key::V6(k) => maps::source_allowed6(
+            k,
+            maps::NAT_CONFIG6.get(0).map_or([0; 4], |c| c.node_addr_be),
+        ),
     }
 }
 
@@ -333,7 +336,8 @@ fn translate<const V6: bool>(ctx: &SockAddrContext) -> i32 {
     let Some((addr, port_be, proto)) = peer::<V6>(ctx) else {
         return ALLOW;
     };
-    let service = match frontend(addr, port_be, proto) {
+    let key = Key::of(addr, port_be, proto);
+    let service = match frontend(&key) {
         Ok(service) => service,
         Err(true) => {
             count(stat::SOCK_REJECT_NO_PORT);
@@ -341,7 +345,7 @@ fn translate<const V6: bool>(ctx: &SockAddrContext) -> i32 {
         }
         Err(false) => return ALLOW,
     };
-    if service.flags & SVC_F_SOURCE_RANGES != 0 && !node_allowed(addr, port_be, proto) {
+    if service.flags & SVC_F_SOURCE_RANGES != 0 && !node_allowed(&key) {
         count(stat::DROP_SOURCE_RANGE);
         return REFUSE;
     }
