@@ -21,6 +21,7 @@ pub mod maglev;
 pub mod model;
 pub mod node;
 pub mod plot;
+pub mod real;
 pub mod report;
 pub mod scale;
 pub mod stats;
@@ -48,7 +49,7 @@ pub enum Mode {
 #[derive(Clone, Debug, Serialize)]
 pub struct Config {
     pub mode: Mode,
-    /// The figures to run (1 to 6); the others are reported as not selected.
+    /// The figures to run (1 to 7); the others are reported as not selected.
     pub figures: Vec<u8>,
     pub fig1_sizes: Vec<usize>,
     /// BPF_PROG_TEST_RUN repeat.
@@ -84,10 +85,14 @@ pub struct Config {
     pub fig6_rounds: usize,
     pub fig6_samples: usize,
     pub fig6_flows: usize,
+    /// Figure 7: Services in the cluster lab, connections per side per round, rounds.
+    pub fig7_services: usize,
+    pub fig7_connections: usize,
+    pub fig7_rounds: usize,
 }
 
 /// Every figure.
-pub const ALL_FIGURES: [u8; 6] = [1, 2, 3, 4, 5, 6];
+pub const ALL_FIGURES: [u8; 7] = [1, 2, 3, 4, 5, 6, 7];
 
 impl Config {
     /// Whether figure `n` is to be run.
@@ -126,6 +131,9 @@ impl Config {
                 fig6_rounds: 2,
                 fig6_samples: 5,
                 fig6_flows: 1_000,
+                fig7_services: 10,
+                fig7_connections: 20,
+                fig7_rounds: 1,
             },
             Mode::Quick => Self {
                 mode,
@@ -156,6 +164,9 @@ impl Config {
                 fig6_rounds: 3,
                 fig6_samples: 200,
                 fig6_flows: 10_000,
+                fig7_services: 1_000,
+                fig7_connections: 500,
+                fig7_rounds: 2,
             },
             Mode::Full => Self {
                 mode,
@@ -186,6 +197,9 @@ impl Config {
                 fig6_rounds: 5,
                 fig6_samples: 200,
                 fig6_flows: 10_000,
+                fig7_services: 10_000,
+                fig7_connections: 2_000,
+                fig7_rounds: 5,
             },
         }
     }
@@ -278,6 +292,7 @@ pub struct Report {
     pub fig4: Outcome<node::Fig4>,
     pub fig5: controller::Fig5,
     pub fig6: Outcome<maglev::Fig6>,
+    pub fig7: Outcome<real::Fig7>,
     /// The programs' size and verifier cost on this kernel and on the VM tier's
     /// kernels (`target/vm/<kernel>/check.json` of the last `cargo xtask test-vm`).
     pub programs: Vec<sliceway_agent::kernel::KernelCheck>,
@@ -293,6 +308,7 @@ impl Report {
             && (!c.runs(3) || self.fig3.ok().is_some())
             && (!c.runs(4) || self.fig4.ok().is_some())
             && (!c.runs(6) || self.fig6.ok().is_some())
+            && (!c.runs(7) || self.fig7.ok().is_some())
     }
 }
 
@@ -462,6 +478,18 @@ pub fn run(cfg: &Config, out: &Path) -> Result<Report> {
         Outcome::not_selected()
     };
 
+    let fig7 = if cfg.runs(7) {
+        progress("figure 7: the real proxies in the cluster lab (sliceway, kube-proxy, the floor)");
+        let prefix = format!(
+            "{}-{}-fig7",
+            sliceway_lab::cluster::NS_PREFIX,
+            std::process::id()
+        );
+        Outcome::from(real::real_proxies(cfg, &out.join("fig7-cluster"), &prefix))
+    } else {
+        Outcome::not_selected()
+    };
+
     let mut report = Report {
         config: cfg.clone(),
         environment: Environment {
@@ -475,6 +503,7 @@ pub fn run(cfg: &Config, out: &Path) -> Result<Report> {
         fig4,
         fig5,
         fig6,
+        fig7,
         programs: program_checks(out),
         targets: Vec::new(),
     };

@@ -22,9 +22,9 @@ struct Cli {
     /// Tiny sizes, for the smoke test: checks the harness, measures nothing useful.
     #[arg(long)]
     smoke: bool,
-    /// Only these figures (1 to 6), e.g. `--only 1,3`; the others are reported as
+    /// Only these figures (1 to 7), e.g. `--only 1,3`; the others are reported as
     /// not selected.
-    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u8).range(1..=6))]
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u8).range(1..=7))]
     only: Vec<u8>,
     /// Where the report and plots go (and, for `scale`, the cluster's state).
     #[arg(long, default_value = "target/bench")]

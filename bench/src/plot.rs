@@ -79,6 +79,7 @@ fn lines<'a, Y>(
         BitMapBackend<'a>,
         Cartesian2d<plotters::coord::combinators::LogCoord<f64>, Y>,
     >,
+    x_label: &str,
     y_label: &str,
     series: &[Series],
 ) -> Result<(), String>
@@ -87,7 +88,7 @@ where
 {
     let err = |e: DrawingAreaErrorKind<_>| format!("{e:?}");
     c.configure_mesh()
-        .x_desc("Services")
+        .x_desc(x_label)
         .x_label_formatter(&|x| format!("{x:.0}"))
         .y_desc(y_label)
         .draw()
@@ -98,8 +99,11 @@ where
             .map_err(err)?
             .label(name.as_str())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-        c.draw_series(pts.iter().map(|p| Circle::new(*p, 4, color.filled())))
-            .map_err(err)?;
+        // Points marked where they are few (a CDF is a line of hundreds).
+        if pts.len() <= 20 {
+            c.draw_series(pts.iter().map(|p| Circle::new(*p, 4, color.filled())))
+                .map_err(err)?;
+        }
     }
     c.configure_series_labels()
         .background_style(WHITE.mix(0.8))
@@ -109,10 +113,12 @@ where
     Ok(())
 }
 
-/// A line chart with a logarithmic x axis (Services) and a linear or log y axis.
+/// A line chart with a logarithmic x axis (Services, or `x_label`) and a linear or
+/// log y axis.
 fn chart(
     path: &Path,
     title: &str,
+    x_label: &str,
     y_label: &str,
     log_y: bool,
     series: &[Series],
@@ -145,12 +151,12 @@ fn chart(
                     (ymin.max(1e-3) / 2.0..ymax * 2.0).log_scale(),
                 )
                 .map_err(err)?;
-            lines(c, y_label, series)?;
+            lines(c, x_label, y_label, series)?;
         } else {
             let c = builder
                 .build_cartesian_2d(x_range.clone(), 0.0..ymax * 1.15)
                 .map_err(err)?;
-            lines(c, y_label, series)?;
+            lines(c, x_label, y_label, series)?;
         }
         Ok(())
     };
@@ -167,6 +173,7 @@ pub fn draw_all(r: &Report, out: &Path) -> Vec<(String, String)> {
         eprintln!("bench: plots skipped: {e}");
         return written;
     }
+    // File, title, y label, log y, series; the x axis is Services.
     let mut plots: Vec<(&str, String, &str, bool, Vec<Series>)> = Vec::new();
     if let Some(f) = r.fig1.ok() {
         let s = |name: &str, get: fn(&super::kernel_cost::Fig1Row) -> f64| {
@@ -263,8 +270,41 @@ pub fn draw_all(r: &Report, out: &Path) -> Vec<(String, String)> {
             )],
         ));
     }
-    for (file, title, y, log_y, series) in plots {
-        match chart(&out.join(file), &title, y, log_y, &series) {
+    let mut plots: Vec<_> = plots
+        .into_iter()
+        .map(|(file, title, y, log_y, series)| (file, title, "Services", y, log_y, series))
+        .collect();
+    if let Some(f) = r.fig7.ok() {
+        // The CDF of each side's samples, at most 200 points a side.
+        let series = f
+            .rows
+            .iter()
+            .filter(|row| !row.sorted_us.is_empty())
+            .map(|row| {
+                let v = &row.sorted_us;
+                let step = v.len().div_ceil(200);
+                let mut pts: Vec<(f64, f64)> = (0..v.len())
+                    .step_by(step)
+                    .map(|i| (v[i], (i + 1) as f64 / v.len() as f64))
+                    .collect();
+                pts.push((v[v.len() - 1], 1.0));
+                (row.side.name().to_string(), pts)
+            })
+            .collect();
+        plots.push((
+            "fig7-latency-cdf.png",
+            format!(
+                "7. New-connection latency CDF, real proxies, {} Services",
+                f.rows.first().map_or(0, |row| row.services)
+            ),
+            "µs (log)",
+            "fraction of connections",
+            false,
+            series,
+        ));
+    }
+    for (file, title, x, y, log_y, series) in plots {
+        match chart(&out.join(file), &title, x, y, log_y, &series) {
             Ok(()) => written.push((file.to_string(), title)),
             Err(e) => eprintln!("bench: plot {file} not drawn: {e}"),
         }

@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use super::{
     node::{Loader, Proxy},
+    real::Side,
     stats::{ratio, Summary},
     Config, Outcome, Report,
 };
@@ -275,6 +276,41 @@ pub fn targets(r: &Report) -> Vec<Target> {
                         fmt_ratio(truncated)
                     ),
                     full >= 50.0,
+                ))
+            }),
+    ));
+    out.push(target(
+        7,
+        "real proxies at 10,000 Services: new-connection p50 within 1.1x of the floor (straight to the pod) and below both kube-proxy modes",
+        r.fig7.ok().filter(|f| f.rows.iter().any(|row| row.services == 10_000)).and_then(|f| {
+            let p50 = |side| f.row(side).map(|row| row.p50_all_us);
+            let (floor, s, i, n) = (
+                p50(Side::Floor)?,
+                p50(Side::Sliceway)?,
+                p50(Side::Iptables)?,
+                p50(Side::Nftables)?,
+            );
+            Some((
+                format!(
+                    "{s:.0} µs: {:.2}x the floor's {floor:.0} µs; iptables {i:.0} µs, nftables {n:.0} µs",
+                    s / floor
+                ),
+                s <= 1.1 * floor && s < i && s < n,
+            ))
+        }),
+    ));
+    out.push(target(
+        7,
+        "real proxies at 10,000 Services: new-connection p99 within 2x of the floor's p99",
+        r.fig7
+            .ok()
+            .filter(|f| f.rows.iter().any(|row| row.services == 10_000))
+            .and_then(|f| {
+                let p99 = |side| f.row(side).map(|row| row.p99_all_us);
+                let (floor, s) = (p99(Side::Floor)?, p99(Side::Sliceway)?);
+                Some((
+                    format!("{s:.0} µs: {:.2}x the floor's {floor:.0} µs", s / floor),
+                    s <= 2.0 * floor,
                 ))
             }),
     ));
@@ -605,6 +641,53 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
                     row.change_map_ops
                 );
             }
+        }
+        other => {
+            let _ = writeln!(m, "Not measured: {}", failed(other).unwrap_or_default());
+        }
+    }
+
+    let _ = writeln!(m, "\n## 7. The real proxies in the cluster lab\n");
+    match &r.fig7 {
+        Outcome::Done(f) => {
+            let _ = writeln!(m, "{}\n", f.method);
+            let floor = f.row(Side::Floor).map(|row| row.p50_all_us);
+            let _ = writeln!(
+                m,
+                "| side | Services | p50 per round (µs) | p50 (µs) | p99 (µs) | p99.9 (µs) | p50 over the floor (µs) | p50 / floor | samples (failed) | programmed (s) | own sync, mean (ms, syncs) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+            );
+            for row in &f.rows {
+                let (over, ratio) = match floor {
+                    Some(fl) if row.side != Side::Floor => (
+                        format!("{:.0}", row.p50_all_us - fl),
+                        fmt_ratio(ratio(row.p50_all_us, fl)),
+                    ),
+                    _ => ("–".into(), "–".into()),
+                };
+                let _ = writeln!(
+                    m,
+                    "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {over} | {ratio} | {} ({}) | {} | {} |",
+                    row.side.name(),
+                    row.services,
+                    row.p50_us.show(0),
+                    row.p50_all_us,
+                    row.p99_all_us,
+                    row.p999_all_us,
+                    row.samples,
+                    row.failed,
+                    row.programmed_s.as_ref().map_or("–".into(), |p| p.show(2)),
+                    match (row.own_sync_ms, row.own_syncs) {
+                        (Some(ms), Some(n)) => format!("{ms:.1} ({n})"),
+                        _ => "–".into(),
+                    },
+                );
+            }
+            let _ = writeln!(
+                m,
+                "\nCreating the {} Services and seeing each with its slice took {:.1} s.",
+                f.rows.first().map_or(0, |row| row.services),
+                f.populate_s
+            );
         }
         other => {
             let _ = writeln!(m, "Not measured: {}", failed(other).unwrap_or_default());

@@ -31,6 +31,7 @@ fn bench_smoke_writes_every_figure() {
         "## 4. Agent memory",
         "## 5. Controller",
         "## 6. Maglev tables",
+        "## 7. The real proxies in the cluster lab",
     ] {
         assert!(md.contains(heading), "{heading} missing from:\n{md}");
     }
@@ -56,6 +57,7 @@ fn bench_smoke_writes_every_figure() {
         "fig4",
         "fig5",
         "fig6",
+        "fig7",
         "programs",
         "targets",
     ] {

@@ -1,0 +1,542 @@
+//! Figure 7: the real proxies in the cluster lab. sliceway-agent and upstream's
+//! kube-proxy (iptables mode and nftables mode, the binary of the upstream kit) are
+//! fed by the same kube-apiserver with the same Services and the same EndpointSlices
+//! (written by kube-controller-manager), one proxy at a time on the lab's node, and
+//! measured beside the floor: the client connecting straight to the backend pods'
+//! addresses, no Service and no proxy. Each round runs every side once, in an order
+//! that rotates from round to round, so a drift of the machine's load falls on all
+//! of them alike.
+//!
+//! For each side: new-connection latency (a TCP connect from the client pod to a
+//! Service chosen at random, a one-line request and its answer; the backends answer
+//! from servers that block in `accept`), p50 per round and p50, p99 and p99.9 over
+//! every sample of the run; programming time from the proxy's start until every
+//! probed Service answers (the first packet that gets through), and the proxy's own
+//! account of its syncs (`kubeproxy_sync_proxy_rules_duration_seconds`,
+//! `sliceway_sync_duration_seconds`: mean over the syncs of the run).
+//!
+//! All traffic stays in the lab's namespaces: the client and backends are pods of
+//! the lab's node, and the metrics are read from inside the node's namespace.
+
+use std::{
+    collections::BTreeMap,
+    io::{BufRead, BufReader, Read, Write},
+    net::{IpAddr, SocketAddr, TcpStream},
+    path::Path,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, ensure, Context, Result};
+use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use kube::{
+    api::{ListParams, PostParams},
+    Api,
+};
+use serde::Serialize;
+use serde_json::json;
+
+use super::{
+    stats::{percentile, Rng, Summary},
+    Config,
+};
+use sliceway_lab::{
+    cluster::{Cluster, Controllers, Proxy, Spec},
+    in_netns, servers,
+};
+
+/// The namespace of the figure's objects.
+const NS: &str = "bench";
+/// The port the backends' latency servers listen on (their pods' container port is
+/// the stand-in's own server, which polls `accept`).
+const PORT: u16 = 9090;
+/// Backend pods every Service selects.
+const BACKENDS: usize = 3;
+/// Services whose answers say a proxy is programmed: the first, the last and these
+/// many chosen at random.
+const PROBES: usize = 8;
+/// Services created through the API at once.
+const CONCURRENCY: usize = 48;
+
+/// One side of the figure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Side {
+    /// The client to the backend pods' addresses: no Service, no proxy.
+    Floor,
+    Sliceway,
+    /// kube-proxy, iptables mode.
+    Iptables,
+    /// kube-proxy, nftables mode.
+    Nftables,
+}
+
+impl Side {
+    pub const ALL: [Side; 4] = [Side::Floor, Side::Sliceway, Side::Iptables, Side::Nftables];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Side::Floor => "floor (straight to the pod)",
+            Side::Sliceway => "sliceway",
+            Side::Iptables => "kube-proxy iptables",
+            Side::Nftables => "kube-proxy nftables",
+        }
+    }
+
+    fn proxy(self) -> Option<Proxy> {
+        match self {
+            Side::Floor => None,
+            Side::Sliceway => Some(Proxy::Sliceway),
+            Side::Iptables => Some(Proxy::Iptables),
+            Side::Nftables => Some(Proxy::Nftables),
+        }
+    }
+}
+
+/// One side's results.
+#[derive(Clone, Debug, Serialize)]
+pub struct Fig7Row {
+    pub side: Side,
+    pub services: usize,
+    /// p50 of each round, median [min–max] over rounds.
+    pub p50_us: Summary,
+    /// Over every sample of the run.
+    pub p50_all_us: f64,
+    pub p99_all_us: f64,
+    pub p999_all_us: f64,
+    pub samples: usize,
+    pub failed: usize,
+    /// From the proxy's start until every probed Service answered, per round.
+    pub programmed_s: Option<Summary>,
+    /// The proxy's own mean sync duration over the run, and its syncs.
+    pub own_sync_ms: Option<f64>,
+    pub own_syncs: Option<u64>,
+    /// Every sample, microseconds, sorted (for the CDF plot; not in the JSON).
+    #[serde(skip)]
+    pub sorted_us: Vec<f64>,
+}
+
+/// Figure 7.
+#[derive(Clone, Debug, Serialize)]
+pub struct Fig7 {
+    pub method: String,
+    pub rows: Vec<Fig7Row>,
+    /// Seconds to create the Services and to see every one of them with its slice.
+    pub populate_s: f64,
+}
+
+impl Fig7 {
+    pub fn row(&self, side: Side) -> Option<&Fig7Row> {
+        self.rows.iter().find(|r| r.side == side)
+    }
+}
+
+/// Servers in the backend pods that block in `accept` and answer on the accepting
+/// thread (`NAME IP` to a line), as figure 2's do. Stopped on drop.
+struct Servers {
+    stop: Arc<AtomicBool>,
+    threads: Vec<(String, std::thread::JoinHandle<()>)>,
+}
+
+impl Servers {
+    fn start(pods: &[(String, String, IpAddr)]) -> Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut threads = Vec::new();
+        for (name, ns, ip) in pods {
+            let listener = in_netns(ns, || std::net::TcpListener::bind(("0.0.0.0", PORT)))?
+                .with_context(|| format!("listening on :{PORT} in pod {name}"))?;
+            let ident = format!("{name} {ip}\n");
+            let stop = stop.clone();
+            let t = std::thread::spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    let Ok((conn, _)) = listener.accept() else {
+                        continue;
+                    };
+                    let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+                    let mut line = String::new();
+                    if BufReader::new(&conn).read_line(&mut line).is_ok() {
+                        let _ = (&conn).write_all(ident.as_bytes());
+                    }
+                }
+            });
+            threads.push((ns.clone(), t));
+        }
+        Ok(Self { stop, threads })
+    }
+}
+
+impl Drop for Servers {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for (ns, t) in self.threads.drain(..) {
+            // Wake the blocked accept from inside the pod.
+            let _ = in_netns(&ns, || TcpStream::connect(("127.0.0.1", PORT)));
+            let _ = t.join();
+        }
+    }
+}
+
+/// `count` connections from the client pod's namespace to targets chosen at
+/// random; microseconds of those a backend answered, and the failures.
+fn latencies(
+    client_ns: &str,
+    targets: &[SocketAddr],
+    backends: &[IpAddr],
+    count: usize,
+    seed: u64,
+) -> Result<(Vec<f64>, usize)> {
+    let targets = targets.to_vec();
+    let backends = backends.to_vec();
+    in_netns(client_ns, move || {
+        let mut rng = Rng::new(seed);
+        let mut out = Vec::with_capacity(count);
+        let mut failed = 0;
+        for _ in 0..count {
+            let to = targets[rng.below(targets.len())];
+            let start = Instant::now();
+            match servers::tcp_request(to, Duration::from_secs(2)) {
+                Ok(reply) if backends.contains(&IpAddr::V4(reply.addr)) => {
+                    out.push(start.elapsed().as_secs_f64() * 1e6)
+                }
+                _ => failed += 1,
+            }
+        }
+        (out, failed)
+    })
+}
+
+/// The text of `GET path` on a loopback port inside namespace `ns`.
+fn http_get(ns: &str, port: u16, path: &str) -> Result<String> {
+    let path = path.to_string();
+    in_netns(ns, move || -> Result<String> {
+        let mut conn = TcpStream::connect_timeout(
+            &SocketAddr::from(([127, 0, 0, 1], port)),
+            Duration::from_secs(2),
+        )?;
+        conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(conn, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
+        let mut text = String::new();
+        conn.read_to_string(&mut text)?;
+        Ok(text)
+    })?
+}
+
+/// The proxy's own sync account from its metrics: (sum of seconds, count).
+fn own_syncs(ns: &str, side: Side) -> Result<Option<(f64, u64)>> {
+    let (port, metric) = match side {
+        Side::Floor => return Ok(None),
+        // The agent serves its metrics on kube-proxy's health port in the lab.
+        Side::Sliceway => (10256, "sliceway_sync_duration_seconds"),
+        Side::Iptables | Side::Nftables => (10249, "kubeproxy_sync_proxy_rules_duration_seconds"),
+    };
+    let text = http_get(ns, port, "/metrics")?;
+    let sum = summed(&text, &format!("{metric}_sum"));
+    let count = summed(&text, &format!("{metric}_count"));
+    Ok(sum.zip(count).map(|(s, c)| (s, c as u64)))
+}
+
+/// The sum of every sample of metric `name` whatever its labels (a dual-stack
+/// kube-proxy keeps a series per IP family); `None` if it has none.
+fn summed(text: &str, name: &str) -> Option<f64> {
+    let values: Vec<f64> = text
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
+const PODS: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: bench}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: client, namespace: bench, labels: {role: client}}
+spec:
+  nodeName: node-1
+  containers: [{name: c, image: lab}]
+"#;
+
+fn backend_pod(i: usize) -> String {
+    format!(
+        "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: web-{i}, namespace: bench, labels: {{app: web}}}}\n\
+         spec:\n  nodeName: node-1\n  containers: [{{name: c, image: lab}}]\n"
+    )
+}
+
+/// Creates `n` Services selecting the backends and waits until each has a slice
+/// with every backend. Returns their ClusterIPs in creation order.
+async fn populate(cluster: &Cluster, n: usize) -> Result<Vec<SocketAddr>> {
+    use futures::{stream, StreamExt};
+    let client = cluster.client().await?;
+    let services: Api<Service> = Api::namespaced(client.clone(), NS);
+    let mut created = stream::iter(0..n)
+        .map(|i| {
+            let services = services.clone();
+            async move {
+                let svc: Service = serde_json::from_value(json!({
+                    "metadata": {"name": format!("svc-{i}")},
+                    "spec": {"selector": {"app": "web"},
+                             "ports": [{"name": "http", "port": 80, "targetPort": PORT}]},
+                }))?;
+                let svc = services.create(&PostParams::default(), &svc).await?;
+                let ip: IpAddr = svc
+                    .spec
+                    .and_then(|s| s.cluster_ip)
+                    .context("a Service without a ClusterIP")?
+                    .parse()?;
+                anyhow::Ok((i, SocketAddr::new(ip, 80)))
+            }
+        })
+        .buffer_unordered(CONCURRENCY);
+    let mut vips = BTreeMap::new();
+    while let Some(r) = created.next().await {
+        let (i, vip) = r.context("creating a Service")?;
+        vips.insert(i, vip);
+    }
+    let slices: Api<EndpointSlice> = Api::namespaced(client, NS);
+    let t = Instant::now();
+    loop {
+        let mut full = std::collections::BTreeSet::new();
+        let mut lp = ListParams::default().limit(2000);
+        loop {
+            let page = slices.list(&lp).await?;
+            for s in &page.items {
+                let ready = s
+                    .endpoints
+                    .iter()
+                    .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
+                    .count();
+                if ready == BACKENDS {
+                    if let Some(svc) = s
+                        .metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get("kubernetes.io/service-name"))
+                    {
+                        full.insert(svc.clone());
+                    }
+                }
+            }
+            match page.metadata.continue_ {
+                Some(c) if !c.is_empty() => lp = lp.continue_token(&c),
+                _ => break,
+            }
+        }
+        if full.len() >= n {
+            break;
+        }
+        if t.elapsed() > Duration::from_secs(60 + n as u64 / 20) {
+            bail!(
+                "only {} of {n} Services had a slice with their {BACKENDS} backends",
+                full.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok(vips.into_values().collect())
+}
+
+/// Waits until every probe answers from a backend; the time since `since`.
+fn programmed(
+    client_ns: &str,
+    probes: &[SocketAddr],
+    backends: &[IpAddr],
+    since: Instant,
+    limit: Duration,
+) -> Result<Duration> {
+    let mut left: Vec<SocketAddr> = probes.to_vec();
+    while !left.is_empty() {
+        let (still, backends) = (left.clone(), backends.to_vec());
+        left = in_netns(client_ns, move || {
+            still
+                .into_iter()
+                .filter(|to| {
+                    !matches!(servers::tcp_request(*to, Duration::from_millis(200)),
+                        Ok(r) if backends.contains(&IpAddr::V4(r.addr)))
+                })
+                .collect()
+        })?;
+        if since.elapsed() > limit {
+            bail!(
+                "{} of {} probed Services still did not answer after {limit:?}",
+                left.len(),
+                probes.len()
+            );
+        }
+        if !left.is_empty() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    Ok(since.elapsed())
+}
+
+/// Runs figure 7 on a cluster of its own under `dir`, taken down after.
+pub fn real_proxies(cfg: &Config, dir: &Path, prefix: &str) -> Result<Fig7> {
+    let n = cfg.fig7_services;
+    ensure!(n > 0, "figure 7 needs at least one Service");
+    let cluster = Cluster::up(
+        &Spec {
+            nodes: 1,
+            proxy: Proxy::None,
+            controller: Controllers::Upstream,
+            workloads: true,
+            apiserver_args: vec![],
+        },
+        dir,
+        prefix,
+    )?;
+    let mut pods = PODS.to_string();
+    for i in 0..BACKENDS {
+        pods.push_str(&backend_pod(i));
+    }
+    cluster.kubectl_stdin(&["apply", "-f", "-"], &pods)?;
+    cluster.wait_ready_pods(NS, "app=web", BACKENDS)?;
+    cluster.wait_ready_pods(NS, "role=client", 1)?;
+    let client_ns = cluster.pod_netns(NS, "client")?;
+    let mut backend_pods = Vec::new();
+    for i in 0..BACKENDS {
+        let name = format!("web-{i}");
+        let ns = cluster.pod_netns(NS, &name)?;
+        let ip: IpAddr = cluster
+            .kubectl(&[
+                "-n",
+                NS,
+                "get",
+                "pod",
+                &name,
+                "-o",
+                "jsonpath={.status.podIP}",
+            ])?
+            .trim()
+            .parse()
+            .with_context(|| format!("the address of pod {name}"))?;
+        backend_pods.push((name, ns, ip));
+    }
+    let _servers = Servers::start(&backend_pods)?;
+    let backends: Vec<IpAddr> = backend_pods.iter().map(|(_, _, ip)| *ip).collect();
+    let floor: Vec<SocketAddr> = backends
+        .iter()
+        .map(|ip| SocketAddr::new(*ip, PORT))
+        .collect();
+
+    super::progress(&format!("figure 7: creating {n} Services through the API"));
+    let t = Instant::now();
+    let rt = tokio::runtime::Runtime::new()?;
+    let vips = rt.block_on(populate(&cluster, n))?;
+    let populate_s = t.elapsed().as_secs_f64();
+    let mut rng = Rng::new(77);
+    let mut probes = vec![vips[0], vips[vips.len() - 1]];
+    probes.extend((0..PROBES).map(|_| vips[rng.below(vips.len())]));
+    let node_ns = cluster.state.nodes[0].netns.clone();
+    let limit = Duration::from_secs(120 + n as u64 / 50);
+
+    let mut samples: BTreeMap<Side, Vec<f64>> = BTreeMap::new();
+    let mut p50s: BTreeMap<Side, Vec<f64>> = BTreeMap::new();
+    let mut failed: BTreeMap<Side, usize> = BTreeMap::new();
+    let mut programming: BTreeMap<Side, Vec<f64>> = BTreeMap::new();
+    let mut own: BTreeMap<Side, (f64, u64)> = BTreeMap::new();
+    for round in 0..cfg.fig7_rounds {
+        for k in 0..Side::ALL.len() {
+            let side = Side::ALL[(k + round) % Side::ALL.len()];
+            cluster.stop_proxies()?;
+            let targets = match side.proxy() {
+                None => &floor,
+                Some(proxy) => {
+                    super::progress(&format!("figure 7: round {}: {}", round + 1, side.name()));
+                    let since = Instant::now();
+                    cluster.start_proxies(proxy)?;
+                    let took = programmed(&client_ns, &probes, &backends, since, limit)
+                        .with_context(|| format!("{} at {n} Services", side.name()))?;
+                    programming
+                        .entry(side)
+                        .or_default()
+                        .push(took.as_secs_f64());
+                    &vips
+                }
+            };
+            // Warm up (neighbours, the servers' threads), then measure.
+            latencies(&client_ns, targets, &backends, 20, 7)?;
+            let (l, f) = latencies(
+                &client_ns,
+                targets,
+                &backends,
+                cfg.fig7_connections,
+                1000 + round as u64,
+            )?;
+            ensure!(
+                f * 100 <= cfg.fig7_connections,
+                "{}: {f} of {} connections failed",
+                side.name(),
+                cfg.fig7_connections
+            );
+            if let Some((sum, count)) = own_syncs(&node_ns, side)? {
+                let e = own.entry(side).or_default();
+                e.0 += sum;
+                e.1 += count;
+            }
+            p50s.entry(side).or_default().push(percentile(&l, 50.0));
+            samples.entry(side).or_default().extend(l);
+            *failed.entry(side).or_default() += f;
+        }
+    }
+    cluster.stop_proxies()?;
+
+    let rows = Side::ALL
+        .iter()
+        .map(|&side| {
+            let mut all = samples.remove(&side).unwrap_or_default();
+            all.sort_by(f64::total_cmp);
+            Fig7Row {
+                side,
+                services: n,
+                p50_us: Summary::of(&p50s[&side]),
+                p50_all_us: percentile(&all, 50.0),
+                p99_all_us: percentile(&all, 99.0),
+                p999_all_us: percentile(&all, 99.9),
+                samples: all.len(),
+                failed: failed[&side],
+                programmed_s: programming.get(&side).map(|v| Summary::of(v)),
+                own_sync_ms: own
+                    .get(&side)
+                    .filter(|(_, c)| *c > 0)
+                    .map(|(s, c)| s * 1e3 / *c as f64),
+                own_syncs: own.get(&side).map(|(_, c)| *c),
+                sorted_us: all,
+            }
+        })
+        .collect();
+    Ok(Fig7 {
+        method: format!(
+            "The cluster lab: etcd, kube-apiserver, kube-controller-manager (which writes \
+             the EndpointSlices) and kube-scheduler of the upstream kit, one node with the \
+             lab's kubelet stand-in, a client pod and {BACKENDS} backend pods on it, each \
+             answering from a server that blocks in accept. {n} Services selecting the \
+             backends, created through the API. Per round, each side in turn (the order \
+             rotates by round), on a node cleaned between sides (pins, iptables, nft and \
+             conntrack flushed): sliceway-agent, kube-proxy --proxy-mode=iptables, \
+             kube-proxy --proxy-mode=nftables (upstream's binary, fed by the same API \
+             server), and the floor: the client straight to the backend pods, no Service \
+             and no proxy running. Each sample is a TCP connect to a Service chosen at \
+             random, a one-line request and its one-line answer, wall clock in the client; \
+             {conns} connections per side per round after 20 warm-up connections, \
+             {rounds} rounds. p50 per round as median [min–max]; p50, p99 and p99.9 over \
+             every sample of the run. Programmed: from the proxy's start until the first, \
+             the last and {PROBES} random Services all answer. Own sync: the proxy's \
+             mean sync duration from its metrics (`kubeproxy_sync_proxy_rules_duration_seconds`, \
+             `sliceway_sync_duration_seconds`).",
+            conns = cfg.fig7_connections,
+            rounds = cfg.fig7_rounds,
+        ),
+        rows,
+        populate_s,
+    })
+}
