@@ -151,6 +151,7 @@ impl Servers {
             let ident = format!("{name} {ip}\n");
             let stop = stop.clone();
             let t = std::thread::spawn(move || {
+                realtime();
                 while !stop.load(Ordering::SeqCst) {
                     let Ok((conn, _)) = listener.accept() else {
                         continue;
@@ -179,6 +180,16 @@ impl Drop for Servers {
     }
 }
 
+/// Puts the calling thread in SCHED_FIFO (a low real-time priority), so a busy
+/// machine's other work cannot hold it off the CPU until the next scheduler tick
+/// when its packet arrives: without it, every side's p99, the floor's too, was
+/// about 10 ms on 2 loaded cores. Whether it took.
+fn realtime() -> bool {
+    let param = libc::sched_param { sched_priority: 10 };
+    // SAFETY: plain syscall on the calling thread (pid 0) with a valid parameter.
+    unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) == 0 }
+}
+
 /// `count` connections from the client pod's namespace to targets chosen at
 /// random; microseconds of those a backend answered, and the failures.
 fn latencies(
@@ -191,6 +202,12 @@ fn latencies(
     let targets = targets.to_vec();
     let backends = backends.to_vec();
     in_netns(client_ns, move || {
+        if !realtime() {
+            eprintln!(
+                "bench: the client could not take SCHED_FIFO: {}",
+                std::io::Error::last_os_error()
+            );
+        }
         let mut rng = Rng::new(seed);
         let mut out = Vec::with_capacity(count);
         let mut failed = 0;
@@ -199,7 +216,8 @@ fn latencies(
             let start = Instant::now();
             match servers::tcp_request(to, Duration::from_secs(2)) {
                 Ok(reply) if backends.contains(&IpAddr::V4(reply.addr)) => {
-                    out.push(start.elapsed().as_secs_f64() * 1e6)
+                    let us = start.elapsed().as_secs_f64() * 1e6;
+                    out.push(us)
                 }
                 _ => failed += 1,
             }
@@ -379,6 +397,26 @@ fn programmed(
     Ok(since.elapsed())
 }
 
+/// Waits until the proxy `pid` is idle (under 20 ms of CPU in a second: its start-up
+/// syncs done), at most `limit`; the time waited. Measured while a proxy was still
+/// busy, every side's p99, even the floor's run beside it, carried its CPU: connections
+/// waited about 10 ms for a core (softirq work deferred to ksoftirqd on 2 cores).
+fn settled(pid: u32, limit: Duration) -> Result<Duration> {
+    let t = Instant::now();
+    let mut last = super::scale::cpu_ns(pid)?;
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+        let now = super::scale::cpu_ns(pid)?;
+        if now - last < 20_000_000 {
+            return Ok(t.elapsed());
+        }
+        if t.elapsed() > limit {
+            bail!("the proxy was still busy after {limit:?}");
+        }
+        last = now;
+    }
+}
+
 /// Runs figure 7 on a cluster of its own under `dir`, taken down after.
 pub fn real_proxies(cfg: &Config, dir: &Path, prefix: &str) -> Result<Fig7> {
     let n = cfg.fig7_services;
@@ -460,6 +498,8 @@ pub fn real_proxies(cfg: &Config, dir: &Path, prefix: &str) -> Result<Fig7> {
                         .entry(side)
                         .or_default()
                         .push(took.as_secs_f64());
+                    let pid = cluster.daemon_pid("proxy-node-1")?;
+                    settled(pid, limit).with_context(|| side.name())?;
                     &vips
                 }
             };
@@ -528,8 +568,10 @@ pub fn real_proxies(cfg: &Config, dir: &Path, prefix: &str) -> Result<Fig7> {
              and no proxy running. Each sample is a TCP connect to a Service chosen at \
              random, a one-line request and its one-line answer, wall clock in the client; \
              {conns} connections per side per round after 20 warm-up connections, \
-             {rounds} rounds. p50 per round as median [min–max]; p50, p99 and p99.9 over \
-             every sample of the run. Programmed: from the proxy's start until the first, \
+             {rounds} rounds, measured once the proxy is idle (under 2% of a core over a \
+             second); the client and the servers run at SCHED_FIFO priority 10, so other \
+             work on the machine delays their wake-ups less. p50 per round as median \
+             [min–max]; p50, p99 and p99.9 over every sample of the run. Programmed: from the proxy's start until the first, \
              the last and {PROBES} random Services all answer. Own sync: the proxy's \
              mean sync duration from its metrics (`kubeproxy_sync_proxy_rules_duration_seconds`, \
              `sliceway_sync_duration_seconds`).",

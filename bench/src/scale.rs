@@ -99,7 +99,7 @@ where
 }
 
 /// The controller's CPU time so far: the sum over its threads, nanoseconds.
-fn cpu_ns(pid: u32) -> Result<u64> {
+pub(crate) fn cpu_ns(pid: u32) -> Result<u64> {
     let mut total = 0;
     for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
         let path = task?.path().join("schedstat");
