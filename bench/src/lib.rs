@@ -89,6 +89,8 @@ pub struct Config {
     pub fig7_services: usize,
     pub fig7_connections: usize,
     pub fig7_rounds: usize,
+    /// Seconds of endpoint churn per proxy per round.
+    pub fig7_churn_seconds: u64,
 }
 
 /// Every figure.
@@ -134,6 +136,7 @@ impl Config {
                 fig7_services: 10,
                 fig7_connections: 20,
                 fig7_rounds: 1,
+                fig7_churn_seconds: 2,
             },
             Mode::Quick => Self {
                 mode,
@@ -167,6 +170,7 @@ impl Config {
                 fig7_services: 1_000,
                 fig7_connections: 500,
                 fig7_rounds: 2,
+                fig7_churn_seconds: 10,
             },
             Mode::Full => Self {
                 mode,
@@ -200,6 +204,7 @@ impl Config {
                 fig7_services: 10_000,
                 fig7_connections: 2_000,
                 fig7_rounds: 5,
+                fig7_churn_seconds: 30,
             },
         }
     }

@@ -60,6 +60,12 @@ const BACKENDS: usize = 3;
 const PROBES: usize = 8;
 /// Services created through the API at once.
 const CONCURRENCY: usize = 48;
+/// Endpoint changes per second under churn (issue: 50 per second at 10,000 Services).
+pub const CHURN_RATE: u32 = 50;
+/// Selector-less Services whose slices the churn rewrites (among the figure's N).
+const CHURN_SERVICES: usize = 100;
+/// Every this many changes, one is followed until the first packet uses it.
+pub const CHURN_PROBE_EVERY: usize = 5;
 
 /// One side of the figure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -114,6 +120,16 @@ pub struct Fig7Row {
     /// The proxy's own mean sync duration over the run, and its syncs.
     pub own_sync_ms: Option<f64>,
     pub own_syncs: Option<u64>,
+    /// Under churn: endpoint changes written, and from a change's write until the
+    /// first connection that reaches its new endpoint (a sample of the changes),
+    /// p50 and p99 in milliseconds.
+    pub churn_changes: Option<usize>,
+    pub churn_first_packet_ms: Option<(f64, f64)>,
+    pub churn_probes: Option<usize>,
+    /// The proxy's own network-programming histogram over the churn
+    /// (`*_network_programming_duration_seconds`), p50 and p99 in milliseconds, read
+    /// from its buckets (upper bounds).
+    pub churn_own_ms: Option<(f64, f64)>,
     /// Every sample, microseconds, sorted (for the CDF plot; not in the JSON).
     #[serde(skip)]
     pub sorted_us: Vec<f64>,
@@ -397,6 +413,223 @@ fn programmed(
     Ok(since.elapsed())
 }
 
+/// The cumulative buckets of histogram `name` (upper bound, count), summed over
+/// its label sets.
+fn buckets(text: &str, name: &str) -> BTreeMap<u64, f64> {
+    let prefix = format!("{name}_bucket{{");
+    let mut out = BTreeMap::new();
+    for l in text.lines().filter(|l| l.starts_with(&prefix)) {
+        let Some(le) = l.split("le=\"").nth(1).and_then(|r| r.split('"').next()) else {
+            continue;
+        };
+        let Some(v) = l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) else {
+            continue;
+        };
+        // Upper bounds as integer microseconds keep the map ordered (+Inf last).
+        let key = if le == "+Inf" {
+            u64::MAX
+        } else {
+            le.parse::<f64>().map_or(u64::MAX, |s| (s * 1e6) as u64)
+        };
+        *out.entry(key).or_default() += v;
+    }
+    out
+}
+
+/// Quantile `q` (0 to 1) of the observations between two readings of a cumulative
+/// histogram: the upper bound of the bucket it falls in, milliseconds.
+fn bucket_quantile(before: &BTreeMap<u64, f64>, after: &BTreeMap<u64, f64>, q: f64) -> Option<f64> {
+    let delta: Vec<(u64, f64)> = after
+        .iter()
+        .map(|(le, v)| (*le, v - before.get(le).copied().unwrap_or(0.0)))
+        .collect();
+    let total = delta.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    let (le, _) = delta.iter().find(|(_, c)| *c >= q * total)?;
+    Some(if *le == u64::MAX {
+        f64::INFINITY
+    } else {
+        *le as f64 / 1e3
+    })
+}
+
+/// The proxy's network-programming histogram, read from its metrics.
+fn programming_histogram(ns: &str, side: Side) -> Result<Option<BTreeMap<u64, f64>>> {
+    let (port, metric) = match side {
+        Side::Floor => return Ok(None),
+        Side::Sliceway => (10256, "sliceway_network_programming_duration_seconds"),
+        Side::Iptables | Side::Nftables => {
+            (10249, "kubeproxy_network_programming_duration_seconds")
+        }
+    };
+    Ok(Some(buckets(&http_get(ns, port, "/metrics")?, metric)))
+}
+
+/// The slice of churn Service `i` with its one endpoint on backend `pod`, stamped
+/// with the time of the change as the EndpointSlice controller stamps its writes
+/// (kube-proxy's network-programming latency starts there).
+fn churn_slice(i: usize, ip: IpAddr) -> Result<EndpointSlice> {
+    Ok(serde_json::from_value(json!({
+        "metadata": {
+            "name": format!("churn-{i}-bench"),
+            "labels": {
+                "kubernetes.io/service-name": format!("churn-{i}"),
+                "endpointslice.kubernetes.io/managed-by": "bench.sliceway.io",
+            },
+            "annotations": {
+                "endpoints.kubernetes.io/last-change-trigger-time":
+                    k8s_openapi::jiff::Timestamp::now().to_string(),
+            },
+        },
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": PORT, "protocol": "TCP"}],
+        "endpoints": [{"addresses": [ip.to_string()], "conditions": {"ready": true}}],
+    }))?)
+}
+
+/// Creates the selector-less churn Services and their slices (each on backend
+/// `i % BACKENDS`); their ClusterIPs.
+async fn churn_populate(
+    cluster: &Cluster,
+    count: usize,
+    backends: &[IpAddr],
+) -> Result<Vec<SocketAddr>> {
+    let client = cluster.client().await?;
+    let services: Api<Service> = Api::namespaced(client.clone(), NS);
+    let slices: Api<EndpointSlice> = Api::namespaced(client, NS);
+    let mut vips = Vec::new();
+    for i in 0..count {
+        let svc: Service = serde_json::from_value(json!({
+            "metadata": {"name": format!("churn-{i}")},
+            "spec": {"ports": [{"name": "http", "port": 80, "targetPort": PORT}]},
+        }))?;
+        let svc = services.create(&PostParams::default(), &svc).await?;
+        let ip: IpAddr = svc
+            .spec
+            .and_then(|s| s.cluster_ip)
+            .context("a Service without a ClusterIP")?
+            .parse()?;
+        vips.push(SocketAddr::new(ip, 80));
+        slices
+            .create(
+                &PostParams::default(),
+                &churn_slice(i, backends[i % BACKENDS])?,
+            )
+            .await?;
+    }
+    Ok(vips)
+}
+
+/// Marks a churn Service free to change again when its probe ends.
+struct Unfollow(Arc<Vec<AtomicBool>>, usize);
+
+impl Drop for Unfollow {
+    fn drop(&mut self) {
+        self.0[self.1].store(false, Ordering::SeqCst);
+    }
+}
+
+/// What a churn run gave.
+struct Churn {
+    changes: usize,
+    first_packet_ms: Vec<f64>,
+}
+
+/// `seconds` of endpoint changes at [`CHURN_RATE`] per second through the API: each
+/// moves a churn Service's one endpoint to the next backend (replacing its slice); a
+/// tick that finds every Service followed makes no change.
+/// Every [`CHURN_PROBE_EVERY`]th change is followed from the client pod until a
+/// connection to the Service reaches the new backend. The Services' current backend
+/// is kept in `at` across runs.
+async fn churn(
+    cluster: &Cluster,
+    client_ns: &str,
+    vips: &[SocketAddr],
+    backends: &[IpAddr],
+    at: &mut [usize],
+    seconds: u64,
+    seed: u64,
+) -> Result<Churn> {
+    let client = cluster.client().await?;
+    let slices: Api<EndpointSlice> = Api::namespaced(client, NS);
+    let mut rng = Rng::new(seed);
+    let mut tick = tokio::time::interval(Duration::from_secs(1) / CHURN_RATE);
+    let total = seconds as usize * CHURN_RATE as usize;
+    let mut probes = Vec::new();
+    let mut writes = Vec::new();
+    // A Service with a write in flight or still followed by a probe is left alone:
+    // a later write could land first, or its next change would hide the one being
+    // followed.
+    let followed: Arc<Vec<AtomicBool>> =
+        Arc::new((0..vips.len()).map(|_| AtomicBool::new(false)).collect());
+    for k in 0..total {
+        tick.tick().await;
+        let Some(i) = (0..vips.len())
+            .map(|_| rng.below(vips.len()))
+            .find(|&i| !followed[i].load(Ordering::SeqCst))
+        else {
+            continue;
+        };
+        at[i] = (at[i] + 1) % BACKENDS;
+        let ip = backends[at[i]];
+        let slice = churn_slice(i, ip)?;
+        let slices = slices.clone();
+        let started = Instant::now();
+        let name = format!("churn-{i}-bench");
+        followed[i].store(true, Ordering::SeqCst);
+        let done = Unfollow(followed.clone(), i);
+        let probed = k % CHURN_PROBE_EVERY == 0;
+        let (write_done, probe_done) = if probed {
+            (None, Some(done))
+        } else {
+            (Some(done), None)
+        };
+        let write = tokio::spawn(async move {
+            let _done = write_done;
+            slices
+                .replace(&name, &PostParams::default(), &slice)
+                .await
+                .map(|_| ())
+        });
+        if let Some(done) = probe_done {
+            let (ns, to) = (client_ns.to_string(), vips[i]);
+            probes.push(tokio::task::spawn_blocking(move || -> Result<f64> {
+                let _done = done;
+                in_netns(&ns, move || {
+                    realtime();
+                    let deadline = started + Duration::from_secs(30);
+                    loop {
+                        if let Ok(r) = servers::tcp_request(to, Duration::from_millis(300)) {
+                            if IpAddr::V4(r.addr) == ip {
+                                return Ok(started.elapsed().as_secs_f64() * 1e3);
+                            }
+                        }
+                        if Instant::now() > deadline {
+                            bail!("{to} did not reach its new endpoint {ip} within 30 s");
+                        }
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                })?
+            }));
+        }
+        writes.push(write);
+    }
+    let changes = writes.len();
+    for w in writes {
+        w.await?.context("writing a churn slice")?;
+    }
+    let mut first_packet_ms = Vec::new();
+    for p in probes {
+        first_packet_ms.push(p.await??);
+    }
+    Ok(Churn {
+        changes,
+        first_packet_ms,
+    })
+}
+
 /// Waits until the proxy `pid` is idle (under 20 ms of CPU in a second: its start-up
 /// syncs done), at most `limit`; the time waited. Measured while a proxy was still
 /// busy, every side's p99, even the floor's run beside it, carried its CPU: connections
@@ -466,13 +699,21 @@ pub fn real_proxies(cfg: &Config, dir: &Path, prefix: &str) -> Result<Fig7> {
         .map(|ip| SocketAddr::new(*ip, PORT))
         .collect();
 
-    super::progress(&format!("figure 7: creating {n} Services through the API"));
+    // Of the N Services, a few are selector-less with slices of the figure's own,
+    // which the churn rewrites.
+    let churn_n = CHURN_SERVICES.min(n / 2);
+    super::progress(&format!(
+        "figure 7: creating {n} Services through the API ({churn_n} of them for the churn)"
+    ));
     let t = Instant::now();
     let rt = tokio::runtime::Runtime::new()?;
-    let vips = rt.block_on(populate(&cluster, n))?;
+    let vips = rt.block_on(populate(&cluster, n - churn_n))?;
+    let churn_vips = rt.block_on(churn_populate(&cluster, churn_n, &backends))?;
+    let mut at: Vec<usize> = (0..churn_n).map(|i| i % BACKENDS).collect();
     let populate_s = t.elapsed().as_secs_f64();
     let mut rng = Rng::new(77);
     let mut probes = vec![vips[0], vips[vips.len() - 1]];
+    probes.extend(churn_vips.first().copied());
     probes.extend((0..PROBES).map(|_| vips[rng.below(vips.len())]));
     let node_ns = cluster.state.nodes[0].netns.clone();
     let limit = Duration::from_secs(120 + n as u64 / 50);
@@ -482,6 +723,9 @@ pub fn real_proxies(cfg: &Config, dir: &Path, prefix: &str) -> Result<Fig7> {
     let mut failed: BTreeMap<Side, usize> = BTreeMap::new();
     let mut programming: BTreeMap<Side, Vec<f64>> = BTreeMap::new();
     let mut own: BTreeMap<Side, (f64, u64)> = BTreeMap::new();
+    // Changes, first-packet times (ms) and the proxy's histogram's growth, by side.
+    type Churned = (usize, Vec<f64>, BTreeMap<u64, f64>);
+    let mut churned: BTreeMap<Side, Churned> = BTreeMap::new();
     for round in 0..cfg.fig7_rounds {
         for k in 0..Side::ALL.len() {
             let side = Side::ALL[(k + round) % Side::ALL.len()];
@@ -518,6 +762,35 @@ pub fn real_proxies(cfg: &Config, dir: &Path, prefix: &str) -> Result<Fig7> {
                 side.name(),
                 cfg.fig7_connections
             );
+            if side != Side::Floor && !churn_vips.is_empty() {
+                super::progress(&format!(
+                    "figure 7: round {}: {}: {} s of {CHURN_RATE} endpoint changes a second",
+                    round + 1,
+                    side.name(),
+                    cfg.fig7_churn_seconds
+                ));
+                let before = programming_histogram(&node_ns, side)?;
+                let c = rt
+                    .block_on(churn(
+                        &cluster,
+                        &client_ns,
+                        &churn_vips,
+                        &backends,
+                        &mut at,
+                        cfg.fig7_churn_seconds,
+                        500 + round as u64,
+                    ))
+                    .with_context(|| format!("{} under churn", side.name()))?;
+                let after = programming_histogram(&node_ns, side)?;
+                let e = churned.entry(side).or_default();
+                e.0 += c.changes;
+                e.1.extend(c.first_packet_ms);
+                if let (Some(b), Some(a)) = (before, after) {
+                    for (le, v) in a {
+                        *e.2.entry(le).or_default() += v - b.get(&le).copied().unwrap_or(0.0);
+                    }
+                }
+            }
             if let Some((sum, count)) = own_syncs(&node_ns, side)? {
                 let e = own.entry(side).or_default();
                 e.0 += sum;
@@ -550,6 +823,19 @@ pub fn real_proxies(cfg: &Config, dir: &Path, prefix: &str) -> Result<Fig7> {
                     .filter(|(_, c)| *c > 0)
                     .map(|(s, c)| s * 1e3 / *c as f64),
                 own_syncs: own.get(&side).map(|(_, c)| *c),
+                churn_changes: churned.get(&side).map(|c| c.0),
+                churn_probes: churned.get(&side).map(|c| c.1.len()),
+                churn_first_packet_ms: churned
+                    .get(&side)
+                    .filter(|c| !c.1.is_empty())
+                    .map(|c| (percentile(&c.1, 50.0), percentile(&c.1, 99.0))),
+                churn_own_ms: churned.get(&side).and_then(|c| {
+                    let none = BTreeMap::new();
+                    Some((
+                        bucket_quantile(&none, &c.2, 0.5)?,
+                        bucket_quantile(&none, &c.2, 0.99)?,
+                    ))
+                }),
                 sorted_us: all,
             }
         })
@@ -559,8 +845,12 @@ pub fn real_proxies(cfg: &Config, dir: &Path, prefix: &str) -> Result<Fig7> {
             "The cluster lab: etcd, kube-apiserver, kube-controller-manager (which writes \
              the EndpointSlices) and kube-scheduler of the upstream kit, one node with the \
              lab's kubelet stand-in, a client pod and {BACKENDS} backend pods on it, each \
-             answering from a server that blocks in accept. {n} Services selecting the \
-             backends, created through the API. Per round, each side in turn (the order \
+             answering from a server that blocks in accept. {n} Services created through \
+             the API: {selecting} selecting the backends, whose slices \
+             kube-controller-manager writes and which the connections go to, and \
+             {churn_n} without a selector, whose one-endpoint slices the figure writes \
+             itself and rewrites under churn ({CHURN_RATE} changes a second for \
+             {churn_s} s per proxy per round, after the connections). Per round, each side in turn (the order \
              rotates by round), on a node cleaned between sides (pins, iptables, nft and \
              conntrack flushed): sliceway-agent, kube-proxy --proxy-mode=iptables, \
              kube-proxy --proxy-mode=nftables (upstream's binary, fed by the same API \
@@ -577,6 +867,8 @@ pub fn real_proxies(cfg: &Config, dir: &Path, prefix: &str) -> Result<Fig7> {
              `sliceway_sync_duration_seconds`).",
             conns = cfg.fig7_connections,
             rounds = cfg.fig7_rounds,
+            selecting = n - churn_n,
+            churn_s = cfg.fig7_churn_seconds,
         ),
         rows,
         populate_s,

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::{
     node::{Loader, Proxy},
-    real::Side,
+    real::{Side, CHURN_PROBE_EVERY, CHURN_RATE},
     stats::{ratio, Summary},
     Config, Outcome, Report,
 };
@@ -313,6 +313,18 @@ pub fn targets(r: &Report) -> Vec<Target> {
                     s <= 2.0 * floor,
                 ))
             }),
+    ));
+    out.push(target(
+        7,
+        "network programming under churn at 10,000 Services: p99 at most 1 s and below both kube-proxy modes",
+        r.fig7.ok().filter(|f| f.rows.iter().any(|row| row.services == 10_000)).and_then(|f| {
+            let p99 = |side| f.row(side).and_then(|row| row.churn_first_packet_ms).map(|p| p.1);
+            let (s, i, n) = (p99(Side::Sliceway)?, p99(Side::Iptables)?, p99(Side::Nftables)?);
+            Some((
+                format!("change to first packet p99: {s:.0} ms; iptables {i:.0} ms, nftables {n:.0} ms"),
+                s <= 1000.0 && s < i && s < n,
+            ))
+        }),
     ));
     out
 }
@@ -680,6 +692,29 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
                         (Some(ms), Some(n)) => format!("{ms:.1} ({n})"),
                         _ => "–".into(),
                     },
+                );
+            }
+            let _ = writeln!(
+                m,
+                "\nUnder churn ({CHURN_RATE} endpoint changes a second through the API, each \
+                 moving one of the selector-less Services' endpoint to another backend; every \
+                 {CHURN_PROBE_EVERY}th change followed from the client pod until a connection \
+                 reaches the new endpoint):\n\n\
+                 | side | changes | followed | change to first packet, p50 / p99 (ms) | own network-programming histogram, p50 / p99 (ms, bucket bounds) |\n\
+                 |---|---:|---:|---:|---:|"
+            );
+            for row in f.rows.iter().filter(|row| row.churn_changes.is_some()) {
+                let pair = |p: Option<(f64, f64)>| {
+                    p.map_or("–".into(), |(a, b)| format!("{a:.0} / {b:.0}"))
+                };
+                let _ = writeln!(
+                    m,
+                    "| {} | {} | {} | {} | {} |",
+                    row.side.name(),
+                    row.churn_changes.unwrap_or(0),
+                    row.churn_probes.unwrap_or(0),
+                    pair(row.churn_first_packet_ms),
+                    pair(row.churn_own_ms),
                 );
             }
             let _ = writeln!(
