@@ -34,6 +34,8 @@ pub enum Proxy {
     Sliceway,
     Iptables,
     Nftables,
+    /// No proxy: the client straight to the backend pods, the figure's floor.
+    Floor,
 }
 
 impl Proxy {
@@ -42,6 +44,7 @@ impl Proxy {
             Proxy::Sliceway => "sliceway",
             Proxy::Iptables => "iptables",
             Proxy::Nftables => "nftables",
+            Proxy::Floor => "floor (straight to the pod)",
         }
     }
 }
@@ -334,11 +337,13 @@ pub struct Fig2 {
 
 /// `count` connections from the client pod to Services chosen at random; each is a
 /// TCP connect plus `hello` and its one-line answer. Microseconds, and failures.
-fn latencies(lab: &Lab, services: &[Svc], count: usize, seed: u64) -> Result<(Vec<f64>, usize)> {
-    let targets: Vec<SocketAddrV4> = services
-        .iter()
-        .map(|s| SocketAddrV4::new(s.vip, s.port))
-        .collect();
+fn latencies(
+    lab: &Lab,
+    targets: &[SocketAddrV4],
+    count: usize,
+    seed: u64,
+) -> Result<(Vec<f64>, usize)> {
+    let targets = targets.to_vec();
     let backends: Vec<_> = lab.backends.iter().map(|b| b.ip).collect();
     in_netns(&lab.client.ns, move || {
         let mut rng = Rng::new(seed);
@@ -372,6 +377,19 @@ fn assert_nothing_answers(lab: &Lab, services: &[Svc]) -> Result<()> {
 }
 
 fn measure_latency(lab: &Lab, cfg: &Config, services: &[Svc], proxy: Proxy) -> Result<Fig2Row> {
+    let n = services.len();
+    let targets: Vec<SocketAddrV4> = if proxy == Proxy::Floor {
+        lab.backends
+            .iter()
+            .map(|b| SocketAddrV4::new(b.ip, LATENCY_PORT))
+            .collect()
+    } else {
+        services
+            .iter()
+            .map(|s| SocketAddrV4::new(s.vip, s.port))
+            .collect()
+    };
+    let services = &targets;
     // Warm up (ARP, the backends' accept threads), then measure.
     let _ = latencies(lab, services, 20, 7)?;
     let (mut p50, mut p99, mut total, mut failed) = (vec![], vec![], 0, 0);
@@ -389,7 +407,7 @@ fn measure_latency(lab: &Lab, cfg: &Config, services: &[Svc], proxy: Proxy) -> R
         failed += f;
     }
     Ok(Fig2Row {
-        services: services.len(),
+        services: n,
         proxy,
         p50_us: Summary::of(&p50),
         p99_us: Summary::of(&p99),
@@ -410,6 +428,10 @@ pub fn connection_latency(lab: &Lab, cfg: &Config, scratch: &Scratch) -> Result<
         });
         flush_node(&ns, legacy);
         assert_nothing_answers(lab, &services)?;
+
+        // The floor: no proxy, the client straight to the backend pods.
+        super::progress(&format!("figure 2: {n} Services: the floor"));
+        rows.push(measure_latency(lab, cfg, &services, Proxy::Floor)?);
 
         super::progress(&format!("figure 2: {n} Services: sliceway"));
         // sliceway: the real agent, attached to the pods' interfaces.
@@ -447,10 +469,14 @@ pub fn connection_latency(lab: &Lab, cfg: &Config, scratch: &Scratch) -> Result<
              backend pods, each answering from a server that blocks in accept. {conns} connections per round after 20 warm-up connections, \
              {rounds} rounds; p50 and p99 of each round, median [min–max] over rounds. \
              sliceway: the sliceway-agent binary attached to the node's pod interfaces; \
-             iptables / nftables: kube-proxy's rules for the same Services loaded into the \
+             iptables / nftables: kube-proxy's rule layouts for the same Services, \
+             generated here as kube-proxy v1.34 writes them (not kube-proxy itself, which \
+             figure 7 runs; generated, they load 10,000 Services without an API server \
+             and time the rules alone) and loaded into the \
              node namespace (iptables rules with `{iptables}`), with the agent stopped (its \
              programs detach when it exits) and the rules and conntrack flushed between \
-             proxies.{why}",
+             proxies. The floor: the client straight to the backend pods' addresses, no \
+             Service and no rules, in the same run.{why}",
             conns = cfg.fig2_connections,
             rounds = cfg.fig2_rounds,
             iptables = cfg.fig2_iptables.name(),

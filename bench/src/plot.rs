@@ -199,7 +199,12 @@ pub fn draw_all(r: &Report, out: &Path) -> Vec<(String, String)> {
     }
     if let Some(f) = r.fig2.ok() {
         let mut series = Vec::new();
-        for p in [Proxy::Sliceway, Proxy::Iptables, Proxy::Nftables] {
+        for p in [
+            Proxy::Sliceway,
+            Proxy::Iptables,
+            Proxy::Nftables,
+            Proxy::Floor,
+        ] {
             for (q, get) in [
                 (
                     "p50",

@@ -449,13 +449,21 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
             let _ = writeln!(m, "{}\n\n{}\n", f.method, f.ipvs);
             let _ = writeln!(
                 m,
-                "| Services | proxy | p50 (µs) | p99 (µs) | p50 vs sliceway | p99 vs sliceway | connections (failed) |\n|---:|---|---:|---:|---:|---:|---:|"
+                "| Services | proxy | p50 (µs) | p99 (µs) | p50 vs sliceway | p99 vs sliceway | p50 over the floor (µs) | connections (failed) |\n|---:|---|---:|---:|---:|---:|---:|---:|"
             );
             for row in &f.rows {
-                let base = f
-                    .rows
-                    .iter()
-                    .find(|b| b.services == row.services && b.proxy == Proxy::Sliceway);
+                let find = |p| {
+                    f.rows
+                        .iter()
+                        .find(|b| b.services == row.services && b.proxy == p)
+                };
+                let base = find(Proxy::Sliceway);
+                let over = match find(Proxy::Floor) {
+                    Some(fl) if row.proxy != Proxy::Floor => {
+                        format!("{:.0}", row.p50_us.median - fl.p50_us.median)
+                    }
+                    _ => "–".into(),
+                };
                 let (r50, r99) = base.map_or((None, None), |b| {
                     (
                         ratio(row.p50_us.median, b.p50_us.median),
@@ -464,7 +472,7 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
                 });
                 let _ = writeln!(
                     m,
-                    "| {} | {} | {} | {} | {} | {} | {} ({}) |",
+                    "| {} | {} | {} | {} | {} | {} | {over} | {} ({}) |",
                     row.services,
                     row.proxy.name(),
                     row.p50_us.show(0),
