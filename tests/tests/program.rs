@@ -1091,7 +1091,7 @@ fn apply(writer: &mut MapWriter, dp: &mut Datapath, manifests: &str) {
     let objects = objects.unwrap();
     let compiled = compiler::compile(&objects.services, &objects.slices, &Options::default());
     assert!(compiled.skipped.is_empty(), "{:?}", compiled.skipped);
-    let report = writer.apply(&compiled.frontends, &mut dp.maps);
+    let report = writer.apply(compiled.desired(), &mut dp.maps);
     assert!(
         report.errors.is_empty() && report.rejected.is_empty(),
         "{report:?}"
@@ -1120,7 +1120,7 @@ fn fixture_capacities() -> Capacities {
 fn datapath(manifests: &str) -> (Datapath, MapWriter) {
     let caps = fixture_capacities();
     let mut dp = Datapath::load(&caps, None).expect("loading the datapath (needs root)");
-    let mut writer = MapWriter::new(caps.limits);
+    let mut writer = MapWriter::new(caps.limits).with_limits6(caps.limits6);
     apply(&mut writer, &mut dp, manifests);
     (dp, writer)
 }
