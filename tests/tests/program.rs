@@ -5,7 +5,8 @@
 //! https://github.com/cilium/cilium/tree/main/bpf/tests): a fixture names the maps to
 //! fill and a sequence of packets, each with its expected verdict, exit reason and
 //! output packet. Each fixture runs on a datapath of its own, so conntrack state
-//! carries from one step to the next and never between fixtures.
+//! carries from one step to the next and never between fixtures. The same table
+//! runs again over IPv6, each fixture translated to its twin (`ipv6_twins`).
 //! Needs root (loading BPF programs); no traffic is sent anywhere.
 
 use std::net::SocketAddrV4;
@@ -233,9 +234,13 @@ fn tcp(src: SocketAddrV4, dst: &str, flags: u8) -> Vec<u8> {
 }
 
 /// The source port a connection from `src` to `dst` gets when its reply tuple is
-/// taken: the first candidate of the rule, `1024 + flow_hash % 64512`.
+/// taken: the first candidate of the rule, `1024 + flow_hash % 64512` (over IPv6,
+/// when the table runs as its IPv6 twins, `flow_hash6` of the twins).
 fn remapped(src: SocketAddrV4, dst: &str) -> SocketAddrV4 {
     let dst = addr(dst);
+    if ipv6_twins::running() {
+        return ipv6_twins::remapped(src, dst);
+    }
     let hash = dataplane_common::flow_hash(
         u32::from_ne_bytes(src.ip().octets()),
         u32::from_ne_bytes(dst.ip().octets()),
@@ -1213,6 +1218,10 @@ fn packet_fixtures() {
     );
 }
 
+/// The same table over IPv6, each fixture translated (issue 12).
+#[path = "program/ipv6_twins.rs"]
+mod ipv6_twins;
+
 /// Checks an ICMP reply's IPv4 and ICMP checksums and its length on their own (not by
 /// comparing with the expected bytes, which are built with the same checksum code).
 fn icmp_checksums_ok(p: &[u8]) -> bool {
@@ -1940,7 +1949,8 @@ fn direct_server_return_carries_the_frontend_to_the_backends_node() {
 
 // IPv6 (issue 12): fixtures through the IPv6 programs (`sliceway_tc6` and
 // `sliceway_ext6`, reached from `sliceway_tc` and `sliceway_tc_ext` by tail call),
-// over maps filled here directly (the map writer learns IPv6 separately): one
+// over maps filled here directly, ids and flags chosen (the map writer fills IPv6's
+// maps from manifests in `ipv6_twins` and the IPv6 source-ranges test): one
 // ClusterIP with a TCP and a UDP port, one backend each; a ClusterIP without
 // backends. Expected packets are built from scratch by the same builder with their
 // checksums computed in full, so an incremental checksum update that went wrong
