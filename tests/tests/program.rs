@@ -1706,7 +1706,8 @@ fn counted_between(before: &[u64], after: &[u64]) -> Vec<(&'static str, u64)> {
 /// must give the same verdict, the same exit reasons and the same bytes, so their
 /// conntrack stays the same along the sequence. A packet XDP decided also passes
 /// the TC program untouched when it carries no mark (a driver without XDP
-/// metadata): translated, it is nobody's to translate again.
+/// metadata): translated, it is nobody's to translate again. The fixtures' IPv6
+/// twins ([`ipv6_twins`]) too, through `sliceway_xdp6` and `sliceway_ext6`.
 #[test]
 fn the_xdp_program_decides_every_fixture_packet_as_the_uplink_tc_program_does() {
     use dataplane_common::NatConfig;
@@ -1716,7 +1717,8 @@ fn the_xdp_program_decides_every_fixture_packet_as_the_uplink_tc_program_does() 
         port_min: 61_000,
         port_max: 61_099,
     };
-    let (mut decided, mut handed_over) = (0, 0);
+    // By family: IPv4, IPv6.
+    let (mut decided, mut handed_over) = ([0; 2], [0; 2]);
     let mut failures = Vec::new();
     // Two datapaths for the whole table (loading costs, most of all on the VM tier's
     // emulated kernels): each fixture's maps applied over the last one's, its
@@ -1724,24 +1726,45 @@ fn the_xdp_program_decides_every_fixture_packet_as_the_uplink_tc_program_does() 
     // datapaths keep alike, which is all this test compares.
     let (mut xdp, mut xdp_writer) = datapath("");
     let (mut tc, mut tc_writer) = datapath("");
-    xdp.set_nat(nat).unwrap();
-    tc.set_nat(nat).unwrap();
-    'fixtures: for fixture in FIXTURES {
+    let nat6 = dataplane_common::NatConfig6 {
+        node_addr_be: dataplane_common::addr_of(
+            ipv6_twins::addr(nat.node_addr_be.to_ne_bytes().into()).octets(),
+        ),
+        port_min: nat.port_min,
+        port_max: nat.port_max,
+    };
+    for dp in [&mut xdp, &mut tc] {
+        dp.set_nat(nat).unwrap();
+        dp.set_nat6(nat6).unwrap();
+    }
+    let table = FIXTURES.iter().map(|f| (0, f));
+    let twins = FIXTURES
+        .iter()
+        .filter(|f| ipv6_twins::twinned(f))
+        .map(|f| (1, f));
+    'fixtures: for (family, fixture) in table.chain(twins) {
+        ipv6_twins::set_running(family == 1);
+        let (maps, packet) = (ipv6_twins::maps_of(family), ipv6_twins::packet_of(family));
         for dp in [&mut xdp, &mut tc] {
             let keys: Vec<_> = dp.conntrack().into_iter().map(|(k, _)| k).collect();
             for k in keys {
                 dp.conntrack_map().remove(&k).unwrap();
             }
         }
-        apply(&mut xdp_writer, &mut xdp, fixture.maps);
-        apply(&mut tc_writer, &mut tc, fixture.maps);
+        apply(&mut xdp_writer, &mut xdp, &maps(fixture.maps));
+        apply(&mut tc_writer, &mut tc, &maps(fixture.maps));
         for (i, step) in fixture.steps.iter().enumerate() {
             for (_, manifests) in fixture.remaps.iter().filter(|(n, _)| *n == i) {
-                apply(&mut xdp_writer, &mut xdp, manifests);
-                apply(&mut tc_writer, &mut tc, manifests);
+                apply(&mut xdp_writer, &mut xdp, &maps(manifests));
+                apply(&mut tc_writer, &mut tc, &maps(manifests));
             }
-            let at = format!("{}, step {}", fixture.description, i + 1);
-            let input = (step.input)();
+            let at = format!(
+                "IPv{}: {}, step {}",
+                [4, 6][family],
+                fixture.description,
+                i + 1
+            );
+            let input = packet((step.input)());
             let before = tc.stats().unwrap();
             let want = tc.test_run_as(Role::External, &input).unwrap();
             let want_counted = counted_between(&before, &tc.stats().unwrap());
@@ -1750,7 +1773,7 @@ fn the_xdp_program_decides_every_fixture_packet_as_the_uplink_tc_program_does() 
             let mid = xdp.stats().unwrap();
             let xdp_counted = counted_between(&before, &mid);
             let (verdict, packet, counted) = if xdp_counted == [("xdp_to_tc", 1)] {
-                handed_over += 1;
+                handed_over[family] += 1;
                 if first.verdict != XDP_PASS || first.packet != input {
                     failures.push(format!("{at}: handed over changed or not passed"));
                     continue 'fixtures;
@@ -1759,7 +1782,7 @@ fn the_xdp_program_decides_every_fixture_packet_as_the_uplink_tc_program_does() 
                 let counted = counted_between(&mid, &xdp.stats().unwrap());
                 (out.verdict, out.packet, counted)
             } else {
-                decided += 1;
+                decided[family] += 1;
                 let verdict = match first.verdict {
                     XDP_PASS => PASS,
                     XDP_DROP => DROP,
@@ -1792,11 +1815,12 @@ fn the_xdp_program_decides_every_fixture_packet_as_the_uplink_tc_program_does() 
             }
         }
     }
+    ipv6_twins::set_running(false);
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
-    // Both kinds of packet were met.
+    // Both kinds of packet were met, in both families.
     assert!(
-        decided >= 40 && handed_over >= 5,
-        "{decided} decided, {handed_over} handed over"
+        decided.iter().all(|&n| n >= 40) && handed_over.iter().all(|&n| n >= 5),
+        "{decided:?} decided, {handed_over:?} handed over"
     );
 }
 

@@ -383,6 +383,19 @@ pub fn twinned(fixture: &Fixture) -> bool {
     !NOT_TWINNED.iter().any(|(d, _)| *d == fixture.description)
 }
 
+/// Manifests as family `family` (0: IPv4, as written; 1: their IPv6 twins).
+pub fn maps_of(family: usize) -> fn(&str) -> String {
+    [
+        |yaml: &str| yaml.to_string(),
+        |yaml: &str| manifests(yaml).unwrap(),
+    ][family]
+}
+
+/// Packets as family `family`, as [`maps_of`].
+pub fn packet_of(family: usize) -> fn(Vec<u8>) -> Vec<u8> {
+    [|p: Vec<u8>| p, |p: Vec<u8>| packet(&p).unwrap()][family]
+}
+
 /// The source port the IPv6 twin of a connection from `src` to `dst` gets when its
 /// reply tuple is taken: the first candidate of the rule over the twins,
 /// `1024 + flow_hash6 % 64512` (the port is what the IPv4 fixture reads).
