@@ -575,7 +575,7 @@ fn the_fixtures_left_out_of_the_ipv6_table_exist() {
 /// IPv4 and IPv6 forms are both built by the project's builders.
 #[test]
 fn ipv4_fixtures_translate_to_their_ipv6_twins() {
-    use sliceway_agent::packet::{build, build6, PacketSpec, PacketSpec6, TCP_SYN};
+    use sliceway_agent::packet::{build, build6, PacketSpec, PacketSpec6, SCTP_INIT, TCP_SYN};
     let twin = |s: &str| addr(s.parse().unwrap()).to_string();
     assert_eq!(twin("10.96.0.10"), "fd00:96::a60:a");
     assert_eq!(twin("10.244.11.2"), "fd00:10:244::af4:b02");
@@ -628,4 +628,24 @@ fn ipv4_fixtures_translate_to_their_ipv6_twins() {
     cut[ETH + 2..ETH + 4].copy_from_slice(&40u16.to_be_bytes());
     let twin = packet(&cut).unwrap();
     assert_eq!(twin[ETH + 40 + 16..], v6[ETH + 40 + 16..ETH + 40 + 18]);
+    // UDP, SCTP, and IPv4 options as a hop-by-hop header: as IPv6's builder makes
+    // them.
+    let (src4, dst4) = (src.parse().unwrap(), dst.parse().unwrap());
+    let udp = build(&PacketSpec::udp(src4, dst4, b"query"));
+    let udp6 = build6(&PacketSpec6::udp(six(src), six(dst), b"query"));
+    assert_eq!(packet(&udp).unwrap(), udp6);
+    let sctp = build(&PacketSpec::sctp(src4, dst4, SCTP_INIT));
+    let sctp6 = build6(&PacketSpec6::sctp(six(src), six(dst), SCTP_INIT));
+    assert_eq!(packet(&sctp).unwrap(), sctp6);
+    let mut options = PacketSpec::tcp(src4, dst4, TCP_SYN);
+    options.ip_options = 8;
+    let mut hop_by_hop = PacketSpec6::tcp(six(src), six(dst), TCP_SYN);
+    hop_by_hop.ext = vec![HOP_BY_HOP];
+    assert_eq!(packet(&build(&options)).unwrap(), build6(&hop_by_hop));
+    // ICMP port unreachable quoting a datagram cut short: ICMPv6 port unreachable
+    // quoting its twin as far (RFC 7915, 4.2), as IPv6's error builder makes it.
+    let error = super::icmp_error("10.244.11.2", "10.244.1.2", 3, 3, &udp, 28);
+    let (from, to) = (addr([10, 244, 11, 2].into()), addr([10, 244, 1, 2].into()));
+    let want = sliceway_agent::packet::icmp6_error(from, to, 1, 4, 0, &udp6, 48);
+    assert_eq!(packet(&error).unwrap(), want);
 }
