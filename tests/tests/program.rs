@@ -5,7 +5,8 @@
 //! https://github.com/cilium/cilium/tree/main/bpf/tests): a fixture names the maps to
 //! fill and a sequence of packets, each with its expected verdict, exit reason and
 //! output packet. Each fixture runs on a datapath of its own, so conntrack state
-//! carries from one step to the next and never between fixtures.
+//! carries from one step to the next and never between fixtures. The same table
+//! runs again over IPv6, each fixture translated to its twin (`ipv6_twins`).
 //! Needs root (loading BPF programs); no traffic is sent anywhere.
 
 use std::net::SocketAddrV4;
@@ -233,9 +234,13 @@ fn tcp(src: SocketAddrV4, dst: &str, flags: u8) -> Vec<u8> {
 }
 
 /// The source port a connection from `src` to `dst` gets when its reply tuple is
-/// taken: the first candidate of the rule, `1024 + flow_hash % 64512`.
+/// taken: the first candidate of the rule, `1024 + flow_hash % 64512` (over IPv6,
+/// when the table runs as its IPv6 twins, `flow_hash6` of the twins).
 fn remapped(src: SocketAddrV4, dst: &str) -> SocketAddrV4 {
     let dst = addr(dst);
+    if ipv6_twins::running() {
+        return ipv6_twins::remapped(src, dst);
+    }
     let hash = dataplane_common::flow_hash(
         u32::from_ne_bytes(src.ip().octets()),
         u32::from_ne_bytes(dst.ip().octets()),
@@ -1091,7 +1096,7 @@ fn apply(writer: &mut MapWriter, dp: &mut Datapath, manifests: &str) {
     let objects = objects.unwrap();
     let compiled = compiler::compile(&objects.services, &objects.slices, &Options::default());
     assert!(compiled.skipped.is_empty(), "{:?}", compiled.skipped);
-    let report = writer.apply(&compiled.frontends, &mut dp.maps);
+    let report = writer.apply(compiled.desired(), &mut dp.maps);
     assert!(
         report.errors.is_empty() && report.rejected.is_empty(),
         "{report:?}"
@@ -1120,7 +1125,7 @@ fn fixture_capacities() -> Capacities {
 fn datapath(manifests: &str) -> (Datapath, MapWriter) {
     let caps = fixture_capacities();
     let mut dp = Datapath::load(&caps, None).expect("loading the datapath (needs root)");
-    let mut writer = MapWriter::new(caps.limits);
+    let mut writer = MapWriter::new(caps.limits).with_limits6(caps.limits6);
     apply(&mut writer, &mut dp, manifests);
     (dp, writer)
 }
@@ -1212,6 +1217,10 @@ fn packet_fixtures() {
         failures.join("\n")
     );
 }
+
+/// The same table over IPv6, each fixture translated (issue 12).
+#[path = "program/ipv6_twins.rs"]
+mod ipv6_twins;
 
 /// Checks an ICMP reply's IPv4 and ICMP checksums and its length on their own (not by
 /// comparing with the expected bytes, which are built with the same checksum code).
@@ -1697,7 +1706,8 @@ fn counted_between(before: &[u64], after: &[u64]) -> Vec<(&'static str, u64)> {
 /// must give the same verdict, the same exit reasons and the same bytes, so their
 /// conntrack stays the same along the sequence. A packet XDP decided also passes
 /// the TC program untouched when it carries no mark (a driver without XDP
-/// metadata): translated, it is nobody's to translate again.
+/// metadata): translated, it is nobody's to translate again. The fixtures' IPv6
+/// twins ([`ipv6_twins`]) too, through `sliceway_xdp6` and `sliceway_ext6`.
 #[test]
 fn the_xdp_program_decides_every_fixture_packet_as_the_uplink_tc_program_does() {
     use dataplane_common::NatConfig;
@@ -1707,7 +1717,8 @@ fn the_xdp_program_decides_every_fixture_packet_as_the_uplink_tc_program_does() 
         port_min: 61_000,
         port_max: 61_099,
     };
-    let (mut decided, mut handed_over) = (0, 0);
+    // By family: IPv4, IPv6.
+    let (mut decided, mut handed_over) = ([0; 2], [0; 2]);
     let mut failures = Vec::new();
     // Two datapaths for the whole table (loading costs, most of all on the VM tier's
     // emulated kernels): each fixture's maps applied over the last one's, its
@@ -1715,24 +1726,45 @@ fn the_xdp_program_decides_every_fixture_packet_as_the_uplink_tc_program_does() 
     // datapaths keep alike, which is all this test compares.
     let (mut xdp, mut xdp_writer) = datapath("");
     let (mut tc, mut tc_writer) = datapath("");
-    xdp.set_nat(nat).unwrap();
-    tc.set_nat(nat).unwrap();
-    'fixtures: for fixture in FIXTURES {
+    let nat6 = dataplane_common::NatConfig6 {
+        node_addr_be: dataplane_common::addr_of(
+            ipv6_twins::addr(nat.node_addr_be.to_ne_bytes().into()).octets(),
+        ),
+        port_min: nat.port_min,
+        port_max: nat.port_max,
+    };
+    for dp in [&mut xdp, &mut tc] {
+        dp.set_nat(nat).unwrap();
+        dp.set_nat6(nat6).unwrap();
+    }
+    let table = FIXTURES.iter().map(|f| (0, f));
+    let twins = FIXTURES
+        .iter()
+        .filter(|f| ipv6_twins::twinned(f))
+        .map(|f| (1, f));
+    'fixtures: for (family, fixture) in table.chain(twins) {
+        ipv6_twins::set_running(family == 1);
+        let (maps, packet) = (ipv6_twins::maps_of(family), ipv6_twins::packet_of(family));
         for dp in [&mut xdp, &mut tc] {
             let keys: Vec<_> = dp.conntrack().into_iter().map(|(k, _)| k).collect();
             for k in keys {
                 dp.conntrack_map().remove(&k).unwrap();
             }
         }
-        apply(&mut xdp_writer, &mut xdp, fixture.maps);
-        apply(&mut tc_writer, &mut tc, fixture.maps);
+        apply(&mut xdp_writer, &mut xdp, &maps(fixture.maps));
+        apply(&mut tc_writer, &mut tc, &maps(fixture.maps));
         for (i, step) in fixture.steps.iter().enumerate() {
             for (_, manifests) in fixture.remaps.iter().filter(|(n, _)| *n == i) {
-                apply(&mut xdp_writer, &mut xdp, manifests);
-                apply(&mut tc_writer, &mut tc, manifests);
+                apply(&mut xdp_writer, &mut xdp, &maps(manifests));
+                apply(&mut tc_writer, &mut tc, &maps(manifests));
             }
-            let at = format!("{}, step {}", fixture.description, i + 1);
-            let input = (step.input)();
+            let at = format!(
+                "IPv{}: {}, step {}",
+                [4, 6][family],
+                fixture.description,
+                i + 1
+            );
+            let input = packet((step.input)());
             let before = tc.stats().unwrap();
             let want = tc.test_run_as(Role::External, &input).unwrap();
             let want_counted = counted_between(&before, &tc.stats().unwrap());
@@ -1741,7 +1773,7 @@ fn the_xdp_program_decides_every_fixture_packet_as_the_uplink_tc_program_does() 
             let mid = xdp.stats().unwrap();
             let xdp_counted = counted_between(&before, &mid);
             let (verdict, packet, counted) = if xdp_counted == [("xdp_to_tc", 1)] {
-                handed_over += 1;
+                handed_over[family] += 1;
                 if first.verdict != XDP_PASS || first.packet != input {
                     failures.push(format!("{at}: handed over changed or not passed"));
                     continue 'fixtures;
@@ -1750,7 +1782,7 @@ fn the_xdp_program_decides_every_fixture_packet_as_the_uplink_tc_program_does() 
                 let counted = counted_between(&mid, &xdp.stats().unwrap());
                 (out.verdict, out.packet, counted)
             } else {
-                decided += 1;
+                decided[family] += 1;
                 let verdict = match first.verdict {
                     XDP_PASS => PASS,
                     XDP_DROP => DROP,
@@ -1783,11 +1815,12 @@ fn the_xdp_program_decides_every_fixture_packet_as_the_uplink_tc_program_does() 
             }
         }
     }
+    ipv6_twins::set_running(false);
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
-    // Both kinds of packet were met.
+    // Both kinds of packet were met, in both families.
     assert!(
-        decided >= 40 && handed_over >= 5,
-        "{decided} decided, {handed_over} handed over"
+        decided.iter().all(|&n| n >= 40) && handed_over.iter().all(|&n| n >= 5),
+        "{decided:?} decided, {handed_over:?} handed over"
     );
 }
 
@@ -1940,7 +1973,8 @@ fn direct_server_return_carries_the_frontend_to_the_backends_node() {
 
 // IPv6 (issue 12): fixtures through the IPv6 programs (`sliceway_tc6` and
 // `sliceway_ext6`, reached from `sliceway_tc` and `sliceway_tc_ext` by tail call),
-// over maps filled here directly (the map writer learns IPv6 separately): one
+// over maps filled here directly, ids and flags chosen (the map writer fills IPv6's
+// maps from manifests in `ipv6_twins` and the IPv6 source-ranges test): one
 // ClusterIP with a TCP and a UDP port, one backend each; a ClusterIP without
 // backends. Expected packets are built from scratch by the same builder with their
 // checksums computed in full, so an incremental checksum update that went wrong
