@@ -120,6 +120,9 @@ pub struct Fig7Row {
     /// The proxy's own mean sync duration over the run, and its syncs.
     pub own_sync_ms: Option<f64>,
     pub own_syncs: Option<u64>,
+    /// CPU of the whole machine (user, system, interrupts; from `/proc/stat`) per
+    /// 1,000 connections: over the connections, less an equal window with none.
+    pub cpu_ms_per_1k: Option<f64>,
     /// Under churn: endpoint changes written, and from a change's write until the
     /// first connection that reaches its new endpoint (a sample of the changes),
     /// p50 and p99 in milliseconds.
@@ -240,6 +243,24 @@ fn latencies(
         }
         (out, failed)
     })
+}
+
+/// The machine's busy CPU time so far, milliseconds: `/proc/stat`'s user, nice,
+/// system, irq, softirq and steal of all CPUs (USER_HZ is 100 on Linux).
+fn busy_ms() -> Result<u64> {
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    let cpu = stat
+        .lines()
+        .next()
+        .filter(|l| l.starts_with("cpu "))
+        .context("/proc/stat has no cpu line")?;
+    let v: Vec<u64> = cpu
+        .split_whitespace()
+        .skip(1)
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    ensure!(v.len() >= 8, "/proc/stat's cpu line is short: {cpu}");
+    Ok((v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) * 10)
 }
 
 /// The text of `GET path` on a loopback port inside namespace `ns`.
@@ -723,6 +744,9 @@ pub fn real_proxies(cfg: &Config, dir: &Path, prefix: &str) -> Result<Fig7> {
     let mut failed: BTreeMap<Side, usize> = BTreeMap::new();
     let mut programming: BTreeMap<Side, Vec<f64>> = BTreeMap::new();
     let mut own: BTreeMap<Side, (f64, u64)> = BTreeMap::new();
+    // Machine CPU over the connections less an idle window as long (ms), and the
+    // connections, by side.
+    let mut cpu: BTreeMap<Side, (f64, usize)> = BTreeMap::new();
     // Changes, first-packet times (ms) and the proxy's histogram's growth, by side.
     type Churned = (usize, Vec<f64>, BTreeMap<u64, f64>);
     let mut churned: BTreeMap<Side, Churned> = BTreeMap::new();
@@ -749,6 +773,7 @@ pub fn real_proxies(cfg: &Config, dir: &Path, prefix: &str) -> Result<Fig7> {
             };
             // Warm up (neighbours, the servers' threads), then measure.
             latencies(&client_ns, targets, &backends, 20, 7)?;
+            let (b0, t0) = (busy_ms()?, Instant::now());
             let (l, f) = latencies(
                 &client_ns,
                 targets,
@@ -756,6 +781,13 @@ pub fn real_proxies(cfg: &Config, dir: &Path, prefix: &str) -> Result<Fig7> {
                 cfg.fig7_connections,
                 1000 + round as u64,
             )?;
+            let (b1, took) = (busy_ms()?, t0.elapsed());
+            // The same time with nothing sent: what the rest of the machine spends.
+            std::thread::sleep(took);
+            let b2 = busy_ms()?;
+            let e = cpu.entry(side).or_default();
+            e.0 += (b1 - b0) as f64 - (b2 - b1) as f64;
+            e.1 += l.len() + f;
             ensure!(
                 f * 100 <= cfg.fig7_connections,
                 "{}: {f} of {} connections failed",
@@ -823,6 +855,10 @@ pub fn real_proxies(cfg: &Config, dir: &Path, prefix: &str) -> Result<Fig7> {
                     .filter(|(_, c)| *c > 0)
                     .map(|(s, c)| s * 1e3 / *c as f64),
                 own_syncs: own.get(&side).map(|(_, c)| *c),
+                cpu_ms_per_1k: cpu
+                    .get(&side)
+                    .filter(|(_, n)| *n > 0)
+                    .map(|(ms, n)| ms * 1000.0 / *n as f64),
                 churn_changes: churned.get(&side).map(|c| c.0),
                 churn_probes: churned.get(&side).map(|c| c.1.len()),
                 churn_first_packet_ms: churned
@@ -864,7 +900,11 @@ pub fn real_proxies(cfg: &Config, dir: &Path, prefix: &str) -> Result<Fig7> {
              [min–max]; p50, p99 and p99.9 over every sample of the run. Programmed: from the proxy's start until the first, \
              the last and {PROBES} random Services all answer. Own sync: the proxy's \
              mean sync duration from its metrics (`kubeproxy_sync_proxy_rules_duration_seconds`, \
-             `sliceway_sync_duration_seconds`).",
+             `sliceway_sync_duration_seconds`). CPU per 1,000 connections: the whole \
+             machine's busy time from /proc/stat over the connections (client, servers, \
+             kernel, proxy) less an equal window with none right after, so the floor's \
+             is the cost of the connections themselves and a proxy's excess over it is its \
+             own.",
             conns = cfg.fig7_connections,
             rounds = cfg.fig7_rounds,
             selecting = n - churn_n,

@@ -316,6 +316,21 @@ pub fn targets(r: &Report) -> Vec<Target> {
     ));
     out.push(target(
         7,
+        "CPU per new connection at 10,000 Services below both kube-proxy modes",
+        r.fig7
+            .ok()
+            .filter(|f| f.rows.iter().any(|row| row.services == 10_000))
+            .and_then(|f| {
+                let c = |side| f.row(side).and_then(|row| row.cpu_ms_per_1k);
+                let (s, i, n) = (c(Side::Sliceway)?, c(Side::Iptables)?, c(Side::Nftables)?);
+                Some((
+                    format!("{s:.0} ms per 1,000 connections; iptables {i:.0}, nftables {n:.0}"),
+                    s < i && s < n,
+                ))
+            }),
+    ));
+    out.push(target(
+        7,
         "network programming under churn at 10,000 Services: p99 at most 1 s and below both kube-proxy modes",
         r.fig7.ok().filter(|f| f.rows.iter().any(|row| row.services == 10_000)).and_then(|f| {
             let p99 = |side| f.row(side).and_then(|row| row.churn_first_packet_ms).map(|p| p.1);
@@ -674,7 +689,7 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
             let floor = f.row(Side::Floor).map(|row| row.p50_all_us);
             let _ = writeln!(
                 m,
-                "| side | Services | p50 per round (µs) | p50 (µs) | p99 (µs) | p99.9 (µs) | p50 over the floor (µs) | p50 / floor | samples (failed) | programmed (s) | own sync, mean (ms, syncs) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+                "| side | Services | p50 per round (µs) | p50 (µs) | p99 (µs) | p99.9 (µs) | p50 over the floor (µs) | p50 / floor | samples (failed) | programmed (s) | own sync, mean (ms, syncs) | CPU per 1,000 connections (ms) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
             );
             for row in &f.rows {
                 let (over, ratio) = match floor {
@@ -686,7 +701,7 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
                 };
                 let _ = writeln!(
                     m,
-                    "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {over} | {ratio} | {} ({}) | {} | {} |",
+                    "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {over} | {ratio} | {} ({}) | {} | {} | {} |",
                     row.side.name(),
                     row.services,
                     row.p50_us.show(0),
@@ -700,6 +715,7 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
                         (Some(ms), Some(n)) => format!("{ms:.1} ({n})"),
                         _ => "–".into(),
                     },
+                    row.cpu_ms_per_1k.map_or("–".into(), |c| format!("{c:.0}")),
                 );
             }
             let _ = writeln!(
