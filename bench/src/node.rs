@@ -268,52 +268,87 @@ pub const LATENCY_PORT: u16 = 9090;
 /// A server per backend pod that answers as the lab's servers do (`NAME IP`), but
 /// blocks in `accept` and answers on the accepting thread, so its own latency is a few
 /// microseconds (the lab's servers poll `accept` every 5 ms, which would hide the
-/// proxies' differences). Stopped on drop.
+/// proxies' differences). It closes only after the client has: the TIME_WAIT of each
+/// connection stays with the client, whose port choice avoids it. Closing first, the
+/// servers kept one for every recent client port, and with NAT a new connection
+/// from a port whose old one went to another Service met it (its SYN taken for an old
+/// duplicate, answered with an ACK, retried a second later). Servers and client run at
+/// SCHED_FIFO ([`realtime`]). Stopped on drop.
 pub struct LatencyServers {
     stop: Arc<std::sync::atomic::AtomicBool>,
+    port: u16,
     threads: Vec<(String, std::thread::JoinHandle<()>)>,
 }
 
 impl LatencyServers {
+    /// Figure 2's: the lab's backend pods, on [`LATENCY_PORT`].
     pub fn start(lab: &Lab) -> Result<Self> {
-        use std::io::Write as _;
+        let pods: Vec<(String, String, std::net::IpAddr)> = lab
+            .backends
+            .iter()
+            .map(|p| (p.name.clone(), p.ns.clone(), p.ip.into()))
+            .collect();
+        Self::start_in(&pods, LATENCY_PORT)
+    }
+
+    /// One in each pod (name, network namespace, address) on `port`.
+    pub fn start_in(pods: &[(String, String, std::net::IpAddr)], port: u16) -> Result<Self> {
+        use std::io::{Read as _, Write as _};
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let mut threads = Vec::new();
-        for pod in &lab.backends {
-            let listener = in_netns(&pod.ns, || {
-                std::net::TcpListener::bind(("0.0.0.0", LATENCY_PORT))
-            })??;
-            let ident = format!("{} {}\n", pod.name, pod.ip);
+        for (name, ns, ip) in pods {
+            let listener = in_netns(ns, move || std::net::TcpListener::bind(("0.0.0.0", port)))?
+                .with_context(|| format!("listening on :{port} in pod {name}"))?;
+            let ident = format!("{name} {ip}\n");
             let stop = stop.clone();
             let t = std::thread::spawn(move || {
+                realtime();
                 while !stop.load(std::sync::atomic::Ordering::SeqCst) {
                     let Ok((conn, _)) = listener.accept() else {
                         continue;
                     };
                     let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+                    let mut reader = BufReader::new(&conn);
                     let mut line = String::new();
-                    if BufReader::new(&conn).read_line(&mut line).is_ok() {
-                        let _ = (&conn).write_all(ident.as_bytes());
+                    if reader.read_line(&mut line).is_ok()
+                        && (&conn).write_all(ident.as_bytes()).is_ok()
+                    {
+                        // Until the client's FIN (or the timeout).
+                        let _ = reader.read_to_end(&mut Vec::new());
                     }
                 }
             });
-            threads.push((pod.ns.clone(), t));
+            threads.push((ns.clone(), t));
         }
-        Ok(Self { stop, threads })
+        Ok(Self {
+            stop,
+            port,
+            threads,
+        })
     }
 }
 
 impl Drop for LatencyServers {
     fn drop(&mut self) {
         self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let port = self.port;
         for (ns, t) in self.threads.drain(..) {
             // Wake the blocked accept from inside the pod.
-            let _ = in_netns(&ns, || {
-                std::net::TcpStream::connect(("127.0.0.1", LATENCY_PORT))
+            let _ = in_netns(&ns, move || {
+                std::net::TcpStream::connect(("127.0.0.1", port))
             });
             let _ = t.join();
         }
     }
+}
+
+/// Puts the calling thread in SCHED_FIFO (a low real-time priority), so a busy
+/// machine's other work cannot hold it off the CPU until the next scheduler tick
+/// when its packet arrives. Whether it took.
+pub fn realtime() -> bool {
+    let param = libc::sched_param { sched_priority: 10 };
+    // SAFETY: plain syscall on the calling thread (pid 0) with a valid parameter.
+    unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) == 0 }
 }
 
 /// One (size, proxy) cell of figure 2.
@@ -346,6 +381,7 @@ fn latencies(
     let targets = targets.to_vec();
     let backends: Vec<_> = lab.backends.iter().map(|b| b.ip).collect();
     in_netns(&lab.client.ns, move || {
+        realtime();
         let mut rng = Rng::new(seed);
         let mut out = Vec::with_capacity(count);
         let mut failed = 0;

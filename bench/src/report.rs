@@ -724,7 +724,7 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
                  moving one of the selector-less Services' endpoint to another backend; every \
                  {CHURN_PROBE_EVERY}th change followed from the client pod until a connection \
                  reaches the new endpoint):\n\n\
-                 | side | changes | followed | change to first packet, p50 / p99 (ms) | own network-programming histogram, p50 / p99 (ms, bucket bounds) |\n\
+                 | side | changes | followed (not seen in 30 s) | change to first packet, p50 / p99 (ms) | own network-programming histogram, p50 / p99 (ms, bucket bounds) |\n\
                  |---|---:|---:|---:|---:|"
             );
             for row in f.rows.iter().filter(|row| row.churn_changes.is_some()) {
@@ -733,10 +733,11 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
                 };
                 let _ = writeln!(
                     m,
-                    "| {} | {} | {} | {} | {} |",
+                    "| {} | {} | {} ({}) | {} | {} |",
                     row.side.name(),
                     row.churn_changes.unwrap_or(0),
                     row.churn_probes.unwrap_or(0),
+                    row.churn_not_seen.unwrap_or(0),
                     pair(row.churn_first_packet_ms),
                     pair(row.churn_own_ms),
                 );
