@@ -4,14 +4,17 @@
 //! every node and sliceway-controller writing the EndpointSlices. Then the same
 //! Services, Pods and flows with upstream's kube-proxy on every node (iptables mode,
 //! then nftables mode) and with sliceway again: the backends each flow reaches must
-//! be the same.
+//! be the same. Every Service is dual-stack and every flow runs over IPv4 and IPv6,
+//! so both proxies compile each family from its own EndpointSlices (`addressType`),
+//! as kube-proxy runs one proxier per family
+//! (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/metaproxier/meta_proxier.go#L85-L96>).
 //!
 //! One cluster serves every step (starting one costs about 20 s), so the steps run in
 //! order inside one test.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::SocketAddrV4,
+    net::{IpAddr, SocketAddr},
     time::{Duration, Instant},
 };
 
@@ -83,13 +86,37 @@ fn eventually<T: std::fmt::Debug>(
     }
 }
 
-/// One flow: a client pod, a Service address and a protocol.
+/// One flow: a client pod, a Service address (either family) and a protocol.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct Flow {
     client: String,
     service: String,
-    to: SocketAddrV4,
+    to: SocketAddr,
     udp: bool,
+}
+
+/// What makes a Service made by `kubectl expose` (IPv4, the cluster's first family)
+/// dual-stack: the API server gives it an IPv6 ClusterIP beside its IPv4 one.
+const DUAL_STACK: &str = r#""ipFamilyPolicy":"RequireDualStack","ipFamilies":["IPv4","IPv6"]"#;
+
+/// Both ClusterIPs of a dual-stack Service, IPv4's first.
+fn dual_stack_ips(c: &Cluster, name: &str) -> Result<[IpAddr; 2]> {
+    let ips = c.cluster_ips("default", name)?;
+    match ips[..] {
+        [v4 @ IpAddr::V4(_), v6 @ IpAddr::V6(_)] => Ok([v4, v6]),
+        _ => bail!("Service {name} is not dual-stack, IPv4 first: ClusterIPs {ips:?}"),
+    }
+}
+
+/// The backends `FLOWS` new TCP connections from `netns` reach, by ClusterIP.
+fn tcp_by_family(
+    netns: &str,
+    ips: [IpAddr; 2],
+    port: u16,
+) -> Result<BTreeMap<IpAddr, BTreeSet<String>>> {
+    ips.iter()
+        .map(|ip| Ok((*ip, backends(&tcp_spread(netns, (*ip, port), FLOWS)?))))
+        .collect()
 }
 
 /// The backends each flow reaches (over `FLOWS` new connections).
@@ -143,30 +170,42 @@ fn cluster_lab_sliceway_end_to_end_and_same_backends_as_kube_proxy() -> Result<(
         "svc",
         "web-local",
         "-p",
-        r#"{"spec":{"internalTrafficPolicy":"Local"}}"#,
+        &format!(r#"{{"spec":{{"internalTrafficPolicy":"Local",{DUAL_STACK}}}}}"#),
     ])?;
+    for name in ["web", "web-udp"] {
+        c.kubectl(&[
+            "patch",
+            "svc",
+            name,
+            "-p",
+            &format!(r#"{{"spec":{{{DUAL_STACK}}}}}"#),
+        ])?;
+    }
     c.kubectl_stdin(&["apply", "-f", "-"], CLIENTS)?;
     c.wait_ready_pods("default", "app=web", 4)?;
     c.wait_ready_pods("default", "app=client", 2)?;
-    let web = c.cluster_ip("default", "web")?;
-    let web_udp = c.cluster_ip("default", "web-udp")?;
-    let web_local = c.cluster_ip("default", "web-local")?;
+    let web = dual_stack_ips(&c, "web")?;
+    let web_udp = dual_stack_ips(&c, "web-udp")?;
+    let web_local = dual_stack_ips(&c, "web-local")?;
 
-    // ClusterIP from pods on both nodes reaches every pod on both nodes.
+    // Each ClusterIP, of either family, from pods on both nodes reaches every pod on
+    // both nodes.
     let pods = placement(&c, "app=web")?;
     let mut flows = Vec::new();
     for client in ["client-1", "client-2"] {
-        for (service, to, udp) in [
-            ("web", SocketAddrV4::new(web, 80), false),
-            ("web-udp", SocketAddrV4::new(web_udp, 53), true),
-            ("web-local", SocketAddrV4::new(web_local, 81), false),
+        for (service, ips, port, udp) in [
+            ("web", web, 80, false),
+            ("web-udp", web_udp, 53, true),
+            ("web-local", web_local, 81, false),
         ] {
-            flows.push(Flow {
-                client: client.into(),
-                service: service.into(),
-                to,
-                udp,
-            });
+            for ip in ips {
+                flows.push(Flow {
+                    client: client.into(),
+                    service: service.into(),
+                    to: SocketAddr::new(ip, port),
+                    udp,
+                });
+            }
         }
     }
     let expected = |f: &Flow| eligible(&pods, f);
@@ -182,22 +221,26 @@ fn cluster_lab_sliceway_end_to_end_and_same_backends_as_kube_proxy() -> Result<(
         },
     )?;
 
-    // Scale up: the new pod gets traffic within the budget.
+    // Scale up: the new pod gets traffic within the budget, over both families (each
+    // from its own EndpointSlice).
     let ns1 = c.pod_netns("default", "client-1")?;
     c.kubectl(&["scale", "deployment", "web", "--replicas=5"])?;
     c.wait_ready_pods("default", "app=web", 5)?;
     let five: BTreeSet<String> = placement(&c, "app=web")?.keys().cloned().collect();
     eventually("the new pod receives connections", || {
-        let got = backends(&tcp_spread(&ns1, SocketAddrV4::new(web, 80), FLOWS)?);
-        Ok((got == five, got))
+        let got = tcp_by_family(&ns1, web, 80)?;
+        Ok((got.values().all(|b| *b == five), got))
     })?;
 
     // A deleted pod gets no new connections once it is terminating.
     let victim = five.iter().next().cloned().context("a web pod")?;
     c.kubectl(&["delete", "pod", &victim, "--grace-period=3", "--wait=false"])?;
     eventually("the deleted pod receives no new connections", || {
-        let got = backends(&tcp_spread(&ns1, SocketAddrV4::new(web, 80), FLOWS)?);
-        Ok((!got.contains(&victim) && !got.contains("(failed)"), got))
+        let got = tcp_by_family(&ns1, web, 80)?;
+        let ok = got
+            .values()
+            .all(|b| !b.contains(&victim) && !b.contains("(failed)"));
+        Ok((ok, got))
     })?;
 
     // Scale down: the pods that go get no new connections.
@@ -205,38 +248,52 @@ fn cluster_lab_sliceway_end_to_end_and_same_backends_as_kube_proxy() -> Result<(
     c.wait_ready_pods("default", "app=web", 3)?;
     let three: BTreeSet<String> = placement(&c, "app=web")?.keys().cloned().collect();
     eventually("only the remaining pods receive connections", || {
-        let got = backends(&tcp_spread(&ns1, SocketAddrV4::new(web, 80), FLOWS)?);
-        Ok((got == three, got))
+        let got = tcp_by_family(&ns1, web, 80)?;
+        Ok((got.values().all(|b| *b == three), got))
     })?;
 
-    // An established connection survives a crash and restart of the agent on its node.
-    let mut conn = cluster_echo(&ns1, SocketAddrV4::new(web, 80))?;
-    conn.roundtrip("before the restart")?;
+    // An established connection of each family survives a crash and restart of the
+    // agent on its node.
+    let mut conns = web
+        .iter()
+        .map(|ip| cluster_echo(&ns1, SocketAddr::new(*ip, 80)))
+        .collect::<Result<Vec<_>>>()?;
+    for conn in &mut conns {
+        conn.roundtrip("before the restart")?;
+    }
     c.kill_proxy("node-1")?;
     c.start_proxies_on(Proxy::Sliceway, &["node-1".to_string()])?;
-    conn.roundtrip("after the restart")
-        .context("the established connection did not survive the agent's restart")?;
-    drop(conn);
+    for (conn, ip) in conns.iter_mut().zip(web) {
+        conn.roundtrip("after the restart").with_context(|| {
+            format!("the established connection to {ip} did not survive the agent's restart")
+        })?;
+    }
+    drop(conns);
 
-    // Deleting the Service stops its traffic.
+    // Deleting the Service stops its traffic, in both families.
     c.kubectl(&["delete", "svc", "web-udp"])?;
     eventually("the deleted Service answers no more", || {
-        let got = udp_spread(&ns1, SocketAddrV4::new(web_udp, 53), 4)?;
-        Ok((
-            backends(&got) == BTreeSet::from(["(failed)".to_string()]),
-            got,
-        ))
+        let mut got = BTreeMap::new();
+        for ip in web_udp {
+            got.insert(ip, backends(&udp_spread(&ns1, (ip, 53), 4)?));
+        }
+        let failed = BTreeSet::from(["(failed)".to_string()]);
+        Ok((got.values().all(|b| *b == failed), got))
     })?;
-    c.kubectl(&[
-        "expose",
-        "deployment",
-        "web",
-        "--name=web-udp",
-        "--port=53",
-        "--target-port=8080",
-        "--protocol=UDP",
-        &format!("--cluster-ip={web_udp}"),
-    ])?;
+    // Made again with the same ClusterIPs, so the flows stay as they were; this time
+    // dual-stack from the start (PreferDualStack: both families, as the cluster has
+    // both).
+    c.kubectl_stdin(
+        &["apply", "-f", "-"],
+        &format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: web-udp}}\nspec:\n  selector: {{app: web}}\n  ipFamilyPolicy: PreferDualStack\n  ipFamilies: [IPv4, IPv6]\n  clusterIP: {0}\n  clusterIPs: [{0}, {1}]\n  ports: [{{port: 53, targetPort: 8080, protocol: UDP}}]\n",
+            web_udp[0], web_udp[1]
+        ),
+    )?;
+    ensure!(
+        dual_stack_ips(&c, "web-udp")? == web_udp,
+        "web-udp made again with other ClusterIPs"
+    );
 
     // The same flows with upstream's kube-proxy on every node, in iptables mode and
     // in nftables mode, then with sliceway again.
@@ -273,10 +330,15 @@ fn cluster_lab_sliceway_end_to_end_and_same_backends_as_kube_proxy() -> Result<(
         "flows that differ:\n{}",
         differ.join("\n")
     );
+    eprintln!(
+        "{} flows ({} over IPv6) reach the same backends over sliceway and kube-proxy (iptables, nftables)",
+        flows.len(),
+        flows.iter().filter(|f| f.to.is_ipv6()).count()
+    );
     Ok(())
 }
 
-fn cluster_echo(netns: &str, to: SocketAddrV4) -> Result<EchoConn> {
+fn cluster_echo(netns: &str, to: SocketAddr) -> Result<EchoConn> {
     sliceway_lab::netns::in_netns(netns, move || EchoConn::open(to, Duration::from_secs(3)))?
 }
 

@@ -27,7 +27,7 @@ pub use forward::Forwarder;
 use std::{
     fs,
     io::{Read, Write},
-    net::{Ipv4Addr, TcpListener, TcpStream},
+    net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream},
     os::unix::process::CommandExt,
     path::{Path, PathBuf},
     process::{Command, Stdio},
@@ -823,6 +823,8 @@ impl Cluster {
             let _ = fs::remove_dir_all(&node.bpffs);
             let _ = netns::nsenter(&node.netns, "iptables", &["-t", "nat", "-F"]);
             let _ = netns::nsenter(&node.netns, "iptables", &["-t", "filter", "-F"]);
+            let _ = netns::nsenter(&node.netns, "ip6tables", &["-t", "nat", "-F"]);
+            let _ = netns::nsenter(&node.netns, "ip6tables", &["-t", "filter", "-F"]);
             let _ = netns::nsenter(&node.netns, "nft", &["flush", "ruleset"]);
             let _ = netns::nsenter(&node.netns, "conntrack", &["-F"]);
         }
@@ -1066,13 +1068,14 @@ pub fn for_test_named(spec: &Spec, name: &str) -> Result<Cluster> {
 }
 
 /// Which backends answered `n` new TCP connections from the network namespace
-/// `netns` to `to`, with how many connections each; failed connections are counted
-/// under `"(failed)"`.
+/// `netns` to `to` (either family), with how many connections each; failed
+/// connections are counted under `"(failed)"`.
 pub fn tcp_spread(
     netns: &str,
-    to: std::net::SocketAddrV4,
+    to: impl Into<SocketAddr>,
     n: usize,
 ) -> Result<std::collections::BTreeMap<String, usize>> {
+    let to = to.into();
     spread(netns, n, move || {
         crate::servers::tcp_request(to, Duration::from_secs(2))
     })
@@ -1081,9 +1084,10 @@ pub fn tcp_spread(
 /// The same for UDP: one datagram per request, each from a new socket.
 pub fn udp_spread(
     netns: &str,
-    to: std::net::SocketAddrV4,
+    to: impl Into<SocketAddr>,
     n: usize,
 ) -> Result<std::collections::BTreeMap<String, usize>> {
+    let to = to.into();
     spread(netns, n, move || {
         crate::servers::udp_request(to, Duration::from_millis(500))
     })
@@ -1122,6 +1126,26 @@ impl Cluster {
         ip.trim()
             .parse()
             .with_context(|| format!("Service {namespace}/{name} has no IPv4 ClusterIP ({ip:?})"))
+    }
+
+    /// Every ClusterIP of Service `namespace/name` (`spec.clusterIPs`: one per
+    /// family, the primary family's first).
+    pub fn cluster_ips(&self, namespace: &str, name: &str) -> Result<Vec<IpAddr>> {
+        let ips = self.kubectl(&[
+            "-n",
+            namespace,
+            "get",
+            "svc",
+            name,
+            "-o",
+            "jsonpath={.spec.clusterIPs[*]}",
+        ])?;
+        ips.split_whitespace()
+            .map(|ip| {
+                ip.parse()
+                    .with_context(|| format!("Service {namespace}/{name}: ClusterIP {ip:?}"))
+            })
+            .collect()
     }
 
     /// The pid of a process the lab started (`kube-apiserver`, `sliceway-controller`, ...).
