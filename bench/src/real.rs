@@ -704,8 +704,8 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
     ));
     let t = Instant::now();
     let rt = tokio::runtime::Runtime::new()?;
-    let vips = rt.block_on(populate(&cluster, n - churn_n))?;
-    let churn_vips = rt.block_on(churn_populate(&cluster, churn_n, &backends))?;
+    let vips = rt.block_on(populate(cluster, n - churn_n))?;
+    let churn_vips = rt.block_on(churn_populate(cluster, churn_n, &backends))?;
     let mut at: Vec<usize> = (0..churn_n).map(|i| i % BACKENDS).collect();
     let populate_s = t.elapsed().as_secs_f64();
     let mut rng = Rng::new(77);
@@ -781,7 +781,7 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
                 let before = programming_histogram(&node_ns, side)?;
                 let c = rt
                     .block_on(churn(
-                        &cluster,
+                        cluster,
                         &client_ns,
                         &churn_vips,
                         &backends,
