@@ -34,7 +34,8 @@ pub const JUMP_DSR: u32 = 3;
 /// Option 30 with the copied flag (0x80 | 30): the experimental value of RFC 4727
 /// (https://www.rfc-editor.org/rfc/rfc4727#section-2.4), never given to anything
 /// else. Eight bytes: type, length, the frontend's port, then its address (both in
-/// network byte order).
+/// network byte order). IPv6 carries the same in a destination options header
+/// ([`dsr6`]).
 pub mod dsr {
     pub const OPT_TYPE: u8 = 0x9e;
     pub const OPT_LEN: u8 = 8;

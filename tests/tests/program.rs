@@ -2595,7 +2595,8 @@ mod v6 {
     /// decides IPv6 from outside as the uplink's TC program (`sliceway_ext6`) does:
     /// two datapaths alike, each packet through XDP on one (and through TC where XDP
     /// leaves it there) and through TC alone on the other, the same verdict, exits
-    /// and bytes from both. What needs a tail call (a reject, SCTP) XDP leaves to TC
+    /// and bytes from both. What needs a tail call (a reject, SCTP, direct server
+    /// return's new connection and a packet carrying its header) XDP leaves to TC
     /// untouched, counted `xdp_to_tc`.
     #[test]
     fn ipv6_from_outside_is_decided_by_xdp_as_by_the_uplink_tc_program() {

@@ -13,7 +13,9 @@
 //! the fixed IPv6 header, where the kernel makes room (`bpf_skb_adjust_room`,
 //! `BPF_ADJ_ROOM_NET`), whatever extension headers follow: the fixed header's next
 //! header becomes 60 and the new header's is the one it replaced, so the chain
-//! stays valid. The payload length grows by the header's 24 bytes; the TCP or UDP
+//! stays valid. Only a hop-by-hop options header must stay first (RFC 8200, 4.1):
+//! a packet with one is dropped (`drop_dsr_option`), never sent on without the
+//! header, as IPv4 drops a packet whose header has no room left for its option. The payload length grows by the header's 24 bytes; the TCP or UDP
 //! checksum stays as it is, because its pseudo-header holds the upper-layer packet
 //! length (the transport header and data, not the extension headers before them)
 //! and the final destination, neither of which changes (RFC 8200, 8.1,
