@@ -34,7 +34,8 @@ pub const JUMP_DSR: u32 = 3;
 /// Option 30 with the copied flag (0x80 | 30): the experimental value of RFC 4727
 /// (https://www.rfc-editor.org/rfc/rfc4727#section-2.4), never given to anything
 /// else. Eight bytes: type, length, the frontend's port, then its address (both in
-/// network byte order).
+/// network byte order). IPv6 carries the same in a destination options header
+/// ([`dsr6`]).
 pub mod dsr {
     pub const OPT_TYPE: u8 = 0x9e;
     pub const OPT_LEN: u8 = 8;
@@ -194,9 +195,9 @@ pub const SVC_F_SOURCE_RANGES: u32 = 1 << 2;
 pub const SVC_F_MAGLEV: u32 = 1 << 3;
 /// Direct server return (`--external-mode dsr`): a connection from outside the node
 /// that would be masqueraded keeps its client's address instead, and leaves with the
-/// frontend in an IPv4 option ([`dsr`]); the backend's node records it and its
-/// replies go straight to the client from the frontend's address. Read by the uplink
-/// program only.
+/// frontend in an IPv4 option ([`dsr`]) or an IPv6 destination options header
+/// ([`dsr6`]); the backend's node records it and its replies go straight to the
+/// client from the frontend's address. Read by the uplink programs only.
 pub const SVC_F_DSR: u32 = 1 << 4;
 
 /// What the `SOURCE_RANGES` longest-prefix-match map matches on (after the key's
@@ -677,11 +678,12 @@ pub mod stat {
     /// counted): passed at once.
     pub const PASS_XDP_DECIDED: u32 = 30;
     /// A new connection from outside to a frontend with direct server return: sent
-    /// on with the client's own address and the frontend in an IPv4 option.
+    /// on with the client's own address and the frontend in an IPv4 option (IPv6: a
+    /// destination options header).
     pub const DNAT_DSR: u32 = 31;
     /// Such a connection could not get its option (the IPv4 header holds too many
-    /// options already, or the kernel refused the room): dropped, never sent on
-    /// without it. Also a packet carrying the option addressed to a frontend or a
+    /// options already, or the kernel refused the room; IPv6: the kernel refused
+    /// the room): dropped, never sent on without it. Also a packet carrying the option addressed to a frontend or a
     /// ClusterIP (the option comes only on translated packets): dropped, never
     /// passed to the frontend untranslated.
     pub const DROP_DSR_OPTION: u32 = 32;

@@ -165,8 +165,11 @@ pub const IPV6_EXT_MAX: usize = 6;
 /// IPv6 packet to (so IPv4's programs keep their frame and verifier cost), their
 /// reject programs and their ICMPv6 error programs. A slot left empty (a kernel that
 /// refused the IPv6 programs) passes IPv6 untouched, counted `pass_not_ipv4`; an
-/// empty ICMPv6 slot passes ICMPv6 untouched, counted `pass_not_l4`.
-pub const JUMP6_SLOTS: u32 = 8;
+/// empty ICMPv6 slot passes ICMPv6 untouched, counted `pass_not_l4`; with an empty
+/// direct server return slot a new connection is dropped (`drop_dsr_option`) and a
+/// packet carrying the header passes unrecorded (`pass_dsr_refused`), as with
+/// IPv4's `JUMP_DSR`.
+pub const JUMP6_SLOTS: u32 = 9;
 /// `sliceway_tc6`, reached from `sliceway_tc`.
 pub const JUMP6_TC: u32 = 0;
 /// `sliceway_ext6`, reached from `sliceway_tc_ext`.
@@ -184,6 +187,52 @@ pub const JUMP6_REJECT_L3: u32 = 5;
 pub const JUMP6_ICMP: u32 = 6;
 /// `sliceway_icmp6_l3`: the same without one.
 pub const JUMP6_ICMP_L3: u32 = 7;
+/// `sliceway_dsr6`: direct server return's destination options header ([`dsr6`]),
+/// for interfaces with and without an Ethernet header alike (the offset of the IPv6
+/// header comes with the handover).
+pub const JUMP6_DSR: u32 = 8;
+
+/// Direct server return over IPv6 (`--external-mode dsr`, [`crate::SVC_F_DSR`]):
+/// what IPv4's option ([`crate::dsr`]) says, in a Destination Options extension
+/// header (RFC 8200, 4.6: next header 60) the first node puts right after the fixed
+/// IPv6 header, as Cilium's DSR does for IPv6 (`dsr_set_ext6`,
+/// https://github.com/cilium/cilium/blob/main/bpf/lib/nodeport.h). 24 bytes, a
+/// multiple of 8 as RFC 8200, 4.6 asks:
+///
+/// ```text
+///  0: next header (the packet's before)  1: length, 8-byte units after the first 8: 2
+///  2: option type OPT_TYPE               3: option data length: 18
+///  4: the frontend's address (16)       20: the frontend's port (2)
+/// 22: PadN with no data (type 1, length 0: two bytes, RFC 8200, 4.2)
+/// ```
+///
+/// The option type is 0x1e, an RFC 3692-style experimental value of RFC 4727
+/// (https://www.iana.org/assignments/ipv6-parameters/ipv6-parameters.xhtml#ipv6-parameters-2),
+/// never given to anything else, as IPv4's option is (Cilium uses 0x1b,
+/// unassigned). Its two high-order bits are 00, "skip over
+/// this option and continue processing the header" if unrecognized (RFC 8200, 4.2,
+/// https://www.rfc-editor.org/rfc/rfc8200#section-4.2): the header is left on the
+/// packet, and the pod's kernel, which knows nothing of it, must accept the packet
+/// all the same (any other action discards it, with or without an ICMPv6 error). The
+/// third bit is 0: the data does not change on the way.
+pub mod dsr6 {
+    pub const OPT_TYPE: u8 = 0x1e;
+    /// The option's data: the frontend's address and port.
+    pub const OPT_DATA_LEN: u8 = 18;
+    /// The whole header, in bytes.
+    pub const HDR_LEN: usize = 24;
+    /// The header's length field: 8-byte units not counting the first 8.
+    pub const HDR_EXT_LEN: u8 = ((HDR_LEN - 8) / 8) as u8;
+    /// PadN (RFC 8200, 4.2), here with no data bytes: two bytes of padding.
+    pub const PADN: u8 = 1;
+    /// Offsets in the header.
+    pub const ADDR_OFF: usize = 4;
+    pub const PORT_OFF: usize = 20;
+    pub const PAD_OFF: usize = 22;
+    const _: () = assert!(HDR_LEN.is_multiple_of(8));
+    const _: () = assert!(PAD_OFF + 2 == HDR_LEN);
+    const _: () = assert!(2 + OPT_DATA_LEN as usize == PAD_OFF - 2);
+}
 
 /// Slots of the `XDP_JUMP6` program array: an XDP program can tail-call XDP
 /// programs only, so `sliceway_xdp` hands IPv6 to its IPv6 program through a map of

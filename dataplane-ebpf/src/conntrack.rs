@@ -465,21 +465,36 @@ pub struct Dsr {
 pub fn adopt_dsr(c: Dsr, service_id: u32, now: u64) -> bool {
     let key = CtKey::v4(c.client_be, c.frontend_be, c.sport_be, c.fport_be, c.proto);
     let reply = CtKey::v4(c.pod_be, c.client_be, c.pod_port_be, c.sport_be, c.proto);
-    if reply_taken(&reply, &key, now) {
+    adopt_dsr_keys(&key, &reply, c.tcp_flags, service_id, now)
+}
+
+/// [`adopt_dsr`] over the connection's two keys, for either family (IPv6's
+/// `crate::v6::dsr` makes `FAMILY_V6` keys): `key` client to frontend, `reply` pod
+/// to client.
+#[inline(always)]
+pub fn adopt_dsr_keys(
+    key: &CtKey,
+    reply: &CtKey,
+    tcp_flags: u8,
+    service_id: u32,
+    now: u64,
+) -> bool {
+    let proto = key.proto;
+    if reply_taken(reply, key, now) {
         return false;
     }
-    let live = maps::with_conntrack(&key, |f| {
-        (f.dir == CT_FORWARD && same(&f.pair, &reply) && alive(f, now)).then_some(f.flags)
+    let live = maps::with_conntrack(key, |f| {
+        (f.dir == CT_FORWARD && same(&f.pair, reply) && alive(f, now)).then_some(f.flags)
     });
     if let Some(Some(seen)) = live {
-        let (s, seen) = next_state(c.proto, seen, c.tcp_flags, true);
-        maps::conntrack_touch(&key, s, seen, now);
-        let _ = maps::conntrack(&reply);
+        let (s, seen) = next_state(proto, seen, tcp_flags, true);
+        maps::conntrack_touch(key, s, seen, now);
+        let _ = maps::conntrack(reply);
         return true;
     }
-    let (s, seen) = next_state(c.proto, 0, c.tcp_flags, true);
+    let (s, seen) = next_state(proto, 0, tcp_flags, true);
     let forward = CtEntry {
-        pair: reply,
+        pair: *reply,
         last_seen_ns: now,
         service_id,
         backend_id: u32::MAX,
@@ -489,7 +504,7 @@ pub fn adopt_dsr(c: Dsr, service_id: u32, now: u64) -> bool {
         _pad: [0; 5],
     };
     let reverse = CtEntry {
-        pair: key,
+        pair: *key,
         dir: CT_REVERSE,
         ..forward
     };

@@ -16,6 +16,10 @@
 //! the first node's conntrack entry (a TCP SYN, the first datagram of a UDP flow, or
 //! the first packet a node sees of a flow moved to it), right after the fixed IPv4
 //! header, where the kernel makes room (`bpf_skb_adjust_room`, `BPF_ADJ_ROOM_NET`).
+//!
+//! IPv6 has its own program, `sliceway_dsr6` (`crate::v6::dsr`), reached from the
+//! IPv6 uplink programs: the same over IPv6's maps, the frontend in a destination
+//! options header instead of an IPv4 option.
 
 use aya_ebpf::{
     bindings::{bpf_adj_room_mode::BPF_ADJ_ROOM_NET, TC_ACT_OK, TC_ACT_SHOT},

@@ -77,8 +77,9 @@ pub fn frontend_key6(flow: &Flow6) -> ServiceKey6 {
     }
 }
 
-/// [`frontend_external`] for IPv6. Direct server return is IPv4's alone (its
-/// option is an IPv4 option): an IPv6 frontend with `SVC_F_DSR` is masqueraded.
+/// [`frontend_external`] for IPv6: direct server return's frontend goes in a
+/// destination options header (`crate::v6::dsr`) instead of an IPv4 option; SCTP
+/// is masqueraded, as over IPv4.
 #[inline(always)]
 pub fn frontend_external6(flow: &Flow6) -> Option<(ServiceValue, u8)> {
     let key = ServiceKey6 {
@@ -88,7 +89,15 @@ pub fn frontend_external6(flow: &Flow6) -> Option<(ServiceValue, u8)> {
     if let Some(local) = maps::service6(&key) {
         return Some((local, conntrack::NAT_KEEP));
     }
-    maps::service6(&frontend_key6(flow)).map(|any| (any, conntrack::NAT_MASQUERADE))
+    maps::service6(&frontend_key6(flow)).map(|any| {
+        let dsr = any.flags & SVC_F_DSR != 0 && flow.proto != PROTO_SCTP;
+        let nat = if dsr {
+            conntrack::NAT_DSR
+        } else {
+            conntrack::NAT_MASQUERADE
+        };
+        (any, nat)
+    })
 }
 
 /// [`is_clusterip`] for IPv6.

@@ -10,8 +10,9 @@
 //! IPv6 goes by tail call to `sliceway_xdp6` (`XDP_JUMP6`; an XDP program can reach
 //! XDP programs only), which runs `sliceway_ext6`'s body ([`v6::decide`]) the same
 //! way, so IPv4's program keeps its frame and verifier cost. It leaves to TC what
-//! `sliceway_ext6` hands on by tail call (rejects, SCTP) and what it does not
-//! translate (ICMPv6, its errors included, and other protocols). Without it (not
+//! `sliceway_ext6` hands on by tail call (rejects, SCTP, direct server return's new
+//! connections and packets carrying its header) and what it does not translate
+//! (ICMPv6, its errors included, and other protocols). Without it (not
 //! loaded, or refused by the kernel) the tail call fails and IPv6 goes to TC
 //! untouched, as everything IPv6 did before.
 //!
@@ -74,6 +75,11 @@ pub fn sliceway_xdp(ctx: XdpContext) -> u32 {
 /// frame.
 #[xdp]
 pub fn sliceway_xdp6(ctx: XdpContext) -> u32 {
+    if v6::dsr::carries_option(&ctx, <XdpContext as crate::packet::Frame>::L2) {
+        // Direct server return's record is made by TC's `sliceway_dsr6`.
+        count(stat::XDP_TO_TC);
+        return XDP_PASS;
+    }
     let (verdict, reason) = match v6::decide::<true, _>(&ctx) {
         Ok(exit) => exit,
         Err(exit) => exit,
@@ -158,6 +164,15 @@ impl Program6 for XdpContext {
         // discovery and the rest pass there too.
         (TO_TC, stat::XDP_TO_TC)
     }
+
+    #[inline(always)]
+    fn dsr(&self, _insert: bool) -> Exit {
+        // `v6::decide` leaves both to TC before anything is rewritten.
+        (TO_TC, stat::XDP_TO_TC)
+    }
+
+    #[inline(always)]
+    fn dsr_frontend(&self, _flow: &Flow6) {}
 }
 
 /// Puts the mark in the frame's metadata; nothing if the driver keeps no metadata.

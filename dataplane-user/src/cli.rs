@@ -168,8 +168,8 @@ pub struct MaglevArgs {
 pub struct ExternalArgs {
     /// `masquerade`: the backend sees the node's address and answers through this
     /// node, as with kube-proxy. `dsr`: direct server return, the backend sees the
-    /// client's address; the packet carries the frontend in an IPv4 option to the
-    /// backend's node, whose agent (in either mode) records the connection, and the
+    /// client's address; the packet carries the frontend in an IPv4 option (IPv6: a
+    /// destination options header) to the backend's node, whose agent (in either mode) records the connection, and the
     /// backend's replies go from there straight to the client with the frontend as
     /// their source (so the node network must let a node send from a frontend's
     /// address).

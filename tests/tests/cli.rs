@@ -759,6 +759,7 @@ fn check_reports_every_program_and_the_attach_path() {
             "sliceway_ext6",
             "sliceway_rej6",
             "sliceway_icmp6",
+            "sliceway_dsr6",
             "sliceway_l3_6",
             "sliceway_l3ext6",
             "sliceway_rej6_l3",

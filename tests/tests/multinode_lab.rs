@@ -590,6 +590,80 @@ fn ipv6_from_outside_reaches_backends_on_either_node(xdp: Option<&'static str>) 
     assert_eq!(a2.problems_logged().unwrap(), 0, "{:#?}", a2.log());
 }
 
+/// Issue 12: direct server return over IPv6, in the dual-stack two-node lab. A
+/// client outside reaches an IPv6 load-balancer IP through node 1 whose only backend
+/// is on node 2: node 1 sends the connection on with the client's own address and a
+/// destination options header naming the frontend (`dnat_dsr`), node 2 records it
+/// (`dsr_accepted`), the backend sees the client's own IPv6 address and its answers
+/// go from node 2 straight to the client with the load-balancer IP as their source
+/// (node 1 translates none back). When the client's route to the load-balancer IP
+/// moves to node 2 and back, the same connection goes on.
+fn ipv6_direct_server_return_keeps_a_connection_that_moves_to_another_node(
+    xdp: Option<&'static str>,
+) {
+    use sliceway_lab::{in_netns, servers::EchoConn};
+    use std::time::Duration;
+    let mut lab = TwoNodes::dual_stack(1).unwrap();
+    lab.xdp = xdp;
+    lab.write_manifest("nodes.yaml", &lab.node_objects())
+        .unwrap();
+    let lb6: std::net::Ipv6Addr = "2001:db8:ffff::20".parse().unwrap();
+    let manifest = format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: dsr6, namespace: default}}\n\
+         spec:\n  type: LoadBalancer\n  ipFamilies: [IPv6]\n  clusterIP: \"fd00:96::52\"\n\
+         \x20 clusterIPs: [\"fd00:96::52\"]\n  externalTrafficPolicy: Cluster\n\
+         \x20 ports:\n\
+         \x20 - {{name: http, port: 80, protocol: TCP, targetPort: {BACKEND_PORT}, nodePort: 30082}}\n\
+         status: {{loadBalancer: {{ingress: [{{ip: \"{lb6}\"}}]}}}}\n\
+         ---\n\
+         apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+         metadata: {{name: dsr6-1, namespace: default, labels: {{kubernetes.io/service-name: dsr6}}}}\n\
+         addressType: IPv6\n\
+         ports: [{{name: http, port: {BACKEND_PORT}, protocol: TCP}}]\n\
+         endpoints:\n{}",
+        lab.endpoint6(2, 0)
+    );
+    lab.write_manifest("dsr6.yaml", &manifest).unwrap();
+    let a1 = lab.start_agent(1, &["--external-mode", "dsr"]).unwrap();
+    let a2 = lab.start_agent(2, &["--external-mode", "dsr"]).unwrap();
+    let client = &lab.clients[0];
+    let (node1, node2) = (lab.node(1).ip6.unwrap(), lab.node(2).ip6.unwrap());
+    client.route_via(lb6, node1).unwrap();
+    let to = SocketAddr::new(lb6.into(), 80);
+    let mut conn = in_netns(&client.ns.name, move || {
+        EchoConn::open(to, Duration::from_secs(2))
+    })
+    .unwrap()
+    .unwrap();
+    assert_eq!(conn.reply.backend, lab.node(2).pods[0].name);
+    assert_eq!(
+        peer_ip(conn.reply.peer),
+        client.ip6.map(Into::into),
+        "the client's own address"
+    );
+    conn.roundtrip("through node 1").unwrap();
+    let count = |a: &sliceway_lab::Agent, reason: &str| {
+        a.metric(&format!("sliceway_datapath_packets{{reason=\"{reason}\"}}"))
+            .unwrap()
+            .unwrap_or(0.0)
+    };
+    assert_eq!(count(&a1, "dnat_dsr"), 1.0, "{:#?}", a1.metrics());
+    assert_eq!(count(&a2, "dsr_accepted"), 1.0, "{:#?}", a2.metrics());
+    assert_eq!(
+        count(&a1, "revnat"),
+        0.0,
+        "no reply came back through node 1"
+    );
+    assert!(count(&a2, "revnat") >= 2.0, "{:#?}", a2.metrics());
+    client.route_via(lb6, node2).unwrap();
+    conn.roundtrip("through node 2").unwrap();
+    client.route_via(lb6, node1).unwrap();
+    conn.roundtrip("through node 1 again").unwrap();
+    for a in [&a1, &a2] {
+        assert_eq!(a.problems_logged().unwrap(), 0, "{:#?}", a.log());
+    }
+}
+
 macro_rules! in_both_modes {
     ($($name:ident),* $(,)?) => {
         mod tc {
@@ -620,7 +694,8 @@ in_both_modes!(
     pods_and_the_node_reach_a_cluster_ip_whose_backend_is_on_the_other_node,
     every_node_picks_the_same_backend_for_a_flow_with_maglev,
     direct_server_return_keeps_a_connection_that_moves_to_another_node,
-    ipv6_from_outside_reaches_backends_on_either_node
+    ipv6_from_outside_reaches_backends_on_either_node,
+    ipv6_direct_server_return_keeps_a_connection_that_moves_to_another_node
 );
 
 /// Issue 11: an uplink without an Ethernet header (a tun device here; ipip and

@@ -2483,11 +2483,154 @@ mod v6 {
         assert_eq!((out.verdict, reason), (DROP, "drop_snat_exhausted"));
     }
 
+    /// A load-balancer IP with direct server return (`SVC_F_DSR`), one backend.
+    const DSR_LB: &str = "2001:db8:1::10";
+    const DSR_ID: u32 = 910;
+
+    /// `packet` (Ethernet, IPv6) with direct server return's destination options
+    /// header naming `frontend` right after its fixed header, built from RFC 8200
+    /// (4.2, 4.6): next header (the packet's before), length 2 (8-byte units after
+    /// the first 8), option 0x1e of 18 bytes (address, port), PadN of none (1, 0);
+    /// the fixed header's payload length 24 more and its next header 60. The L4
+    /// checksum stays as built: its pseudo-header holds neither.
+    fn with_dsr_header(packet: &[u8], frontend: SocketAddrV6) -> Vec<u8> {
+        let ip = &packet[ETH..];
+        let mut hdr = vec![ip[6], 2, 0x1e, 18];
+        hdr.extend_from_slice(&frontend.ip().octets());
+        hdr.extend_from_slice(&frontend.port().to_be_bytes());
+        hdr.extend_from_slice(&[1, 0]);
+        assert_eq!(hdr.len(), 24);
+        let mut out = [&packet[..ETH], &ip[..40], &hdr, &ip[40..]].concat();
+        let fixed = &mut out[ETH..ETH + 40];
+        let len = u16::from_be_bytes([fixed[4], fixed[5]]) + 24;
+        fixed[4..6].copy_from_slice(&len.to_be_bytes());
+        fixed[6] = 60;
+        out
+    }
+
+    /// Issue 12: direct server return over IPv6. The first node's uplink program
+    /// sends a new connection from outside to its backend with the client's own
+    /// address and a destination options header naming the frontend right after the
+    /// fixed header (exact bytes; before extension headers the client sent, too;
+    /// the L4 checksum right on its own); later packets go without it; XDP leaves
+    /// the new connection to TC. The backend's node (the same maps, its conntrack
+    /// emptied: it saw nothing of the connection) records the connection from the
+    /// header, a pair of `FAMILY_V6` entries, so the pod's reply leaves with the
+    /// frontend as its source; a header naming no frontend of the node is refused
+    /// (nothing recorded, the reply untouched), one on a packet to a frontend or a
+    /// ClusterIP dropped; a packet with a hop-by-hop header (which must stay first,
+    /// RFC 8200, 4.1) is dropped, never sent on without the header.
+    #[test]
+    fn ipv6_direct_server_return_carries_the_frontend_to_the_backends_node() {
+        use dataplane_common::{CtEntry, CtKey, CT_FORWARD, CT_REVERSE, FAMILY_V6};
+        let mut dp = v6_datapath();
+        frontend(&dp, DSR_LB, DSR_ID, dataplane_common::SVC_F_DSR, &[4020]);
+        // Skip if unrecognized (RFC 8200, 4.2): the pod's kernel keeps the packet.
+        assert_eq!(dataplane_common::dsr6::OPT_TYPE >> 6, 0);
+        let lb = sa(DSR_LB, 80);
+        let pod = sa(BACKEND, 8080);
+        let client = sa("2001:db8::7", 41000);
+        let syn = tcp6(client, lb, TCP_SYN);
+        // XDP: left to TC, untouched.
+        let before = dp.stats().unwrap();
+        let out = dp.test_run_xdp(&syn).unwrap();
+        assert_eq!((out.verdict, out.packet.as_slice()), (XDP_PASS, &syn[..]));
+        let counted = super::counted_between(&before, &dp.stats().unwrap());
+        assert_eq!(counted, [("xdp_to_tc", 1)]);
+        // TC: to the backend, the client kept, the header added.
+        let (out, reason) = run_as(&dp, Role::External, &syn);
+        assert_eq!((out.verdict, reason), (PASS, "dnat_dsr"));
+        let sent = with_dsr_header(&tcp6(client, pod, TCP_SYN), lb);
+        assert_translated(&out.packet, &sent);
+        // A later packet: translated, no header.
+        let (out, reason) = run_as(&dp, Role::External, &tcp6(client, lb, TCP_ACK));
+        assert_eq!((out.verdict, reason), (PASS, "dnat_established"));
+        assert_translated(&out.packet, &tcp6(client, pod, TCP_ACK));
+        // A client's own destination options header stays, after this one.
+        let other = sa("2001:db8::7", 41001);
+        let (out, reason) = run_as(&dp, Role::External, &tcp6_ext(other, lb, &[60]));
+        assert_eq!((out.verdict, reason), (PASS, "dnat_dsr"));
+        assert_translated(
+            &out.packet,
+            &with_dsr_header(&tcp6_ext(other, pod, &[60]), lb),
+        );
+        // A hop-by-hop header must stay first: dropped.
+        let hop = tcp6_ext(sa("2001:db8::7", 41002), lb, &[0]);
+        let (out, reason) = run_as(&dp, Role::External, &hop);
+        assert_eq!((out.verdict, reason), (DROP, "drop_dsr_option"));
+
+        // The backend's node has seen nothing of these connections.
+        let keys: Vec<CtKey> = dp.conntrack().into_iter().map(|(k, _)| k).collect();
+        for k in &keys {
+            dp.conntrack_map().remove(k).unwrap();
+        }
+        // XDP leaves the header to TC, which records the connection and passes
+        // the packet as it came.
+        let before = dp.stats().unwrap();
+        let out = dp.test_run_xdp(&sent).unwrap();
+        assert_eq!((out.verdict, out.packet.as_slice()), (XDP_PASS, &sent[..]));
+        let counted = super::counted_between(&before, &dp.stats().unwrap());
+        assert_eq!(counted, [("xdp_to_tc", 1)]);
+        let (out, reason) = run_as(&dp, Role::External, &sent);
+        assert_eq!((out.verdict, reason), (PASS, "dsr_accepted"));
+        assert_eq!(out.packet, sent);
+        let key = CtKey {
+            src_be: ip("2001:db8::7"),
+            dst_be: ip(DSR_LB),
+            sport_be: 41000u16.to_be(),
+            dport_be: 80u16.to_be(),
+            proto: PROTO_TCP,
+            family: FAMILY_V6,
+            _pad: [0; 2],
+        };
+        let reply = CtKey {
+            src_be: ip(BACKEND),
+            dst_be: ip("2001:db8::7"),
+            sport_be: 8080u16.to_be(),
+            dport_be: 41000u16.to_be(),
+            ..key
+        };
+        let mut entries: Vec<(CtKey, CtEntry)> = dp.conntrack();
+        entries.sort_by_key(|(_, e)| e.dir);
+        let got: Vec<_> = entries
+            .iter()
+            .map(|(k, e)| (*k, e.pair, e.dir, e.service_id, e.backend_id))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (key, reply, CT_FORWARD, DSR_ID, u32::MAX),
+                (reply, key, CT_REVERSE, DSR_ID, u32::MAX),
+            ]
+        );
+        // The pod's reply leaves from the frontend.
+        let (verdict, reason, out) = run(&dp, &tcp6(pod, client, TCP_SYN | TCP_ACK));
+        assert_eq!((verdict, reason), (PASS, "revnat"));
+        assert_translated(&out, &tcp6(lb, client, TCP_SYN | TCP_ACK));
+        // A header naming no frontend of this node: refused, nothing recorded.
+        let stranger = sa("2001:db8::7", 41003);
+        let unknown = with_dsr_header(&tcp6(stranger, pod, TCP_SYN), sa("2001:db8:1::99", 80));
+        let (out, reason) = run_as(&dp, Role::External, &unknown);
+        assert_eq!((out.verdict, reason), (PASS, "pass_dsr_refused"));
+        assert_eq!(out.packet, unknown);
+        let untouched = tcp6(pod, stranger, TCP_SYN | TCP_ACK);
+        let (verdict, reason, out) = run(&dp, &untouched);
+        assert_eq!((verdict, reason), (PASS, "pass_no_service"));
+        assert_eq!(out, untouched);
+        // The header on a packet to a frontend or a ClusterIP: dropped.
+        for to in [lb, sa(VIP, 80)] {
+            let odd = with_dsr_header(&tcp6(sa("2001:db8::7", 41004), to, TCP_SYN), lb);
+            let (out, reason) = run_as(&dp, Role::External, &odd);
+            assert_eq!((out.verdict, reason), (DROP, "drop_dsr_option"), "{to}");
+        }
+    }
+
     /// The XDP program's IPv6 program (`sliceway_xdp6`, reached from `sliceway_xdp`)
     /// decides IPv6 from outside as the uplink's TC program (`sliceway_ext6`) does:
     /// two datapaths alike, each packet through XDP on one (and through TC where XDP
     /// leaves it there) and through TC alone on the other, the same verdict, exits
-    /// and bytes from both. What needs a tail call (a reject, SCTP) XDP leaves to TC
+    /// and bytes from both. What needs a tail call (a reject, SCTP, direct server
+    /// return's new connection and a packet carrying its header) XDP leaves to TC
     /// untouched, counted `xdp_to_tc`.
     #[test]
     fn ipv6_from_outside_is_decided_by_xdp_as_by_the_uplink_tc_program() {
@@ -2496,7 +2639,13 @@ mod v6 {
         for dp in [&xdp, &tc] {
             set_nat6(dp);
             sctp_frontend(dp);
+            frontend(dp, DSR_LB, DSR_ID, dataplane_common::SVC_F_DSR, &[4020]);
         }
+        let dsr_client = sa("2001:db8::9", 41000);
+        let dsr_carrier = with_dsr_header(
+            &tcp6(sa("2001:db8::9", 41001), sa(BACKEND, 8080), TCP_SYN),
+            sa(DSR_LB, 80),
+        );
         let client = sa("2001:db8::7", 41000);
         // Through XDP: whether it decided, then the verdict in TC's terms, the exits
         // counted (XDP's and, for a packet left to it, TC's) and the bytes.
@@ -2568,6 +2717,25 @@ mod v6 {
                 PASS,
                 "dnat_masqueraded",
                 sctp6(sa(NODE, 61_000), sa(BACKEND, 13868), SCTP_INIT),
+            ),
+            Step(
+                "a new connection with direct server return, its header added by TC",
+                tcp6(dsr_client, sa(DSR_LB, 80), TCP_SYN),
+                false,
+                PASS,
+                "dnat_dsr",
+                with_dsr_header(
+                    &tcp6(dsr_client, sa(BACKEND, 8080), TCP_SYN),
+                    sa(DSR_LB, 80),
+                ),
+            ),
+            Step(
+                "a packet carrying the header, recorded by TC",
+                dsr_carrier.clone(),
+                false,
+                PASS,
+                "dsr_accepted",
+                dsr_carrier,
             ),
         ];
         for Step(what, input, decided_by_xdp, verdict, reason, want) in steps {

@@ -10,18 +10,19 @@
 //! address, the counters): conntrack or pick, DNAT (a source port remapped on a
 //! reply-tuple clash), reverse NAT, hairpin through `HAIRPIN6_ADDR_BE`, the
 //! ClusterIP marker, reject (ICMPv6 port unreachable, `reject.rs`) or drop for
-//! frontends without backends, masquerade on the uplinks (`NAT_CONFIG6`); ICMPv6
-//! goes to the ICMPv6 error program (`icmp.rs`, tail call), which translates errors
-//! about translated connections back.
-//!
-//! Not here (yet): direct server return (an IPv4 option: IPv6 frontends with
-//! `SVC_F_DSR` are masqueraded).
+//! frontends without backends, masquerade on the uplinks (`NAT_CONFIG6`), or direct
+//! server return there for frontends with `SVC_F_DSR` (`dsr.rs`, tail call: the
+//! frontend in a destination options header; the backend's node records the
+//! connection of a packet that carries one); ICMPv6 goes to the ICMPv6 error
+//! program (`icmp.rs`, tail call), which translates errors about translated
+//! connections back.
 //!
 //! The XDP program of the uplinks runs this body too ([`decide`], in
 //! `sliceway_xdp6`, `crate::xdp`): what needs a tail call (reject, SCTP ports,
-//! ICMPv6 errors) it leaves to TC before rewriting anything
-//! ([`Program6::TAIL_CALLS`]).
+//! ICMPv6 errors, direct server return's new connections and packets carrying its
+//! header) it leaves to TC before rewriting anything ([`Program6::TAIL_CALLS`]).
 
+pub mod dsr;
 mod icmp;
 mod nat;
 mod parse;
@@ -188,6 +189,13 @@ pub trait Program6: Frame {
     /// connection is translated back by a program of its own (`sliceway_icmp6`),
     /// the rest passes untouched there.
     fn icmp(&self, l4_off: usize, ip_end: usize) -> Exit;
+    /// Direct server return (`sliceway_dsr6`): with `insert`, adds the header naming
+    /// the frontend [`Program6::dsr_frontend`] kept to the translated packet of a
+    /// new connection; without, records the connection of a packet that carries one.
+    fn dsr(&self, insert: bool) -> Exit;
+    /// Keeps the frontend a new connection with direct server return was sent to
+    /// (the flow's destination as parsed) for [`Program6::dsr`].
+    fn dsr_frontend(&self, flow: &Flow6);
 }
 
 impl Program6 for TcContext {
@@ -212,6 +220,16 @@ impl Program6 for TcContext {
         sctp::translate_ports6(self, flow, sport_be, dport_be, reason);
         (DROP, stat::DROP_REWRITE)
     }
+
+    #[inline(always)]
+    fn dsr(&self, insert: bool) -> Exit {
+        dsr::hand_over(self, insert, Self::L2)
+    }
+
+    #[inline(always)]
+    fn dsr_frontend(&self, flow: &Flow6) {
+        dsr::keep_frontend(self, flow)
+    }
 }
 
 impl Program6 for L3<'_> {
@@ -232,6 +250,16 @@ impl Program6 for L3<'_> {
     fn sctp_ports(&self, flow: &Flow6, sport_be: u16, dport_be: u16, reason: u32) -> Exit {
         self.0.sctp_ports(flow, sport_be, dport_be, reason)
     }
+
+    #[inline(always)]
+    fn dsr(&self, insert: bool) -> Exit {
+        dsr::hand_over(self.0, insert, Self::L2)
+    }
+
+    #[inline(always)]
+    fn dsr_frontend(&self, flow: &Flow6) {
+        dsr::keep_frontend(self.0, flow)
+    }
 }
 
 /// `sliceway_tc`'s IPv6 program (`JUMP6_TC`).
@@ -241,9 +269,14 @@ pub fn sliceway_tc6(ctx: TcContext) -> i32 {
 }
 
 /// `sliceway_tc_ext`'s IPv6 program (`JUMP6_EXT`): new connections from outside
-/// meet the external entry first, else are masqueraded to `NAT_CONFIG6`.
+/// meet the external entry first, else are masqueraded to `NAT_CONFIG6` (or, with
+/// direct server return, handed to `sliceway_dsr6` once translated). A packet that
+/// carries direct server return's header goes to `sliceway_dsr6` first.
 #[classifier]
 pub fn sliceway_ext6(ctx: TcContext) -> i32 {
+    if let Some(verdict) = dsr_accept(&ctx) {
+        return verdict;
+    }
     run::<true, _>(&ctx)
 }
 
@@ -256,15 +289,36 @@ pub fn sliceway_l3_6(ctx: TcContext) -> i32 {
 /// `sliceway_l3_ext`'s IPv6 program (`JUMP6_L3_EXT`).
 #[classifier]
 pub fn sliceway_l3ext6(ctx: TcContext) -> i32 {
+    if let Some(verdict) = dsr_accept(&L3(&ctx)) {
+        return verdict;
+    }
     run::<true, _>(&L3(&ctx))
+}
+
+/// A connection another node sent here with direct server return, for a pod of
+/// this node: handed to `sliceway_dsr6` to be recorded, so the pod's replies leave
+/// from the frontend. Checked before the body, as IPv4's (`crate::tc`).
+#[inline(always)]
+fn dsr_accept<C: Program6>(ctx: &C) -> Option<i32> {
+    if !dsr::carries_option(ctx, C::L2) {
+        return None;
+    }
+    let (verdict, reason) = ctx.dsr(false);
+    count(reason);
+    Some(verdict)
 }
 
 #[inline(always)]
 fn run<const EXTERNAL: bool, C: Program6>(ctx: &C) -> i32 {
-    let (action, reason) = match decide::<EXTERNAL, C>(ctx) {
+    let (mut action, mut reason) = match decide::<EXTERNAL, C>(ctx) {
         Ok(exit) => exit,
         Err(exit) => exit,
     };
+    if EXTERNAL && reason == stat::DNAT_DSR {
+        // The new connection is translated: its header goes on by tail call, out of
+        // the body's frame (`sliceway_dsr6` counts it).
+        (action, reason) = ctx.dsr(true);
+    }
     count(reason);
     action
 }
@@ -350,6 +404,14 @@ fn from_client<const EXTERNAL: bool, C: Program6>(
                 counters::refused(service.id, false);
                 return Ok(Some(ctx.reject(stat::REJECT_NO_BACKEND)));
             }
+            // Direct server return's header needs the skb: TC's.
+            if nat == conntrack::NAT_DSR {
+                if !C::TAIL_CALLS {
+                    return Ok(Some((TO_TC, stat::XDP_TO_TC)));
+                }
+                // For the header, added once the packet is translated (`run`).
+                ctx.dsr_frontend(flow);
+            }
             let picked = lookup::pick6(flow.src_be, flow.hash(), &service, now)?;
             let reason = match conntrack::track(
                 flow,
@@ -359,6 +421,7 @@ fn from_client<const EXTERNAL: bool, C: Program6>(
                 &picked.backend,
                 nat,
             ) {
+                conntrack::TRACKED if nat == conntrack::NAT_DSR => stat::DNAT_DSR,
                 conntrack::TRACKED => stat::DNAT_NEW,
                 conntrack::TRACKED_REMAPPED => stat::DNAT_PORT_REMAPPED,
                 conntrack::TRACKED_MASQUERADED => stat::DNAT_MASQUERADED,

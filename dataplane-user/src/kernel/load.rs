@@ -57,6 +57,10 @@ pub const TC6_PROGRAM: &str = "sliceway_tc6";
 pub const EXT6_PROGRAM: &str = "sliceway_ext6";
 pub const REJECT6_PROGRAM: &str = "sliceway_rej6";
 pub const ICMP6_PROGRAM: &str = "sliceway_icmp6";
+/// The IPv6 uplink programs' direct server return (tail call, `JUMP6_DSR`): adds the
+/// destination options header naming the frontend, or records the connection of a
+/// packet that carries one; for interfaces with and without an Ethernet header.
+pub const DSR6_PROGRAM: &str = "sliceway_dsr6";
 /// The IPv6 programs of interfaces without an Ethernet header, loaded with the L3
 /// programs.
 pub const L3_6_PROGRAM: &str = "sliceway_l3_6";
@@ -325,6 +329,7 @@ impl Datapath {
             (dataplane_common::JUMP6_EXT, EXT6_PROGRAM),
             (dataplane_common::JUMP6_REJECT, REJECT6_PROGRAM),
             (dataplane_common::JUMP6_ICMP, ICMP6_PROGRAM),
+            (dataplane_common::JUMP6_DSR, DSR6_PROGRAM),
         ]);
         Ok(datapath)
     }
@@ -536,6 +541,7 @@ pub fn check() -> Result<KernelCheck, KernelError> {
         EXT6_PROGRAM,
         REJECT6_PROGRAM,
         ICMP6_PROGRAM,
+        DSR6_PROGRAM,
         L3_6_PROGRAM,
         L3_EXT6_PROGRAM,
         REJECT6_L3_PROGRAM,
