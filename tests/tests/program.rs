@@ -4,8 +4,9 @@
 //! (https://github.com/facebookincubator/katran/tree/main/katran/lib/testing,
 //! https://github.com/cilium/cilium/tree/main/bpf/tests): a fixture names the maps to
 //! fill and a sequence of packets, each with its expected verdict, exit reason and
-//! output packet. Each fixture runs on a datapath of its own, so conntrack state
-//! carries from one step to the next and never between fixtures. The same table
+//! output packet. The fixtures share one loaded datapath, emptied of conntrack,
+//! fragments and affinity before each, so state carries from one step to the next
+//! and never between fixtures (they pass in the reverse order too). The same table
 //! runs again over IPv6, each fixture translated to its twin (`ipv6_twins`).
 //! Needs root (loading BPF programs); no traffic is sent anywhere.
 
@@ -1130,12 +1131,44 @@ fn datapath(manifests: &str) -> (Datapath, MapWriter) {
     (dp, writer)
 }
 
-/// Runs one fixture; the first step that does not match, described.
-fn run(fixture: &Fixture) -> Result<(), String> {
-    let (mut dp, mut writer) = datapath(fixture.maps);
+/// Empties what the programs wrote (conntrack, fragments of both families,
+/// affinity), so fixtures that share a datapath start from what a fresh one holds.
+fn forget(dp: &mut Datapath) {
+    let keys: Vec<_> = dp.conntrack().into_iter().map(|(k, _)| k).collect();
+    for k in keys {
+        dp.conntrack_map().remove(&k).unwrap();
+    }
+    fn empty<K: aya::Pod, V: aya::Pod>(dp: &Datapath, name: &str) {
+        let data = dp.loaded_map(name).unwrap();
+        let mut map: aya::maps::HashMap<aya::maps::MapData, K, V> =
+            aya::maps::HashMap::try_from(aya::maps::Map::LruHashMap(data)).unwrap();
+        let keys: Vec<K> = map.keys().map(Result::unwrap).collect();
+        for k in keys {
+            map.remove(&k).unwrap();
+        }
+    }
+    empty::<dataplane_common::FragKey, dataplane_common::FragPorts>(
+        dp,
+        dataplane_common::map_name::FRAGMENTS,
+    );
+    empty::<dataplane_common::FragKey6, dataplane_common::FragPorts>(
+        dp,
+        dataplane_common::map_name::FRAGMENTS6,
+    );
+    empty::<dataplane_common::AffinityKey, dataplane_common::AffinityValue>(
+        dp,
+        dataplane_common::map_name::AFFINITY,
+    );
+}
+
+/// Runs one fixture on `dp` (emptied of what earlier ones left, its maps replaced by
+/// the fixture's through `writer`); the first step that does not match, described.
+fn run(dp: &mut Datapath, writer: &mut MapWriter, fixture: &Fixture) -> Result<(), String> {
+    forget(dp);
+    apply(writer, dp, fixture.maps);
     for (i, step) in fixture.steps.iter().enumerate() {
         for (_, manifests) in fixture.remaps.iter().filter(|(n, _)| *n == i) {
-            apply(&mut writer, &mut dp, manifests);
+            apply(writer, dp, manifests);
         }
         let at = format!("step {}", i + 1);
         let input = (step.input)();
@@ -1203,11 +1236,21 @@ fn run(fixture: &Fixture) -> Result<(), String> {
     Ok(())
 }
 
+/// Every fixture, on one datapath (emptied between fixtures, which the IPv6 twins'
+/// run in the reverse order shows is enough): a load per fixture cost the VM tier's
+/// emulated kernel about 20 s each.
 #[test]
 fn packet_fixtures() {
+    let caps = fixture_capacities();
+    let mut dp = Datapath::load(&caps, None).expect("loading the datapath (needs root)");
+    let mut writer = MapWriter::new(caps.limits).with_limits6(caps.limits6);
     let failures: Vec<String> = FIXTURES
         .iter()
-        .filter_map(|f| run(f).err().map(|e| format!("{}: {e}", f.description)))
+        .filter_map(|f| {
+            run(&mut dp, &mut writer, f)
+                .err()
+                .map(|e| format!("{}: {e}", f.description))
+        })
         .collect();
     assert!(
         failures.is_empty(),
@@ -2027,7 +2070,7 @@ mod v6 {
     }
 
     fn map(dp: &Datapath, name: &str) -> MapData {
-        dp.v6_map(name)
+        dp.loaded_map(name)
             .expect("the IPv6 program is loaded and uses the map")
     }
 

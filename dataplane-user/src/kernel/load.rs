@@ -417,15 +417,16 @@ impl Datapath {
         set_slot(&mut self.jump6, map_name::JUMP6, slot, &fd)
     }
 
-    /// A map of the loaded object by name, found through the maps the IPv6 programs
-    /// use (so also one another part of the agent holds): for tests and tools that
-    /// fill IPv6's maps before the map writer knows them.
-    pub fn v6_map(&self, name: &str) -> Result<MapData, KernelError> {
+    /// A map of the loaded object by name, found through the maps the pods' and
+    /// uplinks' programs of both families use (so also one another part of the agent
+    /// holds): for tests and tools that read or empty maps the agent does not hand
+    /// out.
+    pub fn loaded_map(&self, name: &str) -> Result<MapData, KernelError> {
         let missing = || KernelError::Pin {
             path: PathBuf::from(name),
-            reason: "no such map in the IPv6 program (is it loaded?)".into(),
+            reason: "no such map in the loaded programs (are they loaded?)".into(),
         };
-        for program in [TC6_PROGRAM, EXT6_PROGRAM] {
+        for program in [TC_PROGRAM, TC_EXT_PROGRAM, TC6_PROGRAM, EXT6_PROGRAM] {
             let p: &SchedClassifier = self
                 .ebpf
                 .program(program)
@@ -437,9 +438,9 @@ impl Datapath {
                     continue;
                 };
                 if info.name_as_str() == Some(name) {
-                    return MapData::from_id(id).map_err(|source| KernelError::Map {
-                        name: map_name::JUMP6,
-                        source,
+                    return MapData::from_id(id).map_err(|source| KernelError::Pin {
+                        path: PathBuf::from(name),
+                        reason: format!("opening it by id {id}: {source}"),
                     });
                 }
             }

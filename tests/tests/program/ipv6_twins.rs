@@ -43,18 +43,14 @@ use std::{
     net::{Ipv4Addr, Ipv6Addr, SocketAddrV4},
 };
 
-use aya::maps::{HashMap, Map, MapData};
-use dataplane_common::{
-    addr_of, map_name, stat, AffinityKey, AffinityValue, FragKey6, FragPorts, PROTO_ICMP,
-    PROTO_SCTP, PROTO_TCP, PROTO_UDP,
-};
+use dataplane_common::{addr_of, stat, PROTO_ICMP, PROTO_SCTP, PROTO_TCP, PROTO_UDP};
 use sliceway_agent::{
     kernel::Datapath,
     packet::{crc32c, icmp6_message, icmp6_port_unreachable, l4_checksum6, PROTO_ICMPV6},
     writer::MapWriter,
 };
 
-use super::{apply, fixture_capacities, Fixture, Out, ETH, FIXTURES};
+use super::{apply, fixture_capacities, forget, Fixture, Out, ETH, FIXTURES};
 
 /// Fixtures of the IPv4 table without an IPv6 twin, by description, and the
 /// difference between the families that leaves each out.
@@ -445,28 +441,6 @@ fn checksum_ok6(p: &[u8]) -> Result<(), String> {
     };
     ok.then_some(())
         .ok_or_else(|| format!("bad checksum (next header {next})"))
-}
-
-/// Empties what the programs wrote: conntrack, IPv6 fragments and affinity.
-fn forget(dp: &mut Datapath) {
-    let keys: Vec<_> = dp.conntrack().into_iter().map(|(k, _)| k).collect();
-    for k in keys {
-        dp.conntrack_map().remove(&k).unwrap();
-    }
-    let data = dp.v6_map(map_name::FRAGMENTS6).unwrap();
-    let mut fragments: HashMap<MapData, FragKey6, FragPorts> =
-        HashMap::try_from(Map::LruHashMap(data)).unwrap();
-    let keys: Vec<_> = fragments.keys().map(Result::unwrap).collect();
-    for k in keys {
-        fragments.remove(&k).unwrap();
-    }
-    let data = dp.v6_map(map_name::AFFINITY).unwrap();
-    let mut affinity: HashMap<MapData, AffinityKey, AffinityValue> =
-        HashMap::try_from(Map::LruHashMap(data)).unwrap();
-    let keys: Vec<_> = affinity.keys().map(Result::unwrap).collect();
-    for k in keys {
-        affinity.remove(&k).unwrap();
-    }
 }
 
 /// Runs the IPv6 twin of `fixture` on `dp`; the first step that does not match,
