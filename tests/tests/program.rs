@@ -1161,17 +1161,78 @@ fn forget(dp: &mut Datapath) {
     );
 }
 
-/// Runs one fixture on `dp` (emptied of what earlier ones left, its maps replaced by
-/// the fixture's through `writer`); the first step that does not match, described.
-fn run(dp: &mut Datapath, writer: &mut MapWriter, fixture: &Fixture) -> Result<(), String> {
+/// What differs between the families when a fixture runs: how its packets become
+/// the family's, what a reject must answer, and what a rewritten packet must hold.
+trait Family {
+    /// The family's version of a fixture's packet (IPv4's as written).
+    fn packet(&self, raw: Vec<u8>) -> Result<Vec<u8>, String>;
+    /// Checks a reject's reply on its own; the reply expected for `input`.
+    fn rejected(&self, reply: &[u8], input: &[u8]) -> Result<Vec<u8>, String>;
+    /// Checks a rewritten packet's checksums on their own (not by comparing with the
+    /// expected bytes, which come from the same builders), so a fixture with a wrong
+    /// expectation cannot hide a wrong rewrite.
+    fn rewritten_ok(&self, packet: &[u8]) -> Result<(), String>;
+}
+
+/// The table as written.
+struct V4;
+
+impl Family for V4 {
+    fn packet(&self, raw: Vec<u8>) -> Result<Vec<u8>, String> {
+        Ok(raw)
+    }
+
+    fn rejected(&self, reply: &[u8], input: &[u8]) -> Result<Vec<u8>, String> {
+        if !icmp_checksums_ok(reply) {
+            return Err("ICMP reply with a wrong checksum or length".into());
+        }
+        Ok(icmp_port_unreachable(input))
+    }
+
+    fn rewritten_ok(&self, packet: &[u8]) -> Result<(), String> {
+        let later_fragment = packet.len() > ETH + 8
+            && u16::from_be_bytes([packet[ETH + 6], packet[ETH + 7]]) & 0x1fff != 0;
+        let icmp = packet.len() > ETH + 20 && packet[ETH + 9] == 1;
+        let ihl = ((packet[ETH] & 0x0f) as usize) * 4;
+        let c = sliceway_agent::packet::checksum;
+        if icmp {
+            if c(&packet[ETH..ETH + ihl], 0) != 0 || c(&packet[ETH + ihl..], 0) != 0 {
+                return Err("bad IP or ICMP checksum in a rewritten ICMP error".into());
+            }
+        } else if later_fragment {
+            if c(&packet[ETH..ETH + ihl], 0) != 0 {
+                return Err("bad IP checksum in a rewritten fragment".into());
+            }
+        } else {
+            match parse(packet) {
+                Some(p) if p.ip_csum_ok && p.l4_csum_ok => {}
+                other => return Err(format!("rewritten packet not valid: {other:?}")),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs one fixture on `dp` in `family` (emptied of what earlier ones left, its maps
+/// replaced by the fixture's `manifests` through `writer`, and before step `n` by its
+/// remaps); the first step that does not match, described.
+fn run_fixture(
+    dp: &mut Datapath,
+    writer: &mut MapWriter,
+    fixture: &Fixture,
+    family: &dyn Family,
+    manifests: &dyn Fn(&str) -> Result<String, String>,
+) -> Result<(), String> {
     forget(dp);
-    apply(writer, dp, fixture.maps);
+    apply(writer, dp, &manifests(fixture.maps)?);
     for (i, step) in fixture.steps.iter().enumerate() {
-        for (_, manifests) in fixture.remaps.iter().filter(|(n, _)| *n == i) {
-            apply(writer, dp, manifests);
+        for (_, yaml) in fixture.remaps.iter().filter(|(n, _)| *n == i) {
+            apply(writer, dp, &manifests(yaml)?);
         }
         let at = format!("step {}", i + 1);
-        let input = (step.input)();
+        let input = family
+            .packet((step.input)())
+            .map_err(|e| format!("{at}: input: {e}"))?;
         let before = dp.stats().map_err(|e| e.to_string())?;
         let out = dp.test_run(&input).map_err(|e| format!("{at}: {e}"))?;
         let after = dp.stats().map_err(|e| e.to_string())?;
@@ -1181,10 +1242,7 @@ fn run(dp: &mut Datapath, writer: &mut MapWriter, fixture: &Fixture) -> Result<(
                 out.verdict, step.verdict
             ));
         }
-        let counted: Vec<(&str, u64)> = (0..stat::COUNT as usize)
-            .filter(|&r| after[r] != before[r])
-            .map(|r| (stat::NAMES[r], after[r] - before[r]))
-            .collect();
+        let counted = counted_between(&before, &after);
         if counted != [(stat::NAMES[step.reason as usize], 1)] {
             return Err(format!(
                 "{at}: counted {counted:?} instead of one {}",
@@ -1193,14 +1251,19 @@ fn run(dp: &mut Datapath, writer: &mut MapWriter, fixture: &Fixture) -> Result<(
         }
         let (want, rewritten) = match &step.output {
             Out::Dropped => continue,
-            Out::Unchanged => (input, false),
-            Out::Packet(f) => (f(), true),
-            Out::Rejected => {
-                if !icmp_checksums_ok(&out.packet) {
-                    return Err(format!("{at}: ICMP reply with a wrong checksum or length"));
-                }
-                (icmp_port_unreachable(&input), false)
-            }
+            Out::Unchanged => (input.clone(), false),
+            Out::Packet(f) => (
+                family
+                    .packet(f())
+                    .map_err(|e| format!("{at}: output: {e}"))?,
+                true,
+            ),
+            Out::Rejected => (
+                family
+                    .rejected(&out.packet, &input)
+                    .map_err(|e| format!("{at}: {e}"))?,
+                false,
+            ),
         };
         if out.packet != want {
             return Err(format!(
@@ -1208,29 +1271,10 @@ fn run(dp: &mut Datapath, writer: &mut MapWriter, fixture: &Fixture) -> Result<(
                 out.packet
             ));
         }
-        // The expected bytes come from the same builder; check the checksums on their
-        // own too, so a fixture with a wrong expectation cannot hide a wrong rewrite.
-        let later_fragment = out.packet.len() > ETH + 8
-            && u16::from_be_bytes([out.packet[ETH + 6], out.packet[ETH + 7]]) & 0x1fff != 0;
-        let icmp = out.packet.len() > ETH + 20 && out.packet[ETH + 9] == 1;
-        if rewritten && icmp {
-            let ihl = ((out.packet[ETH] & 0x0f) as usize) * 4;
-            let c = sliceway_agent::packet::checksum;
-            if c(&out.packet[ETH..ETH + ihl], 0) != 0 || c(&out.packet[ETH + ihl..], 0) != 0 {
-                return Err(format!(
-                    "{at}: bad IP or ICMP checksum in a rewritten ICMP error"
-                ));
-            }
-        } else if rewritten && later_fragment {
-            let ihl = ((out.packet[ETH] & 0x0f) as usize) * 4;
-            if sliceway_agent::packet::checksum(&out.packet[ETH..ETH + ihl], 0) != 0 {
-                return Err(format!("{at}: bad IP checksum in a rewritten fragment"));
-            }
-        } else if rewritten {
-            match parse(&out.packet) {
-                Some(p) if p.ip_csum_ok && p.l4_csum_ok => {}
-                other => return Err(format!("{at}: rewritten packet not valid: {other:?}")),
-            }
+        if rewritten {
+            family
+                .rewritten_ok(&out.packet)
+                .map_err(|e| format!("{at}: {e}"))?;
         }
     }
     Ok(())
@@ -1247,7 +1291,7 @@ fn packet_fixtures() {
     let failures: Vec<String> = FIXTURES
         .iter()
         .filter_map(|f| {
-            run(&mut dp, &mut writer, f)
+            run_fixture(&mut dp, &mut writer, f, &V4, &|m| Ok(m.to_string()))
                 .err()
                 .map(|e| format!("{}: {e}", f.description))
         })

@@ -43,14 +43,14 @@ use std::{
     net::{Ipv4Addr, Ipv6Addr, SocketAddrV4},
 };
 
-use dataplane_common::{addr_of, stat, PROTO_ICMP, PROTO_SCTP, PROTO_TCP, PROTO_UDP};
+use dataplane_common::{addr_of, PROTO_ICMP, PROTO_SCTP, PROTO_TCP, PROTO_UDP};
 use sliceway_agent::{
     kernel::Datapath,
     packet::{crc32c, icmp6_message, icmp6_port_unreachable, l4_checksum6, PROTO_ICMPV6},
     writer::MapWriter,
 };
 
-use super::{apply, fixture_capacities, forget, Fixture, Out, ETH, FIXTURES};
+use super::{fixture_capacities, run_fixture, Family, Fixture, ETH, FIXTURES};
 
 /// Fixtures of the IPv4 table without an IPv6 twin, by description, and the
 /// difference between the families that leaves each out.
@@ -443,62 +443,34 @@ fn checksum_ok6(p: &[u8]) -> Result<(), String> {
         .ok_or_else(|| format!("bad checksum (next header {next})"))
 }
 
+/// The twins: each packet translated, rejects answered with ICMPv6.
+struct V6;
+
+impl Family for V6 {
+    fn packet(&self, raw: Vec<u8>) -> Result<Vec<u8>, String> {
+        packet(&raw)
+    }
+
+    fn rejected(&self, reply: &[u8], input: &[u8]) -> Result<Vec<u8>, String> {
+        let ok = reply.get(ETH + 6) == Some(&PROTO_ICMPV6)
+            && reply.get(ETH + 40..ETH + 42) == Some(&[1, 4][..]);
+        if !ok {
+            return Err("not an ICMPv6 port unreachable".into());
+        }
+        checksum_ok6(reply).map_err(|e| format!("reply: {e}"))?;
+        Ok(icmp6_port_unreachable(input))
+    }
+
+    fn rewritten_ok(&self, packet: &[u8]) -> Result<(), String> {
+        // As IPv4's: checked on its own too, not only against the expected bytes.
+        checksum_ok6(packet).map_err(|e| format!("rewritten: {e}"))
+    }
+}
+
 /// Runs the IPv6 twin of `fixture` on `dp`; the first step that does not match,
 /// described.
 fn run(dp: &mut Datapath, writer: &mut MapWriter, fixture: &Fixture) -> Result<(), String> {
-    forget(dp);
-    apply(writer, dp, &manifests(fixture.maps)?);
-    for (i, step) in fixture.steps.iter().enumerate() {
-        for (_, yaml) in fixture.remaps.iter().filter(|(n, _)| *n == i) {
-            apply(writer, dp, &manifests(yaml)?);
-        }
-        let at = format!("step {}", i + 1);
-        let input = packet(&(step.input)()).map_err(|e| format!("{at}: input: {e}"))?;
-        let before = dp.stats().map_err(|e| e.to_string())?;
-        let out = dp.test_run(&input).map_err(|e| format!("{at}: {e}"))?;
-        let after = dp.stats().map_err(|e| e.to_string())?;
-        if out.verdict != step.verdict {
-            return Err(format!(
-                "{at}: verdict {} instead of {}",
-                out.verdict, step.verdict
-            ));
-        }
-        let counted = super::counted_between(&before, &after);
-        if counted != [(stat::NAMES[step.reason as usize], 1)] {
-            return Err(format!(
-                "{at}: counted {counted:?} instead of one {}",
-                stat::NAMES[step.reason as usize]
-            ));
-        }
-        let (want, rewritten) = match &step.output {
-            Out::Dropped => continue,
-            Out::Unchanged => (input.clone(), false),
-            Out::Packet(f) => (
-                packet(&f()).map_err(|e| format!("{at}: output: {e}"))?,
-                true,
-            ),
-            Out::Rejected => {
-                let ok = out.packet.get(ETH + 6) == Some(&PROTO_ICMPV6)
-                    && out.packet.get(ETH + 40..ETH + 42) == Some(&[1, 4][..]);
-                if !ok {
-                    return Err(format!("{at}: not an ICMPv6 port unreachable"));
-                }
-                checksum_ok6(&out.packet).map_err(|e| format!("{at}: reply: {e}"))?;
-                (icmp6_port_unreachable(&input), false)
-            }
-        };
-        if out.packet != want {
-            return Err(format!(
-                "{at}: output differs\n got:  {:02x?}\n want: {want:02x?}",
-                out.packet
-            ));
-        }
-        // As IPv4's: checked on its own too, not only against the expected bytes.
-        if rewritten {
-            checksum_ok6(&out.packet).map_err(|e| format!("{at}: rewritten: {e}"))?;
-        }
-    }
-    Ok(())
+    run_fixture(dp, writer, fixture, &V6, &manifests)
 }
 
 /// Issue 12: every fixture of the table but those of [`NOT_TWINNED`] over IPv6.
