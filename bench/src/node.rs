@@ -378,10 +378,30 @@ fn latencies(
     count: usize,
     seed: u64,
 ) -> Result<(Vec<f64>, usize)> {
-    let targets = targets.to_vec();
-    let backends: Vec<_> = lab.backends.iter().map(|b| b.ip).collect();
-    in_netns(&lab.client.ns, move || {
-        realtime();
+    let targets: Vec<std::net::SocketAddr> = targets.iter().map(|t| (*t).into()).collect();
+    let backends: Vec<std::net::IpAddr> = lab.backends.iter().map(|b| b.ip.into()).collect();
+    connections(&lab.client.ns, &targets, &backends, count, seed)
+}
+
+/// `count` connections from network namespace `client_ns` to targets chosen at
+/// random (a seeded sequence): a TCP connect, `hello` and the one-line answer, on a
+/// SCHED_FIFO thread ([`realtime`]). Microseconds of those a backend of `backends`
+/// answered, and the failures. Figures 2 and 7.
+pub fn connections(
+    client_ns: &str,
+    targets: &[std::net::SocketAddr],
+    backends: &[std::net::IpAddr],
+    count: usize,
+    seed: u64,
+) -> Result<(Vec<f64>, usize)> {
+    let (targets, backends) = (targets.to_vec(), backends.to_vec());
+    in_netns(client_ns, move || {
+        if !realtime() {
+            eprintln!(
+                "bench: the client could not take SCHED_FIFO: {}",
+                std::io::Error::last_os_error()
+            );
+        }
         let mut rng = Rng::new(seed);
         let mut out = Vec::with_capacity(count);
         let mut failed = 0;
@@ -389,7 +409,7 @@ fn latencies(
             let to = targets[rng.below(targets.len())];
             let start = Instant::now();
             match servers::tcp_request(to, Duration::from_secs(2)) {
-                Ok(reply) if backends.contains(&reply.addr) => {
+                Ok(reply) if backends.contains(&reply.addr.into()) => {
                     out.push(start.elapsed().as_secs_f64() * 1e6)
                 }
                 _ => failed += 1,

@@ -40,7 +40,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::{
-    node::{realtime, LatencyServers},
+    node::{connections, realtime, LatencyServers},
     stats::{percentile, Rng, Summary},
     Config,
 };
@@ -156,42 +156,6 @@ impl Fig7 {
     }
 }
 
-/// `count` connections from the client pod's namespace to targets chosen at
-/// random; microseconds of those a backend answered, and the failures.
-fn latencies(
-    client_ns: &str,
-    targets: &[SocketAddr],
-    backends: &[IpAddr],
-    count: usize,
-    seed: u64,
-) -> Result<(Vec<f64>, usize)> {
-    let targets = targets.to_vec();
-    let backends = backends.to_vec();
-    in_netns(client_ns, move || {
-        if !realtime() {
-            eprintln!(
-                "bench: the client could not take SCHED_FIFO: {}",
-                std::io::Error::last_os_error()
-            );
-        }
-        let mut rng = Rng::new(seed);
-        let mut out = Vec::with_capacity(count);
-        let mut failed = 0;
-        for _ in 0..count {
-            let to = targets[rng.below(targets.len())];
-            let start = Instant::now();
-            match servers::tcp_request(to, Duration::from_secs(2)) {
-                Ok(reply) if backends.contains(&IpAddr::V4(reply.addr)) => {
-                    let us = start.elapsed().as_secs_f64() * 1e6;
-                    out.push(us)
-                }
-                _ => failed += 1,
-            }
-        }
-        (out, failed)
-    })
-}
-
 /// The machine's busy CPU time so far, milliseconds: `/proc/stat`'s user, nice,
 /// system, irq, softirq and steal of all CPUs (USER_HZ is 100 on Linux).
 fn busy_ms() -> Result<u64> {
@@ -274,6 +238,26 @@ fn backend_pod(i: usize) -> String {
     )
 }
 
+/// Creates Service `name` of port 80 to the backends' [`PORT`], selecting them or
+/// (without `selector`) not; its ClusterIP and port.
+async fn create_service(services: &Api<Service>, name: &str, selector: bool) -> Result<SocketAddr> {
+    let mut spec = json!({"ports": [{"name": "http", "port": 80, "targetPort": PORT}]});
+    if selector {
+        spec["selector"] = json!({"app": "web"});
+    }
+    let svc: Service = serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec}))?;
+    let svc = services
+        .create(&PostParams::default(), &svc)
+        .await
+        .with_context(|| format!("creating Service {name}"))?;
+    let ip: IpAddr = svc
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .with_context(|| format!("Service {name} has no ClusterIP"))?
+        .parse()?;
+    Ok(SocketAddr::new(ip, 80))
+}
+
 /// Creates `n` Services selecting the backends and waits until each has a slice
 /// with every backend. Returns their ClusterIPs in creation order.
 async fn populate(cluster: &Cluster, n: usize) -> Result<Vec<SocketAddr>> {
@@ -284,18 +268,8 @@ async fn populate(cluster: &Cluster, n: usize) -> Result<Vec<SocketAddr>> {
         .map(|i| {
             let services = services.clone();
             async move {
-                let svc: Service = serde_json::from_value(json!({
-                    "metadata": {"name": format!("svc-{i}")},
-                    "spec": {"selector": {"app": "web"},
-                             "ports": [{"name": "http", "port": 80, "targetPort": PORT}]},
-                }))?;
-                let svc = services.create(&PostParams::default(), &svc).await?;
-                let ip: IpAddr = svc
-                    .spec
-                    .and_then(|s| s.cluster_ip)
-                    .context("a Service without a ClusterIP")?
-                    .parse()?;
-                anyhow::Ok((i, SocketAddr::new(ip, 80)))
+                let vip = create_service(&services, &format!("svc-{i}"), true).await?;
+                anyhow::Ok((i, vip))
             }
         })
         .buffer_unordered(CONCURRENCY);
@@ -469,17 +443,7 @@ async fn churn_populate(
     let slices: Api<EndpointSlice> = Api::namespaced(client, NS);
     let mut vips = Vec::new();
     for i in 0..count {
-        let svc: Service = serde_json::from_value(json!({
-            "metadata": {"name": format!("churn-{i}")},
-            "spec": {"ports": [{"name": "http", "port": 80, "targetPort": PORT}]},
-        }))?;
-        let svc = services.create(&PostParams::default(), &svc).await?;
-        let ip: IpAddr = svc
-            .spec
-            .and_then(|s| s.cluster_ip)
-            .context("a Service without a ClusterIP")?
-            .parse()?;
-        vips.push(SocketAddr::new(ip, 80));
+        vips.push(create_service(&services, &format!("churn-{i}"), false).await?);
         slices
             .create(
                 &PostParams::default(),
@@ -748,9 +712,9 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
                 }
             };
             // Warm up (neighbours, the servers' threads), then measure.
-            latencies(&client_ns, targets, &backends, 20, 7)?;
+            connections(&client_ns, targets, &backends, 20, 7)?;
             let (b0, t0) = (busy_ms()?, Instant::now());
-            let (l, f) = latencies(
+            let (l, f) = connections(
                 &client_ns,
                 targets,
                 &backends,
