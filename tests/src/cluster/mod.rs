@@ -1112,20 +1112,15 @@ fn spread(
 }
 
 impl Cluster {
-    /// The ClusterIP of Service `namespace/name`.
+    /// The IPv4 ClusterIP of Service `namespace/name` ([`Self::cluster_ips`]).
     pub fn cluster_ip(&self, namespace: &str, name: &str) -> Result<Ipv4Addr> {
-        let ip = self.kubectl(&[
-            "-n",
-            namespace,
-            "get",
-            "svc",
-            name,
-            "-o",
-            "jsonpath={.spec.clusterIP}",
-        ])?;
-        ip.trim()
-            .parse()
-            .with_context(|| format!("Service {namespace}/{name} has no IPv4 ClusterIP ({ip:?})"))
+        self.cluster_ips(namespace, name)?
+            .into_iter()
+            .find_map(|ip| match ip {
+                IpAddr::V4(v4) => Some(v4),
+                IpAddr::V6(_) => None,
+            })
+            .with_context(|| format!("Service {namespace}/{name} has no IPv4 ClusterIP"))
     }
 
     /// Every ClusterIP of Service `namespace/name` (`spec.clusterIPs`: one per
