@@ -22,9 +22,7 @@
 //! options header instead of an IPv4 option.
 
 use aya_ebpf::{
-    bindings::{bpf_adj_room_mode::BPF_ADJ_ROOM_NET, TC_ACT_OK, TC_ACT_SHOT},
-    macros::classifier,
-    programs::TcContext,
+    bindings::bpf_adj_room_mode::BPF_ADJ_ROOM_NET, macros::classifier, programs::TcContext,
 };
 use dataplane_common::{
     clusterip_marker, csum_replace2, dsr, stat, ServiceKey, PROTO_TCP, PROTO_UDP, SCOPE_ANY,
@@ -38,9 +36,23 @@ use crate::{
     tc::{DROP, PASS},
 };
 
-/// What the program is to do with the packet handed over.
-const MODE_INSERT: u32 = 0;
-const MODE_ACCEPT: u32 = 1;
+/// What the program (`sliceway_dsr`, `sliceway_dsr6`) is to do with the packet
+/// handed over.
+pub(crate) const MODE_INSERT: u32 = 0;
+pub(crate) const MODE_ACCEPT: u32 = 1;
+
+/// What a packet gets when its handover to a direct server return program failed
+/// (the tail call returned): a new connection's packet is dropped, since it must
+/// not leave without the frontend's name; a packet with the option passes with
+/// nothing recorded.
+#[inline(always)]
+pub(crate) fn handover_failed(insert: bool) -> Exit {
+    if insert {
+        (DROP, stat::DROP_DSR_OPTION)
+    } else {
+        (PASS, stat::PASS_DSR_REFUSED)
+    }
+}
 
 /// Keeps the frontend a new connection was sent to (the flow's destination as
 /// parsed) in the skb's control buffer, for [`hand_over`] once the packet is
@@ -68,11 +80,7 @@ pub fn hand_over(ctx: &TcContext, insert: bool, l2: usize) -> Exit {
         (*ctx.skb.skb).cb[0] = mode | ((l2 as u32) << 8);
         JUMP.tail_call(ctx, dataplane_common::JUMP_DSR);
     }
-    if insert {
-        (DROP, stat::DROP_DSR_OPTION)
-    } else {
-        (PASS, stat::PASS_DSR_REFUSED)
-    }
+    handover_failed(insert)
 }
 
 /// Whether the packet is IPv4 with the option as the first of its options (where the
@@ -115,11 +123,8 @@ pub fn sliceway_dsr(ctx: TcContext) -> i32 {
         accept(&ctx, l2)
     };
     count(reason);
-    if action == PASS {
-        TC_ACT_OK
-    } else {
-        TC_ACT_SHOT
-    }
+    // PASS and DROP are TC's verdicts.
+    action
 }
 
 /// Puts the option naming `frontend_be:fport_be` after the fixed IPv4 header and

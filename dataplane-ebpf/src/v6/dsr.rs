@@ -32,9 +32,7 @@
 //! pod's kernel, which does not know it, takes the packet all the same.
 
 use aya_ebpf::{
-    bindings::{bpf_adj_room_mode::BPF_ADJ_ROOM_NET, TC_ACT_OK, TC_ACT_SHOT},
-    macros::classifier,
-    programs::TcContext,
+    bindings::bpf_adj_room_mode::BPF_ADJ_ROOM_NET, macros::classifier, programs::TcContext,
 };
 use dataplane_common::{
     clusterip_marker6, dsr6, stat, CtKey, ServiceKey6, FAMILY_V6, IPV6_DEST_OPTS, IPV6_HOP_BY_HOP,
@@ -48,14 +46,11 @@ use super::{
 use crate::{
     conntrack,
     counters::{count, Exit},
+    dsr::{handover_failed, MODE_ACCEPT, MODE_INSERT},
     maps,
     packet::{ipv6, load, store, Frame, ETH_P_IPV6, ETH_TYPE_OFF, L3},
     tc::{DROP, PASS},
 };
-
-/// What the program is to do with the packet handed over (the low byte of `cb[0]`).
-const MODE_INSERT: u32 = 0;
-const MODE_ACCEPT: u32 = 1;
 
 /// Keeps the frontend a new connection was sent to (the flow's destination as
 /// parsed) in the skb's control buffer, for [`hand_over`] once the packet is
@@ -91,11 +86,7 @@ pub fn hand_over(ctx: &TcContext, insert: bool, l2: usize) -> Exit {
         cb[0] = mode | ((l2 as u32) << 8);
         maps::JUMP6.tail_call(ctx, JUMP6_DSR);
     }
-    if insert {
-        (DROP, stat::DROP_DSR_OPTION)
-    } else {
-        (PASS, stat::PASS_DSR_REFUSED)
-    }
+    handover_failed(insert)
 }
 
 /// Whether the packet is IPv6 whose first extension header is a destination options
@@ -140,11 +131,8 @@ pub fn sliceway_dsr6(ctx: TcContext) -> i32 {
         accept(&ctx)
     };
     count(reason);
-    if action == PASS {
-        TC_ACT_OK
-    } else {
-        TC_ACT_SHOT
-    }
+    // PASS and DROP are TC's verdicts.
+    action
 }
 
 /// Puts the header naming `frontend_be:fport_be` after the fixed IPv6 header: the
