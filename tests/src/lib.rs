@@ -798,6 +798,14 @@ impl Agent {
         Ok(metric_value(&self.metrics()?, name))
     }
 
+    /// Packets the datapath counted for exit `reason` (`sliceway_datapath_packets`);
+    /// 0 when none was. Panics if `/metrics` cannot be read.
+    pub fn packets(&self, reason: &str) -> f64 {
+        self.metric(&format!("sliceway_datapath_packets{{reason=\"{reason}\"}}"))
+            .expect("the agent's /metrics")
+            .unwrap_or(0.0)
+    }
+
     /// The value of label `label` of the first sample of `/metrics` whose series
     /// starts with `prefix` (a metric's name and its first labels as printed:
     /// `sliceway_interface_link{interface="veth1",`); `None` when there is none.

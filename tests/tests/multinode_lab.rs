@@ -400,6 +400,20 @@ fn every_node_picks_the_same_backend_for_a_flow_with_maglev(xdp: Option<&'static
     assert_ne!(one, two, "without Maglev the placements differ");
 }
 
+/// One connection went by direct server return from node 1 (`a1`, which sent it on
+/// with the frontend's name) to the backend on node 2 (`a2`, which recorded it), and
+/// every reply left node 2 straight to the client: node 1 translated none back.
+fn went_by_direct_server_return(a1: &sliceway_lab::Agent, a2: &sliceway_lab::Agent) {
+    assert_eq!(a1.packets("dnat_dsr"), 1.0, "{:#?}", a1.metrics());
+    assert_eq!(a2.packets("dsr_accepted"), 1.0, "{:#?}", a2.metrics());
+    assert_eq!(
+        a1.packets("revnat"),
+        0.0,
+        "no reply came back through node 1"
+    );
+    assert!(a2.packets("revnat") >= 2.0, "{:#?}", a2.metrics());
+}
+
 /// Issue 11: direct server return (`--external-mode dsr`) with Maglev. An external
 /// client's TCP connection to the load-balancer IP, routed through node 1, whose only
 /// backend is on node 2: the backend sees the client's own address, and its answers
@@ -429,11 +443,6 @@ fn direct_server_return_keeps_a_connection_that_moves_to_another_node(xdp: Optio
         .unwrap()
         .unwrap();
         assert_eq!(conn.reply.backend, lab.node(2).pods[0].name);
-        let count = |a: &sliceway_lab::Agent, reason: &str| {
-            a.metric(&format!("sliceway_datapath_packets{{reason=\"{reason}\"}}"))
-                .unwrap()
-                .unwrap_or(0.0)
-        };
         conn.roundtrip("through node 1").unwrap();
         if mode == "dsr" {
             assert_eq!(
@@ -441,14 +450,7 @@ fn direct_server_return_keeps_a_connection_that_moves_to_another_node(xdp: Optio
                 Some(client.ip.into()),
                 "the client's own address"
             );
-            assert_eq!(count(&a1, "dnat_dsr"), 1.0, "{:#?}", a1.metrics());
-            assert_eq!(count(&a2, "dsr_accepted"), 1.0, "{:#?}", a2.metrics());
-            assert_eq!(
-                count(&a1, "revnat"),
-                0.0,
-                "no reply came back through node 1"
-            );
-            assert!(count(&a2, "revnat") >= 2.0, "{:#?}", a2.metrics());
+            went_by_direct_server_return(&a1, &a2);
         } else {
             assert_eq!(peer_ip(conn.reply.peer), Some(lab.node(1).ip.into()));
         }
@@ -568,24 +570,19 @@ fn ipv6_from_outside_reaches_backends_on_either_node(xdp: Option<&'static str>) 
         c.route_via(lb6, lab.node(1).ip6.unwrap()).unwrap();
     }
     assert!(allowed.tcp(to_lb).is_err(), "node-1 has no endpoint");
-    let count = |a: &sliceway_lab::Agent, reason: &str| {
-        a.metric(&format!("sliceway_datapath_packets{{reason=\"{reason}\"}}"))
-            .unwrap()
-            .unwrap_or(0.0)
-    };
-    assert_eq!(count(&a1, "dnat_masqueraded"), 20.0, "{:#?}", a1.metrics());
+    assert_eq!(a1.packets("dnat_masqueraded"), 20.0, "{:#?}", a1.metrics());
     if xdp.is_some() {
         // XDP (`sliceway_xdp6`) decided the IPv6 packets from outside, and the TC
         // program behind it saw its mark and let them pass at once.
-        let decided = count(&a1, "pass_xdp_decided");
+        let decided = a1.packets("pass_xdp_decided");
         assert!(decided >= 20.0, "{decided}: {:#?}", a1.metrics());
     }
     assert!(
-        count(&a2, "drop_source_range") >= 2.0,
+        a2.packets("drop_source_range") >= 2.0,
         "{:#?}",
         a2.metrics()
     );
-    assert!(count(&a1, "drop_no_backend") >= 1.0, "{:#?}", a1.metrics());
+    assert!(a1.packets("drop_no_backend") >= 1.0, "{:#?}", a1.metrics());
     assert_eq!(a1.problems_logged().unwrap(), 0, "{:#?}", a1.log());
     assert_eq!(a2.problems_logged().unwrap(), 0, "{:#?}", a2.log());
 }
@@ -642,19 +639,7 @@ fn ipv6_direct_server_return_keeps_a_connection_that_moves_to_another_node(
         "the client's own address"
     );
     conn.roundtrip("through node 1").unwrap();
-    let count = |a: &sliceway_lab::Agent, reason: &str| {
-        a.metric(&format!("sliceway_datapath_packets{{reason=\"{reason}\"}}"))
-            .unwrap()
-            .unwrap_or(0.0)
-    };
-    assert_eq!(count(&a1, "dnat_dsr"), 1.0, "{:#?}", a1.metrics());
-    assert_eq!(count(&a2, "dsr_accepted"), 1.0, "{:#?}", a2.metrics());
-    assert_eq!(
-        count(&a1, "revnat"),
-        0.0,
-        "no reply came back through node 1"
-    );
-    assert!(count(&a2, "revnat") >= 2.0, "{:#?}", a2.metrics());
+    went_by_direct_server_return(&a1, &a2);
     client.route_via(lb6, node2).unwrap();
     conn.roundtrip("through node 2").unwrap();
     client.route_via(lb6, node1).unwrap();
@@ -768,11 +753,7 @@ fn an_uplink_without_an_ethernet_header_is_read_from_its_ip_header() {
     );
     // Masqueraded: the backend saw the node's address.
     assert!(text.contains(&format!(" {}:", node.ip)), "{text:?}");
-    let count = |reason: &str| {
-        a1.metric(&format!("sliceway_datapath_packets{{reason=\"{reason}\"}}"))
-            .unwrap()
-            .unwrap_or(0.0)
-    };
+    let count = |reason: &str| a1.packets(reason);
     assert_eq!(count("dnat_masqueraded"), 1.0, "{:#?}", a1.metrics());
     // To the node's own address on tun0, a port nothing listens on: passed untouched,
     // so the node answers port unreachable itself, quoting what was sent.
