@@ -486,6 +486,35 @@ fn views(subsets: &[EndpointSubset]) -> Vec<View<'_>> {
 
 /// Whether the subsets to write equal the existing ones, order and target resource
 /// versions aside (endpointSubsetsEqualIgnoreResourceVersion over sorted subsets).
+/// Whether an Endpoints' labels are those its Service's make: upstream's
+/// `labelsCorrectForEndpoints`
+/// (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/controller/endpoint/endpoints_controller.go>):
+/// labelled managed-by the Endpoints controller, and every other label but the
+/// headless one the Service's, with none of the Service's missing.
+fn labels_correct(
+    endpoints: Option<&std::collections::BTreeMap<String, String>>,
+    service: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    let empty = Default::default();
+    let endpoints = endpoints.unwrap_or(&empty);
+    if endpoints
+        .get(util::LABEL_ENDPOINTS_MANAGED_BY)
+        .map(String::as_str)
+        != Some(util::ENDPOINTS_CONTROLLER_NAME)
+    {
+        return false;
+    }
+    let mut skipped = 0;
+    for (k, v) in endpoints {
+        if k == util::LABEL_HEADLESS || k == util::LABEL_ENDPOINTS_MANAGED_BY {
+            skipped += 1;
+        } else if service.get(k) != Some(v) {
+            return false;
+        }
+    }
+    service.len() == endpoints.len() - skipped
+}
+
 fn same_subsets(desired: &[Packed<'_>], current: &[EndpointSubset]) -> bool {
     let current = views(current);
     let mut desired: Vec<&Packed<'_>> = desired.iter().collect();
@@ -554,14 +583,12 @@ pub fn reconcile(input: &Input<'_>) -> Option<Change> {
     let service_labels = svc.metadata.labels.clone().unwrap_or_default();
 
     if let Some(current) = input.current {
-        let mut compare_labels = current.metadata.labels.clone().unwrap_or_default();
-        compare_labels.remove(util::LABEL_HEADLESS);
         // Upstream compares against the untruncated subsets (and checks the
         // over-capacity annotation), so it rewrites an over-capacity object on every
         // sync; comparing with what would be written gives the same object without
         // the repeated writes.
         if same_subsets(&subsets, current.subsets.as_deref().unwrap_or(&[]))
-            && compare_labels == service_labels
+            && labels_correct(current.metadata.labels.as_ref(), &service_labels)
             && current
                 .metadata
                 .annotations
@@ -608,7 +635,11 @@ pub fn reconcile(input: &Input<'_>) -> Option<Change> {
     } else {
         labels.insert(util::LABEL_HEADLESS.into(), String::new());
     }
-    new.metadata.labels = Some(labels).filter(|l| !l.is_empty());
+    labels.insert(
+        util::LABEL_ENDPOINTS_MANAGED_BY.into(),
+        util::ENDPOINTS_CONTROLLER_NAME.into(),
+    );
+    new.metadata.labels = Some(labels);
     let subsets: Vec<EndpointSubset> = subsets.into_iter().map(Packed::written).collect();
     new.subsets = Some(subsets).filter(|s| !s.is_empty());
     Some(match input.current {

@@ -25,6 +25,15 @@ pub const LABEL_NODE_ROLE_CONTROL_PLANE: &str = "node-role.kubernetes.io/control
 /// The older name of [`LABEL_NODE_ROLE_CONTROL_PLANE`].
 pub const LABEL_NODE_ROLE_MASTER: &str = "node-role.kubernetes.io/master";
 
+/// `endpoints.kubernetes.io/managed-by`: the label the Endpoints controller puts on
+/// the Endpoints it writes, with [`ENDPOINTS_CONTROLLER_NAME`] (`LabelManagedBy` in
+/// <https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/controller/endpoint/endpoints_controller.go>).
+pub const LABEL_ENDPOINTS_MANAGED_BY: &str = "endpoints.kubernetes.io/managed-by";
+/// The Endpoints controller's name (`ControllerName` there), the value of
+/// [`LABEL_ENDPOINTS_MANAGED_BY`]; kept as upstream's so that either controller
+/// finds the other's Endpoints already labelled.
+pub const ENDPOINTS_CONTROLLER_NAME: &str = "endpoint-controller";
+
 /// `endpoints.kubernetes.io/last-change-trigger-time`
 /// (v1.EndpointsLastChangeTriggerTime): the time of the change an Endpoints or
 /// EndpointSlice reflects; the agent measures its programming latency from it.

@@ -67,13 +67,192 @@ pub enum Rules {
 }
 
 /// Checks a typed object as an API server's watch delivered it, under
-/// [`Rules::Stored`]: the front door both binaries' API edges share.
-pub fn stored<T: serde::Serialize>(kind: &str, obj: &T) -> Result<(), Invalid> {
-    let value = serde_yaml_ng::to_value(obj).map_err(|e| Invalid {
+/// [`Rules::Stored`]: the front door both binaries' API edges share. Only what the
+/// rules read is converted ([`Checked::view`]): a watch delivers every object of
+/// the cluster, and a Pod's spec, the bulk of it, is never read here.
+pub fn stored<T: Checked>(obj: &T) -> Result<(), Invalid> {
+    let value = obj.view().map_err(|e| Invalid {
         field: String::new(),
         reason: format!("cannot be read: {e}"),
     })?;
-    object(kind, &value, Rules::Stored)
+    object(T::KIND, &value, Rules::Stored)
+}
+
+/// A kind the front door checks, and the part of an object of it that its rules
+/// read, in the object's own field names: `metadata` (name, namespace, labels) and
+/// the fields of the kind's rules in [`object`].
+pub trait Checked {
+    const KIND: &'static str;
+    fn view(&self) -> Result<Value, serde_yaml_ng::Error>;
+}
+
+/// The metadata the rules read.
+#[derive(serde::Serialize)]
+struct Meta<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    namespace: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    labels: Option<&'a std::collections::BTreeMap<String, String>>,
+}
+
+impl<'a> Meta<'a> {
+    fn of(meta: &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Self {
+        Meta {
+            name: meta.name.as_deref(),
+            namespace: meta.namespace.as_deref(),
+            labels: meta.labels.as_ref(),
+        }
+    }
+}
+
+/// An object's metadata beside the fields of its kind's rules.
+#[derive(serde::Serialize)]
+struct View<'a, R> {
+    metadata: Meta<'a>,
+    #[serde(flatten)]
+    rest: R,
+}
+
+fn view<R: serde::Serialize>(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    rest: R,
+) -> Result<Value, serde_yaml_ng::Error> {
+    serde_yaml_ng::to_value(View {
+        metadata: Meta::of(meta),
+        rest,
+    })
+}
+
+mod kinds {
+    use k8s_openapi::api::{
+        core::v1::{EndpointAddress, Endpoints, Node, Pod, PodIP, Service},
+        discovery::v1::EndpointSlice,
+    };
+    use serde::Serialize;
+    use serde_yaml_ng::Value;
+
+    use super::{view, Checked};
+
+    impl Checked for Node {
+        const KIND: &'static str = "Node";
+        fn view(&self) -> Result<Value, serde_yaml_ng::Error> {
+            view(&self.metadata, ())
+        }
+    }
+
+    impl Checked for Service {
+        const KIND: &'static str = "Service";
+        fn view(&self) -> Result<Value, serde_yaml_ng::Error> {
+            #[derive(Serialize)]
+            struct Rest<'a, S, T> {
+                #[serde(skip_serializing_if = "Option::is_none")]
+                spec: &'a Option<S>,
+                #[serde(skip_serializing_if = "Option::is_none")]
+                status: &'a Option<T>,
+            }
+            view(
+                &self.metadata,
+                Rest {
+                    spec: &self.spec,
+                    status: &self.status,
+                },
+            )
+        }
+    }
+
+    impl Checked for EndpointSlice {
+        const KIND: &'static str = "EndpointSlice";
+        fn view(&self) -> Result<Value, serde_yaml_ng::Error> {
+            #[derive(Serialize)]
+            struct Endpoint<'a> {
+                addresses: &'a [String],
+            }
+            #[derive(Serialize)]
+            #[serde(rename_all = "camelCase")]
+            struct Rest<'a> {
+                address_type: &'a str,
+                endpoints: Vec<Endpoint<'a>>,
+            }
+            let endpoints = self
+                .endpoints
+                .iter()
+                .map(|e| Endpoint {
+                    addresses: &e.addresses,
+                })
+                .collect();
+            view(
+                &self.metadata,
+                Rest {
+                    address_type: &self.address_type,
+                    endpoints,
+                },
+            )
+        }
+    }
+
+    impl Checked for Endpoints {
+        const KIND: &'static str = "Endpoints";
+        fn view(&self) -> Result<Value, serde_yaml_ng::Error> {
+            #[derive(Serialize)]
+            struct Address<'a> {
+                ip: &'a str,
+            }
+            #[derive(Serialize)]
+            #[serde(rename_all = "camelCase")]
+            struct Subset<'a> {
+                #[serde(skip_serializing_if = "Option::is_none")]
+                addresses: Option<Vec<Address<'a>>>,
+                #[serde(skip_serializing_if = "Option::is_none")]
+                not_ready_addresses: Option<Vec<Address<'a>>>,
+            }
+            #[derive(Serialize)]
+            struct Rest<'a> {
+                #[serde(skip_serializing_if = "Option::is_none")]
+                subsets: Option<Vec<Subset<'a>>>,
+            }
+            fn ips(list: &Option<Vec<EndpointAddress>>) -> Option<Vec<Address<'_>>> {
+                list.as_ref()
+                    .map(|l| l.iter().map(|a| Address { ip: &a.ip }).collect())
+            }
+            let subsets = self.subsets.as_ref().map(|subsets| {
+                subsets
+                    .iter()
+                    .map(|s| Subset {
+                        addresses: ips(&s.addresses),
+                        not_ready_addresses: ips(&s.not_ready_addresses),
+                    })
+                    .collect()
+            });
+            view(&self.metadata, Rest { subsets })
+        }
+    }
+
+    impl Checked for Pod {
+        const KIND: &'static str = "Pod";
+        fn view(&self) -> Result<Value, serde_yaml_ng::Error> {
+            #[derive(Serialize)]
+            struct Status<'a> {
+                #[serde(skip_serializing_if = "Option::is_none")]
+                #[serde(rename = "podIP")]
+                pod_ip: Option<&'a str>,
+                #[serde(skip_serializing_if = "Option::is_none")]
+                #[serde(rename = "podIPs")]
+                pod_ips: Option<&'a [PodIP]>,
+            }
+            #[derive(Serialize)]
+            struct Rest<'a> {
+                #[serde(skip_serializing_if = "Option::is_none")]
+                status: Option<Status<'a>>,
+            }
+            let status = self.status.as_ref().map(|s| Status {
+                pod_ip: s.pod_ip.as_deref(),
+                pod_ips: s.pod_ips.as_deref(),
+            });
+            view(&self.metadata, Rest { status })
+        }
+    }
 }
 
 /// Checks an object of a kind the binaries read; other kinds pass unchecked.
@@ -874,5 +1053,61 @@ mod tests {
             .as_deref(),
             Some("status.podIPs[1].ip")
         );
+    }
+
+    /// The watches' front door reads only a view of each object ([`Checked::view`]):
+    /// it must judge every object as the whole object converted would be judged,
+    /// refusals (the same field and reason) and passes alike.
+    #[test]
+    fn a_view_is_judged_as_its_whole_object() {
+        use k8s_openapi::api::{
+            core::v1::{Endpoints, Node, Pod, Service},
+            discovery::v1::EndpointSlice,
+        };
+        fn same<T: Checked + serde::Serialize + serde::de::DeserializeOwned>(yaml: &str) -> bool {
+            let obj: T = serde_yaml_ng::from_str(yaml).unwrap();
+            let whole = object(
+                T::KIND,
+                &serde_yaml_ng::to_value(&obj).unwrap(),
+                Rules::Stored,
+            );
+            let seen = stored(&obj);
+            assert_eq!(seen, whole, "{} {yaml}", T::KIND);
+            seen.is_err()
+        }
+        let pod_spec = "spec: {nodeName: n1, containers: [{name: c, image: i}]}";
+        // Kind, judge (whether refused, after checking both ways agree), object,
+        // refused.
+        type Judge = fn(&str) -> bool;
+        let cases: [(&str, Judge, &str, bool); 20] = [
+            ("Node", same::<Node>, "metadata: {name: n1, labels: {a: b}}", false),
+            ("Node", same::<Node>, "metadata: {name: N_1}", true),
+            ("Node", same::<Node>, "metadata: {name: n1, labels: {'a/b/c': x}}", true),
+            ("Service", same::<Service>, "metadata: {name: web, namespace: default}\nspec: {clusterIPs: [10.0.0.1, 'fd00::1'], ports: [{port: 80}]}", false),
+            ("Service", same::<Service>, "metadata: {name: web}\nspec: {ports: [{port: 0}]}", true),
+            ("Service", same::<Service>, "metadata: {name: web, namespace: Bad}", true),
+            ("Service", same::<Service>, "metadata: {name: web}\nspec: {clusterIP: 10.0.0.1, clusterIPs: [10.0.0.2]}", true),
+            ("Service", same::<Service>, "metadata: {name: web}\nspec: {ports: [{port: 80}]}\nstatus: {loadBalancer: {ingress: [{ip: 300.1.1.1}]}}", true),
+            ("EndpointSlice", same::<EndpointSlice>, "metadata: {name: s, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nendpoints: [{addresses: [10.1.0.5]}]", false),
+            ("EndpointSlice", same::<EndpointSlice>, "metadata: {name: s}\naddressType: IPv4\nendpoints: [{addresses: [127.0.0.1]}]", true),
+            ("EndpointSlice", same::<EndpointSlice>, "metadata: {name: s}\naddressType: IPv6\nendpoints: [{addresses: [10.1.0.5]}]", true),
+            ("Endpoints", same::<Endpoints>, "metadata: {name: e}\nsubsets: [{addresses: [{ip: 10.1.0.5}]}]", false),
+            ("Endpoints", same::<Endpoints>, "metadata: {name: e}\nsubsets: [{notReadyAddresses: [{ip: 0.0.0.0}]}]", true),
+            ("Endpoints", same::<Endpoints>, "metadata: {name: e}\nsubsets: [{addresses: [{ip: 10.1.0.5, nodeName: n1, targetRef: {kind: Pod, name: p}}], notReadyAddresses: [{ip: 10.1.0.6}], ports: [{port: 80}]}, {addresses: [{ip: 10.1.0.7}]}]", false),
+            ("EndpointSlice", same::<EndpointSlice>, "metadata: {name: s}\naddressType: IPv4\nendpoints: [{addresses: [10.1.0.5], conditions: {ready: true}, targetRef: {kind: Pod, name: p}}, {addresses: []}]", true),
+            ("EndpointSlice", same::<EndpointSlice>, "metadata: {name: s}\naddressType: FQDN\nendpoints: [{addresses: [example.com]}]\nports: [{port: 80}]", false),
+            ("Pod", same::<Pod>, "metadata: {name: p, labels: {app: web}}\nstatus: {podIP: 10.1.0.5, podIPs: [{ip: 10.1.0.5}]}", false),
+            ("Pod", same::<Pod>, "metadata: {name: p}\nstatus: {podIP: 10.1.0}", true),
+            ("Pod", same::<Pod>, "metadata: {name: p}\nstatus: {podIPs: [{ip: 10.1.0.5}, {ip: 'fe80::1x'}]}", true),
+            ("Pod", same::<Pod>, "metadata: {name: p, labels: {app: -web}}", true),
+        ];
+        for (kind, same, yaml, refused) in cases {
+            let yaml = if kind == "Pod" {
+                format!("{yaml}\n{pod_spec}")
+            } else {
+                yaml.to_string()
+            };
+            assert_eq!(same(&yaml), refused, "{kind}: {yaml}");
+        }
     }
 }

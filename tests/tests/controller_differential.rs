@@ -221,13 +221,13 @@ fn snapshot(c: &Cluster) -> Result<BTreeSet<String>> {
             continue;
         }
         let key = format!("endpoints {name}");
-        let mut labels: BTreeMap<String, String> = e["metadata"]["labels"]
+        // Every label, the Endpoints controller's managed-by among them.
+        let labels: BTreeMap<String, String> = e["metadata"]["labels"]
             .as_object()
             .into_iter()
             .flatten()
             .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
             .collect();
-        labels.remove("endpoints.kubernetes.io/managed-by");
         facts.insert(format!("{key} labels {labels:?}"));
         for s in e["subsets"].as_array().into_iter().flatten() {
             let ports = ports(&s["ports"]);

@@ -138,20 +138,17 @@ pub fn without_managed_fields<K: kube::Resource>(event: watcher::Event<K>) -> wa
 /// manifest reader's refusals are (`skipped{reason="invalid_object"}`) and kept out
 /// of the store, so no reconciler sees it: left out of a list, and taken out of the
 /// store (as deleted) when a change makes it refused. The others go on.
-pub fn admitted<K, S>(
-    events: S,
-    kind: &'static str,
-    metrics: &Metrics,
-) -> impl futures::Stream<Item = S::Item> + Send
+pub fn admitted<K, S>(events: S, metrics: &Metrics) -> impl futures::Stream<Item = S::Item> + Send
 where
-    K: kube::Resource + serde::Serialize + Send + 'static,
+    K: kube::Resource + conventions::validate::Checked + Send + 'static,
     S: futures::Stream<Item = std::result::Result<watcher::Event<K>, watcher::Error>> + Send,
 {
     let skipped = metrics.skipped.clone();
     events.try_filter_map(move |event| {
         let event = without_managed_fields(event);
         let refused = |obj: &K| {
-            let invalid = conventions::validate::stored(kind, obj).err()?;
+            let invalid = conventions::validate::stored(obj).err()?;
+            let kind = K::KIND;
             tracing::warn!(
                 %kind,
                 object = %format!("{}/{}", obj.meta().namespace.as_deref().unwrap_or_default(), obj.meta().name.as_deref().unwrap_or_default()),
@@ -187,9 +184,19 @@ where
 /// skip-mirror) do not sync it again when they come back through the watch.
 /// `mirrorable` holds the Endpoints last seen mirrorable, the previous object's
 /// `shouldMirror` that a watch event does not carry.
+///
+/// `nothing_to_mirror(ns, name)` says the mirroring controller's sync would do
+/// nothing for Endpoints it may mirror: their Service has a selector (so its sync
+/// only deletes the mirrored slices of the name) and no mirrored slice of the name
+/// is cached. Upstream queues that sync and it returns at once
+/// (`syncEndpoints`: "Service now has selector, cleaning up any mirrored
+/// EndpointSlices"); here a sync is of all three controllers at once, so it is not
+/// asked for. This is what keeps the Endpoints the Endpoints controller writes, which
+/// upstream v1.37.2 does not label skip-mirror, from syncing their Service again.
 pub fn endpoints_trigger(
     mirrorable: &mut std::collections::HashSet<(String, String)>,
     event: watcher::Event<Endpoints>,
+    nothing_to_mirror: impl Fn(&str, &str) -> bool,
 ) -> Option<Endpoints> {
     let key = |e: &Endpoints| (e.namespace().unwrap_or_default(), e.name_any());
     match event {
@@ -204,7 +211,8 @@ pub fn endpoints_trigger(
             } else {
                 mirrorable.remove(&key(&e))
             };
-            (now || before).then_some(e)
+            let (ns, name) = key(&e);
+            ((now || before) && !nothing_to_mirror(&ns, &name)).then_some(e)
         }
         watcher::Event::Init | watcher::Event::InitDone => None,
     }
@@ -236,7 +244,6 @@ pub async fn run(
         pods_w,
         admitted(
             watcher(Api::<Pod>::all(client.clone()), cfg.clone()),
-            "Pod",
             &metrics,
         ),
     )
@@ -284,7 +291,6 @@ pub async fn run(
         slices_w,
         admitted(
             watcher(Api::<EndpointSlice>::all(client.clone()), cfg.clone()),
-            "EndpointSlice",
             &metrics,
         ),
     )
@@ -304,11 +310,26 @@ pub async fn run(
     .touched_objects();
     let endpoints_tracker = tracker.clone();
     let mirrorable = Arc::new(Mutex::new(std::collections::HashSet::new()));
+    let (services, services_w) = reflector::store::<Service>();
+    let nothing_to_mirror = {
+        let (services, slices, index) = (services.clone(), slices_r.clone(), index.clone());
+        let mirroring = options.mirroring.controller_name.clone();
+        move |ns: &str, name: &str| {
+            let selector = services
+                .get(&ObjectRef::new(name).within(ns))
+                .is_some_and(|s| s.spec.as_ref().is_some_and(|s| s.selector.is_some()));
+            selector
+                && !index.slice_names(ns, name).iter().any(|slice| {
+                    slices
+                        .get(&ObjectRef::new(slice).within(ns))
+                        .is_some_and(|s| managed_by(&s) == mirroring)
+                })
+        }
+    };
     let eps = reflector::reflector(
         eps_w,
         admitted(
             watcher(Api::<Endpoints>::all(client.clone()), cfg.clone()),
-            "Endpoints",
             &metrics,
         ),
     )
@@ -325,14 +346,17 @@ pub async fn run(
         }
     })
     .try_filter_map(move |event| {
-        let syncs = endpoints_trigger(&mut mirrorable.lock().expect("mirrorable"), event);
+        let syncs = endpoints_trigger(
+            &mut mirrorable.lock().expect("mirrorable"),
+            event,
+            &nothing_to_mirror,
+        );
         std::future::ready(Ok(syncs))
     });
 
     // The Service watch feeds the Controller and tells the sweep about deletions,
     // which the Controller never reconciles.
     let (sweep_tx, sweep_rx) = tokio::sync::mpsc::unbounded_channel::<Sweep>();
-    let (services, services_w) = reflector::store::<Service>();
     let deletions = sweep_tx.clone();
     let deleted_tracker = tracker.clone();
     let selectors = Arc::new(Mutex::new(SelectorIndex::default()));
@@ -341,7 +365,6 @@ pub async fn run(
         services_w,
         admitted(
             watcher(Api::<Service>::all(client.clone()), cfg.clone()),
-            "Service",
             &metrics,
         ),
     )
@@ -514,32 +537,52 @@ mod tests {
         .unwrap()
     }
 
-    /// Issue 14: the Endpoints this controller writes for a Service with a selector
-    /// (skip-mirror) do not sync it again when they come back; Endpoints that are
-    /// mirrored, that were mirrored before the change, or that are deleted do, as
-    /// upstream's Endpoints and mirroring controllers decide.
+    /// Issue 14: Endpoints labelled skip-mirror do not sync their Service when they
+    /// change; Endpoints that are mirrored, that were mirrored before the change, or
+    /// that are deleted do, as upstream's Endpoints and mirroring controllers decide.
     #[test]
     fn endpoints_events_sync_as_upstreams_handlers_decide() {
         use watcher::Event::{Apply, Delete, Init, InitApply, InitDone};
         let skip = serde_json::json!({"endpointslice.kubernetes.io/skip-mirror": "true"});
         let none = serde_json::json!({});
         let mut seen = std::collections::HashSet::new();
-        let mut syncs = |event| endpoints_trigger(&mut seen, event).is_some();
+        let mut syncs = |event| endpoints_trigger(&mut seen, event, |_, _| false).is_some();
         assert!(!syncs(Init));
         assert!(!syncs(InitApply(endpoints("own", skip.clone()))));
         assert!(syncs(InitApply(endpoints("hand", none.clone()))));
         assert!(!syncs(InitDone));
-        // The controller's own write coming back.
         assert!(!syncs(Apply(endpoints("own", skip.clone()))));
         assert!(syncs(Apply(endpoints("hand", none.clone()))));
         // Mirrored before the change, not after it: the mirrored slices must go.
         assert!(syncs(Apply(endpoints("hand", skip.clone()))));
         assert!(!syncs(Apply(endpoints("hand", skip.clone()))));
-        // The skip-mirror label taken off the controller's own Endpoints.
+        // The skip-mirror label taken off.
         assert!(syncs(Apply(endpoints("own", none.clone()))));
         // A deletion always syncs (the Endpoints controller writes them again).
         assert!(syncs(Delete(endpoints("own", none))));
         assert!(syncs(Delete(endpoints("other", skip))));
+    }
+
+    /// Issue 14: the Endpoints the Endpoints controller writes for a Service with a
+    /// selector (not labelled skip-mirror, as upstream v1.37.2 writes them) do not
+    /// sync it again when they come back, unless mirrored slices of the name are
+    /// left for the mirroring controller to delete; Endpoints of a Service without a
+    /// selector (mirrored) always do, and a deletion does.
+    #[test]
+    fn endpoints_of_a_service_with_a_selector_sync_only_when_mirrors_must_go() {
+        use watcher::Event::{Apply, Delete};
+        let labels =
+            serde_json::json!({"endpoints.kubernetes.io/managed-by": "endpoint-controller"});
+        let mut seen = std::collections::HashSet::new();
+        // "web" has a selector and no mirrored slice; "old" has a selector and a
+        // mirrored slice left from before it had one; "manual" has no selector.
+        let nothing_to_mirror = |_: &str, name: &str| name == "web";
+        let mut syncs = |event| endpoints_trigger(&mut seen, event, nothing_to_mirror).is_some();
+        assert!(!syncs(Apply(endpoints("web", labels.clone()))));
+        assert!(!syncs(Apply(endpoints("web", labels.clone()))));
+        assert!(syncs(Apply(endpoints("old", labels.clone()))));
+        assert!(syncs(Apply(endpoints("manual", labels.clone()))));
+        assert!(syncs(Delete(endpoints("web", labels))));
     }
 
     /// Issue 14: the stores hold no managedFields, which nothing reads.
@@ -572,7 +615,7 @@ mod tests {
             watcher::Event::Apply(slice("new", "10.244.1.7")),
         ];
         let stream = futures::stream::iter(events.into_iter().map(Ok));
-        let applied = reflector::reflector(writer, admitted(stream, "EndpointSlice", &metrics));
+        let applied = reflector::reflector(writer, admitted(stream, &metrics));
         let seen: Vec<_> = applied.try_collect().await.unwrap();
         assert_eq!(seen.len(), 6, "the refused list item is left out");
         let mut names: Vec<String> = store.state().iter().map(|s| s.name_any()).collect();

@@ -323,6 +323,15 @@ impl Index {
         *self.topology.lock().expect("topology") = Some((seen, info.clone()));
         info
     }
+    /// The names of the slices labelled for Service `ns/name`.
+    pub fn slice_names(&self, ns: &str, name: &str) -> Vec<String> {
+        self.slices
+            .read()
+            .expect("index")
+            .get(&(ns.to_string(), name.to_string()))
+            .map(|n| n.iter().cloned().collect())
+            .unwrap_or_default()
+    }
     /// Follows an EndpointSlice watch event (after the store applied it).
     pub fn slice_event(&self, event: &watcher::Event<EndpointSlice>, store: &Store<EndpointSlice>) {
         match event {
@@ -406,15 +415,7 @@ impl Stores {
         if let Some(s) = svc {
             snap.add_service(s);
         }
-        let slice_names: Vec<String> = self
-            .index
-            .slices
-            .read()
-            .expect("index")
-            .get(&(ns.to_string(), name.to_string()))
-            .map(|n| n.iter().cloned().collect())
-            .unwrap_or_default();
-        for slice in slice_names {
+        for slice in self.index.slice_names(ns, name) {
             if let Some(s) = self.slices.get(&ObjectRef::new(&slice).within(ns)) {
                 snap.add_slice(s);
             }

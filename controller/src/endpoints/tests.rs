@@ -85,6 +85,50 @@ fn sync_unchanged_is_noop_and_labels_update() {
     }
 }
 
+/// Upstream v1.37.2's Endpoints carry `endpoints.kubernetes.io/managed-by:
+/// endpoint-controller`, and Endpoints without it are written again
+/// (`labelsCorrectForEndpoints`; TestSyncEndpointsItemsPreexistingLabelsChange).
+#[test]
+fn written_endpoints_are_labelled_managed_by_the_endpoints_controller() {
+    let ps = vec![pod(1)];
+    let mut svc = service();
+    svc.metadata.labels = Some([("a".to_string(), "b".to_string())].into());
+    let e = created(run(&svc, &ps, None));
+    let want: std::collections::BTreeMap<String, String> = [
+        ("a".to_string(), "b".to_string()),
+        (
+            "endpoints.kubernetes.io/managed-by".to_string(),
+            "endpoint-controller".to_string(),
+        ),
+    ]
+    .into();
+    assert_eq!(e.metadata.labels.as_ref(), Some(&want));
+    assert!(run(&svc, &ps, Some(&e)).is_none());
+    // The same Endpoints without the label (as an older release wrote them), or
+    // managed by another: written again with it.
+    for managed_by in [None, Some("someone-else")] {
+        let mut older = e.clone();
+        let labels = older.metadata.labels.as_mut().unwrap();
+        match managed_by {
+            None => labels.remove("endpoints.kubernetes.io/managed-by"),
+            Some(other) => labels.insert("endpoints.kubernetes.io/managed-by".into(), other.into()),
+        };
+        match run(&svc, &ps, Some(&older)) {
+            Some(Change::Update(u)) => assert_eq!(u.metadata.labels.as_ref(), Some(&want)),
+            other => panic!("{other:?}"),
+        }
+    }
+    // A label of the Endpoints that the Service does not have: written again.
+    let mut extra = e.clone();
+    extra
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert("stale".into(), "x".into());
+    assert!(run(&svc, &ps, Some(&extra)).is_some());
+}
+
 #[test]
 fn sync_headless_label_and_no_ports() {
     let mut svc = service();

@@ -50,6 +50,7 @@ use std::{
 };
 
 use conventions::labels::{LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME};
+use conventions::validate::Checked;
 use futures::{future::FutureExt as _, stream, Stream, StreamExt as _};
 use k8s_openapi::api::{
     core::v1::{Node, Service},
@@ -188,7 +189,7 @@ type Refusals = std::collections::BTreeMap<(&'static str, String, String), Refus
 /// may hold ([`conventions::validate::Rules::Stored`]: what older releases stored
 /// is read as kube-proxy reads it). `Some` when refused.
 fn front_door<K: Kind>(obj: &K) -> Option<Refused> {
-    let invalid = conventions::validate::stored(K::KIND, obj).err()?;
+    let invalid = conventions::validate::stored(obj).err()?;
     Some(Refused {
         kind: K::KIND,
         namespace: obj.namespace().unwrap_or_default(),
@@ -538,9 +539,8 @@ impl super::Source for ApiSource {
 
 /// What [`KubeSource::feed`] does alike for Services and EndpointSlices: the lean
 /// copy the sink takes, its identity there, and the sink's calls for the kind.
-trait Kind: Resource<DynamicType = ()> + Clone + serde::Serialize + 'static {
-    /// The kind, as the front door and messages name it.
-    const KIND: &'static str;
+/// (Its `KIND`, as the front door and messages name it, is [`Checked`]'s.)
+trait Kind: Resource<DynamicType = ()> + Clone + Checked + 'static {
     type Info;
     type Id: Eq + std::hash::Hash;
     fn info(&self) -> Self::Info;
@@ -553,7 +553,6 @@ trait Kind: Resource<DynamicType = ()> + Clone + serde::Serialize + 'static {
 }
 
 impl Kind for Service {
-    const KIND: &'static str = "Service";
     type Info = ServiceInfo;
     type Id = ServiceId;
     fn info(&self) -> ServiceInfo {
@@ -581,7 +580,6 @@ impl Kind for Service {
 }
 
 impl Kind for EndpointSlice {
-    const KIND: &'static str = "EndpointSlice";
     type Info = SliceInfo;
     type Id = SliceId;
     fn info(&self) -> SliceInfo {
