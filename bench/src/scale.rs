@@ -64,6 +64,14 @@ pub struct ScaleResult {
     pub idle_cpu_ms_per_s: f64,
     /// Mean time from a Pod's status write to its slice showing it.
     pub change_latency_ms: f64,
+    /// Of the CPU per change, the syncs' own work (the controller's
+    /// `sync_cpu_seconds_total`: stores read, reconcilers, plan), the rest being
+    /// the API edge (watch events decoded, writes encoded and sent, TLS, runtime).
+    pub sync_cpu_per_change_ms: f64,
+    /// Service syncs per change (`syncs_total`, every result).
+    pub syncs_per_change: f64,
+    /// The same by result (`ok`, `stale`, `retry`, `error`, `dropped`).
+    pub syncs_per_change_by_result: BTreeMap<String, f64>,
 }
 
 const NS: &str = "scale";
@@ -255,7 +263,7 @@ async fn measure(cluster: &Cluster, spec: &ScaleSpec) -> Result<ScaleResult> {
     );
 
     let t = Instant::now();
-    cluster.start_sliceway_controller()?;
+    let metrics_port = cluster.start_sliceway_controller()?;
     let pid = cluster.daemon_pid("sliceway-controller")?;
     loop {
         let n = settled_services(&client, spec.pods_per_service).await?;
@@ -293,6 +301,7 @@ async fn measure(cluster: &Cluster, spec: &ScaleSpec) -> Result<ScaleResult> {
         ),
         None => None,
     };
+    let own0 = own_figures(metrics_port)?;
     let (cpu0, t0) = (cpu_ns(pid)?, Instant::now());
     for (k, &i) in picks.iter().enumerate() {
         // Flip off, then (on the next change of the same pod) on.
@@ -312,6 +321,7 @@ async fn measure(cluster: &Cluster, spec: &ScaleSpec) -> Result<ScaleResult> {
         }
     }
     let (busy_ns, busy) = (cpu_ns(pid)? - cpu0, t0.elapsed());
+    let own1 = own_figures(metrics_port)?;
     if let Some(mut perf) = profiler {
         // perf writes its file on SIGINT.
         let _ = std::process::Command::new("kill")
@@ -336,7 +346,53 @@ async fn measure(cluster: &Cluster, spec: &ScaleSpec) -> Result<ScaleResult> {
         cpu_per_change_gross_ms: busy_ns as f64 / n / 1e6,
         idle_cpu_ms_per_s: idle_rate / 1e6,
         change_latency_ms: busy.as_secs_f64() * 1e3 / n,
+        sync_cpu_per_change_ms: (own1.cpu_s - own0.cpu_s) * 1e3 / n,
+        syncs_per_change: (own1.syncs.values().sum::<f64>() - own0.syncs.values().sum::<f64>()) / n,
+        syncs_per_change_by_result: own1
+            .syncs
+            .iter()
+            .map(|(result, after)| {
+                let before = own0.syncs.get(result).copied().unwrap_or(0.0);
+                (result.clone(), (after - before) / n)
+            })
+            .filter(|(_, per)| *per > 0.0)
+            .collect(),
     })
+}
+
+/// The controller's own figures from its `/metrics`.
+struct Own {
+    /// CPU seconds of its syncs' own work.
+    cpu_s: f64,
+    /// Syncs by result.
+    syncs: BTreeMap<String, f64>,
+}
+
+/// Reads [`Own`] from the controller's `/metrics` on the loopback port.
+fn own_figures(port: u16) -> Result<Own> {
+    use std::io::{Read as _, Write as _};
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", port))
+        .context("connecting to sliceway-controller's /metrics")?;
+    c.set_read_timeout(Some(Duration::from_secs(5)))?;
+    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+    let mut text = String::new();
+    c.read_to_string(&mut text)?;
+    let cpu_s = sliceway_lab::metric_value(&text, "sliceway_controller_sync_cpu_seconds_total")
+        .context("sliceway-controller's /metrics has no sync_cpu_seconds_total")?;
+    let mut syncs = BTreeMap::new();
+    for line in text.lines() {
+        let Some(labels) = line.strip_prefix("sliceway_controller_syncs_total{") else {
+            continue;
+        };
+        let result = labels
+            .split("result=\"")
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+            .unwrap_or_default();
+        let value = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
+        *syncs.entry(result.to_string()).or_default() += value.unwrap_or(0.0);
+    }
+    Ok(Own { cpu_s, syncs })
 }
 
 impl ScaleResult {
@@ -346,6 +402,7 @@ impl ScaleResult {
             "services {}  pods {}  changes {}\n\
              populate {:.0} s  controller settled in {:.1} s\n\
              controller CPU per Pod change: {:.3} ms (gross {:.3} ms, idle {:.3} ms/s)\n\
+             of which the syncs' own work: {:.3} ms ({:.2} syncs per change: {})\n\
              mean Pod-status-write to slice: {:.1} ms\n",
             self.services,
             self.pods,
@@ -355,6 +412,13 @@ impl ScaleResult {
             self.cpu_per_change_ms,
             self.cpu_per_change_gross_ms,
             self.idle_cpu_ms_per_s,
+            self.sync_cpu_per_change_ms,
+            self.syncs_per_change,
+            self.syncs_per_change_by_result
+                .iter()
+                .map(|(result, n)| format!("{result} {n:.2}"))
+                .collect::<Vec<_>>()
+                .join(", "),
             self.change_latency_ms
         )
     }

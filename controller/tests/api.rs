@@ -635,10 +635,17 @@ async fn mirroring_warnings_are_recorded_on_the_endpoints() {
         obj["metadata"]["name"] = "manual-abcde".into();
         respond(send, 201, obj);
     });
-    controller::controller::reconcile(std::sync::Arc::new(manual), ctx)
+    assert_eq!(ctx.metrics.sync_cpu.get(), 0.0);
+    controller::controller::reconcile(std::sync::Arc::new(manual), ctx.clone())
         .await
         .unwrap();
     server.await.unwrap();
+    // The sync's own work was timed on the thread's CPU clock, and is exported.
+    assert!(ctx.metrics.sync_cpu.get() > 0.0);
+    assert!(ctx
+        .metrics
+        .render()
+        .contains("sliceway_controller_sync_cpu_seconds_total "));
 }
 
 fn lease_json(holder: &str, renew: &str) -> serde_json::Value {

@@ -31,6 +31,8 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action> {
     if !ctx.stores.synced() {
         return Ok(Action::requeue(Duration::from_millis(500)));
     }
+    // The sync's own work, up to the first `.await`.
+    let cpu = ctx.metrics.sync_cpu();
     let ns = svc.namespace().unwrap_or_else(|| "default".into());
     let name = svc.name_any();
     let uid = svc.uid().unwrap_or_default();
@@ -74,6 +76,7 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action> {
         )
     };
     ctx.metrics.record_pass(&outcome, &[]);
+    drop(cpu);
     // Upstream's recorders: the EndpointSlice controller reports on the Service,
     // the mirroring controller on the Endpoints it mirrors.
     let endpoints_ref = || match snap.endpoints.get(&(ns.clone(), name.clone())) {

@@ -643,8 +643,9 @@ impl Cluster {
     }
 
     /// Starts sliceway-controller with its deployed identity and waits for it to be
-    /// healthy (the lab does so itself when it runs workloads with it).
-    pub fn start_sliceway_controller(&self) -> Result<()> {
+    /// healthy (the lab does so itself when it runs workloads with it). Returns the
+    /// loopback port of its `/metrics` and `/healthz`.
+    pub fn start_sliceway_controller(&self) -> Result<u16> {
         let s = &self.state;
         // The ServiceAccount and its RBAC, not the Deployment: the lab has no
         // container runtime and starts the controller itself.
@@ -671,7 +672,8 @@ impl Cluster {
             Duration::from_secs(30),
             || http_ok(port, "/healthz"),
         )
-        .with_context(|| self.log_tail("sliceway-controller"))
+        .with_context(|| self.log_tail("sliceway-controller"))?;
+        Ok(port)
     }
 
     /// Starts `proxy` on every node (after [`Cluster::stop_proxies`] for a switch).
