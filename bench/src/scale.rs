@@ -69,7 +69,7 @@ pub struct ScaleResult {
 const NS: &str = "scale";
 const CONCURRENCY: usize = 48;
 
-fn pod_ip(i: usize) -> String {
+pub(crate) fn pod_ip(i: usize) -> String {
     // 10.128.0.0/9: room for 8 million pods, outside the lab's pod and node networks
     // (these pods have no network; only their addresses are written).
     let n = 0x0a80_0000u32 + i as u32 + 1;
