@@ -1,12 +1,13 @@
 //! sliceway-controller at cluster scale on the real API server: what one Pod change
 //! costs the controller in CPU when the cluster holds many Services and Pods
-//! (`sliceway-bench scale`, `cargo xtask bench scale`). It runs on the cluster lab of
-//! the `tests` crate.
+//! (`sliceway-bench scale`, `cargo xtask bench scale`); with `--controller
+//! kube-controller-manager`, the same for upstream's endpoint controllers (the whole
+//! process). It runs on the cluster lab of the `tests` crate.
 //!
 //! A control plane without nodes (etcd and kube-apiserver) is filled through the API
 //! with Nodes, Services and ready Pods (Pods are created, then given an address and
-//! a Ready condition through their status, as a kubelet does); then sliceway-controller
-//! starts with its deployed identity and reconciles them all. Once every Service has
+//! a Ready condition through their status, as a kubelet does); then the controller
+//! starts (sliceway-controller with its deployed identity) and reconciles them all. Once every Service has
 //! its slice, the controller's CPU time (the sum of its threads' on-CPU nanoseconds
 //! from `/proc/PID/task/*/schedstat`) is read around a run of single-Pod changes,
 //! each a readiness flip waited for until its slice shows it, and around an idle
@@ -34,6 +35,8 @@ use serde_json::json;
 
 use sliceway_lab::cluster::{Cluster, Controllers, Proxy, Spec};
 
+use crate::controller::api::Side;
+
 /// What to build.
 #[derive(Clone, Debug)]
 pub struct ScaleSpec {
@@ -44,11 +47,16 @@ pub struct ScaleSpec {
     pub changes: usize,
     /// Where to write a `perf record --call-graph dwarf` profile of the controller over the changes.
     pub profile: Option<std::path::PathBuf>,
+    /// The controller measured: sliceway-controller, or kube-controller-manager with
+    /// only its Endpoints, EndpointSlice and mirroring controllers (the whole process's
+    /// CPU), for upstream's figure beside sliceway's.
+    pub controller: Side,
 }
 
 /// What was measured.
 #[derive(Clone, Debug, Serialize)]
 pub struct ScaleResult {
+    pub controller: Side,
     pub services: usize,
     pub pods: usize,
     pub changes: usize,
@@ -255,8 +263,8 @@ async fn measure(cluster: &Cluster, spec: &ScaleSpec) -> Result<ScaleResult> {
     );
 
     let t = Instant::now();
-    cluster.start_sliceway_controller()?;
-    let pid = cluster.daemon_pid("sliceway-controller")?;
+    crate::controller::api::start(cluster, spec.controller)?;
+    let pid = cluster.daemon_pid(spec.controller.daemon())?;
     loop {
         let n = settled_services(&client, spec.pods_per_service).await?;
         if n == spec.services {
@@ -327,6 +335,7 @@ async fn measure(cluster: &Cluster, spec: &ScaleSpec) -> Result<ScaleResult> {
     let net_ns = (busy_ns as f64 - idle_rate * busy.as_secs_f64()).max(0.0);
     let n = spec.changes as f64;
     Ok(ScaleResult {
+        controller: spec.controller,
         services: spec.services,
         pods: total,
         changes: spec.changes,
@@ -343,10 +352,12 @@ impl ScaleResult {
     /// The result as a few lines for people.
     pub fn table(&self) -> String {
         format!(
-            "services {}  pods {}  changes {}\n\
+            "controller {}\n\
+             services {}  pods {}  changes {}\n\
              populate {:.0} s  controller settled in {:.1} s\n\
              controller CPU per Pod change: {:.3} ms (gross {:.3} ms, idle {:.3} ms/s)\n\
              mean Pod-status-write to slice: {:.1} ms\n",
+            self.controller.name(),
             self.services,
             self.pods,
             self.changes,

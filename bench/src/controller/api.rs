@@ -58,7 +58,7 @@ pub struct ApiSpec {
 }
 
 /// The two controllers compared.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum Side {
     Sliceway,
@@ -72,7 +72,8 @@ impl Side {
             Side::KubeControllerManager => "kube-controller-manager",
         }
     }
-    fn daemon(self) -> &'static str {
+    /// The name the cluster lab knows its process by.
+    pub fn daemon(self) -> &'static str {
         match self {
             Side::Sliceway => "sliceway-controller",
             Side::KubeControllerManager => "kube-controller-manager",
@@ -541,7 +542,8 @@ async fn populate(client: &Client, spec: &ApiSpec) -> Result<Expected> {
         .collect())
 }
 
-fn start(cluster: &Cluster, side: Side) -> Result<()> {
+/// Starts the side's controller on `cluster`'s control plane.
+pub(crate) fn start(cluster: &Cluster, side: Side) -> Result<()> {
     match side {
         Side::Sliceway => cluster.start_sliceway_controller(),
         Side::KubeControllerManager => cluster.start_endpoint_controllers_upstream(),
