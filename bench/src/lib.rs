@@ -4,7 +4,8 @@
 //! Figures: (1) kernel cost per packet through BPF_PROG_TEST_RUN, and the cost of
 //! collecting expired conntrack entries from a table of a million, (2) new-connection
 //! latency through a node lab, (3) programming time, full and for one endpoint
-//! change, (4) the agent's memory, (5) the controller's API writes and cold start,
+//! change, (4) the agent's memory, (5) the controller's API writes and cold start (in code, and beside
+//! kube-controller-manager through the real API server),
 //! (6) Maglev tables: build time, memory and what one backend leaving moves.
 //! Each figure says how it was measured; runs are repeated and reported as median
 //! [min–max]; `report` puts each beside the project's targets. Apart from the
@@ -77,6 +78,12 @@ pub struct Config {
     pub fig5_pods: usize,
     pub fig5_cold_services: usize,
     pub fig5_cold_pods: usize,
+    /// Figure 5 through the API server: Services, Pods each (all replaced in the
+    /// rolling update), rounds of both sides (0: not run), seconds of the idle window.
+    pub fig5_api_services: usize,
+    pub fig5_api_pods: usize,
+    pub fig5_api_rounds: usize,
+    pub fig5_api_idle_seconds: f64,
     /// Figure 6: Services, backends each, table sizes, rounds, Services a backend
     /// leaves, random flows.
     pub fig6_services: usize,
@@ -127,6 +134,12 @@ impl Config {
                 fig5_pods: 50,
                 fig5_cold_services: 10,
                 fig5_cold_pods: 100,
+                // A control plane of its own costs the smoke run about 30 s (measured on
+                // 2 loaded cores): left out; `bench/tests/fig5_api.rs` runs it alone.
+                fig5_api_services: 1,
+                fig5_api_pods: 2,
+                fig5_api_rounds: 0,
+                fig5_api_idle_seconds: 0.5,
                 fig6_services: 20,
                 fig6_backends: 10,
                 fig6_sizes: vec![251],
@@ -161,6 +174,10 @@ impl Config {
                 fig5_pods: 5_000,
                 fig5_cold_services: 10_000,
                 fig5_cold_pods: 100_000,
+                fig5_api_services: 5,
+                fig5_api_pods: 20,
+                fig5_api_rounds: 2,
+                fig5_api_idle_seconds: 3.0,
                 fig6_services: 10_000,
                 fig6_backends: 100,
                 fig6_sizes: vec![251, 1_021, 4_093],
@@ -195,6 +212,10 @@ impl Config {
                 fig5_pods: 5_000,
                 fig5_cold_services: 10_000,
                 fig5_cold_pods: 100_000,
+                fig5_api_services: 10,
+                fig5_api_pods: 200,
+                fig5_api_rounds: 3,
+                fig5_api_idle_seconds: 5.0,
                 fig6_services: 10_000,
                 fig6_backends: 100,
                 fig6_sizes: vec![251, 1_021, 4_093, 16_381],
@@ -312,6 +333,7 @@ impl Report {
             && (!c.runs(2) || self.fig2.ok().is_some())
             && (!c.runs(3) || self.fig3.ok().is_some())
             && (!c.runs(4) || self.fig4.ok().is_some())
+            && (!c.runs(5) || c.fig5_api_rounds == 0 || self.fig5.through_api.is_some())
             && (!c.runs(6) || self.fig6.ok().is_some())
             && (!c.runs(7) || self.fig7.ok().is_some())
     }
@@ -471,7 +493,7 @@ pub fn run(cfg: &Config, out: &Path) -> Result<Report> {
 
     let fig5 = if cfg.runs(5) {
         progress("figure 5: controller");
-        controller::controller(cfg)
+        controller::controller(cfg, out)
     } else {
         controller::Fig5::not_selected()
     };

@@ -35,7 +35,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Measure sliceway-controller's CPU per Pod change on a control plane filled with
+    /// Measure sliceway-controller's (or kube-controller-manager's, `--controller`) CPU per Pod change on a control plane filled with
     /// SERVICES Services of PODS_PER_SERVICE ready Pods each (a cluster of its own,
     /// under `--out`/scale, taken down after). Needs the upstream kit and
     /// sliceway-controller built beside this binary (`cargo xtask bench scale` does both).
@@ -55,6 +55,10 @@ enum Cmd {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// The controller measured; kube-controller-manager runs only its endpoints,
+        /// endpointslice and endpointslice-mirroring controllers.
+        #[arg(long, value_enum, default_value = "sliceway")]
+        controller: bench::controller::api::Side,
     },
 }
 
@@ -71,6 +75,7 @@ fn main() -> Result<()> {
         changes,
         profile,
         json,
+        controller,
     }) = cli.command
     {
         let spec = bench::scale::ScaleSpec {
@@ -79,6 +84,7 @@ fn main() -> Result<()> {
             nodes,
             changes,
             profile,
+            controller,
         };
         let prefix = format!(
             "{}-{}-scale",

@@ -74,6 +74,80 @@ fn fmt_ratio(r: Option<f64>) -> String {
     r.map_or("–".into(), |r| format!("{r:.2}x"))
 }
 
+/// `median [min–max]`, or the median alone when every run gave the same.
+fn spread(s: &Summary, digits: usize) -> String {
+    if s.runs > 0 && s.min == s.max {
+        format!("{:.d$}", s.median, d = digits)
+    } else {
+        s.show(digits)
+    }
+}
+
+/// Figure 5's table through the API server: one line per measure, both sides and
+/// their ratio.
+fn fig5_through_api(m: &mut String, a: &crate::controller::api::ThroughApi) {
+    use crate::controller::api::SideSummary;
+    let _ = writeln!(
+        m,
+        "### Through the API server: sliceway-controller beside kube-controller-manager\n\n{}\n",
+        a.method
+    );
+    let _ = writeln!(
+        m,
+        "| rolling update of {} Services of {} Pods ({} Pods replaced, {} Pod changes) | sliceway-controller | kube-controller-manager | sliceway / kube-controller-manager |\n|---|---:|---:|---:|",
+        a.spec.services, a.spec.pods_per_service, a.pods_replaced, a.pod_changes
+    );
+    let changes = a.pod_changes.max(1) as f64;
+    type Pick = fn(&SideSummary) -> Summary;
+    let per_change = |s: Summary| Summary {
+        median: s.median / changes,
+        min: s.min / changes,
+        max: s.max / changes,
+        runs: s.runs,
+    };
+    let rows: [(&str, Pick, usize); 9] = [
+        ("EndpointSlice writes", |s| s.slice_writes, 0),
+        ("EndpointSlice bytes written", |s| s.slice_bytes, 0),
+        ("Endpoints writes", |s| s.endpoints_writes, 0),
+        ("Endpoints bytes written", |s| s.endpoints_bytes, 0),
+        ("of the writes, refused (not 2xx)", |s| s.failed_writes, 0),
+        ("controller CPU over the update (ms)", |s| s.cpu_ms, 1),
+        ("the same, idle rate taken off (ms)", |s| s.cpu_net_ms, 1),
+        (
+            "mean time from a step's Pod writes to every Service showing it (ms)",
+            |s| s.step_ms,
+            1,
+        ),
+        (
+            "controller CPU per Pod change, idle rate taken off (ms)",
+            |s| s.cpu_net_ms,
+            3,
+        ),
+    ];
+    for (i, (what, pick, digits)) in rows.iter().enumerate() {
+        let (mine, theirs) = if i == rows.len() - 1 {
+            (per_change(pick(&a.sliceway)), per_change(pick(&a.upstream)))
+        } else {
+            (pick(&a.sliceway), pick(&a.upstream))
+        };
+        let _ = writeln!(
+            m,
+            "| {what} | {} | {} | {} |",
+            spread(&mine, *digits),
+            spread(&theirs, *digits),
+            fmt_ratio(a.ratio(*pick))
+        );
+    }
+    let _ = writeln!(
+        m,
+        "\nWrites by verb (last round): sliceway-controller EndpointSlices {}, Endpoints {}; kube-controller-manager EndpointSlices {}, Endpoints {}.\n",
+        a.sliceway.slice_verbs,
+        a.sliceway.endpoints_verbs,
+        a.upstream.slice_verbs,
+        a.upstream.endpoints_verbs
+    );
+}
+
 /// Compares the report with the project's targets.
 pub fn targets(r: &Report) -> Vec<Target> {
     let mut out = Vec::new();
@@ -607,6 +681,27 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
 
     let _ = writeln!(m, "\n## 5. Controller\n");
     let f = &r.fig5;
+    if let Some(a) = &f.through_api {
+        fig5_through_api(&mut m, a);
+    } else if r.config.runs(5) {
+        let _ = writeln!(
+            m,
+            "{}: {}\n",
+            if r.config.fig5_api_rounds == 0 {
+                "Not run"
+            } else {
+                "Not measured"
+            },
+            f.unavailable
+                .iter()
+                .find(|u| u.starts_with("through the API server"))
+                .map_or("through the API server: no result", String::as_str)
+        );
+    }
+    let _ = writeln!(
+        m,
+        "### In code, no API server: Endpoints against EndpointSlices\n"
+    );
     let _ = writeln!(m, "{}\n", f.method);
     if let Some(v) = &f.rolling_update {
         let _ = writeln!(
@@ -635,7 +730,11 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
             f.cold_start_ms.show(1)
         );
     }
-    for u in &f.unavailable {
+    for u in f
+        .unavailable
+        .iter()
+        .filter(|u| !u.starts_with("through the API server"))
+    {
         let _ = writeln!(m, "- {u}");
     }
 

@@ -1,12 +1,13 @@
 //! sliceway-controller at cluster scale on the real API server: what one Pod change
 //! costs the controller in CPU when the cluster holds many Services and Pods
-//! (`sliceway-bench scale`, `cargo xtask bench scale`). It runs on the cluster lab of
-//! the `tests` crate.
+//! (`sliceway-bench scale`, `cargo xtask bench scale`); with `--controller
+//! kube-controller-manager`, the same for upstream's endpoint controllers (the whole
+//! process). It runs on the cluster lab of the `tests` crate.
 //!
 //! A control plane without nodes (etcd and kube-apiserver) is filled through the API
 //! with Nodes, Services and ready Pods (Pods are created, then given an address and
-//! a Ready condition through their status, as a kubelet does); then sliceway-controller
-//! starts with its deployed identity and reconciles them all. Once every Service has
+//! a Ready condition through their status, as a kubelet does); then the controller
+//! starts (sliceway-controller with its deployed identity) and reconciles them all. Once every Service has
 //! its slice, the controller's CPU time (the sum of its threads' on-CPU nanoseconds
 //! from `/proc/PID/task/*/schedstat`) is read around a run of single-Pod changes,
 //! each a readiness flip waited for until its slice shows it, and around an idle
@@ -34,6 +35,8 @@ use serde_json::json;
 
 use sliceway_lab::cluster::{Cluster, Controllers, Proxy, Spec};
 
+use crate::controller::api::Side;
+
 /// What to build.
 #[derive(Clone, Debug)]
 pub struct ScaleSpec {
@@ -44,11 +47,16 @@ pub struct ScaleSpec {
     pub changes: usize,
     /// Where to write a `perf record --call-graph dwarf` profile of the controller over the changes.
     pub profile: Option<std::path::PathBuf>,
+    /// The controller measured: sliceway-controller, or kube-controller-manager with
+    /// only its Endpoints, EndpointSlice and mirroring controllers (the whole process's
+    /// CPU), for upstream's figure beside sliceway's.
+    pub controller: Side,
 }
 
 /// What was measured.
 #[derive(Clone, Debug, Serialize)]
 pub struct ScaleResult {
+    pub controller: Side,
     pub services: usize,
     pub pods: usize,
     pub changes: usize,
@@ -64,20 +72,19 @@ pub struct ScaleResult {
     pub idle_cpu_ms_per_s: f64,
     /// Mean time from a Pod's status write to its slice showing it.
     pub change_latency_ms: f64,
-    /// Of the CPU per change, the syncs' own work (the controller's
+    /// Of the CPU per change, sliceway-controller's syncs' own work (its
     /// `sync_cpu_seconds_total`: stores read, reconcilers, plan), the rest being
     /// the API edge (watch events decoded, writes encoded and sent, TLS, runtime).
-    pub sync_cpu_per_change_ms: f64,
-    /// Service syncs per change (`syncs_total`, every result).
-    pub syncs_per_change: f64,
-    /// The same by result (`ok`, `stale`, `retry`, `error`, `dropped`).
+    pub sync_cpu_per_change_ms: Option<f64>,
+    /// sliceway-controller's Service syncs per change by result (`ok`, `stale`,
+    /// `retry`, `error`, `dropped`; `syncs_total`).
     pub syncs_per_change_by_result: BTreeMap<String, f64>,
 }
 
 const NS: &str = "scale";
 const CONCURRENCY: usize = 48;
 
-fn pod_ip(i: usize) -> String {
+pub(crate) fn pod_ip(i: usize) -> String {
     // 10.128.0.0/9: room for 8 million pods, outside the lab's pod and node networks
     // (these pods have no network; only their addresses are written).
     let n = 0x0a80_0000u32 + i as u32 + 1;
@@ -263,8 +270,8 @@ async fn measure(cluster: &Cluster, spec: &ScaleSpec) -> Result<ScaleResult> {
     );
 
     let t = Instant::now();
-    let metrics_port = cluster.start_sliceway_controller()?;
-    let pid = cluster.daemon_pid("sliceway-controller")?;
+    let metrics_port = crate::controller::api::start(cluster, spec.controller)?;
+    let pid = cluster.daemon_pid(spec.controller.daemon())?;
     loop {
         let n = settled_services(&client, spec.pods_per_service).await?;
         if n == spec.services {
@@ -301,7 +308,7 @@ async fn measure(cluster: &Cluster, spec: &ScaleSpec) -> Result<ScaleResult> {
         ),
         None => None,
     };
-    let own0 = own_figures(metrics_port)?;
+    let own0 = metrics_port.map(own_figures).transpose()?;
     let (cpu0, t0) = (cpu_ns(pid)?, Instant::now());
     for (k, &i) in picks.iter().enumerate() {
         // Flip off, then (on the next change of the same pod) on.
@@ -321,7 +328,7 @@ async fn measure(cluster: &Cluster, spec: &ScaleSpec) -> Result<ScaleResult> {
         }
     }
     let (busy_ns, busy) = (cpu_ns(pid)? - cpu0, t0.elapsed());
-    let own1 = own_figures(metrics_port)?;
+    let own1 = metrics_port.map(own_figures).transpose()?;
     if let Some(mut perf) = profiler {
         // perf writes its file on SIGINT.
         let _ = std::process::Command::new("kill")
@@ -337,6 +344,7 @@ async fn measure(cluster: &Cluster, spec: &ScaleSpec) -> Result<ScaleResult> {
     let net_ns = (busy_ns as f64 - idle_rate * busy.as_secs_f64()).max(0.0);
     let n = spec.changes as f64;
     Ok(ScaleResult {
+        controller: spec.controller,
         services: spec.services,
         pods: total,
         changes: spec.changes,
@@ -346,17 +354,24 @@ async fn measure(cluster: &Cluster, spec: &ScaleSpec) -> Result<ScaleResult> {
         cpu_per_change_gross_ms: busy_ns as f64 / n / 1e6,
         idle_cpu_ms_per_s: idle_rate / 1e6,
         change_latency_ms: busy.as_secs_f64() * 1e3 / n,
-        sync_cpu_per_change_ms: (own1.cpu_s - own0.cpu_s) * 1e3 / n,
-        syncs_per_change: (own1.syncs.values().sum::<f64>() - own0.syncs.values().sum::<f64>()) / n,
-        syncs_per_change_by_result: own1
-            .syncs
-            .iter()
-            .map(|(result, after)| {
-                let before = own0.syncs.get(result).copied().unwrap_or(0.0);
-                (result.clone(), (after - before) / n)
+        sync_cpu_per_change_ms: own0
+            .as_ref()
+            .zip(own1.as_ref())
+            .map(|(a, b)| (b.cpu_s - a.cpu_s) * 1e3 / n),
+        syncs_per_change_by_result: own0
+            .as_ref()
+            .zip(own1.as_ref())
+            .map(|(a, b)| {
+                b.syncs
+                    .iter()
+                    .map(|(result, after)| {
+                        let before = a.syncs.get(result).copied().unwrap_or(0.0);
+                        (result.clone(), (after - before) / n)
+                    })
+                    .filter(|(_, per)| *per > 0.0)
+                    .collect()
             })
-            .filter(|(_, per)| *per > 0.0)
-            .collect(),
+            .unwrap_or_default(),
     })
 }
 
@@ -398,12 +413,26 @@ fn own_figures(port: u16) -> Result<Own> {
 impl ScaleResult {
     /// The result as a few lines for people.
     pub fn table(&self) -> String {
+        let own = match self.sync_cpu_per_change_ms {
+            Some(ms) => format!(
+                "of which the syncs' own work: {ms:.3} ms ({:.2} syncs per change: {})\n",
+                self.syncs_per_change_by_result.values().sum::<f64>(),
+                self.syncs_per_change_by_result
+                    .iter()
+                    .map(|(result, n)| format!("{result} {n:.2}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            None => String::new(),
+        };
         format!(
-            "services {}  pods {}  changes {}\n\
+            "controller {}\n\
+             services {}  pods {}  changes {}\n\
              populate {:.0} s  controller settled in {:.1} s\n\
              controller CPU per Pod change: {:.3} ms (gross {:.3} ms, idle {:.3} ms/s)\n\
-             of which the syncs' own work: {:.3} ms ({:.2} syncs per change: {})\n\
+             {own}\
              mean Pod-status-write to slice: {:.1} ms\n",
+            self.controller.name(),
             self.services,
             self.pods,
             self.changes,
@@ -412,13 +441,6 @@ impl ScaleResult {
             self.cpu_per_change_ms,
             self.cpu_per_change_gross_ms,
             self.idle_cpu_ms_per_s,
-            self.sync_cpu_per_change_ms,
-            self.syncs_per_change,
-            self.syncs_per_change_by_result
-                .iter()
-                .map(|(result, n)| format!("{result} {n:.2}"))
-                .collect::<Vec<_>>()
-                .join(", "),
             self.change_latency_ms
         )
     }

@@ -18,6 +18,7 @@ fn the_scale_measurement_runs_on_a_small_cluster() -> anyhow::Result<()> {
         nodes: 3,
         changes: 12,
         profile: None,
+        controller: sliceway_bench::controller::api::Side::Sliceway,
     };
     let r = run(&spec, &parent.join(&prefix), &prefix)?;
     assert_eq!((r.services, r.pods, r.changes), (30, 90, 12));

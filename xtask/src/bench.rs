@@ -43,6 +43,9 @@ pub fn bench(root: &std::path::Path, quick: bool, only: Option<&str>) -> Result<
         "--bins",
         "--package",
         "dataplane-user",
+        // Figure 5 starts the release sliceway-controller beside kube-controller-manager.
+        "--package",
+        "controller",
         "--package",
         "bench",
     ]))?;

@@ -63,8 +63,9 @@ enum Task {
     },
     /// Benchmarks against kube-proxy's iptables and nftables rules; writes target/bench.
     /// `bench scale [--services N] [--pods-per-service N] [--nodes N] [--changes N]
-    /// [--profile FILE] [--json]`: the controller's CPU per Pod change on the real API
-    /// server filled with that many Services and Pods.
+    /// [--profile FILE] [--json] [--controller sliceway|kube-controller-manager]`: the
+    /// controller's CPU per Pod change on the real API server filled with that many
+    /// Services and Pods.
     Bench {
         /// A run of a few minutes instead of the full one.
         #[arg(long)]

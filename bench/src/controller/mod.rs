@@ -1,7 +1,13 @@
-//! Figure 5: the controller's benchmarks, the controllers run in code with no API
-//! server ([`workloads`]), through the `controller` crate as a library.
+//! Figure 5: the controller's benchmarks. In code, with no API server
+//! ([`workloads`], through the `controller` crate as a library): Endpoints against
+//! EndpointSlices on a large rolling update, and a cold start. Through the real API
+//! server ([`api`]): sliceway-controller beside kube-controller-manager on the same
+//! rolling update, writes, bytes and CPU as kube-apiserver and the kernel count them.
 
+pub mod api;
 pub mod workloads;
+
+use std::path::Path;
 
 use serde::Serialize;
 
@@ -28,6 +34,8 @@ pub struct Fig5 {
     pub cold_start: Option<ColdStartReport>,
     /// Cold-start reconcile time over the runs, milliseconds.
     pub cold_start_ms: Summary,
+    /// sliceway-controller beside kube-controller-manager through the API server.
+    pub through_api: Option<api::ThroughApi>,
 }
 
 impl Fig5 {
@@ -43,6 +51,7 @@ impl Fig5 {
             untruncated_writes_ratio: None,
             cold_start: None,
             cold_start_ms: Summary::default(),
+            through_api: None,
         }
     }
 }
@@ -55,11 +64,11 @@ fn cold_start_runs(cfg: &Config) -> usize {
     }
 }
 
-/// Figure 5.
-pub fn controller(cfg: &Config) -> Fig5 {
+/// Figure 5; the API server's control plane lives under `out`.
+pub fn controller(cfg: &Config, out: &Path) -> Fig5 {
     let runs = cold_start_runs(cfg);
     let method = format!(
-        "A rolling update of a {pods}-pod Service, pod by pod, reconciled in code with no API \
+        "In code: a rolling update of a {pods}-pod Service, pod by pod, reconciled with no API \
          server (`workloads::rolling_update`); API writes and JSON bytes written with \
          EndpointSlices and with Endpoints (each write counted with the JSON of the whole \
          object; deletes count no bytes). The Endpoints controller truncates an object to 1000 \
@@ -81,9 +90,41 @@ pub fn controller(cfg: &Config) -> Fig5 {
         ms.push(run.millis);
         cold_start = Some(run);
     }
+    let spec = api::ApiSpec {
+        services: cfg.fig5_api_services,
+        pods_per_service: cfg.fig5_api_pods,
+        rounds: cfg.fig5_api_rounds,
+        idle_seconds: cfg.fig5_api_idle_seconds,
+    };
+    let prefix = format!(
+        "{}-{}-fig5",
+        sliceway_lab::cluster::NS_PREFIX,
+        std::process::id()
+    );
+    let mut unavailable = Vec::new();
+    let through_api = if spec.rounds == 0 {
+        unavailable.push(
+            "through the API server: not run at these sizes (0 rounds; the smoke run leaves it \
+             out)"
+                .into(),
+        );
+        None
+    } else {
+        crate::progress(
+            "figure 5: sliceway-controller and kube-controller-manager through the API server",
+        );
+        match api::run(&spec, &out.join("fig5-cluster"), &prefix) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                unavailable.push(format!("through the API server: {e:#}"));
+                None
+            }
+        }
+    };
     Fig5 {
         method,
-        unavailable: Vec::new(),
+        unavailable,
+        through_api,
         bytes_ratio: over(r.endpoints_bytes, r.slice_bytes),
         writes_ratio: over(r.endpoints_writes, r.slice_writes),
         untruncated_bytes_ratio: over(r.endpoints_untruncated_bytes, r.slice_bytes),

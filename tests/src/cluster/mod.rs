@@ -465,15 +465,36 @@ impl Cluster {
     }
 
     fn start_controller_manager(&self) -> Result<()> {
-        let s = &self.state;
-        let pki = s.dir.join("pki");
         // Node lifecycle is off: the stand-ins report Ready once and do not heartbeat.
         let mut controllers = String::from("*,-node-lifecycle-controller");
-        if s.controller == Controllers::Sliceway {
+        if self.state.controller == Controllers::Sliceway {
             controllers.push_str(
                 ",-endpoints-controller,-endpointslice-controller,-endpointslice-mirroring-controller",
             );
         }
+        self.start_controller_manager_with(&controllers)
+    }
+
+    /// Starts kube-controller-manager with only its Endpoints, EndpointSlice and
+    /// EndpointSlice mirroring controllers (what sliceway-controller replaces), for a
+    /// control plane started without workloads. The names are those of
+    /// `cmd/kube-controller-manager/names/controller_names.go` at the pinned version
+    /// (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/cmd/kube-controller-manager/names/controller_names.go>).
+    pub fn start_endpoint_controllers_upstream(&self) -> Result<()> {
+        self.start_controller_manager_with(
+            "endpoints-controller,endpointslice-controller,endpointslice-mirroring-controller",
+        )
+    }
+
+    /// Stops a process the lab started (`kube-controller-manager`,
+    /// `sliceway-controller`, ...): SIGTERM, then SIGKILL after 10 s.
+    pub fn stop(&self, name: &str) {
+        stop_daemon(self.dir(), name);
+    }
+
+    fn start_controller_manager_with(&self, controllers: &str) -> Result<()> {
+        let s = &self.state;
+        let pki = s.dir.join("pki");
         say(&format!("starting kube-controller-manager ({controllers})"));
         let kc = s.dir.join("controller-manager.kubeconfig");
         daemon(
