@@ -91,6 +91,10 @@ pub struct Config {
     pub fig7_rounds: usize,
     /// Seconds of endpoint churn per proxy per round.
     pub fig7_churn_seconds: u64,
+    /// Figure 7's new-connection rate: the offered rates tried in turn (connections
+    /// a second, rising), each for `fig7_rate_step_ms`, until one is not sustained.
+    pub fig7_rates: Vec<u32>,
+    pub fig7_rate_step_ms: u64,
 }
 
 /// Every figure.
@@ -137,6 +141,8 @@ impl Config {
                 fig7_connections: 20,
                 fig7_rounds: 1,
                 fig7_churn_seconds: 2,
+                fig7_rates: vec![200, 400],
+                fig7_rate_step_ms: 250,
             },
             Mode::Quick => Self {
                 mode,
@@ -171,6 +177,8 @@ impl Config {
                 fig7_connections: 500,
                 fig7_rounds: 2,
                 fig7_churn_seconds: 10,
+                fig7_rates: vec![500, 1_000, 2_000, 4_000, 8_000],
+                fig7_rate_step_ms: 1_000,
             },
             Mode::Full => Self {
                 mode,
@@ -205,6 +213,10 @@ impl Config {
                 fig7_connections: 2_000,
                 fig7_rounds: 5,
                 fig7_churn_seconds: 30,
+                fig7_rates: vec![
+                    500, 1_000, 1_500, 2_000, 3_000, 4_000, 6_000, 8_000, 12_000, 16_000,
+                ],
+                fig7_rate_step_ms: 3_000,
             },
         }
     }

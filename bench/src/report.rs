@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::{
     node::{Loader, Proxy},
-    real::{Side, CHURN_PROBE_EVERY, CHURN_RATE},
+    real::{Side, CHURN_PROBE_EVERY, CHURN_RATE, RATE_ANSWERED, RATE_P99_MS},
     stats::{ratio, Summary},
     Config, Outcome, Report,
 };
@@ -717,6 +717,68 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
                     },
                     row.cpu_ms_per_1k.map_or("–".into(), |c| format!("{c:.0}")),
                 );
+            }
+            if f.rows.iter().any(|row| !row.rate_steps.is_empty()) {
+                let _ = writeln!(
+                    m,
+                    "\nNew-connection rate (open loop; sustained: at least {}% answered within \
+                     1 s of being due and p99 from due to answer at most {RATE_P99_MS} ms):\n\n\
+                     | side | highest sustained (connections/s), per round | at it, last round: achieved/s, p99 (ms), machine busy | first rate missed, per round: answered, p99 (ms), machine busy |\n\
+                     |---|---:|---:|---|",
+                    RATE_ANSWERED * 100.0
+                );
+                for row in f.rows.iter().filter(|row| !row.rate_steps.is_empty()) {
+                    let at = row
+                        .rate_steps
+                        .last()
+                        .and_then(|r| r.iter().rev().find(|s| s.sustained))
+                        .map_or("–".into(), |s| {
+                            format!(
+                                "{:.0}, {:.1}, {:.0}%",
+                                s.achieved,
+                                s.p99_us / 1e3,
+                                s.busy * 100.0
+                            )
+                        });
+                    let missed: Vec<String> = row
+                        .rate_steps
+                        .iter()
+                        .map(|r| {
+                            r.iter().find(|s| !s.sustained).map_or(
+                                "none (the ladder's top sustained)".into(),
+                                |s| {
+                                    format!(
+                                        "{}/s: {:.2}%, {:.1}, {:.0}%{}",
+                                        s.offered,
+                                        100.0 * (s.connections - s.failed) as f64
+                                            / s.connections.max(1) as f64,
+                                        s.p99_us / 1e3,
+                                        s.busy * 100.0,
+                                        if s.no_port > 0 {
+                                            format!(" ({} found no free port)", s.no_port)
+                                        } else {
+                                            String::new()
+                                        }
+                                    )
+                                },
+                            )
+                        })
+                        .collect();
+                    let highest: Vec<String> = row
+                        .rate_steps
+                        .iter()
+                        .map(|r| super::real::highest_sustained(r).to_string())
+                        .collect();
+                    let _ = writeln!(
+                        m,
+                        "| {} | {}{:.0} ({}) | {at} | {} |",
+                        row.side.name(),
+                        if row.rate_capped { "≥ " } else { "" },
+                        row.rate_sustained.median,
+                        highest.join(", "),
+                        missed.join("; ")
+                    );
+                }
             }
             let _ = writeln!(
                 m,
