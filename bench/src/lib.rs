@@ -188,9 +188,9 @@ impl Config {
                 rounds: 11,
                 fresh_tuples: 1_000,
                 gc_connections: 500_000,
-                fig2_sizes: vec![100, 1_000, 10_000],
+                fig2_sizes: vec![100, 1_000, 10_000, 100_000],
                 fig2_connections: 2_000,
-                fig2_iptables: node::Loader::IptablesRestore,
+                fig2_iptables: node::Loader::IptablesLegacyRestore,
                 fig2_rounds: 5,
                 fig3_sizes: vec![1_000, 10_000],
                 fig3_endpoints: 10,
@@ -198,7 +198,7 @@ impl Config {
                 fig3_slow_rounds: 3,
                 fig3_change_size: 10_000,
                 fig3_change_rounds: 11,
-                fig4_sizes: vec![1_000, 10_000],
+                fig4_sizes: vec![1_000, 10_000, 100_000],
                 fig4_rounds: 3,
                 fig5_pods: 5_000,
                 fig5_cold_services: 10_000,
@@ -230,6 +230,17 @@ impl Config {
             // Enough to show the 20x target against sliceway's sub-second full sync.
             Mode::Quick => 20,
             Mode::Full => 1800,
+        })
+    }
+
+    /// Longest figure 2's load of a baseline's rules may take before it is killed and
+    /// that baseline is reported as not loaded at that size (`nft -f` of 100,000
+    /// Services in the full run).
+    pub fn fig2_load_limit(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(match self.mode {
+            Mode::Smoke => 60,
+            Mode::Quick => 120,
+            Mode::Full => 900,
         })
     }
 

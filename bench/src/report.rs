@@ -205,6 +205,25 @@ pub fn targets(r: &Report) -> Vec<Target> {
             _ => None,
         },
     ));
+    out.push(target(
+        2,
+        "new-connection latency (p50) at 100,000 Services the same as at 1,000 (within 10%)",
+        match (p50(100_000, Proxy::Sliceway), p50(1_000, Proxy::Sliceway)) {
+            (Some(big), Some(small)) => Some((
+                format!(
+                    "{big:.0} µs vs {small:.0} µs: {:.2}x (iptables with {}: {})",
+                    big / small,
+                    r.config.fig2_iptables.name(),
+                    match (p50(100_000, Proxy::Iptables), p50(1_000, Proxy::Iptables)) {
+                        (Some(b), Some(s)) => format!("{b:.0} vs {s:.0} µs, {:.2}x", b / s),
+                        _ => "not measured at both sizes".into(),
+                    }
+                ),
+                big <= 1.1 * small,
+            )),
+            _ => None,
+        },
+    ));
     let fig3 = r.fig3.ok();
     let sliceway10k = fig3.and_then(|f| {
         f.sliceway
@@ -498,6 +517,17 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
                     row.failed
                 );
             }
+            for x in &f.not_loaded {
+                let _ = writeln!(
+                    m,
+                    "\n{} at {} Services: not measured, its rules did not load within {} s \
+                     (`{}` killed at the limit).",
+                    x.proxy.name(),
+                    x.services,
+                    x.limit_s,
+                    x.loader.name()
+                );
+            }
         }
         other => {
             let _ = writeln!(m, "Not measured: {}", failed(other).unwrap_or_default());
@@ -584,14 +614,19 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
             let _ = writeln!(m, "{}\n", f.method);
             let _ = writeln!(
                 m,
-                "| Services | endpoints each | peak RSS (MiB) | RSS after sync (MiB) | BPF maps (MiB) | start to synced (ms) | agent's sync (ms) |\n|---:|---:|---:|---:|---:|---:|---:|"
+                "| Services | endpoints each | capacities | peak RSS (MiB) | RSS after sync (MiB) | BPF maps (MiB) | start to synced (ms) | agent's sync (ms) |\n|---:|---:|---|---:|---:|---:|---:|---:|"
             );
             for row in &f.rows {
                 let _ = writeln!(
                     m,
-                    "| {} | {} | {} | {} | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {} | {} | {} | {} |",
                     row.services,
                     row.endpoints_per_service,
+                    if row.capacities.is_empty() {
+                        "defaults"
+                    } else {
+                        &row.capacities
+                    },
                     row.peak_rss_mib.show(1),
                     row.rss_mib.show(1),
                     row.map_mib.show(1),
