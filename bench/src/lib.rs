@@ -177,7 +177,7 @@ impl Config {
                 fig7_connections: 500,
                 fig7_rounds: 2,
                 fig7_churn_seconds: 10,
-                fig7_rates: vec![500, 1_000, 2_000, 4_000, 8_000],
+                fig7_rates: vec![1_000, 2_000, 4_000, 8_000, 16_000, 32_000],
                 fig7_rate_step_ms: 1_000,
             },
             Mode::Full => Self {
@@ -214,7 +214,7 @@ impl Config {
                 fig7_rounds: 5,
                 fig7_churn_seconds: 30,
                 fig7_rates: vec![
-                    500, 1_000, 1_500, 2_000, 3_000, 4_000, 6_000, 8_000, 12_000, 16_000,
+                    1_000, 2_000, 3_000, 4_000, 6_000, 8_000, 12_000, 16_000, 24_000, 32_000,
                 ],
                 fig7_rate_step_ms: 3_000,
             },

@@ -799,17 +799,23 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
                             )
                         })
                         .collect();
+                    // A round that sustained the ladder's top is a lower bound.
                     let highest: Vec<String> = row
                         .rate_steps
                         .iter()
-                        .map(|r| super::real::highest_sustained(r).to_string())
+                        .map(|r| {
+                            let h = super::real::highest_sustained(r);
+                            if r.iter().all(|s| s.sustained) {
+                                format!("≥ {h}")
+                            } else {
+                                h.to_string()
+                            }
+                        })
                         .collect();
                     let _ = writeln!(
                         m,
-                        "| {} | {}{:.0} ({}) | {at} | {} |",
+                        "| {} | {} | {at} | {} |",
                         row.side.name(),
-                        if row.rate_capped { "≥ " } else { "" },
-                        row.rate_sustained.median,
                         highest.join(", "),
                         missed.join("; ")
                     );
