@@ -284,6 +284,23 @@ pub fn capacity_args(services: usize, backends: usize, slots: usize) -> Vec<Stri
     args
 }
 
+/// Services per manifest file: two documents each, well within the agent's cap on
+/// documents per file (100,000, `conventions::manifests::MAX_DOCUMENTS`; the rest of
+/// a longer file is skipped).
+const SERVICES_PER_FILE: usize = 10_000;
+
+/// Writes `services` into manifest directory `dir` as files of at most
+/// [`SERVICES_PER_FILE`] Services.
+fn write_manifests(dir: &Path, services: &[Svc]) -> Result<()> {
+    for (i, chunk) in services.chunks(SERVICES_PER_FILE).enumerate() {
+        fs::write(
+            dir.join(format!("services-{i:03}.yaml")),
+            model::yaml(chunk),
+        )?;
+    }
+    Ok(())
+}
+
 /// Timeout for a sync of `n` Services (YAML parsing dominates).
 fn sync_timeout(n: usize) -> Duration {
     Duration::from_secs(30 + (n / 100) as u64)
@@ -533,7 +550,7 @@ pub fn connection_latency(lab: &Lab, cfg: &Config, scratch: &Scratch) -> Result<
         super::progress(&format!("figure 2: {n} Services: sliceway"));
         // sliceway: the real agent, attached to the pods' interfaces.
         let dir = scratch.manifests(&format!("fig2-{n}"))?;
-        fs::write(dir.join("services.yaml"), model::yaml(&services))?;
+        write_manifests(&dir, &services)?;
         let backends = lab.backends.len();
         let capacities = capacity_args(n, backends, n * backends);
         let mut agent = AgentProc::start(lab, &dir, &capacities)?;
@@ -857,7 +874,7 @@ pub fn agent_memory(lab: &Lab, cfg: &Config, scratch: &Scratch) -> Result<Fig4> 
     for &n in &cfg.fig4_sizes {
         let services = model::fake_cluster(n, cfg.fig3_endpoints);
         let dir = scratch.manifests(&format!("fig4-{n}"))?;
-        fs::write(dir.join("services.yaml"), model::yaml(&services))?;
+        write_manifests(&dir, &services)?;
         let (mut peak, mut rss, mut start, mut sync) = (vec![], vec![], vec![], vec![]);
         let mut maps = vec![];
         let endpoints = n * cfg.fig3_endpoints;
