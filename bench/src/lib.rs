@@ -98,6 +98,10 @@ pub struct Config {
     pub fig7_rounds: usize,
     /// Seconds of endpoint churn per proxy per round.
     pub fig7_churn_seconds: u64,
+    /// Figure 7's new-connection rate: the offered rates tried in turn (connections
+    /// a second, rising), each for `fig7_rate_step_ms`, until one is not sustained.
+    pub fig7_rates: Vec<u32>,
+    pub fig7_rate_step_ms: u64,
 }
 
 /// Every figure.
@@ -150,6 +154,8 @@ impl Config {
                 fig7_connections: 20,
                 fig7_rounds: 1,
                 fig7_churn_seconds: 2,
+                fig7_rates: vec![200, 400],
+                fig7_rate_step_ms: 250,
             },
             Mode::Quick => Self {
                 mode,
@@ -188,6 +194,8 @@ impl Config {
                 fig7_connections: 500,
                 fig7_rounds: 2,
                 fig7_churn_seconds: 10,
+                fig7_rates: vec![1_000, 2_000, 4_000, 8_000, 16_000, 32_000],
+                fig7_rate_step_ms: 1_000,
             },
             Mode::Full => Self {
                 mode,
@@ -197,9 +205,9 @@ impl Config {
                 rounds: 11,
                 fresh_tuples: 1_000,
                 gc_connections: 500_000,
-                fig2_sizes: vec![100, 1_000, 10_000],
+                fig2_sizes: vec![100, 1_000, 10_000, 100_000],
                 fig2_connections: 2_000,
-                fig2_iptables: node::Loader::IptablesRestore,
+                fig2_iptables: node::Loader::IptablesLegacyRestore,
                 fig2_rounds: 5,
                 fig3_sizes: vec![1_000, 10_000],
                 fig3_endpoints: 10,
@@ -207,7 +215,7 @@ impl Config {
                 fig3_slow_rounds: 3,
                 fig3_change_size: 10_000,
                 fig3_change_rounds: 11,
-                fig4_sizes: vec![1_000, 10_000],
+                fig4_sizes: vec![1_000, 10_000, 100_000],
                 fig4_rounds: 3,
                 fig5_pods: 5_000,
                 fig5_cold_services: 10_000,
@@ -226,6 +234,10 @@ impl Config {
                 fig7_connections: 2_000,
                 fig7_rounds: 5,
                 fig7_churn_seconds: 30,
+                fig7_rates: vec![
+                    1_000, 2_000, 3_000, 4_000, 6_000, 8_000, 12_000, 16_000, 24_000, 32_000,
+                ],
+                fig7_rate_step_ms: 3_000,
             },
         }
     }
@@ -239,6 +251,17 @@ impl Config {
             // Enough to show the 20x target against sliceway's sub-second full sync.
             Mode::Quick => 20,
             Mode::Full => 1800,
+        })
+    }
+
+    /// Longest figure 2's load of a baseline's rules may take before it is killed and
+    /// that baseline is reported as not loaded at that size (`nft -f` of 100,000
+    /// Services in the full run).
+    pub fn fig2_load_limit(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(match self.mode {
+            Mode::Smoke => 60,
+            Mode::Quick => 120,
+            Mode::Full => 900,
         })
     }
 

@@ -26,6 +26,12 @@ struct Cli {
     /// not selected.
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u8).range(1..=7))]
     only: Vec<u8>,
+    /// Figure 2's Service counts instead of the mode's, e.g. `--fig2-sizes 100000`.
+    #[arg(long, value_delimiter = ',')]
+    fig2_sizes: Vec<usize>,
+    /// Figure 4's Service counts instead of the mode's, e.g. `--fig4-sizes 100000`.
+    #[arg(long, value_delimiter = ',')]
+    fig4_sizes: Vec<usize>,
     /// Where the report and plots go (and, for `scale`, the cluster's state).
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
@@ -107,6 +113,12 @@ fn main() -> Result<()> {
     let mut config = Config::new(mode);
     if !cli.only.is_empty() {
         config.figures = cli.only;
+    }
+    if !cli.fig2_sizes.is_empty() {
+        config.fig2_sizes = cli.fig2_sizes;
+    }
+    if !cli.fig4_sizes.is_empty() {
+        config.fig4_sizes = cli.fig4_sizes;
     }
     let report = bench::run(&config, &cli.out)?;
     print!(

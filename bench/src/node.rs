@@ -169,14 +169,22 @@ pub struct Synced {
 }
 
 impl AgentProc {
-    pub fn start(lab: &Lab, manifests: &Path) -> Result<Self> {
+    /// Starts the agent on `manifests` with `extra` arguments for `run` (the
+    /// capacities of [`capacity_args`]).
+    pub fn start(lab: &Lab, manifests: &Path, extra: &[String]) -> Result<Self> {
         let started = Instant::now();
         let source = [
             "--manifests".into(),
             manifests.as_os_str().to_owned(),
             "--no-pin".into(),
         ];
-        let agent = Agent::start(&lab.node.name, &source, &lab.pod_interfaces(), &lab.bpffs)?;
+        let agent = Agent::start_with_args(
+            &lab.node.name,
+            &source,
+            &lab.pod_interfaces(),
+            &lab.bpffs,
+            extra,
+        )?;
         Ok(Self { agent, started })
     }
 
@@ -253,6 +261,44 @@ impl AgentProc {
     pub fn stop(&mut self) {
         self.agent.stop();
     }
+}
+
+/// The agent's capacity flags for `services` Services of one port each, `backends`
+/// distinct backends and `slots` backend slots in all: none while the defaults hold
+/// them, else each map that must grow at the next power of two. Each Service takes two
+/// entries of the frontends map (its port and its ClusterIP's marker), so the default
+/// of 131,072 holds about 65,000 Services.
+pub fn capacity_args(services: usize, backends: usize, slots: usize) -> Vec<String> {
+    use dataplane_common::capacity;
+    let mut args = Vec::new();
+    for (flag, needed, default) in [
+        ("--max-services", 2 * services, capacity::SERVICES),
+        ("--max-backends", backends, capacity::BACKENDS),
+        ("--max-slots", slots, capacity::SLOTS),
+    ] {
+        if needed > default as usize {
+            args.push(flag.to_string());
+            args.push(needed.next_power_of_two().to_string());
+        }
+    }
+    args
+}
+
+/// Services per manifest file: two documents each, well within the agent's cap on
+/// documents per file (100,000, `conventions::manifests::MAX_DOCUMENTS`; the rest of
+/// a longer file is skipped).
+const SERVICES_PER_FILE: usize = 10_000;
+
+/// Writes `services` into manifest directory `dir` as files of at most
+/// [`SERVICES_PER_FILE`] Services.
+fn write_manifests(dir: &Path, services: &[Svc]) -> Result<()> {
+    for (i, chunk) in services.chunks(SERVICES_PER_FILE).enumerate() {
+        fs::write(
+            dir.join(format!("services-{i:03}.yaml")),
+            model::yaml(chunk),
+        )?;
+    }
+    Ok(())
 }
 
 /// Timeout for a sync of `n` Services (YAML parsing dominates).
@@ -368,6 +414,17 @@ pub struct Fig2 {
     pub method: String,
     pub ipvs: String,
     pub rows: Vec<Fig2Row>,
+    /// Baselines whose rules did not load within the time limit (not measured).
+    pub not_loaded: Vec<NotLoaded>,
+}
+
+/// A baseline of figure 2 whose load was killed at the time limit.
+#[derive(Clone, Debug, Serialize)]
+pub struct NotLoaded {
+    pub services: usize,
+    pub proxy: Proxy,
+    pub loader: Loader,
+    pub limit_s: u64,
 }
 
 /// `count` connections from the client pod to Services chosen at random; each is a
@@ -478,6 +535,7 @@ pub fn connection_latency(lab: &Lab, cfg: &Config, scratch: &Scratch) -> Result<
     let legacy = cfg.fig2_iptables == Loader::IptablesLegacyRestore;
     let _servers = LatencyServers::start(lab)?;
     let mut rows = Vec::new();
+    let mut not_loaded = Vec::new();
     for &n in &cfg.fig2_sizes {
         let services = model::cluster(n, |_| {
             lab.backends.iter().map(|b| (b.ip, LATENCY_PORT)).collect()
@@ -492,8 +550,10 @@ pub fn connection_latency(lab: &Lab, cfg: &Config, scratch: &Scratch) -> Result<
         super::progress(&format!("figure 2: {n} Services: sliceway"));
         // sliceway: the real agent, attached to the pods' interfaces.
         let dir = scratch.manifests(&format!("fig2-{n}"))?;
-        fs::write(dir.join("services.yaml"), model::yaml(&services))?;
-        let mut agent = AgentProc::start(lab, &dir)?;
+        write_manifests(&dir, &services)?;
+        let backends = lab.backends.len();
+        let capacities = capacity_args(n, backends, n * backends);
+        let mut agent = AgentProc::start(lab, &dir, &capacities)?;
         agent.wait_synced(n, sync_timeout(n))?;
         let row = measure_latency(lab, cfg, &services, Proxy::Sliceway);
         agent.stop();
@@ -503,19 +563,45 @@ pub fn connection_latency(lab: &Lab, cfg: &Config, scratch: &Scratch) -> Result<
         super::progress(&format!("figure 2: {n} Services: iptables"));
         // iptables, as kube-proxy loads it.
         let rules = scratch.file("iptables.rules", &kubeproxy::iptables_full(&services, true))?;
-        cfg.fig2_iptables.load(&ns, &rules)?;
-        let row = measure_latency(lab, cfg, &services, Proxy::Iptables);
-        flush_node(&ns, legacy);
-        rows.push(row?);
+        let limit = cfg.fig2_load_limit();
+        if cfg
+            .fig2_iptables
+            .load_limited(&ns, &rules, Some(limit))?
+            .is_some()
+        {
+            let row = measure_latency(lab, cfg, &services, Proxy::Iptables);
+            flush_node(&ns, legacy);
+            rows.push(row?);
+        } else {
+            flush_node(&ns, legacy);
+            not_loaded.push(NotLoaded {
+                services: n,
+                proxy: Proxy::Iptables,
+                loader: cfg.fig2_iptables,
+                limit_s: limit.as_secs(),
+            });
+        }
         assert_nothing_answers(lab, &services)?;
 
         super::progress(&format!("figure 2: {n} Services: nftables"));
         // nftables, as kube-proxy loads it.
         let rules = scratch.file("nft.rules", &kubeproxy::nft_full(&services))?;
-        Loader::Nft.load(&ns, &rules)?;
-        let row = measure_latency(lab, cfg, &services, Proxy::Nftables);
-        flush_node(&ns, false);
-        rows.push(row?);
+        if Loader::Nft
+            .load_limited(&ns, &rules, Some(limit))?
+            .is_some()
+        {
+            let row = measure_latency(lab, cfg, &services, Proxy::Nftables);
+            flush_node(&ns, false);
+            rows.push(row?);
+        } else {
+            flush_node(&ns, false);
+            not_loaded.push(NotLoaded {
+                services: n,
+                proxy: Proxy::Nftables,
+                loader: Loader::Nft,
+                limit_s: limit.as_secs(),
+            });
+        }
     }
     Ok(Fig2 {
         method: format!(
@@ -532,13 +618,19 @@ pub fn connection_latency(lab: &Lab, cfg: &Config, scratch: &Scratch) -> Result<
              node namespace (iptables rules with `{iptables}`), with the agent stopped (its \
              programs detach when it exits) and the rules and conntrack flushed between \
              proxies. The floor: the client straight to the backend pods' addresses, no \
-             Service and no rules, in the same run.{why}",
+             Service and no rules, in the same run. A baseline whose rules do not load \
+             within {limit} s is killed and reported as not loaded; above 65,000 Services \
+             the agent runs with its frontends map raised (two entries per Service: its \
+             port and its ClusterIP).{why}",
+            limit = cfg.fig2_load_limit().as_secs(),
             conns = cfg.fig2_connections,
             rounds = cfg.fig2_rounds,
             iptables = cfg.fig2_iptables.name(),
             why = if legacy {
-                " A quick run uses the legacy (x_tables) backend: `iptables-restore` with the \
-                 nf_tables backend takes minutes to load 10,000 Services."
+                " The iptables rules are loaded with the legacy (x_tables) backend: \
+                 `iptables-restore` with the nf_tables backend takes minutes to load 10,000 \
+                 Services, and the legacy backend keeps kube-proxy's linear KUBE-SERVICES \
+                 chain the same series at every size."
             } else {
                 ""
             },
@@ -547,6 +639,7 @@ pub fn connection_latency(lab: &Lab, cfg: &Config, scratch: &Scratch) -> Result<
                cannot be measured here."
             .into(),
         rows,
+        not_loaded,
     })
 }
 
@@ -753,6 +846,8 @@ pub fn baseline_programming(
 pub struct Fig4Row {
     pub services: usize,
     pub endpoints_per_service: usize,
+    /// The agent's capacity flags beyond its defaults ([`capacity_args`]), if any.
+    pub capacities: String,
     /// Peak resident set size (`VmHWM`), MiB.
     pub peak_rss_mib: Summary,
     /// Resident set size after the first sync (`VmRSS`), MiB.
@@ -779,11 +874,13 @@ pub fn agent_memory(lab: &Lab, cfg: &Config, scratch: &Scratch) -> Result<Fig4> 
     for &n in &cfg.fig4_sizes {
         let services = model::fake_cluster(n, cfg.fig3_endpoints);
         let dir = scratch.manifests(&format!("fig4-{n}"))?;
-        fs::write(dir.join("services.yaml"), model::yaml(&services))?;
+        write_manifests(&dir, &services)?;
         let (mut peak, mut rss, mut start, mut sync) = (vec![], vec![], vec![], vec![]);
         let mut maps = vec![];
+        let endpoints = n * cfg.fig3_endpoints;
+        let capacities = capacity_args(n, endpoints, endpoints);
         for _ in 0..cfg.fig4_rounds {
-            let mut agent = AgentProc::start(lab, &dir)?;
+            let mut agent = AgentProc::start(lab, &dir, &capacities)?;
             let synced = agent.wait_synced(n, sync_timeout(n))?;
             // Let the first sync's temporaries go, then read.
             std::thread::sleep(Duration::from_millis(300));
@@ -799,6 +896,7 @@ pub fn agent_memory(lab: &Lab, cfg: &Config, scratch: &Scratch) -> Result<Fig4> 
         rows.push(Fig4Row {
             services: n,
             endpoints_per_service: cfg.fig3_endpoints,
+            capacities: capacities.join(" "),
             peak_rss_mib: Summary::of(&peak),
             rss_mib: Summary::of(&rss),
             map_mib: Summary::of(&maps),
@@ -814,8 +912,10 @@ pub fn agent_memory(lab: &Lab, cfg: &Config, scratch: &Scratch) -> Result<Fig4> 
              {} runs, median [min–max]. BPF map memory is kernel memory, charged to the memory \
              cgroup, not to the RSS: the memlock of each map the agent holds open, from \
              /proc/PID/fdinfo (what bpftool map show prints), at the agent's default \
-             capacities; the maps are allocated whole at load, so it does not grow with \
-             the Services until a capacity must.",
+             capacities where they hold the Services, else with the maps that must grow \
+             raised to the next power of two (the capacities column); the maps are \
+             allocated whole at load, so it does not grow with the Services until a \
+             capacity must.",
             cfg.fig3_endpoints, cfg.fig4_rounds
         ),
         rows,

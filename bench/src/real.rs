@@ -24,7 +24,7 @@ use std::{
     net::{IpAddr, SocketAddr, TcpStream},
     path::Path,
     sync::{
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
         Arc,
     },
     time::{Duration, Instant},
@@ -67,6 +67,18 @@ pub const CHURN_RATE: u32 = 50;
 const CHURN_SERVICES: usize = 100;
 /// Every this many changes, one is followed until the first packet uses it.
 pub const CHURN_PROBE_EVERY: usize = 5;
+/// New-connection rate: client threads that start the scheduled connections.
+pub const RATE_WORKERS: usize = 16;
+/// A rate is sustained when at least this share of its connections is answered...
+pub const RATE_ANSWERED: f64 = 0.999;
+/// ...and the p99 from each connection's scheduled start to its answer is at most
+/// this many milliseconds.
+pub const RATE_P99_MS: f64 = 10.0;
+/// A connection not answered this long after its scheduled start has failed (one not
+/// even started by then is counted failed without being tried).
+const RATE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Between two offered rates, for the queues to drain.
+const RATE_PAUSE: Duration = Duration::from_millis(300);
 
 /// One side of the figure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -136,6 +148,13 @@ pub struct Fig7Row {
     /// (`*_network_programming_duration_seconds`), p50 and p99 in milliseconds, read
     /// from its buckets (upper bounds).
     pub churn_own_ms: Option<(f64, f64)>,
+    /// The highest offered new-connection rate sustained (connections a second), per
+    /// round, median [min–max]; 0 for a round that sustained none.
+    pub rate_sustained: Summary,
+    /// Some round sustained the highest rate offered: the figure is a lower bound.
+    pub rate_capped: bool,
+    /// Every offered rate of every round, in order (a round stops at its first miss).
+    pub rate_steps: Vec<Vec<RateStep>>,
     /// Every sample, microseconds, sorted (for the CDF plot; not in the JSON).
     #[serde(skip)]
     pub sorted_us: Vec<f64>,
@@ -578,6 +597,199 @@ async fn churn(
     })
 }
 
+/// One offered rate of figure 7's new-connection rate.
+#[derive(Clone, Debug, Serialize)]
+pub struct RateStep {
+    /// Connections a second scheduled.
+    pub offered: u32,
+    pub connections: usize,
+    pub failed: usize,
+    /// Of the failures, those whose connect found no free local port (the client's
+    /// limit, not the proxy's).
+    pub no_port: usize,
+    /// Answered connections a second, from the first scheduled start to the last answer.
+    pub achieved: f64,
+    /// From each answered connection's scheduled start to its answer, microseconds.
+    pub p50_us: f64,
+    pub p99_us: f64,
+    /// The whole machine's busy share over the step (all CPUs, /proc/stat), 0 to 1.
+    pub busy: f64,
+    pub sustained: bool,
+}
+
+/// What one client thread of a rate step saw.
+#[derive(Default)]
+struct RateWorker {
+    latencies_us: Vec<f64>,
+    failed: usize,
+    no_port: usize,
+    last: Option<Instant>,
+}
+
+/// Whether `e` is a connect that found no free local port.
+fn no_port(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::AddrNotAvailable)
+    })
+}
+
+/// `offered` new connections a second for `step`, open loop: connection j is due at
+/// j / offered seconds, whatever happened to the ones before it, and is started by
+/// the first of [`RATE_WORKERS`] client threads (SCHED_FIFO, in `client_ns`) free
+/// for it; each is a connect to a target chosen at random, a one-line request and
+/// its answer, and its time runs from when it was due, so a client that falls behind
+/// shows in the latencies rather than in a slower schedule.
+fn rate_step(
+    client_ns: &str,
+    targets: &[SocketAddr],
+    backends: &[IpAddr],
+    offered: u32,
+    step: Duration,
+    seed: u64,
+) -> Result<RateStep> {
+    ensure!(offered > 0, "an offered rate of 0");
+    let total = ((offered as f64 * step.as_secs_f64()).round() as usize).max(1);
+    let next = Arc::new(AtomicUsize::new(0));
+    let (b0, began) = (busy_ms()?, Instant::now());
+    let t0 = began + Duration::from_millis(20);
+    let workers: Vec<_> = (0..RATE_WORKERS)
+        .map(|w| {
+            let (ns, targets, backends, next) = (
+                client_ns.to_string(),
+                targets.to_vec(),
+                backends.to_vec(),
+                next.clone(),
+            );
+            std::thread::spawn(move || {
+                in_netns(&ns, move || {
+                    realtime();
+                    let mut rng = Rng::new(seed * 1000 + w as u64);
+                    let mut out = RateWorker::default();
+                    loop {
+                        let j = next.fetch_add(1, Ordering::SeqCst);
+                        if j >= total {
+                            break;
+                        }
+                        let due = t0 + Duration::from_secs_f64(j as f64 / offered as f64);
+                        let now = Instant::now();
+                        if now < due {
+                            std::thread::sleep(due - now);
+                        } else if now - due > RATE_TIMEOUT {
+                            out.failed += 1;
+                            continue;
+                        }
+                        let to = targets[rng.below(targets.len())];
+                        match servers::tcp_request(to, RATE_TIMEOUT) {
+                            Ok(r) if backends.contains(&IpAddr::V4(r.addr)) => {
+                                let done = Instant::now();
+                                out.latencies_us.push((done - due).as_secs_f64() * 1e6);
+                                out.last = out.last.max(Some(done));
+                            }
+                            Err(e) if no_port(&e) => {
+                                out.failed += 1;
+                                out.no_port += 1;
+                            }
+                            _ => out.failed += 1,
+                        }
+                    }
+                    out
+                })
+            })
+        })
+        .collect();
+    let mut all = RateWorker::default();
+    for w in workers {
+        let w = w
+            .join()
+            .map_err(|_| anyhow::anyhow!("a rate client thread panicked"))??;
+        all.latencies_us.extend(w.latencies_us);
+        all.failed += w.failed;
+        all.no_port += w.no_port;
+        all.last = all.last.max(w.last);
+    }
+    let wall = began.elapsed().as_secs_f64().max(1e-3);
+    let busy = (busy_ms()? - b0) as f64 / (wall * 1e3 * cpus() as f64);
+    let answered = all.latencies_us.len();
+    let achieved = all
+        .last
+        .map_or(0.0, |l| answered as f64 / (l - t0).as_secs_f64().max(1e-3));
+    let p99_us = percentile(&all.latencies_us, 99.0);
+    Ok(RateStep {
+        offered,
+        connections: total,
+        failed: all.failed,
+        no_port: all.no_port,
+        achieved,
+        p50_us: percentile(&all.latencies_us, 50.0),
+        p99_us,
+        busy,
+        sustained: answered as f64 >= RATE_ANSWERED * total as f64
+            && answered > 0
+            && p99_us <= RATE_P99_MS * 1e3,
+    })
+}
+
+/// The machine's CPUs.
+fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The offered rates of `cfg.fig7_rates` in turn, until the first not sustained.
+fn rate_ramp(
+    client_ns: &str,
+    targets: &[SocketAddr],
+    backends: &[IpAddr],
+    cfg: &Config,
+    seed: u64,
+) -> Result<Vec<RateStep>> {
+    let mut steps = Vec::new();
+    for (k, &offered) in cfg.fig7_rates.iter().enumerate() {
+        let step = rate_step(
+            client_ns,
+            targets,
+            backends,
+            offered,
+            Duration::from_millis(cfg.fig7_rate_step_ms),
+            seed + k as u64,
+        )?;
+        let missed = !step.sustained;
+        steps.push(step);
+        if missed {
+            break;
+        }
+        std::thread::sleep(RATE_PAUSE);
+    }
+    Ok(steps)
+}
+
+/// The highest rate of a ramp that was sustained, 0 if none.
+pub fn highest_sustained(steps: &[RateStep]) -> u32 {
+    steps
+        .iter()
+        .filter(|s| s.sustained)
+        .map(|s| s.offered)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Widens the client pod's local port range (`net.ipv4.ip_local_port_range`, a
+/// setting of its own network namespace), so thousands of connections a second,
+/// each leaving a TIME_WAIT with the client for a minute, do not run out of ports
+/// to the floor's three destinations.
+fn widen_client_ports(client_ns: &str) -> Result<()> {
+    const RANGE: &str = "/proc/sys/net/ipv4/ip_local_port_range";
+    let read = in_netns(client_ns, || -> Result<String> {
+        std::fs::write(RANGE, "1024 65535")?;
+        Ok(std::fs::read_to_string(RANGE)?)
+    })??;
+    ensure!(
+        read.split_whitespace().eq(["1024", "65535"]),
+        "the client's port range is {read:?} after widening it"
+    );
+    Ok(())
+}
+
 /// Waits until the proxy `pid` is idle (under 20 ms of CPU in a second: its start-up
 /// syncs done), at most `limit`; the time waited. Measured while a proxy was still
 /// busy, every side's p99, even the floor's run beside it, carried its CPU: connections
@@ -634,6 +846,7 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
     cluster.wait_ready_pods(NS, "app=web", BACKENDS)?;
     cluster.wait_ready_pods(NS, "role=client", 1)?;
     let client_ns = cluster.pod_netns(NS, "client")?;
+    widen_client_ports(&client_ns)?;
     let mut backend_pods = Vec::new();
     for i in 0..BACKENDS {
         let name = format!("web-{i}");
@@ -690,6 +903,7 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
     // Changes, first-packet times (ms) and the proxy's histogram's growth, by side.
     type Churned = (usize, Vec<f64>, BTreeMap<u64, f64>, usize);
     let mut churned: BTreeMap<Side, Churned> = BTreeMap::new();
+    let mut rates: BTreeMap<Side, Vec<Vec<RateStep>>> = BTreeMap::new();
     for round in 0..cfg.fig7_rounds {
         for k in 0..Side::ALL.len() {
             let side = Side::ALL[(k + round) % Side::ALL.len()];
@@ -735,6 +949,16 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
                 side.name(),
                 cfg.fig7_connections
             );
+            if !cfg.fig7_rates.is_empty() {
+                super::progress(&format!(
+                    "figure 7: round {}: {}: new-connection rate",
+                    round + 1,
+                    side.name()
+                ));
+                let steps = rate_ramp(&client_ns, targets, &backends, cfg, 3000 + round as u64)
+                    .with_context(|| format!("{}: new-connection rate", side.name()))?;
+                rates.entry(side).or_default().push(steps);
+            }
             if side != Side::Floor && !churn_vips.is_empty() {
                 super::progress(&format!(
                     "figure 7: round {}: {}: {} s of {CHURN_RATE} endpoint changes a second",
@@ -782,6 +1006,12 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
         .map(|&side| {
             let mut all = samples.remove(&side).unwrap_or_default();
             all.sort_by(f64::total_cmp);
+            let rate_steps = rates.remove(&side).unwrap_or_default();
+            let top = cfg.fig7_rates.iter().copied().max().unwrap_or(0);
+            let highest: Vec<f64> = rate_steps
+                .iter()
+                .map(|r| f64::from(highest_sustained(r)))
+                .collect();
             Fig7Row {
                 side,
                 services: n,
@@ -815,6 +1045,9 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
                         bucket_quantile(&none, &c.2, 0.99)?,
                     ))
                 }),
+                rate_sustained: Summary::of(&highest),
+                rate_capped: top > 0 && highest.iter().any(|&h| h >= f64::from(top)),
+                rate_steps,
                 sorted_us: all,
             }
         })
@@ -847,11 +1080,34 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
              machine's busy time from /proc/stat over the connections (client, servers, \
              kernel, proxy) less an equal window with none right after, so the floor's \
              is the cost of the connections themselves and a proxy's excess over it is its \
-             own.",
+             own. New-connection rate (after the connections, per side per round): offered \
+             rates of {rates} connections a second in turn, {step_ms} ms each, open loop \
+             (connection j is due at j / rate s and its time runs from then, whatever \
+             became of the ones before it), started by the first free of {RATE_WORKERS} \
+             client threads at SCHED_FIFO to a Service (the floor: a backend pod) chosen \
+             at random; a rate is sustained when at least {answered}% of its connections \
+             are answered within {timeout} s of being due and their p99 from due to answer \
+             is at most {RATE_P99_MS} ms; a round stops at its first rate not sustained \
+             and gives the highest sustained (a lower bound when it is the last offered). \
+             The client's local port range is widened to 1024-65535 so its TIME_WAITs \
+             (the servers close after it) do not run it out of ports; connects that found \
+             no free port are counted apart. The servers are the same one-thread-per-pod \
+             servers, and client, servers and proxy share the machine's cores: the busy \
+             share of the whole machine at the first rate missed says whether the cores \
+             ran out.",
             conns = cfg.fig7_connections,
             rounds = cfg.fig7_rounds,
             selecting = n - churn_n,
             churn_s = cfg.fig7_churn_seconds,
+            rates = cfg
+                .fig7_rates
+                .iter()
+                .map(|r| r.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            step_ms = cfg.fig7_rate_step_ms,
+            answered = RATE_ANSWERED * 100.0,
+            timeout = RATE_TIMEOUT.as_secs(),
         ),
         rows,
         populate_s,

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::{
     node::{Loader, Proxy},
-    real::{Side, CHURN_PROBE_EVERY, CHURN_RATE},
+    real::{Side, CHURN_PROBE_EVERY, CHURN_RATE, RATE_ANSWERED, RATE_P99_MS},
     stats::{ratio, Summary},
     Config, Outcome, Report,
 };
@@ -276,6 +276,25 @@ pub fn targets(r: &Report) -> Vec<Target> {
             (Some(s), _, Some(n)) => {
                 Some((format!("{s:.0} µs vs {n:.0} µs: {:.2}x", s / n), s <= n))
             }
+            _ => None,
+        },
+    ));
+    out.push(target(
+        2,
+        "new-connection latency (p50) at 100,000 Services the same as at 1,000 (within 10%)",
+        match (p50(100_000, Proxy::Sliceway), p50(1_000, Proxy::Sliceway)) {
+            (Some(big), Some(small)) => Some((
+                format!(
+                    "{big:.0} µs vs {small:.0} µs: {:.2}x (iptables with {}: {})",
+                    big / small,
+                    r.config.fig2_iptables.name(),
+                    match (p50(100_000, Proxy::Iptables), p50(1_000, Proxy::Iptables)) {
+                        (Some(b), Some(s)) => format!("{b:.0} vs {s:.0} µs, {:.2}x", b / s),
+                        _ => "not measured at both sizes".into(),
+                    }
+                ),
+                big <= 1.1 * small,
+            )),
             _ => None,
         },
     ));
@@ -572,6 +591,17 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
                     row.failed
                 );
             }
+            for x in &f.not_loaded {
+                let _ = writeln!(
+                    m,
+                    "\n{} at {} Services: not measured, its rules did not load within {} s \
+                     (`{}` killed at the limit).",
+                    x.proxy.name(),
+                    x.services,
+                    x.limit_s,
+                    x.loader.name()
+                );
+            }
         }
         other => {
             let _ = writeln!(m, "Not measured: {}", failed(other).unwrap_or_default());
@@ -658,14 +688,19 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
             let _ = writeln!(m, "{}\n", f.method);
             let _ = writeln!(
                 m,
-                "| Services | endpoints each | peak RSS (MiB) | RSS after sync (MiB) | BPF maps (MiB) | start to synced (ms) | agent's sync (ms) |\n|---:|---:|---:|---:|---:|---:|---:|"
+                "| Services | endpoints each | capacities | peak RSS (MiB) | RSS after sync (MiB) | BPF maps (MiB) | start to synced (ms) | agent's sync (ms) |\n|---:|---:|---|---:|---:|---:|---:|---:|"
             );
             for row in &f.rows {
                 let _ = writeln!(
                     m,
-                    "| {} | {} | {} | {} | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {} | {} | {} | {} |",
                     row.services,
                     row.endpoints_per_service,
+                    if row.capacities.is_empty() {
+                        "defaults"
+                    } else {
+                        &row.capacities
+                    },
                     row.peak_rss_mib.show(1),
                     row.rss_mib.show(1),
                     row.map_mib.show(1),
@@ -816,6 +851,74 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
                     },
                     row.cpu_ms_per_1k.map_or("–".into(), |c| format!("{c:.0}")),
                 );
+            }
+            if f.rows.iter().any(|row| !row.rate_steps.is_empty()) {
+                let _ = writeln!(
+                    m,
+                    "\nNew-connection rate (open loop; sustained: at least {}% answered within \
+                     1 s of being due and p99 from due to answer at most {RATE_P99_MS} ms):\n\n\
+                     | side | highest sustained (connections/s), per round | at it, last round: achieved/s, p99 (ms), machine busy | first rate missed, per round: answered, p99 (ms), machine busy |\n\
+                     |---|---:|---:|---|",
+                    RATE_ANSWERED * 100.0
+                );
+                for row in f.rows.iter().filter(|row| !row.rate_steps.is_empty()) {
+                    let at = row
+                        .rate_steps
+                        .last()
+                        .and_then(|r| r.iter().rev().find(|s| s.sustained))
+                        .map_or("–".into(), |s| {
+                            format!(
+                                "{:.0}, {:.1}, {:.0}%",
+                                s.achieved,
+                                s.p99_us / 1e3,
+                                s.busy * 100.0
+                            )
+                        });
+                    let missed: Vec<String> = row
+                        .rate_steps
+                        .iter()
+                        .map(|r| {
+                            r.iter().find(|s| !s.sustained).map_or(
+                                "none (the ladder's top sustained)".into(),
+                                |s| {
+                                    format!(
+                                        "{}/s: {:.2}%, {:.1}, {:.0}%{}",
+                                        s.offered,
+                                        100.0 * (s.connections - s.failed) as f64
+                                            / s.connections.max(1) as f64,
+                                        s.p99_us / 1e3,
+                                        s.busy * 100.0,
+                                        if s.no_port > 0 {
+                                            format!(" ({} found no free port)", s.no_port)
+                                        } else {
+                                            String::new()
+                                        }
+                                    )
+                                },
+                            )
+                        })
+                        .collect();
+                    // A round that sustained the ladder's top is a lower bound.
+                    let highest: Vec<String> = row
+                        .rate_steps
+                        .iter()
+                        .map(|r| {
+                            let h = super::real::highest_sustained(r);
+                            if r.iter().all(|s| s.sustained) {
+                                format!("≥ {h}")
+                            } else {
+                                h.to_string()
+                            }
+                        })
+                        .collect();
+                    let _ = writeln!(
+                        m,
+                        "| {} | {} | {at} | {} |",
+                        row.side.name(),
+                        highest.join(", "),
+                        missed.join("; ")
+                    );
+                }
             }
             let _ = writeln!(
                 m,
