@@ -23,5 +23,15 @@ fn the_scale_measurement_runs_on_a_small_cluster() -> anyhow::Result<()> {
     let r = run(&spec, &parent.join(&prefix), &prefix)?;
     assert_eq!((r.services, r.pods, r.changes), (30, 90, 12));
     assert!(r.cpu_per_change_gross_ms > 0.0, "{r:?}");
+    // The controller's own account: its syncs' CPU, and a sync that wrote (`ok`)
+    // for every change, each having reached its slice (but perhaps the last, whose
+    // write the bench may see before the controller has counted it).
+    assert!(r.sync_cpu_per_change_ms.is_some_and(|ms| ms > 0.0), "{r:?}");
+    let ok = r
+        .syncs_per_change_by_result
+        .get("ok")
+        .copied()
+        .unwrap_or(0.0);
+    assert!(ok * 12.0 >= 11.0 - 1e-9, "{r:?}");
     Ok(())
 }
