@@ -180,8 +180,7 @@ where
 /// mirrored before the change (`onEndpointsAdd`, `onEndpointsUpdate` and
 /// `onEndpointsDelete` with `shouldMirror` in
 /// <https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/controller/endpointslicemirroring/endpointslicemirroring_controller.go>).
-/// So the Endpoints this controller writes for a Service with a selector (labelled
-/// skip-mirror) do not sync it again when they come back through the watch.
+/// So Endpoints labelled skip-mirror do not sync their Service while they change.
 /// `mirrorable` holds the Endpoints last seen mirrorable, the previous object's
 /// `shouldMirror` that a watch event does not carry.
 ///
