@@ -564,44 +564,31 @@ pub fn connection_latency(lab: &Lab, cfg: &Config, scratch: &Scratch) -> Result<
         // iptables, as kube-proxy loads it.
         let rules = scratch.file("iptables.rules", &kubeproxy::iptables_full(&services, true))?;
         let limit = cfg.fig2_load_limit();
-        if cfg
-            .fig2_iptables
-            .load_limited(&ns, &rules, Some(limit))?
-            .is_some()
-        {
-            let row = measure_latency(lab, cfg, &services, Proxy::Iptables);
-            flush_node(&ns, legacy);
-            rows.push(row?);
-        } else {
-            flush_node(&ns, legacy);
-            not_loaded.push(NotLoaded {
-                services: n,
-                proxy: Proxy::Iptables,
-                loader: cfg.fig2_iptables,
-                limit_s: limit.as_secs(),
-            });
-        }
+        // A baseline's rules loaded within the limit are measured, others reported as
+        // not loaded; the node is flushed after either.
+        let mut baseline = |proxy: Proxy, loader: Loader, rules: &Path, legacy: bool| {
+            if loader.load_limited(&ns, rules, Some(limit))?.is_some() {
+                let row = measure_latency(lab, cfg, &services, proxy);
+                flush_node(&ns, legacy);
+                rows.push(row?);
+            } else {
+                flush_node(&ns, legacy);
+                not_loaded.push(NotLoaded {
+                    services: n,
+                    proxy,
+                    loader,
+                    limit_s: limit.as_secs(),
+                });
+            }
+            anyhow::Ok(())
+        };
+        baseline(Proxy::Iptables, cfg.fig2_iptables, &rules, legacy)?;
         assert_nothing_answers(lab, &services)?;
 
         super::progress(&format!("figure 2: {n} Services: nftables"));
         // nftables, as kube-proxy loads it.
         let rules = scratch.file("nft.rules", &kubeproxy::nft_full(&services))?;
-        if Loader::Nft
-            .load_limited(&ns, &rules, Some(limit))?
-            .is_some()
-        {
-            let row = measure_latency(lab, cfg, &services, Proxy::Nftables);
-            flush_node(&ns, false);
-            rows.push(row?);
-        } else {
-            flush_node(&ns, false);
-            not_loaded.push(NotLoaded {
-                services: n,
-                proxy: Proxy::Nftables,
-                loader: Loader::Nft,
-                limit_s: limit.as_secs(),
-            });
-        }
+        baseline(Proxy::Nftables, Loader::Nft, &rules, false)?;
     }
     Ok(Fig2 {
         method: format!(

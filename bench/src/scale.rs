@@ -130,14 +130,21 @@ pub(crate) fn cpu_ns(pid: u32) -> Result<u64> {
     Ok(total)
 }
 
-async fn populate(client: &Client, spec: &ScaleSpec) -> Result<()> {
-    Api::<ServiceAccount>::namespaced(client.clone(), NS)
+/// Creates namespace `ns`'s `default` ServiceAccount, which a control plane without
+/// kube-controller-manager's ServiceAccount controller does not make and Pods need.
+pub(crate) async fn default_service_account(client: &Client, ns: &str) -> Result<()> {
+    Api::<ServiceAccount>::namespaced(client.clone(), ns)
         .create(
             &PostParams::default(),
             &serde_json::from_value(json!({"metadata": {"name": "default"}}))?,
         )
         .await
         .context("creating the default ServiceAccount")?;
+    Ok(())
+}
+
+async fn populate(client: &Client, spec: &ScaleSpec) -> Result<()> {
+    default_service_account(client, NS).await?;
     let nodes: Api<Node> = Api::all(client.clone());
     for_each("nodes", spec.nodes, |i| {
         let nodes = nodes.clone();

@@ -25,7 +25,7 @@ use std::{
 use anyhow::{bail, ensure, Context, Result};
 use futures::{stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::{
-    core::v1::{Endpoints, Node, Pod, Service, ServiceAccount},
+    core::v1::{Endpoints, Node, Pod, Service},
     discovery::v1::EndpointSlice,
 };
 use kube::{
@@ -697,13 +697,7 @@ pub fn run(spec: &ApiSpec, dir: &std::path::Path, prefix: &str) -> Result<Throug
     let runs = rt.block_on(async {
         let client = cluster.client().await?;
         cluster.kubectl(&["create", "namespace", NS])?;
-        Api::<ServiceAccount>::namespaced(client.clone(), NS)
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({"metadata": {"name": "default"}}))?,
-            )
-            .await
-            .context("creating the default ServiceAccount")?;
+        crate::scale::default_service_account(&client, NS).await?;
         let nodes: Api<Node> = Api::all(client.clone());
         for i in 0..NODES {
             let node: Node = serde_json::from_value(json!({"metadata": {
