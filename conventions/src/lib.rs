@@ -6,5 +6,6 @@
 
 pub mod http;
 pub mod labels;
+pub mod lean;
 pub mod manifests;
 pub mod validate;

@@ -25,6 +25,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use conventions::lean::Lean;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Endpoints, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -130,6 +131,26 @@ fn watch_health<T, E>(
 /// leaves them out, and the API server keeps what it has when an update omits them.
 pub fn without_managed_fields<K: kube::Resource>(event: watcher::Event<K>) -> watcher::Event<K> {
     event.modify(|obj| obj.meta_mut().managed_fields = None)
+}
+
+/// A watch of every object of a kind, decoded lean ([`conventions::lean`]: no
+/// managed fields, of a Pod's spec and a Node's status only what the controller
+/// reads), handed on as the kind itself.
+pub fn lean_watcher<K>(
+    client: &Client,
+    cfg: &watcher::Config,
+) -> impl futures::Stream<Item = std::result::Result<watcher::Event<K>, watcher::Error>> + Send
+where
+    K: conventions::lean::Trimmed + Clone + std::fmt::Debug + Send + 'static,
+    Lean<K>: kube::Resource<DynamicType = ()> + serde::de::DeserializeOwned,
+{
+    watcher(Api::<Lean<K>>::all(client.clone()), cfg.clone()).map_ok(|event| match event {
+        watcher::Event::Apply(o) => watcher::Event::Apply(o.into_inner()),
+        watcher::Event::InitApply(o) => watcher::Event::InitApply(o.into_inner()),
+        watcher::Event::Delete(o) => watcher::Event::Delete(o.into_inner()),
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitDone => watcher::Event::InitDone,
+    })
 }
 
 /// The front door both binaries share ([`conventions::validate::stored`], the API
@@ -241,10 +262,7 @@ pub async fn run(
     let (pod_index, pods_for_index) = (index.clone(), pods_r.clone());
     let pods = reflector::reflector(
         pods_w,
-        admitted(
-            watcher(Api::<Pod>::all(client.clone()), cfg.clone()),
-            &metrics,
-        ),
+        admitted(lean_watcher::<Pod>(&client, &cfg), &metrics),
     )
     .default_backoff()
     .inspect(watch_health(&metrics, "pod"))
@@ -268,14 +286,11 @@ pub async fn run(
     })
     .touched_objects();
     let node_index = index.clone();
-    let nodes = reflector::reflector(
-        nodes_w,
-        watcher(Api::<Node>::all(client.clone()), cfg.clone()).map_ok(without_managed_fields),
-    )
-    .default_backoff()
-    .inspect(watch_health(&metrics, "node"))
-    .inspect_ok(move |event| node_index.node_event(event))
-    .touched_objects();
+    let nodes = reflector::reflector(nodes_w, lean_watcher::<Node>(&client, &cfg))
+        .default_backoff()
+        .inspect(watch_health(&metrics, "node"))
+        .inspect_ok(move |event| node_index.node_event(event))
+        .touched_objects();
     // A slice deleted by anyone, or taken out of this controller's hands by a changed
     // managed-by label, leaves the tracker at once (upstream's onEndpointSliceDelete
     // and HandleDeletion), so its Service is not held "stale" waiting for it.
@@ -288,10 +303,7 @@ pub async fn run(
     let (slice_index, slices_for_index) = (index.clone(), slices_r.clone());
     let slices = reflector::reflector(
         slices_w,
-        admitted(
-            watcher(Api::<EndpointSlice>::all(client.clone()), cfg.clone()),
-            &metrics,
-        ),
+        admitted(lean_watcher::<EndpointSlice>(&client, &cfg), &metrics),
     )
     .default_backoff()
     .inspect(watch_health(&metrics, "endpointslice"))
@@ -327,10 +339,7 @@ pub async fn run(
     };
     let eps = reflector::reflector(
         eps_w,
-        admitted(
-            watcher(Api::<Endpoints>::all(client.clone()), cfg.clone()),
-            &metrics,
-        ),
+        admitted(lean_watcher::<Endpoints>(&client, &cfg), &metrics),
     )
     .default_backoff()
     .inspect(watch_health(&metrics, "endpoints"))
@@ -362,10 +371,7 @@ pub async fn run(
     let (selectors_w, services_for_selectors) = (selectors.clone(), services.clone());
     let service_events = reflector::reflector(
         services_w,
-        admitted(
-            watcher(Api::<Service>::all(client.clone()), cfg.clone()),
-            &metrics,
-        ),
+        admitted(lean_watcher::<Service>(&client, &cfg), &metrics),
     )
     .default_backoff()
     .inspect(watch_health(&metrics, "service"))
