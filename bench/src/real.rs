@@ -380,10 +380,8 @@ fn buckets(text: &str, name: &str) -> BTreeMap<u64, f64> {
     let prefix = format!("{name}_bucket{{");
     let mut out = BTreeMap::new();
     for l in text.lines().filter(|l| l.starts_with(&prefix)) {
-        let Some(le) = l.split("le=\"").nth(1).and_then(|r| r.split('"').next()) else {
-            continue;
-        };
-        let Some(v) = l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) else {
+        let le = sliceway_lab::sample_label(l, "le");
+        let Some(v) = sliceway_lab::sample_value(l).filter(|_| !le.is_empty()) else {
             continue;
         };
         // Upper bounds as integer microseconds keep the map ordered (+Inf last).

@@ -406,13 +406,9 @@ fn own_figures(port: u16) -> Result<Own> {
         let Some(labels) = line.strip_prefix("sliceway_controller_syncs_total{") else {
             continue;
         };
-        let result = labels
-            .split("result=\"")
-            .nth(1)
-            .and_then(|r| r.split('"').next())
-            .unwrap_or_default();
-        let value = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
-        *syncs.entry(result.to_string()).or_default() += value.unwrap_or(0.0);
+        let result = sliceway_lab::sample_label(labels, "result");
+        let value = sliceway_lab::sample_value(line).unwrap_or(0.0);
+        *syncs.entry(result.to_string()).or_default() += value;
     }
     Ok(Own { cpu_s, syncs })
 }

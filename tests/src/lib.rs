@@ -660,6 +660,22 @@ pub fn node_socket_round(vip: SocketAddr, bind: SocketAddr, timeout: Duration) -
     [tcp, udp, first_word(&buf[..n])]
 }
 
+/// The value of label `name` on one sample line of a Prometheus text exposition
+/// (`code` of `apiserver_request_total{code="200",verb="PUT"} 7` is `200`), empty
+/// when the line has no such label.
+pub fn sample_label<'a>(line: &'a str, name: &str) -> &'a str {
+    line.split(&format!("{name}=\""))
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .unwrap_or_default()
+}
+
+/// The value of one sample line of a Prometheus text exposition (its last field),
+/// `None` when it is not a number.
+pub fn sample_value(line: &str) -> Option<f64> {
+    line.rsplit(' ').next().and_then(|v| v.parse().ok())
+}
+
 /// The value of the sample `series` in a Prometheus text exposition: the metric's
 /// name with its labels as printed (`sliceway_map_entries{map="SERVICES"}`).
 pub fn metric_value(text: &str, series: &str) -> Option<f64> {

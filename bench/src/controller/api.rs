@@ -36,6 +36,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use sliceway_lab::cluster::{Cluster, Controllers, Proxy, Spec};
+use sliceway_lab::{sample_label, sample_value};
 
 use crate::stats::{ratio, Summary};
 
@@ -297,20 +298,6 @@ async fn writes(client: &Client) -> Result<Writes> {
     Ok(parse_writes(&text))
 }
 
-fn label<'a>(line: &'a str, name: &str) -> &'a str {
-    line.split(&format!("{name}=\""))
-        .nth(1)
-        .and_then(|r| r.split('"').next())
-        .unwrap_or_default()
-}
-
-fn value(line: &str) -> f64 {
-    line.rsplit(' ')
-        .next()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
-}
-
 fn parse_writes(metrics: &str) -> Writes {
     let mut w = Writes::default();
     for line in metrics.lines() {
@@ -319,24 +306,24 @@ fn parse_writes(metrics: &str) -> Writes {
         if !counter && !bytes {
             continue;
         }
-        let r = match label(line, "resource") {
+        let r = match sample_label(line, "resource") {
             "endpointslices" => &mut w.endpointslices,
             "endpoints" => &mut w.endpoints,
             _ => continue,
         };
         if counter {
-            let verb = label(line, "verb");
-            if label(line, "subresource").is_empty()
+            let verb = sample_label(line, "verb");
+            if sample_label(line, "subresource").is_empty()
                 && ["POST", "PUT", "PATCH", "APPLY", "DELETE"].contains(&verb)
             {
-                let n = value(line) as u64;
+                let n = sample_value(line).unwrap_or(0.0) as u64;
                 *r.by_verb.entry(verb.to_string()).or_default() += n;
-                if !label(line, "code").starts_with('2') {
+                if !sample_label(line, "code").starts_with('2') {
                     r.failed += n;
                 }
             }
         } else {
-            r.bytes += value(line) as u64;
+            r.bytes += sample_value(line).unwrap_or(0.0) as u64;
         }
     }
     w
