@@ -5,7 +5,9 @@
 //! Regression tests of issue 14's defects at the edge, each of which fails when the
 //! fix is taken out: a slice deleted by someone else is recreated at once (the slice
 //! watch makes the stale-cache tracker forget it; before, the Service stayed "stale"
-//! and backed off until a restart).
+//! and backed off until a restart), and a Service's placeholder slice, which the API
+//! server sends with `"endpoints": null`, is seen by the watch, so its first Pod is
+//! reconciled.
 
 use std::time::{Duration, Instant};
 
@@ -167,6 +169,66 @@ async fn a_slice_deleted_by_someone_else_is_recreated_at_once() {
                 .flat_map(|s| s.endpoints.iter())
                 .find_map(|e| e.conditions.as_ref()?.ready)?;
             (!ready).then_some(())
+        },
+    )
+    .await;
+
+    // A Service whose selector matches no Pod yet: its placeholder slice comes back
+    // through the watch with `"endpoints": null`, which must decode (it did not,
+    // once: the watch lost the event, and the Service stayed "stale" until a
+    // restart); its first Pod then reaches a slice.
+    services
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "idle"},
+                "spec": {"selector": {"app": "idle"}, "ports": [{"name": "http", "port": 80}]},
+            }))
+            .unwrap(),
+        )
+        .await
+        .expect("creating the idle service");
+    let idle = ListParams::default().labels(&format!("{}=idle", util::LABEL_SERVICE_NAME));
+    eventually("the placeholder slice", Duration::from_secs(10), || async {
+        let list = slices.list(&idle).await.ok()?;
+        list.items
+            .iter()
+            .any(|s| s.endpoints.is_empty())
+            .then_some(())
+    })
+    .await;
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "metadata": {"name": "idle-1", "labels": {"app": "idle"}},
+            "spec": {"nodeName": node_name, "containers": [{"name": "c", "image": "lab"}]},
+        }))
+        .unwrap(),
+    )
+    .await
+    .expect("creating the idle pod");
+    pods.patch_status(
+        "idle-1",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {
+            "phase": "Running",
+            "podIP": "10.244.9.6",
+            "podIPs": [{"ip": "10.244.9.6"}],
+            "conditions": [{"type": "Ready", "status": "True"}],
+        }})),
+    )
+    .await
+    .expect("writing the idle pod's status");
+    eventually(
+        "the idle service's first endpoint",
+        Duration::from_secs(10),
+        || async {
+            let list = slices.list(&idle).await.ok()?;
+            list.items
+                .iter()
+                .flat_map(|s| s.endpoints.iter())
+                .any(|e| e.addresses == ["10.244.9.6"])
+                .then_some(())
         },
     )
     .await;

@@ -68,6 +68,17 @@ impl<K: k8s_openapi::Metadata<Ty = ObjectMeta>> k8s_openapi::Metadata for Lean<K
     }
 }
 
+/// A field the API server may send as `null` (Go's nil slice: an EndpointSlice
+/// without endpoints has `"endpoints": null`) read as its default, as k8s-openapi
+/// reads it; `#[serde(default)]` covers only a field left out.
+fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de> + Default,
+{
+    Option::<T>::deserialize(d).map(Option::unwrap_or_default)
+}
+
 /// `ObjectMeta` without `managedFields`.
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase", default)]
@@ -118,8 +129,10 @@ macro_rules! without_managed_fields {
         #[derive(Deserialize, Default)]
         #[serde(rename_all = "camelCase", default)]
         pub struct $wire {
+            #[serde(deserialize_with = "null_as_default")]
             metadata: Meta,
-            $($field: $ty,)*
+            $(#[serde(deserialize_with = "null_as_default")]
+            $field: $ty,)*
         }
 
         impl From<$wire> for $kind {
@@ -155,6 +168,7 @@ without_managed_fields!(Endpoints, EndpointsWire {
 #[derive(Deserialize, Default)]
 #[serde(default)]
 pub struct PodWire {
+    #[serde(deserialize_with = "null_as_default")]
     metadata: Meta,
     spec: Option<PodSpecWire>,
     status: Option<PodStatusWire>,
@@ -163,6 +177,7 @@ pub struct PodWire {
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase", default)]
 struct PodSpecWire {
+    #[serde(deserialize_with = "null_as_default")]
     containers: Vec<ContainerWire>,
     hostname: Option<String>,
     init_containers: Option<Vec<ContainerWire>>,
@@ -173,6 +188,7 @@ struct PodSpecWire {
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase", default)]
 struct ContainerWire {
+    #[serde(deserialize_with = "null_as_default")]
     name: String,
     ports: Option<Vec<ContainerPort>>,
     restart_policy: Option<String>,
@@ -235,6 +251,7 @@ impl Trimmed for Pod {
 #[derive(Deserialize, Default)]
 #[serde(default)]
 pub struct NodeWire {
+    #[serde(deserialize_with = "null_as_default")]
     metadata: Meta,
     spec: Option<NodeSpec>,
     status: Option<NodeStatusWire>,

@@ -116,13 +116,19 @@ where
 }
 
 /// Reports each item of a watch stream to `/healthz`: an error marks the watch as
-/// failing until its next success.
-fn watch_health<T, E>(
+/// failing until its next success, and is logged (the watcher goes on by itself; an
+/// event that did not decode is not seen again until its object changes).
+fn watch_health<T, E: std::fmt::Display>(
     metrics: &Metrics,
     kind: &'static str,
 ) -> impl Fn(&std::result::Result<T, E>) {
     let health = metrics.health.clone();
-    move |item| health.observe(kind, item.is_ok(), std::time::Instant::now())
+    move |item| {
+        if let Err(e) = item {
+            tracing::warn!(%kind, error = %e, "watch failed; it is retried");
+        }
+        health.observe(kind, item.is_ok(), std::time::Instant::now())
+    }
 }
 
 /// A watch event's object without its `metadata.managedFields`, which nothing here

@@ -209,3 +209,34 @@ fn a_lean_object_is_a_resource_of_its_kind() {
     );
     assert_eq!(<Lean<Endpoints> as Resource>::URL_PATH_SEGMENT, "endpoints");
 }
+
+/// The API server sends an empty list as `null` (an EndpointSlice without endpoints,
+/// as the EndpointSlice controller's placeholder is): read lean as whole, as an
+/// empty list. A watch event that does not decode is lost to the watch.
+#[test]
+fn null_lists_decode_lean_as_whole() {
+    let slice = r#"{"kind": "EndpointSlice", "apiVersion": "discovery.k8s.io/v1",
+        "metadata": {"name": "web-abc", "namespace": "shop", "generateName": "web-",
+          "labels": {"kubernetes.io/service-name": "web"}},
+        "addressType": "IPv4", "endpoints": null, "ports": null}"#;
+    let lean_slice = lean::<EndpointSlice>(slice);
+    assert_eq!(lean_slice, whole::<EndpointSlice>(slice));
+    assert!(lean_slice.endpoints.is_empty() && lean_slice.ports.is_none());
+    let endpoints = r#"{"metadata": {"name": "web", "namespace": "shop"}, "subsets": null}"#;
+    assert_eq!(lean::<Endpoints>(endpoints), whole::<Endpoints>(endpoints));
+    let service = r#"{"metadata": {"name": "web", "namespace": "shop", "labels": null},
+        "spec": null, "status": null}"#;
+    assert_eq!(lean::<Service>(service), whole::<Service>(service));
+    let pod = r#"{"metadata": {"name": "p", "namespace": "shop"},
+        "spec": {"containers": null, "initContainers": null, "nodeName": "node-1"},
+        "status": {"podIPs": null, "conditions": null, "phase": "Pending"}}"#;
+    let (lean_pod, whole_pod) = (lean::<Pod>(pod), whole::<Pod>(pod));
+    assert_eq!(
+        lean_pod.spec.as_ref().unwrap().containers,
+        whole_pod.spec.as_ref().unwrap().containers
+    );
+    assert_eq!(lean_pod.status, whole_pod.status);
+    let node =
+        r#"{"metadata": {"name": "n"}, "status": {"allocatable": null, "conditions": null}}"#;
+    assert_eq!(lean::<Node>(node).status, whole::<Node>(node).status);
+}
