@@ -33,6 +33,13 @@ pub(super) struct ServiceOut {
 }
 
 impl ServiceOut {
+    /// Gives back the room its vectors hold beyond their contents.
+    pub(super) fn shrink_to_fit(&mut self) {
+        self.claims.shrink_to_fit();
+        self.skipped.shrink_to_fit();
+        self.health_checks.shrink_to_fit();
+    }
+
     pub(super) fn is_empty(&self) -> bool {
         self.claims.is_empty()
             && self.skipped.is_empty()
