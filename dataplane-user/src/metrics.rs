@@ -692,7 +692,8 @@ mod tests {
     /// A frontend nothing went through has no series; its series starts with its
     /// first count and stays while the frontend does, also through a count that
     /// starts again from zero (an id given anew), and goes with it.
-    const NO_BACKENDS: Option<Vec<BackendCount<fn() -> Labels>>> = None;
+    type NoLabels = fn() -> Labels;
+    const NO_BACKENDS: Option<Vec<BackendCount<NoLabels>>> = None;
 
     #[test]
     fn flow_series_start_with_their_first_count() {
@@ -722,7 +723,7 @@ mod tests {
         );
         m.publish_flows([front(0)], NO_BACKENDS);
         assert_eq!(series(&m).len(), 1, "kept once it exists");
-        m.publish_flows(Vec::<FrontendCount<fn() -> Labels>>::new(), NO_BACKENDS);
+        m.publish_flows(Vec::<FrontendCount<NoLabels>>::new(), NO_BACKENDS);
         assert_eq!(series(&m), Vec::<String>::new());
     }
 
