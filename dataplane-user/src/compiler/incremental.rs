@@ -225,7 +225,11 @@ impl Incremental {
                 &mut PortEndpoints::default(),
                 &mut entry.skipped,
             );
-            let ids = self.slices_of.entry(key.clone()).or_default();
+            // Most Services have one slice: room for it alone.
+            let ids = self
+                .slices_of
+                .entry(key.clone())
+                .or_insert_with(|| Vec::with_capacity(1));
             let at = ids.partition_point(|i| *i < id);
             ids.insert(at, id.clone());
             self.dirty_endpoints.insert(key.clone());
