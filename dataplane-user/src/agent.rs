@@ -429,8 +429,8 @@ impl Syncer {
             if !self.rejected.contains(&entry) {
                 self.problems.push(source::events::Problem {
                     kind: "Service",
-                    namespace: service.namespace.clone(),
-                    name: service.name.clone(),
+                    namespace: service.namespace.to_string(),
+                    name: service.name.to_string(),
                     code: "frontend_rejected".into(),
                     message: format!("{service} kept its previous state: {reason}"),
                 });
@@ -605,9 +605,9 @@ fn publish_counters(dp: &Datapath, m: &Metrics, writer: &MapWriter, per_backend:
             identity: crate::metrics::identity((key, &p.service)),
             labels: move || {
                 vec![
-                    ("namespace".into(), p.service.namespace.clone()),
-                    ("service".into(), p.service.name.clone()),
-                    ("port".into(), p.service.port.clone()),
+                    ("namespace".into(), p.service.namespace.to_string()),
+                    ("service".into(), p.service.name.to_string()),
+                    ("port".into(), p.service.port.to_string()),
                     ("frontend".into(), compiler::any_frontend_addr(key)),
                 ]
             },
