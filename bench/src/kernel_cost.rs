@@ -81,9 +81,9 @@ fn frontend<K, B: Ord, A>(s: &Svc, key: K, backends: Vec<B>) -> (K, Frontend<B, 
         key,
         Frontend {
             service: ServicePortName {
-                namespace: s.namespace.clone(),
-                name: s.name.clone(),
-                port: s.port_name.clone(),
+                namespace: s.namespace.as_str().into(),
+                name: s.name.as_str().into(),
+                port: s.port_name.as_str().into(),
             },
             backends,
             policy: Default::default(),

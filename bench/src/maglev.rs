@@ -146,9 +146,9 @@ fn frontends(services: &[model::Svc], maglev: Option<TableSize>) -> BTreeMap<Ser
             backends.sort();
             let frontend = Frontend {
                 service: ServicePortName {
-                    namespace: s.namespace.clone(),
-                    name: s.name.clone(),
-                    port: s.port_name.clone(),
+                    namespace: s.namespace.as_str().into(),
+                    name: s.name.as_str().into(),
+                    port: s.port_name.as_str().into(),
                 },
                 backends,
                 policy: FrontendPolicy {

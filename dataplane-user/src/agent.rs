@@ -429,8 +429,8 @@ impl Syncer {
             if !self.rejected.contains(&entry) {
                 self.problems.push(source::events::Problem {
                     kind: "Service",
-                    namespace: service.namespace.clone(),
-                    name: service.name.clone(),
+                    namespace: service.namespace.to_string(),
+                    name: service.name.to_string(),
                     code: "frontend_rejected".into(),
                     message: format!("{service} kept its previous state: {reason}"),
                 });
@@ -591,44 +591,48 @@ fn publish_counters(dp: &Datapath, m: &Metrics, writer: &MapWriter, per_backend:
         }
         Err(e) => tracing::debug!("reading the datapath counters: {e}"),
     }
-    let frontends: Vec<_> = writer
-        .programmed()
-        .iter()
-        .filter(|(k, _)| !compiler::is_any_clusterip_marker(k))
-        .collect();
-    let ids = frontends.iter().map(|(_, p)| p.id + 1).max().unwrap_or(0);
+    let programmed = writer.programmed();
+    let ports = || {
+        programmed
+            .iter()
+            .filter(|(k, _)| !compiler::is_any_clusterip_marker(k))
+    };
+    let ids = ports().map(|(_, p)| p.id + 1).max().unwrap_or(0);
     let counts = dp.maps.frontend_counters(ids);
-    let frontends: Vec<FrontendCount> = frontends
-        .into_iter()
-        .filter_map(|(key, p)| {
-            Some(FrontendCount {
-                labels: vec![
-                    ("namespace".into(), p.service.namespace.clone()),
-                    ("service".into(), p.service.name.clone()),
-                    ("port".into(), p.service.port.clone()),
+    // Labels are made only for the frontends and backends that need them.
+    let frontends = ports().filter_map(|(key, p)| {
+        Some(FrontendCount {
+            identity: crate::metrics::identity((key, &p.service)),
+            labels: move || {
+                vec![
+                    ("namespace".into(), p.service.namespace.to_string()),
+                    ("service".into(), p.service.name.to_string()),
+                    ("port".into(), p.service.port.to_string()),
                     ("frontend".into(), compiler::any_frontend_addr(key)),
-                ],
-                counts: *counts.get(p.id as usize)?,
-            })
+                ]
+            },
+            counts: *counts.get(p.id as usize)?,
         })
-        .collect();
-    let backends: Option<Vec<BackendCount>> = per_backend.then(|| {
+    });
+    let backend_counts = per_backend.then(|| {
         let ids = writer.backends().map(|(id, _)| id + 1).max().unwrap_or(0);
-        let counts = dp.maps.backend_counters(ids);
-        writer
-            .backends()
-            .filter_map(|(id, b)| {
-                Some(BackendCount {
-                    labels: vec![
+        dp.maps.backend_counters(ids)
+    });
+    let backends = backend_counts.as_ref().map(|counts| {
+        writer.backends().filter_map(|(id, b)| {
+            Some(BackendCount {
+                identity: crate::metrics::identity(b),
+                labels: move || {
+                    vec![
                         ("backend".into(), compiler::any_backend_addr(b)),
                         ("protocol".into(), compiler::proto_name(b.proto()).into()),
-                    ],
-                    counts: *counts.get(id as usize)?,
-                })
+                    ]
+                },
+                counts: *counts.get(id as usize)?,
             })
-            .collect()
+        })
     });
-    m.publish_flows(&frontends, backends.as_deref());
+    m.publish_flows(frontends, backends);
 }
 
 /// Loads the datapath (adopting pinned state) and attaches it to the selected

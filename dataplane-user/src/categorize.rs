@@ -10,7 +10,9 @@
 //! Pure, over the facts of each endpoint ([`EndpointFacts`]: conditions, locality,
 //! hints), owned or borrowed. Results are indices into the slice given, in its order.
 
-use std::{borrow::Borrow, sync::Arc};
+use std::borrow::Borrow;
+
+use crate::model::Hints;
 
 /// What categorizing needs to know of an endpoint (after kube-proxy's defaulting of
 /// nil conditions, see `endpointslicecache.go`).
@@ -21,10 +23,8 @@ pub struct EndpointFacts {
     pub terminating: bool,
     /// On this node.
     pub local: bool,
-    /// `hints.forZones` names; empty when the endpoint has no zone hint.
-    pub zone_hints: Box<[Arc<str>]>,
-    /// `hints.forNodes` names; empty when the endpoint has no node hint.
-    pub node_hints: Box<[Arc<str>]>,
+    /// `hints.forZones` and `hints.forNodes` names.
+    pub hints: Hints,
 }
 
 /// What a Service port asks of categorizing (kube-proxy's `ServicePort`).
@@ -126,14 +126,14 @@ pub fn topology_mode<E: Borrow<EndpointFacts>>(endpoints: &[E], node: &NodeFacts
     let (mut all_zone_hints, mut for_zone) = (true, false);
     for ep in endpoints.iter().map(Borrow::borrow).filter(|e| e.ready) {
         any_ready = true;
-        if ep.node_hints.is_empty() {
+        if ep.hints.nodes().is_empty() {
             all_node_hints = false;
-        } else if ep.node_hints.iter().any(|n| &**n == node.name) {
+        } else if ep.hints.nodes().iter().any(|n| &**n == node.name) {
             for_node = true;
         }
-        if ep.zone_hints.is_empty() {
+        if ep.hints.zones().is_empty() {
             all_zone_hints = false;
-        } else if ep.zone_hints.iter().any(|z| &**z == node.zone) {
+        } else if ep.hints.zones().iter().any(|z| &**z == node.zone) {
             for_zone = true;
         }
     }
@@ -152,8 +152,8 @@ pub fn topology_mode<E: Borrow<EndpointFacts>>(endpoints: &[E], node: &NodeFacts
 fn available(ep: &EndpointFacts, mode: TopologyMode, node: &NodeFacts) -> bool {
     match mode {
         TopologyMode::None => true,
-        TopologyMode::PreferSameNode => ep.node_hints.iter().any(|n| &**n == node.name),
-        TopologyMode::PreferSameZone => ep.zone_hints.iter().any(|z| &**z == node.zone),
+        TopologyMode::PreferSameNode => ep.hints.nodes().iter().any(|n| &**n == node.name),
+        TopologyMode::PreferSameZone => ep.hints.zones().iter().any(|z| &**z == node.zone),
     }
 }
 
@@ -242,6 +242,8 @@ mod tests {
     //! written again as data: endpoints by address, with conditions, locality and
     //! hints; the expected sets by address.
 
+    use std::sync::Arc;
+
     use super::*;
 
     include!("../tests/data/categorize_cases.rs");
@@ -253,8 +255,7 @@ mod tests {
             serving: e.serving,
             terminating: e.terminating,
             local: e.local,
-            zone_hints: e.zones.clone().into(),
-            node_hints: e.nodes.clone().into(),
+            hints: Hints::new(e.zones.clone().into(), e.nodes.clone().into()),
         }
     }
 

@@ -16,7 +16,24 @@ use sliceway_agent::{
     writer::Limits,
 };
 
+/// One glibc malloc arena for the whole process. The agent reads a manifest
+/// directory on a blocking thread and compiles on its loop's thread; with an arena
+/// per thread, what reading freed in one could not hold what compiling built in the
+/// other (at 10,000 Services of 10 endpoints, 17 MB of the peak resident set). The
+/// agent's threads seldom allocate at the same time, so they do not wait on each
+/// other for it. (mimalloc, which the controller uses, was measured too: its peak was
+/// higher.)
+fn one_malloc_arena() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: `mallopt` only sets a parameter of the allocator; called before any
+    // thread is started.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
+}
+
 fn main() -> anyhow::Result<()> {
+    one_malloc_arena();
     use tracing_subscriber::{layer::SubscriberExt as _, util::SubscriberInitExt as _};
     tracing_subscriber::registry()
         .with(

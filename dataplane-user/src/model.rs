@@ -166,10 +166,40 @@ pub struct EndpointInfo {
     pub serving: Option<bool>,
     pub terminating: Option<bool>,
     pub node_name: Option<Arc<str>>,
+    pub hints: Hints,
+}
+
+/// An endpoint's topology hints: `hints.forZones` and `hints.forNodes` names. Most
+/// endpoints have none, which costs the room of a pointer; the merged endpoints share
+/// the slice's copy. (Two boxed lists took 32 bytes of each of the 100,000 endpoints
+/// of 10,000 Services, twice.)
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Hints(Option<Arc<HintNames>>);
+
+#[derive(Debug, PartialEq, Eq)]
+struct HintNames {
+    zones: Box<[Arc<str>]>,
+    nodes: Box<[Arc<str>]>,
+}
+
+impl Hints {
+    /// The hints of these zones and nodes; none when both are empty.
+    pub fn new(zones: Box<[Arc<str>]>, nodes: Box<[Arc<str>]>) -> Self {
+        if zones.is_empty() && nodes.is_empty() {
+            return Self(None);
+        }
+        Self(Some(Arc::new(HintNames { zones, nodes })))
+    }
+
     /// `hints.forZones` names (empty when none).
-    pub zone_hints: Box<[Arc<str>]>,
+    pub fn zones(&self) -> &[Arc<str>] {
+        self.0.as_deref().map_or(&[], |h| &h.zones)
+    }
+
     /// `hints.forNodes` names (empty when none).
-    pub node_hints: Box<[Arc<str>]>,
+    pub fn nodes(&self) -> &[Arc<str>] {
+        self.0.as_deref().map_or(&[], |h| &h.nodes)
+    }
 }
 
 /// An endpoint address: IPv4, IPv6, or anything else as written.
@@ -228,8 +258,7 @@ impl EndpointInfo {
             serving: cond.and_then(|c| c.serving),
             terminating: cond.and_then(|c| c.terminating),
             node_name,
-            zone_hints,
-            node_hints,
+            hints: Hints::new(zone_hints, node_hints),
         }
     }
 }

@@ -168,7 +168,7 @@ fn frontend(name: u32, backends: impl IntoIterator<Item = u32>) -> Frontend {
     Frontend {
         service: ServicePortName {
             namespace: "default".into(),
-            name: format!("svc-{name}"),
+            name: format!("svc-{name}").into(),
             port: "http".into(),
         },
         backends,
@@ -309,7 +309,7 @@ fn a_service_that_does_not_fit_keeps_its_previous_state_and_others_are_untouched
     desired.insert(key(2), frontend(2, [4]));
     let report = writer.apply(&desired, &mut maps);
     assert_eq!(report.rejected.len(), 1, "{report:?}");
-    assert_eq!(report.rejected[0].0.name, "svc-1");
+    assert_eq!(report.rejected[0].0.name.as_ref(), "svc-1");
     assert!(
         report.rejected[0]
             .1

@@ -18,8 +18,8 @@ use sliceway_agent::{
     compiler::{compile, compile_model, Incremental, Options},
     memory_maps::MemoryMaps,
     model::{
-        Address, EndpointInfo, Origin, ServiceId, ServiceInfo, ServicePortInfo, ServiceSpecInfo,
-        SliceId, SliceInfo, SlicePortInfo,
+        Address, EndpointInfo, Hints, Origin, ServiceId, ServiceInfo, ServicePortInfo,
+        ServiceSpecInfo, SliceId, SliceInfo, SlicePortInfo,
     },
     source::local::{parse_file, ManifestDir},
     writer::{Limits, MapWriter},
@@ -185,8 +185,10 @@ fn endpoint(rng: &mut Rng) -> EndpointInfo {
         node_name: rng
             .pick(&[None, Some("node-1"), Some("node-2")])
             .map(Arc::from),
-        zone_hints: hints(rng, &["zone-a", "zone-b"]),
-        node_hints: hints(rng, &["node-1", "node-2"]),
+        hints: Hints::new(
+            hints(rng, &["zone-a", "zone-b"]),
+            hints(rng, &["node-1", "node-2"]),
+        ),
     }
 }
 
@@ -584,8 +586,7 @@ fn one_endpoint_change_in_ten_thousand_services_recompiles_one_service() {
                 serving: None,
                 terminating: None,
                 node_name: Some(Arc::from("node-1")),
-                zone_hints: Box::new([]),
-                node_hints: Box::new([]),
+                hints: Hints::default(),
             })
             .collect(),
         trigger_time: None,

@@ -53,7 +53,7 @@ fn frontend(
     Frontend {
         service: ServicePortName {
             namespace: "default".into(),
-            name: format!("lb-{name}"),
+            name: format!("lb-{name}").into(),
             port: "https".into(),
         },
         policy: FrontendPolicy {
@@ -425,7 +425,7 @@ fn a_table_that_does_not_fit_keeps_the_previous_state() {
     maps.ops.clear();
     let report = writer.apply(&desired, &mut maps);
     assert_eq!(report.rejected.len(), 1, "{report:?}");
-    assert_eq!(report.rejected[0].0.name, "lb-2");
+    assert_eq!(report.rejected[0].0.name.as_ref(), "lb-2");
     assert!(report.rejected[0]
         .1
         .to_string()

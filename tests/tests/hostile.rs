@@ -523,7 +523,7 @@ fn hostile_manifests_never_hurt() {
     let used: BTreeSet<String> = compiled
         .frontends()
         .values()
-        .map(|f| f.service.name.clone())
+        .map(|f| f.service.name.to_string())
         .collect();
 
     // trace: the good Service exactly as alone, every case used or named.

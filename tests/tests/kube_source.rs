@@ -961,7 +961,7 @@ fn compiled_backends(
                 .iter()
                 .map(|b| std::net::Ipv4Addr::from(u32::from_be(b.addr_be)))
                 .collect();
-            (f.service.name.clone(), ips)
+            (f.service.name.to_string(), ips)
         })
         .collect()
 }

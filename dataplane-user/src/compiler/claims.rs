@@ -26,8 +26,8 @@ impl Claim {
     pub(super) fn by(&self) -> ObjectRef {
         ObjectRef {
             kind: "Service",
-            namespace: self.frontend.service().namespace.clone(),
-            name: self.frontend.service().name.clone(),
+            namespace: self.frontend.service().namespace.to_string(),
+            name: self.frontend.service().name.to_string(),
         }
     }
 }

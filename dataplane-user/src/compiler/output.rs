@@ -1,18 +1,21 @@
 //! What the compiler gives: frontends (a Service port, its backends and policy), what
 //! it skipped and why, and what it left alone on purpose.
 
-use std::{collections::BTreeMap, fmt};
+use std::{collections::BTreeMap, fmt, sync::Arc};
 
 use dataplane_common::{Backend, Backend6, ServiceKey, ServiceKey6};
 
 use crate::categorize::EmptyVerdict;
 
-/// A Service port as kube-proxy names it: `namespace/name:port`.
+/// A Service port as kube-proxy names it: `namespace/name:port`. Its names are
+/// shared, not copied, by the frontends of the port, the compiler's claims and the
+/// writer's mirror (at 10,000 Services, three copies of three strings for each of
+/// 20,000 frontends took about 6 MB).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ServicePortName {
-    pub namespace: String,
-    pub name: String,
-    pub port: String,
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
+    pub port: Arc<str>,
 }
 
 impl ServicePortName {
@@ -30,9 +33,9 @@ impl ServicePortName {
     /// The name of a frontend found in the maps without one.
     pub fn unknown() -> Self {
         Self {
-            namespace: String::new(),
+            namespace: "".into(),
             name: "?".into(),
-            port: String::new(),
+            port: "".into(),
         }
     }
 }

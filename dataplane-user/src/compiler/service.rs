@@ -5,6 +5,7 @@
 use std::{
     collections::{BTreeSet, HashMap},
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    sync::Arc,
 };
 
 use conventions::validate;
@@ -33,6 +34,13 @@ pub(super) struct ServiceOut {
 }
 
 impl ServiceOut {
+    /// Gives back the room its vectors hold beyond their contents.
+    pub(super) fn shrink_to_fit(&mut self) {
+        self.claims.shrink_to_fit();
+        self.skipped.shrink_to_fit();
+        self.health_checks.shrink_to_fit();
+    }
+
     pub(super) fn is_empty(&self) -> bool {
         self.claims.is_empty()
             && self.skipped.is_empty()
@@ -189,6 +197,9 @@ pub(super) fn compile_service(
     let primary_v6 = cluster4.is_none() && cluster6.is_some();
     health_check(spec, &me, svc_endpoints, primary_v6, out);
     let mut seen_ports = BTreeSet::new();
+    // One copy of the names for all the Service's ports and frontends.
+    let (namespace, name): (Arc<str>, Arc<str>) =
+        (me.namespace.as_str().into(), me.name.as_str().into());
     for port in &spec.ports {
         let port_name = &port.name;
         let (proto, number) = match protocol(port.protocol.as_deref())
@@ -227,9 +238,9 @@ pub(super) fn compile_service(
         };
         let port = PortSpec {
             name: ServicePortName {
-                namespace: me.namespace.clone(),
-                name: me.name.clone(),
-                port: port_name.clone(),
+                namespace: namespace.clone(),
+                name: name.clone(),
+                port: port_name.as_str().into(),
             },
             proto,
             number,
@@ -253,9 +264,9 @@ pub(super) fn compile_service(
     // `cluster-ips` set, filled per service port).
     if !seen_ports.is_empty() {
         let service = ServicePortName {
-            namespace: me.namespace.clone(),
-            name: me.name.clone(),
-            port: String::new(),
+            namespace,
+            name,
+            port: "".into(),
         };
         if let Some(f) = &families.0 {
             out.claims.push(f.marker(service.clone(), svc));
@@ -473,7 +484,7 @@ impl<A: Ip> Family<A> {
         // slice's addressType).
         let candidates: Vec<(A, u16, &EndpointFacts)> = ctx
             .endpoints
-            .and_then(|e| e.get(&(name.port.clone(), proto)))
+            .and_then(|e| e.get(&(name.port.to_string(), proto)))
             .map(|m| {
                 m.iter()
                     .filter_map(|((ip, p), e)| Some((A::of(*ip)?, *p, e)))

@@ -172,8 +172,7 @@ pub(super) fn merge_slice(
                 terminating: ep.terminating.unwrap_or(false),
                 local: opts.node_name.as_deref().is_some_and(|n| !n.is_empty())
                     && ep.node_name.as_deref() == opts.node_name.as_deref(),
-                zone_hints: ep.zone_hints.clone(),
-                node_hints: ep.node_hints.clone(),
+                hints: ep.hints.clone(),
             };
             // A slice endpoint has one address (the API allows more, only the first
             // is used, as in kube-proxy).

@@ -225,9 +225,11 @@ pub struct Recorded(Vec<Op>);
 
 #[derive(Debug)]
 enum Op {
-    PutService(Origin, ServiceInfo),
+    // Boxed: an operation is as large as its largest kind, and a directory of
+    // 10,000 Services records 20,000 of them.
+    PutService(Origin, Box<ServiceInfo>),
     RemoveService(ServiceId),
-    PutSlice(Origin, SliceInfo),
+    PutSlice(Origin, Box<SliceInfo>),
     RemoveSlice(SliceId),
     Zone(Option<String>),
     NodeIp(Option<std::net::Ipv4Addr>),
@@ -236,7 +238,7 @@ enum Op {
 
 impl Sink for Recorded {
     fn put_service(&mut self, origin: Origin, svc: ServiceInfo) -> bool {
-        self.0.push(Op::PutService(origin, svc));
+        self.0.push(Op::PutService(origin, Box::new(svc)));
         true
     }
     fn remove_service(&mut self, id: &ServiceId) -> bool {
@@ -244,7 +246,7 @@ impl Sink for Recorded {
         true
     }
     fn put_slice(&mut self, origin: Origin, slice: SliceInfo) -> bool {
-        self.0.push(Op::PutSlice(origin, slice));
+        self.0.push(Op::PutSlice(origin, Box::new(slice)));
         true
     }
     fn remove_slice(&mut self, id: &SliceId) -> bool {
@@ -276,9 +278,9 @@ impl Recorded {
     fn replay(self, sink: &mut dyn Sink) {
         for op in self.0 {
             match op {
-                Op::PutService(origin, svc) => sink.put_service(origin, svc),
+                Op::PutService(origin, svc) => sink.put_service(origin, *svc),
                 Op::RemoveService(id) => sink.remove_service(&id),
-                Op::PutSlice(origin, slice) => sink.put_slice(origin, slice),
+                Op::PutSlice(origin, slice) => sink.put_slice(origin, *slice),
                 Op::RemoveSlice(id) => sink.remove_slice(&id),
                 Op::Zone(zone) => sink.set_zone(zone),
                 Op::NodeIp(ip) => sink.set_node_ip(ip),
