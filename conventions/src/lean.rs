@@ -3,7 +3,7 @@
 //! only the fields sliceway reads, so the rest is skipped by the parser, never
 //! allocated, copied or dropped. Every kind loses `metadata.managedFields` (a field
 //! set per manager that names every field it owns, often the bulk of an object: a
-//! slice's lists each of its endpoints again); a Pod keeps of its spec only the node,
+//! slice's names each of its endpoints again); a Pod keeps of its spec only the node,
 //! the hostname and subdomain and the containers' names and ports (what podutil's
 //! FindPort reads); a Node keeps of its status only its conditions and allocatable
 //! resources. Everything kept is decoded by the same k8s-openapi types, so a kept
