@@ -55,6 +55,33 @@ async fn web_slices(api: &Api<EndpointSlice>) -> Vec<(String, Vec<String>)> {
         .collect()
 }
 
+/// Creates Pod `name` labelled `app` on `node` and reports it running and ready at
+/// `ip` (no kubelet here writes its status).
+async fn ready_pod(pods: &Api<Pod>, name: &str, app: &str, node: &str, ip: &str) {
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"app": app}},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "lab"}]},
+        }))
+        .unwrap(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("creating pod {name}: {e}"));
+    pods.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {
+            "phase": "Running",
+            "podIP": ip,
+            "podIPs": [{"ip": ip}],
+            "conditions": [{"type": "Ready", "status": "True"}],
+        }})),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("writing pod {name}'s status: {e}"));
+}
+
 #[tokio::test]
 async fn a_slice_deleted_by_someone_else_is_recreated_at_once() {
     let c = cluster::shared_control_plane().expect("control plane");
@@ -93,28 +120,7 @@ async fn a_slice_deleted_by_someone_else_is_recreated_at_once() {
         .await
         .expect("creating the default service account");
     let pods: Api<Pod> = Api::namespaced(admin.clone(), &ns);
-    pods.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({
-            "metadata": {"name": "web-1", "labels": {"app": "web"}},
-            "spec": {"nodeName": node_name, "containers": [{"name": "c", "image": "lab"}]},
-        }))
-        .unwrap(),
-    )
-    .await
-    .expect("creating the pod");
-    pods.patch_status(
-        "web-1",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"status": {
-            "phase": "Running",
-            "podIP": "10.244.9.5",
-            "podIPs": [{"ip": "10.244.9.5"}],
-            "conditions": [{"type": "Ready", "status": "True"}],
-        }})),
-    )
-    .await
-    .expect("writing the pod's status");
+    ready_pod(&pods, "web-1", "web", &node_name, "10.244.9.5").await;
 
     let run = tokio::spawn(controller::controller::run(
         admin.clone(),
@@ -197,28 +203,7 @@ async fn a_slice_deleted_by_someone_else_is_recreated_at_once() {
             .then_some(())
     })
     .await;
-    pods.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({
-            "metadata": {"name": "idle-1", "labels": {"app": "idle"}},
-            "spec": {"nodeName": node_name, "containers": [{"name": "c", "image": "lab"}]},
-        }))
-        .unwrap(),
-    )
-    .await
-    .expect("creating the idle pod");
-    pods.patch_status(
-        "idle-1",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"status": {
-            "phase": "Running",
-            "podIP": "10.244.9.6",
-            "podIPs": [{"ip": "10.244.9.6"}],
-            "conditions": [{"type": "Ready", "status": "True"}],
-        }})),
-    )
-    .await
-    .expect("writing the idle pod's status");
+    ready_pod(&pods, "idle-1", "idle", &node_name, "10.244.9.6").await;
     eventually(
         "the idle service's first endpoint",
         Duration::from_secs(10),
