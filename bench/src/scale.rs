@@ -76,6 +76,11 @@ pub struct ScaleResult {
     /// `sync_cpu_seconds_total`: stores read, reconcilers, plan), the rest being
     /// the API edge (watch events decoded, writes encoded and sent, TLS, runtime).
     pub sync_cpu_per_change_ms: Option<f64>,
+    /// Of the CPU per change, sliceway-controller's Service syncs as polled
+    /// (`reconcile_cpu_seconds_total`): their own work, their events, their writes
+    /// built and encoded and the answers read; not the client's HTTP, TLS and socket
+    /// work in tasks of its own, the watches or the runtime.
+    pub reconcile_cpu_per_change_ms: Option<f64>,
     /// sliceway-controller's Service syncs per change by result (`ok`, `stale`,
     /// `retry`, `error`, `dropped`; `syncs_total`).
     pub syncs_per_change_by_result: BTreeMap<String, f64>,
@@ -365,6 +370,10 @@ async fn measure(cluster: &Cluster, spec: &ScaleSpec) -> Result<ScaleResult> {
             .as_ref()
             .zip(own1.as_ref())
             .map(|(a, b)| (b.cpu_s - a.cpu_s) * 1e3 / n),
+        reconcile_cpu_per_change_ms: own0
+            .as_ref()
+            .zip(own1.as_ref())
+            .map(|(a, b)| (b.polled_s - a.polled_s) * 1e3 / n),
         syncs_per_change_by_result: own0
             .as_ref()
             .zip(own1.as_ref())
@@ -386,6 +395,8 @@ async fn measure(cluster: &Cluster, spec: &ScaleSpec) -> Result<ScaleResult> {
 struct Own {
     /// CPU seconds of its syncs' own work.
     cpu_s: f64,
+    /// CPU seconds of its syncs' polls, writes included.
+    polled_s: f64,
     /// Syncs by result.
     syncs: BTreeMap<String, f64>,
 }
@@ -401,6 +412,9 @@ fn own_figures(port: u16) -> Result<Own> {
     c.read_to_string(&mut text)?;
     let cpu_s = sliceway_lab::metric_value(&text, "sliceway_controller_sync_cpu_seconds_total")
         .context("sliceway-controller's /metrics has no sync_cpu_seconds_total")?;
+    let polled_s =
+        sliceway_lab::metric_value(&text, "sliceway_controller_reconcile_cpu_seconds_total")
+            .context("sliceway-controller's /metrics has no reconcile_cpu_seconds_total")?;
     let mut syncs = BTreeMap::new();
     for line in text.lines() {
         let Some(labels) = line.strip_prefix("sliceway_controller_syncs_total{") else {
@@ -410,7 +424,11 @@ fn own_figures(port: u16) -> Result<Own> {
         let value = sliceway_lab::sample_value(line).unwrap_or(0.0);
         *syncs.entry(result.to_string()).or_default() += value;
     }
-    Ok(Own { cpu_s, syncs })
+    Ok(Own {
+        cpu_s,
+        polled_s,
+        syncs,
+    })
 }
 
 impl ScaleResult {
@@ -418,7 +436,9 @@ impl ScaleResult {
     pub fn table(&self) -> String {
         let own = match self.sync_cpu_per_change_ms {
             Some(ms) => format!(
-                "of which the syncs' own work: {ms:.3} ms ({:.2} syncs per change: {})\n",
+                "of which the syncs as polled, writes built and answers read: {:.3} ms\n\
+                 of which the syncs' own work: {ms:.3} ms ({:.2} syncs per change: {})\n",
+                self.reconcile_cpu_per_change_ms.unwrap_or(f64::NAN),
                 self.syncs_per_change_by_result.values().sum::<f64>(),
                 self.syncs_per_change_by_result
                     .iter()

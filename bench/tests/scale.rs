@@ -27,6 +27,13 @@ fn the_scale_measurement_runs_on_a_small_cluster() -> anyhow::Result<()> {
     // for every change, each having reached its slice (but perhaps the last, whose
     // write the bench may see before the controller has counted it).
     assert!(r.sync_cpu_per_change_ms.is_some_and(|ms| ms > 0.0), "{r:?}");
+    // The syncs as polled hold their own work and more (their writes).
+    assert!(
+        r.reconcile_cpu_per_change_ms
+            .zip(r.sync_cpu_per_change_ms)
+            .is_some_and(|(polled, own)| polled > own),
+        "{r:?}"
+    );
     let ok = r
         .syncs_per_change_by_result
         .get("ok")

@@ -2,7 +2,10 @@
 //! by `conventions::http` (`/metrics`, `/healthz`).
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::text::encode;
@@ -32,6 +35,8 @@ pub struct Metrics {
     pub skipped: Family<Labels, Counter>,
     /// CPU seconds of the syncs' own work (see [`Metrics::sync_cpu`]).
     pub sync_cpu: Counter<f64, std::sync::atomic::AtomicU64>,
+    /// CPU seconds spent polling the Service syncs (see [`Metrics::reconcile_cpu`]).
+    pub reconcile_cpu: Counter<f64, std::sync::atomic::AtomicU64>,
     /// What `/healthz` answers.
     pub health: Arc<Health>,
 }
@@ -98,6 +103,7 @@ impl Metrics {
         let slices = Family::<Labels, Gauge>::default();
         let skipped = Family::<Labels, Counter>::default();
         let sync_cpu = Counter::<f64, std::sync::atomic::AtomicU64>::default();
+        let reconcile_cpu = Counter::<f64, std::sync::atomic::AtomicU64>::default();
         registry.register(
             "syncs",
             "Service syncs by controller and result",
@@ -129,6 +135,13 @@ impl Metrics {
              reconcilers and the plan, not the API writes, watches or runtime",
             sync_cpu.clone(),
         );
+        registry.register(
+            "reconcile_cpu_seconds",
+            "CPU seconds spent polling the Service syncs: their own work, their events, \
+             building and encoding their writes and reading the answers; not the \
+             connections' HTTP, TLS and socket work, the watches or the runtime",
+            reconcile_cpu.clone(),
+        );
         Metrics {
             registry: Arc::new(registry),
             syncs,
@@ -137,6 +150,7 @@ impl Metrics {
             slices,
             skipped,
             sync_cpu,
+            reconcile_cpu,
             health: Arc::default(),
         }
     }
@@ -155,6 +169,17 @@ impl Metrics {
         CpuGuard {
             counter: self.sync_cpu.clone(),
             start: thread_cpu(),
+        }
+    }
+
+    /// `fut` with the CPU time of its polls (the polling thread's, from before each
+    /// poll to after it) added to `reconcile_cpu_seconds_total`: the whole sync,
+    /// writes included, as far as it runs in its own task. What the client does in
+    /// tasks of its own (the request queue, HTTP, TLS, the socket) is not in it.
+    pub fn reconcile_cpu<F: Future>(&self, fut: F) -> PollCpu<F> {
+        PollCpu {
+            fut: Box::pin(fut),
+            counter: self.reconcile_cpu.clone(),
         }
     }
 
@@ -249,6 +274,24 @@ fn thread_cpu() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
+/// See [`Metrics::reconcile_cpu`].
+pub struct PollCpu<F> {
+    fut: Pin<Box<F>>,
+    counter: Counter<f64, std::sync::atomic::AtomicU64>,
+}
+
+impl<F: Future> Future for PollCpu<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let start = thread_cpu();
+        let out = self.fut.as_mut().poll(cx);
+        self.counter
+            .inc_by(thread_cpu().saturating_sub(start).as_secs_f64());
+        out
+    }
+}
+
 /// See [`Metrics::sync_cpu`].
 pub struct CpuGuard {
     counter: Counter<f64, std::sync::atomic::AtomicU64>,
@@ -265,6 +308,41 @@ impl Drop for CpuGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Spins until this thread has used `d` more CPU.
+    fn burn(d: Duration) {
+        let until = thread_cpu() + d;
+        while thread_cpu() < until {
+            std::hint::black_box(0u64);
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn reconcile_cpu_counts_the_polls_and_not_the_waits() {
+        let m = Metrics::new();
+        // Two polls that work 20 ms each, a 200 ms wait between them.
+        m.reconcile_cpu(async {
+            burn(Duration::from_millis(20));
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            burn(Duration::from_millis(20));
+        })
+        .await;
+        let spent = m.reconcile_cpu.get();
+        assert!(
+            (0.040..0.100).contains(&spent),
+            "40 ms of work in two polls counted as {spent} s"
+        );
+        // Meanwhile another task on the thread works: not counted.
+        let other = tokio::spawn(async { burn(Duration::from_millis(50)) });
+        m.reconcile_cpu(tokio::time::sleep(Duration::from_millis(100)))
+            .await;
+        other.await.expect("the other task");
+        let waited = m.reconcile_cpu.get() - spent;
+        assert!(
+            waited < 0.010,
+            "a sync that only waited counted {waited} s while another task worked 50 ms"
+        );
+    }
 
     #[test]
     fn health_turns_bad_only_after_a_failure_outlasts_the_threshold() {

@@ -506,7 +506,14 @@ pub async fn run(
     });
     let sweeping = sweeper(ctx.clone(), sweep_tx, sweep_rx, Duration::from_secs(5));
     let controlling = ctrl
-        .run(reconcile, error_policy, ctx)
+        .run(
+            |svc, ctx| {
+                let cpu = ctx.metrics.clone();
+                cpu.reconcile_cpu(reconcile(svc, ctx))
+            },
+            error_policy,
+            ctx,
+        )
         .for_each(|r| async move {
             if let Err(e) = r {
                 tracing::debug!(error = %e, "reconcile");
