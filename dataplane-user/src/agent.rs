@@ -13,7 +13,7 @@ use std::{
 };
 
 use dataplane_common::{map_name, stat};
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::{
     audit::AuditReport,
@@ -524,13 +524,14 @@ impl Syncer {
             if self.triggers.get(&key) == Some(&t) {
                 continue;
             }
-            self.triggers.insert(key, t.clone());
+            self.triggers.insert(key.clone(), t.clone());
             if first {
                 continue;
             }
             if let Ok(ts) = t.parse::<k8s_openapi::jiff::Timestamp>() {
                 let at = SystemTime::from(ts);
                 if let Ok(latency) = written.duration_since(at) {
+                    debug!(slice = ?key, trigger = %t, millis = latency.as_millis() as u64, "programmed");
                     m.programming_latency.observe(latency.as_secs_f64());
                 }
             }
@@ -589,7 +590,7 @@ fn publish_counters(dp: &Datapath, m: &Metrics, writer: &MapWriter, per_backend:
                 m.set_datapath(stat::NAMES[i], *v);
             }
         }
-        Err(e) => tracing::debug!("reading the datapath counters: {e}"),
+        Err(e) => debug!("reading the datapath counters: {e}"),
     }
     let programmed = writer.programmed();
     let ports = || {

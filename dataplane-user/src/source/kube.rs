@@ -738,7 +738,17 @@ async fn reflect<K, S>(
                     failing = false;
                 }
                 if changes_store(&event) {
-                    debug!(kind, %event, "store changed");
+                    if let watcher::Event::Apply(o) | watcher::Event::Delete(o) = &event {
+                        let meta = o.meta();
+                        debug!(
+                            kind,
+                            name = meta.name.as_deref().unwrap_or_default(),
+                            version = meta.resource_version.as_deref().unwrap_or_default(),
+                            "store changed"
+                        );
+                    } else {
+                        debug!(kind, %event, "store changed");
+                    }
                     record(&event);
                     changes.send_modify(|n| *n += 1);
                 }
