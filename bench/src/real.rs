@@ -148,6 +148,10 @@ pub struct Fig7Row {
     /// (`*_network_programming_duration_seconds`), p50 and p99 in milliseconds, read
     /// from its buckets (upper bounds).
     pub churn_own_ms: Option<(f64, f64)>,
+    /// Under churn: from a change's stamp until the API server answered its write
+    /// (every change), p50 and p99 in milliseconds: the API server's share of both
+    /// figures above, whichever proxy runs.
+    pub churn_write_ms: Option<(f64, f64)>,
     /// The highest offered new-connection rate sustained (connections a second), per
     /// round, median [min–max]; 0 for a round that sustained none.
     pub rate_sustained: Summary,
@@ -490,6 +494,8 @@ struct Churn {
     /// Change to first packet, ms; [`CHURN_PROBE_LIMIT`] for those not seen.
     first_packet_ms: Vec<f64>,
     not_seen: usize,
+    /// From each change's stamp until its write was answered, ms.
+    write_ms: Vec<f64>,
 }
 
 /// `seconds` of endpoint changes at [`CHURN_RATE`] per second through the API: each
@@ -546,7 +552,7 @@ async fn churn(
             slices
                 .replace(&name, &PostParams::default(), &slice)
                 .await
-                .map(|_| ())
+                .map(|_| started.elapsed().as_secs_f64() * 1e3)
         });
         if let Some(done) = probe_done {
             let (ns, to) = (client_ns.to_string(), vips[i]);
@@ -578,8 +584,9 @@ async fn churn(
         writes.push(write);
     }
     let changes = writes.len();
+    let mut write_ms = Vec::with_capacity(changes);
     for w in writes {
-        w.await?.context("writing a churn slice")?;
+        write_ms.push(w.await?.context("writing a churn slice")?);
     }
     let (mut first_packet_ms, mut not_seen) = (Vec::new(), 0);
     for p in probes {
@@ -592,6 +599,7 @@ async fn churn(
         changes,
         first_packet_ms,
         not_seen,
+        write_ms,
     })
 }
 
@@ -899,7 +907,7 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
     // connections, by side.
     let mut cpu: BTreeMap<Side, (f64, usize)> = BTreeMap::new();
     // Changes, first-packet times (ms) and the proxy's histogram's growth, by side.
-    type Churned = (usize, Vec<f64>, BTreeMap<u64, f64>, usize);
+    type Churned = (usize, Vec<f64>, BTreeMap<u64, f64>, usize, Vec<f64>);
     let mut churned: BTreeMap<Side, Churned> = BTreeMap::new();
     let mut rates: BTreeMap<Side, Vec<Vec<RateStep>>> = BTreeMap::new();
     for round in 0..cfg.fig7_rounds {
@@ -981,6 +989,7 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
                 e.0 += c.changes;
                 e.1.extend(c.first_packet_ms);
                 e.3 += c.not_seen;
+                e.4.extend(c.write_ms);
                 if let (Some(b), Some(a)) = (before, after) {
                     for (le, v) in a {
                         *e.2.entry(le).or_default() += v - b.get(&le).copied().unwrap_or(0.0);
@@ -1043,6 +1052,10 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
                         bucket_quantile(&none, &c.2, 0.99)?,
                     ))
                 }),
+                churn_write_ms: churned
+                    .get(&side)
+                    .filter(|c| !c.4.is_empty())
+                    .map(|c| (percentile(&c.4, 50.0), percentile(&c.4, 99.0))),
                 rate_sustained: Summary::of(&highest),
                 rate_capped: top > 0 && highest.iter().any(|&h| h >= f64::from(top)),
                 rate_steps,

@@ -925,9 +925,10 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
                 "\nUnder churn ({CHURN_RATE} endpoint changes a second through the API, each \
                  moving one of the selector-less Services' endpoint to another backend; every \
                  {CHURN_PROBE_EVERY}th change followed from the client pod until a connection \
-                 reaches the new endpoint):\n\n\
-                 | side | changes | followed (not seen in 30 s) | change to first packet, p50 / p99 (ms) | own network-programming histogram, p50 / p99 (ms, bucket bounds) |\n\
-                 |---|---:|---:|---:|---:|"
+                 reaches the new endpoint; the API write is the time from a change's stamp until \
+                 the API server answered its write, the API server's share of the other two):\n\n\
+                 | side | changes | followed (not seen in 30 s) | change to first packet, p50 / p99 (ms) | own network-programming histogram, p50 / p99 (ms, bucket bounds) | API write, p50 / p99 (ms) |\n\
+                 |---|---:|---:|---:|---:|---:|"
             );
             for row in f.rows.iter().filter(|row| row.churn_changes.is_some()) {
                 let pair = |p: Option<(f64, f64)>| {
@@ -935,13 +936,14 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
                 };
                 let _ = writeln!(
                     m,
-                    "| {} | {} | {} ({}) | {} | {} |",
+                    "| {} | {} | {} ({}) | {} | {} | {} |",
                     row.side.name(),
                     row.churn_changes.unwrap_or(0),
                     row.churn_probes.unwrap_or(0),
                     row.churn_not_seen.unwrap_or(0),
                     pair(row.churn_first_packet_ms),
                     pair(row.churn_own_ms),
+                    pair(row.churn_write_ms),
                 );
             }
             let _ = writeln!(

@@ -63,6 +63,15 @@ fn bench_smoke_writes_every_figure() {
     ] {
         assert!(json.get(fig).is_some(), "{fig} missing from report.json");
     }
+    // Under churn each proxy's side has the API server's share beside it.
+    for row in json["fig7"]["rows"].as_array().into_iter().flatten() {
+        if row["churn_changes"].as_u64().is_some_and(|n| n > 0) {
+            assert!(
+                row["churn_write_ms"][0].as_f64().is_some_and(|ms| ms > 0.0),
+                "no API write time under churn: {row}"
+            );
+        }
+    }
     for png in [
         "fig1-per-packet.png",
         "fig2-connection-latency.png",
