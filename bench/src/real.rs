@@ -31,9 +31,10 @@ use std::{
 };
 
 use anyhow::{bail, ensure, Context, Result};
+use futures::TryStreamExt;
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use kube::{
-    api::{ListParams, PostParams},
+    api::{ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams},
     Api,
 };
 use serde::Serialize;
@@ -79,6 +80,19 @@ pub const RATE_P99_MS: f64 = 10.0;
 const RATE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Between two offered rates, for the queues to drain.
 const RATE_PAUSE: Duration = Duration::from_millis(300);
+/// The EndpointSlice whose annotation the catch-up wait before each churn rewrites.
+/// It is labelled headless, which both proxies' watches leave out (server-side), so
+/// no proxy sees it, while it goes through the same watch cache as the churn's slices.
+const MARKER: &str = "bench-watch-marker";
+/// The annotation the catch-up wait rewrites (a counter).
+const MARKER_ANNOTATION: &str = "bench.sliceway.io/marker";
+/// The API server has caught up when a marker change reaches the bench's watch within
+/// this long of its write's answer...
+pub const CATCH_UP_BOUND: Duration = Duration::from_millis(100);
+/// ...this many times in a row...
+pub const CATCH_UP_IN_A_ROW: usize = 3;
+/// ...or, failing that, the churn starts anyway after this long (and says so).
+pub const CATCH_UP_CAP: Duration = Duration::from_secs(60);
 
 /// One side of the figure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -152,6 +166,9 @@ pub struct Fig7Row {
     /// (every change), p50 and p99 in milliseconds: the API server's share of both
     /// figures above, whichever proxy runs.
     pub churn_write_ms: Option<(f64, f64)>,
+    /// Before each round's churn (in round order): the wait until the API server's
+    /// watch had caught up with the sides before.
+    pub churn_catch_up: Vec<CatchUp>,
     /// The highest offered new-connection rate sustained (connections a second), per
     /// round, median [min–max]; 0 for a round that sustained none.
     pub rate_sustained: Summary,
@@ -472,7 +489,122 @@ async fn churn_populate(
             )
             .await?;
     }
+    slices
+        .create(&PostParams::default(), &marker_slice()?)
+        .await
+        .context("creating the marker slice")?;
     Ok(vips)
+}
+
+/// The marker slice: no endpoints, no `kubernetes.io/service-name`, and labelled
+/// headless so neither proxy's watch selects it.
+fn marker_slice() -> Result<EndpointSlice> {
+    Ok(serde_json::from_value(json!({
+        "metadata": {
+            "name": MARKER,
+            "labels": {
+                "service.kubernetes.io/headless": "",
+                "endpointslice.kubernetes.io/managed-by": "bench.sliceway.io",
+            },
+            "annotations": {MARKER_ANNOTATION: "0"},
+        },
+        "addressType": "IPv4",
+        "endpoints": [],
+    }))?)
+}
+
+/// A wait for the API server before a churn.
+#[derive(Clone, Debug, Serialize)]
+pub struct CatchUp {
+    /// From the wait's start until the last marker change needed arrived (or the cap).
+    pub waited_s: f64,
+    /// Marker changes written.
+    pub writes: usize,
+    /// Each marker change's time from its write's answer until the bench's watch
+    /// delivered it, ms (none: not delivered, its watch failed or the cap passed).
+    pub arrived_ms: Vec<Option<f64>>,
+    /// False when [`CATCH_UP_CAP`] passed first and the churn started anyway.
+    pub caught_up: bool,
+}
+
+/// Waits until the API server delivers watch events promptly: rewrites the marker
+/// slice's annotation and times from the write's answer until a watch of the bench,
+/// opened just before the write from the marker's previous resourceVersion (so it is
+/// served from the API server's watch cache, as the proxies' watches are), delivers
+/// that change; done when [`CATCH_UP_IN_A_ROW`] changes in a row arrive within
+/// [`CATCH_UP_BOUND`], or when [`CATCH_UP_CAP`] has passed. A watch that fails to open
+/// or ends without the change counts as a slow arrival.
+async fn catch_up(cluster: &Cluster) -> Result<CatchUp> {
+    let client = cluster.client().await?;
+    let slices: Api<EndpointSlice> = Api::namespaced(client, NS);
+    let started = Instant::now();
+    let mut rv = slices
+        .get(MARKER)
+        .await?
+        .metadata
+        .resource_version
+        .context("the marker slice has no resourceVersion")?;
+    let wp = WatchParams::default().fields(&format!("metadata.name={MARKER}"));
+    let deadline = tokio::time::Instant::from_std(started + CATCH_UP_CAP);
+    let (mut writes, mut fast, mut arrived_ms) = (0, 0, Vec::new());
+    while fast < CATCH_UP_IN_A_ROW {
+        if started.elapsed() >= CATCH_UP_CAP {
+            return Ok(CatchUp {
+                waited_s: started.elapsed().as_secs_f64(),
+                writes,
+                arrived_ms,
+                caught_up: false,
+            });
+        }
+        let events = tokio::time::timeout_at(deadline, slices.watch(&wp, &rv)).await;
+        writes += 1;
+        // Every marker change of the run has a value of its own: a write of the value
+        // already there would change nothing and send no event.
+        static MARKS: AtomicUsize = AtomicUsize::new(0);
+        let value = (MARKS.fetch_add(1, Ordering::SeqCst) + 1).to_string();
+        let patch = json!({"metadata": {"annotations": {MARKER_ANNOTATION: &value}}});
+        let written = slices
+            .patch(MARKER, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .context("writing the marker slice")?;
+        let answered = Instant::now();
+        rv = written
+            .metadata
+            .resource_version
+            .context("the marker slice has no resourceVersion")?;
+        let seen = async {
+            let Ok(Ok(events)) = events else {
+                return false;
+            };
+            let mut events = std::pin::pin!(events);
+            while let Ok(Some(event)) = events.try_next().await {
+                if let WatchEvent::Modified(s) = event {
+                    let marked = s.metadata.annotations.as_ref();
+                    if marked.and_then(|a| a.get(MARKER_ANNOTATION)) == Some(&value) {
+                        return true;
+                    }
+                }
+            }
+            false
+        };
+        let arrived = tokio::time::timeout_at(deadline, seen)
+            .await
+            .unwrap_or(false)
+            .then(|| answered.elapsed());
+        arrived_ms.push(arrived.map(|t| t.as_secs_f64() * 1e3));
+        let prompt = arrived.is_some_and(|t| t <= CATCH_UP_BOUND);
+        fast = if prompt { fast + 1 } else { 0 };
+        if !prompt {
+            // A watch that would not open or ended at once must not spin.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    Ok(CatchUp {
+        waited_s: started.elapsed().as_secs_f64(),
+        writes,
+        arrived_ms,
+        caught_up: true,
+    })
 }
 
 /// Marks a churn Service free to change again when its probe ends.
@@ -909,6 +1041,7 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
     // Changes, first-packet times (ms) and the proxy's histogram's growth, by side.
     type Churned = (usize, Vec<f64>, BTreeMap<u64, f64>, usize, Vec<f64>);
     let mut churned: BTreeMap<Side, Churned> = BTreeMap::new();
+    let mut catch_ups: BTreeMap<Side, Vec<CatchUp>> = BTreeMap::new();
     let mut rates: BTreeMap<Side, Vec<Vec<RateStep>>> = BTreeMap::new();
     for round in 0..cfg.fig7_rounds {
         for k in 0..Side::ALL.len() {
@@ -966,6 +1099,26 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
                 rates.entry(side).or_default().push(steps);
             }
             if side != Side::Floor && !churn_vips.is_empty() {
+                // The sides before may have left the API server's watches behind.
+                let waited = rt.block_on(catch_up(cluster)).with_context(|| {
+                    format!(
+                        "{}: waiting for the API server before the churn",
+                        side.name()
+                    )
+                })?;
+                super::progress(&format!(
+                    "figure 7: round {}: {}: {} {:.1} s for the API server's watch ({} marker changes)",
+                    round + 1,
+                    side.name(),
+                    if waited.caught_up {
+                        "waited"
+                    } else {
+                        "not caught up after"
+                    },
+                    waited.waited_s,
+                    waited.writes
+                ));
+                catch_ups.entry(side).or_default().push(waited);
                 super::progress(&format!(
                     "figure 7: round {}: {}: {} s of {CHURN_RATE} endpoint changes a second",
                     round + 1,
@@ -1056,6 +1209,7 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
                     .get(&side)
                     .filter(|c| !c.4.is_empty())
                     .map(|c| (percentile(&c.4, 50.0), percentile(&c.4, 99.0))),
+                churn_catch_up: catch_ups.remove(&side).unwrap_or_default(),
                 rate_sustained: Summary::of(&highest),
                 rate_capped: top > 0 && highest.iter().any(|&h| h >= f64::from(top)),
                 rate_steps,
@@ -1073,7 +1227,15 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
              kube-controller-manager writes and which the connections go to, and \
              {churn_n} without a selector, whose one-endpoint slices the figure writes \
              itself and rewrites under churn ({CHURN_RATE} changes a second for \
-             {churn_s} s per proxy per round, after the connections). Per round, each side in turn (the order \
+             {churn_s} s per proxy per round, after the connections). Before each \
+             proxy's churn the figure waits for the API server to catch up with the sides \
+             before: it rewrites an annotation of a slice of its own (labelled headless, \
+             so neither proxy's watch selects it, while it passes the same watch cache as \
+             the churn's slices) and times from the write's answer until a watch it \
+             opened just before the write, from the slice's previous resourceVersion, \
+             delivers the change; the churn starts once {in_a_row} changes in a row \
+             arrive within {bound} ms, or after {cap} s whether or not (the report says \
+             which). Per round, each side in turn (the order \
              rotates by round), on a node cleaned between sides (pins, iptables, nft and \
              conntrack flushed): sliceway-agent, kube-proxy --proxy-mode=iptables, \
              kube-proxy --proxy-mode=nftables (upstream's binary, fed by the same API \
@@ -1110,6 +1272,9 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
             rounds = cfg.fig7_rounds,
             selecting = n - churn_n,
             churn_s = cfg.fig7_churn_seconds,
+            in_a_row = CATCH_UP_IN_A_ROW,
+            bound = CATCH_UP_BOUND.as_millis(),
+            cap = CATCH_UP_CAP.as_secs(),
             rates = cfg
                 .fig7_rates
                 .iter()

@@ -7,7 +7,10 @@ use serde::Serialize;
 
 use super::{
     node::{Loader, Proxy},
-    real::{Side, CHURN_PROBE_EVERY, CHURN_RATE, RATE_ANSWERED, RATE_P99_MS},
+    real::{
+        Side, CATCH_UP_BOUND, CATCH_UP_CAP, CATCH_UP_IN_A_ROW, CHURN_PROBE_EVERY, CHURN_RATE,
+        RATE_ANSWERED, RATE_P99_MS,
+    },
     stats::{ratio, Summary},
     Config, Outcome, Report,
 };
@@ -926,17 +929,34 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
                  moving one of the selector-less Services' endpoint to another backend; every \
                  {CHURN_PROBE_EVERY}th change followed from the client pod until a connection \
                  reaches the new endpoint; the API write is the time from a change's stamp until \
-                 the API server answered its write, the API server's share of the other two):\n\n\
-                 | side | changes | followed (not seen in 30 s) | change to first packet, p50 / p99 (ms) | own network-programming histogram, p50 / p99 (ms, bucket bounds) | API write, p50 / p99 (ms) |\n\
-                 |---|---:|---:|---:|---:|---:|"
+                 the API server answered its write, the API server's share of the other two; \
+                 before each churn the figure waited until the API server's watch had caught \
+                 up with the sides before, {CATCH_UP_IN_A_ROW} marker changes in a row \
+                 delivered to its own watch within {} ms of their write's answer, at most \
+                 {} s, per round in the last column):\n\n\
+                 | side | changes | followed (not seen in 30 s) | change to first packet, p50 / p99 (ms) | own network-programming histogram, p50 / p99 (ms, bucket bounds) | API write, p50 / p99 (ms) | waited for the API server before, per round (s) |\n\
+                 |---|---:|---:|---:|---:|---:|---:|",
+                CATCH_UP_BOUND.as_millis(),
+                CATCH_UP_CAP.as_secs()
             );
             for row in f.rows.iter().filter(|row| row.churn_changes.is_some()) {
                 let pair = |p: Option<(f64, f64)>| {
                     p.map_or("–".into(), |(a, b)| format!("{a:.0} / {b:.0}"))
                 };
+                let waited: Vec<String> = row
+                    .churn_catch_up
+                    .iter()
+                    .map(|w| {
+                        if w.caught_up {
+                            format!("{:.1}", w.waited_s)
+                        } else {
+                            format!("{:.1} (not caught up)", w.waited_s)
+                        }
+                    })
+                    .collect();
                 let _ = writeln!(
                     m,
-                    "| {} | {} | {} ({}) | {} | {} | {} |",
+                    "| {} | {} | {} ({}) | {} | {} | {} | {} |",
                     row.side.name(),
                     row.churn_changes.unwrap_or(0),
                     row.churn_probes.unwrap_or(0),
@@ -944,6 +964,26 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
                     pair(row.churn_first_packet_ms),
                     pair(row.churn_own_ms),
                     pair(row.churn_write_ms),
+                    if waited.is_empty() {
+                        "–".into()
+                    } else {
+                        waited.join(", ")
+                    },
+                );
+            }
+            let capped = f
+                .rows
+                .iter()
+                .flat_map(|row| &row.churn_catch_up)
+                .filter(|w| !w.caught_up)
+                .count();
+            if capped > 0 {
+                let _ = writeln!(
+                    m,
+                    "\n{capped} of the churns started with the API server's watch still behind \
+                     ({} s passed without {CATCH_UP_IN_A_ROW} prompt marker changes in a row): \
+                     their figures may carry the sides before.",
+                    CATCH_UP_CAP.as_secs()
                 );
             }
             let _ = writeln!(
