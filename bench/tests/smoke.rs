@@ -65,10 +65,21 @@ fn bench_smoke_writes_every_figure() {
     }
     // Under churn each proxy's side has the API server's share beside it.
     for row in json["fig7"]["rows"].as_array().into_iter().flatten() {
+        eprintln!(
+            "figure 7, {}: waited for the API server before the churn: {}",
+            row["side"], row["churn_catch_up"]
+        );
         if row["churn_changes"].as_u64().is_some_and(|n| n > 0) {
             assert!(
                 row["churn_write_ms"][0].as_f64().is_some_and(|ms| ms > 0.0),
                 "no API write time under churn: {row}"
+            );
+            // And the wait for the API server before each round's churn.
+            assert!(
+                row["churn_catch_up"]
+                    .as_array()
+                    .is_some_and(|w| !w.is_empty() && w.iter().all(|w| w["waited_s"].is_f64())),
+                "no catch-up wait before the churn: {row}"
             );
         }
     }
