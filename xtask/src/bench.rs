@@ -48,6 +48,9 @@ pub fn bench(root: &std::path::Path, quick: bool, only: Option<&str>) -> Result<
         "controller",
         "--package",
         "bench",
+        // Figure 7's cluster lab runs the lab's kubelet stand-in beside the bench.
+        "--package",
+        "tests",
     ]))?;
     let mut cmd = Command::new(root.join("target/release/sliceway-bench"));
     cmd.arg("--out").arg(root.join("target/bench"));
