@@ -524,17 +524,17 @@ impl Syncer {
             if self.triggers.get(&key) == Some(&t) {
                 continue;
             }
-            self.triggers.insert(key.clone(), t.clone());
-            if first {
-                continue;
-            }
-            if let Ok(ts) = t.parse::<k8s_openapi::jiff::Timestamp>() {
-                let at = SystemTime::from(ts);
-                if let Ok(latency) = written.duration_since(at) {
-                    debug!(slice = ?key, trigger = %t, millis = latency.as_millis() as u64, "programmed");
-                    m.programming_latency.observe(latency.as_secs_f64());
+            if !first {
+                if let Ok(ts) = t.parse::<k8s_openapi::jiff::Timestamp>() {
+                    let at = SystemTime::from(ts);
+                    if let Ok(latency) = written.duration_since(at) {
+                        debug!(slice = ?key, trigger = %t, millis = latency.as_millis() as u64, "programmed");
+                        m.programming_latency.observe(latency.as_secs_f64());
+                    }
                 }
             }
+            // Recorded last, so the key and time move in rather than being copied.
+            self.triggers.insert(key, t);
         }
         // Last: a reader that sees the sync counted sees everything above.
         m.syncs.inc();
