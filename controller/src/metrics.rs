@@ -286,8 +286,7 @@ impl<F: Future> Future for PollCpu<F> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let start = thread_cpu();
         let out = self.fut.as_mut().poll(cx);
-        self.counter
-            .inc_by(thread_cpu().saturating_sub(start).as_secs_f64());
+        charge_since(&self.counter, start);
         out
     }
 }
@@ -300,9 +299,13 @@ pub struct CpuGuard {
 
 impl Drop for CpuGuard {
     fn drop(&mut self) {
-        self.counter
-            .inc_by(thread_cpu().saturating_sub(self.start).as_secs_f64());
+        charge_since(&self.counter, self.start);
     }
+}
+
+/// Adds the calling thread's CPU time since `start` to `counter`.
+fn charge_since(counter: &Counter<f64, std::sync::atomic::AtomicU64>, start: Duration) {
+    counter.inc_by(thread_cpu().saturating_sub(start).as_secs_f64());
 }
 
 #[cfg(test)]
