@@ -607,6 +607,28 @@ async fn catch_up(cluster: &Cluster) -> Result<CatchUp> {
     })
 }
 
+/// A side's churns over the rounds.
+#[derive(Default)]
+struct Churned {
+    /// Endpoint changes written.
+    changes: usize,
+    /// Change to first packet of the followed changes, ms.
+    first_packet_ms: Vec<f64>,
+    /// Followed changes not seen in time.
+    not_seen: usize,
+    /// From each change's stamp until its write was answered, ms.
+    write_ms: Vec<f64>,
+    /// The proxy's network-programming histogram's growth, by bucket bound.
+    histogram: BTreeMap<u64, f64>,
+    /// The waits for the API server before each churn.
+    catch_ups: Vec<CatchUp>,
+}
+
+/// p50 and p99 of `v`, none if it is empty.
+fn p50_p99(v: &[f64]) -> Option<(f64, f64)> {
+    (!v.is_empty()).then(|| (percentile(v, 50.0), percentile(v, 99.0)))
+}
+
 /// Marks a churn Service free to change again when its probe ends.
 struct Unfollow(Arc<Vec<AtomicBool>>, usize);
 
@@ -1038,10 +1060,7 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
     // Machine CPU over the connections less an idle window as long (ms), and the
     // connections, by side.
     let mut cpu: BTreeMap<Side, (f64, usize)> = BTreeMap::new();
-    // Changes, first-packet times (ms) and the proxy's histogram's growth, by side.
-    type Churned = (usize, Vec<f64>, BTreeMap<u64, f64>, usize, Vec<f64>);
     let mut churned: BTreeMap<Side, Churned> = BTreeMap::new();
-    let mut catch_ups: BTreeMap<Side, Vec<CatchUp>> = BTreeMap::new();
     let mut rates: BTreeMap<Side, Vec<Vec<RateStep>>> = BTreeMap::new();
     for round in 0..cfg.fig7_rounds {
         for k in 0..Side::ALL.len() {
@@ -1118,7 +1137,7 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
                     waited.waited_s,
                     waited.writes
                 ));
-                catch_ups.entry(side).or_default().push(waited);
+                churned.entry(side).or_default().catch_ups.push(waited);
                 super::progress(&format!(
                     "figure 7: round {}: {}: {} s of {CHURN_RATE} endpoint changes a second",
                     round + 1,
@@ -1139,13 +1158,14 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
                     .with_context(|| format!("{} under churn", side.name()))?;
                 let after = programming_histogram(&node_ns, side)?;
                 let e = churned.entry(side).or_default();
-                e.0 += c.changes;
-                e.1.extend(c.first_packet_ms);
-                e.3 += c.not_seen;
-                e.4.extend(c.write_ms);
+                e.changes += c.changes;
+                e.first_packet_ms.extend(c.first_packet_ms);
+                e.not_seen += c.not_seen;
+                e.write_ms.extend(c.write_ms);
                 if let (Some(b), Some(a)) = (before, after) {
                     for (le, v) in a {
-                        *e.2.entry(le).or_default() += v - b.get(&le).copied().unwrap_or(0.0);
+                        *e.histogram.entry(le).or_default() +=
+                            v - b.get(&le).copied().unwrap_or(0.0);
                     }
                 }
             }
@@ -1191,25 +1211,22 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
                     .get(&side)
                     .filter(|(_, n)| *n > 0)
                     .map(|(ms, n)| ms * 1000.0 / *n as f64),
-                churn_changes: churned.get(&side).map(|c| c.0),
-                churn_probes: churned.get(&side).map(|c| c.1.len()),
-                churn_not_seen: churned.get(&side).map(|c| c.3),
-                churn_first_packet_ms: churned
-                    .get(&side)
-                    .filter(|c| !c.1.is_empty())
-                    .map(|c| (percentile(&c.1, 50.0), percentile(&c.1, 99.0))),
+                churn_changes: churned.get(&side).map(|c| c.changes),
+                churn_probes: churned.get(&side).map(|c| c.first_packet_ms.len()),
+                churn_not_seen: churned.get(&side).map(|c| c.not_seen),
+                churn_first_packet_ms: churned.get(&side).and_then(|c| p50_p99(&c.first_packet_ms)),
                 churn_own_ms: churned.get(&side).and_then(|c| {
                     let none = BTreeMap::new();
                     Some((
-                        bucket_quantile(&none, &c.2, 0.5)?,
-                        bucket_quantile(&none, &c.2, 0.99)?,
+                        bucket_quantile(&none, &c.histogram, 0.5)?,
+                        bucket_quantile(&none, &c.histogram, 0.99)?,
                     ))
                 }),
-                churn_write_ms: churned
-                    .get(&side)
-                    .filter(|c| !c.4.is_empty())
-                    .map(|c| (percentile(&c.4, 50.0), percentile(&c.4, 99.0))),
-                churn_catch_up: catch_ups.remove(&side).unwrap_or_default(),
+                churn_write_ms: churned.get(&side).and_then(|c| p50_p99(&c.write_ms)),
+                churn_catch_up: churned
+                    .get_mut(&side)
+                    .map(|c| std::mem::take(&mut c.catch_ups))
+                    .unwrap_or_default(),
                 rate_sustained: Summary::of(&highest),
                 rate_capped: top > 0 && highest.iter().any(|&h| h >= f64::from(top)),
                 rate_steps,
