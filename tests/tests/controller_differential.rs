@@ -341,8 +341,8 @@ struct Steps<'a> {
 
 impl Steps<'_> {
     /// Waits for both sides to settle after the step `what`, fails on any difference
-    /// in what they wrote or on a write sliceway made that upstream did not, and
-    /// prints the step's writes where the two differ.
+    /// in what they wrote or when sliceway made more writes in the step than upstream
+    /// (beyond the race below), and prints the step's writes where the two differ.
     ///
     /// `forced`: the pods this step deleted with a zero grace period. The API server
     /// does that in two writes of its own within one request, the Pod marked
