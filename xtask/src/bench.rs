@@ -34,9 +34,12 @@ pub fn scale(root: &std::path::Path, args: &[String]) -> Result<()> {
 
 /// Runs the benchmarks; `quick` for a run of a few minutes, `only` to pick figures.
 pub fn bench(root: &std::path::Path, quick: bool, only: Option<&str>) -> Result<()> {
+    require_root("the benchmarks (BPF programs, network namespaces)")?;
     setup(root)?;
     build_ebpf()?;
-    require_root("the benchmarks (BPF programs, network namespaces)")?;
+    // Figures 5 and 7 run upstream's kit: built here, with the rest, so that a first
+    // run's figures are not timed beside a build of Kubernetes.
+    upstream(root)?;
     run(cargo().args([
         "build",
         "--release",
