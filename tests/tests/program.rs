@@ -1416,7 +1416,8 @@ fn a_pinned_map_of_another_layout_is_refused() {
     use sliceway_agent::kernel::{KernelError, PinDir};
     let base = std::path::PathBuf::from(format!("/sys/fs/bpf/slw-layout-{}", std::process::id()));
     let pins = PinDir::new(&base);
-    std::fs::create_dir_all(pins.dir()).unwrap();
+    // bpffs may not be mounted yet when this test runs first on a fresh host.
+    pins.prepare().expect("bpffs at /sys/fs/bpf");
     struct Cleanup(std::path::PathBuf);
     impl Drop for Cleanup {
         fn drop(&mut self) {

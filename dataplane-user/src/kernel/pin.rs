@@ -37,6 +37,11 @@ impl PinDir {
     pub fn link(&self, iface: &str) -> PathBuf {
         self.dir().join(format!("{LINK_PREFIX}{iface}"))
     }
+    /// Mounts bpffs at `/sys/fs/bpf` if this directory lies there and none is mounted,
+    /// and makes the directory, as loading with pins does first.
+    pub fn prepare(&self) -> Result<(), KernelError> {
+        prepare_bpffs(&self.dir())
+    }
     /// Interfaces that have a pinned link in this layout directory.
     pub fn linked_interfaces(&self) -> Vec<String> {
         linked_interfaces_in(&self.dir())
