@@ -205,9 +205,11 @@ pub enum Forward {
 /// https://github.com/kubernetes/kubernetes/blob/master/pkg/proxy/conntrack/cleanup.go).
 #[inline(always)]
 pub fn forward<F: Tuple>(flow: &F, key: &CtKey, now: u64) -> Forward {
-    let Some(entry) = maps::conntrack(key) else {
+    // One lookup serves the read and the update in place below.
+    let Some(slot) = maps::conntrack_slot(key) else {
         return Forward::New;
     };
+    let entry = slot.get();
     if entry.dir != CT_FORWARD || !alive(&entry, now) {
         return Forward::New;
     }
@@ -218,7 +220,7 @@ pub fn forward<F: Tuple>(flow: &F, key: &CtKey, now: u64) -> Forward {
         return Forward::New;
     }
     let (s, seen) = next_state(flow.proto(), entry.flags, flow.tcp_flags(), true);
-    maps::conntrack_touch(key, s, seen, now);
+    slot.touch(s, seen, now);
     // Refresh the reverse entry's LRU recency with the forward one.
     let _ = maps::conntrack(&entry.pair);
     Forward::Tracked(entry)

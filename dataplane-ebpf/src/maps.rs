@@ -217,6 +217,36 @@ pub fn with_conntrack<R>(key: &CtKey, f: impl FnOnce(&CtEntry) -> R) -> Option<R
     unsafe { CONNTRACK.get(key).map(f) }
 }
 
+/// A conntrack entry found by one lookup, to read and then update in place.
+pub struct CtSlot(*mut CtEntry);
+
+impl CtSlot {
+    /// A copy of the entry.
+    #[inline(always)]
+    pub fn get(&self) -> CtEntry {
+        // SAFETY: the pointer is to a live map value of type `CtEntry` (map values
+        // stay valid for the program's run); a plain read.
+        unsafe { *self.0 }
+    }
+
+    /// Updates state, flags and last-seen time in place, as [`conntrack_touch`].
+    #[inline(always)]
+    pub fn touch(&self, state: u8, flags: u8, now_ns: u64) {
+        // SAFETY: as in `get`; plain stores.
+        unsafe {
+            (*self.0).state = state;
+            (*self.0).flags = flags;
+            (*self.0).last_seen_ns = now_ns;
+        }
+    }
+}
+
+/// The conntrack entry at `key`, if any, for a read and an update with one lookup.
+#[inline(always)]
+pub fn conntrack_slot(key: &CtKey) -> Option<CtSlot> {
+    CONNTRACK.get_ptr_mut(key).map(CtSlot)
+}
+
 /// Updates the conntrack entry at `key` in place (state and last-seen time). Another
 /// CPU may update the same entry at the same time; the fields are independent and a
 /// lost update of either is repaired by the next packet.
