@@ -49,6 +49,10 @@ pub struct Fig1Row {
     pub uplink_no_match_xdp_ns: Summary,
     pub uplink_established_tc_ns: Summary,
     pub uplink_established_xdp_ns: Summary,
+    /// The harness's floor: an empty TC program and an empty XDP program (each only
+    /// returns its verdict) timed the same way on the no-match packet, interleaved.
+    pub harness_tc_ns: Summary,
+    pub harness_xdp_ns: Summary,
     /// Cross-check: mean over distinct, never-seen tuples, one run each.
     pub new_flow_fresh_tuples_ns: Summary,
     /// The floor measured the same way (one run each), to compare with the above.
@@ -215,6 +219,7 @@ pub fn per_packet(cfg: &Config) -> Result<Fig1> {
     };
     let mut dp = Datapath::load(&caps, None).context("loading the datapath")?;
     dp.load_xdp().context("loading the XDP program")?;
+    let (empty_tc, empty_xdp) = (super::harness::Empty::tc()?, super::harness::Empty::xdp()?);
     let mut writer = MapWriter::new(caps.limits).with_limits6(caps.limits6);
     // The same program without flow counters, over the same maps contents.
     let uncounted_caps = Capacities {
@@ -300,6 +305,7 @@ pub fn per_packet(cfg: &Config) -> Result<Fig1> {
         let mut est_uncounted_ns = vec![];
         let (mut up_floor_tc, mut up_floor_xdp, mut up_est_tc, mut up_est_xdp) =
             (vec![], vec![], vec![], vec![]);
+        let (mut harness_tc, mut harness_xdp) = (vec![], vec![]);
         let (mut floor6_ns, mut new6_ns, mut est6_ns) = (vec![], vec![], vec![]);
         let repeat = cfg.repeat;
         for _ in 0..cfg.rounds {
@@ -320,6 +326,8 @@ pub fn per_packet(cfg: &Config) -> Result<Fig1> {
             up_est_xdp.push(timed_with(&dp, repeat, stat::DNAT_ESTABLISHED, |dp| {
                 Ok(dp.time_run_xdp(&ack, repeat)?)
             })?);
+            harness_tc.push(empty_tc.time(&floor, repeat)?);
+            harness_xdp.push(empty_xdp.time(&floor, repeat)?);
             floor6_ns.push(timed(&dp, &floor6, repeat, stat::PASS_NO_SERVICE)?);
             new6_ns.push(timed(&dp, &syn6, repeat, stat::DNAT_NEW)?);
             est6_ns.push(timed(&dp, &ack6, repeat, stat::DNAT_ESTABLISHED)?);
@@ -351,6 +359,8 @@ pub fn per_packet(cfg: &Config) -> Result<Fig1> {
             uplink_no_match_xdp_ns: Summary::of(&up_floor_xdp),
             uplink_established_tc_ns: Summary::of(&up_est_tc),
             uplink_established_xdp_ns: Summary::of(&up_est_xdp),
+            harness_tc_ns: Summary::of(&harness_tc),
+            harness_xdp_ns: Summary::of(&harness_xdp),
             new_flow_fresh_tuples_ns: Summary::of(&fresh_ns),
             no_match_single_run_ns: Summary::of(&floor1_ns),
             ipv6_no_match_ns: Summary::of(&floor6_ns),
@@ -388,7 +398,11 @@ pub fn per_packet(cfg: &Config) -> Result<Fig1> {
               interleaved: its TC program (sliceway_tc_ext) and the XDP program \
               (sliceway_xdp) through BPF_PROG_TEST_RUN of each; XDP's figure leaves out \
               the skb the kernel builds after XDP and before TC, which an attached XDP \
-              program saves on what it drops and costs nothing more on what it passes."
+              program saves on what it drops and costs nothing more on what it passes. \
+              The harness's floor: a TC program and an XDP program of two instructions \
+              (return the verdict), timed the same way on the no-match packet in the same \
+              rounds; every figure above includes it, and a program's own cost is its \
+              figure less the floor of its hook."
             .into(),
         repeat: cfg.repeat,
         rounds: cfg.rounds,

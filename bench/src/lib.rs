@@ -16,6 +16,7 @@
 //! loaded only into the lab's node namespace.
 
 pub mod controller;
+pub mod harness;
 pub mod kernel_cost;
 pub mod kubeproxy;
 pub mod maglev;

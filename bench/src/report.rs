@@ -181,14 +181,14 @@ pub fn targets(r: &Report) -> Vec<Target> {
     ));
     out.push(target(
         1,
-        "an established-flow packet costs at most 2x the no-match floor (every size)",
+        "an established-flow packet through TC costs at most 1.5x the no-match floor (every size)",
         fig1.filter(|f| !f.rows.is_empty()).map(|f| {
             let worst = f
                 .rows
                 .iter()
                 .filter_map(|row| ratio(row.established_ns.median, row.no_match_ns.median))
                 .fold(0.0, f64::max);
-            (format!("worst {worst:.2}x"), worst <= 2.0)
+            (format!("worst {worst:.2}x"), worst <= 1.5)
         }),
     ));
     out.push(target(
@@ -205,8 +205,18 @@ pub fn targets(r: &Report) -> Vec<Target> {
                 .iter()
                 .map(|row| row.uplink_established_tc_ns.median)
                 .fold(0.0, f64::max);
+            // The program's own share: each size's figure less the empty XDP program's
+            // of the same rounds (shown, not judged: the target is on the figure).
+            let own = f
+                .rows
+                .iter()
+                .map(|row| row.uplink_established_xdp_ns.median - row.harness_xdp_ns.median)
+                .fold(0.0, f64::max);
             (
-                format!("worst {worst:.0} ns (the uplink's TC program: {tc:.0} ns)"),
+                format!(
+                    "worst {worst:.0} ns (the uplink's TC program: {tc:.0} ns); less the \
+                     harness's empty XDP program, worst {own:.0} ns"
+                ),
                 worst <= 100.0,
             )
         }),
@@ -490,12 +500,12 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
             let _ = writeln!(m, "{}\n\n{} {}\n", f.method, f.program, f.xdp);
             let _ = writeln!(
                 m,
-                "| Services | no match (ns) | new flow (ns) | established (ns) | established without flow counters (ns) | new flow, fresh tuples, repeat=1 (ns) | no match, repeat=1 (ns) | uplink TC: no match / established (ns) | uplink XDP: no match / established (ns) | IPv6: no match / new flow / established (ns) |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+                "| Services | no match (ns) | new flow (ns) | established (ns) | established without flow counters (ns) | new flow, fresh tuples, repeat=1 (ns) | no match, repeat=1 (ns) | uplink TC: no match / established (ns) | uplink XDP: no match / established (ns) | harness's floor, empty program: TC / XDP (ns) | IPv6: no match / new flow / established (ns) |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
             );
             for row in &f.rows {
                 let _ = writeln!(
                     m,
-                    "| {} | {} | {} | {} | {} | {} | {} | {} / {} | {} / {} | {} / {} / {} |",
+                    "| {} | {} | {} | {} | {} | {} | {} | {} / {} | {} / {} | {} / {} | {} / {} / {} |",
                     row.services,
                     ns(&row.no_match_ns),
                     ns(&row.new_flow_ns),
@@ -507,6 +517,8 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
                     ns(&row.uplink_established_tc_ns),
                     ns(&row.uplink_no_match_xdp_ns),
                     ns(&row.uplink_established_xdp_ns),
+                    ns(&row.harness_tc_ns),
+                    ns(&row.harness_xdp_ns),
                     ns(&row.ipv6_no_match_ns),
                     ns(&row.ipv6_new_flow_ns),
                     ns(&row.ipv6_established_ns)
