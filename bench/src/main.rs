@@ -32,6 +32,11 @@ struct Cli {
     /// Figure 4's Service counts instead of the mode's, e.g. `--fig4-sizes 100000`.
     #[arg(long, value_delimiter = ',')]
     fig4_sizes: Vec<usize>,
+    /// Figure 7's rounds instead of the mode's (the full run's 5 at 10,000 Services
+    /// take about an hour on 2 cores: kube-proxy's iptables side alone about 5 minutes
+    /// a round).
+    #[arg(long)]
+    fig7_rounds: Option<usize>,
     /// Where the report and plots go (and, for `scale`, the cluster's state).
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
@@ -119,6 +124,9 @@ fn main() -> Result<()> {
     }
     if !cli.fig4_sizes.is_empty() {
         config.fig4_sizes = cli.fig4_sizes;
+    }
+    if let Some(rounds) = cli.fig7_rounds {
+        config.fig7_rounds = rounds.max(1);
     }
     let report = bench::run(&config, &cli.out)?;
     print!(

@@ -32,8 +32,14 @@ pub fn scale(root: &std::path::Path, args: &[String]) -> Result<()> {
         .args(args))
 }
 
-/// Runs the benchmarks; `quick` for a run of a few minutes, `only` to pick figures.
-pub fn bench(root: &std::path::Path, quick: bool, only: Option<&str>) -> Result<()> {
+/// Runs the benchmarks; `quick` for a run of a few minutes, `only` to pick figures,
+/// `extra` flags passed to `sliceway-bench` as they are.
+pub fn bench(
+    root: &std::path::Path,
+    quick: bool,
+    only: Option<&str>,
+    extra: &[String],
+) -> Result<()> {
     require_root("the benchmarks (BPF programs, network namespaces)")?;
     setup(root)?;
     build_ebpf()?;
@@ -63,5 +69,5 @@ pub fn bench(root: &std::path::Path, quick: bool, only: Option<&str>) -> Result<
     if let Some(only) = only {
         cmd.arg("--only").arg(only);
     }
-    run(&mut cmd)
+    run(cmd.args(extra))
 }

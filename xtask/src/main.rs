@@ -73,7 +73,8 @@ enum Task {
         /// Only these figures, e.g. `--only 1,3`.
         #[arg(long)]
         only: Option<String>,
-        /// `scale` and its flags.
+        /// `scale` and its flags, or flags for `sliceway-bench` (`--fig2-sizes N,..`,
+        /// `--fig4-sizes N,..`, `--fig7-rounds N`).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
@@ -152,8 +153,13 @@ fn main() -> Result<()> {
         }
         Task::Bench { quick, only, args } => match args.split_first() {
             Some((scale, rest)) if scale == "scale" => bench::scale(&root, rest),
+            // Flags of sliceway-bench's own (`--fig2-sizes`, `--fig4-sizes`,
+            // `--fig7-rounds`) go to it as they are.
+            Some((flag, _)) if flag.starts_with("--") => {
+                bench::bench(&root, quick, only.as_deref(), &args)
+            }
             Some((other, _)) => bail!("unknown bench command {other:?} (only `scale`)"),
-            None => bench::bench(&root, quick, only.as_deref()),
+            None => bench::bench(&root, quick, only.as_deref(), &[]),
         },
         Task::Fuzz {
             packets,
