@@ -974,6 +974,8 @@ fn settled(pid: u32, limit: Duration) -> Result<Duration> {
 pub fn real_proxies(cfg: &Config, dir: &Path, prefix: &str) -> Result<Fig7> {
     let n = cfg.fig7_services;
     ensure!(n > 0, "figure 7 needs at least one Service");
+    // A lab left here by a run killed before its cleanup goes first.
+    sliceway_lab::cluster::remove_if_stale(dir)?;
     let cluster = Cluster::up(
         &Spec {
             nodes: 1,

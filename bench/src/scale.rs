@@ -253,6 +253,8 @@ pub fn run(spec: &ScaleSpec, dir: &Path, prefix: &str) -> Result<ScaleResult> {
         spec.services > 0 && spec.pods_per_service > 0 && spec.nodes > 0 && spec.changes > 0,
         "every count of the scale run must be at least 1"
     );
+    // A lab left here by a run killed before its cleanup goes first.
+    sliceway_lab::cluster::remove_if_stale(dir)?;
     let cluster = Cluster::up(
         &Spec {
             nodes: 0,

@@ -668,6 +668,8 @@ pub fn run(spec: &ApiSpec, dir: &std::path::Path, prefix: &str) -> Result<Throug
         spec.services > 0 && spec.pods_per_service > 0 && spec.rounds > 0,
         "figure 5 through the API needs at least one Service, one Pod and one round"
     );
+    // A lab left here by a run killed before its cleanup goes first.
+    sliceway_lab::cluster::remove_if_stale(dir)?;
     let cluster = Cluster::up(
         &Spec {
             nodes: 0,

@@ -1051,6 +1051,14 @@ impl Drop for Cluster {
     }
 }
 
+/// Whether `name` (`slwk-PID...`) names a process that no longer runs.
+fn owner_gone(name: &str) -> bool {
+    name.strip_prefix(&format!("{NS_PREFIX}-"))
+        .and_then(|p| p.split('-').next())
+        .and_then(|p| p.parse::<u32>().ok())
+        .is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+}
+
 /// Takes down clusters of test runs that were killed before their cleanup: those in
 /// `parent/slwk-PID` whose PID no longer runs.
 pub fn remove_stale(parent: &Path) {
@@ -1058,18 +1066,28 @@ pub fn remove_stale(parent: &Path) {
         return;
     };
     for entry in dir.filter_map(|e| e.ok()) {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name
-            .strip_prefix(&format!("{NS_PREFIX}-"))
-            .and_then(|p| p.split('-').next())
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if !Path::new(&format!("/proc/{pid}")).exists() {
+        if owner_gone(&entry.file_name().to_string_lossy()) {
             let _ = down(&entry.path());
         }
     }
+}
+
+/// Takes down the cluster lab in `dir` if the process that made it no longer runs
+/// (a run killed before its cleanup left its processes, namespaces and state); a
+/// lab whose maker still runs is left alone.
+pub fn remove_if_stale(dir: &Path) -> Result<()> {
+    let Ok(cluster) = Cluster::load(dir) else {
+        return Ok(());
+    };
+    if owner_gone(&cluster.state.prefix) {
+        say(&format!(
+            "taking down the lab {} left in {} by a run that no longer runs",
+            cluster.state.prefix,
+            dir.display()
+        ));
+        down(dir)?;
+    }
+    Ok(())
 }
 
 /// A cluster for a test: its own directory and namespaces named after this process.
