@@ -1271,6 +1271,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_lab_is_stale_only_when_the_process_in_its_name_is_gone() {
+        let me = std::process::id();
+        assert!(!owner_gone(&format!("{NS_PREFIX}-{me}-fig7")));
+        assert!(!owner_gone(&format!("{NS_PREFIX}-{me}")));
+        // Above the kernel's largest PID (2^22): never a running process.
+        assert!(owner_gone(&format!("{NS_PREFIX}-4194305-fig7")));
+        // Not a lab's name, or no PID in it: never taken down.
+        assert!(!owner_gone("other-4194305-fig7"));
+        assert!(!owner_gone(&format!("{NS_PREFIX}-fig7")));
+    }
+
+    #[test]
+    fn remove_if_stale_leaves_a_directory_without_a_lab_alone() {
+        let dir = std::env::temp_dir().join(format!("slw-no-lab-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        remove_if_stale(&dir).unwrap();
+        assert!(dir.exists());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn an_ipv6_twin_reads_like_its_ipv4_address() {
         assert_eq!(
             lab_v6(Ipv4Addr::new(10, 244, 1, 5)).to_string(),
