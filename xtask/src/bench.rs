@@ -45,7 +45,10 @@ pub fn bench(
     build_ebpf()?;
     // Figures 5 and 7 run upstream's kit: built here, with the rest, so that a first
     // run's figures are not timed beside a build of Kubernetes.
-    upstream(root)?;
+    let selected = |n: &str| only.is_none_or(|o| o.split(',').any(|f| f.trim() == n));
+    if selected("5") || selected("7") {
+        upstream(root)?;
+    }
     run(cargo().args([
         "build",
         "--release",
