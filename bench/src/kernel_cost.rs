@@ -49,6 +49,12 @@ pub struct Fig1Row {
     pub uplink_no_match_xdp_ns: Summary,
     pub uplink_established_tc_ns: Summary,
     pub uplink_established_xdp_ns: Summary,
+    /// Each round's established packet over the same round's no-match packet, and
+    /// over the same round's packet through the program without counters: ratios of
+    /// runs made back to back, so a change of the machine's speed between rounds
+    /// (this VM's moves every column by up to 1.7x) cancels out.
+    pub established_over_no_match: Summary,
+    pub counted_over_uncounted: Summary,
     /// The harness's floor: an empty TC program and an empty XDP program (each only
     /// returns its verdict) timed the same way on the no-match packet, interleaved.
     pub harness_tc_ns: Summary,
@@ -198,6 +204,15 @@ fn timed_with(
     );
     // The kernel reports the mean time per run, in whole nanoseconds.
     Ok(d.as_nanos() as f64)
+}
+
+/// Each round's `a` over the same round's `b`.
+fn per_round(a: &[f64], b: &[f64]) -> Vec<f64> {
+    a.iter()
+        .zip(b)
+        .filter(|(_, &y)| y > 0.0)
+        .map(|(x, y)| x / y)
+        .collect()
 }
 
 /// Figure 1.
@@ -359,6 +374,8 @@ pub fn per_packet(cfg: &Config) -> Result<Fig1> {
             uplink_no_match_xdp_ns: Summary::of(&up_floor_xdp),
             uplink_established_tc_ns: Summary::of(&up_est_tc),
             uplink_established_xdp_ns: Summary::of(&up_est_xdp),
+            established_over_no_match: Summary::of(&per_round(&est_ns, &floor_ns)),
+            counted_over_uncounted: Summary::of(&per_round(&est_ns, &est_uncounted_ns)),
             harness_tc_ns: Summary::of(&harness_tc),
             harness_xdp_ns: Summary::of(&harness_xdp),
             new_flow_fresh_tuples_ns: Summary::of(&fresh_ns),
@@ -383,7 +400,9 @@ pub fn per_packet(cfg: &Config) -> Result<Fig1> {
              identity DNAT leaves the packet as it was); established = TCP ACK on that Service \
              after its first packet created the conntrack entry; the same packet through the \
              program loaded without its per-frontend and per-backend counters, over the same \
-             maps, interleaved round by round, gives what counting costs. Cross-check: SYNs from {fresh} \
+             maps, interleaved round by round, gives what counting costs. The targets' \
+             ratios (established over no match, with counters over without) are each \
+             round's ratio of runs made back to back, median over the rounds. Cross-check: SYNs from {fresh} \
              distinct never-seen tuples, repeat=1 each (this includes the kernel timer's own \
              cost per packet, shown by the no-match floor measured the same way). IPv6: \
              the same three packets over IPv6 to each Service's IPv6 twin (the maps hold N \
