@@ -229,7 +229,7 @@ impl CtSlot {
         unsafe { *self.0 }
     }
 
-    /// Updates state, flags and last-seen time in place, as [`conntrack_touch`].
+    /// Updates state, flags and last-seen time in place (see [`conntrack_touch`]).
     #[inline(always)]
     pub fn touch(&self, state: u8, flags: u8, now_ns: u64) {
         // SAFETY: as in `get`; plain stores.
@@ -252,13 +252,8 @@ pub fn conntrack_slot(key: &CtKey) -> Option<CtSlot> {
 /// lost update of either is repaired by the next packet.
 #[inline(always)]
 pub fn conntrack_touch(key: &CtKey, state: u8, flags: u8, now_ns: u64) {
-    if let Some(p) = CONNTRACK.get_ptr_mut(key) {
-        // SAFETY: the pointer is to a live map value of type `CtEntry`; plain stores.
-        unsafe {
-            (*p).state = state;
-            (*p).flags = flags;
-            (*p).last_seen_ns = now_ns;
-        }
+    if let Some(slot) = conntrack_slot(key) {
+        slot.touch(state, flags, now_ns);
     }
 }
 
