@@ -37,6 +37,14 @@ struct Cli {
     /// a round).
     #[arg(long)]
     fig7_rounds: Option<usize>,
+    /// Figure 7's Service count instead of the mode's (its targets are checked at
+    /// 10,000 only).
+    #[arg(long)]
+    fig7_services: Option<usize>,
+    /// Figure 7's time per offered rate in milliseconds instead of the mode's (the
+    /// full run's 3,000, the quick run's 500).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(100..))]
+    fig7_rate_step_ms: Option<u64>,
     /// Where the report and plots go (and, for `scale`, the cluster's state).
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
@@ -127,6 +135,12 @@ fn main() -> Result<()> {
     }
     if let Some(rounds) = cli.fig7_rounds {
         config.fig7_rounds = rounds.max(1);
+    }
+    if let Some(services) = cli.fig7_services {
+        config.fig7_services = services.max(1);
+    }
+    if let Some(ms) = cli.fig7_rate_step_ms {
+        config.fig7_rate_step_ms = ms;
     }
     let report = bench::run(&config, &cli.out)?;
     print!(

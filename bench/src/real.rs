@@ -775,6 +775,10 @@ pub struct RateStep {
     /// The whole machine's busy share over the step (all CPUs, /proc/stat), 0 to 1.
     pub busy: f64,
     pub sustained: bool,
+    /// sliceway only: new connections its datapath dropped on a reply-tuple clash
+    /// (`drop_ct_clash`) and those it gave another source port (`dnat_port_remapped`)
+    /// during the step, from the agent's `/metrics`.
+    pub clash: Option<(u64, u64)>,
 }
 
 /// What one client thread of a rate step saw.
@@ -807,8 +811,10 @@ fn rate_step(
     offered: u32,
     step: Duration,
     seed: u64,
+    agent_ns: Option<&str>,
 ) -> Result<RateStep> {
     ensure!(offered > 0, "an offered rate of 0");
+    let clash_before = agent_ns.map(clash_counts).transpose()?;
     let total = ((offered as f64 * step.as_secs_f64()).round() as usize).max(1);
     let next = Arc::new(AtomicUsize::new(0));
     let (b0, began) = (busy_ms()?, Instant::now());
@@ -875,6 +881,13 @@ fn rate_step(
         .last
         .map_or(0.0, |l| answered as f64 / (l - t0).as_secs_f64().max(1e-3));
     let p99_us = percentile(&all.latencies_us, 99.0);
+    let clash = match (agent_ns, clash_before) {
+        (Some(ns), Some((d0, r0))) => {
+            let (d1, r1) = clash_counts(ns)?;
+            Some((d1.saturating_sub(d0), r1.saturating_sub(r0)))
+        }
+        _ => None,
+    };
     Ok(RateStep {
         offered,
         connections: total,
@@ -887,7 +900,27 @@ fn rate_step(
         sustained: answered as f64 >= RATE_ANSWERED * total as f64
             && answered > 0
             && p99_us <= RATE_P99_MS * 1e3,
+        clash,
     })
+}
+
+/// The agent's `drop_ct_clash` and `dnat_port_remapped` packets so far, from its
+/// `/metrics` in the node's namespace (the agent reads its counters at each scrape).
+fn clash_counts(ns: &str) -> Result<(u64, u64)> {
+    let text = http_get(ns, 10256, "/metrics")?;
+    let count = |reason: &str| {
+        datapath_count(&text, reason)
+            .with_context(|| format!("the agent's /metrics has no {reason} count"))
+    };
+    Ok((count("drop_ct_clash")?, count("dnat_port_remapped")?))
+}
+
+/// The agent's `sliceway_datapath_packets{reason="REASON"}` in a `/metrics` text.
+fn datapath_count(text: &str, reason: &str) -> Option<u64> {
+    let series = format!("sliceway_datapath_packets{{reason=\"{reason}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(series.as_str()))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// The machine's CPUs.
@@ -902,6 +935,7 @@ fn rate_ramp(
     backends: &[IpAddr],
     cfg: &Config,
     seed: u64,
+    agent_ns: Option<&str>,
 ) -> Result<Vec<RateStep>> {
     let mut steps = Vec::new();
     for (k, &offered) in cfg.fig7_rates.iter().enumerate() {
@@ -912,6 +946,7 @@ fn rate_ramp(
             offered,
             Duration::from_millis(cfg.fig7_rate_step_ms),
             seed + k as u64,
+            agent_ns,
         )?;
         let missed = !step.sustained;
         steps.push(step);
@@ -1115,8 +1150,16 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
                     round + 1,
                     side.name()
                 ));
-                let steps = rate_ramp(&client_ns, targets, &backends, cfg, 3000 + round as u64)
-                    .with_context(|| format!("{}: new-connection rate", side.name()))?;
+                let agent_ns = (side == Side::Sliceway).then_some(node_ns.as_str());
+                let steps = rate_ramp(
+                    &client_ns,
+                    targets,
+                    &backends,
+                    cfg,
+                    3000 + round as u64,
+                    agent_ns,
+                )
+                .with_context(|| format!("{}: new-connection rate", side.name()))?;
                 rates.entry(side).or_default().push(steps);
             }
             if side != Side::Floor && !churn_vips.is_empty() {
@@ -1307,4 +1350,27 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
         rows,
         populate_s,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_datapath_count_is_read_by_its_reason_and_missing_ones_are_none() {
+        let text = "# HELP sliceway_datapath_packets Packets seen\n\
+                    sliceway_datapath_packets{reason=\"drop_ct_clash\"} 17\n\
+                    sliceway_datapath_packets{reason=\"drop_ct_clash_other\"} 5\n\
+                    sliceway_datapath_packets{reason=\"dnat_port_remapped\"} 2048\n";
+        assert_eq!(datapath_count(text, "drop_ct_clash"), Some(17));
+        assert_eq!(datapath_count(text, "dnat_port_remapped"), Some(2048));
+        assert_eq!(datapath_count(text, "dnat_new"), None);
+    }
+
+    #[test]
+    fn a_sum_covers_every_series_of_a_metric_and_no_longer_name() {
+        let text = "m_sum{ip_family=\"4\"} 1.5\nm_sum{ip_family=\"6\"} 0.5\nm_sum_other 9\n";
+        assert_eq!(summed(text, "m_sum"), Some(2.0));
+        assert_eq!(summed(text, "m_count"), None);
+    }
 }

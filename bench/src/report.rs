@@ -899,7 +899,7 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
                                 "none (the ladder's top sustained)".into(),
                                 |s| {
                                     format!(
-                                        "{}/s: {:.2}%, {:.1}, {:.0}%{}",
+                                        "{}/s: {:.2}%, {:.1}, {:.0}%{}{}",
                                         s.offered,
                                         100.0 * (s.connections - s.failed) as f64
                                             / s.connections.max(1) as f64,
@@ -909,7 +909,13 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
                                             format!(" ({} found no free port)", s.no_port)
                                         } else {
                                             String::new()
-                                        }
+                                        },
+                                        s.clash.map_or(String::new(), |(dropped, remapped)| {
+                                            format!(
+                                                "; {dropped} dropped on a reply-tuple clash, \
+                                                 {remapped} remapped"
+                                            )
+                                        })
                                     )
                                 },
                             )

@@ -74,7 +74,8 @@ enum Task {
         #[arg(long)]
         only: Option<String>,
         /// `scale` and its flags, or flags for `sliceway-bench` (`--fig2-sizes N,..`,
-        /// `--fig4-sizes N,..`, `--fig7-rounds N`).
+        /// `--fig4-sizes N,..`, `--fig7-rounds N`, `--fig7-services N`,
+        /// `--fig7-rate-step-ms MS`).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
@@ -154,7 +155,8 @@ fn main() -> Result<()> {
         Task::Bench { quick, only, args } => match args.split_first() {
             Some((scale, rest)) if scale == "scale" => bench::scale(&root, rest),
             // Flags of sliceway-bench's own (`--fig2-sizes`, `--fig4-sizes`,
-            // `--fig7-rounds`) go to it as they are.
+            // `--fig7-rounds`, `--fig7-services`, `--fig7-rate-step-ms`) go to it as
+            // they are.
             Some((flag, _)) if flag.starts_with("--") => {
                 bench::bench(&root, quick, only.as_deref(), &args)
             }
