@@ -45,6 +45,10 @@ pub fn bench(
     build_ebpf()?;
     // Figures 5 and 7 run upstream's kit: built here, with the rest, so that a first
     // run's figures are not timed beside a build of Kubernetes.
+    // An `--only` written after sliceway-bench's own flags reaches it among `extra`;
+    // then that one alone selects the figures (and is the only one passed).
+    let passed = only_in(extra);
+    let only = passed.or(only);
     let selected = |n: &str| only.is_none_or(|o| o.split(',').any(|f| f.trim() == n));
     if selected("5") || selected("7") {
         upstream(root)?;
@@ -69,8 +73,42 @@ pub fn bench(
     if quick {
         cmd.arg("--quick");
     }
-    if let Some(only) = only {
+    if let Some(only) = only.filter(|_| passed.is_none()) {
         cmd.arg("--only").arg(only);
     }
     run(cmd.args(extra))
+}
+
+/// The figures an `--only N,..` (or `--only=N,..`) among `extra` selects.
+fn only_in(extra: &[String]) -> Option<&str> {
+    extra.iter().enumerate().find_map(|(i, a)| {
+        if a == "--only" {
+            extra.get(i + 1).map(String::as_str)
+        } else {
+            a.strip_prefix("--only=")
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::only_in;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn an_only_among_the_bench_flags_is_found_in_either_spelling() {
+        assert_eq!(
+            only_in(&args(&["--fig7-rounds", "1", "--only", "1,2"])),
+            Some("1,2")
+        );
+        assert_eq!(
+            only_in(&args(&["--fig2-sizes", "100", "--only=6"])),
+            Some("6")
+        );
+        assert_eq!(only_in(&args(&["--fig7-rounds", "1"])), None);
+        assert_eq!(only_in(&args(&["--only"])), None);
+    }
 }
