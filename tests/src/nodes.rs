@@ -21,7 +21,7 @@ use std::{
     time::Duration,
 };
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use crate::{
     in_netns, netns, servers, workspace_binary, Agent, BackendServers, Netns, Pod, Reply,
@@ -42,6 +42,17 @@ impl Client {
         let to = to.into();
         in_netns(&self.ns.name, move || {
             servers::tcp_request(to, Duration::from_secs(2))
+        })?
+    }
+
+    /// SYNs this client's kernel has retransmitted so far (`TCPSynRetrans` of its
+    /// network namespace). The datapath tracks a retransmitted SYN as a new connection
+    /// on its tuple, so counts of new connections allow one more for each.
+    pub fn syn_retransmits(&self) -> Result<u64> {
+        in_netns(&self.ns.name, || -> Result<u64> {
+            // thread-self: /proc/net follows the process's first thread, not this one.
+            let text = std::fs::read_to_string("/proc/thread-self/net/netstat")?;
+            tcp_ext(&text, "TCPSynRetrans")
         })?
     }
 
@@ -417,5 +428,40 @@ impl Drop for TwoNodes {
         }
         self.nodes.clear();
         self.clients.clear();
+    }
+}
+
+/// Counter `name` of the `TcpExt:` lines of a `/proc/net/netstat` text (a line of
+/// names, then a line of values).
+fn tcp_ext(text: &str, name: &str) -> Result<u64> {
+    let mut rows = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("TcpExt:"))
+        .map(str::split_whitespace);
+    let (Some(names), Some(values)) = (rows.next(), rows.next()) else {
+        anyhow::bail!("no TcpExt lines in /proc/net/netstat");
+    };
+    names
+        .zip(values)
+        .find(|(n, _)| *n == name)
+        .with_context(|| format!("no {name} in TcpExt"))?
+        .1
+        .parse()
+        .with_context(|| format!("{name} is not a number"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tcp_ext;
+
+    #[test]
+    fn a_tcp_ext_counter_is_read_by_its_name() {
+        let text = "TcpExt: SyncookiesSent TCPSynRetrans TCPOrigDataSent\n\
+                    TcpExt: 0 3 120\n\
+                    IpExt: InNoRoutes\n\
+                    IpExt: 0\n";
+        assert_eq!(tcp_ext(text, "TCPSynRetrans").unwrap(), 3);
+        assert!(tcp_ext(text, "TCPNothing").is_err());
+        assert!(tcp_ext("IpExt: A\nIpExt: 1\n", "TCPSynRetrans").is_err());
     }
 }
