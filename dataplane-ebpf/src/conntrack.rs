@@ -99,16 +99,7 @@ impl Tuple for Flow {
             .filter(|c| c.node_addr_be != 0)
             .ok_or((DROP, stat::DROP_NO_NODE_ADDR))?;
         reply.dst_be[0] = nat.node_addr_be;
-        let take_closing = self.proto == PROTO_TCP && self.syn_only;
-        if !masquerade_port(
-            reply,
-            self.hash(),
-            key,
-            nat.port_min,
-            nat.port_max,
-            now,
-            take_closing,
-        ) {
+        if !masquerade_port(reply, self.hash(), key, nat.port_min, nat.port_max, now) {
             return Err((DROP, stat::DROP_SNAT_EXHAUSTED));
         }
         Ok(())
@@ -326,7 +317,7 @@ pub fn track<F: Tuple>(
 ) -> u32 {
     let now = now();
     // Checked here, before the body, whose frame has no room for one more value.
-    if nat == NAT_DSR && reply_taken(&flow.reply_key(backend), key, now, false) {
+    if nat == NAT_DSR && reply_taken(&flow.reply_key(backend), key, now) {
         return stat::DROP_CT_CLASH;
     }
     match track_inner(flow, key, service_id, backend_id, backend, nat, now) {
@@ -366,7 +357,6 @@ pub fn masquerade_port(
     port_min: u16,
     port_max: u16,
     now: u64,
-    take_closing: bool,
 ) -> bool {
     let min = port_min as u32;
     let max = port_max as u32;
@@ -374,7 +364,7 @@ pub fn masquerade_port(
     for i in 0..SNAT_TRIES {
         reply.dport_be =
             ((min + start.wrapping_add(i.wrapping_mul(SNAT_STEP)) % span) as u16).to_be();
-        if !reply_taken(reply, key, now, take_closing) {
+        if !reply_taken(reply, key, now) {
             return true;
         }
     }
@@ -396,10 +386,9 @@ fn track_inner<F: Tuple>(
     let previous = maps::with_conntrack(key, |e| (e.dir == CT_FORWARD).then_some(e.pair)).flatten();
     let mut reply = flow.reply_key(backend);
     let mut remapped = false;
-    let take_closing = flow.proto() == PROTO_TCP && flow.syn_only();
     if nat == NAT_MASQUERADE {
         flow.masquerade(&mut reply, key, now)?;
-    } else if reply_taken(&reply, key, now, take_closing) {
+    } else if reply_taken(&reply, key, now) {
         let hash = flow.hash();
         let span = 65_536 - REMAP_PORT_MIN;
         let mut found = false;
@@ -409,7 +398,7 @@ fn track_inner<F: Tuple>(
                 dport_be: port.to_be(),
                 ..reply
             };
-            if !reply_taken(&candidate, key, now, take_closing) {
+            if !reply_taken(&candidate, key, now) {
                 reply = candidate;
                 found = true;
                 break;
@@ -493,7 +482,7 @@ pub fn adopt_dsr_keys(
     now: u64,
 ) -> bool {
     let proto = key.proto;
-    if reply_taken(reply, key, now, false) {
+    if reply_taken(reply, key, now) {
         return false;
     }
     let live = maps::with_conntrack(key, |f| {
@@ -525,47 +514,18 @@ pub fn adopt_dsr_keys(
 }
 
 /// Whether `reply` is the reverse key of a live connection other than `key`'s.
-///
-/// With `take_closing` (a new connection's TCP SYN), a connection that holds `reply`
-/// but is closing (TIME_WAIT after FINs both ways, CLOSE after an RST) gives it up:
-/// its forward entry goes and `reply` counts as free, so the new connection's reverse
-/// entry takes its place. netfilter's NAT likewise lets a new connection's SYN evict
-/// a conntrack in TIME_WAIT that holds the tuple it needs (`nf_nat_used_tuple_harder`,
-/// https://github.com/torvalds/linux/blob/master/net/netfilter/nf_nat_core.c). Without
-/// it, a client that opens connections to several Services sharing backends finds
-/// each backend's reply tuples held for the TIME_WAIT timeout (120 s), and once
-/// every candidate port is held its SYNs drop as `drop_ct_clash`.
 #[inline(always)]
-fn reply_taken(reply: &CtKey, key: &CtKey, now: u64, take_closing: bool) -> bool {
+fn reply_taken(reply: &CtKey, key: &CtKey, now: u64) -> bool {
     let Some(Some(fwd_key)) = maps::with_conntrack(reply, |rev| {
         (rev.dir == CT_REVERSE && !same(&rev.pair, key)).then_some(rev.pair)
     }) else {
         return false;
     };
-    let holder = maps::with_conntrack(&fwd_key, |f| {
-        if f.dir != CT_FORWARD || !same(&f.pair, reply) || !alive(f, now) {
-            HOLDER_NONE
-        } else if f.state == state::TCP_TIME_WAIT || f.state == state::TCP_CLOSE {
-            HOLDER_CLOSING
-        } else {
-            HOLDER_LIVE
-        }
-    });
-    match holder {
-        Some(HOLDER_LIVE) => true,
-        Some(HOLDER_CLOSING) if !take_closing => true,
-        Some(HOLDER_CLOSING) => {
-            let _ = CONNTRACK.remove(fwd_key);
-            false
-        }
-        _ => false,
-    }
+    maps::with_conntrack(&fwd_key, |f| {
+        f.dir == CT_FORWARD && same(&f.pair, reply) && alive(f, now)
+    })
+    .unwrap_or(false)
 }
-
-/// Who holds a reply tuple, for [`reply_taken`].
-const HOLDER_NONE: u8 = 0;
-const HOLDER_LIVE: u8 = 1;
-const HOLDER_CLOSING: u8 = 2;
 
 /// Key equality field by field: a derived `==` on the arrays becomes a `bcmp` call,
 /// which BPF does not have.

@@ -31,7 +31,7 @@ mod reject;
 use aya_ebpf::{macros::classifier, programs::TcContext};
 use dataplane_common::{
     flow_hash6, reply_client6, stat, Backend6, CtEntry, CtKey, FAMILY_V6, JUMP6_ICMP,
-    JUMP6_ICMP_L3, JUMP6_REJECT, JUMP6_REJECT_L3, PROTO_SCTP, PROTO_TCP, SVC_F_DROP_EMPTY,
+    JUMP6_ICMP_L3, JUMP6_REJECT, JUMP6_REJECT_L3, PROTO_SCTP, SVC_F_DROP_EMPTY,
     SVC_F_SOURCE_RANGES,
 };
 
@@ -139,16 +139,7 @@ impl Tuple for Flow6 {
             .filter(|c| c.node_addr_be != [0; 4])
             .ok_or((DROP, stat::DROP_NO_NODE_ADDR))?;
         reply.dst_be = nat.node_addr_be;
-        let take_closing = self.proto == PROTO_TCP && self.syn_only;
-        if !conntrack::masquerade_port(
-            reply,
-            self.hash(),
-            key,
-            nat.port_min,
-            nat.port_max,
-            now,
-            take_closing,
-        ) {
+        if !conntrack::masquerade_port(reply, self.hash(), key, nat.port_min, nat.port_max, now) {
             return Err((DROP, stat::DROP_SNAT_EXHAUSTED));
         }
         Ok(())

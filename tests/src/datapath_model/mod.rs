@@ -544,29 +544,16 @@ impl Machine<'_> {
     }
 
     /// Whether `reply` is the reverse key of a live connection other than `key`'s.
-    /// With `take_closing` (a new connection's TCP SYN), a holder in TIME_WAIT or
-    /// CLOSE gives the tuple up: its forward entry goes and the tuple is free
-    /// (netfilter's `nf_nat_used_tuple_harder` evicts such a holder).
-    fn reply_taken(&mut self, reply: &CtKey, key: &CtKey, take_closing: bool) -> bool {
+    fn reply_taken(&self, reply: &CtKey, key: &CtKey) -> bool {
         let Some(rev) = self.view.ct(reply) else {
             return false;
         };
         if rev.dir != CT_REVERSE || rev.pair == *key {
             return false;
         }
-        let Some(f) = self
-            .view
+        self.view
             .ct(&rev.pair)
-            .filter(|f| f.dir == CT_FORWARD && f.pair == *reply && self.alive(f))
-        else {
-            return false;
-        };
-        let closing = f.state == state::TCP_TIME_WAIT || f.state == state::TCP_CLOSE;
-        if closing && take_closing {
-            self.view.remove(rev.pair);
-            return false;
-        }
-        true
+            .is_some_and(|f| f.dir == CT_FORWARD && f.pair == *reply && self.alive(&f))
     }
 
     /// A new connection: two entries that name each other; the reply tuple gets a
@@ -599,22 +586,19 @@ impl Machine<'_> {
             flow.proto,
         );
         let mut remapped = false;
-        let take_closing = flow.proto == PROTO_TCP && flow.syn_only();
-        if self.reply_taken(&reply, key, take_closing) {
+        if self.reply_taken(&reply, key) {
             let span = 65_536 - REMAP_PORT_MIN;
             let hash = flow.hash();
-            let mut free = None;
-            for i in 0..REMAP_TRIES {
-                let port = (REMAP_PORT_MIN + hash.wrapping_add(i.wrapping_mul(7919)) % span) as u16;
-                let candidate = CtKey {
-                    dport_be: port.to_be(),
-                    ..reply
-                };
-                if !self.reply_taken(&candidate, key, take_closing) {
-                    free = Some(candidate);
-                    break;
-                }
-            }
+            let free = (0..REMAP_TRIES)
+                .map(|i| {
+                    let port =
+                        (REMAP_PORT_MIN + hash.wrapping_add(i.wrapping_mul(7919)) % span) as u16;
+                    CtKey {
+                        dport_be: port.to_be(),
+                        ..reply
+                    }
+                })
+                .find(|c| !self.reply_taken(c, key));
             reply = free.ok_or((DROP, stat::DROP_CT_CLASH))?;
             remapped = true;
         }
