@@ -230,12 +230,14 @@ fn http_get(ns: &str, port: u16, path: &str) -> Result<String> {
     })?
 }
 
+/// The agent serves its metrics on kube-proxy's health port in the lab.
+const AGENT_METRICS_PORT: u16 = 10256;
+
 /// The proxy's own sync account from its metrics: (sum of seconds, count).
 fn own_syncs(ns: &str, side: Side) -> Result<Option<(f64, u64)>> {
     let (port, metric) = match side {
         Side::Floor => return Ok(None),
-        // The agent serves its metrics on kube-proxy's health port in the lab.
-        Side::Sliceway => (10256, "sliceway_sync_duration_seconds"),
+        Side::Sliceway => (AGENT_METRICS_PORT, "sliceway_sync_duration_seconds"),
         Side::Iptables | Side::Nftables => (10249, "kubeproxy_sync_proxy_rules_duration_seconds"),
     };
     let text = http_get(ns, port, "/metrics")?;
@@ -439,7 +441,10 @@ fn bucket_quantile(before: &BTreeMap<u64, f64>, after: &BTreeMap<u64, f64>, q: f
 fn programming_histogram(ns: &str, side: Side) -> Result<Option<BTreeMap<u64, f64>>> {
     let (port, metric) = match side {
         Side::Floor => return Ok(None),
-        Side::Sliceway => (10256, "sliceway_network_programming_duration_seconds"),
+        Side::Sliceway => (
+            AGENT_METRICS_PORT,
+            "sliceway_network_programming_duration_seconds",
+        ),
         Side::Iptables | Side::Nftables => {
             (10249, "kubeproxy_network_programming_duration_seconds")
         }
@@ -907,20 +912,16 @@ fn rate_step(
 /// The agent's `drop_ct_clash` and `dnat_port_remapped` packets so far, from its
 /// `/metrics` in the node's namespace (the agent reads its counters at each scrape).
 fn clash_counts(ns: &str) -> Result<(u64, u64)> {
-    let text = http_get(ns, 10256, "/metrics")?;
+    let text = http_get(ns, AGENT_METRICS_PORT, "/metrics")?;
     let count = |reason: &str| {
-        datapath_count(&text, reason)
-            .with_context(|| format!("the agent's /metrics has no {reason} count"))
+        summed(
+            &text,
+            &format!("sliceway_datapath_packets{{reason=\"{reason}\"}}"),
+        )
+        .map(|n| n as u64)
+        .with_context(|| format!("the agent's /metrics has no {reason} count"))
     };
     Ok((count("drop_ct_clash")?, count("dnat_port_remapped")?))
-}
-
-/// The agent's `sliceway_datapath_packets{reason="REASON"}` in a `/metrics` text.
-fn datapath_count(text: &str, reason: &str) -> Option<u64> {
-    let series = format!("sliceway_datapath_packets{{reason=\"{reason}\"}} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(series.as_str()))
-        .and_then(|v| v.trim().parse().ok())
 }
 
 /// The machine's CPUs.
@@ -1357,14 +1358,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_datapath_count_is_read_by_its_reason_and_missing_ones_are_none() {
+    fn a_datapath_count_is_read_by_its_whole_series_and_missing_ones_are_none() {
         let text = "# HELP sliceway_datapath_packets Packets seen\n\
                     sliceway_datapath_packets{reason=\"drop_ct_clash\"} 17\n\
                     sliceway_datapath_packets{reason=\"drop_ct_clash_other\"} 5\n\
                     sliceway_datapath_packets{reason=\"dnat_port_remapped\"} 2048\n";
-        assert_eq!(datapath_count(text, "drop_ct_clash"), Some(17));
-        assert_eq!(datapath_count(text, "dnat_port_remapped"), Some(2048));
-        assert_eq!(datapath_count(text, "dnat_new"), None);
+        let series = |r: &str| format!("sliceway_datapath_packets{{reason=\"{r}\"}}");
+        assert_eq!(summed(text, &series("drop_ct_clash")), Some(17.0));
+        assert_eq!(summed(text, &series("dnat_port_remapped")), Some(2048.0));
+        assert_eq!(summed(text, &series("dnat_new")), None);
     }
 
     #[test]

@@ -84,7 +84,8 @@ fn an_external_client_reaches_a_node_port_whose_backend_is_on_another_node(
     assert_eq!(programs(&a1, "p11"), ["sliceway_tc".to_string()].into());
     let client = &lab.clients[0];
     let backend = lab.node(2).pods[0].name.clone();
-    let mut retransmits = 0;
+    // SYNs the client retransmitted toward each node.
+    let mut retransmits = [0; 2];
     for (node, seen_as) in [(1, lab.node(1).ip), (2, lab.node(2).ip)] {
         let to = SocketAddrV4::new(lab.node(node).ip, NODE_PORT);
         let before = client.syn_retransmits().unwrap();
@@ -98,12 +99,12 @@ fn an_external_client_reaches_a_node_port_whose_backend_is_on_another_node(
             assert_eq!(u.backend, backend);
             assert_eq!(peer_ip(u.peer), Some(seen_as.into()), "UDP via node-{node}");
         }
-        retransmits = retransmits.max(client.syn_retransmits().unwrap() - before);
+        retransmits[node - 1] = client.syn_retransmits().unwrap() - before;
     }
     // 20 TCP and 20 UDP connections masqueraded on each node (the counters are read
     // at every scrape); a SYN the client retransmitted (a loaded machine) is
     // tracked again and counted once more.
-    for a in [&a1, &a2] {
+    for (a, retransmits) in [(&a1, retransmits[0]), (&a2, retransmits[1])] {
         let n = a
             .metric("sliceway_datapath_packets{reason=\"dnat_masqueraded\"}")
             .unwrap()
