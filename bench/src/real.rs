@@ -21,7 +21,7 @@
 use std::{
     collections::BTreeMap,
     io::{Read, Write},
-    net::{IpAddr, SocketAddr, TcpStream},
+    net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream},
     path::Path,
     sync::{
         atomic::{AtomicBool, AtomicUsize, Ordering},
@@ -47,7 +47,7 @@ use super::{
 };
 use sliceway_lab::{
     cluster::{Cluster, Controllers, Proxy, Spec},
-    in_netns, servers,
+    in_netns, netns, servers,
 };
 
 /// The namespace of the figure's objects.
@@ -100,6 +100,11 @@ pub const CATCH_UP_CAP: Duration = Duration::from_secs(60);
 pub enum Side {
     /// The client to the backend pods' addresses: no Service, no proxy.
     Floor,
+    /// The same, to as many addresses as there are Services, all held by the backend
+    /// pods ([`wide_floor`]): the client's kernel meets as many destinations as it
+    /// does through a proxy.
+    #[serde(rename = "floor_wide")]
+    FloorWide,
     Sliceway,
     /// kube-proxy, iptables mode.
     Iptables,
@@ -108,11 +113,18 @@ pub enum Side {
 }
 
 impl Side {
-    pub const ALL: [Side; 4] = [Side::Floor, Side::Sliceway, Side::Iptables, Side::Nftables];
+    pub const ALL: [Side; 5] = [
+        Side::Floor,
+        Side::FloorWide,
+        Side::Sliceway,
+        Side::Iptables,
+        Side::Nftables,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Side::Floor => "floor (straight to the pod)",
+            Side::FloorWide => "floor at as many pod addresses as Services",
             Side::Sliceway => "sliceway",
             Side::Iptables => "kube-proxy iptables",
             Side::Nftables => "kube-proxy nftables",
@@ -121,7 +133,7 @@ impl Side {
 
     fn proxy(self) -> Option<Proxy> {
         match self {
-            Side::Floor => None,
+            Side::Floor | Side::FloorWide => None,
             Side::Sliceway => Some(Proxy::Sliceway),
             Side::Iptables => Some(Proxy::Iptables),
             Side::Nftables => Some(Proxy::Nftables),
@@ -194,6 +206,18 @@ impl Fig7 {
     pub fn row(&self, side: Side) -> Option<&Fig7Row> {
         self.rows.iter().find(|r| r.side == side)
     }
+
+    /// The floor the targets are checked against: the wide one, which reaches as many
+    /// addresses as the proxies' Services, when it was measured. The client's kernel
+    /// pays for each destination it has not met lately (about 4 µs at 10,000, measured
+    /// apart from the figure), a cost of the connections' spread and not of any proxy.
+    pub fn floor_side(&self) -> Side {
+        if self.row(Side::FloorWide).is_some() {
+            Side::FloorWide
+        } else {
+            Side::Floor
+        }
+    }
 }
 
 /// The machine's busy CPU time so far, milliseconds: `/proc/stat`'s user, nice,
@@ -236,7 +260,7 @@ const AGENT_METRICS_PORT: u16 = 10256;
 /// The proxy's own sync account from its metrics: (sum of seconds, count).
 fn own_syncs(ns: &str, side: Side) -> Result<Option<(f64, u64)>> {
     let (port, metric) = match side {
-        Side::Floor => return Ok(None),
+        Side::Floor | Side::FloorWide => return Ok(None),
         Side::Sliceway => (AGENT_METRICS_PORT, "sliceway_sync_duration_seconds"),
         Side::Iptables | Side::Nftables => (10249, "kubeproxy_sync_proxy_rules_duration_seconds"),
     };
@@ -440,7 +464,7 @@ fn bucket_quantile(before: &BTreeMap<u64, f64>, after: &BTreeMap<u64, f64>, q: f
 /// The proxy's network-programming histogram, read from its metrics.
 fn programming_histogram(ns: &str, side: Side) -> Result<Option<BTreeMap<u64, f64>>> {
     let (port, metric) = match side {
-        Side::Floor => return Ok(None),
+        Side::Floor | Side::FloorWide => return Ok(None),
         Side::Sliceway => (
             AGENT_METRICS_PORT,
             "sliceway_network_programming_duration_seconds",
@@ -986,6 +1010,57 @@ fn widen_client_ports(client_ns: &str) -> Result<()> {
     Ok(())
 }
 
+/// The first address of backend pod `i`'s block for the wide floor: 172.16.0.0/14,
+/// 172.20.0.0/14, ... (inside 172.16.0.0/12, apart from the lab's pod and Service
+/// ranges), 262,144 addresses each.
+fn wide_block(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(172, 16 + 4 * i as u8, 0, 0)
+}
+
+/// Gives each backend pod a block of addresses of its own (a `local` route in its
+/// network namespace, so its server, listening on any address, answers on every one;
+/// a route to the block through the pod on the node) and returns `n` of them, spread
+/// over the pods in turn, on the servers' port: the floor that reaches as many
+/// addresses as there are Services. The routes go with the namespaces.
+fn wide_floor(
+    node_ns: &str,
+    pods: &[(String, String, IpAddr)],
+    n: usize,
+) -> Result<Vec<SocketAddr>> {
+    ensure!(
+        pods.len() <= 4,
+        "the wide floor has blocks for 4 pods, not {}",
+        pods.len()
+    );
+    let per_pod = n.div_ceil(pods.len().max(1));
+    ensure!(
+        per_pod < 1 << 18,
+        "{n} addresses do not fit the wide floor's blocks"
+    );
+    for (i, (name, ns, ip)) in pods.iter().enumerate() {
+        let block = format!("{}/14", wide_block(i));
+        netns::nsenter(ns, "ip", &["link", "set", "lo", "up"])
+            .with_context(|| format!("loopback up in pod {name}"))?;
+        netns::nsenter(ns, "ip", &["route", "add", "local", &block, "dev", "lo"])
+            .with_context(|| format!("the wide floor's addresses in pod {name}"))?;
+        netns::nsenter(
+            node_ns,
+            "ip",
+            &["route", "add", &block, "via", &ip.to_string()],
+        )
+        .with_context(|| format!("the route to pod {name}'s wide floor addresses"))?;
+    }
+    Ok((0..n)
+        .map(|k| SocketAddr::new(IpAddr::V4(wide_address(k, pods.len())), PORT))
+        .collect())
+}
+
+/// The wide floor's `k`th address, of `pods` pods: pod `k % pods`, from its block's
+/// second address (the first is left alone).
+fn wide_address(k: usize, pods: usize) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(wide_block(k % pods)) + 1 + (k / pods) as u32)
+}
+
 /// Waits until the proxy `pid` is idle (under 20 ms of CPU in a second: its start-up
 /// syncs done), at most `limit`; the time waited. Measured while a proxy was still
 /// busy, every side's p99, even the floor's run beside it, carried its CPU: connections
@@ -1070,6 +1145,7 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
         .iter()
         .map(|ip| SocketAddr::new(*ip, PORT))
         .collect();
+    let wide = wide_floor(&cluster.state.nodes[0].netns, &backend_pods, n)?;
 
     // Of the N Services, a few are selector-less with slices of the figure's own,
     // which the churn rewrites.
@@ -1105,6 +1181,7 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
             let side = Side::ALL[(k + round) % Side::ALL.len()];
             cluster.stop_proxies()?;
             let targets = match side.proxy() {
+                None if side == Side::FloorWide => &wide,
                 None => &floor,
                 Some(proxy) => {
                     super::progress(&format!("figure 7: round {}: {}", round + 1, side.name()));
@@ -1163,7 +1240,7 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
                 .with_context(|| format!("{}: new-connection rate", side.name()))?;
                 rates.entry(side).or_default().push(steps);
             }
-            if side != Side::Floor && !churn_vips.is_empty() {
+            if side.proxy().is_some() && !churn_vips.is_empty() {
                 // The sides before may have left the API server's watches behind.
                 let waited = rt.block_on(catch_up(cluster)).with_context(|| {
                     format!(
@@ -1302,8 +1379,12 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
              rotates by round), on a node cleaned between sides (pins, iptables, nft and \
              conntrack flushed): sliceway-agent, kube-proxy --proxy-mode=iptables, \
              kube-proxy --proxy-mode=nftables (upstream's binary, fed by the same API \
-             server), and the floor: the client straight to the backend pods, no Service \
-             and no proxy running. Each sample is a TCP connect to a Service chosen at \
+             server), and two floors, no Service and no proxy running: the client \
+             straight to the backend pods' own addresses, and the client straight to \
+             {n} addresses the backend pods hold besides (a block of its own for each \
+             pod, a local route in the pod and a route to it on the node), so the \
+             client's kernel meets as many destinations as through a proxy; the ratios \
+             and the targets use the second when it was measured. Each sample is a TCP connect to a Service chosen at \
              random, a one-line request and its one-line answer, wall clock in the client; \
              {conns} connections per side per round after 20 warm-up connections, \
              {rounds} rounds, measured once the proxy is idle (under 2% of a core over a \
@@ -1320,7 +1401,7 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
              rates of {rates} connections a second in turn, {step_ms} ms each, open loop \
              (connection j is due at j / rate s and its time runs from then, whatever \
              became of the ones before it), started by the first free of {RATE_WORKERS} \
-             client threads at SCHED_FIFO to a Service (the floor: a backend pod) chosen \
+             client threads at SCHED_FIFO to a Service (the floors: a pod address) chosen \
              at random; a rate is sustained when at least {answered}% of its connections \
              are answered within {timeout} s of being due and their p99 from due to answer \
              is at most {RATE_P99_MS} ms; a round stops at its first rate not sustained \
@@ -1356,6 +1437,25 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_wide_floor_gives_each_pod_its_own_block_and_every_address_once() {
+        let ranges = [
+            ("172.16.0.0", "172.19.255.255"),
+            ("172.20.0.0", "172.23.255.255"),
+            ("172.24.0.0", "172.27.255.255"),
+        ];
+        let mut seen = std::collections::BTreeSet::new();
+        for k in 0..100_000 {
+            let a = wide_address(k, 3);
+            let (lo, hi) = ranges[k % 3];
+            let (lo, hi): (Ipv4Addr, Ipv4Addr) = (lo.parse().unwrap(), hi.parse().unwrap());
+            assert!(a > lo && a <= hi, "address {k} is {a}, outside {lo}-{hi}");
+            assert!(seen.insert(a), "address {k} ({a}) twice");
+        }
+        assert_eq!(wide_address(0, 3), Ipv4Addr::new(172, 16, 0, 1));
+        assert_eq!(wide_address(4, 3), Ipv4Addr::new(172, 20, 0, 2));
+    }
 
     #[test]
     fn a_datapath_count_is_read_by_its_whole_series_and_missing_ones_are_none() {
