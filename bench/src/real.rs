@@ -208,9 +208,10 @@ impl Fig7 {
     }
 
     /// The floor the targets are checked against: the wide one, which reaches as many
-    /// addresses as the proxies' Services, when it was measured. The client's kernel
-    /// pays for each destination it has not met lately (about 4 µs at 10,000, measured
-    /// apart from the figure), a cost of the connections' spread and not of any proxy.
+    /// addresses as the proxies' Services, when it was measured. Whatever the client's
+    /// kernel spends on the spread of its destinations (state per destination, its
+    /// ports and TIME_WAITs shared among three destinations or among thousands) is
+    /// then the same on both sides of the ratio, and not counted as the proxy's.
     pub fn floor_side(&self) -> Side {
         if self.row(Side::FloorWide).is_some() {
             Side::FloorWide
@@ -1028,11 +1029,11 @@ fn wide_floor(
     n: usize,
 ) -> Result<Vec<SocketAddr>> {
     ensure!(
-        pods.len() <= 4,
-        "the wide floor has blocks for 4 pods, not {}",
+        (1..=4).contains(&pods.len()),
+        "the wide floor has blocks for 1 to 4 pods, not {}",
         pods.len()
     );
-    let per_pod = n.div_ceil(pods.len().max(1));
+    let per_pod = n.div_ceil(pods.len());
     ensure!(
         per_pod < 1 << 18,
         "{n} addresses do not fit the wide floor's blocks"
