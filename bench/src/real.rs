@@ -193,11 +193,41 @@ pub struct Fig7Row {
     pub sorted_us: Vec<f64>,
 }
 
+/// sliceway's programs over connections of their own, run with the kernel's run
+/// statistics on, after each round's measured connections (which ran without them:
+/// the statistics add two clock reads to every program run).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct DatapathShare {
+    pub connections: usize,
+    /// By program name (as the kernel keeps it, 15 bytes): runs and nanoseconds,
+    /// summed over the rounds.
+    pub programs: BTreeMap<String, (u64, u64)>,
+}
+
+impl DatapathShare {
+    /// Runs and microseconds per connection of every program, and of all of them.
+    pub fn per_connection(&self) -> (Vec<(&str, f64, f64)>, f64) {
+        let n = self.connections.max(1) as f64;
+        let rows: Vec<(&str, f64, f64)> = self
+            .programs
+            .iter()
+            .filter(|(_, (runs, _))| *runs > 0)
+            .map(|(name, (runs, ns))| (name.as_str(), *runs as f64 / n, *ns as f64 / n / 1e3))
+            .collect();
+        let all = rows.iter().map(|r| r.2).sum();
+        (rows, all)
+    }
+}
+
 /// Figure 7.
 #[derive(Clone, Debug, Serialize)]
 pub struct Fig7 {
     pub method: String,
     pub rows: Vec<Fig7Row>,
+    /// sliceway's programs per connection (`None` where the kernel's run statistics
+    /// could not be turned on; the report says why).
+    pub datapath: Option<DatapathShare>,
+    pub datapath_error: Option<String>,
     /// Seconds to create the Services and to see every one of them with its slice.
     pub populate_s: f64,
 }
@@ -1177,6 +1207,7 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
     let mut cpu: BTreeMap<Side, (f64, usize)> = BTreeMap::new();
     let mut churned: BTreeMap<Side, Churned> = BTreeMap::new();
     let mut rates: BTreeMap<Side, Vec<Vec<RateStep>>> = BTreeMap::new();
+    let (mut datapath, mut datapath_error) = (DatapathShare::default(), None);
     for round in 0..cfg.fig7_rounds {
         for k in 0..Side::ALL.len() {
             let side = Side::ALL[(k + round) % Side::ALL.len()];
@@ -1216,6 +1247,19 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
             let e = cpu.entry(side).or_default();
             e.0 += (b1 - b0) as f64 - (b2 - b1) as f64;
             e.1 += l.len() + f;
+            if side == Side::Sliceway && datapath_error.is_none() {
+                match datapath_pass(&client_ns, targets, &backends, cfg, 2000 + round as u64) {
+                    Ok(pass) => {
+                        datapath.connections += pass.connections;
+                        for (name, (runs, ns)) in pass.programs {
+                            let e = datapath.programs.entry(name).or_default();
+                            e.0 += runs;
+                            e.1 += ns;
+                        }
+                    }
+                    Err(e) => datapath_error = Some(format!("{e:#}")),
+                }
+            }
             // Failures are reported (a column of their own); only many mean a broken run.
             ensure!(
                 f * 20 <= cfg.fig7_connections,
@@ -1431,13 +1475,69 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
             timeout = RATE_TIMEOUT.as_secs(),
         ),
         rows,
+        datapath: (datapath.connections > 0).then_some(datapath),
+        datapath_error,
         populate_s,
     })
 }
 
+/// sliceway's programs over `cfg.fig7_connections` connections like the measured
+/// ones, with the kernel's run statistics on: the runs and nanoseconds of each
+/// program, from the kernel's counts before and after.
+fn datapath_pass(
+    client_ns: &str,
+    targets: &[SocketAddr],
+    backends: &[IpAddr],
+    cfg: &Config,
+    seed: u64,
+) -> Result<DatapathShare> {
+    let on = sliceway_agent::kernel::enable_run_stats()?;
+    let before = sliceway_agent::kernel::program_runs(PROGRAM_PREFIX);
+    ensure!(
+        !before.is_empty(),
+        "no program named {PROGRAM_PREFIX}* is loaded"
+    );
+    let (l, f) = connections(client_ns, targets, backends, cfg.fig7_connections, seed)?;
+    let after = sliceway_agent::kernel::program_runs(PROGRAM_PREFIX);
+    drop(on);
+    let programs = after
+        .into_iter()
+        .map(|(name, (runs, ns))| {
+            let (r0, n0) = before.get(&name).copied().unwrap_or_default();
+            (name, (runs.saturating_sub(r0), ns.saturating_sub(n0)))
+        })
+        .collect();
+    Ok(DatapathShare {
+        connections: l.len() + f,
+        programs,
+    })
+}
+
+/// The names of sliceway's programs start with this.
+const PROGRAM_PREFIX: &str = "sliceway_";
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_datapath_share_divides_each_program_by_the_connections() {
+        let share = DatapathShare {
+            connections: 4,
+            programs: BTreeMap::from([
+                ("sliceway_tc".to_string(), (40, 8_000)),
+                ("sliceway_connect4".to_string(), (4, 400)),
+                ("sliceway_xdp".to_string(), (0, 0)),
+            ]),
+        };
+        let (rows, all) = share.per_connection();
+        assert_eq!(
+            rows,
+            vec![("sliceway_connect4", 1.0, 0.1), ("sliceway_tc", 10.0, 2.0)],
+            "a program that never ran is left out"
+        );
+        assert!((all - 2.1).abs() < 1e-9, "{all}");
+    }
 
     #[test]
     fn the_wide_floor_gives_each_pod_its_own_block_and_every_address_once() {

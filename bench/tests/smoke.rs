@@ -83,6 +83,20 @@ fn bench_smoke_writes_every_figure() {
             );
         }
     }
+    // sliceway's programs per connection, from the kernel's run statistics: its TC
+    // program ran on the connections' packets, at least the SYN and its reply each.
+    let datapath = &json["fig7"]["datapath"];
+    let connections = datapath["connections"].as_u64().unwrap_or(0);
+    let tc_runs = datapath["programs"]["sliceway_tc"][0].as_u64().unwrap_or(0);
+    assert!(
+        connections > 0 && tc_runs >= 2 * connections,
+        "sliceway's programs per connection: {datapath} ({})",
+        json["fig7"]["datapath_error"]
+    );
+    assert!(
+        md.contains("sliceway's programs per connection, from the kernel's run statistics"),
+        "{md}"
+    );
     for png in [
         "fig1-per-packet.png",
         "fig2-connection-latency.png",

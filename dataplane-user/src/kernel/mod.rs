@@ -1,7 +1,8 @@
 //! The kernel edge: loads the embedded object (`load`), pins maps and links under
 //! bpffs (`pin`), attaches the TC program to interfaces (`link`), exposes the maps to
 //! the writer and the sweeper (`maps`), puts the XDP program on uplinks (`xdp`), and
-//! runs packets through the programs with BPF_PROG_TEST_RUN (here, `xdp`).
+//! runs packets through the programs with BPF_PROG_TEST_RUN (here, `xdp`), and reads
+//! the kernel's run statistics of the loaded programs (`stats`).
 
 mod link;
 mod load;
@@ -9,6 +10,7 @@ mod maps;
 mod migrate;
 mod pin;
 mod sock;
+mod stats;
 mod xdp;
 
 use std::{collections::BTreeMap, path::PathBuf};
@@ -37,6 +39,7 @@ pub use maps::KernelMaps;
 pub use migrate::{plan_copy, CopyCounts, Migration, BRIDGE_PROGRAM, UNKNOWN_ID};
 pub use pin::PinDir;
 pub use sock::{netns_cookie, SockAttached, SOCK_PROGRAMS};
+pub use stats::{enable_run_stats, program_runs};
 pub use xdp::{XdpAttached, XdpChoice, XDP_DROP, XDP_PASS};
 
 /// A one-to-one SCTP socket (IPv4), or why this kernel opens none
