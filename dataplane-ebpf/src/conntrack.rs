@@ -186,6 +186,11 @@ fn next_state(proto: u8, seen: u8, tcp_flags: u8, from_client: bool) -> (u8, u8)
     (s, seen)
 }
 
+/// How often at most a forward packet also looks up its connection's reverse entry
+/// to keep it recent in the LRU (one second): far shorter than the time a full map
+/// takes to turn over even at tens of thousands of new connections a second.
+const LRU_REFRESH_NS: u64 = 1_000_000_000;
+
 /// What a tracked forward packet is to do.
 pub enum Forward {
     /// Not tracked (or the entry is dead, or the packet starts a new connection on
@@ -221,8 +226,14 @@ pub fn forward<F: Tuple>(flow: &F, key: &CtKey, now: u64) -> Forward {
     }
     let (s, seen) = next_state(flow.proto(), entry.flags, flow.tcp_flags(), true);
     slot.touch(s, seen, now);
-    // Refresh the reverse entry's LRU recency with the forward one.
-    let _ = maps::conntrack(&entry.pair);
+    // Refresh the reverse entry's LRU recency with the forward one (a lookup sets
+    // its referenced bit), at most once per `LRU_REFRESH_NS` of a connection: the
+    // LRU clears the bit only when it rotates its lists, and an entry referenced once
+    // in a while stays as well as one referenced by every packet. Replies look it up
+    // anyway; this keeps the replies of a connection that sends one way only.
+    if now.wrapping_sub(entry.last_seen_ns) >= LRU_REFRESH_NS {
+        let _ = maps::with_conntrack(&entry.pair, |_| ());
+    }
     Forward::Tracked(entry)
 }
 
@@ -236,15 +247,19 @@ pub fn reverse<F: Tuple>(flow: &F, key: &CtKey, now: u64) -> Result<Option<CtKey
     else {
         return Ok(None);
     };
-    let fwd_flags = maps::with_conntrack(&fwd_key, |f| {
-        (f.dir == CT_FORWARD && same(&f.pair, key) && alive(f, now)).then_some(f.flags)
+    // One lookup of the forward entry serves the check and the update in place.
+    let slot = maps::conntrack_slot(&fwd_key);
+    let fwd_flags = slot.as_ref().and_then(|slot| {
+        slot.with(|f| {
+            (f.dir == CT_FORWARD && same(&f.pair, key) && alive(f, now)).then_some(f.flags)
+        })
     });
-    let Some(Some(fwd_flags)) = fwd_flags else {
+    let (Some(slot), Some(fwd_flags)) = (slot, fwd_flags) else {
         let _ = CONNTRACK.remove(key);
         return Err(());
     };
     let (s, seen) = next_state(flow.proto(), fwd_flags, flow.tcp_flags(), false);
-    maps::conntrack_touch(&fwd_key, s, seen, now);
+    slot.touch(s, seen, now);
     Ok(Some(fwd_key))
 }
 

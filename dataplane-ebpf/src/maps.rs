@@ -229,6 +229,15 @@ impl CtSlot {
         unsafe { *self.0 }
     }
 
+    /// Runs `f` on the entry in place, without copying it out (see
+    /// [`with_conntrack`]).
+    #[inline(always)]
+    pub fn with<R>(&self, f: impl FnOnce(&CtEntry) -> R) -> R {
+        // SAFETY: as in `get`; the reference lives only during `f`, which cannot
+        // return it (`R` does not borrow from the entry).
+        f(unsafe { &*self.0 })
+    }
+
     /// Updates state, flags and last-seen time in place (see [`conntrack_touch`]).
     #[inline(always)]
     pub fn touch(&self, state: u8, flags: u8, now_ns: u64) {
