@@ -188,8 +188,14 @@ mkdir -p /newroot/usr/lib/modules/$kver
 mount --bind /newroot$(arg sliceway.modules)/$kver /newroot/usr/lib/modules/$kver || fail "modules"
 mkdir -p /newroot/.vm
 cp /bin/busybox /newroot/.vm/busybox
+# A clsact qdisc held on the guest's loopback for the whole run keeps the kernel's
+# TC static branches (ingress and egress) switched on, so agents that attach and
+# detach TC programs never have the receive path's code patched under a running
+# CPU: under software emulation a soft lockup was seen with both CPUs stuck at that
+# branch, the packet not yet at the TC hook.
 cat > /newroot/.vm/stage2 <<STAGE2
 ip link set lo up
+tc qdisc add dev lo clsact 2>/dev/null || echo "sliceway-vm: no clsact on lo"
 cd '$(arg sliceway.dir)' && HOME='$(arg sliceway.home)' PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin sh '$(arg sliceway.script)'
 echo "sliceway-vm: exit \$?"
 /.vm/busybox poweroff -f

@@ -401,6 +401,9 @@ fn track_inner<F: Tuple>(
     let previous = maps::with_conntrack(key, |e| (e.dir == CT_FORWARD).then_some(e.pair)).flatten();
     let mut reply = flow.reply_key(backend);
     let mut remapped = false;
+    if nat == NAT_KEEP && flow.proto() == PROTO_TCP && flow.syn_only() {
+        release_closing(&reply, key, now);
+    }
     if nat == NAT_MASQUERADE {
         flow.masquerade(&mut reply, key, now)?;
     } else if reply_taken(&reply, key, now) {
@@ -409,12 +412,11 @@ fn track_inner<F: Tuple>(
         let mut found = false;
         for i in 0..REMAP_TRIES {
             let port = (REMAP_PORT_MIN + hash.wrapping_add(i.wrapping_mul(7919)) % span) as u16;
-            let candidate = CtKey {
-                dport_be: port.to_be(),
-                ..reply
-            };
-            if !reply_taken(&candidate, key, now) {
-                reply = candidate;
+            // The candidate is `reply` itself, changed in place (a second key would
+            // not fit the uplink programs' frames on older verifiers); a connection
+            // that finds none is dropped, so the last candidate left in it is unused.
+            reply.dport_be = port.to_be();
+            if !reply_taken(&reply, key, now) {
                 found = true;
                 break;
             }
@@ -425,27 +427,26 @@ fn track_inner<F: Tuple>(
         remapped = true;
     }
     let (s, seen) = next_state(flow.proto(), 0, flow.tcp_flags(), true);
-    let forward = CtEntry {
-        pair: reply,
+    // One entry on the stack, written as the reverse and then turned into the
+    // forward: the uplink programs' frames have no room for two on older verifiers.
+    let mut entry = CtEntry {
+        pair: *key,
         last_seen_ns: now,
         service_id,
         backend_id,
-        dir: CT_FORWARD,
+        dir: CT_REVERSE,
         state: s,
         flags: seen,
         _pad: [0; 5],
     };
-    let reverse = CtEntry {
-        pair: *key,
-        dir: CT_REVERSE,
-        ..forward
-    };
     // Reverse first: a reply can only exist once the forward packet went out.
     CONNTRACK
-        .insert(reply, reverse, 0)
+        .insert(reply, entry, 0)
         .map_err(|_| (DROP, stat::DROP_CONNTRACK))?;
+    entry.pair = reply;
+    entry.dir = CT_FORWARD;
     CONNTRACK
-        .insert(key, forward, 0)
+        .insert(key, entry, 0)
         .map_err(|_| (DROP, stat::DROP_CONNTRACK))?;
     if let Some(old_reply) = previous {
         let names_us =
@@ -540,6 +541,40 @@ fn reply_taken(reply: &CtKey, key: &CtKey, now: u64) -> bool {
         f.dir == CT_FORWARD && same(&f.pair, reply) && alive(f, now)
     })
     .unwrap_or(false)
+}
+
+/// A new connection's TCP SYN takes over its reply tuple (`reply`, the client's own
+/// port) from a connection that holds it but is closing (TIME_WAIT after FINs both
+/// ways, CLOSE after an RST): the holder's forward entry goes, so the tuple counts as
+/// free and the new connection's reverse entry takes its place. netfilter's NAT
+/// likewise lets a new connection evict a conntrack in TIME_WAIT that holds the tuple
+/// it needs (`nf_nat_used_tuple_harder`,
+/// https://github.com/torvalds/linux/blob/master/net/netfilter/nf_nat_core.c).
+/// Without it, a client that opens connections to several Services sharing backends
+/// finds each backend's reply tuples held for the TIME_WAIT timeout (120 s), and once
+/// every candidate port is held its SYNs drop as `drop_ct_clash`.
+///
+/// Only the client's own tuple, before [`reply_taken`] and its remap candidates see
+/// it: a takeover inside their loops multiplies the paths the verifier walks past
+/// Debian 6.1's limit of a million instructions. A masqueraded connection's ports are
+/// the node's, chosen among many (`masquerade_port`), and are not taken over; nor is
+/// a tuple under direct server return, checked before (`track`).
+#[inline(always)]
+fn release_closing(reply: &CtKey, key: &CtKey, now: u64) {
+    let Some(Some(fwd_key)) = maps::with_conntrack(reply, |rev| {
+        (rev.dir == CT_REVERSE && !same(&rev.pair, key)).then_some(rev.pair)
+    }) else {
+        return;
+    };
+    let closing = maps::with_conntrack(&fwd_key, |f| {
+        f.dir == CT_FORWARD
+            && same(&f.pair, reply)
+            && alive(f, now)
+            && (f.state == state::TCP_TIME_WAIT || f.state == state::TCP_CLOSE)
+    });
+    if closing == Some(true) {
+        let _ = CONNTRACK.remove(fwd_key);
+    }
 }
 
 /// Key equality field by field: a derived `==` on the arrays becomes a `bcmp` call,

@@ -946,6 +946,107 @@ static FIXTURES: &[Fixture] = &[
         ],
     },
     Fixture {
+        description: "a SYN to another Service sharing the backend takes over the reply tuple of a connection in TIME_WAIT, keeping its client port",
+        maps: SHARED_BACKEND,
+        remaps: &[],
+        steps: &[
+            Step {
+                input: || tcp(client(40044), VIP_HTTP, TCP_SYN),
+                verdict: PASS,
+                reason: stat::DNAT_NEW,
+                output: Out::Packet(|| tcp(client(40044), BACKEND_HTTP, TCP_SYN)),
+            },
+            Step {
+                input: || tcp_to(BACKEND_HTTP, client(40044), TCP_SYN | TCP_ACK),
+                verdict: PASS,
+                reason: stat::REVNAT,
+                output: Out::Packet(|| tcp_to(VIP_HTTP, client(40044), TCP_SYN | TCP_ACK)),
+            },
+            Step {
+                input: || tcp(client(40044), VIP_HTTP, TCP_FIN | TCP_ACK),
+                verdict: PASS,
+                reason: stat::DNAT_ESTABLISHED,
+                output: Out::Packet(|| tcp(client(40044), BACKEND_HTTP, TCP_FIN | TCP_ACK)),
+            },
+            Step {
+                input: || tcp_to(BACKEND_HTTP, client(40044), TCP_FIN | TCP_ACK),
+                verdict: PASS,
+                reason: stat::REVNAT,
+                output: Out::Packet(|| tcp_to(VIP_HTTP, client(40044), TCP_FIN | TCP_ACK)),
+            },
+            // FINs both ways: TIME_WAIT. The new connection keeps port 40044.
+            Step {
+                input: || tcp(client(40044), VIP_API, TCP_SYN),
+                verdict: PASS,
+                reason: stat::DNAT_NEW,
+                output: Out::Packet(|| tcp(client(40044), BACKEND_HTTP, TCP_SYN)),
+            },
+            // The backend's answer on that tuple is now the new connection's.
+            Step {
+                input: || tcp_to(BACKEND_HTTP, client(40044), TCP_SYN | TCP_ACK),
+                verdict: PASS,
+                reason: stat::REVNAT,
+                output: Out::Packet(|| tcp_to(VIP_API, client(40044), TCP_SYN | TCP_ACK)),
+            },
+            Step {
+                input: || tcp_data(client(40044), VIP_API),
+                verdict: PASS,
+                reason: stat::DNAT_ESTABLISHED,
+                output: Out::Packet(|| tcp_data(client(40044), BACKEND_HTTP)),
+            },
+            // A late ACK of the connection taken over never lands on the new one's
+            // tuple: its entries went, so it is a new flow, remapped off the tuple.
+            Step {
+                input: || tcp(client(40044), VIP_HTTP, TCP_ACK),
+                verdict: PASS,
+                reason: stat::DNAT_PORT_REMAPPED,
+                output: Out::Packet(|| {
+                    tcp(remapped(client(40044), VIP_HTTP), BACKEND_HTTP, TCP_ACK)
+                }),
+            },
+        ],
+    },
+    Fixture {
+        description: "a SYN to another Service sharing the backend does not take the reply tuple of a connection only half closed: its port is remapped",
+        maps: SHARED_BACKEND,
+        remaps: &[],
+        steps: &[
+            Step {
+                input: || tcp(client(40045), VIP_HTTP, TCP_SYN),
+                verdict: PASS,
+                reason: stat::DNAT_NEW,
+                output: Out::Packet(|| tcp(client(40045), BACKEND_HTTP, TCP_SYN)),
+            },
+            Step {
+                input: || tcp_to(BACKEND_HTTP, client(40045), TCP_SYN | TCP_ACK),
+                verdict: PASS,
+                reason: stat::REVNAT,
+                output: Out::Packet(|| tcp_to(VIP_HTTP, client(40045), TCP_SYN | TCP_ACK)),
+            },
+            Step {
+                input: || tcp(client(40045), VIP_HTTP, TCP_FIN | TCP_ACK),
+                verdict: PASS,
+                reason: stat::DNAT_ESTABLISHED,
+                output: Out::Packet(|| tcp(client(40045), BACKEND_HTTP, TCP_FIN | TCP_ACK)),
+            },
+            Step {
+                input: || tcp(client(40045), VIP_API, TCP_SYN),
+                verdict: PASS,
+                reason: stat::DNAT_PORT_REMAPPED,
+                output: Out::Packet(|| {
+                    tcp(remapped(client(40045), VIP_API), BACKEND_HTTP, TCP_SYN)
+                }),
+            },
+            // The half-closed connection still gets its replies.
+            Step {
+                input: || tcp_to(BACKEND_HTTP, client(40045), TCP_FIN | TCP_ACK),
+                verdict: PASS,
+                reason: stat::REVNAT,
+                output: Out::Packet(|| tcp_to(VIP_HTTP, client(40045), TCP_FIN | TCP_ACK)),
+            },
+        ],
+    },
+    Fixture {
         description: "a direct connection on the tuple of a closed Service connection is never rewritten",
         maps: ONE_BACKEND,
         remaps: &[],

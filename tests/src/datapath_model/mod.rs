@@ -544,16 +544,29 @@ impl Machine<'_> {
     }
 
     /// Whether `reply` is the reverse key of a live connection other than `key`'s.
-    fn reply_taken(&self, reply: &CtKey, key: &CtKey) -> bool {
+    /// With `take_closing` (a new connection's TCP SYN, on its own tuple), a holder in
+    /// TIME_WAIT or CLOSE gives the tuple up: its forward entry goes and the tuple is
+    /// free (netfilter's `nf_nat_used_tuple_harder` evicts such a holder).
+    fn reply_taken(&mut self, reply: &CtKey, key: &CtKey, take_closing: bool) -> bool {
         let Some(rev) = self.view.ct(reply) else {
             return false;
         };
         if rev.dir != CT_REVERSE || rev.pair == *key {
             return false;
         }
-        self.view
+        let Some(f) = self
+            .view
             .ct(&rev.pair)
-            .is_some_and(|f| f.dir == CT_FORWARD && f.pair == *reply && self.alive(&f))
+            .filter(|f| f.dir == CT_FORWARD && f.pair == *reply && self.alive(f))
+        else {
+            return false;
+        };
+        let closing = f.state == state::TCP_TIME_WAIT || f.state == state::TCP_CLOSE;
+        if closing && take_closing {
+            self.view.remove(rev.pair);
+            return false;
+        }
+        true
     }
 
     /// A new connection: two entries that name each other; the reply tuple gets a
@@ -586,19 +599,23 @@ impl Machine<'_> {
             flow.proto,
         );
         let mut remapped = false;
-        if self.reply_taken(&reply, key) {
+        let take_closing = flow.proto == PROTO_TCP && flow.syn_only();
+        if self.reply_taken(&reply, key, take_closing) {
             let span = 65_536 - REMAP_PORT_MIN;
             let hash = flow.hash();
-            let free = (0..REMAP_TRIES)
-                .map(|i| {
-                    let port =
-                        (REMAP_PORT_MIN + hash.wrapping_add(i.wrapping_mul(7919)) % span) as u16;
-                    CtKey {
-                        dport_be: port.to_be(),
-                        ..reply
-                    }
-                })
-                .find(|c| !self.reply_taken(c, key));
+            let mut free = None;
+            for i in 0..REMAP_TRIES {
+                let port = (REMAP_PORT_MIN + hash.wrapping_add(i.wrapping_mul(7919)) % span) as u16;
+                let candidate = CtKey {
+                    dport_be: port.to_be(),
+                    ..reply
+                };
+                // Only the client's own tuple is taken over, not a candidate's.
+                if !self.reply_taken(&candidate, key, false) {
+                    free = Some(candidate);
+                    break;
+                }
+            }
             reply = free.ok_or((DROP, stat::DROP_CT_CLASH))?;
             remapped = true;
         }
