@@ -192,10 +192,11 @@ cp /bin/busybox /newroot/.vm/busybox
 # TC static branches (ingress and egress) switched on, so agents that attach and
 # detach TC programs never have the receive path's code patched under a running
 # CPU: under software emulation a soft lockup was seen with both CPUs stuck at that
-# branch, the packet not yet at the TC hook.
+# branch, the packet not yet at the TC hook. The host's tc by its path: this shell
+# runs its own applets first, and busybox's tc knows no clsact.
 cat > /newroot/.vm/stage2 <<STAGE2
 ip link set lo up
-tc qdisc add dev lo clsact 2>/dev/null || echo "sliceway-vm: no clsact on lo"
+/usr/sbin/tc qdisc add dev lo clsact || /sbin/tc qdisc add dev lo clsact || echo "sliceway-vm: no clsact on lo: the TC static branch may be patched mid-test"
 cd '$(arg sliceway.dir)' && HOME='$(arg sliceway.home)' PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin sh '$(arg sliceway.script)'
 echo "sliceway-vm: exit \$?"
 /.vm/busybox poweroff -f
