@@ -186,10 +186,12 @@ fn next_state(proto: u8, seen: u8, tcp_flags: u8, from_client: bool) -> (u8, u8)
     (s, seen)
 }
 
-/// How often at most a forward packet also looks up its connection's reverse entry
-/// to keep it recent in the LRU (one second): far shorter than the time a full map
+/// A forward packet also looks up its connection's reverse entry, to keep it recent
+/// in the LRU, when its time and the connection's last packet's fall in different
+/// windows of 2^30 ns (about a second): about once a second while packets flow, and
+/// the first packet after a pause. A second is far shorter than the time a full map
 /// takes to turn over even at tens of thousands of new connections a second.
-const LRU_REFRESH_NS: u64 = 1_000_000_000;
+const LRU_REFRESH_SHIFT: u32 = 30;
 
 /// What a tracked forward packet is to do.
 pub enum Forward {
@@ -227,11 +229,11 @@ pub fn forward<F: Tuple>(flow: &F, key: &CtKey, now: u64) -> Forward {
     let (s, seen) = next_state(flow.proto(), entry.flags, flow.tcp_flags(), true);
     slot.touch(s, seen, now);
     // Refresh the reverse entry's LRU recency with the forward one (a lookup sets
-    // its referenced bit), at most once per `LRU_REFRESH_NS` of a connection: the
-    // LRU clears the bit only when it rotates its lists, and an entry referenced once
-    // in a while stays as well as one referenced by every packet. Replies look it up
-    // anyway; this keeps the replies of a connection that sends one way only.
-    if now.wrapping_sub(entry.last_seen_ns) >= LRU_REFRESH_NS {
+    // its referenced bit), about once a second (`LRU_REFRESH_SHIFT`): the LRU clears
+    // the bit only when it rotates its lists, and an entry referenced once in a while
+    // stays as well as one referenced by every packet. Replies look it up anyway;
+    // this keeps the replies of a connection that sends one way only.
+    if now >> LRU_REFRESH_SHIFT != entry.last_seen_ns >> LRU_REFRESH_SHIFT {
         let _ = maps::with_conntrack(&entry.pair, |_| ());
     }
     Forward::Tracked(entry)
