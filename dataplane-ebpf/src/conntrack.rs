@@ -503,14 +503,18 @@ pub fn adopt_dsr_keys(
     if reply_taken(reply, key, now) {
         return false;
     }
-    let live = maps::with_conntrack(key, |f| {
-        (f.dir == CT_FORWARD && same(&f.pair, reply) && alive(f, now)).then_some(f.flags)
-    });
-    if let Some(Some(seen)) = live {
-        let (s, seen) = next_state(proto, seen, tcp_flags, true);
-        maps::conntrack_touch(key, s, seen, now);
-        let _ = maps::conntrack(reply);
-        return true;
+    // One lookup of the forward entry, read and then updated in place.
+    if let Some(slot) = maps::conntrack_slot(key) {
+        let live = slot.with(|f| {
+            (f.dir == CT_FORWARD && same(&f.pair, reply) && alive(f, now)).then_some(f.flags)
+        });
+        if let Some(seen) = live {
+            let (s, seen) = next_state(proto, seen, tcp_flags, true);
+            slot.touch(s, seen, now);
+            // A lookup marks the reverse entry recently used for the LRU.
+            let _ = maps::with_conntrack(reply, |_| ());
+            return true;
+        }
     }
     let (s, seen) = next_state(proto, 0, tcp_flags, true);
     let forward = CtEntry {

@@ -238,7 +238,9 @@ impl CtSlot {
         f(unsafe { &*self.0 })
     }
 
-    /// Updates state, flags and last-seen time in place (see [`conntrack_touch`]).
+    /// Updates state, flags and last-seen time in place. Another CPU may update the
+    /// same entry at the same time; the fields are independent and a lost update of
+    /// either is repaired by the next packet.
     #[inline(always)]
     pub fn touch(&self, state: u8, flags: u8, now_ns: u64) {
         // SAFETY: as in `get`; plain stores.
@@ -254,16 +256,6 @@ impl CtSlot {
 #[inline(always)]
 pub fn conntrack_slot(key: &CtKey) -> Option<CtSlot> {
     CONNTRACK.get_ptr_mut(key).map(CtSlot)
-}
-
-/// Updates the conntrack entry at `key` in place (state and last-seen time). Another
-/// CPU may update the same entry at the same time; the fields are independent and a
-/// lost update of either is repaired by the next packet.
-#[inline(always)]
-pub fn conntrack_touch(key: &CtKey, state: u8, flags: u8, now_ns: u64) {
-    if let Some(slot) = conntrack_slot(key) {
-        slot.touch(state, flags, now_ns);
-    }
 }
 
 /// The idle timeout of `state` in seconds.
