@@ -206,17 +206,33 @@ pub struct DatapathShare {
 
 impl DatapathShare {
     /// Runs and microseconds per connection of every program, and of all of them.
-    pub fn per_connection(&self) -> (Vec<(&str, f64, f64)>, f64) {
+    pub fn per_connection(&self) -> (Vec<DatapathRow<'_>>, f64) {
         let n = self.connections.max(1) as f64;
-        let rows: Vec<(&str, f64, f64)> = self
+        let rows: Vec<DatapathRow<'_>> = self
             .programs
             .iter()
             .filter(|(_, (runs, _))| *runs > 0)
-            .map(|(name, (runs, ns))| (name.as_str(), *runs as f64 / n, *ns as f64 / n / 1e3))
+            .map(|(name, &(runs, ns))| DatapathRow {
+                program: name.as_str(),
+                runs: runs as f64 / n,
+                us: ns as f64 / n / 1e3,
+                ns_per_run: ns as f64 / runs as f64,
+            })
             .collect();
-        let all = rows.iter().map(|r| r.2).sum();
+        let all = rows.iter().map(|r| r.us).sum();
         (rows, all)
     }
+}
+
+/// One program's line of [`DatapathShare::per_connection`]: runs and µs per
+/// connection, and ns per run (from the totals, so a program that ran is never divided
+/// by zero).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DatapathRow<'a> {
+    pub program: &'a str,
+    pub runs: f64,
+    pub us: f64,
+    pub ns_per_run: f64,
 }
 
 /// Figure 7.
@@ -1533,7 +1549,20 @@ mod tests {
         let (rows, all) = share.per_connection();
         assert_eq!(
             rows,
-            vec![("sliceway_connect4", 1.0, 0.1), ("sliceway_tc", 10.0, 2.0)],
+            vec![
+                DatapathRow {
+                    program: "sliceway_connect4",
+                    runs: 1.0,
+                    us: 0.1,
+                    ns_per_run: 100.0
+                },
+                DatapathRow {
+                    program: "sliceway_tc",
+                    runs: 10.0,
+                    us: 2.0,
+                    ns_per_run: 200.0
+                }
+            ],
             "a program that never ran is left out"
         );
         assert!((all - 2.1).abs() < 1e-9, "{all}");

@@ -1114,11 +1114,11 @@ fn datapath_share(m: &mut String, f: &super::real::Fig7) {
          all{over}.\n\n| program | runs per connection | µs per connection | ns per run |\n|---|---:|---:|---:|",
         d.connections
     );
-    for (name, runs, us) in rows {
+    for r in rows {
         let _ = writeln!(
             m,
-            "| {name} | {runs:.2} | {us:.2} | {:.0} |",
-            if runs > 0.0 { us * 1e3 / runs } else { 0.0 }
+            "| {} | {:.2} | {:.2} | {:.0} |",
+            r.program, r.runs, r.us, r.ns_per_run
         );
     }
 }
