@@ -414,17 +414,19 @@ pub struct Fig2 {
     pub method: String,
     pub ipvs: String,
     pub rows: Vec<Fig2Row>,
-    /// Baselines whose rules did not load within the time limit (not measured).
+    /// Baselines whose rules did not load (not measured).
     pub not_loaded: Vec<NotLoaded>,
 }
 
-/// A baseline of figure 2 whose load was killed at the time limit.
+/// A baseline of figure 2 whose rules did not load: killed at the time limit, or
+/// refused (`error`, the loader's own words).
 #[derive(Clone, Debug, Serialize)]
 pub struct NotLoaded {
     pub services: usize,
     pub proxy: Proxy,
     pub loader: Loader,
     pub limit_s: u64,
+    pub error: Option<String>,
 }
 
 /// `count` connections from the client pod to Services chosen at random; each is a
@@ -566,20 +568,33 @@ pub fn connection_latency(lab: &Lab, cfg: &Config, scratch: &Scratch) -> Result<
         let limit = cfg.fig2_load_limit();
         // A baseline's rules loaded within the limit are measured, others reported as
         // not loaded; the node is flushed after either.
+        // A load the loader refuses is a result too (the kernel's or the tool's
+        // limits at that size), not a broken run: the other sides go on.
         let mut baseline = |proxy: Proxy, loader: Loader, rules: &Path, legacy: bool| {
-            if loader.load_limited(&ns, rules, Some(limit))?.is_some() {
-                let row = measure_latency(lab, cfg, &services, proxy);
-                flush_node(&ns, legacy);
-                rows.push(row?);
-            } else {
-                flush_node(&ns, legacy);
-                not_loaded.push(NotLoaded {
-                    services: n,
-                    proxy,
-                    loader,
-                    limit_s: limit.as_secs(),
-                });
-            }
+            let refused = match loader.load_limited(&ns, rules, Some(limit)) {
+                Ok(Some(_)) => {
+                    let row = measure_latency(lab, cfg, &services, proxy);
+                    flush_node(&ns, legacy);
+                    rows.push(row?);
+                    return anyhow::Ok(());
+                }
+                Ok(None) => None,
+                Err(e) => {
+                    super::progress(&format!(
+                        "figure 2: {n} Services: {} refused the rules: {e:#}",
+                        loader.name()
+                    ));
+                    Some(format!("{e:#}"))
+                }
+            };
+            flush_node(&ns, legacy);
+            not_loaded.push(NotLoaded {
+                services: n,
+                proxy,
+                loader,
+                limit_s: limit.as_secs(),
+                error: refused,
+            });
             anyhow::Ok(())
         };
         baseline(Proxy::Iptables, cfg.fig2_iptables, &rules, legacy)?;
@@ -606,7 +621,8 @@ pub fn connection_latency(lab: &Lab, cfg: &Config, scratch: &Scratch) -> Result<
              programs detach when it exits) and the rules and conntrack flushed between \
              proxies. The floor: the client straight to the backend pods' addresses, no \
              Service and no rules, in the same run. A baseline whose rules do not load \
-             within {limit} s is killed and reported as not loaded; above 65,000 Services \
+             within {limit} s is killed and reported as not loaded, as is one whose \
+             loader refuses them (with its error); above 65,000 Services \
              the agent runs with its frontends map raised (two entries per Service: its \
              port and its ClusterIP).{why}",
             limit = cfg.fig2_load_limit().as_secs(),

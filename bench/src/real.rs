@@ -131,6 +131,15 @@ impl Side {
         }
     }
 
+    /// kube-proxy's mode, as the targets name it.
+    pub fn mode(self) -> &'static str {
+        match self {
+            Side::Iptables => "iptables",
+            Side::Nftables => "nftables",
+            _ => self.name(),
+        }
+    }
+
     fn proxy(self) -> Option<Proxy> {
         match self {
             Side::Floor | Side::FloorWide => None,
@@ -156,6 +165,9 @@ pub struct Fig7Row {
     pub failed: usize,
     /// From the proxy's start until every probed Service answered, per round.
     pub programmed_s: Option<Summary>,
+    /// Rounds in which the proxy was not programmed within [`Fig7::limit_s`]: they
+    /// measured nothing else of it (its other figures are over the rounds that were).
+    pub not_programmed: usize,
     /// The proxy's own mean sync duration over the run, and its syncs.
     pub own_sync_ms: Option<f64>,
     pub own_syncs: Option<u64>,
@@ -246,11 +258,36 @@ pub struct Fig7 {
     pub datapath_error: Option<String>,
     /// Seconds to create the Services and to see every one of them with its slice.
     pub populate_s: f64,
+    /// Seconds a proxy is given to be programmed before its round goes on without it.
+    pub limit_s: u64,
+    pub rounds: usize,
 }
 
 impl Fig7 {
+    /// The row of `side`, if it measured connections (a proxy never programmed within
+    /// the limit measured none).
     pub fn row(&self, side: Side) -> Option<&Fig7Row> {
-        self.rows.iter().find(|r| r.side == side)
+        self.rows.iter().find(|r| r.side == side && r.samples > 0)
+    }
+
+    /// Of kube-proxy's two modes, `value` of each that measured it, and the name of
+    /// each that was never programmed within the limit (for a target's text).
+    pub fn baselines(&self, value: impl Fn(&Fig7Row) -> Option<f64>) -> Baselines {
+        let mut b = Baselines::default();
+        for side in [Side::Iptables, Side::Nftables] {
+            match self.row(side).and_then(&value) {
+                Some(v) => b.measured.push((side, v)),
+                None if self
+                    .rows
+                    .iter()
+                    .any(|r| r.side == side && r.samples == 0 && r.not_programmed > 0) =>
+                {
+                    b.never_programmed.push(side)
+                }
+                None => b.missing = true,
+            }
+        }
+        b
     }
 
     /// The floor the targets are checked against: the wide one, which reaches as many
@@ -264,6 +301,41 @@ impl Fig7 {
         } else {
             Side::Floor
         }
+    }
+}
+
+/// kube-proxy's modes for a target: what they measured, and which never got that far.
+#[derive(Debug, Default, PartialEq)]
+pub struct Baselines {
+    pub measured: Vec<(Side, f64)>,
+    pub never_programmed: Vec<Side>,
+    /// A mode neither measured the value nor was reported not programmed: the target
+    /// cannot be checked.
+    pub missing: bool,
+}
+
+impl Baselines {
+    /// Whether `ours` is below every mode that measured it (`None`: a mode is
+    /// missing), and the modes in words (`unit` after each value).
+    pub fn below(&self, ours: f64, limit_s: u64, unit: &str) -> Option<(bool, String)> {
+        if self.missing {
+            return None;
+        }
+        let mut words: Vec<String> = self
+            .measured
+            .iter()
+            .map(|(side, v)| format!("{} {v:.0}{unit}", side.mode()))
+            .collect();
+        words.extend(self.never_programmed.iter().map(|side| {
+            format!(
+                "{} not programmed within {limit_s} s in any round",
+                side.mode()
+            )
+        }));
+        Some((
+            self.measured.iter().all(|(_, v)| ours < *v),
+            words.join(", "),
+        ))
     }
 }
 
@@ -434,14 +506,15 @@ async fn populate(cluster: &Cluster, n: usize) -> Result<Vec<SocketAddr>> {
     Ok(vips.into_values().collect())
 }
 
-/// Waits until every probe answers from a backend; the time since `since`.
+/// Waits until every probe answers from a backend: the time since `since`, or (the
+/// inner error) how many probes still did not answer once `limit` had passed.
 fn programmed(
     client_ns: &str,
     probes: &[SocketAddr],
     backends: &[IpAddr],
     since: Instant,
     limit: Duration,
-) -> Result<Duration> {
+) -> Result<Result<Duration, usize>> {
     let mut left: Vec<SocketAddr> = probes.to_vec();
     while !left.is_empty() {
         let (still, backends) = (left.clone(), backends.to_vec());
@@ -454,18 +527,14 @@ fn programmed(
                 })
                 .collect()
         })?;
-        if since.elapsed() > limit {
-            bail!(
-                "{} of {} probed Services still did not answer after {limit:?}",
-                left.len(),
-                probes.len()
-            );
+        if !left.is_empty() && since.elapsed() > limit {
+            return Ok(Err(left.len()));
         }
         if !left.is_empty() {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
-    Ok(since.elapsed())
+    Ok(Ok(since.elapsed()))
 }
 
 /// The cumulative buckets of histogram `name` (upper bound, count), summed over
@@ -1217,6 +1286,8 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
     let mut p50s: BTreeMap<Side, Vec<f64>> = BTreeMap::new();
     let mut failed: BTreeMap<Side, usize> = BTreeMap::new();
     let mut programming: BTreeMap<Side, Vec<f64>> = BTreeMap::new();
+    // Rounds in which a proxy was not programmed within `limit`.
+    let mut not_programmed: BTreeMap<Side, usize> = BTreeMap::new();
     let mut own: BTreeMap<Side, (f64, u64)> = BTreeMap::new();
     // Machine CPU over the connections less an idle window as long (ms), and the
     // connections, by side.
@@ -1235,8 +1306,26 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
                     super::progress(&format!("figure 7: round {}: {}", round + 1, side.name()));
                     let since = Instant::now();
                     cluster.start_proxies(proxy)?;
-                    let took = programmed(&client_ns, &probes, &backends, since, limit)
-                        .with_context(|| format!("{} at {n} Services", side.name()))?;
+                    let took = match programmed(&client_ns, &probes, &backends, since, limit)
+                        .with_context(|| format!("{} at {n} Services", side.name()))?
+                    {
+                        Ok(took) => took,
+                        Err(left) => {
+                            // A result of its own, not a broken run: the side's round
+                            // ends here, the others go on.
+                            super::progress(&format!(
+                                "figure 7: round {}: {}: {left} of {} probed Services still \
+                                 did not answer after {} s: not programmed in time, the rest \
+                                 of its round skipped",
+                                round + 1,
+                                side.name(),
+                                probes.len(),
+                                limit.as_secs()
+                            ));
+                            *not_programmed.entry(side).or_default() += 1;
+                            continue;
+                        }
+                    };
                     programming
                         .entry(side)
                         .or_default()
@@ -1379,13 +1468,16 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
             Fig7Row {
                 side,
                 services: n,
-                p50_us: Summary::of(&p50s[&side]),
+                p50_us: p50s
+                    .get(&side)
+                    .map_or_else(Summary::default, |v| Summary::of(v)),
                 p50_all_us: percentile(&all, 50.0),
                 p99_all_us: percentile(&all, 99.0),
                 p999_all_us: percentile(&all, 99.9),
                 samples: all.len(),
-                failed: failed[&side],
+                failed: failed.get(&side).copied().unwrap_or(0),
                 programmed_s: programming.get(&side).map(|v| Summary::of(v)),
+                not_programmed: not_programmed.get(&side).copied().unwrap_or(0),
                 own_sync_ms: own
                     .get(&side)
                     .filter(|(_, c)| *c > 0)
@@ -1452,7 +1544,9 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
              second); the client and the servers run at SCHED_FIFO priority 10, so other \
              work on the machine delays their wake-ups less. p50 per round as median \
              [min–max]; p50, p99 and p99.9 over every sample of the run. Programmed: from the proxy's start until the first, \
-             the last and {PROBES} random Services all answer. Own sync: the proxy's \
+             the last and {PROBES} random Services all answer; a proxy not programmed \
+             within {limit_s} s (120 s and one more for every 50 Services) is reported so \
+             for that round, which then goes on with the next side. Own sync: the proxy's \
              mean sync duration from its metrics (`kubeproxy_sync_proxy_rules_duration_seconds`, \
              `sliceway_sync_duration_seconds`). CPU per 1,000 connections: the whole \
              machine's busy time from /proc/stat over the connections (client, servers, \
@@ -1489,11 +1583,14 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
             step_ms = cfg.fig7_rate_step_ms,
             answered = RATE_ANSWERED * 100.0,
             timeout = RATE_TIMEOUT.as_secs(),
+            limit_s = limit.as_secs(),
         ),
         rows,
         datapath: (datapath.connections > 0).then_some(datapath),
         datapath_error,
         populate_s,
+        limit_s: limit.as_secs(),
+        rounds: cfg.fig7_rounds,
     })
 }
 
@@ -1535,6 +1632,28 @@ const PROGRAM_PREFIX: &str = "sliceway_";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mode_never_programmed_is_named_and_the_others_still_compared() {
+        let b = Baselines {
+            measured: vec![(Side::Nftables, 72.0)],
+            never_programmed: vec![Side::Iptables],
+            missing: false,
+        };
+        assert_eq!(
+            b.below(65.0, 320, " µs"),
+            Some((
+                true,
+                "nftables 72 µs, iptables not programmed within 320 s in any round".into()
+            ))
+        );
+        assert_eq!(b.below(80.0, 320, " µs").map(|(met, _)| met), Some(false));
+        let missing = Baselines {
+            missing: true,
+            ..Baselines::default()
+        };
+        assert_eq!(missing.below(1.0, 320, ""), None);
+    }
 
     #[test]
     fn the_datapath_share_divides_each_program_by_the_connections() {

@@ -392,12 +392,10 @@ pub fn targets(r: &Report) -> Vec<Target> {
         "real proxies at 10,000 Services: new-connection p50 within 1.1x of the floor (straight to the pod, at as many pod addresses as Services) and below both kube-proxy modes",
         r.fig7.ok().filter(|f| f.rows.iter().any(|row| row.services == 10_000)).and_then(|f| {
             let p50 = |side| f.row(side).map(|row| row.p50_all_us);
-            let (floor, s, i, n) = (
-                p50(f.floor_side())?,
-                p50(Side::Sliceway)?,
-                p50(Side::Iptables)?,
-                p50(Side::Nftables)?,
-            );
+            let (floor, s) = (p50(f.floor_side())?, p50(Side::Sliceway)?);
+            let (below, modes) = f
+                .baselines(|row| Some(row.p50_all_us))
+                .below(s, f.limit_s, " µs")?;
             let narrow = p50(Side::Floor)
                 .filter(|_| f.floor_side() != Side::Floor)
                 .map_or(String::new(), |fl| {
@@ -405,11 +403,11 @@ pub fn targets(r: &Report) -> Vec<Target> {
                 });
             Some((
                 format!(
-                    "{s:.0} µs: {:.2}x the floor's {floor:.0} µs ({}{narrow}); iptables {i:.0} µs, nftables {n:.0} µs",
+                    "{s:.0} µs: {:.2}x the floor's {floor:.0} µs ({}{narrow}); {modes}",
                     s / floor,
                     f.floor_side().name(),
                 ),
-                s <= 1.1 * floor && s < i && s < n,
+                s <= 1.1 * floor && below,
             ))
         }),
     ));
@@ -439,23 +437,23 @@ pub fn targets(r: &Report) -> Vec<Target> {
             .ok()
             .filter(|f| f.rows.iter().any(|row| row.services == 10_000))
             .and_then(|f| {
-                let c = |side| f.row(side).and_then(|row| row.cpu_ms_per_1k);
-                let (s, i, n) = (c(Side::Sliceway)?, c(Side::Iptables)?, c(Side::Nftables)?);
-                Some((
-                    format!("{s:.0} ms per 1,000 connections; iptables {i:.0}, nftables {n:.0}"),
-                    s < i && s < n,
-                ))
+                let s = f.row(Side::Sliceway).and_then(|row| row.cpu_ms_per_1k)?;
+                let (below, modes) = f
+                    .baselines(|row| row.cpu_ms_per_1k)
+                    .below(s, f.limit_s, " ms")?;
+                Some((format!("{s:.0} ms per 1,000 connections; {modes}"), below))
             }),
     ));
     out.push(target(
         7,
         "network programming under churn at 10,000 Services: p99 at most 1 s and below both kube-proxy modes",
         r.fig7.ok().filter(|f| f.rows.iter().any(|row| row.services == 10_000)).and_then(|f| {
-            let p99 = |side| f.row(side).and_then(|row| row.churn_first_packet_ms).map(|p| p.1);
-            let (s, i, n) = (p99(Side::Sliceway)?, p99(Side::Iptables)?, p99(Side::Nftables)?);
+            let p99 = |row: &super::real::Fig7Row| row.churn_first_packet_ms.map(|p| p.1);
+            let s = f.row(Side::Sliceway).and_then(p99)?;
+            let (below, modes) = f.baselines(p99).below(s, f.limit_s, " ms")?;
             Some((
-                format!("change to first packet p99: {s:.0} ms; iptables {i:.0} ms, nftables {n:.0} ms"),
-                s <= 1000.0 && s < i && s < n,
+                format!("change to first packet p99: {s:.0} ms; {modes}"),
+                s <= 1000.0 && below,
             ))
         }),
     ));
@@ -619,14 +617,19 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
                 );
             }
             for x in &f.not_loaded {
+                let why = match &x.error {
+                    None => format!(
+                        "its rules did not load within {} s (`{}` killed at the limit)",
+                        x.limit_s,
+                        x.loader.name()
+                    ),
+                    Some(e) => format!("`{}` refused its rules: {e}", x.loader.name()),
+                };
                 let _ = writeln!(
                     m,
-                    "\n{} at {} Services: not measured, its rules did not load within {} s \
-                     (`{}` killed at the limit).",
+                    "\n{} at {} Services: not measured, {why}.",
                     x.proxy.name(),
                     x.services,
-                    x.limit_s,
-                    x.loader.name()
                 );
             }
         }
@@ -859,7 +862,19 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
                 m,
                 "| side | Services | p50 per round (µs) | p50 (µs) | p99 (µs) | p99.9 (µs) | p50 over the floor (µs) | p50 / floor | p50 / floor to the 3 pod addresses | samples (failed) | programmed (s) | own sync, mean (ms, syncs) | CPU per 1,000 connections (ms) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
             );
-            for row in &f.rows {
+            for row in f.rows.iter().filter(|row| row.samples == 0) {
+                let _ = writeln!(
+                    m,
+                    "| {} | {} | not programmed within {} s in {} of {} rounds: nothing measured |{}",
+                    row.side.name(),
+                    row.services,
+                    f.limit_s,
+                    row.not_programmed,
+                    f.rounds,
+                    " – |".repeat(10)
+                );
+            }
+            for row in f.rows.iter().filter(|row| row.samples > 0) {
                 let to_narrow = match narrow {
                     Some(fl) if row.side != Side::Floor => fmt_ratio(ratio(row.p50_all_us, fl)),
                     _ => "–".into(),
@@ -882,7 +897,16 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
                     row.p999_all_us,
                     row.samples,
                     row.failed,
-                    row.programmed_s.as_ref().map_or("–".into(), |p| p.show(2)),
+                    match (&row.programmed_s, row.not_programmed) {
+                        (Some(p), 0) => p.show(2),
+                        (Some(p), k) => format!(
+                            "{}; not within {} s in {k} of {} rounds",
+                            p.show(2),
+                            f.limit_s,
+                            f.rounds
+                        ),
+                        (None, _) => "–".into(),
+                    },
                     match (row.own_sync_ms, row.own_syncs) {
                         (Some(ms), Some(n)) => format!("{ms:.1} ({n})"),
                         _ => "–".into(),

@@ -47,7 +47,7 @@ pub fn bench(
     // run's figures are not timed beside a build of Kubernetes.
     // An `--only` written after sliceway-bench's own flags reaches it among `extra`;
     // then that one alone selects the figures (and is the only one passed).
-    let passed = only_in(extra);
+    let passed = flag_in(extra, "--only");
     let only = passed.or(only);
     let selected = |n: &str| only.is_none_or(|o| o.split(',').any(|f| f.trim() == n));
     if selected("5") || selected("7") {
@@ -69,7 +69,10 @@ pub fn bench(
         "tests",
     ]))?;
     let mut cmd = Command::new(root.join("target/release/sliceway-bench"));
-    cmd.arg("--out").arg(root.join("target/bench"));
+    // An `--out` among `extra` is the one passed (sliceway-bench takes one).
+    if flag_in(extra, "--out").is_none() {
+        cmd.arg("--out").arg(root.join("target/bench"));
+    }
     if quick {
         cmd.arg("--quick");
     }
@@ -79,36 +82,40 @@ pub fn bench(
     run(cmd.args(extra))
 }
 
-/// The figures an `--only N,..` (or `--only=N,..`) among `extra` selects.
-fn only_in(extra: &[String]) -> Option<&str> {
+/// The value of `flag` (`--only N,..` or `--only=N,..`) among `extra`.
+fn flag_in<'a>(extra: &'a [String], flag: &str) -> Option<&'a str> {
     extra.iter().enumerate().find_map(|(i, a)| {
-        if a == "--only" {
+        if a == flag {
             extra.get(i + 1).map(String::as_str)
         } else {
-            a.strip_prefix("--only=")
+            a.strip_prefix(flag)?.strip_prefix('=')
         }
     })
 }
 
 #[cfg(test)]
 mod tests {
-    use super::only_in;
+    use super::flag_in;
 
     fn args(a: &[&str]) -> Vec<String> {
         a.iter().map(|s| s.to_string()).collect()
     }
 
     #[test]
-    fn an_only_among_the_bench_flags_is_found_in_either_spelling() {
+    fn a_flag_among_the_bench_flags_is_found_in_either_spelling() {
+        let only = |a: &[&str]| flag_in(&args(a), "--only").map(str::to_owned);
         assert_eq!(
-            only_in(&args(&["--fig7-rounds", "1", "--only", "1,2"])),
-            Some("1,2")
+            only(&["--fig7-rounds", "1", "--only", "1,2"]),
+            Some("1,2".into())
         );
+        assert_eq!(only(&["--fig2-sizes", "100", "--only=6"]), Some("6".into()));
+        assert_eq!(only(&["--fig7-rounds", "1"]), None);
+        assert_eq!(only(&["--only"]), None);
+        // A longer flag that starts with the name is not it.
+        assert_eq!(only(&["--only-not=3"]), None);
         assert_eq!(
-            only_in(&args(&["--fig2-sizes", "100", "--only=6"])),
-            Some("6")
+            flag_in(&args(&["--only", "7", "--out", "target/b7"]), "--out"),
+            Some("target/b7")
         );
-        assert_eq!(only_in(&args(&["--fig7-rounds", "1"])), None);
-        assert_eq!(only_in(&args(&["--only"])), None);
     }
 }
