@@ -566,10 +566,10 @@ pub fn connection_latency(lab: &Lab, cfg: &Config, scratch: &Scratch) -> Result<
         // iptables, as kube-proxy loads it.
         let rules = scratch.file("iptables.rules", &kubeproxy::iptables_full(&services, true))?;
         let limit = cfg.fig2_load_limit();
-        // A baseline's rules loaded within the limit are measured, others reported as
-        // not loaded; the node is flushed after either.
-        // A load the loader refuses is a result too (the kernel's or the tool's
-        // limits at that size), not a broken run: the other sides go on.
+        // A baseline's rules loaded within the limit are measured; others, killed at
+        // the limit or refused by the loader (the kernel's or the tool's limits at
+        // that size), are reported as not loaded and the other sides go on. The node
+        // is flushed after either.
         let mut baseline = |proxy: Proxy, loader: Loader, rules: &Path, legacy: bool| {
             let refused = match loader.load_limited(&ns, rules, Some(limit)) {
                 Ok(Some(_)) => {
@@ -580,11 +580,12 @@ pub fn connection_latency(lab: &Lab, cfg: &Config, scratch: &Scratch) -> Result<
                 }
                 Ok(None) => None,
                 Err(e) => {
+                    let e = format!("{e:#}");
                     super::progress(&format!(
-                        "figure 2: {n} Services: {} refused the rules: {e:#}",
+                        "figure 2: {n} Services: {} refused the rules: {e}",
                         loader.name()
                     ));
-                    Some(format!("{e:#}"))
+                    Some(e)
                 }
             };
             flush_node(&ns, legacy);

@@ -260,7 +260,6 @@ pub struct Fig7 {
     pub populate_s: f64,
     /// Seconds a proxy is given to be programmed before its round goes on without it.
     pub limit_s: u64,
-    pub rounds: usize,
 }
 
 impl Fig7 {
@@ -1590,7 +1589,6 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
         datapath_error,
         populate_s,
         limit_s: limit.as_secs(),
-        rounds: cfg.fig7_rounds,
     })
 }
 

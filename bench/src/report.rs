@@ -870,7 +870,7 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
                     row.services,
                     f.limit_s,
                     row.not_programmed,
-                    f.rounds,
+                    r.config.fig7_rounds,
                     " – |".repeat(10)
                 );
             }
@@ -903,7 +903,7 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
                             "{}; not within {} s in {k} of {} rounds",
                             p.show(2),
                             f.limit_s,
-                            f.rounds
+                            r.config.fig7_rounds
                         ),
                         (None, _) => "–".into(),
                     },
