@@ -106,6 +106,10 @@ pub enum Side {
     #[serde(rename = "floor_wide")]
     FloorWide,
     Sliceway,
+    /// sliceway with `--socket-lb-pods`: the client pod's TCP connects translated at
+    /// the socket.
+    #[serde(rename = "sliceway_pods")]
+    SlicewayPods,
     /// kube-proxy, iptables mode.
     Iptables,
     /// kube-proxy, nftables mode.
@@ -113,10 +117,11 @@ pub enum Side {
 }
 
 impl Side {
-    pub const ALL: [Side; 5] = [
+    pub const ALL: [Side; 6] = [
         Side::Floor,
         Side::FloorWide,
         Side::Sliceway,
+        Side::SlicewayPods,
         Side::Iptables,
         Side::Nftables,
     ];
@@ -126,6 +131,7 @@ impl Side {
             Side::Floor => "floor (straight to the pod)",
             Side::FloorWide => "floor at as many pod addresses as Services",
             Side::Sliceway => "sliceway",
+            Side::SlicewayPods => "sliceway --socket-lb-pods",
             Side::Iptables => "kube-proxy iptables",
             Side::Nftables => "kube-proxy nftables",
         }
@@ -140,10 +146,16 @@ impl Side {
         }
     }
 
+    /// Whether the side is a sliceway agent (either socket mode).
+    pub fn is_sliceway(self) -> bool {
+        matches!(self, Side::Sliceway | Side::SlicewayPods)
+    }
+
     fn proxy(self) -> Option<Proxy> {
         match self {
             Side::Floor | Side::FloorWide => None,
             Side::Sliceway => Some(Proxy::Sliceway),
+            Side::SlicewayPods => Some(Proxy::SlicewayPods),
             Side::Iptables => Some(Proxy::Iptables),
             Side::Nftables => Some(Proxy::Nftables),
         }
@@ -379,7 +391,9 @@ const AGENT_METRICS_PORT: u16 = 10256;
 fn own_syncs(ns: &str, side: Side) -> Result<Option<(f64, u64)>> {
     let (port, metric) = match side {
         Side::Floor | Side::FloorWide => return Ok(None),
-        Side::Sliceway => (AGENT_METRICS_PORT, "sliceway_sync_duration_seconds"),
+        Side::Sliceway | Side::SlicewayPods => {
+            (AGENT_METRICS_PORT, "sliceway_sync_duration_seconds")
+        }
         Side::Iptables | Side::Nftables => (10249, "kubeproxy_sync_proxy_rules_duration_seconds"),
     };
     let text = http_get(ns, port, "/metrics")?;
@@ -580,7 +594,7 @@ fn bucket_quantile(before: &BTreeMap<u64, f64>, after: &BTreeMap<u64, f64>, q: f
 fn programming_histogram(ns: &str, side: Side) -> Result<Option<BTreeMap<u64, f64>>> {
     let (port, metric) = match side {
         Side::Floor | Side::FloorWide => return Ok(None),
-        Side::Sliceway => (
+        Side::Sliceway | Side::SlicewayPods => (
             AGENT_METRICS_PORT,
             "sliceway_network_programming_duration_seconds",
         ),
@@ -1377,7 +1391,7 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
                     round + 1,
                     side.name()
                 ));
-                let agent_ns = (side == Side::Sliceway).then_some(node_ns.as_str());
+                let agent_ns = side.is_sliceway().then_some(node_ns.as_str());
                 let steps = rate_ramp(
                     &client_ns,
                     targets,

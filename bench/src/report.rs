@@ -387,76 +387,83 @@ pub fn targets(r: &Report) -> Vec<Target> {
                 ))
             }),
     ));
-    out.push(target(
-        7,
-        "real proxies at 10,000 Services: new-connection p50 within 1.1x of the floor (straight to the pod, at as many pod addresses as Services) and below both kube-proxy modes",
-        r.fig7.ok().filter(|f| f.rows.iter().any(|row| row.services == 10_000)).and_then(|f| {
-            let p50 = |side| f.row(side).map(|row| row.p50_all_us);
-            let (floor, s) = (p50(f.floor_side())?, p50(Side::Sliceway)?);
-            let (below, modes) = f
-                .baselines(|row| Some(row.p50_all_us))
-                .below(s, f.limit_s, " µs")?;
-            let narrow = p50(Side::Floor)
-                .filter(|_| f.floor_side() != Side::Floor)
-                .map_or(String::new(), |fl| {
-                    format!("; to the 3 pod addresses: {fl:.0} µs, {:.2}x", s / fl)
-                });
-            Some((
-                format!(
-                    "{s:.0} µs: {:.2}x the floor's {floor:.0} µs ({}{narrow}); {modes}",
-                    s / floor,
-                    f.floor_side().name(),
-                ),
-                s <= 1.1 * floor && below,
-            ))
-        }),
-    ));
-    out.push(target(
-        7,
-        "real proxies at 10,000 Services: new-connection p99 within 2x of the floor's p99 (at as many pod addresses as Services)",
-        r.fig7
-            .ok()
-            .filter(|f| f.rows.iter().any(|row| row.services == 10_000))
-            .and_then(|f| {
-                let p99 = |side| f.row(side).map(|row| row.p99_all_us);
-                let (floor, s) = (p99(f.floor_side())?, p99(Side::Sliceway)?);
+    // Each of sliceway's modes against the same floor and baselines: pods' connects
+    // translated at TC (the default) or at the socket (`--socket-lb-pods`).
+    for (side, mode) in [
+        (Side::Sliceway, ""),
+        (Side::SlicewayPods, " (sliceway --socket-lb-pods)"),
+    ] {
+        out.push(target(
+            7,
+            &format!("real proxies at 10,000 Services: new-connection p50 within 1.1x of the floor (straight to the pod, at as many pod addresses as Services) and below both kube-proxy modes{mode}"),
+            r.fig7.ok().filter(|f| f.rows.iter().any(|row| row.services == 10_000)).and_then(|f| {
+                let p50 = |side| f.row(side).map(|row| row.p50_all_us);
+                let (floor, s) = (p50(f.floor_side())?, p50(side)?);
+                let (below, modes) = f
+                    .baselines(|row| Some(row.p50_all_us))
+                    .below(s, f.limit_s, " µs")?;
+                let narrow = p50(Side::Floor)
+                    .filter(|_| f.floor_side() != Side::Floor)
+                    .map_or(String::new(), |fl| {
+                        format!("; to the 3 pod addresses: {fl:.0} µs, {:.2}x", s / fl)
+                    });
                 Some((
                     format!(
-                        "{s:.0} µs: {:.2}x the floor's {floor:.0} µs ({})",
+                        "{s:.0} µs: {:.2}x the floor's {floor:.0} µs ({}{narrow}); {modes}",
                         s / floor,
-                        f.floor_side().name()
+                        f.floor_side().name(),
                     ),
-                    s <= 2.0 * floor,
+                    s <= 1.1 * floor && below,
                 ))
             }),
-    ));
-    out.push(target(
-        7,
-        "CPU per new connection at 10,000 Services below both kube-proxy modes",
-        r.fig7
-            .ok()
-            .filter(|f| f.rows.iter().any(|row| row.services == 10_000))
-            .and_then(|f| {
-                let s = f.row(Side::Sliceway).and_then(|row| row.cpu_ms_per_1k)?;
-                let (below, modes) = f
-                    .baselines(|row| row.cpu_ms_per_1k)
-                    .below(s, f.limit_s, " ms")?;
-                Some((format!("{s:.0} ms per 1,000 connections; {modes}"), below))
+        ));
+        out.push(target(
+            7,
+            &format!("real proxies at 10,000 Services: new-connection p99 within 2x of the floor's p99 (at as many pod addresses as Services){mode}"),
+            r.fig7
+                .ok()
+                .filter(|f| f.rows.iter().any(|row| row.services == 10_000))
+                .and_then(|f| {
+                    let p99 = |side| f.row(side).map(|row| row.p99_all_us);
+                    let (floor, s) = (p99(f.floor_side())?, p99(side)?);
+                    Some((
+                        format!(
+                            "{s:.0} µs: {:.2}x the floor's {floor:.0} µs ({})",
+                            s / floor,
+                            f.floor_side().name()
+                        ),
+                        s <= 2.0 * floor,
+                    ))
+                }),
+        ));
+        out.push(target(
+            7,
+            &format!("CPU per new connection at 10,000 Services below both kube-proxy modes{mode}"),
+            r.fig7
+                .ok()
+                .filter(|f| f.rows.iter().any(|row| row.services == 10_000))
+                .and_then(|f| {
+                    let s = f.row(side).and_then(|row| row.cpu_ms_per_1k)?;
+                    let (below, modes) = f
+                        .baselines(|row| row.cpu_ms_per_1k)
+                        .below(s, f.limit_s, " ms")?;
+                    Some((format!("{s:.0} ms per 1,000 connections; {modes}"), below))
+                }),
+        ));
+        out.push(target(
+            7,
+            &format!("network programming under churn at 10,000 Services: p99 at most 1 s and below both kube-proxy modes{mode}"),
+            r.fig7.ok().filter(|f| f.rows.iter().any(|row| row.services == 10_000)).and_then(|f| {
+                let p99 = |row: &super::real::Fig7Row| row.churn_first_packet_ms.map(|p| p.1);
+                let s = f.row(side).and_then(p99)?;
+                let (below, modes) = f.baselines(p99).below(s, f.limit_s, " ms")?;
+                Some((
+                    format!("change to first packet p99: {s:.0} ms; {modes}"),
+                    s <= 1000.0 && below,
+                ))
             }),
-    ));
-    out.push(target(
-        7,
-        "network programming under churn at 10,000 Services: p99 at most 1 s and below both kube-proxy modes",
-        r.fig7.ok().filter(|f| f.rows.iter().any(|row| row.services == 10_000)).and_then(|f| {
-            let p99 = |row: &super::real::Fig7Row| row.churn_first_packet_ms.map(|p| p.1);
-            let s = f.row(Side::Sliceway).and_then(p99)?;
-            let (below, modes) = f.baselines(p99).below(s, f.limit_s, " ms")?;
-            Some((
-                format!("change to first packet p99: {s:.0} ms; {modes}"),
-                s <= 1000.0 && below,
-            ))
-        }),
-    ));
+        ));
+    }
     out
 }
 

@@ -83,6 +83,17 @@ fn bench_smoke_writes_every_figure() {
             );
         }
     }
+    // Both of sliceway's modes measured connections.
+    for side in ["sliceway", "sliceway_pods"] {
+        assert!(
+            json["fig7"]["rows"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|row| row["side"] == side && row["samples"].as_u64().is_some_and(|n| n > 0)),
+            "figure 7 has no {side} row with samples"
+        );
+    }
     // sliceway's programs per connection, from the kernel's run statistics: its TC
     // program ran on the connections' packets, at least the SYN and its reply each.
     let datapath = &json["fig7"]["datapath"];

@@ -697,8 +697,12 @@ pub mod stat {
     /// the programs walk (`IPV6_EXT_MAX`): dropped, never passed to a frontend
     /// untranslated.
     pub const DROP_IPV6_EXT_CHAIN: u32 = 35;
+    /// A pod's TCP connect to a frontend with backends, translated at the socket
+    /// (`--socket-lb-pods`): its packets go straight to the backend, past the TC
+    /// program's translation.
+    pub const SOCK_TRANSLATED_POD: u32 = 36;
     /// Number of slots.
-    pub const COUNT: u32 = 36;
+    pub const COUNT: u32 = 37;
 
     /// Names, indexed by slot, as `list` and metrics print them.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -738,6 +742,7 @@ pub mod stat {
         "dsr_accepted",
         "pass_dsr_refused",
         "drop_ipv6_ext_chain",
+        "sock_translated_pod",
     ];
 }
 

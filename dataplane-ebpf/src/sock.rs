@@ -23,6 +23,17 @@
 //! node), but act only on sockets of the network namespace the agent runs in
 //! (`HOST_NETNS`, its cookie, set at load): pods' sockets live in namespaces of their
 //! own, and their packets are translated by `sliceway_tc` as before.
+//!
+//! With `POD_SOCKETS` (`--socket-lb-pods`, as Cilium's socket LB outside the host
+//! namespace) a pod's TCP `connect` is translated here too, once, where the TC
+//! program would translate every packet of the connection: only where the result is
+//! the same as TC's, a frontend with backends and neither session affinity (keyed by
+//! the pod's address, which a socket has no sure hold of before it connects) nor
+//! source ranges (checked against that address). Everything else a pod sends is left
+//! untouched for `sliceway_tc`: a frontend without backends, which TC rejects with
+//! ICMP as kube-proxy does (a socket program could only fail the call with EPERM); a
+//! ClusterIP's undeclared port; and UDP and SCTP, whose connected sockets would keep a
+//! removed backend where TC's conntrack lets the next datagram pick again.
 
 use aya_ebpf::{
     helpers::{bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_get_socket_cookie},
@@ -33,7 +44,7 @@ use aya_ebpf::{
 use dataplane_common::{
     clusterip_marker, clusterip_marker6, stat, v4_mapped, ServiceKey, ServiceKey6, ServiceValue,
     SockRevKey, SockRevKey6, SockRevValue, SockRevValue6, PROTO_SCTP, PROTO_TCP, PROTO_UDP,
-    SCOPE_ANY, SVC_F_SOURCE_RANGES, V4_MAPPED_WORD_BE,
+    SCOPE_ANY, SVC_F_AFFINITY, SVC_F_SOURCE_RANGES, V4_MAPPED_WORD_BE,
 };
 
 use crate::{
@@ -48,6 +59,11 @@ use crate::{
 /// acts nowhere. Set by the loader; read-only data.
 #[no_mangle]
 static HOST_NETNS: u64 = 0;
+
+/// Non-zero: pods' TCP connects are translated too (see the module's words). Set by
+/// the loader; read-only data, so the verifier leaves out the code it turns off.
+#[no_mangle]
+static POD_SOCKETS: u8 = 0;
 
 const AF_INET: u32 = 2;
 const AF_INET6: u32 = 10;
@@ -107,6 +123,13 @@ fn in_host_netns(ctx: &SockAddrContext) -> bool {
     let host = unsafe { core::ptr::read_volatile(&HOST_NETNS) };
     // SAFETY: the helper takes the program's context, which `ctx` is.
     host != 0 && unsafe { bpf_get_netns_cookie(ctx.as_ptr()) } == host
+}
+
+/// Whether pods' TCP connects are translated here too.
+#[inline(always)]
+fn pods_too() -> bool {
+    // SAFETY: a plain read of a static; volatile so the loader's value is read.
+    unsafe { core::ptr::read_volatile(&POD_SOCKETS) != 0 }
 }
 
 /// The address a socket call names, by the maps' family: an IPv4 address (also one
@@ -330,12 +353,16 @@ fn remembered(cookie: u64, backend: Addr, port_be: u16) -> Option<(Addr, u16)> {
 /// connect and sendmsg: a frontend becomes a backend.
 #[inline(always)]
 fn translate<const V6: bool>(ctx: &SockAddrContext) -> i32 {
-    if !in_host_netns(ctx) {
+    let host = in_host_netns(ctx);
+    if !host && !pods_too() {
         return ALLOW;
     }
     let Some((addr, port_be, proto)) = peer::<V6>(ctx) else {
         return ALLOW;
     };
+    if !host {
+        return translate_pod::<V6>(ctx, addr, port_be, proto);
+    }
     let key = Key::of(addr, port_be, proto);
     let service = match frontend(&key) {
         Ok(service) => service,
@@ -361,19 +388,64 @@ fn translate<const V6: bool>(ctx: &SockAddrContext) -> i32 {
             return REFUSE;
         }
     };
-    // SAFETY: the helper takes the program's context, which `ctx` is.
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    remember(cookie, (backend, backend_port), (addr, port_be));
-    set_peer::<V6>(ctx, backend, backend_port);
-    counters::connected(service.id, backend_id);
+    redirect::<V6>(
+        ctx,
+        (backend_id, backend, backend_port),
+        &service,
+        (addr, port_be),
+    );
     count(stat::SOCK_TRANSLATED);
     ALLOW
+}
+
+/// A pod's connect: translated only where TC would give the same result (a TCP
+/// frontend with backends, no session affinity, no source ranges); everything else
+/// is TC's. Never refuses.
+#[inline(always)]
+fn translate_pod<const V6: bool>(
+    ctx: &SockAddrContext,
+    addr: Addr,
+    port_be: u16,
+    proto: u8,
+) -> i32 {
+    if proto != PROTO_TCP {
+        return ALLOW;
+    }
+    let Ok(service) = frontend(&Key::of(addr, port_be, proto)) else {
+        return ALLOW;
+    };
+    if service.count == 0 || service.flags & (SVC_F_AFFINITY | SVC_F_SOURCE_RANGES) != 0 {
+        return ALLOW;
+    }
+    // A slot or backend missing (the agent between writes): TC picks for the packet.
+    let Ok(picked) = pick(addr, &service) else {
+        return ALLOW;
+    };
+    redirect::<V6>(ctx, picked, &service, (addr, port_be));
+    count(stat::SOCK_TRANSLATED_POD);
+    ALLOW
+}
+
+/// Points the call at the picked backend, remembers the frontend for the socket's
+/// replies and peer name, and counts the connection.
+#[inline(always)]
+fn redirect<const V6: bool>(
+    ctx: &SockAddrContext,
+    (backend_id, backend, backend_port): (u32, Addr, u16),
+    service: &ServiceValue,
+    frontend: (Addr, u16),
+) {
+    // SAFETY: the helper takes the program's context, which `ctx` is.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    remember(cookie, (backend, backend_port), frontend);
+    set_peer::<V6>(ctx, backend, backend_port);
+    counters::connected(service.id, backend_id);
 }
 
 /// recvmsg and getpeername: a backend the socket was given shows as its frontend.
 #[inline(always)]
 fn reverse<const V6: bool>(ctx: &SockAddrContext) {
-    if !in_host_netns(ctx) {
+    if !pods_too() && !in_host_netns(ctx) {
         return;
     }
     let Some((addr, port_be, _)) = peer::<V6>(ctx) else {

@@ -670,7 +670,13 @@ fn start_datapath(settings: &Settings, m: &Metrics) -> Result<(Datapath, MapWrit
         .choose_attach(settings.attach)
         .map_err(|e| Error::ChooseAttach(e.into()))?;
     info!(path = %path.as_str(), "attach path");
-    let sockets = attach_sockets(&mut dp, settings.socket_lb.as_deref(), m);
+    let sockets = match attach_sockets(&mut dp, settings.socket_lb.as_deref(), m) {
+        "attached" if settings.capacities.socket_lb_pods => {
+            info!("the socket programs translate pods' TCP connects too (--socket-lb-pods)");
+            "pods"
+        }
+        other => other,
+    };
     m.datapath_info
         .get_or_create(&vec![
             ("attach_path".into(), path.as_str().into()),

@@ -351,6 +351,14 @@ pub struct RunArgs {
     /// earlier run pinned are removed).
     #[arg(long)]
     pub no_socket_lb: bool,
+    /// Pods' TCP connections too: a pod's connect to a frontend with backends,
+    /// without session affinity or source ranges, is translated once at the socket
+    /// (as Cilium's socket LB), and its packets go straight to the backend past the
+    /// TC program's translation and conntrack; everything else of pods stays with
+    /// TC. Off by default: a sidecar proxy that routes by the address the
+    /// application connected to (a service mesh) would see the backend's.
+    #[arg(long, conflicts_with = "no_socket_lb")]
+    pub socket_lb_pods: bool,
     #[command(flatten)]
     pub maglev: MaglevArgs,
     #[command(flatten)]

@@ -90,6 +90,7 @@ fn main() -> anyhow::Result<()> {
                         },
                         conntrack: args.max_conntrack,
                         flow_counters: !args.no_flow_counters,
+                        socket_lb_pods: args.socket_lb_pods,
                     },
                     pins: (!args.no_pin).then(|| PinDir::new(args.bpffs_dir)),
                     attach: args.attach,

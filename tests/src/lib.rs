@@ -617,6 +617,72 @@ pub struct Agent {
 /// next, so two agents in one node namespace never share one.
 const AGENT_METRICS_PORT: u16 = 20256;
 
+/// A cgroup (v2) of the lab's own for "pod" processes, under the root of the
+/// hierarchy the agent would attach to; removed on drop. Socket programs attached to
+/// it act on its processes' sockets only, so a lab's agent translating pods' sockets
+/// leaves every other lab's (and the machine's) alone.
+pub struct PodCgroup {
+    pub dir: PathBuf,
+}
+
+impl PodCgroup {
+    pub fn new(prefix: &str) -> Result<Self> {
+        let root = sliceway_agent::kernel::resolve_cgroup(Path::new("auto"))
+            .map_err(|e| anyhow::anyhow!("finding the cgroup v2 hierarchy: {e}"))?;
+        let dir = root.join(format!("{prefix}-pods"));
+        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(Self { dir })
+    }
+
+    /// `count` TCP or UDP (`proto`) requests from a process in this cgroup and in
+    /// `netns`, one after the other: each one's answer (the backend's `NAME ADDR
+    /// PEER` and the socket's peer name) or its error's kind (`ConnectionRefused`).
+    pub fn requests(
+        &self,
+        netns: &str,
+        proto: &str,
+        to: SocketAddr,
+        count: usize,
+    ) -> Result<Vec<std::result::Result<(Reply, SocketAddr), String>>> {
+        let bin = workspace_binary("sliceway-lab-connect")?;
+        let out = Command::new(&bin)
+            .args([netns, &self.dir.to_string_lossy(), proto])
+            .arg(to.to_string())
+            .arg(count.to_string())
+            .stderr(Stdio::inherit())
+            .output()
+            .with_context(|| format!("running {}", bin.display()))?;
+        if !out.status.success() {
+            bail!("{} failed: {}", bin.display(), out.status);
+        }
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|line| match line.split_once(' ') {
+                Some(("ok", rest)) => {
+                    let (answer, peer) = rest.rsplit_once(' ').context("no peer name")?;
+                    Ok(Ok((servers::parse_ident(answer)?, peer.parse()?)))
+                }
+                Some(("err", kind)) => Ok(Err(kind.to_string())),
+                _ => bail!("unexpected line {line:?}"),
+            })
+            .collect()
+    }
+}
+
+impl Drop for PodCgroup {
+    fn drop(&mut self) {
+        // Empty once its processes have exited (they are waited for); the kernel
+        // may take a moment to let go of them.
+        for _ in 0..50 {
+            if fs::remove_dir(&self.dir).is_ok() || !self.dir.exists() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        eprintln!("could not remove cgroup {}", self.dir.display());
+    }
+}
+
 /// The backends that answered one round of the node's own sockets to `vip` (run in
 /// the node's namespace): a TCP connection, a connected UDP socket and an
 /// unconnected one bound to `bind` (an address of `vip`'s family, or `[::]` for an

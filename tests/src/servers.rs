@@ -258,7 +258,7 @@ fn unspecified(to: &SocketAddr) -> SocketAddr {
     }
 }
 
-fn parse_ident(line: &str) -> Result<Reply> {
+pub(crate) fn parse_ident(line: &str) -> Result<Reply> {
     let mut parts = line.split_whitespace();
     let (Some(name), Some(addr)) = (parts.next(), parts.next()) else {
         bail!("unexpected answer {line:?}")

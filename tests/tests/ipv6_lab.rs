@@ -359,3 +359,57 @@ fn a_packet_too_big_behind_the_backend_reaches_the_client_over_ipv6() {
         "the client's route to the ClusterIP does not show the path MTU: {route}"
     );
 }
+
+/// `--socket-lb-pods` over IPv6: a pod's TCP connect to an IPv6 ClusterIP is
+/// translated at the socket (`sliceway_connect6`), spread over the backends, the
+/// backend sees the pod's IPv6 address and the pod sees the ClusterIP as its peer;
+/// no packet takes the TC program's translation. An IPv6 frontend without endpoints
+/// is left to TC, which rejects it (ECONNREFUSED), as over IPv4.
+#[test]
+fn with_socket_lb_pods_a_pods_ipv6_tcp_connect_is_translated_at_the_socket() {
+    let mut lab = Lab::dual_stack(3, false).unwrap();
+    let yaml = lab
+        .service_yaml_families("web", &[VIP6.into(), VIP4.into()], PORT, &[0, 1, 2])
+        .unwrap();
+    let empty6: Ipv6Addr = "fd00:96::20".parse().unwrap();
+    let empty = lab
+        .service_yaml_families("empty6", &[empty6.into()], PORT, &[])
+        .unwrap();
+    lab.write_manifest("web.yaml", &yaml).unwrap();
+    lab.write_manifest("empty6.yaml", &empty).unwrap();
+    let cgroup = sliceway_lab::PodCgroup::new(&lab.prefix).unwrap();
+    lab.agent_args = vec![
+        "--socket-lb-pods".into(),
+        "--socket-lb-cgroup".into(),
+        cgroup.dir.to_string_lossy().into_owned(),
+    ];
+    let agent = lab.start_agent().unwrap();
+    let count = |reason: &str| {
+        agent
+            .metric(&format!("sliceway_datapath_packets{{reason=\"{reason}\"}}"))
+            .unwrap()
+            .unwrap_or(0.0)
+    };
+    let all: BTreeSet<String> = lab.backends.iter().map(|b| b.name.clone()).collect();
+    let client6 = lab.client.ip6.expect("a dual-stack pod");
+    let replies = cgroup
+        .requests(&lab.client.ns, "tcp", at(VIP6, PORT), 20)
+        .unwrap();
+    let mut seen = BTreeSet::new();
+    for reply in &replies {
+        let (reply, peer) = reply.as_ref().expect("answered");
+        assert_eq!(*peer, at(VIP6, PORT), "getpeername shows the ClusterIP");
+        assert_eq!(reply.peer.map(|p| p.ip()), Some(client6.into()));
+        seen.insert(reply.backend.clone());
+    }
+    assert_eq!(replies.len(), 20);
+    assert!(seen.len() > 1 && seen.is_subset(&all), "{seen:?}");
+    assert!(count("sock_translated_pod") >= 20.0);
+    assert_eq!(count("dnat_new"), 0.0, "no packet took TC's translation");
+    let refused = cgroup
+        .requests(&lab.client.ns, "tcp", at(empty6, PORT), 1)
+        .unwrap();
+    assert_eq!(refused, [Err("ConnectionRefused".to_string())]);
+    assert!(count("reject_no_backend") >= 1.0);
+    drop(agent);
+}

@@ -1451,3 +1451,110 @@ fn a_node_port_is_served_on_the_nodes_addresses() {
         "not a NodePort address now"
     );
 }
+
+/// `--socket-lb-pods`: a pod's TCP connect to a frontend with backends is translated
+/// once at the socket (no packet of it takes the TC program's translation, and the
+/// pod still sees the ClusterIP as its peer), while what the socket cannot answer as
+/// kube-proxy does stays with TC: a Service without endpoints or an undeclared port
+/// (rejected with ICMP: ECONNREFUSED, not the socket program's EPERM), session
+/// affinity (by the pod's address), and UDP. The programs sit on the lab's own
+/// cgroup, so only processes in it are touched: the client pod's requests from this
+/// test's threads still go through TC.
+#[test]
+fn pods_tcp_connects_are_translated_at_the_socket_with_socket_lb_pods() {
+    use std::net::SocketAddr;
+    let empty = Ipv4Addr::new(10, 96, 0, 20);
+    let sticky = Ipv4Addr::new(10, 96, 0, 30);
+    let mut lab = Lab::new(3).unwrap();
+    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1, 2]))
+        .unwrap();
+    lab.write_manifest("empty.yaml", &lab.service_yaml("empty", empty, PORT, &[]))
+        .unwrap();
+    lab.write_manifest(
+        "sticky.yaml",
+        &lab.service_yaml("sticky", sticky, PORT, &[0, 1, 2])
+            .replace(
+                "  type: ClusterIP\n",
+                "  type: ClusterIP\n  sessionAffinity: ClientIP\n",
+            ),
+    )
+    .unwrap();
+    let cgroup = sliceway_lab::PodCgroup::new(&lab.prefix).unwrap();
+    lab.agent_args = vec![
+        "--socket-lb-pods".into(),
+        "--socket-lb-cgroup".into(),
+        cgroup.dir.to_string_lossy().into_owned(),
+    ];
+    let agent = lab.start_agent().unwrap();
+    assert_eq!(
+        agent
+            .metric_label("sliceway_datapath_info{", "socket_lb")
+            .unwrap()
+            .as_deref(),
+        Some("pods"),
+        "{:#?}",
+        agent.log()
+    );
+    let count = |reason: &str| {
+        agent
+            .metric(&format!("sliceway_datapath_packets{{reason=\"{reason}\"}}"))
+            .unwrap()
+            .unwrap_or(0.0)
+    };
+    let client = lab.client.ns.clone();
+    let names: Vec<String> = lab.backends.iter().map(|b| b.name.clone()).collect();
+    let to = |ip: Ipv4Addr, port: u16| SocketAddr::from(SocketAddrV4::new(ip, port));
+
+    // Translated at the socket: spread over the backends, the pod's own address is
+    // what the backend sees, the ClusterIP is what the pod sees; TC translated none.
+    let replies = cgroup.requests(&client, "tcp", to(VIP, PORT), 30).unwrap();
+    let mut seen = BTreeSet::new();
+    for reply in &replies {
+        let (reply, peer) = reply.as_ref().expect("answered");
+        assert!(names.contains(&reply.backend), "{reply:?}");
+        assert_eq!(*peer, to(VIP, PORT), "getpeername shows the ClusterIP");
+        assert_eq!(
+            reply.peer.map(|p| p.ip()),
+            Some(lab.client.ip.into()),
+            "the backend sees the pod"
+        );
+        seen.insert(reply.backend.clone());
+    }
+    assert_eq!(replies.len(), 30);
+    assert!(seen.len() > 1, "spread over the backends: {seen:?}");
+    assert!(count("sock_translated_pod") >= 30.0);
+    assert_eq!(count("dnat_new"), 0.0, "no packet took TC's translation");
+
+    // UDP from the same process: TC's.
+    let udp = cgroup.requests(&client, "udp", to(VIP, PORT), 3).unwrap();
+    assert!(udp.iter().all(|r| r.is_ok()), "{udp:?}");
+    assert_eq!(count("dnat_new"), 3.0);
+
+    // No endpoints, or an undeclared port: TC rejects, as kube-proxy does.
+    for at in [to(empty, PORT), to(VIP, 9999)] {
+        let refused = cgroup.requests(&client, "tcp", at, 1).unwrap();
+        assert_eq!(refused, [Err("ConnectionRefused".to_string())], "{at}");
+    }
+    assert!(count("reject_no_backend") >= 1.0);
+    assert!(count("reject_no_port") >= 1.0);
+
+    // Session affinity: TC's, keyed by the pod's address; one backend.
+    let before = count("dnat_new");
+    let sticky_replies = cgroup
+        .requests(&client, "tcp", to(sticky, PORT), 10)
+        .unwrap();
+    let backends: BTreeSet<String> = sticky_replies
+        .iter()
+        .map(|r| r.as_ref().expect("answered").0.backend.clone())
+        .collect();
+    assert_eq!(backends.len(), 1, "{backends:?}");
+    assert_eq!(count("dnat_new"), before + 10.0);
+
+    // A process outside the cgroup: TC's, as without the flag.
+    let translated = count("sock_translated_pod");
+    let before = count("dnat_new");
+    assert!(names.contains(&lab.tcp_request(vip()).unwrap().backend));
+    assert_eq!(count("dnat_new"), before + 1.0);
+    assert_eq!(count("sock_translated_pod"), translated);
+    drop(agent);
+}

@@ -154,6 +154,7 @@ impl Datapath {
         let flow_counters = u8::from(caps.flow_counters);
         let netns_cookie = super::sock::netns_cookie();
         let host_netns = netns_cookie.unwrap_or(0);
+        let pod_sockets = u8::from(caps.socket_lb_pods);
         let mut loader = EbpfLoader::new();
         loader
             .map_max_entries(map_name::SERVICES, caps.limits.services)
@@ -170,7 +171,8 @@ impl Datapath {
             .map_max_entries(map_name::FRAGMENTS6, capacity6::FRAGMENTS6)
             .map_max_entries(map_name::SOURCE_RANGES6, capacity6::SOURCE_RANGES6)
             .override_global("FLOW_COUNTERS", &flow_counters, true)
-            .override_global("HOST_NETNS", &host_netns, true);
+            .override_global("HOST_NETNS", &host_netns, true)
+            .override_global("POD_SOCKETS", &pod_sockets, true);
         let pin_paths: Vec<(&str, PathBuf)> = pins
             .map(|p| pinned.iter().map(|n| (*n, p.map(n))).collect())
             .unwrap_or_default();
@@ -505,8 +507,11 @@ pub fn check() -> Result<KernelCheck, KernelError> {
     // The socket programs do nothing outside the agent's namespace (a zero cookie
     // verifies as nothing at all): checked as they run, with this namespace's.
     let host_netns = super::sock::netns_cookie().unwrap_or(1);
+    // Pods' sockets too, so the check verifies the most code.
+    let pod_sockets = 1u8;
     let mut ebpf = EbpfLoader::new()
         .override_global("HOST_NETNS", &host_netns, true)
+        .override_global("POD_SOCKETS", &pod_sockets, true)
         .map_max_entries(map_name::SERVICES, 16)
         .map_max_entries(map_name::SERVICE_NAMES, 16)
         .map_max_entries(map_name::SLOTS, 16)

@@ -38,7 +38,7 @@ pub(crate) use maps::summed;
 pub use maps::KernelMaps;
 pub use migrate::{plan_copy, CopyCounts, Migration, BRIDGE_PROGRAM, UNKNOWN_ID};
 pub use pin::PinDir;
-pub use sock::{netns_cookie, SockAttached, SOCK_PROGRAMS};
+pub use sock::{netns_cookie, resolve_cgroup, SockAttached, SOCK_PROGRAMS};
 pub use stats::{enable_run_stats, program_runs};
 pub use xdp::{XdpAttached, XdpChoice, XDP_DROP, XDP_PASS};
 
@@ -124,6 +124,9 @@ pub struct Capacities {
     /// Whether the program counts per frontend and per backend (set at load time;
     /// off, the counting code is not in the verified program).
     pub flow_counters: bool,
+    /// Whether the socket programs translate pods' TCP connects too
+    /// (`--socket-lb-pods`; set at load time, like `flow_counters`).
+    pub socket_lb_pods: bool,
 }
 
 impl Default for Capacities {
@@ -133,6 +136,7 @@ impl Default for Capacities {
             limits6: Limits6::default(),
             conntrack: dataplane_common::capacity::CONNTRACK,
             flow_counters: true,
+            socket_lb_pods: false,
         }
     }
 }

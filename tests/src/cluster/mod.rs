@@ -79,6 +79,10 @@ pub const ZONES: [&str; 2] = ["zone-a", "zone-b"];
 #[serde(rename_all = "lowercase")]
 pub enum Proxy {
     Sliceway,
+    /// sliceway with `--socket-lb-pods`: pods' TCP connects translated at the socket.
+    #[serde(rename = "sliceway-pods")]
+    #[value(name = "sliceway-pods")]
+    SlicewayPods,
     Iptables,
     Nftables,
     None,
@@ -712,7 +716,7 @@ impl Cluster {
         let server = format!("https://127.0.0.1:{}", kubelet::NODE_APISERVER_PORT);
         let pki = s.dir.join("pki");
         let kubeconfig = match proxy {
-            Proxy::Sliceway => {
+            Proxy::Sliceway | Proxy::SlicewayPods => {
                 self.agent_kubeconfig(&server, &s.dir.join("node-sliceway-agent.kubeconfig"))?
             }
             _ => pki::kubeconfig(
@@ -729,7 +733,7 @@ impl Cluster {
             let mut cmd = Command::new("nsenter");
             cmd.arg(format!("--net=/var/run/netns/{}", node.netns));
             match proxy {
-                Proxy::Sliceway => {
+                Proxy::Sliceway | Proxy::SlicewayPods => {
                     say(&format!("starting sliceway-agent on {}", node.name));
                     cmd.arg(workspace_binary("sliceway-agent")?)
                         .arg("run")
@@ -741,6 +745,9 @@ impl Cluster {
                         .arg(&node.bpffs)
                         .args(["--interface-scan-interval-ms", "200"])
                         .env("RUST_LOG", "info");
+                    if proxy == Proxy::SlicewayPods {
+                        cmd.arg("--socket-lb-pods");
+                    }
                 }
                 Proxy::Iptables | Proxy::Nftables => {
                     let mode = if proxy == Proxy::Iptables {
