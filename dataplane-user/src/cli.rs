@@ -210,6 +210,8 @@ pub enum Proto {
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum From {
     Pod,
+    /// A pod's socket where the agent runs with `--socket-lb-pods`.
+    PodSocket,
     Host,
     External,
     ExternalXdp,

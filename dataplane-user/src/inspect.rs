@@ -480,6 +480,7 @@ pub fn trace(
     let mut trace = match (from, dst) {
         (From::Host, _) => host_trace(&dp, dst, proto)?,
         (From::Pod, _) => run_trace(&dp, Role::Pods, src, dst, proto)?,
+        (From::PodSocket, _) => pod_socket_trace(&dp, src, dst, proto)?,
         (From::External, _) => run_trace(&dp, Role::External, src, dst, proto)?,
         (From::ExternalXdp, _) => run_trace_xdp(&mut dp, src, dst, proto)?,
     };
@@ -688,6 +689,47 @@ fn list_one(state: &KernelState, key: FrontendKey, value: ServiceValue) -> Liste
         ..state.clone()
     });
     listed.into_iter().next().expect("one frontend")
+}
+
+/// What a pod's socket meets where the agent runs with `--socket-lb-pods`: a TCP
+/// connect to a frontend with backends, without session affinity or source ranges,
+/// is translated by the socket programs (`dnat`, reason `sock_translated_pod`, the
+/// candidates, no single backend: one is picked per connection), read from the maps
+/// as they read them; anything else goes on to the TC program, whose trace this then
+/// is (`--from pod`).
+pub fn pod_socket_trace(
+    dp: &Datapath,
+    src: SocketAddr,
+    dst: SocketAddr,
+    proto: u8,
+) -> Result<Trace, KernelError> {
+    let ip = match dst.ip() {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    };
+    let key = frontend_key(SocketAddr::new(ip, dst.port()), proto, SCOPE_ANY);
+    let state = dp.maps.state();
+    let at_socket = state.all_services().find(|(k, v)| {
+        *k == key
+            && proto == dataplane_common::PROTO_TCP
+            && v.count > 0
+            && v.flags & (dataplane_common::SVC_F_AFFINITY | dataplane_common::SVC_F_SOURCE_RANGES)
+                == 0
+    });
+    let Some((k, v)) = at_socket else {
+        return run_trace(dp, Role::Pods, src, dst, proto);
+    };
+    let f = list_one(&state, k, v);
+    Ok(Trace {
+        verdict: "dnat".into(),
+        service: Some(f.service),
+        backend: None,
+        candidates: f.backends,
+        snat: None,
+        skipped: Vec::new(),
+        reason: stat::NAMES[stat::SOCK_TRANSLATED_POD as usize].into(),
+        program: None,
+    })
 }
 
 /// What the socket programs (`sliceway_connect4`/`6`, `sliceway_sendmsg4`/`6`) do

@@ -225,6 +225,7 @@ fn main() -> anyhow::Result<()> {
                     match args.from {
                         From::Host => inspect::host_trace(&dp, dst, proto)?,
                         From::Pod => inspect::run_trace(&dp, kernel::Role::Pods, src, dst, proto)?,
+                        From::PodSocket => inspect::pod_socket_trace(&dp, src, dst, proto)?,
                         From::External => {
                             inspect::run_trace(&dp, kernel::Role::External, src, dst, proto)?
                         }

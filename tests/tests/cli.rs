@@ -253,6 +253,42 @@ fn trace_answers_every_origin_and_follows_the_service_proxy_name() {
         "chosen per connection: {host}"
     );
     assert_eq!(theirs(&["--from", "host"])["reason"], "pass_no_service");
+    // A pod's socket with --socket-lb-pods: TCP to a frontend with backends is the
+    // socket programs'; UDP, and a frontend without backends, go on to TC's.
+    let pod_socket = theirs(&["--from", "pod-socket", "--service-proxy-name", "sliceway"]);
+    assert_eq!(
+        (
+            &pod_socket["verdict"],
+            &pod_socket["reason"],
+            &pod_socket["backend"]
+        ),
+        (&"dnat".into(), &"sock_translated_pod".into(), &Value::Null),
+        "{pod_socket}"
+    );
+    assert_eq!(
+        pod_socket["candidates"],
+        serde_json::json!([backend]),
+        "{pod_socket}"
+    );
+    let udp = theirs(&[
+        "--from",
+        "pod-socket",
+        "--service-proxy-name",
+        "sliceway",
+        "--proto",
+        "udp",
+    ]);
+    assert_eq!(
+        (&udp["verdict"], &udp["reason"], &udp["backend"]),
+        (&"dnat".into(), &"dnat_new".into(), &backend.clone().into()),
+        "{udp}"
+    );
+    let t = to("10.96.0.31:80", &["--from", "pod-socket"]);
+    assert_eq!(
+        (&t["verdict"], &t["reason"]),
+        (&"reject".into(), &"reject_no_backend".into()),
+        "{t}"
+    );
     let t = to(
         "10.96.0.30:81",
         &["--from", "host", "--service-proxy-name", "sliceway"],
