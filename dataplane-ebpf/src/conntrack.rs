@@ -234,7 +234,7 @@ pub fn forward<F: Tuple>(flow: &F, key: &CtKey, now: u64) -> Forward {
     // stays as well as one referenced by every packet. Replies look it up anyway;
     // this keeps the replies of a connection that sends one way only.
     if now >> LRU_REFRESH_SHIFT != entry.last_seen_ns >> LRU_REFRESH_SHIFT {
-        let _ = maps::with_conntrack(&entry.pair, |_| ());
+        maps::mark_conntrack_used(&entry.pair);
     }
     Forward::Tracked(entry)
 }
@@ -511,8 +511,7 @@ pub fn adopt_dsr_keys(
         if let Some(seen) = live {
             let (s, seen) = next_state(proto, seen, tcp_flags, true);
             slot.touch(s, seen, now);
-            // A lookup marks the reverse entry recently used for the LRU.
-            let _ = maps::with_conntrack(reply, |_| ());
+            maps::mark_conntrack_used(reply);
             return true;
         }
     }
@@ -535,12 +534,20 @@ pub fn adopt_dsr_keys(
     CONNTRACK.insert(reply, reverse, 0).is_ok() && CONNTRACK.insert(key, forward, 0).is_ok()
 }
 
+/// The forward key of the connection other than `key`'s whose reverse entry is at
+/// `reply`, if one is there (alive or not: its forward entry says).
+#[inline(always)]
+fn reply_holder(reply: &CtKey, key: &CtKey) -> Option<CtKey> {
+    maps::with_conntrack(reply, |rev| {
+        (rev.dir == CT_REVERSE && !same(&rev.pair, key)).then_some(rev.pair)
+    })
+    .flatten()
+}
+
 /// Whether `reply` is the reverse key of a live connection other than `key`'s.
 #[inline(always)]
 fn reply_taken(reply: &CtKey, key: &CtKey, now: u64) -> bool {
-    let Some(Some(fwd_key)) = maps::with_conntrack(reply, |rev| {
-        (rev.dir == CT_REVERSE && !same(&rev.pair, key)).then_some(rev.pair)
-    }) else {
+    let Some(fwd_key) = reply_holder(reply, key) else {
         return false;
     };
     maps::with_conntrack(&fwd_key, |f| {
@@ -567,9 +574,7 @@ fn reply_taken(reply: &CtKey, key: &CtKey, now: u64) -> bool {
 /// a tuple under direct server return, checked before (`track`).
 #[inline(always)]
 fn release_closing(reply: &CtKey, key: &CtKey, now: u64) {
-    let Some(Some(fwd_key)) = maps::with_conntrack(reply, |rev| {
-        (rev.dir == CT_REVERSE && !same(&rev.pair, key)).then_some(rev.pair)
-    }) else {
+    let Some(fwd_key) = reply_holder(reply, key) else {
         return;
     };
     let closing = maps::with_conntrack(&fwd_key, |f| {

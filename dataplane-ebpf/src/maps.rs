@@ -217,6 +217,13 @@ pub fn with_conntrack<R>(key: &CtKey, f: impl FnOnce(&CtEntry) -> R) -> Option<R
     unsafe { CONNTRACK.get(key).map(f) }
 }
 
+/// Marks the conntrack entry at `key` recently used, for the LRU map's eviction: a
+/// lookup sets the bit, and nothing is read.
+#[inline(always)]
+pub fn mark_conntrack_used(key: &CtKey) {
+    let _ = with_conntrack(key, |_| ());
+}
+
 /// A conntrack entry found by one lookup, to read and then update in place.
 pub struct CtSlot(*mut CtEntry);
 
