@@ -95,10 +95,11 @@ pub const CATCH_UP_IN_A_ROW: usize = 3;
 pub const CATCH_UP_CAP: Duration = Duration::from_secs(60);
 
 /// One side of the figure.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Side {
     /// The client to the backend pods' addresses: no Service, no proxy.
+    #[default]
     Floor,
     /// The same, to as many addresses as there are Services, all held by the backend
     /// pods ([`wide_floor`]): the client's kernel meets as many destinations as it
@@ -163,7 +164,7 @@ impl Side {
 }
 
 /// One side's results.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct Fig7Row {
     pub side: Side,
     pub services: usize,
@@ -260,7 +261,7 @@ pub struct DatapathRow<'a> {
 }
 
 /// Figure 7.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct Fig7 {
     pub method: String,
     pub rows: Vec<Fig7Row>,
@@ -311,6 +312,21 @@ impl Fig7 {
             Side::FloorWide
         } else {
             Side::Floor
+        }
+    }
+}
+
+impl Fig7 {
+    /// The floor `side`'s targets are checked against: the one whose client meets the
+    /// destinations the side's client meets. Through a proxy that translates packets,
+    /// the client's kernel connects to the N Services' addresses ([`Fig7::floor_side`]);
+    /// with `--socket-lb-pods` the socket connects to the backend pods' own
+    /// addresses, which is the floor straight to the pods.
+    pub fn floor_for(&self, side: Side) -> Side {
+        if side == Side::SlicewayPods && self.row(Side::Floor).is_some() {
+            Side::Floor
+        } else {
+            self.floor_side()
         }
     }
 }
@@ -1665,6 +1681,27 @@ mod tests {
             ..Baselines::default()
         };
         assert_eq!(missing.below(1.0, 320, ""), None);
+    }
+
+    #[test]
+    fn the_socket_mode_is_held_to_the_floor_its_client_connects_like() {
+        let measured = |side| Fig7Row {
+            side,
+            samples: 10,
+            ..Fig7Row::default()
+        };
+        let mut f = Fig7 {
+            rows: vec![measured(Side::Floor), measured(Side::FloorWide)],
+            ..Fig7::default()
+        };
+        assert_eq!(f.floor_for(Side::Sliceway), Side::FloorWide);
+        assert_eq!(f.floor_for(Side::SlicewayPods), Side::Floor);
+        // Without the narrow floor, the one there is.
+        f.rows.remove(0);
+        assert_eq!(f.floor_for(Side::SlicewayPods), Side::FloorWide);
+        // Without the wide floor, the narrow one for all.
+        f.rows = vec![measured(Side::Floor)];
+        assert_eq!(f.floor_for(Side::Sliceway), Side::Floor);
     }
 
     #[test]

@@ -389,29 +389,43 @@ pub fn targets(r: &Report) -> Vec<Target> {
     ));
     // Each of sliceway's modes against the same floor and baselines: pods' connects
     // translated at TC (the default) or at the socket (`--socket-lb-pods`).
-    for (side, mode) in [
-        (Side::Sliceway, ""),
-        (Side::SlicewayPods, " (sliceway --socket-lb-pods)"),
+    // Each against the floor whose client meets the same destinations
+    // (`Fig7::floor_for`): the N Services' addresses through TC, the pods' own
+    // through the socket.
+    for (side, mode, which) in [
+        (
+            Side::Sliceway,
+            "",
+            "straight to the pod, at as many pod addresses as Services",
+        ),
+        (
+            Side::SlicewayPods,
+            " (sliceway --socket-lb-pods)",
+            "straight to the pods' own addresses, which the socket connects to",
+        ),
     ] {
         out.push(target(
             7,
-            &format!("real proxies at 10,000 Services: new-connection p50 within 1.1x of the floor (straight to the pod, at as many pod addresses as Services) and below both kube-proxy modes{mode}"),
+            &format!("real proxies at 10,000 Services: new-connection p50 within 1.1x of the floor ({which}) and below both kube-proxy modes{mode}"),
             r.fig7.ok().filter(|f| f.rows.iter().any(|row| row.services == 10_000)).and_then(|f| {
                 let p50 = |side| f.row(side).map(|row| row.p50_all_us);
-                let (floor, s) = (p50(f.floor_side())?, p50(side)?);
+                let at = f.floor_for(side);
+                let (floor, s) = (p50(at)?, p50(side)?);
                 let (below, modes) = f
                     .baselines(|row| Some(row.p50_all_us))
                     .below(s, f.limit_s, " µs")?;
-                let narrow = p50(Side::Floor)
-                    .filter(|_| f.floor_side() != Side::Floor)
-                    .map_or(String::new(), |fl| {
-                        format!("; to the 3 pod addresses: {fl:.0} µs, {:.2}x", s / fl)
+                let other = [Side::Floor, Side::FloorWide]
+                    .into_iter()
+                    .find(|o| *o != at)
+                    .and_then(|o| p50(o).map(|fl| (o, fl)))
+                    .map_or(String::new(), |(o, fl)| {
+                        format!("; the {}: {fl:.0} µs, {:.2}x", o.name(), s / fl)
                     });
                 Some((
                     format!(
-                        "{s:.0} µs: {:.2}x the floor's {floor:.0} µs ({}{narrow}); {modes}",
+                        "{s:.0} µs: {:.2}x the floor's {floor:.0} µs ({}{other}); {modes}",
                         s / floor,
-                        f.floor_side().name(),
+                        at.name(),
                     ),
                     s <= 1.1 * floor && below,
                 ))
@@ -419,18 +433,19 @@ pub fn targets(r: &Report) -> Vec<Target> {
         ));
         out.push(target(
             7,
-            &format!("real proxies at 10,000 Services: new-connection p99 within 2x of the floor's p99 (at as many pod addresses as Services){mode}"),
+            &format!("real proxies at 10,000 Services: new-connection p99 within 2x of the floor's p99 ({which}){mode}"),
             r.fig7
                 .ok()
                 .filter(|f| f.rows.iter().any(|row| row.services == 10_000))
                 .and_then(|f| {
                     let p99 = |side| f.row(side).map(|row| row.p99_all_us);
-                    let (floor, s) = (p99(f.floor_side())?, p99(side)?);
+                    let at = f.floor_for(side);
+                    let (floor, s) = (p99(at)?, p99(side)?);
                     Some((
                         format!(
                             "{s:.0} µs: {:.2}x the floor's {floor:.0} µs ({})",
                             s / floor,
-                            f.floor_side().name()
+                            at.name()
                         ),
                         s <= 2.0 * floor,
                     ))
