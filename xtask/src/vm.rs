@@ -32,6 +32,7 @@ const VM_TESTS: &[(&str, &[&str])] = &[
             "tc_filters_follow_interfaces_survive_a_stop_and_are_cleaned_up",
             "sctp_through_the_vip_reaches_every_backend_with_its_port_translated",
             "the_nodes_own_sockets_reach_a_clusterip_and_see_it_as_their_peer",
+            "pods_tcp_connects_are_translated_at_the_socket_with_socket_lb_pods",
             "a_pod_reaching_its_own_service_is_answered_by_itself",
             "an_interface_without_an_ethernet_header_gets_the_program_for_it",
         ],
