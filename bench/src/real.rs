@@ -1559,14 +1559,16 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
              arrive within {bound} ms, or after {cap} s whether or not (the report says \
              which). Per round, each side in turn (the order \
              rotates by round), on a node cleaned between sides (pins, iptables, nft and \
-             conntrack flushed): sliceway-agent, kube-proxy --proxy-mode=iptables, \
+             conntrack flushed): sliceway-agent, sliceway-agent --socket-lb-pods (the client's TCP \
+             connects translated at its socket), kube-proxy --proxy-mode=iptables, \
              kube-proxy --proxy-mode=nftables (upstream's binary, fed by the same API \
              server), and two floors, no Service and no proxy running: the client \
              straight to the backend pods' own addresses, and the client straight to \
              {n} addresses the backend pods hold besides (a block of its own for each \
              pod, a local route in the pod and a route to it on the node), so the \
              client's kernel meets as many destinations as through a proxy; the ratios \
-             and the targets use the second when it was measured. Each sample is a TCP connect to a Service chosen at \
+             and the targets use the second when it was measured (--socket-lb-pods's use the first, \
+             the addresses its client's socket connects to). Each sample is a TCP connect to a Service chosen at \
              random, a one-line request and its one-line answer, wall clock in the client; \
              {conns} connections per side per round after 20 warm-up connections, \
              {rounds} rounds, measured once the proxy is idle (under 2% of a core over a \
