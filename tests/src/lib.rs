@@ -306,6 +306,19 @@ impl Lab {
         Ok(agent)
     }
 
+    /// A cgroup of the lab's own for pod processes, with the lab's agents set to put
+    /// their socket programs on it and translate pods' TCP connects there
+    /// (`--socket-lb-pods`); requests from it through [`PodCgroup::requests`].
+    pub fn socket_lb_pods(&mut self) -> Result<PodCgroup> {
+        let cgroup = PodCgroup::new(&self.prefix)?;
+        self.agent_args.extend([
+            "--socket-lb-pods".into(),
+            "--socket-lb-cgroup".into(),
+            cgroup.dir.to_string_lossy().into_owned(),
+        ]);
+        Ok(cgroup)
+    }
+
     /// One TCP request from the client pod: the answering backend.
     pub fn tcp_request(&self, vip: impl Into<SocketAddr>) -> Result<Reply> {
         let vip = vip.into();

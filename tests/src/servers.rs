@@ -273,29 +273,42 @@ pub(crate) fn parse_ident(line: &str) -> Result<Reply> {
 /// Connects, sends `hello`, reads the answer.
 pub fn tcp_request(to: impl Into<SocketAddr>, timeout: Duration) -> Result<Reply> {
     let to = to.into();
-    let conn =
-        TcpStream::connect_timeout(&to, timeout).with_context(|| format!("connecting to {to}"))?;
-    conn.set_read_timeout(Some(timeout))?;
-    (&conn).write_all(b"hello\n")?;
-    let mut line = String::new();
-    BufReader::new(&conn)
-        .read_line(&mut line)
-        .with_context(|| format!("reading from {to}"))?;
+    let (line, _) = tcp_exchange(to, timeout).with_context(|| format!("TCP request to {to}"))?;
     parse_ident(&line)
 }
 
 /// Sends one datagram, reads the answer.
 pub fn udp_request(to: impl Into<SocketAddr>, timeout: Duration) -> Result<Reply> {
     let to = to.into();
+    let (answer, _) =
+        udp_exchange(to, timeout).with_context(|| format!("no UDP answer from {to}"))?;
+    parse_ident(&answer)
+}
+
+/// A TCP request's exchange: connects, sends `hello`, reads the answer's line; the
+/// line (`NAME ADDR PEER`) and the socket's peer name (`getpeername`). The I/O error
+/// as it came, so a caller can tell a refusal from a timeout.
+pub fn tcp_exchange(to: SocketAddr, timeout: Duration) -> std::io::Result<(String, SocketAddr)> {
+    let conn = TcpStream::connect_timeout(&to, timeout)?;
+    conn.set_read_timeout(Some(timeout))?;
+    (&conn).write_all(b"hello\n")?;
+    let mut line = String::new();
+    BufReader::new(&conn).read_line(&mut line)?;
+    Ok((line, conn.peer_addr()?))
+}
+
+/// [`tcp_exchange`] over UDP: one datagram from a connected socket, its answer.
+pub fn udp_exchange(to: SocketAddr, timeout: Duration) -> std::io::Result<(String, SocketAddr)> {
     let socket = UdpSocket::bind(unspecified(&to))?;
     socket.set_read_timeout(Some(timeout))?;
     socket.connect(to)?;
     socket.send(b"hello")?;
     let mut buf = [0u8; 1500];
-    let n = socket
-        .recv(&mut buf)
-        .with_context(|| format!("no UDP answer from {to}"))?;
-    parse_ident(std::str::from_utf8(&buf[..n])?)
+    let n = socket.recv(&mut buf)?;
+    Ok((
+        String::from_utf8_lossy(&buf[..n]).into_owned(),
+        socket.peer_addr()?,
+    ))
 }
 
 /// Asks for `bytes` bytes and checks each of them.

@@ -377,19 +377,9 @@ fn with_socket_lb_pods_a_pods_ipv6_tcp_connect_is_translated_at_the_socket() {
         .unwrap();
     lab.write_manifest("web.yaml", &yaml).unwrap();
     lab.write_manifest("empty6.yaml", &empty).unwrap();
-    let cgroup = sliceway_lab::PodCgroup::new(&lab.prefix).unwrap();
-    lab.agent_args = vec![
-        "--socket-lb-pods".into(),
-        "--socket-lb-cgroup".into(),
-        cgroup.dir.to_string_lossy().into_owned(),
-    ];
+    let cgroup = lab.socket_lb_pods().unwrap();
     let agent = lab.start_agent().unwrap();
-    let count = |reason: &str| {
-        agent
-            .metric(&format!("sliceway_datapath_packets{{reason=\"{reason}\"}}"))
-            .unwrap()
-            .unwrap_or(0.0)
-    };
+    let count = |reason: &str| agent.packets(reason);
     let all: BTreeSet<String> = lab.backends.iter().map(|b| b.name.clone()).collect();
     let client6 = lab.client.ip6.expect("a dual-stack pod");
     let replies = cgroup

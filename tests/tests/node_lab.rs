@@ -165,21 +165,22 @@ fn a_service_with_only_terminating_endpoints_still_serves() {
     assert_eq!(seen, BTreeSet::from([lab.backends[0].name.clone()]));
 }
 
+/// A Service at `vip` over the three backends with `sessionAffinity: ClientIP`.
+fn sticky_yaml(lab: &Lab, vip: Ipv4Addr) -> String {
+    lab.service_yaml("sticky", vip, PORT, &[0, 1, 2]).replace(
+        "  type: ClusterIP\n",
+        "  type: ClusterIP\n  sessionAffinity: ClientIP\n",
+    )
+}
+
 #[test]
 fn session_affinity_keeps_a_client_on_one_backend() {
     let lab = Lab::new(3).unwrap();
     let sticky = Ipv4Addr::new(10, 96, 0, 30);
     lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1, 2]))
         .unwrap();
-    lab.write_manifest(
-        "sticky.yaml",
-        &lab.service_yaml("sticky", sticky, PORT, &[0, 1, 2])
-            .replace(
-                "  type: ClusterIP\n",
-                "  type: ClusterIP\n  sessionAffinity: ClientIP\n",
-            ),
-    )
-    .unwrap();
+    lab.write_manifest("sticky.yaml", &sticky_yaml(&lab, sticky))
+        .unwrap();
     let _agent = lab.start_agent().unwrap();
     let backends = |vip: SocketAddrV4| -> BTreeSet<String> {
         (0..50)
@@ -1470,21 +1471,9 @@ fn pods_tcp_connects_are_translated_at_the_socket_with_socket_lb_pods() {
         .unwrap();
     lab.write_manifest("empty.yaml", &lab.service_yaml("empty", empty, PORT, &[]))
         .unwrap();
-    lab.write_manifest(
-        "sticky.yaml",
-        &lab.service_yaml("sticky", sticky, PORT, &[0, 1, 2])
-            .replace(
-                "  type: ClusterIP\n",
-                "  type: ClusterIP\n  sessionAffinity: ClientIP\n",
-            ),
-    )
-    .unwrap();
-    let cgroup = sliceway_lab::PodCgroup::new(&lab.prefix).unwrap();
-    lab.agent_args = vec![
-        "--socket-lb-pods".into(),
-        "--socket-lb-cgroup".into(),
-        cgroup.dir.to_string_lossy().into_owned(),
-    ];
+    lab.write_manifest("sticky.yaml", &sticky_yaml(&lab, sticky))
+        .unwrap();
+    let cgroup = lab.socket_lb_pods().unwrap();
     let agent = lab.start_agent().unwrap();
     assert_eq!(
         agent
@@ -1495,12 +1484,7 @@ fn pods_tcp_connects_are_translated_at_the_socket_with_socket_lb_pods() {
         "{:#?}",
         agent.log()
     );
-    let count = |reason: &str| {
-        agent
-            .metric(&format!("sliceway_datapath_packets{{reason=\"{reason}\"}}"))
-            .unwrap()
-            .unwrap_or(0.0)
-    };
+    let count = |reason: &str| agent.packets(reason);
     let client = lab.client.ns.clone();
     let names: Vec<String> = lab.backends.iter().map(|b| b.name.clone()).collect();
     let to = |ip: Ipv4Addr, port: u16| SocketAddr::from(SocketAddrV4::new(ip, port));

@@ -6,15 +6,10 @@
 //!
 //! `sliceway-lab-connect NETNS CGROUP_DIR|- tcp|udp ADDR:PORT COUNT`
 
-use std::{
-    fs::File,
-    io::{BufRead, BufReader, Write},
-    net::{SocketAddr, TcpStream, UdpSocket},
-    os::fd::AsRawFd,
-    time::Duration,
-};
+use std::{fs::File, io::Write, net::SocketAddr, os::fd::AsRawFd, time::Duration};
 
 use anyhow::{bail, Context, Result};
+use sliceway_lab::servers::{tcp_exchange, udp_exchange};
 
 const TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -39,8 +34,8 @@ fn main() -> Result<()> {
     let mut out = std::io::stdout().lock();
     for _ in 0..count {
         let line = match proto.as_str() {
-            "tcp" => tcp(to),
-            "udp" => udp(to),
+            "tcp" => tcp_exchange(to, TIMEOUT),
+            "udp" => udp_exchange(to, TIMEOUT),
             other => bail!("protocol {other}: tcp or udp"),
         };
         let line = match line {
@@ -50,32 +45,4 @@ fn main() -> Result<()> {
         writeln!(out, "{line}")?;
     }
     Ok(())
-}
-
-/// One request; the backend's answer (`NAME ADDR PEER`) and the socket's peer name.
-fn tcp(to: SocketAddr) -> std::io::Result<(String, SocketAddr)> {
-    let conn = TcpStream::connect_timeout(&to, TIMEOUT)?;
-    conn.set_read_timeout(Some(TIMEOUT))?;
-    (&conn).write_all(b"hello\n")?;
-    let mut line = String::new();
-    BufReader::new(&conn).read_line(&mut line)?;
-    Ok((line, conn.peer_addr()?))
-}
-
-fn udp(to: SocketAddr) -> std::io::Result<(String, SocketAddr)> {
-    let any: SocketAddr = if to.is_ipv4() {
-        "0.0.0.0:0".parse().expect("an address")
-    } else {
-        "[::]:0".parse().expect("an address")
-    };
-    let socket = UdpSocket::bind(any)?;
-    socket.set_read_timeout(Some(TIMEOUT))?;
-    socket.connect(to)?;
-    socket.send(b"hello")?;
-    let mut buf = [0u8; 1500];
-    let n = socket.recv(&mut buf)?;
-    Ok((
-        String::from_utf8_lossy(&buf[..n]).into_owned(),
-        socket.peer_addr()?,
-    ))
 }
