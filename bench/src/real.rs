@@ -314,9 +314,7 @@ impl Fig7 {
             Side::Floor
         }
     }
-}
 
-impl Fig7 {
     /// The floor `side`'s targets are checked against: the one whose client meets the
     /// destinations the side's client meets. Through a proxy that translates packets,
     /// the client's kernel connects to the N Services' addresses ([`Fig7::floor_side`]);

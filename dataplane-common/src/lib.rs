@@ -180,6 +180,19 @@ pub struct ServiceValue {
     pub affinity_timeout_s: u32,
 }
 
+impl ServiceValue {
+    /// Whether a pod's connect (`proto`) to this frontend is translated at the socket
+    /// with `--socket-lb-pods`: TCP, with backends, and neither session affinity nor
+    /// source ranges (both keyed by the pod's address, which TC sees); the rest is
+    /// TC's. The socket programs and `trace --from pod-socket` both ask this.
+    #[inline(always)]
+    pub fn pod_socket_translates(&self, proto: u8) -> bool {
+        proto == PROTO_TCP
+            && self.count > 0
+            && self.flags & (SVC_F_AFFINITY | SVC_F_SOURCE_RANGES) == 0
+    }
+}
+
 /// A frontend without backends drops new flows silently (the Service has endpoints
 /// on other nodes only and its policy is `Local`); without the bit it rejects them.
 pub const SVC_F_DROP_EMPTY: u32 = 1 << 0;

@@ -44,7 +44,7 @@ use aya_ebpf::{
 use dataplane_common::{
     clusterip_marker, clusterip_marker6, stat, v4_mapped, ServiceKey, ServiceKey6, ServiceValue,
     SockRevKey, SockRevKey6, SockRevValue, SockRevValue6, PROTO_SCTP, PROTO_TCP, PROTO_UDP,
-    SCOPE_ANY, SVC_F_AFFINITY, SVC_F_SOURCE_RANGES, V4_MAPPED_WORD_BE,
+    SCOPE_ANY, SVC_F_SOURCE_RANGES, V4_MAPPED_WORD_BE,
 };
 
 use crate::{
@@ -414,7 +414,7 @@ fn translate_pod<const V6: bool>(
     let Ok(service) = frontend(&Key::of(addr, port_be, proto)) else {
         return ALLOW;
     };
-    if service.count == 0 || service.flags & (SVC_F_AFFINITY | SVC_F_SOURCE_RANGES) != 0 {
+    if !service.pod_socket_translates(proto) {
         return ALLOW;
     }
     // A slot or backend missing (the agent between writes): TC picks for the packet.

@@ -691,6 +691,20 @@ fn list_one(state: &KernelState, key: FrontendKey, value: ServiceValue) -> Liste
     listed.into_iter().next().expect("one frontend")
 }
 
+/// The frontend key a socket call to `dst` looks up, as the socket programs take it
+/// (an IPv4-mapped IPv6 address is IPv4's), and its ClusterIP's marker (the address,
+/// port and protocol 0).
+fn socket_keys(dst: SocketAddr, proto: u8) -> (FrontendKey, FrontendKey) {
+    let ip = match dst.ip() {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    };
+    (
+        frontend_key(SocketAddr::new(ip, dst.port()), proto, SCOPE_ANY),
+        frontend_key(SocketAddr::new(ip, 0), 0, SCOPE_ANY),
+    )
+}
+
 /// What a pod's socket meets where the agent runs with `--socket-lb-pods`: a TCP
 /// connect to a frontend with backends, without session affinity or source ranges,
 /// is translated by the socket programs (`dnat`, reason `sock_translated_pod`, the
@@ -703,19 +717,11 @@ pub fn pod_socket_trace(
     dst: SocketAddr,
     proto: u8,
 ) -> Result<Trace, KernelError> {
-    let ip = match dst.ip() {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
-        v4 => v4,
-    };
-    let key = frontend_key(SocketAddr::new(ip, dst.port()), proto, SCOPE_ANY);
+    let (key, _) = socket_keys(dst, proto);
     let state = dp.maps.state();
-    let at_socket = state.all_services().find(|(k, v)| {
-        *k == key
-            && proto == dataplane_common::PROTO_TCP
-            && v.count > 0
-            && v.flags & (dataplane_common::SVC_F_AFFINITY | dataplane_common::SVC_F_SOURCE_RANGES)
-                == 0
-    });
+    let at_socket = state
+        .all_services()
+        .find(|(k, v)| *k == key && v.pod_socket_translates(proto));
     let Some((k, v)) = at_socket else {
         return run_trace(dp, Role::Pods, src, dst, proto);
     };
@@ -742,13 +748,7 @@ pub fn pod_socket_trace(
 /// socket's) is IPv4's, as the programs take it. The source does not matter: the
 /// node is one client.
 pub fn host_trace(dp: &Datapath, dst: SocketAddr, proto: u8) -> Result<Trace, KernelError> {
-    let ip = match dst.ip() {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
-        v4 => v4,
-    };
-    let key = frontend_key(SocketAddr::new(ip, dst.port()), proto, SCOPE_ANY);
-    // The ClusterIP's marker: its address, port and protocol 0.
-    let marker = frontend_key(SocketAddr::new(ip, 0), 0, SCOPE_ANY);
+    let (key, marker) = socket_keys(dst, proto);
     let state = dp.maps.state();
     let frontend = state.all_services().find(|(k, _)| *k == key);
     let (verdict, reason, service, candidates) = match frontend {
