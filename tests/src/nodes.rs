@@ -24,8 +24,8 @@ use std::{
 use anyhow::{Context, Result};
 
 use crate::{
-    in_netns, netns, servers, workspace_binary, Agent, BackendServers, Netns, Pod, Reply,
-    AGENT_START, NS_PREFIX,
+    agent_start, in_netns, netns, servers, workspace_binary, Agent, BackendServers, Netns, Pod,
+    Reply, NS_PREFIX,
 };
 
 /// A client outside the cluster.
@@ -319,6 +319,24 @@ impl TwoNodes {
     /// (`eth0`, with `--xdp` if the lab says so), with `extra` arguments; waits for
     /// its first sync.
     pub fn start_agent(&self, k: usize, extra: &[&str]) -> Result<Agent> {
+        let agent = self.spawn_agent(k, extra)?;
+        agent.wait_for_sync(1, agent_start())?;
+        Ok(agent)
+    }
+
+    /// [`TwoNodes::start_agent`] for both nodes with the same `extra` arguments,
+    /// started together: their programs are verified side by side (the most of a
+    /// start under the VM tier's emulation) before both first syncs are awaited.
+    pub fn start_agents(&self, extra: &[&str]) -> Result<(Agent, Agent)> {
+        let a1 = self.spawn_agent(1, extra)?;
+        let a2 = self.spawn_agent(2, extra)?;
+        a1.wait_for_sync(1, agent_start())?;
+        a2.wait_for_sync(1, agent_start())?;
+        Ok((a1, a2))
+    }
+
+    /// The agent of node `k` started, not yet synced.
+    fn spawn_agent(&self, k: usize, extra: &[&str]) -> Result<Agent> {
         let node = self.node(k);
         let bin = workspace_binary("sliceway-agent")?;
         let mut args: Vec<String> = vec![
@@ -331,7 +349,7 @@ impl TwoNodes {
             args.extend(["--xdp".to_string(), xdp.to_string()]);
         }
         args.extend(extra.iter().map(|s| s.to_string()));
-        let agent = Agent::start_binary(
+        Agent::start_binary(
             &bin,
             &node.ns.name,
             &[
@@ -341,9 +359,7 @@ impl TwoNodes {
             &["p*".to_string()],
             &node.bpffs,
             &args,
-        )?;
-        agent.wait_for_sync(1, AGENT_START)?;
-        Ok(agent)
+        )
     }
 
     /// An EndpointSlice entry for pod `i` of node `k`.

@@ -153,7 +153,7 @@ fn an_idle_connection_survives_ten_times_the_map_capacity_in_short_connections()
     let agent =
         sliceway_lab::Agent::start(&lab.node.name, &args, &lab.pod_interfaces(), &lab.bpffs)
             .unwrap();
-    agent.wait_for_sync(1, sliceway_lab::AGENT_START).unwrap();
+    agent.wait_for_sync(1, sliceway_lab::agent_start()).unwrap();
     let mut idle = in_netns(&lab.client.ns, || {
         EchoConn::open(vip(), Duration::from_secs(2))
     })

@@ -55,7 +55,7 @@ fn api_agent(cp: &cluster::Cluster, lab: &Lab, extra: &[&str]) -> Agent {
         &extra,
     )
     .unwrap();
-    agent.wait_for_sync(1, sliceway_lab::AGENT_START).unwrap();
+    agent.wait_for_sync(1, sliceway_lab::agent_start()).unwrap();
     agent
 }
 

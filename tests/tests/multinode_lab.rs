@@ -64,8 +64,7 @@ fn an_external_client_reaches_a_node_port_whose_backend_is_on_another_node(
         .unwrap();
     lab.write_manifest("web.yaml", &web(&lab, "NodePort", "Cluster", &[(2, 0)]))
         .unwrap();
-    let a1 = lab.start_agent(1, &[]).unwrap();
-    let a2 = lab.start_agent(2, &[]).unwrap();
+    let (a1, a2) = lab.start_agents(&[]).unwrap();
     assert!(a1.link("eth0").unwrap().is_some(), "the uplink is attached");
     // Which programs each interface has, from `sliceway_interface_link`.
     let programs = |a: &sliceway_lab::Agent, iface: &str| -> BTreeSet<String> {
@@ -149,8 +148,7 @@ fn external_traffic_policy_local_keeps_the_client_address_on_nodes_with_endpoint
         .unwrap();
     lab.write_manifest("web.yaml", &web(&lab, "LoadBalancer", "Local", &[(2, 0)]))
         .unwrap();
-    let a1 = lab.start_agent(1, &[]).unwrap();
-    let a2 = lab.start_agent(2, &[]).unwrap();
+    let (a1, a2) = lab.start_agents(&[]).unwrap();
     let client = &lab.clients[0];
     let backend = lab.node(2).pods[0].name.clone();
     let health = |k: usize| {
@@ -253,8 +251,7 @@ fn load_balancer_source_ranges_let_in_the_allowed_client_only(xdp: Option<&'stat
     );
     assert!(yaml.contains("loadBalancerSourceRanges"), "{yaml}");
     lab.write_manifest("web.yaml", &yaml).unwrap();
-    let a1 = lab.start_agent(1, &[]).unwrap();
-    let a2 = lab.start_agent(2, &[]).unwrap();
+    let (a1, a2) = lab.start_agents(&[]).unwrap();
     let backend = lab.node(2).pods[0].name.clone();
     let lb = SocketAddrV4::new(LB_IP, 80);
     for node in [1, 2] {
@@ -316,8 +313,7 @@ fn pods_and_the_node_reach_a_cluster_ip_whose_backend_is_on_the_other_node(
         .unwrap();
     lab.write_manifest("web.yaml", &web(&lab, "ClusterIP", "Cluster", &[(2, 0)]))
         .unwrap();
-    let a1 = lab.start_agent(1, &[]).unwrap();
-    let _a2 = lab.start_agent(2, &[]).unwrap();
+    let (a1, _a2) = lab.start_agents(&[]).unwrap();
     let backend = lab.node(2).pods[0].name.clone();
     let vip = SocketAddrV4::new(Ipv4Addr::new(10, 96, 0, 50), 80);
     let pod = lab.node(1).pods[0].ip;
@@ -380,8 +376,7 @@ fn every_node_picks_the_same_backend_for_a_flow_with_maglev(xdp: Option<&'static
         )
         .unwrap();
         let extra: &[&str] = if maglev { &[] } else { &["--no-maglev"] };
-        let _a1 = lab.start_agent(1, extra).unwrap();
-        let a2 = lab.start_agent(2, extra).unwrap();
+        let (_a1, a2) = lab.start_agents(extra).unwrap();
         a2.applies(|| {
             lab.write_manifest_on(2, "web.yaml", &web(&lab, "LoadBalancer", "Cluster", &all))
         })
@@ -442,8 +437,7 @@ fn direct_server_return_keeps_a_connection_that_moves_to_another_node(xdp: Optio
             .unwrap();
         lab.write_manifest("web.yaml", &web(&lab, "LoadBalancer", "Cluster", &[(2, 0)]))
             .unwrap();
-        let a1 = lab.start_agent(1, &["--external-mode", mode]).unwrap();
-        let a2 = lab.start_agent(2, &["--external-mode", mode]).unwrap();
+        let (a1, a2) = lab.start_agents(&["--external-mode", mode]).unwrap();
         let client = &lab.clients[0];
         client.route_via(LB_IP, lab.node(1).ip).unwrap();
         let lb = SocketAddrV4::new(LB_IP, 80);
@@ -539,8 +533,7 @@ fn ipv6_from_outside_reaches_backends_on_either_node(xdp: Option<&'static str>) 
     )
     .unwrap();
     lab.write_manifest("lb6.yaml", &lb).unwrap();
-    let a1 = lab.start_agent(1, &[]).unwrap();
-    let a2 = lab.start_agent(2, &[]).unwrap();
+    let (a1, a2) = lab.start_agents(&[]).unwrap();
     let backend = lab.node(2).pods[0].name.clone();
     let before = allowed.syn_retransmits().unwrap();
     for (node, seen_as) in [(1, lab.node(1).ip6), (2, lab.node(2).ip6)] {
@@ -640,8 +633,7 @@ fn ipv6_direct_server_return_keeps_a_connection_that_moves_to_another_node(
         lab.endpoint6(2, 0)
     );
     lab.write_manifest("dsr6.yaml", &manifest).unwrap();
-    let a1 = lab.start_agent(1, &["--external-mode", "dsr"]).unwrap();
-    let a2 = lab.start_agent(2, &["--external-mode", "dsr"]).unwrap();
+    let (a1, a2) = lab.start_agents(&["--external-mode", "dsr"]).unwrap();
     let client = &lab.clients[0];
     let (node1, node2) = (lab.node(1).ip6.unwrap(), lab.node(2).ip6.unwrap());
     client.route_via(lb6, node1).unwrap();

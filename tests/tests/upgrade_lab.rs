@@ -133,7 +133,7 @@ fn an_upgrade_from_layout_v1_under_load_fails_no_connection() {
     let agent = lab.start_agent().unwrap();
     // The first sync has been logged; the migration follows at once (the bridge's
     // verification takes about a second here, far longer on a busy machine).
-    let deadline = Instant::now() + sliceway_lab::AGENT_START;
+    let deadline = Instant::now() + sliceway_lab::agent_start();
     while agent
         .metric("sliceway_layout_migration{from=\"1\",state=\"complete\"}")
         .ok()

@@ -165,6 +165,9 @@ fn guest_script(out: &Path, binaries: &[(String, String)]) -> String {
          failed=0\n\
          # Debian's kernels have SCTP: its node-lab test must run, not report its absence.\n\
          export SLICEWAY_REQUIRE_SCTP=1\n\
+         # Software emulation verifies the programs tens of times slower: an agent's\n\
+         # start, two at a time, took over 90 s on a slow host.\n\
+         export SLICEWAY_AGENT_START_SECS=600\n\
          # tun is a module there, and /dev/net/tun appears only once it is loaded (no\n\
          # udev in the guest to make the static node).\n\
          modprobe tun || echo 'test-vm: no tun module: the tun tests will fail'\n\
