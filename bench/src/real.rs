@@ -1224,6 +1224,65 @@ fn settled(pid: u32, limit: Duration) -> Result<Duration> {
     }
 }
 
+/// TIME_WAIT sockets the client pod may hold when a side starts measuring: a side's
+/// own 2,000 connections leave as many, harmless in a range of 64,512 ports a
+/// destination; a rate ramp leaves tens of thousands.
+const TIME_WAIT_LEFT: u64 = 4096;
+
+/// The client pod's TIME_WAIT sockets, from `sockstat` of its network namespace (the
+/// kernel counts them per namespace). Through `/proc/thread-self`: `/proc/net` is
+/// the process's, and only the thread [`in_netns`] runs on has entered the pod's.
+fn time_waits(client_ns: &str) -> Result<u64> {
+    let text = in_netns(client_ns, || {
+        std::fs::read_to_string("/proc/thread-self/net/sockstat")
+    })??;
+    parse_time_waits(&text).context("no `tw` on the TCP line of the client's sockstat")
+}
+
+/// `tw` of the `TCP:` line of `/proc/net/sockstat`.
+fn parse_time_waits(sockstat: &str) -> Option<u64> {
+    let line = sockstat.lines().find_map(|l| l.strip_prefix("TCP:"))?;
+    let mut words = line.split_whitespace();
+    while let Some(w) = words.next() {
+        if w == "tw" {
+            return words.next()?.parse().ok();
+        }
+    }
+    None
+}
+
+/// Waits until the client pod holds at most [`TIME_WAIT_LEFT`] TIME_WAIT sockets,
+/// at most 65 s (a TIME_WAIT lasts 60 s): the rate ramp leaves tens of thousands,
+/// and a client whose connections go to the backend pods' own three addresses (the
+/// floor, and sliceway's socket mode, which connects there) then searches a port
+/// range full of them at every connect, a kernel cost of the ramp before that no
+/// proxy has. Returns the seconds waited and the TIME_WAITs left.
+fn drain_time_waits(client_ns: &str) -> Result<(f64, u64)> {
+    let t = Instant::now();
+    loop {
+        let left = time_waits(client_ns)?;
+        if left <= TIME_WAIT_LEFT || t.elapsed() > Duration::from_secs(65) {
+            return Ok((t.elapsed().as_secs_f64(), left));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// [`drain_time_waits`] before `side`'s connections, with its progress line.
+fn drain_time_waits_before(client_ns: &str, round: usize, side: Side) -> Result<()> {
+    let (waited, left) = drain_time_waits(client_ns)
+        .with_context(|| format!("{}: the client's TIME_WAITs", side.name()))?;
+    if waited >= 1.0 || left > TIME_WAIT_LEFT {
+        super::progress(&format!(
+            "figure 7: round {}: {}: waited {waited:.0} s for the client's TIME_WAITs \
+             ({left} left)",
+            round + 1,
+            side.name()
+        ));
+    }
+    Ok(())
+}
+
 /// Runs figure 7 on a cluster of its own under `dir`, taken down after.
 pub fn real_proxies(cfg: &Config, dir: &Path, prefix: &str) -> Result<Fig7> {
     let n = cfg.fig7_services;
@@ -1362,6 +1421,8 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
                     &vips
                 }
             };
+            // The side before may have ended with a rate ramp.
+            drain_time_waits_before(&client_ns, round, side)?;
             // Warm up (neighbours, the servers' threads), then measure.
             connections(&client_ns, targets, &backends, 20, 7)?;
             let (b0, t0) = (busy_ms()?, Instant::now());
@@ -1399,24 +1460,6 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
                 side.name(),
                 cfg.fig7_connections
             );
-            if !cfg.fig7_rates.is_empty() {
-                super::progress(&format!(
-                    "figure 7: round {}: {}: new-connection rate",
-                    round + 1,
-                    side.name()
-                ));
-                let agent_ns = side.is_sliceway().then_some(node_ns.as_str());
-                let steps = rate_ramp(
-                    &client_ns,
-                    targets,
-                    &backends,
-                    cfg,
-                    3000 + round as u64,
-                    agent_ns,
-                )
-                .with_context(|| format!("{}: new-connection rate", side.name()))?;
-                rates.entry(side).or_default().push(steps);
-            }
             if side.proxy().is_some() && !churn_vips.is_empty() {
                 // The sides before may have left the API server's watches behind.
                 let waited = rt.block_on(catch_up(cluster)).with_context(|| {
@@ -1468,6 +1511,38 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
                             v - b.get(&le).copied().unwrap_or(0.0);
                     }
                 }
+            }
+            // The ramp last: it saturates the machine and leaves the client tens of
+            // thousands of TIME_WAITs, which the churn's probes would meet. A proxy
+            // still working off the churn first finishes.
+            if !cfg.fig7_rates.is_empty() {
+                if side.proxy().is_some() {
+                    let pid = cluster.daemon_pid("proxy-node-1")?;
+                    if let Err(e) = settled(pid, limit) {
+                        super::progress(&format!(
+                            "figure 7: round {}: {}: {e:#} after the churn; its new-connection \
+                             rate is measured nonetheless",
+                            round + 1,
+                            side.name()
+                        ));
+                    }
+                }
+                super::progress(&format!(
+                    "figure 7: round {}: {}: new-connection rate",
+                    round + 1,
+                    side.name()
+                ));
+                let agent_ns = side.is_sliceway().then_some(node_ns.as_str());
+                let steps = rate_ramp(
+                    &client_ns,
+                    targets,
+                    &backends,
+                    cfg,
+                    3000 + round as u64,
+                    agent_ns,
+                )
+                .with_context(|| format!("{}: new-connection rate", side.name()))?;
+                rates.entry(side).or_default().push(steps);
             }
             if let Some((sum, count)) = own_syncs(&node_ns, side)? {
                 let e = own.entry(side).or_default();
@@ -1547,7 +1622,8 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
              kube-controller-manager writes and which the connections go to, and \
              {churn_n} without a selector, whose one-endpoint slices the figure writes \
              itself and rewrites under churn ({CHURN_RATE} changes a second for \
-             {churn_s} s per proxy per round, after the connections). Before each \
+             {churn_s} s per proxy per round, after the connections and before the \
+             new-connection rate). Before each \
              proxy's churn the figure waits for the API server to catch up with the sides \
              before: it rewrites an annotation of a slice of its own (labelled headless, \
              so neither proxy's watch selects it, while it passes the same watch cache as \
@@ -1570,7 +1646,10 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
              random, a one-line request and its one-line answer, wall clock in the client; \
              {conns} connections per side per round after 20 warm-up connections, \
              {rounds} rounds, measured once the proxy is idle (under 2% of a core over a \
-             second); the client and the servers run at SCHED_FIFO priority 10, so other \
+             second) and the client holds at most {TIME_WAIT_LEFT} TIME_WAITs (the side \
+             before may have ended with its rate ramp, and a client connecting to the \
+             pods' own three addresses searches a port range full of them at every \
+             connect; at most 65 s); the client and the servers run at SCHED_FIFO priority 10, so other \
              work on the machine delays their wake-ups less. p50 per round as median \
              [min–max]; p50, p99 and p99.9 over every sample of the run. Programmed: from the proxy's start until the first, \
              the last and {PROBES} random Services all answer; a proxy not programmed \
@@ -1581,7 +1660,8 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
              machine's busy time from /proc/stat over the connections (client, servers, \
              kernel, proxy) less an equal window with none right after, so the floor's \
              is the cost of the connections themselves and a proxy's excess over it is its \
-             own. New-connection rate (after the connections, per side per round): offered \
+             own. New-connection rate (last, per side per round, a proxy idle again after \
+             its churn): offered \
              rates of {rates} connections a second in turn, {step_ms} ms each, open loop \
              (connection j is due at j / rate s and its time runs from then, whatever \
              became of the ones before it), started by the first free of {RATE_WORKERS} \
@@ -1660,6 +1740,56 @@ const PROGRAM_PREFIX: &str = "sliceway_";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Needs root (a network namespace of its own): a TIME_WAIT made in the client's
+    /// namespace is counted there, not the process's own namespace's.
+    #[test]
+    fn time_waits_are_counted_in_the_clients_own_namespace() {
+        let ns = sliceway_lab::Netns::create(&format!(
+            "{}-tw-{}",
+            sliceway_lab::NS_PREFIX,
+            std::process::id()
+        ))
+        .expect("a network namespace (needs root)");
+        assert_eq!(time_waits(&ns.name).unwrap(), 0, "a new namespace has none");
+        in_netns(&ns.name, || {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+            let (server, _) = listener.accept().unwrap();
+            // The side that closes first keeps the TIME_WAIT.
+            drop(client);
+            let mut rest = Vec::new();
+            std::io::Read::read_to_end(&mut &server, &mut rest).unwrap();
+            drop(server);
+        })
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while time_waits(&ns.name).unwrap() != 1 {
+            assert!(
+                Instant::now() < deadline,
+                "no TIME_WAIT counted in {}",
+                ns.name
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(
+            drain_time_waits(&ns.name).unwrap().1,
+            1,
+            "one is few enough at once"
+        );
+    }
+
+    #[test]
+    fn time_waits_are_read_from_the_tcp_line_of_sockstat() {
+        let sockstat = "sockets: used 130\nTCP: inuse 5 orphan 0 tw 31337 alloc 7 mem 1\n\
+                        UDP: inuse 2 mem 0\n";
+        assert_eq!(parse_time_waits(sockstat), Some(31337));
+        assert_eq!(
+            parse_time_waits("TCP6: inuse 1\nUDP: inuse 2 mem 0\n"),
+            None
+        );
+        assert_eq!(parse_time_waits("TCP: inuse 5 orphan 0 tw\n"), None);
+    }
 
     #[test]
     fn a_mode_never_programmed_is_named_and_the_others_still_compared() {
