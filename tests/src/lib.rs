@@ -40,8 +40,8 @@ pub const BACKEND_PORT: u16 = 8080;
 /// How long an agent may take to load, attach and sync once: a second or two on a
 /// machine of its own, so [`AGENT_START_DEFAULT`] is far more than that. Under the VM
 /// tier's software emulation, with two agents loading at once (each verifies the
-/// programs and allocates its per-CPU counters), one start took 100 s and more on a
-/// slower host than ours, so the tier's guest sets `SLICEWAY_AGENT_START_SECS` (see
+/// programs and allocates its per-CPU counters), starts took over 90 s on CI's
+/// host, so the tier's guest sets `SLICEWAY_AGENT_START_SECS` (see
 /// `cargo xtask test-vm`). A budget only: a test waits as long as its agent takes.
 pub fn agent_start() -> Duration {
     agent_start_from(std::env::var("SLICEWAY_AGENT_START_SECS").ok().as_deref())

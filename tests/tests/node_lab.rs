@@ -767,7 +767,6 @@ fn drift_behind_the_agents_back_is_found_named_and_repaired() {
         .unwrap();
     lab.agent_args = vec!["--audit-interval-seconds".into(), "0".into()];
     let mut agent = lab.start_agent().unwrap();
-    agent.wait_for_sync(1, sliceway_lab::agent_start()).unwrap();
     lab.tcp_request(vip()).unwrap();
 
     let pins = sliceway_agent::kernel::PinDir::new(&lab.bpffs);
@@ -846,7 +845,6 @@ fn drift_behind_the_agents_back_is_found_named_and_repaired() {
     agent.kill();
     lab.agent_args = vec!["--audit-interval-seconds".into(), "1".into()];
     agent = lab.start_agent().unwrap();
-    agent.wait_for_sync(1, sliceway_lab::agent_start()).unwrap();
     corrupt();
     wait_until(&agent, "the timed audit repairing the frontend", || {
         agent
@@ -865,7 +863,6 @@ fn datapath_counters_are_read_at_scrape_and_count_each_connection() {
     lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1]))
         .unwrap();
     let agent = lab.start_agent().unwrap();
-    agent.wait_for_sync(1, sliceway_lab::agent_start()).unwrap();
     let series = "sliceway_datapath_packets{reason=\"dnat_new\"}";
     let read = || {
         let text = agent.metrics().unwrap();
@@ -898,7 +895,6 @@ fn frontend_and_backend_counters_count_exactly_what_was_sent() {
     )
     .unwrap();
     let agent = lab.start_agent().unwrap();
-    agent.wait_for_sync(1, sliceway_lab::agent_start()).unwrap();
     const TCP: usize = 9;
     const UDP: usize = 7;
     const REFUSED: usize = 4;
@@ -1029,8 +1025,7 @@ fn top_redraws_the_busiest_frontends_on_a_terminal() {
     let lab = Lab::new(2).unwrap();
     lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1]))
         .unwrap();
-    let agent = lab.start_agent().unwrap();
-    agent.wait_for_sync(1, sliceway_lab::agent_start()).unwrap();
+    let _agent = lab.start_agent().unwrap();
 
     let (mut master, mut slave) = (0, 0);
     // SAFETY: openpty fills two descriptors it opened; no name, termios or size.
