@@ -64,22 +64,13 @@ impl Client {
         })?
     }
 
-    /// One UDP request from source port `port`: the name of the backend that
-    /// answered.
-    pub fn udp_from(&self, port: u16, to: SocketAddrV4) -> Result<String> {
-        let ip = self.ip;
-        in_netns(&self.ns.name, move || -> Result<String> {
-            let s = std::net::UdpSocket::bind((ip, port))?;
-            s.set_read_timeout(Some(Duration::from_secs(1)))?;
-            s.send_to(b"hello", to)?;
-            let mut buf = [0u8; 1500];
-            let (n, _) = s.recv_from(&mut buf)?;
-            let text = std::str::from_utf8(&buf[..n])?;
-            Ok(text
-                .split_whitespace()
-                .next()
-                .unwrap_or_default()
-                .to_string())
+    /// One UDP request from source port `port`. A random port may be one an
+    /// earlier request of the test took, whose flow the datapath still tracks: a
+    /// test that counts new flows gives each request a port of its own.
+    pub fn udp_from(&self, port: u16, to: impl Into<SocketAddr>) -> Result<Reply> {
+        let to = to.into();
+        in_netns(&self.ns.name, move || {
+            servers::udp_request_from(port, to, Duration::from_secs(1))
         })?
     }
 

@@ -279,9 +279,14 @@ pub fn tcp_request(to: impl Into<SocketAddr>, timeout: Duration) -> Result<Reply
 
 /// Sends one datagram, reads the answer.
 pub fn udp_request(to: impl Into<SocketAddr>, timeout: Duration) -> Result<Reply> {
+    udp_request_from(0, to, timeout)
+}
+
+/// [`udp_request`] from source port `port` (0: one the kernel picks at random).
+pub fn udp_request_from(port: u16, to: impl Into<SocketAddr>, timeout: Duration) -> Result<Reply> {
     let to = to.into();
-    let (answer, _) =
-        udp_exchange(to, timeout).with_context(|| format!("no UDP answer from {to}"))?;
+    let (answer, _) = udp_exchange_from(port, to, timeout)
+        .with_context(|| format!("no UDP answer from {to} to port {port}"))?;
     parse_ident(&answer)
 }
 
@@ -299,7 +304,18 @@ pub fn tcp_exchange(to: SocketAddr, timeout: Duration) -> std::io::Result<(Strin
 
 /// [`tcp_exchange`] over UDP: one datagram from a connected socket, its answer.
 pub fn udp_exchange(to: SocketAddr, timeout: Duration) -> std::io::Result<(String, SocketAddr)> {
-    let socket = UdpSocket::bind(unspecified(&to))?;
+    udp_exchange_from(0, to, timeout)
+}
+
+/// [`udp_exchange`] from source port `port` (0: one the kernel picks at random).
+pub fn udp_exchange_from(
+    port: u16,
+    to: SocketAddr,
+    timeout: Duration,
+) -> std::io::Result<(String, SocketAddr)> {
+    let mut from = unspecified(&to);
+    from.set_port(port);
+    let socket = UdpSocket::bind(from)?;
     socket.set_read_timeout(Some(timeout))?;
     socket.connect(to)?;
     socket.send(b"hello")?;
