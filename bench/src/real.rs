@@ -213,6 +213,12 @@ pub struct Fig7Row {
     pub rate_capped: bool,
     /// Every offered rate of every round, in order (a round stops at its first miss).
     pub rate_steps: Vec<Vec<RateStep>>,
+    /// A proxy's side: connections straight to the backend pods (the floor's
+    /// targets) with the proxy loaded, right after its own measured ones; p50 and
+    /// p99 over every sample, microseconds. Against the floor (the same connections
+    /// with no proxy) it is what the loaded proxy costs connections that use no
+    /// Service; against the side's own p50, what a Service's path costs beyond that.
+    pub loaded_floor_us: Option<(f64, f64)>,
     /// Every sample, microseconds, sorted (for the CDF plot; not in the JSON).
     #[serde(skip)]
     pub sorted_us: Vec<f64>,
@@ -1380,6 +1386,8 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
     let mut cpu: BTreeMap<Side, (f64, usize)> = BTreeMap::new();
     let mut churned: BTreeMap<Side, Churned> = BTreeMap::new();
     let mut rates: BTreeMap<Side, Vec<Vec<RateStep>>> = BTreeMap::new();
+    // Straight to the pods with each proxy loaded (`Fig7Row::loaded_floor_us`).
+    let mut loaded_floor: BTreeMap<Side, Vec<f64>> = BTreeMap::new();
     let (mut datapath, mut datapath_error) = (DatapathShare::default(), None);
     for round in 0..cfg.fig7_rounds {
         for k in 0..Side::ALL.len() {
@@ -1440,6 +1448,19 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
             let e = cpu.entry(side).or_default();
             e.0 += (b1 - b0) as f64 - (b2 - b1) as f64;
             e.1 += l.len() + f;
+            if side.proxy().is_some() {
+                // The floor's own connections, this proxy loaded: what it costs
+                // connections that use no Service (its programs on every packet, its
+                // rules, its process beside them).
+                let (direct, _) = connections(
+                    &client_ns,
+                    &floor,
+                    &backends,
+                    cfg.fig7_connections,
+                    1000 + round as u64,
+                )?;
+                loaded_floor.entry(side).or_default().extend(direct);
+            }
             if side == Side::Sliceway && datapath_error.is_none() {
                 match datapath_pass(&client_ns, targets, &backends, cfg, 2000 + round as u64) {
                     Ok(pass) => {
@@ -1608,6 +1629,10 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
                 rate_sustained: Summary::of(&highest),
                 rate_capped: top > 0 && highest.iter().any(|&h| h >= f64::from(top)),
                 rate_steps,
+                loaded_floor_us: loaded_floor.remove(&side).and_then(|mut v| {
+                    v.sort_by(f64::total_cmp);
+                    (!v.is_empty()).then(|| (percentile(&v, 50.0), percentile(&v, 99.0)))
+                }),
                 sorted_us: all,
             }
         })
@@ -1651,7 +1676,11 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
              pods' own three addresses searches a port range full of them at every \
              connect; at most 65 s); the client and the servers run at SCHED_FIFO priority 10, so other \
              work on the machine delays their wake-ups less. p50 per round as median \
-             [min–max]; p50, p99 and p99.9 over every sample of the run. Programmed: from the proxy's start until the first, \
+             [min–max]; p50, p99 and p99.9 over every sample of the run. Right after a \
+             proxy's own connections, as many again straight to the backend pods (the \
+             floor's connections, the same seeds) with the proxy still loaded: what the \
+             proxy costs connections that use no Service, and so how much of its own \
+             figure a Service's path adds. Programmed: from the proxy's start until the first, \
              the last and {PROBES} random Services all answer; a proxy not programmed \
              within {limit_s} s (120 s and one more for every 50 Services) is reported so \
              for that round, which then goes on with the next side. Own sync: the proxy's \

@@ -936,6 +936,7 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
                     row.cpu_ms_per_1k.map_or("–".into(), |c| format!("{c:.0}")),
                 );
             }
+            loaded_floor(&mut m, f);
             datapath_share(&mut m, f);
             if f.rows.iter().any(|row| !row.rate_steps.is_empty()) {
                 let _ = writeln!(
@@ -1132,6 +1133,38 @@ pub fn programs_table(checks: &[sliceway_agent::kernel::KernelCheck]) -> String 
 
 /// sliceway's programs per connection, from the kernel's run statistics, beside
 /// sliceway's p50 over the floor: how much of the proxy's cost is its programs'.
+/// Figure 7's connections straight to the pods with each proxy loaded, beside the
+/// floor's (no proxy) and the side's own.
+fn loaded_floor(m: &mut String, f: &super::real::Fig7) {
+    let rows: Vec<_> = f
+        .rows
+        .iter()
+        .filter_map(|row| Some((row, row.loaded_floor_us?)))
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    let floor = f.row(Side::Floor).map(|row| row.p50_all_us);
+    let _ = writeln!(
+        m,
+        "\nStraight to the backend pods with each proxy loaded (the floor's connections, \
+         right after the proxy's own): what a proxy costs connections that use no \
+         Service, and what a Service's path adds to that. The floor to the pods, no \
+         proxy: {} µs at p50.\n\n| side | p50 (µs) | p99 (µs) | p50 over the floor, no \
+         proxy (µs) | the side's own p50 over this (µs) |\n|---|---:|---:|---:|---:|",
+        floor.map_or("not measured".into(), |p| format!("{p:.0}"))
+    );
+    for (row, (p50, p99)) in rows {
+        let _ = writeln!(
+            m,
+            "| {} | {p50:.0} | {p99:.0} | {} | {:.0} |",
+            row.side.name(),
+            floor.map_or("–".into(), |fl| format!("{:.0}", p50 - fl)),
+            row.p50_all_us - p50
+        );
+    }
+}
+
 fn datapath_share(m: &mut String, f: &super::real::Fig7) {
     let Some(d) = &f.datapath else {
         if let Some(e) = &f.datapath_error {
@@ -1166,5 +1199,44 @@ fn datapath_share(m: &mut String, f: &super::real::Fig7) {
             "| {} | {:.2} | {:.2} | {:.0} |",
             r.program, r.runs, r.us, r.ns_per_run
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::real::{Fig7, Fig7Row};
+    use super::*;
+
+    #[test]
+    fn the_loaded_floor_is_set_against_the_floor_and_the_sides_own_p50() {
+        let row = |side, p50_all_us, loaded_floor_us| Fig7Row {
+            side,
+            samples: 10,
+            p50_all_us,
+            loaded_floor_us,
+            ..Fig7Row::default()
+        };
+        let mut f = Fig7 {
+            rows: vec![
+                row(Side::Floor, 100.0, None),
+                row(Side::Sliceway, 143.0, Some((120.0, 200.0))),
+                row(Side::Nftables, 150.0, None),
+            ],
+            ..Fig7::default()
+        };
+        let mut m = String::new();
+        loaded_floor(&mut m, &f);
+        assert!(m.contains("no proxy: 100 µs at p50"), "{m}");
+        // 20 over the floor, and the Service's path 23 over that.
+        assert!(m.contains("| sliceway | 120 | 200 | 20 | 23 |"), "{m}");
+        assert!(
+            !m.contains("| kube-proxy nftables |"),
+            "no samples, no line: {m}"
+        );
+        // No side measured it: no table.
+        f.rows[1].loaded_floor_us = None;
+        let mut m = String::new();
+        loaded_floor(&mut m, &f);
+        assert_eq!(m, "");
     }
 }
