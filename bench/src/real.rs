@@ -219,6 +219,10 @@ pub struct Fig7Row {
     /// with no proxy) it is what the loaded proxy costs connections that use no
     /// Service; against the side's own p50, what a Service's path costs beyond that.
     pub loaded_floor_us: Option<(f64, f64)>,
+    /// The same connections in the same turn just before the proxy started (the node
+    /// cleaned, no proxy), p50 and p99: the loaded floor's partner, so the machine's
+    /// drift over a round is not counted as the loaded proxy's cost.
+    pub unloaded_floor_us: Option<(f64, f64)>,
     /// Every sample, microseconds, sorted (for the CDF plot; not in the JSON).
     #[serde(skip)]
     pub sorted_us: Vec<f64>,
@@ -1386,8 +1390,10 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
     let mut cpu: BTreeMap<Side, (f64, usize)> = BTreeMap::new();
     let mut churned: BTreeMap<Side, Churned> = BTreeMap::new();
     let mut rates: BTreeMap<Side, Vec<Vec<RateStep>>> = BTreeMap::new();
-    // Straight to the pods with each proxy loaded (`Fig7Row::loaded_floor_us`).
+    // Straight to the pods with each proxy loaded, and just before it started
+    // (`Fig7Row::loaded_floor_us`, `Fig7Row::unloaded_floor_us`).
     let mut loaded_floor: BTreeMap<Side, Vec<f64>> = BTreeMap::new();
+    let mut unloaded_floor: BTreeMap<Side, Vec<f64>> = BTreeMap::new();
     let (mut datapath, mut datapath_error) = (DatapathShare::default(), None);
     for round in 0..cfg.fig7_rounds {
         for k in 0..Side::ALL.len() {
@@ -1398,6 +1404,18 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
                 None => &floor,
                 Some(proxy) => {
                     super::progress(&format!("figure 7: round {}: {}", round + 1, side.name()));
+                    // The floor's connections on the cleaned node, no proxy yet: the
+                    // partner of those made with it loaded, in the same turn.
+                    drain_time_waits_before(&client_ns, round, side)?;
+                    connections(&client_ns, &floor, &backends, 20, 7)?;
+                    let (direct, _) = connections(
+                        &client_ns,
+                        &floor,
+                        &backends,
+                        cfg.fig7_connections,
+                        1000 + round as u64,
+                    )?;
+                    unloaded_floor.entry(side).or_default().extend(direct);
                     let since = Instant::now();
                     cluster.start_proxies(proxy)?;
                     let took = match programmed(&client_ns, &probes, &backends, since, limit)
@@ -1629,10 +1647,8 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
                 rate_sustained: Summary::of(&highest),
                 rate_capped: top > 0 && highest.iter().any(|&h| h >= f64::from(top)),
                 rate_steps,
-                loaded_floor_us: loaded_floor.remove(&side).and_then(|mut v| {
-                    v.sort_by(f64::total_cmp);
-                    (!v.is_empty()).then(|| (percentile(&v, 50.0), percentile(&v, 99.0)))
-                }),
+                loaded_floor_us: loaded_floor.get(&side).and_then(|v| p50_p99(v)),
+                unloaded_floor_us: unloaded_floor.get(&side).and_then(|v| p50_p99(v)),
                 sorted_us: all,
             }
         })
@@ -1676,11 +1692,13 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
              pods' own three addresses searches a port range full of them at every \
              connect; at most 65 s); the client and the servers run at SCHED_FIFO priority 10, so other \
              work on the machine delays their wake-ups less. p50 per round as median \
-             [min–max]; p50, p99 and p99.9 over every sample of the run. Right after a \
-             proxy's own connections, as many again straight to the backend pods (the \
-             floor's connections, the same seeds) with the proxy still loaded: what the \
-             proxy costs connections that use no Service, and so how much of its own \
-             figure a Service's path adds. Programmed: from the proxy's start until the first, \
+             [min–max]; p50, p99 and p99.9 over every sample of the run. In each proxy's \
+             turn, the floor's own connections (straight to the backend pods, the same \
+             seeds, as many) twice more: on the cleaned node just before the proxy \
+             starts, and right after the proxy's own connections with it still loaded; \
+             their difference is what the loaded proxy costs connections that use no \
+             Service, and the side's own p50 less the loaded one what a Service's path \
+             adds. Programmed: from the proxy's start until the first, \
              the last and {PROBES} random Services all answer; a proxy not programmed \
              within {limit_s} s (120 s and one more for every 50 Services) is reported so \
              for that round, which then goes on with the next side. Own sync: the proxy's \

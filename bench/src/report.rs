@@ -1133,8 +1133,8 @@ pub fn programs_table(checks: &[sliceway_agent::kernel::KernelCheck]) -> String 
 
 /// sliceway's programs per connection, from the kernel's run statistics, beside
 /// sliceway's p50 over the floor: how much of the proxy's cost is its programs'.
-/// Figure 7's connections straight to the pods with each proxy loaded, beside the
-/// floor's (no proxy) and the side's own.
+/// Figure 7's connections straight to the pods in each proxy's turn, just before it
+/// started and with it loaded, beside the side's own.
 fn loaded_floor(m: &mut String, f: &super::real::Fig7) {
     let rows: Vec<_> = f
         .rows
@@ -1144,22 +1144,25 @@ fn loaded_floor(m: &mut String, f: &super::real::Fig7) {
     if rows.is_empty() {
         return;
     }
-    let floor = f.row(Side::Floor).map(|row| row.p50_all_us);
     let _ = writeln!(
         m,
-        "\nStraight to the backend pods with each proxy loaded (the floor's connections, \
-         right after the proxy's own): what a proxy costs connections that use no \
-         Service, and what a Service's path adds to that. The floor to the pods, no \
-         proxy: {} µs at p50.\n\n| side | p50 (µs) | p99 (µs) | p50 over the floor, no \
-         proxy (µs) | the side's own p50 over this (µs) |\n|---|---:|---:|---:|---:|",
-        floor.map_or("not measured".into(), |p| format!("{p:.0}"))
+        "\nStraight to the backend pods in each proxy's turn (the floor's connections): \
+         just before the proxy started, on the cleaned node, and right after the \
+         proxy's own connections with it still loaded. Loaded less before: what the \
+         loaded proxy costs connections that use no Service; the side's own p50 less \
+         loaded: what a Service's path adds.\n\n| side | before the proxy, p50 / p99 \
+         (µs) | proxy loaded, p50 / p99 (µs) | loaded less before, p50 (µs) | the side's \
+         own p50 less loaded (µs) |\n|---|---:|---:|---:|---:|"
     );
     for (row, (p50, p99)) in rows {
+        let (before, cost) = match row.unloaded_floor_us {
+            Some((b50, b99)) => (format!("{b50:.0} / {b99:.0}"), format!("{:.0}", p50 - b50)),
+            None => ("–".into(), "–".into()),
+        };
         let _ = writeln!(
             m,
-            "| {} | {p50:.0} | {p99:.0} | {} | {:.0} |",
+            "| {} | {before} | {p50:.0} / {p99:.0} | {cost} | {:.0} |",
             row.side.name(),
-            floor.map_or("–".into(), |fl| format!("{:.0}", p50 - fl)),
             row.p50_all_us - p50
         );
     }
@@ -1209,32 +1212,48 @@ mod tests {
 
     #[test]
     fn the_loaded_floor_is_set_against_the_floor_and_the_sides_own_p50() {
-        let row = |side, p50_all_us, loaded_floor_us| Fig7Row {
+        let row = |side, p50_all_us, loaded_floor_us, unloaded_floor_us| Fig7Row {
             side,
             samples: 10,
             p50_all_us,
             loaded_floor_us,
+            unloaded_floor_us,
             ..Fig7Row::default()
         };
         let mut f = Fig7 {
             rows: vec![
-                row(Side::Floor, 100.0, None),
-                row(Side::Sliceway, 143.0, Some((120.0, 200.0))),
-                row(Side::Nftables, 150.0, None),
+                row(Side::Floor, 100.0, None, None),
+                row(
+                    Side::Sliceway,
+                    143.0,
+                    Some((120.0, 200.0)),
+                    Some((101.0, 190.0)),
+                ),
+                row(Side::SlicewayPods, 130.0, Some((125.0, 210.0)), None),
+                row(Side::Nftables, 150.0, None, None),
             ],
             ..Fig7::default()
         };
         let mut m = String::new();
         loaded_floor(&mut m, &f);
-        assert!(m.contains("no proxy: 100 µs at p50"), "{m}");
-        // 20 over the floor, and the Service's path 23 over that.
-        assert!(m.contains("| sliceway | 120 | 200 | 20 | 23 |"), "{m}");
+        // Loaded 19 over before, and the Service's path 23 over loaded.
+        assert!(
+            m.contains("| sliceway | 101 / 190 | 120 / 200 | 19 | 23 |"),
+            "{m}"
+        );
+        // Without its partner, the loaded figure alone.
+        assert!(
+            m.contains("| sliceway --socket-lb-pods | – | 125 / 210 | – | 5 |"),
+            "{m}"
+        );
         assert!(
             !m.contains("| kube-proxy nftables |"),
-            "no samples, no line: {m}"
+            "not measured, no line: {m}"
         );
         // No side measured it: no table.
-        f.rows[1].loaded_floor_us = None;
+        for row in &mut f.rows {
+            row.loaded_floor_us = None;
+        }
         let mut m = String::new();
         loaded_floor(&mut m, &f);
         assert_eq!(m, "");

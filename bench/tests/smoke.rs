@@ -94,6 +94,23 @@ fn bench_smoke_writes_every_figure() {
             "figure 7 has no {side} row with samples"
         );
     }
+    // Each proxy's turn made the floor's connections before it started and loaded.
+    for row in json["fig7"]["rows"].as_array().into_iter().flatten() {
+        if row["samples"].as_u64().is_some_and(|n| n > 0)
+            && !row["side"].as_str().is_some_and(|s| s.starts_with("floor"))
+        {
+            for pair in ["loaded_floor_us", "unloaded_floor_us"] {
+                assert!(
+                    row[pair][0].as_f64().is_some_and(|us| us > 0.0),
+                    "no {pair}: {row}"
+                );
+            }
+        }
+    }
+    assert!(
+        md.contains("Straight to the backend pods in each proxy's turn"),
+        "{md}"
+    );
     // sliceway's programs per connection, from the kernel's run statistics: its TC
     // program ran on the connections' packets, at least the SYN and its reply each.
     let datapath = &json["fig7"]["datapath"];
