@@ -215,9 +215,9 @@ pub struct Fig7Row {
     pub rate_steps: Vec<Vec<RateStep>>,
     /// A proxy's side: connections straight to the backend pods (the floor's
     /// targets) with the proxy loaded, right after its own measured ones; p50 and
-    /// p99 over every sample, microseconds. Against the floor (the same connections
-    /// with no proxy) it is what the loaded proxy costs connections that use no
-    /// Service; against the side's own p50, what a Service's path costs beyond that.
+    /// p99 over every sample, microseconds. Less [`Fig7Row::unloaded_floor_us`] it is
+    /// what the loaded proxy costs connections that use no Service; the side's own
+    /// p50 less it, what a Service's path costs beyond that.
     pub loaded_floor_us: Option<(f64, f64)>,
     /// The same connections in the same turn just before the proxy started (the node
     /// cleaned, no proxy), p50 and p99: the loaded floor's partner, so the machine's

@@ -1131,8 +1131,6 @@ pub fn programs_table(checks: &[sliceway_agent::kernel::KernelCheck]) -> String 
     m
 }
 
-/// sliceway's programs per connection, from the kernel's run statistics, beside
-/// sliceway's p50 over the floor: how much of the proxy's cost is its programs'.
 /// Figure 7's connections straight to the pods in each proxy's turn, just before it
 /// started and with it loaded, beside the side's own.
 fn loaded_floor(m: &mut String, f: &super::real::Fig7) {
@@ -1168,6 +1166,8 @@ fn loaded_floor(m: &mut String, f: &super::real::Fig7) {
     }
 }
 
+/// sliceway's programs per connection, from the kernel's run statistics, beside
+/// sliceway's p50 over the floor: how much of the proxy's cost is its programs'.
 fn datapath_share(m: &mut String, f: &super::real::Fig7) {
     let Some(d) = &f.datapath else {
         if let Some(e) = &f.datapath_error {

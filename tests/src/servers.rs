@@ -286,7 +286,7 @@ pub fn udp_request(to: impl Into<SocketAddr>, timeout: Duration) -> Result<Reply
 pub fn udp_request_from(port: u16, to: impl Into<SocketAddr>, timeout: Duration) -> Result<Reply> {
     let to = to.into();
     let (answer, _) = udp_exchange_from(port, to, timeout)
-        .with_context(|| format!("no UDP answer from {to} to port {port}"))?;
+        .with_context(|| format!("no UDP answer from {to} (source port {port}, 0: any)"))?;
     parse_ident(&answer)
 }
 
