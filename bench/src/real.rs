@@ -1396,6 +1396,17 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
     let mut unloaded_floor: BTreeMap<Side, Vec<f64>> = BTreeMap::new();
     let (mut datapath, mut datapath_error) = (DatapathShare::default(), None);
     for round in 0..cfg.fig7_rounds {
+        // A side's measured connections, and the floor's in a proxy's turn: the
+        // same count and seed, to `targets`.
+        let measured = |targets: &[SocketAddr]| {
+            connections(
+                &client_ns,
+                targets,
+                &backends,
+                cfg.fig7_connections,
+                1000 + round as u64,
+            )
+        };
         for k in 0..Side::ALL.len() {
             let side = Side::ALL[(k + round) % Side::ALL.len()];
             cluster.stop_proxies()?;
@@ -1408,13 +1419,7 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
                     // partner of those made with it loaded, in the same turn.
                     drain_time_waits_before(&client_ns, round, side)?;
                     connections(&client_ns, &floor, &backends, 20, 7)?;
-                    let (direct, _) = connections(
-                        &client_ns,
-                        &floor,
-                        &backends,
-                        cfg.fig7_connections,
-                        1000 + round as u64,
-                    )?;
+                    let (direct, _) = measured(&floor)?;
                     unloaded_floor.entry(side).or_default().extend(direct);
                     let since = Instant::now();
                     cluster.start_proxies(proxy)?;
@@ -1452,13 +1457,7 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
             // Warm up (neighbours, the servers' threads), then measure.
             connections(&client_ns, targets, &backends, 20, 7)?;
             let (b0, t0) = (busy_ms()?, Instant::now());
-            let (l, f) = connections(
-                &client_ns,
-                targets,
-                &backends,
-                cfg.fig7_connections,
-                1000 + round as u64,
-            )?;
+            let (l, f) = measured(targets)?;
             let (b1, took) = (busy_ms()?, t0.elapsed());
             // The same time with nothing sent: what the rest of the machine spends.
             std::thread::sleep(took);
@@ -1470,13 +1469,7 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
                 // The floor's own connections, this proxy loaded: what it costs
                 // connections that use no Service (its programs on every packet, its
                 // rules, its process beside them).
-                let (direct, _) = connections(
-                    &client_ns,
-                    &floor,
-                    &backends,
-                    cfg.fig7_connections,
-                    1000 + round as u64,
-                )?;
+                let (direct, _) = measured(&floor)?;
                 loaded_floor.entry(side).or_default().extend(direct);
             }
             if side == Side::Sliceway && datapath_error.is_none() {
