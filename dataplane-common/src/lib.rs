@@ -355,7 +355,8 @@ impl CtKey {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
 pub struct CtEntry {
     pub pair: CtKey,
-    /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC) of the last packet, either direction.
+    /// The time of the last packet, either direction (CLOCK_MONOTONIC in ns, read at
+    /// the resolution of a tick: `conntrack::now` of the programs).
     pub last_seen_ns: u64,
     /// Frontend id the connection was made through (for `list`; never read to
     /// translate, so renumbered frontends do not matter).
@@ -551,7 +552,7 @@ pub struct AffinityKey {
 const _: () = assert!(size_of::<AffinityKey>() == 20);
 
 /// Value of the `AFFINITY` map: the backend the client was given, in which slot, and
-/// when it last opened a connection (`bpf_ktime_get_ns`).
+/// when it last opened a connection (CLOCK_MONOTONIC in ns at a tick's resolution).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
 pub struct AffinityValue {

@@ -193,7 +193,7 @@ fn remembered(client: [u32; 4], service: &ServiceValue, now: u64) -> Option<(u32
         service_id: service.id,
     })?;
     let timeout_ns = service.affinity_timeout_s as u64 * 1_000_000_000;
-    if now.wrapping_sub(seen.last_ns) >= timeout_ns || seen.slot >= service.count {
+    if now.saturating_sub(seen.last_ns) >= timeout_ns || seen.slot >= service.count {
         return None;
     }
     let id = maps::slot(&SlotKey {

@@ -76,6 +76,18 @@ pub static AFFINITY: LruHashMap<AffinityKey, AffinityValue> =
 pub static SCRATCH: PerCpuArray<[u8; crate::reject::SCRATCH_LEN]> =
     PerCpuArray::with_max_entries(1, 0);
 
+/// The clock's last reading on this CPU and the tick it was read in
+/// (`conntrack::now`). Written by the programs; not pinned.
+#[map]
+pub static CLOCK: PerCpuArray<KeptTime> = PerCpuArray::with_max_entries(1, 0);
+
+/// A reading of the clock (`ns`) and the `jiffies` it was made at.
+#[repr(C)]
+pub struct KeptTime {
+    pub jiffies: u64,
+    pub ns: u64,
+}
+
 /// Programs the TC program hands a packet over to (tail calls): slot
 /// `JUMP_REJECT` is `sliceway_reject`, `JUMP_SCTP_NAT` is `sliceway_sctp_nat`,
 /// `JUMP_REJECT_L3` is `sliceway_rej_l3`. Filled by the agent at load (a restarted agent

@@ -66,7 +66,8 @@ impl Timeouts {
     }
 }
 
-/// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`.
+/// CLOCK_MONOTONIC in nanoseconds: the clock the programs read at a tick's resolution
+/// (`bpf_ktime_get_coarse_ns`, never ahead of this one).
 pub fn now_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,

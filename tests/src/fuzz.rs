@@ -231,7 +231,10 @@ impl Harness {
     /// Runs one frame through the kernel and the model; `Err` describes how they
     /// differ. The model's tables follow the kernel's outcome either way.
     fn packet(&mut self, frame: &[u8]) -> Result<Outcome, String> {
-        let t0 = monotonic_ns();
+        // The programs' clock is the coarse one, kept per CPU for a tick
+        // (`conntrack::now`): their time may be up to a tick behind the coarse clock
+        // read here, never ahead of the fine one read after.
+        let t0 = coarse_ns().saturating_sub(2 * coarse_resolution_ns());
         let out = self.dp.test_run(frame).map_err(|e| e.to_string())?;
         let t1 = monotonic_ns();
         let stats = self.dp.stats().map_err(|e| e.to_string())?;
@@ -504,12 +507,33 @@ fn normalized(o: &Outcome, now: u64) -> Outcome {
 }
 
 fn monotonic_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC, false)
+}
+
+/// CLOCK_MONOTONIC at a tick's resolution, the programs' clock.
+fn coarse_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC_COARSE, false)
+}
+
+/// The coarse clock's resolution: the kernel's tick.
+fn coarse_resolution_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC_COARSE, true)
+}
+
+/// `clock`'s time, or with `resolution` its resolution, in nanoseconds.
+fn clock_ns(clock: libc::clockid_t, resolution: bool) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: a valid pointer to a timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    unsafe {
+        if resolution {
+            libc::clock_getres(clock, &mut ts)
+        } else {
+            libc::clock_gettime(clock, &mut ts)
+        }
+    };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 

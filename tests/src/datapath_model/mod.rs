@@ -499,7 +499,7 @@ impl Machine<'_> {
         let remembered = if sticky {
             self.view.affinity(&akey).and_then(|a| {
                 let fresh =
-                    self.now.wrapping_sub(a.last_ns) < svc.affinity_timeout_s as u64 * ct::NS;
+                    self.now.saturating_sub(a.last_ns) < svc.affinity_timeout_s as u64 * ct::NS;
                 let still = a.slot < svc.count
                     && self.maps.slots.get(&SlotKey {
                         service_id: svc.id,
