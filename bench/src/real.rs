@@ -1146,19 +1146,35 @@ pub fn highest_sustained(steps: &[RateStep]) -> u32 {
         .unwrap_or(0)
 }
 
-/// Widens the client pod's local port range (`net.ipv4.ip_local_port_range`, a
-/// setting of its own network namespace), so thousands of connections a second,
-/// each leaving a TIME_WAIT with the client for a minute, do not run out of ports
-/// to the floor's three destinations.
-fn widen_client_ports(client_ns: &str) -> Result<()> {
+/// Readies the client pod's ports (settings of its own network namespace): the local
+/// port range widened (`net.ipv4.ip_local_port_range`), so thousands of connections
+/// a second do not run out of ports to the floor's three destinations, and no
+/// TIME_WAIT sockets kept (`net.ipv4.tcp_max_tw_buckets` 0: a connection the client
+/// closes frees its port at once). A rate ramp would otherwise leave tens of
+/// thousands of TIME_WAITs for a minute, which the next side's connects would meet
+/// (or wait for: every turn after a ramp waited a minute, and `--quick` took twice its
+/// 10 minutes).
+fn ready_client_ports(client_ns: &str) -> Result<()> {
     const RANGE: &str = "/proc/sys/net/ipv4/ip_local_port_range";
-    let read = in_netns(client_ns, || -> Result<String> {
+    const TIME_WAITS: &str = "/proc/sys/net/ipv4/tcp_max_tw_buckets";
+    let read = in_netns(client_ns, || -> Result<(String, String)> {
         std::fs::write(RANGE, "1024 65535")?;
-        Ok(std::fs::read_to_string(RANGE)?)
+        std::fs::write(TIME_WAITS, "0")?;
+        Ok((
+            std::fs::read_to_string(RANGE)?,
+            std::fs::read_to_string(TIME_WAITS)?,
+        ))
     })??;
     ensure!(
-        read.split_whitespace().eq(["1024", "65535"]),
-        "the client's port range is {read:?} after widening it"
+        read.0.split_whitespace().eq(["1024", "65535"]),
+        "the client's port range is {:?} after widening it",
+        read.0
+    );
+    ensure!(
+        read.1.trim() == "0",
+        "the client keeps {:?} TIME_WAIT sockets after setting none (the kernel's \
+         tcp_max_tw_buckets is not its namespace's own)",
+        read.1
     );
     Ok(())
 }
@@ -1234,9 +1250,9 @@ fn settled(pid: u32, limit: Duration) -> Result<Duration> {
     }
 }
 
-/// TIME_WAIT sockets the client pod may hold when a side starts measuring: a side's
-/// own 2,000 connections leave as many, harmless in a range of 64,512 ports a
-/// destination; a rate ramp leaves tens of thousands.
+/// TIME_WAIT sockets the client pod may hold when a side starts measuring, should it
+/// keep any: a side's own 2,000 connections would leave as many, harmless in a range
+/// of 64,512 ports a destination; a rate ramp tens of thousands.
 const TIME_WAIT_LEFT: u64 = 4096;
 
 /// The client pod's TIME_WAIT sockets, from `sockstat` of its network namespace (the
@@ -1262,11 +1278,12 @@ fn parse_time_waits(sockstat: &str) -> Option<u64> {
 }
 
 /// Waits until the client pod holds at most [`TIME_WAIT_LEFT`] TIME_WAIT sockets,
-/// at most 65 s (a TIME_WAIT lasts 60 s): the rate ramp leaves tens of thousands,
-/// and a client whose connections go to the backend pods' own three addresses (the
-/// floor, and sliceway's socket mode, which connects there) then searches a port
-/// range full of them at every connect, a kernel cost of the ramp before that no
-/// proxy has. Returns the seconds waited and the TIME_WAITs left.
+/// at most 65 s (a TIME_WAIT lasts 60 s): a client whose connections go to the
+/// backend pods' own three addresses (the floor, and sliceway's socket mode, which
+/// connects there) would search a port range full of them at every connect, a
+/// kernel cost of the ramp before that no proxy has. The client keeps none
+/// ([`ready_client_ports`]), so this returns at once; it guards the figure should
+/// that setting ever not hold. Returns the seconds waited and the TIME_WAITs left.
 fn drain_time_waits(client_ns: &str) -> Result<(f64, u64)> {
     let t = Instant::now();
     loop {
@@ -1331,7 +1348,7 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
     cluster.wait_ready_pods(NS, "app=web", BACKENDS)?;
     cluster.wait_ready_pods(NS, "role=client", 1)?;
     let client_ns = cluster.pod_netns(NS, "client")?;
-    widen_client_ports(&client_ns)?;
+    ready_client_ports(&client_ns)?;
     let mut backend_pods = Vec::new();
     for i in 0..BACKENDS {
         let name = format!("web-{i}");
@@ -1544,9 +1561,9 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
                     }
                 }
             }
-            // The ramp last: it saturates the machine and leaves the client tens of
-            // thousands of TIME_WAITs, which the churn's probes would meet. A proxy
-            // still working off the churn first finishes.
+            // The ramp last: it saturates the machine (and, were the client to keep
+            // TIME_WAITs, would leave tens of thousands, which the churn's probes
+            // would meet). A proxy still working off the churn first finishes.
             if !cfg.fig7_rates.is_empty() {
                 if side.proxy().is_some() {
                     let pid = cluster.daemon_pid("proxy-node-1")?;
@@ -1680,10 +1697,12 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
              random, a one-line request and its one-line answer, wall clock in the client; \
              {conns} connections per side per round after 20 warm-up connections, \
              {rounds} rounds, measured once the proxy is idle (under 2% of a core over a \
-             second) and the client holds at most {TIME_WAIT_LEFT} TIME_WAITs (the side \
-             before may have ended with its rate ramp, and a client connecting to the \
-             pods' own three addresses searches a port range full of them at every \
-             connect; at most 65 s); the client and the servers run at SCHED_FIFO priority 10, so other \
+             second); the client keeps no TIME_WAIT sockets (`net.ipv4.tcp_max_tw_buckets` \
+             0 in its namespace: a port is free once its connection closes), so no side \
+             meets the TIME_WAITs of the rate ramp before it, where a client connecting to \
+             the pods' own three addresses would search a port range full of them at \
+             every connect (a guard still waits, at most 65 s, until it holds at most \
+             {TIME_WAIT_LEFT}); the client and the servers run at SCHED_FIFO priority 10, so other \
              work on the machine delays their wake-ups less. p50 per round as median \
              [min–max]; p50, p99 and p99.9 over every sample of the run. In each proxy's \
              turn, the floor's own connections (straight to the backend pods, the same \
@@ -1710,8 +1729,7 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
              are answered within {timeout} s of being due and their p99 from due to answer \
              is at most {RATE_P99_MS} ms; a round stops at its first rate not sustained \
              and gives the highest sustained (a lower bound when it is the last offered). \
-             The client's local port range is widened to 1024-65535 so its TIME_WAITs \
-             (the servers close after it) do not run it out of ports; connects that found \
+             The client's local port range is widened to 1024-65535; connects that found \
              no free port are counted apart. The servers are the same one-thread-per-pod \
              servers, and client, servers and proxy share the machine's cores: the busy \
              share of the whole machine at the first rate missed says whether the cores \
