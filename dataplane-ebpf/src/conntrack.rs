@@ -120,9 +120,10 @@ impl Tuple for Flow {
 /// is then one tick late, never early. Linux 5.11 and later (the coarse helper).
 #[inline(always)]
 pub fn now() -> u64 {
-    // SAFETY: helpers without arguments or side effects.
+    // SAFETY: a helper without arguments or side effects.
     let jiffies = unsafe { bpf_jiffies64() };
     let Some(kept) = maps::CLOCK.get_ptr_mut(0) else {
+        // SAFETY: as above.
         return unsafe { bpf_ktime_get_coarse_ns() };
     };
     // SAFETY: this CPU's slot of a per-CPU array; plain loads and stores (a program

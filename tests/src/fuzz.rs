@@ -232,8 +232,8 @@ impl Harness {
     /// differ. The model's tables follow the kernel's outcome either way.
     fn packet(&mut self, frame: &[u8]) -> Result<Outcome, String> {
         // The programs' clock is the coarse one, kept per CPU for a tick
-        // (`conntrack::now`): their time may be up to a tick behind the coarse clock
-        // read here, never ahead of the fine one read after.
+        // (`conntrack::now`): their time may be a tick behind the coarse clock read
+        // here (two are allowed), never ahead of the fine one read after.
         let t0 = coarse_ns().saturating_sub(2 * coarse_resolution_ns());
         let out = self.dp.test_run(frame).map_err(|e| e.to_string())?;
         let t1 = monotonic_ns();
