@@ -1427,9 +1427,10 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
         for k in 0..Side::ALL.len() {
             let side = Side::ALL[(k + round) % Side::ALL.len()];
             cluster.stop_proxies()?;
-            let targets = match side.proxy() {
-                None if side == Side::FloorWide => &wide,
-                None => &floor,
+            // The side's targets, and a proxy's process (read once a turn).
+            let (targets, proxy_pid) = match side.proxy() {
+                None if side == Side::FloorWide => (&wide, None),
+                None => (&floor, None),
                 Some(proxy) => {
                     super::progress(&format!("figure 7: round {}: {}", round + 1, side.name()));
                     // The floor's connections on the cleaned node, no proxy yet: the
@@ -1466,7 +1467,7 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
                         .push(took.as_secs_f64());
                     let pid = cluster.daemon_pid("proxy-node-1")?;
                     settled(pid, limit).with_context(|| side.name())?;
-                    &vips
+                    (&vips, Some(pid))
                 }
             };
             // The side before may have ended with a rate ramp.
@@ -1565,8 +1566,7 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
             // TIME_WAITs, would leave tens of thousands, which the churn's probes
             // would meet). A proxy still working off the churn first finishes.
             if !cfg.fig7_rates.is_empty() {
-                if side.proxy().is_some() {
-                    let pid = cluster.daemon_pid("proxy-node-1")?;
+                if let Some(pid) = proxy_pid {
                     if let Err(e) = settled(pid, limit) {
                         super::progress(&format!(
                             "figure 7: round {}: {}: {e:#} after the churn; its new-connection \

@@ -1211,7 +1211,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_loaded_floor_is_set_against_the_floor_and_the_sides_own_p50() {
+    fn the_loaded_floor_is_set_against_its_turns_floor_before_the_proxy_and_the_sides_own_p50() {
         let row = |side, p50_all_us, loaded_floor_us, unloaded_floor_us| Fig7Row {
             side,
             samples: 10,
