@@ -27,6 +27,7 @@ pub mod real;
 pub mod report;
 pub mod scale;
 pub mod stats;
+pub mod wake;
 
 use std::{path::Path, time::Instant};
 
@@ -103,6 +104,8 @@ pub struct Config {
     /// a second, rising), each for `fig7_rate_step_ms`, until one is not sustained.
     pub fig7_rates: Vec<u32>,
     pub fig7_rate_step_ms: u64,
+    /// Keep idle cores polling for the run ([`wake`]); `--idle-states` turns it off.
+    pub keep_cores_awake: bool,
 }
 
 /// Every figure.
@@ -157,6 +160,7 @@ impl Config {
                 fig7_churn_seconds: 2,
                 fig7_rates: vec![200, 400],
                 fig7_rate_step_ms: 250,
+                keep_cores_awake: true,
             },
             Mode::Quick => Self {
                 mode,
@@ -201,6 +205,7 @@ impl Config {
                 fig7_rates: vec![1_000, 2_000, 4_000, 8_000, 16_000, 32_000],
                 // 8,000 connections at 16,000 a second: enough for the 99.9% test.
                 fig7_rate_step_ms: 500,
+                keep_cores_awake: true,
             },
             Mode::Full => Self {
                 mode,
@@ -243,6 +248,7 @@ impl Config {
                     1_000, 2_000, 3_000, 4_000, 6_000, 8_000, 12_000, 16_000, 24_000, 32_000,
                 ],
                 fig7_rate_step_ms: 3_000,
+                keep_cores_awake: true,
             },
         }
     }
@@ -334,6 +340,8 @@ pub struct Environment {
     pub nft: String,
     pub agent_build: String,
     pub seconds: f64,
+    /// The cores' idle states over the run ([`wake::AwakeCores::description`]).
+    pub idle: String,
 }
 
 /// Everything a run measured.
@@ -419,6 +427,13 @@ pub(crate) fn progress(what: &str) {
 /// Runs every figure and writes `report.md`, `report.json` and the plots into `out`.
 pub fn run(cfg: &Config, out: &Path) -> Result<Report> {
     let started = Instant::now();
+    // Held until the report is written; dropping it ends the request.
+    let awake = if cfg.keep_cores_awake {
+        wake::AwakeCores::hold()
+    } else {
+        wake::AwakeCores::left_alone()
+    };
+    progress(&awake.description);
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let environment = Environment {
         kernel: command_line("uname", &["-r"]),
@@ -431,6 +446,7 @@ pub fn run(cfg: &Config, out: &Path) -> Result<Report> {
             "release".into()
         },
         seconds: 0.0,
+        idle: awake.description.clone(),
     };
 
     let fig1 = if cfg.runs(1) {

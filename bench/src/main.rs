@@ -45,6 +45,11 @@ struct Cli {
     /// full run's 3,000, the quick run's 500).
     #[arg(long, value_parser = clap::value_parser!(u64).range(100..))]
     fig7_rate_step_ms: Option<u64>,
+    /// Leave the cores' idle states alone: by default the run holds
+    /// /dev/cpu_dma_latency at 0 µs, so idle cores poll instead of halting and a
+    /// wake-up does not wait for a core to come back (see the report's first line).
+    #[arg(long)]
+    idle_states: bool,
     /// Where the report and plots go (and, for `scale`, the cluster's state).
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
@@ -142,6 +147,7 @@ fn main() -> Result<()> {
     if let Some(ms) = cli.fig7_rate_step_ms {
         config.fig7_rate_step_ms = ms;
     }
+    config.keep_cores_awake = !cli.idle_states;
     let report = bench::run(&config, &cli.out)?;
     print!(
         "{}",

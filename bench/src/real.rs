@@ -1703,7 +1703,9 @@ fn measure(cluster: &Cluster, cfg: &Config, n: usize) -> Result<Fig7> {
              the pods' own three addresses would search a port range full of them at \
              every connect (a guard still waits, at most 65 s, until it holds at most \
              {TIME_WAIT_LEFT}); the client and the servers run at SCHED_FIFO priority 10, so other \
-             work on the machine delays their wake-ups less. p50 per round as median \
+             work on the machine delays their wake-ups less, and unless the run says \
+             otherwise (its first line) idle cores poll rather than halt, so a wake-up \
+             does not wait for a core to come back. p50 per round as median \
              [min–max]; p50, p99 and p99.9 over every sample of the run. In each proxy's \
              turn, the floor's own connections (straight to the backend pods, the same \
              seeds, as many) twice more: on the cleaned node just before the proxy \

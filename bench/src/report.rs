@@ -500,9 +500,9 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
     let _ = writeln!(m, "# sliceway benchmarks ({:?} run)\n", r.config.mode);
     let _ = writeln!(
         m,
-        "Kernel {}, {} CPUs, {}, {}, binaries built as {}; the run took {:.0} s. \
+        "Kernel {}, {} CPUs, {}, {}, binaries built as {}; the run took {:.0} s; {}. \
          Every figure is the median of repeated runs with [min–max].\n",
-        e.kernel, e.cpus, e.iptables, e.nft, e.agent_build, e.seconds
+        e.kernel, e.cpus, e.iptables, e.nft, e.agent_build, e.seconds, e.idle
     );
 
     let _ = writeln!(m, "## Targets\n");

@@ -36,6 +36,13 @@ fn bench_smoke_writes_every_figure() {
         assert!(md.contains(heading), "{heading} missing from:\n{md}");
     }
     assert!(!md.contains("Not measured:"), "a figure failed:\n{md}");
+    // The run's idle states, in its first lines: held (root, the PM QoS device
+    // present) or why not.
+    let head: String = md.lines().take(4).collect();
+    assert!(
+        head.contains("idle cores kept polling") || head.contains("could not be held"),
+        "the idle states are not in the report's head:\n{head}"
+    );
     // This kernel's row for each program, loaded (issue 18).
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
     for program in ["sliceway_tc", "sliceway_reject"] {
