@@ -226,9 +226,12 @@ pub fn decide<const BRIDGE: bool, const EXTERNAL: bool, C: Program>(ctx: &C) -> 
     }
     let key = conntrack::key_of(&flow);
     let now = conntrack::now();
-    match from_client::<BRIDGE, EXTERNAL, C>(ctx, &flow, &key, now)? {
+    // Whether the forward lookup found a reverse entry at the key: without one, the
+    // packet is no reply, and the reply path needs no lookup of its own.
+    let mut maybe_reply = false;
+    match from_client::<BRIDGE, EXTERNAL, C>(ctx, &flow, &key, now, &mut maybe_reply)? {
         Some(exit) => Ok(exit),
-        None => from_backend::<BRIDGE, C>(ctx, &flow, &key, now),
+        None => from_backend::<BRIDGE, C>(ctx, &flow, &key, now, maybe_reply),
     }
 }
 
@@ -241,6 +244,7 @@ fn from_client<const BRIDGE: bool, const EXTERNAL: bool, C: Program>(
     flow: &Flow,
     key: &CtKey,
     now: u64,
+    maybe_reply: &mut bool,
 ) -> Result<Option<Exit>, Exit> {
     if BRIDGE {
         // Before the lookup, which then finds what it adopted.
@@ -249,7 +253,8 @@ fn from_client<const BRIDGE: bool, const EXTERNAL: bool, C: Program>(
     let (entry, reason) = match conntrack::forward(flow, key, now) {
         Forward::Tracked(entry) if flow.later_fragment => (entry, stat::NAT_FRAGMENT),
         Forward::Tracked(entry) => (entry, stat::DNAT_ESTABLISHED),
-        Forward::New => {
+        Forward::New { reverse } => {
+            *maybe_reply = reverse;
             let found = if EXTERNAL {
                 lookup::frontend_external(flow)
             } else {
@@ -345,11 +350,19 @@ fn from_backend<const BRIDGE: bool, C: Program>(
     flow: &Flow,
     key: &CtKey,
     now: u64,
+    maybe_reply: bool,
 ) -> Result<Exit, Exit> {
     if BRIDGE {
         bridge::adopt_reply(flow, now);
     }
-    match conntrack::reverse(flow, key, now) {
+    // What the reply lookup would find when the forward lookup found no reverse
+    // entry at the same key: none (bridging may have just adopted one: it looks).
+    let reply = if BRIDGE || maybe_reply {
+        conntrack::reverse(flow, key, now)
+    } else {
+        Ok(None)
+    };
+    match reply {
         Ok(Some(orig)) => {
             rewrite(ctx, flow, End::Source, orig.dst_be[0], orig.dport_be)
                 .map_err(|_| (DROP, stat::DROP_REWRITE))?;

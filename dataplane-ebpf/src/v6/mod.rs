@@ -351,9 +351,11 @@ pub fn decide<const EXTERNAL: bool, C: Program6>(ctx: &C) -> Result<Exit, Exit> 
     }
     s.key = s.flow.key();
     let now = conntrack::now();
-    match from_client::<EXTERNAL, C>(ctx, &s.flow, &s.key, &mut s.entry, now)? {
+    // As in `tc::decide`: no reverse entry at the key, no reply lookup.
+    let mut maybe_reply = false;
+    match from_client::<EXTERNAL, C>(ctx, &s.flow, &s.key, &mut s.entry, now, &mut maybe_reply)? {
         Some(exit) => Ok(exit),
-        None => from_backend(ctx, &s.flow, &s.key, now),
+        None => from_backend(ctx, &s.flow, &s.key, now, maybe_reply),
     }
 }
 
@@ -366,6 +368,7 @@ fn from_client<const EXTERNAL: bool, C: Program6>(
     key: &CtKey,
     entry: &mut CtEntry,
     now: u64,
+    maybe_reply: &mut bool,
 ) -> Result<Option<Exit>, Exit> {
     let reason = match conntrack::forward(flow, key, now) {
         Forward::Tracked(tracked) => {
@@ -376,7 +379,8 @@ fn from_client<const EXTERNAL: bool, C: Program6>(
                 stat::DNAT_ESTABLISHED
             }
         }
-        Forward::New => {
+        Forward::New { reverse } => {
+            *maybe_reply = reverse;
             let found = if EXTERNAL {
                 lookup::frontend_external6(flow)
             } else {
@@ -454,8 +458,19 @@ fn from_client<const EXTERNAL: bool, C: Program6>(
 /// As `tc::from_backend`: a reply of a live connection gets its frontend back as
 /// the source; a ClusterIP's undeclared port is rejected; anything else passes.
 #[inline(always)]
-fn from_backend<C: Program6>(ctx: &C, flow: &Flow6, key: &CtKey, now: u64) -> Result<Exit, Exit> {
-    match conntrack::reverse(flow, key, now) {
+fn from_backend<C: Program6>(
+    ctx: &C,
+    flow: &Flow6,
+    key: &CtKey,
+    now: u64,
+    maybe_reply: bool,
+) -> Result<Exit, Exit> {
+    let reply = if maybe_reply {
+        conntrack::reverse(flow, key, now)
+    } else {
+        Ok(None)
+    };
+    match reply {
         Ok(Some(orig)) => {
             rewrite6(ctx, flow, End::Source, &orig.dst_be, orig.dport_be)
                 .map_err(|_| (DROP, stat::DROP_REWRITE))?;
