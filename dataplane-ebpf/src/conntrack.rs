@@ -222,10 +222,11 @@ const LRU_REFRESH_SHIFT: u32 = 30;
 /// What a tracked forward packet is to do.
 pub enum Forward {
     /// Not tracked (or the entry is dead, or the packet starts a new connection on
-    /// the tuple): pick a backend, if the destination is a frontend. `reverse`: the
-    /// lookup found a reverse entry at the packet's key, so it may be a reply
-    /// ([`reverse`]); without one, no reply lookup is needed.
-    New { reverse: bool },
+    /// the tuple): pick a backend, if the destination is a frontend. Nor is it a
+    /// reply: no reverse entry at its key, so [`reverse`] would find none.
+    New,
+    /// As `New`, but a reverse entry is at the key: it may be a reply ([`reverse`]).
+    NewOrReply,
     /// Translate with this entry: destination to `pair.src:pair.sport`, source port
     /// to `pair.dport`.
     Tracked(CtEntry),
@@ -242,20 +243,18 @@ pub enum Forward {
 pub fn forward<F: Tuple>(flow: &F, key: &CtKey, now: u64) -> Forward {
     // One lookup serves the read and the update in place below.
     let Some(slot) = maps::conntrack_slot(key) else {
-        return Forward::New { reverse: false };
+        return Forward::New;
     };
     let entry = slot.get();
-    if entry.dir != CT_FORWARD {
-        return Forward::New {
-            reverse: entry.dir == CT_REVERSE,
-        };
+    if entry.dir == CT_REVERSE {
+        return Forward::NewOrReply;
     }
     // A forward entry at the key: never a reply's.
-    if !alive(&entry, now) || flow.syn_only() {
-        return Forward::New { reverse: false };
+    if entry.dir != CT_FORWARD || !alive(&entry, now) || flow.syn_only() {
+        return Forward::New;
     }
     if flow.proto() == PROTO_UDP && !F::backend_holds(&entry) {
-        return Forward::New { reverse: false };
+        return Forward::New;
     }
     let (s, seen) = next_state(flow.proto(), entry.flags, flow.tcp_flags(), true);
     slot.touch(s, seen, now);

@@ -253,8 +253,8 @@ fn from_client<const BRIDGE: bool, const EXTERNAL: bool, C: Program>(
     let (entry, reason) = match conntrack::forward(flow, key, now) {
         Forward::Tracked(entry) if flow.later_fragment => (entry, stat::NAT_FRAGMENT),
         Forward::Tracked(entry) => (entry, stat::DNAT_ESTABLISHED),
-        Forward::New { reverse } => {
-            *maybe_reply = reverse;
+        new => {
+            *maybe_reply = matches!(new, Forward::NewOrReply);
             let found = if EXTERNAL {
                 lookup::frontend_external(flow)
             } else {

@@ -351,11 +351,9 @@ pub fn decide<const EXTERNAL: bool, C: Program6>(ctx: &C) -> Result<Exit, Exit> 
     }
     s.key = s.flow.key();
     let now = conntrack::now();
-    // As in `tc::decide`: no reverse entry at the key, no reply lookup.
-    let mut maybe_reply = false;
-    match from_client::<EXTERNAL, C>(ctx, &s.flow, &s.key, &mut s.entry, now, &mut maybe_reply)? {
+    match from_client::<EXTERNAL, C>(ctx, &s.flow, &s.key, &mut s.entry, now)? {
         Some(exit) => Ok(exit),
-        None => from_backend(ctx, &s.flow, &s.key, now, maybe_reply),
+        None => from_backend(ctx, &s.flow, &s.key, now),
     }
 }
 
@@ -368,7 +366,6 @@ fn from_client<const EXTERNAL: bool, C: Program6>(
     key: &CtKey,
     entry: &mut CtEntry,
     now: u64,
-    maybe_reply: &mut bool,
 ) -> Result<Option<Exit>, Exit> {
     let reason = match conntrack::forward(flow, key, now) {
         Forward::Tracked(tracked) => {
@@ -379,8 +376,9 @@ fn from_client<const EXTERNAL: bool, C: Program6>(
                 stat::DNAT_ESTABLISHED
             }
         }
-        Forward::New { reverse } => {
-            *maybe_reply = reverse;
+        // Always looks the reply up (`from_backend`): skipping it as `tc::decide`
+        // does took the uplink programs' frames past 6.1's limit.
+        Forward::New | Forward::NewOrReply => {
             let found = if EXTERNAL {
                 lookup::frontend_external6(flow)
             } else {
@@ -458,19 +456,8 @@ fn from_client<const EXTERNAL: bool, C: Program6>(
 /// As `tc::from_backend`: a reply of a live connection gets its frontend back as
 /// the source; a ClusterIP's undeclared port is rejected; anything else passes.
 #[inline(always)]
-fn from_backend<C: Program6>(
-    ctx: &C,
-    flow: &Flow6,
-    key: &CtKey,
-    now: u64,
-    maybe_reply: bool,
-) -> Result<Exit, Exit> {
-    let reply = if maybe_reply {
-        conntrack::reverse(flow, key, now)
-    } else {
-        Ok(None)
-    };
-    match reply {
+fn from_backend<C: Program6>(ctx: &C, flow: &Flow6, key: &CtKey, now: u64) -> Result<Exit, Exit> {
+    match conntrack::reverse(flow, key, now) {
         Ok(Some(orig)) => {
             rewrite6(ctx, flow, End::Source, &orig.dst_be, orig.dport_be)
                 .map_err(|_| (DROP, stat::DROP_REWRITE))?;
