@@ -71,14 +71,6 @@ impl AwakeCores {
     }
 }
 
-/// The request in force now, in microseconds (what reading the device gives).
-pub fn in_force() -> std::io::Result<i32> {
-    use std::io::Read as _;
-    let mut b = [0u8; 4];
-    std::fs::File::open(DEVICE)?.read_exact(&mut b)?;
-    Ok(i32::from_ne_bytes(b))
-}
-
 /// Opens the device and writes the request: a native-endian 32-bit count of
 /// microseconds (Documentation/power/pm_qos_interface.rst).
 fn request_zero() -> std::io::Result<std::fs::File> {
@@ -117,6 +109,14 @@ fn idle_states() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The request in force now, in microseconds (what reading the device gives).
+    fn in_force() -> std::io::Result<i32> {
+        use std::io::Read as _;
+        let mut b = [0u8; 4];
+        std::fs::File::open(DEVICE)?.read_exact(&mut b)?;
+        Ok(i32::from_ne_bytes(b))
+    }
 
     #[test]
     fn the_description_names_the_driver_or_its_absence() {
