@@ -20,7 +20,7 @@ use anyhow::{bail, ensure, Context, Result};
 use serde::Serialize;
 
 use super::{
-    kubeproxy,
+    kubeproxy::{self, Nfacct},
     model::{self, Svc},
     stats::{percentile, Rng, Summary},
     Config,
@@ -111,12 +111,20 @@ fn in_node_limited(
 pub fn flush_node(ns: &str, legacy_used: bool) {
     let _ = in_node(ns, "nft", &["flush", "ruleset"], None);
     if legacy_used {
-        for table in ["nat", "filter"] {
+        for table in ["nat", "filter", "mangle"] {
             let _ = in_node(ns, "iptables-legacy", &["-t", table, "-F"], None);
             let _ = in_node(ns, "iptables-legacy", &["-t", table, "-X"], None);
         }
     }
     let _ = in_node(ns, "conntrack", &["-F"], None);
+}
+
+/// kube-proxy's nfacct counters made in the node namespace `ns` as kube-proxy makes
+/// them in its own, so its INVALID drop rule loads in the form it has on this kernel
+/// ([`Nfacct`]).
+fn node_nfacct(ns: &str) -> Result<Nfacct> {
+    in_netns(ns, kubeproxy::ensure_nfacct_counters)?
+        .with_context(|| format!("kube-proxy's nfacct counters in namespace {ns}"))
 }
 
 /// A scratch directory for rule files and manifests, removed on drop.
@@ -564,7 +572,11 @@ pub fn connection_latency(lab: &Lab, cfg: &Config, scratch: &Scratch) -> Result<
 
         super::progress(&format!("figure 2: {n} Services: iptables"));
         // iptables, as kube-proxy loads it.
-        let rules = scratch.file("iptables.rules", &kubeproxy::iptables_full(&services, true))?;
+        let nfacct = node_nfacct(&ns)?;
+        let rules = scratch.file(
+            "iptables.rules",
+            &kubeproxy::iptables_full_with(&services, true, nfacct),
+        )?;
         let limit = cfg.fig2_load_limit();
         // A baseline's rules loaded within the limit are measured; others, killed at
         // the limit or refused by the loader (the kernel's or the tool's limits at
@@ -615,9 +627,12 @@ pub fn connection_latency(lab: &Lab, cfg: &Config, scratch: &Scratch) -> Result<
              {rounds} rounds; p50 and p99 of each round, median [min–max] over rounds. \
              sliceway: the sliceway-agent binary attached to the node's pod interfaces; \
              iptables / nftables: kube-proxy's rule layouts for the same Services, \
-             generated here as kube-proxy v1.34 writes them (not kube-proxy itself, which \
-             figure 7 runs; generated, they load 10,000 Services without an API server \
-             and time the rules alone) and loaded into the \
+             generated here as kube-proxy v1.37.2 writes them (not kube-proxy itself, \
+             which figure 7 runs in that version, and a test compares the two; \
+             generated, they load 10,000 Services without an \
+             API server and time the rules alone; above 1,000 endpoints in all, that is \
+             at every size here, in kube-proxy's large cluster mode, without the endpoint \
+             rules' comments) and loaded into the \
              node namespace (iptables rules with `{iptables}`), with the agent stopped (its \
              programs detach when it exits) and the rules and conntrack flushed between \
              proxies. The floor: the client straight to the backend pods' addresses, no \
@@ -697,17 +712,17 @@ impl Loader {
         }
     }
 
-    fn full_text(self, services: &[Svc]) -> String {
+    fn full_text(self, services: &[Svc], nfacct: Nfacct) -> String {
         match self {
             Loader::Nft => kubeproxy::nft_full(services),
-            _ => kubeproxy::iptables_full(services, true),
+            _ => kubeproxy::iptables_full_with(services, true, nfacct),
         }
     }
 
-    fn change_text(self, services: &[Svc], changed: usize, stale: &Svc) -> String {
+    fn change_text(self, services: &[Svc], changed: usize, stale: &Svc, nfacct: Nfacct) -> String {
         match self {
-            Loader::Nft => kubeproxy::nft_partial(services, changed, stale),
-            _ => kubeproxy::iptables_partial(services, changed, stale),
+            Loader::Nft => kubeproxy::nft_partial(services, changed),
+            _ => kubeproxy::iptables_partial_with(services, changed, stale, nfacct),
         }
     }
 }
@@ -755,6 +770,7 @@ pub fn baseline_programming(
     let mut full = Vec::new();
     let mut change = Vec::new();
     let legacy = loaders.contains(&Loader::IptablesLegacyRestore);
+    let nfacct = node_nfacct(&ns)?;
     let mut sizes = cfg.fig3_sizes.clone();
     if !sizes.contains(&cfg.fig3_change_size) {
         sizes.push(cfg.fig3_change_size);
@@ -763,7 +779,7 @@ pub fn baseline_programming(
         let services = model::fake_cluster(n, cfg.fig3_endpoints);
         for &loader in loaders {
             super::progress(&format!("figure 3: {n} Services: {}", loader.name()));
-            let text = loader.full_text(&services);
+            let text = loader.full_text(&services, nfacct);
             let file = scratch.file("full.rules", &text)?;
             let rounds = cfg.fig3_rounds_for(loader, n);
             let mut ms = Vec::new();
@@ -794,8 +810,8 @@ pub fn baseline_programming(
             // The rules of `services` are loaded: change one endpoint back and forth.
             let changed = n / 2;
             let after = with_one_endpoint_changed(&services, changed);
-            let forward = loader.change_text(&after, changed, &services[changed]);
-            let backward = loader.change_text(&services, changed, &after[changed]);
+            let forward = loader.change_text(&after, changed, &services[changed], nfacct);
+            let backward = loader.change_text(&services, changed, &after[changed], nfacct);
             let (f, b) = (
                 scratch.file("fwd.rules", &forward)?,
                 scratch.file("back.rules", &backward)?,
@@ -809,7 +825,8 @@ pub fn baseline_programming(
                 services: n,
                 loader,
                 what: match loader {
-                    Loader::Nft => "kube-proxy's transaction for the change (flush and rewrite the Service chain, add the new endpoint chain, delete the stale one)".into(),
+                    Loader::Nft => "kube-proxy's transaction for the change (the Service chain flushed and its one DNAT rule written anew; no endpoint chains without session affinity)".into(),
+                    _ if kubeproxy::large_cluster(&services) => "kube-proxy's partial restore in large cluster mode (KUBE-SERVICES in full, the changed Service's chains; the stale endpoint chain left for the clean-up once a sync period)".into(),
                     _ => "kube-proxy's partial restore (KUBE-SERVICES in full, the changed Service's chains, the stale endpoint chain deleted)".into(),
                 },
                 rules_bytes: forward.len(),
@@ -817,9 +834,11 @@ pub fn baseline_programming(
             });
             if loader != Loader::Nft {
                 // A full resync with the change (kube-proxy before 1.27, and its
-                // periodic full syncs since).
-                let text = kubeproxy::iptables_full(&after, false);
-                let back_text = kubeproxy::iptables_full(&services, false);
+                // periodic full syncs since, except in large cluster mode, where only a
+                // restart, a failed restore, a topology change or its canary chain gone
+                // make one).
+                let text = kubeproxy::iptables_full_with(&after, false, nfacct);
+                let back_text = kubeproxy::iptables_full_with(&services, false, nfacct);
                 let (f, b) = (
                     scratch.file("fwd-full.rules", &text)?,
                     scratch.file("back-full.rules", &back_text)?,
