@@ -68,6 +68,8 @@ pub struct Config {
     /// How figure 2 loads the iptables rules.
     pub fig2_iptables: node::Loader,
     pub fig2_rounds: usize,
+    /// A baseline's full load in figure 2 is killed after this many seconds.
+    pub fig2_load_limit_s: u64,
     pub fig3_sizes: Vec<usize>,
     pub fig3_endpoints: usize,
     pub fig3_rounds: usize,
@@ -131,6 +133,7 @@ impl Config {
                 fig2_connections: 20,
                 fig2_iptables: node::Loader::IptablesRestore,
                 fig2_rounds: 2,
+                fig2_load_limit_s: 60,
                 fig3_sizes: vec![20],
                 fig3_endpoints: 3,
                 fig3_rounds: 2,
@@ -174,6 +177,7 @@ impl Config {
                 fig2_connections: 300,
                 fig2_iptables: node::Loader::IptablesLegacyRestore,
                 fig2_rounds: 3,
+                fig2_load_limit_s: 120,
                 fig3_sizes: vec![1_000, 10_000],
                 fig3_endpoints: 10,
                 fig3_rounds: 3,
@@ -219,6 +223,7 @@ impl Config {
                 fig2_connections: 2_000,
                 fig2_iptables: node::Loader::IptablesLegacyRestore,
                 fig2_rounds: 5,
+                fig2_load_limit_s: 900,
                 fig3_sizes: vec![1_000, 10_000],
                 fig3_endpoints: 10,
                 fig3_rounds: 5,
@@ -269,11 +274,7 @@ impl Config {
     /// that baseline is reported as not loaded at that size (`nft -f` of 100,000
     /// Services in the full run).
     pub fn fig2_load_limit(&self) -> std::time::Duration {
-        std::time::Duration::from_secs(match self.mode {
-            Mode::Smoke => 60,
-            Mode::Quick => 120,
-            Mode::Full => 900,
-        })
+        std::time::Duration::from_secs(self.fig2_load_limit_s)
     }
 
     /// Rounds of a baseline full load: loads of thousands of Services take seconds to

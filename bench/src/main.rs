@@ -29,6 +29,11 @@ struct Cli {
     /// Figure 2's Service counts instead of the mode's, e.g. `--fig2-sizes 100000`.
     #[arg(long, value_delimiter = ',')]
     fig2_sizes: Vec<usize>,
+    /// Seconds after which figure 2 kills a baseline's load instead of the mode's (the
+    /// quick run's 120, the full run's 900), e.g. to let iptables load 100,000
+    /// Services in a quick run.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    fig2_load_limit_s: Option<u64>,
     /// Figure 4's Service counts instead of the mode's, e.g. `--fig4-sizes 100000`.
     #[arg(long, value_delimiter = ',')]
     fig4_sizes: Vec<usize>,
@@ -134,6 +139,9 @@ fn main() -> Result<()> {
     }
     if !cli.fig2_sizes.is_empty() {
         config.fig2_sizes = cli.fig2_sizes;
+    }
+    if let Some(s) = cli.fig2_load_limit_s {
+        config.fig2_load_limit_s = s;
     }
     if !cli.fig4_sizes.is_empty() {
         config.fig4_sizes = cli.fig4_sizes;
