@@ -165,6 +165,27 @@ pub struct AgentProc {
     started: Instant,
 }
 
+/// Waits until the proxy `pid` is idle (under 20 ms of CPU in a second: its start-up
+/// syncs done, and the answers to the metrics polls that watched for them), at most
+/// `limit`; the time waited. Measured while a proxy was still busy, every side's p99,
+/// even the floor's run beside it, carried its CPU: connections waited about 10 ms for
+/// a core (softirq work deferred to ksoftirqd on 2 cores).
+pub fn settled(pid: u32, limit: Duration) -> Result<Duration> {
+    let t = Instant::now();
+    let mut last = super::scale::cpu_ns(pid)?;
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+        let now = super::scale::cpu_ns(pid)?;
+        if now - last < 20_000_000 {
+            return Ok(t.elapsed());
+        }
+        if t.elapsed() > limit {
+            bail!("the proxy was still busy after {limit:?}");
+        }
+        last = now;
+    }
+}
+
 /// A sync, as the agent's metrics show it.
 #[derive(Clone, Copy, Debug)]
 pub struct Synced {
@@ -177,6 +198,11 @@ pub struct Synced {
 }
 
 impl AgentProc {
+    /// The agent's process id.
+    pub fn pid(&self) -> u32 {
+        self.agent.pid()
+    }
+
     /// Starts the agent on `manifests` with `extra` arguments for `run` (the
     /// capacities of [`capacity_args`]).
     pub fn start(lab: &Lab, manifests: &Path, extra: &[String]) -> Result<Self> {
@@ -565,6 +591,10 @@ pub fn connection_latency(lab: &Lab, cfg: &Config, scratch: &Scratch) -> Result<
         let capacities = capacity_args(n, backends, n * backends);
         let mut agent = AgentProc::start(lab, &dir, &capacities)?;
         agent.wait_synced(n, sync_timeout(n))?;
+        // Measured once the agent is idle, as figure 7 measures every proxy: at
+        // 100,000 Services its sync's tail and the answers to the polls that watched
+        // for it keep a core busy for seconds, longer than a quick run's connections.
+        settled(agent.pid(), sync_timeout(n)).context("sliceway-agent settling after its sync")?;
         let row = measure_latency(lab, cfg, &services, Proxy::Sliceway);
         agent.stop();
         rows.push(row?);
@@ -625,7 +655,8 @@ pub fn connection_latency(lab: &Lab, cfg: &Config, scratch: &Scratch) -> Result<
              its one-line answer (wall clock in the client). Every Service has the same 3 \
              backend pods, each answering from a server that blocks in accept. {conns} connections per round after 20 warm-up connections, \
              {rounds} rounds; p50 and p99 of each round, median [min–max] over rounds. \
-             sliceway: the sliceway-agent binary attached to the node's pod interfaces; \
+             sliceway: the sliceway-agent binary attached to the node's pod interfaces, \
+             measured once it is idle after its sync (under 20 ms of CPU in a second); \
              iptables / nftables: kube-proxy's rule layouts for the same Services, \
              generated here as kube-proxy v1.37.2 writes them (not kube-proxy itself, \
              which figure 7 runs in that version, and a test compares the two; \

@@ -41,7 +41,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::{
-    node::{connections, realtime, LatencyServers},
+    node::{connections, realtime, settled, LatencyServers},
     stats::{percentile, Rng, Summary},
     Config,
 };
@@ -1228,26 +1228,6 @@ fn wide_floor(
 /// second address (the first is left alone).
 fn wide_address(k: usize, pods: usize) -> Ipv4Addr {
     Ipv4Addr::from(u32::from(wide_block(k % pods)) + 1 + (k / pods) as u32)
-}
-
-/// Waits until the proxy `pid` is idle (under 20 ms of CPU in a second: its start-up
-/// syncs done), at most `limit`; the time waited. Measured while a proxy was still
-/// busy, every side's p99, even the floor's run beside it, carried its CPU: connections
-/// waited about 10 ms for a core (softirq work deferred to ksoftirqd on 2 cores).
-fn settled(pid: u32, limit: Duration) -> Result<Duration> {
-    let t = Instant::now();
-    let mut last = super::scale::cpu_ns(pid)?;
-    loop {
-        std::thread::sleep(Duration::from_secs(1));
-        let now = super::scale::cpu_ns(pid)?;
-        if now - last < 20_000_000 {
-            return Ok(t.elapsed());
-        }
-        if t.elapsed() > limit {
-            bail!("the proxy was still busy after {limit:?}");
-        }
-        last = now;
-    }
 }
 
 /// TIME_WAIT sockets the client pod may hold when a side starts measuring, should it
