@@ -186,6 +186,45 @@ pub fn settled(pid: u32, limit: Duration) -> Result<Duration> {
     }
 }
 
+/// The machine's busy CPU time so far, milliseconds: `/proc/stat`'s user, nice,
+/// system, irq, softirq and steal of all CPUs (USER_HZ is 100 on Linux).
+pub fn busy_ms() -> Result<u64> {
+    let stat = fs::read_to_string("/proc/stat")?;
+    let cpu = stat
+        .lines()
+        .next()
+        .filter(|l| l.starts_with("cpu "))
+        .context("/proc/stat has no cpu line")?;
+    let v: Vec<u64> = cpu
+        .split_whitespace()
+        .skip(1)
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    ensure!(v.len() >= 8, "/proc/stat's cpu line is short: {cpu}");
+    Ok((v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) * 10)
+}
+
+/// The most CPU the whole machine may use in a second for it to count as quiet.
+const QUIET_MS_PER_S: u64 = 50;
+
+/// Waits until the machine is quiet (under [`QUIET_MS_PER_S`] of CPU in a second, all
+/// cores together), at most `limit`; whether it got so. After a baseline's load the
+/// kernel goes on working for a while (freeing the rules it replaced, deferred
+/// work), and a side measured in that time carries it.
+pub fn quiet_machine(limit: Duration) -> Result<bool> {
+    let t = Instant::now();
+    let mut last = busy_ms()?;
+    while t.elapsed() < limit {
+        std::thread::sleep(Duration::from_secs(1));
+        let now = busy_ms()?;
+        if now.saturating_sub(last) < QUIET_MS_PER_S {
+            return Ok(true);
+        }
+        last = now;
+    }
+    Ok(false)
+}
+
 /// A sync, as the agent's metrics show it.
 #[derive(Clone, Copy, Debug)]
 pub struct Synced {
@@ -525,6 +564,9 @@ fn assert_nothing_answers(lab: &Lab, services: &[Svc]) -> Result<()> {
     Ok(())
 }
 
+/// How long figure 2 waits for a quiet machine before each side ([`quiet_machine`]).
+const QUIET_LIMIT: Duration = Duration::from_secs(60);
+
 fn measure_latency(lab: &Lab, cfg: &Config, services: &[Svc], proxy: Proxy) -> Result<Fig2Row> {
     let n = services.len();
     let targets: Vec<SocketAddrV4> = if proxy == Proxy::Floor {
@@ -539,6 +581,12 @@ fn measure_latency(lab: &Lab, cfg: &Config, services: &[Svc], proxy: Proxy) -> R
             .collect()
     };
     let services = &targets;
+    if !quiet_machine(QUIET_LIMIT)? {
+        super::progress(&format!(
+            "figure 2: {n} Services: {}: the machine was still busy after {QUIET_LIMIT:?}; measuring anyway",
+            proxy.name()
+        ));
+    }
     // Warm up (ARP, the backends' accept threads), then measure.
     let _ = latencies(lab, services, 20, 7)?;
     let (mut p50, mut p99, mut total, mut failed) = (vec![], vec![], 0, 0);
@@ -657,6 +705,9 @@ pub fn connection_latency(lab: &Lab, cfg: &Config, scratch: &Scratch) -> Result<
              {rounds} rounds; p50 and p99 of each round, median [min–max] over rounds. \
              sliceway: the sliceway-agent binary attached to the node's pod interfaces, \
              measured once it is idle after its sync (under 20 ms of CPU in a second); \
+             every side, the floor too, once the machine is quiet (under 50 ms of CPU in \
+             a second over both cores, waited for up to 60 s, as after a baseline's load \
+             the kernel goes on working for a while); \
              iptables / nftables: kube-proxy's rule layouts for the same Services, \
              generated here as kube-proxy v1.37.2 writes them (not kube-proxy itself, \
              which figure 7 runs in that version, and a test compares the two; \

@@ -41,7 +41,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::{
-    node::{connections, realtime, settled, LatencyServers},
+    node::{busy_ms, connections, realtime, settled, LatencyServers},
     stats::{percentile, Rng, Summary},
     Config,
 };
@@ -372,24 +372,6 @@ impl Baselines {
             words.join(", "),
         ))
     }
-}
-
-/// The machine's busy CPU time so far, milliseconds: `/proc/stat`'s user, nice,
-/// system, irq, softirq and steal of all CPUs (USER_HZ is 100 on Linux).
-fn busy_ms() -> Result<u64> {
-    let stat = std::fs::read_to_string("/proc/stat")?;
-    let cpu = stat
-        .lines()
-        .next()
-        .filter(|l| l.starts_with("cpu "))
-        .context("/proc/stat has no cpu line")?;
-    let v: Vec<u64> = cpu
-        .split_whitespace()
-        .skip(1)
-        .map(|x| x.parse().unwrap_or(0))
-        .collect();
-    ensure!(v.len() >= 8, "/proc/stat's cpu line is short: {cpu}");
-    Ok((v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) * 10)
 }
 
 /// The text of `GET path` on a loopback port inside namespace `ns`.
