@@ -205,7 +205,7 @@ pub fn busy_ms() -> Result<u64> {
 }
 
 /// The most CPU the whole machine may use in a second for it to count as quiet.
-const QUIET_MS_PER_S: u64 = 50;
+pub const QUIET_MS_PER_S: u64 = 50;
 
 /// Waits until the machine is quiet (under [`QUIET_MS_PER_S`] of CPU in a second, all
 /// cores together), at most `limit`; whether it got so. After a baseline's load the
@@ -479,6 +479,9 @@ pub struct Fig2Row {
     pub p99_us: Summary,
     pub connections: usize,
     pub failed: usize,
+    /// Whether the machine was quiet when this side started ([`quiet_machine`]);
+    /// `false`: still busy after [`QUIET_LIMIT`], measured anyway.
+    pub quiet: bool,
 }
 
 /// Figure 2.
@@ -565,7 +568,7 @@ fn assert_nothing_answers(lab: &Lab, services: &[Svc]) -> Result<()> {
 }
 
 /// How long figure 2 waits for a quiet machine before each side ([`quiet_machine`]).
-const QUIET_LIMIT: Duration = Duration::from_secs(60);
+pub const QUIET_LIMIT: Duration = Duration::from_secs(60);
 
 fn measure_latency(lab: &Lab, cfg: &Config, services: &[Svc], proxy: Proxy) -> Result<Fig2Row> {
     let n = services.len();
@@ -581,7 +584,8 @@ fn measure_latency(lab: &Lab, cfg: &Config, services: &[Svc], proxy: Proxy) -> R
             .collect()
     };
     let services = &targets;
-    if !quiet_machine(QUIET_LIMIT)? {
+    let quiet = quiet_machine(QUIET_LIMIT)?;
+    if !quiet {
         super::progress(&format!(
             "figure 2: {n} Services: {}: the machine was still busy after {QUIET_LIMIT:?}; measuring anyway",
             proxy.name()
@@ -610,6 +614,7 @@ fn measure_latency(lab: &Lab, cfg: &Config, services: &[Svc], proxy: Proxy) -> R
         p99_us: Summary::of(&p99),
         connections: total,
         failed,
+        quiet,
     })
 }
 

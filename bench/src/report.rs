@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::{
-    node::{Loader, Proxy},
+    node::{Fig2, Loader, Proxy, QUIET_LIMIT, QUIET_MS_PER_S},
     real::{
         Side, CATCH_UP_BOUND, CATCH_UP_CAP, CATCH_UP_IN_A_ROW, CHURN_PROBE_EVERY, CHURN_RATE,
         RATE_ANSWERED, RATE_P99_MS,
@@ -494,6 +494,37 @@ fn ns(s: &Summary) -> String {
 }
 
 /// The report as Markdown. `plots` are the PNG files written, for links.
+/// Figure 2's notes under its table: the sides measured on a busy machine, the
+/// baselines not measured and why.
+fn fig2_notes(m: &mut String, f: &Fig2) {
+    for row in f.rows.iter().filter(|row| !row.quiet) {
+        let _ = writeln!(
+            m,
+            "\n{} at {} Services: measured on a busy machine (still over {} ms of CPU a second after {} s of waiting).",
+            row.proxy.name(),
+            row.services,
+            QUIET_MS_PER_S,
+            QUIET_LIMIT.as_secs()
+        );
+    }
+    for x in &f.not_loaded {
+        let why = match &x.error {
+            None => format!(
+                "its rules did not load within {} s (`{}` killed at the limit)",
+                x.limit_s,
+                x.loader.name()
+            ),
+            Some(e) => format!("`{}` refused its rules: {e}", x.loader.name()),
+        };
+        let _ = writeln!(
+            m,
+            "\n{} at {} Services: not measured, {why}.",
+            x.proxy.name(),
+            x.services,
+        );
+    }
+}
+
 pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
     let mut m = String::new();
     let e = &r.environment;
@@ -638,22 +669,7 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
                     row.failed
                 );
             }
-            for x in &f.not_loaded {
-                let why = match &x.error {
-                    None => format!(
-                        "its rules did not load within {} s (`{}` killed at the limit)",
-                        x.limit_s,
-                        x.loader.name()
-                    ),
-                    Some(e) => format!("`{}` refused its rules: {e}", x.loader.name()),
-                };
-                let _ = writeln!(
-                    m,
-                    "\n{} at {} Services: not measured, {why}.",
-                    x.proxy.name(),
-                    x.services,
-                );
-            }
+            fig2_notes(&mut m, f);
         }
         other => {
             let _ = writeln!(m, "Not measured: {}", failed(other).unwrap_or_default());
@@ -1207,8 +1223,50 @@ fn datapath_share(m: &mut String, f: &super::real::Fig7) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::node::{Fig2Row, NotLoaded};
     use super::super::real::{Fig7, Fig7Row};
     use super::*;
+
+    #[test]
+    fn figure_2_names_a_side_measured_on_a_busy_machine_and_a_baseline_not_loaded() {
+        let row = |proxy, quiet| Fig2Row {
+            services: 100_000,
+            proxy,
+            p50_us: Summary::of(&[60.0]),
+            p99_us: Summary::of(&[120.0]),
+            connections: 900,
+            failed: 0,
+            quiet,
+        };
+        let f = Fig2 {
+            method: String::new(),
+            ipvs: String::new(),
+            rows: vec![row(Proxy::Sliceway, true), row(Proxy::Iptables, false)],
+            not_loaded: vec![NotLoaded {
+                services: 100_000,
+                proxy: Proxy::Nftables,
+                loader: Loader::Nft,
+                limit_s: 300,
+                error: None,
+            }],
+        };
+        let mut m = String::new();
+        fig2_notes(&mut m, &f);
+        let lines: Vec<&str> = m.lines().filter(|l| !l.is_empty()).collect();
+        assert_eq!(lines.len(), 2, "{m}");
+        assert!(
+            lines[0].starts_with(&format!(
+                "{} at 100000 Services: measured on a busy machine",
+                Proxy::Iptables.name()
+            )),
+            "{m}"
+        );
+        assert!(lines[0].contains("after 60 s"), "{m}");
+        assert!(
+            lines[1].contains("not measured, its rules did not load within 300 s"),
+            "{m}"
+        );
+    }
 
     #[test]
     fn the_loaded_floor_is_set_against_its_turns_floor_before_the_proxy_and_the_sides_own_p50() {
