@@ -48,9 +48,8 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    io::Write,
     net::Ipv4Addr,
-    process::{Command, Stdio},
+    process::Command,
     time::{Duration, Instant},
 };
 
@@ -101,29 +100,14 @@ fn say(msg: &str) {
 
 /// Runs `program` in the network namespace `ns` with `input` on its standard input.
 fn run_in(ns: &str, program: &str, args: &[&str], input: &str) -> Result<String> {
-    let mut child = Command::new("nsenter")
-        .arg(format!("--net=/var/run/netns/{ns}"))
-        .arg(program)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("starting {program} in {ns}"))?;
-    child
-        .stdin
-        .take()
-        .context("the child's standard input")?
-        .write_all(input.as_bytes())?;
-    let out = child.wait_with_output()?;
-    if !out.status.success() {
-        bail!(
-            "{program} {} in {ns} failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    sliceway_lab::output_with_input(
+        Command::new("nsenter")
+            .arg(format!("--net=/var/run/netns/{ns}"))
+            .arg(program)
+            .args(args),
+        input,
+        &format!("{program} {} in {ns}", args.join(" ")),
+    )
 }
 
 /// Polls `check` every 300 ms until it gives a value, the same in two reads in a row:

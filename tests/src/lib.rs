@@ -622,6 +622,31 @@ pub fn flush_the_one_connection_to(bpffs: &str, backend: &str) {
     assert_eq!(after, serde_json::json!([]), "{after}");
 }
 
+/// Runs `cmd` with `input` on its standard input; its standard output, or an error
+/// saying `what` failed, with its standard error.
+pub fn output_with_input(cmd: &mut Command, input: &str, what: &str) -> Result<String> {
+    use std::io::Write as _;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {what}"))?;
+    child
+        .stdin
+        .take()
+        .context("the child's standard input")?
+        .write_all(input.as_bytes())?;
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!(
+            "{what} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// Path of a binary of this workspace, built by `cargo build --bins`.
 pub fn workspace_binary(name: &str) -> Result<PathBuf> {
     let exe = std::env::current_exe()?;

@@ -868,28 +868,13 @@ impl Cluster {
 
     /// Runs kubectl with `input` on its standard input.
     pub fn kubectl_stdin(&self, args: &[&str], input: &str) -> Result<String> {
-        let mut child = Command::new(self.state.bin.join("kubectl"))
-            .arg(format!("--kubeconfig={}", self.state.kubeconfig.display()))
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("starting kubectl")?;
-        child
-            .stdin
-            .take()
-            .expect("piped")
-            .write_all(input.as_bytes())?;
-        let out = child.wait_with_output()?;
-        if !out.status.success() {
-            bail!(
-                "kubectl {} failed: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        crate::output_with_input(
+            Command::new(self.state.bin.join("kubectl"))
+                .arg(format!("--kubeconfig={}", self.state.kubeconfig.display()))
+                .args(args),
+            input,
+            &format!("kubectl {}", args.join(" ")),
+        )
     }
 
     /// The network namespace of pod `namespace/name` (the stand-in annotates it).
