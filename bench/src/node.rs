@@ -165,25 +165,36 @@ pub struct AgentProc {
     started: Instant,
 }
 
+/// Samples `used` (CPU time so far, ns) once a second until a second used under
+/// `under_ns`: the time waited, or `None` once `limit` has passed without one.
+fn idle_within(
+    limit: Duration,
+    under_ns: u64,
+    mut used: impl FnMut() -> Result<u64>,
+) -> Result<Option<Duration>> {
+    let t = Instant::now();
+    let mut last = used()?;
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+        let now = used()?;
+        if now.saturating_sub(last) < under_ns {
+            return Ok(Some(t.elapsed()));
+        }
+        if t.elapsed() > limit {
+            return Ok(None);
+        }
+        last = now;
+    }
+}
+
 /// Waits until the proxy `pid` is idle (under 20 ms of CPU in a second: its start-up
 /// syncs done, and the answers to the metrics polls that watched for them), at most
 /// `limit`; the time waited. Measured while a proxy was still busy, every side's p99,
 /// even the floor's run beside it, carried its CPU: connections waited about 10 ms for
 /// a core (softirq work deferred to ksoftirqd on 2 cores).
 pub fn settled(pid: u32, limit: Duration) -> Result<Duration> {
-    let t = Instant::now();
-    let mut last = super::scale::cpu_ns(pid)?;
-    loop {
-        std::thread::sleep(Duration::from_secs(1));
-        let now = super::scale::cpu_ns(pid)?;
-        if now - last < 20_000_000 {
-            return Ok(t.elapsed());
-        }
-        if t.elapsed() > limit {
-            bail!("the proxy was still busy after {limit:?}");
-        }
-        last = now;
-    }
+    idle_within(limit, 20_000_000, || super::scale::cpu_ns(pid))?
+        .with_context(|| format!("the proxy was still busy after {limit:?}"))
 }
 
 /// The machine's busy CPU time so far, milliseconds: `/proc/stat`'s user, nice,
@@ -212,17 +223,10 @@ pub const QUIET_MS_PER_S: u64 = 50;
 /// kernel goes on working for a while (freeing the rules it replaced, deferred
 /// work), and a side measured in that time carries it.
 pub fn quiet_machine(limit: Duration) -> Result<bool> {
-    let t = Instant::now();
-    let mut last = busy_ms()?;
-    while t.elapsed() < limit {
-        std::thread::sleep(Duration::from_secs(1));
-        let now = busy_ms()?;
-        if now.saturating_sub(last) < QUIET_MS_PER_S {
-            return Ok(true);
-        }
-        last = now;
-    }
-    Ok(false)
+    Ok(idle_within(limit, QUIET_MS_PER_S * 1_000_000, || {
+        Ok(busy_ms()? * 1_000_000)
+    })?
+    .is_some())
 }
 
 /// A sync, as the agent's metrics show it.
