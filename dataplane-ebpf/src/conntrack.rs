@@ -18,7 +18,7 @@ use dataplane_common::{
 
 use crate::{
     counters::Exit,
-    maps::{self, CONNTRACK},
+    maps::{self, CtSlot, CONNTRACK},
     packet::{tcp, Flow},
     tc::DROP,
 };
@@ -225,8 +225,9 @@ pub enum Forward {
     /// the tuple): pick a backend, if the destination is a frontend. Nor is it a
     /// reply: no reverse entry at its key, so [`reverse`] would find none.
     New,
-    /// As `New`, but a reverse entry is at the key: it may be a reply ([`reverse`]).
-    NewOrReply,
+    /// A reverse entry is at the key: the packet is its connection's reply if that
+    /// connection lives ([`reply_at`]), else `New` (the entry is stale).
+    Reply(CtSlot),
     /// Translate with this entry: destination to `pair.src:pair.sport`, source port
     /// to `pair.dport`.
     Tracked(CtEntry),
@@ -245,10 +246,10 @@ pub fn forward<F: Tuple>(flow: &F, key: &CtKey, now: u64) -> Forward {
     let Some(slot) = maps::conntrack_slot(key) else {
         return Forward::New;
     };
-    let entry = slot.get();
-    if entry.dir == CT_REVERSE {
-        return Forward::NewOrReply;
+    if slot.with(|e| e.dir == CT_REVERSE) {
+        return Forward::Reply(slot);
     }
+    let entry = slot.get();
     // A forward entry at the key: never a reply's.
     if entry.dir != CT_FORWARD || !alive(&entry, now) || flow.syn_only() {
         return Forward::New;
@@ -274,9 +275,21 @@ pub fn forward<F: Tuple>(flow: &F, key: &CtKey, now: u64) -> Forward {
 /// connection is removed and reported as `Err`.
 #[inline(always)]
 pub fn reverse<F: Tuple>(flow: &F, key: &CtKey, now: u64) -> Result<Option<CtKey>, ()> {
-    let Some(Some(fwd_key)) =
-        maps::with_conntrack(key, |rev| (rev.dir == CT_REVERSE).then_some(rev.pair))
-    else {
+    match maps::conntrack_slot(key) {
+        Some(rev) => reply_at(&rev, flow, key, now),
+        None => Ok(None),
+    }
+}
+
+/// [`reverse`] with the entry at `key` already looked up (`rev`, from [`forward`]).
+#[inline(always)]
+pub fn reply_at<F: Tuple>(
+    rev: &CtSlot,
+    flow: &F,
+    key: &CtKey,
+    now: u64,
+) -> Result<Option<CtKey>, ()> {
+    let Some(fwd_key) = rev.with(|rev| (rev.dir == CT_REVERSE).then_some(rev.pair)) else {
         return Ok(None);
     };
     // One lookup of the forward entry serves the check and the update in place.

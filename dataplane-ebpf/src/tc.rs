@@ -226,25 +226,33 @@ pub fn decide<const BRIDGE: bool, const EXTERNAL: bool, C: Program>(ctx: &C) -> 
     }
     let key = conntrack::key_of(&flow);
     let now = conntrack::now();
-    // Whether the forward lookup found a reverse entry at the key: without one, the
-    // packet is no reply, and the reply path needs no lookup of its own.
-    let mut maybe_reply = false;
-    match from_client::<BRIDGE, EXTERNAL, C>(ctx, &flow, &key, now, &mut maybe_reply)? {
+    // Whether the forward lookup found a reverse entry at the key whose connection
+    // is gone (now removed): with no frontend either, the packet passes as stale.
+    let mut stale = false;
+    match from_client::<BRIDGE, EXTERNAL, C>(ctx, &flow, &key, now, &mut stale)? {
         Some(exit) => Ok(exit),
-        None => from_backend::<BRIDGE, C>(ctx, &flow, &key, now, maybe_reply),
+        None => from_backend::<BRIDGE, C>(ctx, &flow, &key, now, stale),
     }
 }
 
 /// A packet of a tracked connection keeps its backend, also when its Service is gone;
-/// a new packet to a frontend picks a backend and is tracked. Then DNAT (and a source
-/// port rewrite if the connection's reply tuple needed one). `None`: neither.
+/// a reply of a live connection gets its frontend back (`revnat`); a new packet to a
+/// frontend picks a backend and is tracked. Then DNAT (and a source port rewrite if
+/// the connection's reply tuple needed one). `None`: none of these.
+///
+/// Conntrack comes before the frontends, as in netfilter, where a packet on a live
+/// connection's reply tuple is that connection's reply and NAT rules see only new
+/// connections (`nf_conntrack_in`, then `nf_nat_inet_fn` for `IP_CT_NEW` only:
+/// https://github.com/torvalds/linux/blob/master/net/netfilter/nf_nat_core.c): a
+/// reply is never taken for a new connection to a frontend at its destination (a
+/// masqueraded client's port that is also a NodePort), and costs no frontend lookup.
 #[inline(always)]
 fn from_client<const BRIDGE: bool, const EXTERNAL: bool, C: Program>(
     ctx: &C,
     flow: &Flow,
     key: &CtKey,
     now: u64,
-    maybe_reply: &mut bool,
+    stale: &mut bool,
 ) -> Result<Option<Exit>, Exit> {
     if BRIDGE {
         // Before the lookup, which then finds what it adopted.
@@ -254,7 +262,13 @@ fn from_client<const BRIDGE: bool, const EXTERNAL: bool, C: Program>(
         Forward::Tracked(entry) if flow.later_fragment => (entry, stat::NAT_FRAGMENT),
         Forward::Tracked(entry) => (entry, stat::DNAT_ESTABLISHED),
         new => {
-            *maybe_reply = matches!(new, Forward::NewOrReply);
+            if let Forward::Reply(rev) = new {
+                match conntrack::reply_at(&rev, flow, key, now) {
+                    Ok(Some(orig)) => return revnat(ctx, flow, &orig).map(Some),
+                    Ok(None) => {}
+                    Err(()) => *stale = true,
+                }
+            }
             let found = if EXTERNAL {
                 lookup::frontend_external(flow)
             } else {
@@ -343,44 +357,56 @@ fn from_client<const BRIDGE: bool, const EXTERNAL: bool, C: Program>(
 }
 
 /// A reply of a live connection gets its frontend back as the source (and its
-/// client's own port back if it was remapped); anything else passes untouched.
+/// client's own port back if it was remapped).
+#[inline(always)]
+fn revnat<C: Program>(ctx: &C, flow: &Flow, orig: &CtKey) -> Result<Exit, Exit> {
+    rewrite(ctx, flow, End::Source, orig.dst_be[0], orig.dport_be)
+        .map_err(|_| (DROP, stat::DROP_REWRITE))?;
+    // The client as it sent: its own port again if it was remapped, its own address
+    // again for a hairpin connection.
+    let ports_here = flow.proto != PROTO_SCTP && !flow.later_fragment;
+    if orig.src_be[0] != flow.dst_be || (ports_here && orig.sport_be != flow.dport_be) {
+        rewrite(ctx, flow, End::Destination, orig.src_be[0], orig.sport_be)
+            .map_err(|_| (DROP, stat::DROP_REWRITE))?;
+    }
+    if flow.proto == PROTO_SCTP && !flow.later_fragment {
+        return Ok(ctx.sctp_ports(flow, orig.dport_be, orig.sport_be, stat::REVNAT));
+    }
+    if flow.later_fragment {
+        return Ok((PASS, stat::NAT_FRAGMENT));
+    }
+    Ok((PASS, stat::REVNAT))
+}
+
+/// A packet neither from a client of a tracked connection, nor a reply of one, nor
+/// to a frontend: a stale reverse entry's passes; the rest of a datagram whose
+/// first fragment made no connection is dropped if to a ClusterIP; a ClusterIP's
+/// undeclared port is rejected; anything else passes untouched.
 #[inline(always)]
 fn from_backend<const BRIDGE: bool, C: Program>(
     ctx: &C,
     flow: &Flow,
     key: &CtKey,
     now: u64,
-    maybe_reply: bool,
+    stale: bool,
 ) -> Result<Exit, Exit> {
     if BRIDGE {
         bridge::adopt_reply(flow, now);
     }
-    // What the reply lookup would find when the forward lookup found no reverse
-    // entry at the same key: none (bridging may have just adopted one: it looks).
-    let reply = if BRIDGE || maybe_reply {
-        conntrack::reverse(flow, key, now)
+    // The forward lookup answered replies already (`from_client`); bridging may
+    // have just adopted a reply entry: it looks again.
+    let reply = if BRIDGE {
+        match conntrack::reverse(flow, key, now) {
+            Ok(None) if stale => Err(()),
+            found => found,
+        }
+    } else if stale {
+        Err(())
     } else {
         Ok(None)
     };
     match reply {
-        Ok(Some(orig)) => {
-            rewrite(ctx, flow, End::Source, orig.dst_be[0], orig.dport_be)
-                .map_err(|_| (DROP, stat::DROP_REWRITE))?;
-            // The client as it sent: its own port again if it was remapped, its own
-            // address again for a hairpin connection.
-            let ports_here = flow.proto != PROTO_SCTP && !flow.later_fragment;
-            if orig.src_be[0] != flow.dst_be || (ports_here && orig.sport_be != flow.dport_be) {
-                rewrite(ctx, flow, End::Destination, orig.src_be[0], orig.sport_be)
-                    .map_err(|_| (DROP, stat::DROP_REWRITE))?;
-            }
-            if flow.proto == PROTO_SCTP && !flow.later_fragment {
-                return Ok(ctx.sctp_ports(flow, orig.dport_be, orig.sport_be, stat::REVNAT));
-            }
-            if flow.later_fragment {
-                return Ok((PASS, stat::NAT_FRAGMENT));
-            }
-            Ok((PASS, stat::REVNAT))
-        }
+        Ok(Some(orig)) => revnat(ctx, flow, &orig),
         // The rest of a datagram whose first fragment made no connection: to a
         // ClusterIP (the first was rejected) it is dropped, never passed to the VIP
         // untranslated; anything else passes.

@@ -72,6 +72,43 @@ endpoints:
 - {addresses: [10.244.21.2], nodeName: node-2}
 "#;
 
+/// A Service whose frontend is the client's own address and port of a connection to
+/// `web` (a masqueraded client's port that is also a NodePort comes to this): the
+/// replies of that connection are addressed to a frontend.
+const FRONTEND_AT_CLIENT: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{name: http, port: 80, protocol: TCP, targetPort: 8080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- addresses: [10.244.11.2]
+  conditions: {ready: true}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: at-client, namespace: default}
+spec:
+  clusterIP: 10.244.1.2
+  ports: [{name: http, port: 40100, protocol: TCP, targetPort: 8080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: at-client-1, namespace: default, labels: {kubernetes.io/service-name: at-client}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- addresses: [10.244.14.2]
+  conditions: {ready: true}
+"#;
+
 /// A Service with ClientIP session affinity (a 1 s timeout) over three backends.
 const STICKY: &str = r#"
 apiVersion: v1
@@ -440,6 +477,34 @@ static FIXTURES: &[Fixture] = &[
                 verdict: PASS,
                 reason: stat::DNAT_ESTABLISHED,
                 output: Out::Packet(|| tcp_data(client(40001), BACKEND_HTTP)),
+            },
+        ],
+    },
+    Fixture {
+        description: "a reply of a live connection stays its reply when its destination is also a frontend (conntrack before NAT)",
+        maps: FRONTEND_AT_CLIENT,
+        remaps: &[],
+        steps: &[
+            Step {
+                input: || tcp(client(40100), VIP_HTTP, TCP_SYN),
+                verdict: PASS,
+                reason: stat::DNAT_NEW,
+                output: Out::Packet(|| tcp(client(40100), BACKEND_HTTP, TCP_SYN)),
+            },
+            // Netfilter finds the reply tuple in conntrack first; its NAT rules see
+            // only new connections.
+            Step {
+                input: || tcp_to(BACKEND_HTTP, client(40100), TCP_SYN | TCP_ACK),
+                verdict: PASS,
+                reason: stat::REVNAT,
+                output: Out::Packet(|| tcp_to(VIP_HTTP, client(40100), TCP_SYN | TCP_ACK)),
+            },
+            // Anyone else's packet to that frontend is a new connection to it.
+            Step {
+                input: || tcp(addr("10.244.7.7:5555"), "10.244.1.2:40100", TCP_SYN),
+                verdict: PASS,
+                reason: stat::DNAT_NEW,
+                output: Out::Packet(|| tcp(addr("10.244.7.7:5555"), "10.244.14.2:8080", TCP_SYN)),
             },
         ],
     },

@@ -38,7 +38,8 @@ use dataplane_common::{
 use crate::{
     conntrack::{self, Forward, Tuple},
     counters::{self, count, Exit},
-    lookup, maps,
+    lookup,
+    maps::{self, CtSlot},
     nat::End,
     packet::{Frame, L3},
     sctp,
@@ -351,14 +352,17 @@ pub fn decide<const EXTERNAL: bool, C: Program6>(ctx: &C) -> Result<Exit, Exit> 
     }
     s.key = s.flow.key();
     let now = conntrack::now();
-    match from_client::<EXTERNAL, C>(ctx, &s.flow, &s.key, &mut s.entry, now)? {
+    let mut stale = false;
+    match from_client::<EXTERNAL, C>(ctx, &s.flow, &s.key, &mut s.entry, now, &mut stale)? {
         Some(exit) => Ok(exit),
-        None => from_backend(ctx, &s.flow, &s.key, now),
+        None => from_backend(ctx, &s.flow, &s.key, now, stale),
     }
 }
 
-/// As `tc::from_client`: a tracked connection keeps its backend; a new packet to a
-/// frontend picks one and is tracked; then DNAT. `None`: neither.
+/// As `tc::from_client`: a tracked connection keeps its backend; a reply of a live
+/// connection is left to `from_backend`, before any frontend (conntrack before NAT,
+/// as in netfilter); a new packet to a frontend picks one and is tracked; then DNAT.
+/// `None`: neither.
 #[inline(always)]
 fn from_client<const EXTERNAL: bool, C: Program6>(
     ctx: &C,
@@ -366,6 +370,7 @@ fn from_client<const EXTERNAL: bool, C: Program6>(
     key: &CtKey,
     entry: &mut CtEntry,
     now: u64,
+    stale: &mut bool,
 ) -> Result<Option<Exit>, Exit> {
     let reason = match conntrack::forward(flow, key, now) {
         Forward::Tracked(tracked) => {
@@ -376,9 +381,11 @@ fn from_client<const EXTERNAL: bool, C: Program6>(
                 stat::DNAT_ESTABLISHED
             }
         }
-        // Always looks the reply up (`from_backend`): skipping it as `tc::decide`
-        // does took the uplink programs' frames past 6.1's limit.
-        Forward::New | Forward::NewOrReply => {
+        // A reply: `from_backend` looks it up again and translates it (translating
+        // it here, as `tc::from_client` does, would hold the connection's key on
+        // this frame, which 6.1's limit leaves no room for).
+        Forward::Reply(rev) if !take_reply(&rev, flow, key, now, stale) => return Ok(None),
+        Forward::New | Forward::Reply(_) => {
             let found = if EXTERNAL {
                 lookup::frontend_external6(flow)
             } else {
@@ -453,11 +460,38 @@ fn from_client<const EXTERNAL: bool, C: Program6>(
     Ok(Some((PASS, reason)))
 }
 
-/// As `tc::from_backend`: a reply of a live connection gets its frontend back as
-/// the source; a ClusterIP's undeclared port is rejected; anything else passes.
+/// Whether a packet with a reverse entry at its key goes on to the frontends: not if
+/// it is a reply of a live connection; if the entry was stale (removed, `stale`
+/// set), it does.
 #[inline(always)]
-fn from_backend<C: Program6>(ctx: &C, flow: &Flow6, key: &CtKey, now: u64) -> Result<Exit, Exit> {
-    match conntrack::reverse(flow, key, now) {
+fn take_reply(rev: &CtSlot, flow: &Flow6, key: &CtKey, now: u64, stale: &mut bool) -> bool {
+    match conntrack::reply_at(rev, flow, key, now) {
+        Ok(Some(_)) => false,
+        Ok(None) => true,
+        Err(()) => {
+            *stale = true;
+            true
+        }
+    }
+}
+
+/// As `tc::from_backend`: a reply of a live connection gets its frontend back as
+/// the source; a stale reverse entry's passes; a ClusterIP's undeclared port is
+/// rejected; anything else passes.
+#[inline(always)]
+fn from_backend<C: Program6>(
+    ctx: &C,
+    flow: &Flow6,
+    key: &CtKey,
+    now: u64,
+    stale: bool,
+) -> Result<Exit, Exit> {
+    let reply = if stale {
+        Err(())
+    } else {
+        conntrack::reverse(flow, key, now)
+    };
+    match reply {
         Ok(Some(orig)) => {
             rewrite6(ctx, flow, End::Source, &orig.dst_be, orig.dport_be)
                 .map_err(|_| (DROP, stat::DROP_REWRITE))?;

@@ -33,8 +33,9 @@
 //!   an orphan; it is translated by addresses only;
 //! - a first fragment or whole datagram needs its L4 header (20 bytes of TCP, 8 of
 //!   UDP) inside both the datagram and the frame, or it is malformed;
-//! - then conntrack, the frontend lookup and the backend pick, REJECT, reverse NAT,
-//!   as `step` spells out.
+//! - then conntrack (a live connection's packets, either way: DNAT or reverse NAT,
+//!   before any frontend, as netfilter's conntrack comes before its NAT), the
+//!   frontend lookup and the backend pick, REJECT, as `step` spells out.
 //!
 //! SCTP (RFC 9260): an INIT starts an association, ABORT and SHUTDOWN COMPLETE end
 //! it; addresses are translated as for TCP and UDP (SCTP's CRC32c covers no
@@ -398,10 +399,16 @@ impl Machine<'_> {
             }
             flow
         };
+        // Conntrack before the frontends, as netfilter's NAT sees only new
+        // connections: a reply of a live connection is one whatever its destination.
+        let mut stale = false;
+        if let Some(exit) = self.reply_side(p, &flow, &mut stale) {
+            return exit;
+        }
         if let Some(exit) = self.client_side(p, &flow) {
             return exit;
         }
-        self.other_side(p, &flow)
+        self.other_side(p, &flow, stale)
     }
 
     fn alive(&self, e: &CtEntry) -> bool {
@@ -649,11 +656,9 @@ impl Machine<'_> {
         Ok(remapped)
     }
 
-    /// A packet that is neither a client's of a live connection nor to a frontend:
-    /// a reply of a live connection is reverse-NATed; a stale reverse entry goes; a
-    /// direct SYN clears a closing Service connection on its tuple; a ClusterIP's
-    /// undeclared port is rejected; the rest passes untouched.
-    fn other_side(&mut self, p: &[u8], flow: &Flow) -> Exit {
+    /// A reply of a live connection is reverse-NATed; a stale reverse entry at the
+    /// packet's key goes (`stale` set), and the packet goes on as any other.
+    fn reply_side(&mut self, p: &[u8], flow: &Flow, stale: &mut bool) -> Option<Exit> {
         let key = flow.key();
         if let Some(rev) = self.view.ct(&key).filter(|e| e.dir == CT_REVERSE) {
             let fwd_key = rev.pair;
@@ -673,29 +678,41 @@ impl Machine<'_> {
                         self.set_addr(flow, false, fwd_key.src_be[0]);
                     }
                     if flow.later_fragment {
-                        return (PASS, stat::NAT_FRAGMENT);
+                        return Some((PASS, stat::NAT_FRAGMENT));
                     }
                     if flow.proto == PROTO_SCTP {
-                        return self.sctp_ports(
+                        return Some(self.sctp_ports(
                             p,
                             flow,
                             fwd_key.dport_be,
                             fwd_key.sport_be,
                             stat::REVNAT,
-                        );
+                        ));
                     }
                     self.set_port(flow, true, flow.sport, fwd_key.dport_be);
                     if fwd_key.sport_be != flow.dport {
                         self.set_port(flow, false, flow.dport, fwd_key.sport_be);
                     }
-                    return (PASS, stat::REVNAT);
+                    return Some((PASS, stat::REVNAT));
                 }
                 None => {
                     self.view.remove(key);
-                    return (PASS, stat::PASS_STALE_CONNTRACK);
+                    *stale = true;
                 }
             }
         }
+        None
+    }
+
+    /// A packet that is neither a client's of a live connection, nor a reply of
+    /// one, nor to a frontend: a stale reverse entry's passes; a direct SYN clears a
+    /// closing Service connection on its tuple; a ClusterIP's undeclared port is
+    /// rejected; the rest passes untouched.
+    fn other_side(&mut self, p: &[u8], flow: &Flow, stale: bool) -> Exit {
+        if stale {
+            return (PASS, stat::PASS_STALE_CONNTRACK);
+        }
+        let key = flow.key();
         let clusterip = self
             .maps
             .services
