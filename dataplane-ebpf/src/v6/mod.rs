@@ -352,11 +352,23 @@ pub fn decide<const EXTERNAL: bool, C: Program6>(ctx: &C) -> Result<Exit, Exit> 
     }
     s.key = s.flow.key();
     let now = conntrack::now();
-    let mut stale = false;
-    match from_client::<EXTERNAL, C>(ctx, &s.flow, &s.key, &mut s.entry, now, &mut stale)? {
+    let mut met = Met::Nothing;
+    match from_client::<EXTERNAL, C>(ctx, &s.flow, &s.key, &mut s.entry, now, &mut met)? {
         Some(exit) => Ok(exit),
-        None => from_backend(ctx, &s.flow, &s.key, now, stale),
+        None => from_backend(ctx, &s.flow, &s.key, now, met),
     }
+}
+
+/// What the forward lookup met at the packet's key besides a forward entry, for
+/// `from_backend`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Met {
+    /// No reverse entry: the packet is no reply, and the reply path needs no lookup.
+    Nothing,
+    /// A live connection's reverse entry: the packet is its reply.
+    LiveReply,
+    /// A reverse entry whose connection is gone (now removed).
+    Stale,
 }
 
 /// As `tc::from_client`: a tracked connection keeps its backend; a reply of a live
@@ -370,7 +382,7 @@ fn from_client<const EXTERNAL: bool, C: Program6>(
     key: &CtKey,
     entry: &mut CtEntry,
     now: u64,
-    stale: &mut bool,
+    met: &mut Met,
 ) -> Result<Option<Exit>, Exit> {
     let reason = match conntrack::forward(flow, key, now) {
         Forward::Tracked(tracked) => {
@@ -382,9 +394,9 @@ fn from_client<const EXTERNAL: bool, C: Program6>(
             }
         }
         // A reply: `from_backend` looks it up again and translates it (translating
-        // it here, as `tc::from_client` does, would hold the connection's key on
-        // this frame, which 6.1's limit leaves no room for).
-        Forward::Reply(rev) if !take_reply(&rev, flow, key, now, stale) => return Ok(None),
+        // it here, as `tc::from_client` does, would hold the connection's 40-byte
+        // key on this frame, near 6.1's limit; not tried).
+        Forward::Reply(rev) if !take_reply(&rev, flow, key, now, met) => return Ok(None),
         Forward::New | Forward::Reply(_) => {
             let found = if EXTERNAL {
                 lookup::frontend_external6(flow)
@@ -461,15 +473,18 @@ fn from_client<const EXTERNAL: bool, C: Program6>(
 }
 
 /// Whether a packet with a reverse entry at its key goes on to the frontends: not if
-/// it is a reply of a live connection; if the entry was stale (removed, `stale`
-/// set), it does.
+/// it is a reply of a live connection (`met` says so); if the entry was stale
+/// (removed, `met` says so), it does.
 #[inline(always)]
-fn take_reply(rev: &CtSlot, flow: &Flow6, key: &CtKey, now: u64, stale: &mut bool) -> bool {
+fn take_reply(rev: &CtSlot, flow: &Flow6, key: &CtKey, now: u64, met: &mut Met) -> bool {
     match conntrack::reply_at(rev, flow, key, now) {
-        Ok(Some(_)) => false,
+        Ok(Some(_)) => {
+            *met = Met::LiveReply;
+            false
+        }
         Ok(None) => true,
         Err(()) => {
-            *stale = true;
+            *met = Met::Stale;
             true
         }
     }
@@ -484,12 +499,12 @@ fn from_backend<C: Program6>(
     flow: &Flow6,
     key: &CtKey,
     now: u64,
-    stale: bool,
+    met: Met,
 ) -> Result<Exit, Exit> {
-    let reply = if stale {
-        Err(())
-    } else {
-        conntrack::reverse(flow, key, now)
+    let reply = match met {
+        Met::LiveReply => conntrack::reverse(flow, key, now),
+        Met::Stale => Err(()),
+        Met::Nothing => Ok(None),
     };
     match reply {
         Ok(Some(orig)) => {
