@@ -1,8 +1,9 @@
-//! The TC program's entry: parse, then one path per direction. A packet from a client
-//! of a tracked connection or to a frontend goes to the backend (`from_client`:
-//! conntrack or pick, DNAT; a frontend without backends rejects or drops); any other
-//! packet may come from a backend (`from_backend`: reverse NAT), is rejected if it is
-//! for a ClusterIP's undeclared port, or passes untouched.
+//! The TC program's entry: parse, then conntrack, then the frontends. A packet from a
+//! client of a tracked connection goes to its backend, a reply of one gets its
+//! frontend back (reverse NAT), and a new packet to a frontend picks a backend
+//! (`from_client`; a frontend without backends rejects or drops); any other packet
+//! (`from_backend`) is rejected if it is for a ClusterIP's undeclared port, or passes
+//! untouched.
 //!
 //! IPv6 is handed over first, by tail call, to the IPv6 programs (`crate::v6`),
 //! so this body and its frame are IPv4's alone.
