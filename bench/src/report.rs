@@ -493,7 +493,6 @@ fn ns(s: &Summary) -> String {
     s.show(0)
 }
 
-/// The report as Markdown. `plots` are the PNG files written, for links.
 /// Figure 2's notes under its table: the sides measured on a busy machine, the
 /// baselines not measured and why.
 fn fig2_notes(m: &mut String, f: &Fig2) {
@@ -525,6 +524,7 @@ fn fig2_notes(m: &mut String, f: &Fig2) {
     }
 }
 
+/// The report as Markdown. `plots` are the PNG files written, for links.
 pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
     let mut m = String::new();
     let e = &r.environment;
