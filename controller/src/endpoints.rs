@@ -2,8 +2,8 @@
 //! as upstream's `syncService` writes it, with `RepackSubsets` and the 1000-address
 //! truncation.
 //!
-//! Upstream: <https://github.com/kubernetes/kubernetes/blob/master/pkg/controller/endpoint/endpoints_controller.go>
-//! and <https://github.com/kubernetes/kubernetes/blob/master/pkg/api/v1/endpoints/util.go>.
+//! Upstream: <https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/controller/endpoint/endpoints_controller.go>
+//! and <https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/api/v1/endpoints/util.go>.
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet, HashMap};

@@ -1,7 +1,7 @@
 //! EndpointSlice mirroring: slices for Services without a selector, copied from the
 //! Endpoints written by hand (one slice per subset and address family).
 //!
-//! Upstream: <https://github.com/kubernetes/kubernetes/blob/master/pkg/controller/endpointslicemirroring/reconciler.go>,
+//! Upstream: <https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/controller/endpointslicemirroring/reconciler.go>,
 //! `reconciler_helpers.go` and `utils.go` next to it, and `syncEndpoints` in
 //! `endpointslicemirroring_controller.go`.
 

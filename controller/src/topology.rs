@@ -3,10 +3,10 @@
 //! Two sources, as upstream: `spec.trafficDistribution` (`PreferClose` and
 //! `PreferSameZone` hint each endpoint to its own zone, `PreferSameNode` also to its
 //! node; anything else removes hints), from
-//! <https://github.com/kubernetes/kubernetes/blob/master/staging/src/k8s.io/endpointslice/trafficdist/trafficdist.go>,
+//! <https://github.com/kubernetes/kubernetes/blob/v1.37.2/staging/src/k8s.io/endpointslice/trafficdist/trafficdist.go>,
 //! and the `service.kubernetes.io/topology-mode: Auto` annotation, which spreads
 //! endpoints over zones in proportion to the zones' allocatable CPU, from
-//! <https://github.com/kubernetes/kubernetes/blob/master/staging/src/k8s.io/endpointslice/topologycache/topologycache.go>
+//! <https://github.com/kubernetes/kubernetes/blob/v1.37.2/staging/src/k8s.io/endpointslice/topologycache/topologycache.go>
 //! and `utils.go` next to it.
 
 use std::collections::BTreeMap;

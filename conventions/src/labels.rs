@@ -1,8 +1,8 @@
 //! Well-known labels, annotations and field values, as upstream spells them
 //! (`k8s.io/api/core/v1/well_known_labels.go`, `annotation_key_constants.go`,
 //! `k8s.io/api/discovery/v1/well_known_labels.go`:
-//! <https://github.com/kubernetes/api/tree/master/discovery/v1>,
-//! <https://github.com/kubernetes/api/tree/master/core/v1>).
+//! <https://github.com/kubernetes/api/tree/v0.37.2/discovery/v1>,
+//! <https://github.com/kubernetes/api/tree/v0.37.2/core/v1>).
 
 /// `kubernetes.io/service-name` (discovery.LabelServiceName): ties an EndpointSlice
 /// to its Service.

@@ -536,7 +536,7 @@ fn pod_ips(value: &Value, rules: Rules) -> Result<(), Invalid> {
 
 /// An IP address as Go 1.16's `net.ParseIP` read it, which Kubernetes keeps as
 /// `netutils.ParseIPSloppy` for what older releases stored
-/// (<https://github.com/kubernetes/utils/blob/master/internal/third_party/forked/golang/net/ip.go>):
+/// (<https://github.com/kubernetes/utils/blob/be93311217bd/internal/third_party/forked/golang/net/ip.go>):
 /// an IPv4 part may have leading zeros, read as decimal (`010.001.002.003` is
 /// 10.1.2.3, where libc would read octal), any number of them; IPv6 as usual.
 pub fn parse_ip_sloppy(s: &str) -> Option<IpAddr> {

@@ -459,13 +459,13 @@ pub mod ct {
     /// spoken, as UDP, not by netfilter's handshake states: an association is
     /// established once the backend answered, with TCP's day for the same reason,
     /// and closed by an ABORT or SHUTDOWN COMPLETE chunk (netfilter's `sctp_timeouts`,
-    /// https://github.com/torvalds/linux/blob/master/net/netfilter/nf_conntrack_proto_sctp.c).
+    /// https://github.com/torvalds/linux/blob/v6.18/net/netfilter/nf_conntrack_proto_sctp.c).
     ///
     /// Sources: netfilter's `tcp_timeouts` and `udp_timeouts`
-    /// (https://github.com/torvalds/linux/blob/master/net/netfilter/nf_conntrack_proto_tcp.c,
-    /// https://github.com/torvalds/linux/blob/master/net/netfilter/nf_conntrack_proto_udp.c),
+    /// (https://github.com/torvalds/linux/blob/v6.18/net/netfilter/nf_conntrack_proto_tcp.c,
+    /// https://github.com/torvalds/linux/blob/v6.18/net/netfilter/nf_conntrack_proto_udp.c),
     /// kube-proxy's defaults
-    /// (https://github.com/kubernetes/kubernetes/blob/master/pkg/proxy/apis/config/v1alpha1/defaults.go),
+    /// (https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/apis/config/v1alpha1/defaults.go),
     /// Cilium's `bpf-ct-timeout-*` flags
     /// (https://github.com/cilium/cilium/blob/main/pkg/defaults/defaults.go).
     pub const DEFAULTS: [u64; state::COUNT as usize] =

@@ -5,7 +5,7 @@
 //! a reply is translated only if its forward entry is alive and names it back.
 //!
 //! The state follows the TCP flags seen in both directions, as netfilter's TCP
-//! tracker does in outline (https://github.com/torvalds/linux/blob/master/net/netfilter/nf_conntrack_proto_tcp.c):
+//! tracker does in outline (https://github.com/torvalds/linux/blob/v6.18/net/netfilter/nf_conntrack_proto_tcp.c):
 //! SYN_SENT until the backend answers, ESTABLISHED, FIN_WAIT after one FIN,
 //! TIME_WAIT after FINs both ways, CLOSE after an RST; each state with its own idle
 //! timeout (`ct::DEFAULTS`, overridable in `CT_TIMEOUTS`).
@@ -239,7 +239,7 @@ pub enum Forward {
 /// while the slots are unchanged; the benchmark times the new-connection path this
 /// way), and a UDP flow whose backend
 /// is gone moves on (kube-proxy clears UDP conntrack of removed endpoints:
-/// https://github.com/kubernetes/kubernetes/blob/master/pkg/proxy/conntrack/cleanup.go).
+/// https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/conntrack/cleanup.go).
 #[inline(always)]
 pub fn forward<F: Tuple>(flow: &F, key: &CtKey, now: u64) -> Forward {
     // One lookup serves the read and the update in place below.
@@ -353,7 +353,7 @@ pub fn direct<F: Tuple>(flow: &F, key: &CtKey) {
 /// connection holds the reply tuple (two frontends sharing a backend, one client
 /// port) and the new connection got another source port, as netfilter's NAT does on
 /// a tuple clash (`get_unique_tuple`,
-/// https://github.com/torvalds/linux/blob/master/net/netfilter/nf_nat_core.c);
+/// https://github.com/torvalds/linux/blob/v6.18/net/netfilter/nf_nat_core.c);
 /// otherwise the `stat` reason of the drop. The forward entry is then in the map at
 /// `key`.
 ///
@@ -605,7 +605,7 @@ fn reply_taken(reply: &CtKey, key: &CtKey, now: u64) -> bool {
 /// free and the new connection's reverse entry takes its place. netfilter's NAT
 /// likewise lets a new connection evict a conntrack in TIME_WAIT that holds the tuple
 /// it needs (`nf_nat_used_tuple_harder`,
-/// https://github.com/torvalds/linux/blob/master/net/netfilter/nf_nat_core.c).
+/// https://github.com/torvalds/linux/blob/v6.18/net/netfilter/nf_nat_core.c).
 /// Without it, a client that opens connections to several Services sharing backends
 /// finds each backend's reply tuples held for the TIME_WAIT timeout (120 s), and once
 /// every candidate port is held its SYNs drop as `drop_ct_clash`.

@@ -2,7 +2,7 @@
 //! needed included, and time exceeded), translated back so that path-MTU discovery
 //! and ECONNREFUSED work through a Service, as netfilter does for related packets
 //! (`nf_nat_icmp_reply_translation`,
-//! https://github.com/torvalds/linux/blob/master/net/netfilter/nf_nat_proto.c).
+//! https://github.com/torvalds/linux/blob/v6.18/net/netfilter/nf_nat_proto.c).
 //!
 //! An error from the backend's side about a packet sent to a backend quotes that
 //! packet: client → backend. Its reply tuple is the connection's reverse key; when

@@ -2,7 +2,7 @@
 //! whole SCTP packet and no addresses, with [`crc32c::port_delta`] (two fixed 32-step
 //! multiplications, no payload read), where netfilter recomputes it over the packet
 //! (`sctp_manip_pkt`,
-//! <https://github.com/torvalds/linux/blob/master/net/netfilter/nf_nat_proto.c>).
+//! <https://github.com/torvalds/linux/blob/v6.18/net/netfilter/nf_nat_proto.c>).
 //! It runs as `sliceway_sctp_nat`, entered by tail call from `sliceway_tc` once the
 //! addresses are translated: a program of its own, verified once, not at every place
 //! the TC program rewrites a port.

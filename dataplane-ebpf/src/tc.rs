@@ -244,7 +244,7 @@ pub fn decide<const BRIDGE: bool, const EXTERNAL: bool, C: Program>(ctx: &C) -> 
 /// Conntrack comes before the frontends, as in netfilter, where a packet on a live
 /// connection's reply tuple is that connection's reply and NAT rules see only new
 /// connections (`nf_conntrack_in`, then `nf_nat_inet_fn` for `IP_CT_NEW` only:
-/// https://github.com/torvalds/linux/blob/master/net/netfilter/nf_nat_core.c): a
+/// https://github.com/torvalds/linux/blob/v6.18/net/netfilter/nf_nat_core.c): a
 /// reply is never taken for a new connection to a frontend at its destination (a
 /// masqueraded client's port that is also a NodePort), and costs no frontend lookup.
 #[inline(always)]

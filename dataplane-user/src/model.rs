@@ -59,7 +59,7 @@ impl From<&k8s_openapi::api::core::v1::Node> for NodeInfo {
 
 /// kube-proxy's primary address of a Node in one family (`A`, IPv4 or IPv6): the
 /// first `InternalIP` of the family, else the first such `ExternalIP`
-/// (<https://github.com/kubernetes/kubernetes/blob/master/pkg/util/node/node.go>
+/// (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/util/node/node.go>
 /// `GetNodeHostIPs`: each family's first address, `InternalIP` before `ExternalIP`).
 fn primary_ip<A: std::str::FromStr>(node: &k8s_openapi::api::core::v1::Node) -> Option<A> {
     let addresses = node.status.as_ref()?.addresses.as_ref()?;

@@ -4,7 +4,7 @@
 //! The lab's pods have `10.244.N.2` and `fd00:10:244:N::2`; each family of a
 //! Service is compiled from the EndpointSlices of its own address type, as
 //! kube-proxy's per-family proxiers do
-//! (https://github.com/kubernetes/kubernetes/blob/master/pkg/proxy/endpointschangetracker.go).
+//! (https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/endpointschangetracker.go).
 
 use std::{
     collections::{BTreeMap, BTreeSet},

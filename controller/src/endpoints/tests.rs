@@ -1,5 +1,5 @@
 //! Tests of the Endpoints controller, after upstream's endpoints_controller_test.go
-//! (<https://github.com/kubernetes/kubernetes/blob/master/pkg/controller/endpoint/endpoints_controller_test.go>)
+//! (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/controller/endpoint/endpoints_controller_test.go>)
 //! and RepackSubsets' tests in pkg/api/v1/endpoints/util_test.go.
 
 use k8s_openapi::api::core::v1::{EndpointAddress, EndpointPort, EndpointSubset, Endpoints, Pod};

@@ -1,6 +1,6 @@
 //! Tests of EndpointSlice mirroring, after upstream's reconciler_test.go and
 //! endpointslicemirroring_controller_test.go
-//! (<https://github.com/kubernetes/kubernetes/blob/master/pkg/controller/endpointslicemirroring/reconciler_test.go>).
+//! (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/controller/endpointslicemirroring/reconciler_test.go>).
 
 use std::collections::BTreeMap;
 

@@ -3,9 +3,9 @@
 //!
 //! Mirrors upstream's `Reconciler.Reconcile`, `reconcileByAddressType`,
 //! `reconcileByPortMapping` and `finalize`:
-//! <https://github.com/kubernetes/kubernetes/blob/master/staging/src/k8s.io/endpointslice/reconciler.go>,
+//! <https://github.com/kubernetes/kubernetes/blob/v1.37.2/staging/src/k8s.io/endpointslice/reconciler.go>,
 //! with the helpers of
-//! <https://github.com/kubernetes/kubernetes/blob/master/staging/src/k8s.io/endpointslice/utils.go>.
+//! <https://github.com/kubernetes/kubernetes/blob/v1.37.2/staging/src/k8s.io/endpointslice/utils.go>.
 //! Where upstream iterates a Go map (random order) this code uses a fixed order, so a
 //! plan is deterministic; the number and sizes of slices are the same.
 

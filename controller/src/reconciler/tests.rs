@@ -1,5 +1,5 @@
 //! Tests of the EndpointSlice reconciler, after upstream's reconciler_test.go
-//! (<https://github.com/kubernetes/kubernetes/blob/master/staging/src/k8s.io/endpointslice/reconciler_test.go>).
+//! (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/staging/src/k8s.io/endpointslice/reconciler_test.go>).
 //! Slice sizes are compared as unordered multisets where upstream's choice is random.
 
 use std::collections::BTreeMap;

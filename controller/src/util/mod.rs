@@ -4,8 +4,8 @@
 //! (`trigger_time`). The well-known labels and annotations come from
 //! `conventions::labels`, shared with the agent.
 //!
-//! Upstream: <https://github.com/kubernetes/kubernetes/blob/master/staging/src/k8s.io/endpointslice/util/controller_utils.go>
-//! and <https://github.com/kubernetes/kubernetes/blob/master/pkg/controller/util/endpoint/controller_utils.go>.
+//! Upstream: <https://github.com/kubernetes/kubernetes/blob/v1.37.2/staging/src/k8s.io/endpointslice/util/controller_utils.go>
+//! and <https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/controller/util/endpoint/controller_utils.go>.
 
 mod addresses;
 mod endpoint_set;

@@ -1,7 +1,7 @@
 //! What the reconcilers read of Pods, Services and Endpoints: readiness, IPs, ports,
 //! selectors, an Endpoints subset's addresses
 //! (upstream's podutil and endpointutil helpers,
-//! <https://github.com/kubernetes/kubernetes/blob/master/pkg/controller/util/endpoint/controller_utils.go>).
+//! <https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/controller/util/endpoint/controller_utils.go>).
 
 use std::collections::BTreeMap;
 

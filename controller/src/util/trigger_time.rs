@@ -16,7 +16,7 @@ pub fn format_time(t: &Time) -> String {
 
 /// Per-Service state of the last-change trigger time (upstream's TriggerTimeTracker):
 /// the annotation says when the change that caused this write happened.
-/// <https://github.com/kubernetes/kubernetes/blob/master/pkg/controller/util/endpoint/trigger_time_tracker.go>
+/// <https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/controller/util/endpoint/trigger_time_tracker.go>
 #[derive(Debug, Default, Clone)]
 pub struct TriggerTimeTracker {
     states: HashMap<String, TriggerState>,

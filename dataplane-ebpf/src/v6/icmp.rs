@@ -2,7 +2,7 @@
 //! packet too big, time exceeded, parameter problem), translated back so that
 //! path-MTU discovery and ECONNREFUSED work through an IPv6 Service, as netfilter
 //! does for related ICMPv6 packets (`nf_nat_icmpv6_reply_translation`,
-//! https://github.com/torvalds/linux/blob/master/net/netfilter/nf_nat_proto.c) and
+//! https://github.com/torvalds/linux/blob/v6.18/net/netfilter/nf_nat_proto.c) and
 //! as `crate::icmp` does for IPv4.
 //!
 //! An error from the backend's side quotes the packet sent to the backend: client →

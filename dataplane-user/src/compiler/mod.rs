@@ -12,7 +12,7 @@
 //! Semantics follow kube-proxy where it defines them:
 //! - which objects are used: kube-proxy's informer selectors skip objects labelled
 //!   `service.kubernetes.io/service-proxy-name` and headless Services
-//!   (<https://github.com/kubernetes/kubernetes/blob/master/cmd/kube-proxy/app/server.go>);
+//!   (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/cmd/kube-proxy/app/server.go>);
 //! - how slices merge: `pkg/proxy/endpointslicecache.go`
 //!   (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/endpointslicecache.go>:
 //!   several slices per Service, only `addresses[0]`, parsed sloppily, one copy per
@@ -26,12 +26,12 @@
 //! - session affinity: `pkg/proxy/serviceport.go` (`ClientIP` with its timeout);
 //! - dual stack: kube-proxy runs one proxier per family, and each sees a Service
 //!   only through its ClusterIP of that family (`GetClusterIPByFamily` in
-//!   <https://github.com/kubernetes/kubernetes/blob/master/pkg/proxy/servicechangetracker.go>:
+//!   <https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/servicechangetracker.go>:
 //!   none, and the Service is not that family's), with that family's external and
 //!   load-balancer IPs and source ranges (`newBaseServiceInfo`,
-//!   <https://github.com/kubernetes/kubernetes/blob/master/pkg/proxy/serviceport.go>),
+//!   <https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/serviceport.go>),
 //!   and only the EndpointSlices of its `addressType`
-//!   (<https://github.com/kubernetes/kubernetes/blob/master/pkg/proxy/endpointschangetracker.go>).
+//!   (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/endpointschangetracker.go>).
 //!   Here both families compile together: an IPv4 frontend's backends come from
 //!   IPv4 slices only, an IPv6 one's from IPv6 slices only.
 

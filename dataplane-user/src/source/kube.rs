@@ -7,7 +7,7 @@
 //! with the watcher's default backoff; the source never ends on its own.
 //!
 //! The watches carry kube-proxy's filters as server-side selectors
-//! (<https://github.com/kubernetes/kubernetes/blob/master/cmd/kube-proxy/app/server.go>,
+//! (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/cmd/kube-proxy/app/server.go>,
 //! `labelSelector.Add(*noProxyName, *noHeadlessEndpoints)`):
 //! Services and EndpointSlices with
 //! `!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless`. With a
