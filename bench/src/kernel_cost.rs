@@ -14,9 +14,9 @@ use serde::Serialize;
 use sliceway_agent::{
     agent::Pipeline,
     compiler::{self, Frontend, Frontend6, Incremental, ServicePortName},
+    kernel::packet::{build, build6, PacketSpec, PacketSpec6, TCP_ACK, TCP_SYN},
     kernel::{Capacities, Datapath, Role},
     model::{Origin, ServiceInfo, SliceInfo},
-    packet::{build, build6, PacketSpec, PacketSpec6, TCP_ACK, TCP_SYN},
     source::local,
     writer::{Desired, Limits, Limits6, MapWriter},
 };
@@ -628,7 +628,7 @@ pub const SWEEP_BATCH: usize = 4096;
 /// other one expired an hour ago in TIME_WAIT, the rest ESTABLISHED and fresh.
 pub fn conntrack_gc(connections: u32) -> Result<ConntrackGc> {
     use dataplane_common::{ct::state, CtKey, PROTO_TCP as TCP};
-    use sliceway_agent::conntrack::{connection_entries, now_ns, Sweeper, Timeouts};
+    use sliceway_agent::writer::conntrack::{connection_entries, now_ns, Sweeper, Timeouts};
     let caps = Capacities {
         conntrack: 2 * connections + 1024,
         ..Capacities::default()

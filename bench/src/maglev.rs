@@ -18,7 +18,7 @@ use dataplane_common::{
 };
 use sliceway_agent::{
     compiler::{Frontend, FrontendPolicy, ServicePortName},
-    maglev::{self, TableSize},
+    writer::maglev::{self, TableSize},
     writer::{Limits, MapOps, MapWriter},
 };
 

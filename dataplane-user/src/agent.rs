@@ -16,17 +16,17 @@ use dataplane_common::{map_name, stat};
 use tracing::{debug, error, info, warn};
 
 use crate::{
-    audit::AuditReport,
     compiler::{self, Skipped},
-    interfaces::{self, Selection},
+    kernel::interfaces::{self, Selection},
     kernel::{AttachMode, Attached, Capacities, Datapath, KernelError, PinDir, XdpChoice},
-    metrics::{Ask, Metrics},
+    serve::metrics::{Ask, Metrics},
     source::{
         self,
         kube::{ApiSource, KubeSourceConfig},
         local::{LocalSource, ManifestDir},
         Fed,
     },
+    writer::audit::AuditReport,
     writer::{ApplyReport, MapOps, MapWriter},
 };
 
@@ -97,9 +97,9 @@ pub struct Settings {
     /// Address for `/metrics` and `/healthz`; `None` serves nothing.
     pub metrics_addr: Option<SocketAddr>,
     /// Conntrack timeouts and sweeping.
-    pub conntrack: crate::conntrack::Settings,
+    pub conntrack: crate::writer::conntrack::Settings,
     /// How long a change may wait for its sync, and a watch of the API server fail,
-    /// before `/healthz` answers 503 (kube-proxy's rule; see [`crate::health`]).
+    /// before `/healthz` answers 503 (kube-proxy's rule; see [`crate::serve::health`]).
     pub health_timeout: Duration,
     /// How often the datapath's counters are read into the metrics (also at every
     /// scrape).
@@ -118,9 +118,9 @@ pub struct Pipeline {
     pub compiler: compiler::Incremental,
     pub writer: MapWriter,
     /// `loadBalancerSourceRanges`, written around the map writer's apply.
-    pub ranges: crate::ranges::RangeWriter,
+    pub ranges: crate::writer::ranges::RangeWriter,
     /// IPv6's, in `SOURCE_RANGES6`.
-    pub ranges6: crate::ranges::RangeWriter<crate::ranges::V6>,
+    pub ranges6: crate::writer::ranges::RangeWriter<crate::writer::ranges::V6>,
     /// Whether the writer has done one full apply.
     applied: bool,
 }
@@ -149,7 +149,7 @@ impl Pipeline {
     /// Recompiles what changed and writes it. The first sync compares every frontend
     /// (a writer that adopted pinned maps brings them to the desired state and cleans
     /// what an earlier run left); later ones look only at the frontends that changed.
-    pub fn sync<M: MapOps + crate::ranges::RangeOps>(&mut self, maps: &mut M) -> Synced {
+    pub fn sync<M: MapOps + crate::writer::ranges::RangeOps>(&mut self, maps: &mut M) -> Synced {
         let changed = self.compiler.compile();
         let full = !self.applied;
         // The source ranges of every frontend at the first sync, of the changed ones
@@ -213,7 +213,7 @@ struct Syncer {
     problems: Vec<source::events::Problem>,
     /// kube-proxy's Service health checks (`healthCheckNodePort`), kept in step with
     /// the compiler after every sync.
-    health_checks: crate::healthcheck::ServiceHealth,
+    health_checks: crate::serve::healthcheck::ServiceHealth,
     /// Health checks whose port could not be listened on at the last sync.
     health_check_failed: BTreeSet<((String, String), u16)>,
     /// Frontends rejected by the last sync (service, reason): a rejection is
@@ -545,13 +545,13 @@ impl Syncer {
     }
 
     /// Compares the service maps with what the writer wrote and repairs what differs
-    /// (see [`crate::audit`]). Before the first sync there is nothing to compare.
+    /// (see [`crate::writer::audit`]). Before the first sync there is nothing to compare.
     fn audit(&mut self, dp: &mut Datapath) -> Result<AuditReport, String> {
         if self.syncs == 0 {
             return Err("not synced yet: nothing to audit".into());
         }
         let actual = dp.maps.state();
-        let mut report = crate::audit::audit(&self.pipeline.writer, &actual, &mut dp.maps);
+        let mut report = crate::writer::audit::audit(&self.pipeline.writer, &actual, &mut dp.maps);
         self.pipeline.ranges.audit(&mut dp.maps, &mut report);
         for d in &report.drift {
             warn!(
@@ -583,7 +583,7 @@ impl Syncer {
 /// Reads the datapath's counters into the metrics: exits by reason, and what each
 /// frontend and (unless `per_backend` is off) each backend the writer wrote has seen.
 fn publish_counters(dp: &Datapath, m: &Metrics, writer: &MapWriter, per_backend: bool) {
-    use crate::metrics::{BackendCount, FrontendCount};
+    use crate::serve::metrics::{BackendCount, FrontendCount};
     match dp.stats() {
         Ok(stats) => {
             for (i, v) in stats.iter().enumerate() {
@@ -603,7 +603,7 @@ fn publish_counters(dp: &Datapath, m: &Metrics, writer: &MapWriter, per_backend:
     // Labels are made only for the frontends and backends that need them.
     let frontends = ports().filter_map(|(key, p)| {
         Some(FrontendCount {
-            identity: crate::metrics::identity((key, &p.service)),
+            identity: crate::serve::metrics::identity((key, &p.service)),
             labels: move || {
                 vec![
                     ("namespace".into(), p.service.namespace.to_string()),
@@ -622,7 +622,7 @@ fn publish_counters(dp: &Datapath, m: &Metrics, writer: &MapWriter, per_backend:
     let backends = backend_counts.as_ref().map(|counts| {
         writer.backends().filter_map(|(id, b)| {
             Some(BackendCount {
-                identity: crate::metrics::identity(b),
+                identity: crate::serve::metrics::identity(b),
                 labels: move || {
                     vec![
                         ("backend".into(), compiler::any_backend_addr(b)),
@@ -913,7 +913,7 @@ struct Scanner {
     failed: BTreeSet<(String, u32)>,
     metrics: Arc<Metrics>,
     /// The conntrack sweeper, run between the same waits.
-    sweep: crate::conntrack::SweepTask,
+    sweep: crate::writer::conntrack::SweepTask,
     counters: tokio::time::Interval,
     audit: Option<tokio::time::Interval>,
     asks: tokio::sync::mpsc::Receiver<Ask>,
@@ -951,7 +951,7 @@ impl Scanner {
             links,
             failed: BTreeSet::new(),
             metrics,
-            sweep: crate::conntrack::SweepTask::new(&settings.conntrack),
+            sweep: crate::writer::conntrack::SweepTask::new(&settings.conntrack),
             counters: every(settings.counters_interval),
             audit: settings.audit_interval.map(every),
             asks,
@@ -1070,7 +1070,7 @@ pub async fn run(
     if let Some(addr) = settings.metrics_addr {
         let m = metrics.clone();
         tokio::spawn(async move {
-            if let Err(e) = crate::metrics::serve(addr, m).await {
+            if let Err(e) = crate::serve::metrics::serve(addr, m).await {
                 warn!(%addr, "metrics server stopped: {e}");
             }
         });
@@ -1078,7 +1078,7 @@ pub async fn run(
     let (mut dp, writer) = start_datapath(&settings, &metrics)?;
     metrics.interfaces.set(dp.attached().len() as i64);
     let mut scanner = Scanner::new(&settings, metrics.clone());
-    let health_checks = crate::healthcheck::ServiceHealth::new(metrics.clone());
+    let health_checks = crate::serve::healthcheck::ServiceHealth::new(metrics.clone());
     let mut syncer = Syncer {
         pipeline: Pipeline::new(
             compiler::Incremental::new(settings.compiler.clone()),

@@ -1,24 +1,15 @@
-//! The sliceway node agent as a library: sources, the compiler, the map writer, the
-//! kernel edge and the agent loop. The `sliceway-agent` binary is a thin CLI over it.
+//! The sliceway node agent as a library, by stage: [`source`] (the API server or a
+//! manifest directory) gives the objects, [`model`] is the agent's lean copy of them,
+//! [`compiler`] turns them into desired frontends, [`writer`] writes those into the
+//! maps, [`kernel`] loads, attaches and runs the programs; [`agent`] is the loop that
+//! drives them, [`serve`] its HTTP endpoints, [`cmd`] the other subcommands. The
+//! `sliceway-agent` binary is a thin CLI over it.
 
 pub mod agent;
-pub mod audit;
-pub mod categorize;
-pub mod cli;
+pub mod cmd;
 pub mod compiler;
-pub mod conntrack;
-pub mod flows;
-pub mod health;
-pub mod healthcheck;
-pub mod inspect;
-pub mod interfaces;
 pub mod kernel;
-pub mod maglev;
-pub mod memory_maps;
-pub mod metrics;
 pub mod model;
-pub mod packet;
-pub mod ranges;
+pub mod serve;
 pub mod source;
-pub mod top;
 pub mod writer;

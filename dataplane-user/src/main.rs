@@ -8,8 +8,10 @@ use clap::Parser;
 use dataplane_common::{PROTO_SCTP, PROTO_TCP, PROTO_UDP};
 use sliceway_agent::{
     agent,
-    cli::{Cli, Command, From, Output, Proto},
-    compiler, inspect, interfaces, kernel,
+    cmd::cli::{Cli, Command, From, Output, Proto},
+    cmd::inspect,
+    compiler, kernel,
+    kernel::interfaces,
     kernel::Capacities,
     kernel::PinDir,
     source::local::ManifestDir,
@@ -40,7 +42,7 @@ fn main() -> anyhow::Result<()> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
-        .with(sliceway_agent::metrics::LogCounter)
+        .with(sliceway_agent::serve::metrics::LogCounter)
         .init();
     let cli = Cli::parse();
     match cli.command {
@@ -97,8 +99,8 @@ fn main() -> anyhow::Result<()> {
                     xdp: args.xdp,
                     socket_lb: (!args.no_socket_lb).then_some(args.socket_lb_cgroup),
                     metrics_addr: (!args.no_metrics).then_some(args.metrics_addr),
-                    conntrack: sliceway_agent::conntrack::Settings {
-                        timeouts: sliceway_agent::conntrack::Timeouts::parse(
+                    conntrack: sliceway_agent::writer::conntrack::Settings {
+                        timeouts: sliceway_agent::writer::conntrack::Timeouts::parse(
                             &args.conntrack_timeout,
                         )
                         .map_err(anyhow::Error::msg)?,
@@ -137,7 +139,7 @@ fn main() -> anyhow::Result<()> {
             use std::io::IsTerminal as _;
             let stdout = std::io::stdout();
             let terminal = stdout.is_terminal();
-            sliceway_agent::top::run(
+            sliceway_agent::cmd::top::run(
                 &PinDir::new(bpffs_dir),
                 Duration::from_millis(interval_ms),
                 iterations,
@@ -151,9 +153,9 @@ fn main() -> anyhow::Result<()> {
             metrics_addr,
             output,
         } => {
-            let report = sliceway_agent::audit::ask(metrics_addr)?;
+            let report = sliceway_agent::writer::audit::ask(metrics_addr)?;
             match output {
-                Output::Table => print!("{}", sliceway_agent::audit::render_table(&report)),
+                Output::Table => print!("{}", sliceway_agent::writer::audit::render_table(&report)),
                 Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
                 Output::Yaml => print!("{}", serde_yaml_ng::to_string(&report)?),
             }
@@ -167,17 +169,17 @@ fn main() -> anyhow::Result<()> {
         } => {
             let pins = PinDir::new(bpffs_dir);
             if let Some(backend) = flush_backend {
-                let n = sliceway_agent::flows::flush_backend(&pins, backend)?;
+                let n = sliceway_agent::cmd::flows::flush_backend(&pins, backend)?;
                 println!("removed {n} connections to {backend}");
                 return Ok(());
             }
-            let flows = sliceway_agent::flows::flows(
+            let flows = sliceway_agent::cmd::flows::flows(
                 &pins,
                 service.as_deref(),
-                sliceway_agent::conntrack::now_ns(),
+                sliceway_agent::writer::conntrack::now_ns(),
             )?;
             match output {
-                Output::Table => print!("{}", sliceway_agent::flows::render_table(&flows)),
+                Output::Table => print!("{}", sliceway_agent::cmd::flows::render_table(&flows)),
                 Output::Json => println!("{}", serde_json::to_string_pretty(&flows)?),
                 Output::Yaml => print!("{}", serde_yaml_ng::to_string(&flows)?),
             }

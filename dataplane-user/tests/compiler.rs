@@ -15,8 +15,8 @@ use serde::Deserialize as _;
 use dataplane_common::{Backend, ServiceKey, SlotKey, PROTO_TCP};
 use sliceway_agent::{
     compiler::{compile, Frontend, Options, ServicePortName},
-    memory_maps::{MemoryMaps, Op},
     source::local::parse_file,
+    writer::memory_maps::{MemoryMaps, Op},
     writer::{Limits, MapWriter},
 };
 

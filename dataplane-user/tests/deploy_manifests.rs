@@ -17,8 +17,8 @@ use k8s_openapi::{
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use serde_yaml_ng::Value;
 use sliceway_agent::{
-    cli::{Cli, Command, RunArgs},
-    interfaces::{Role as IfaceRole, Selection},
+    cmd::cli::{Cli, Command, RunArgs},
+    kernel::interfaces::{Role as IfaceRole, Selection},
 };
 
 fn deploy_dir() -> PathBuf {

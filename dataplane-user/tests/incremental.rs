@@ -16,12 +16,12 @@ use dataplane_common::{Backend, ServiceKey, SlotKey};
 use sliceway_agent::{
     agent::Pipeline,
     compiler::{compile, compile_model, Incremental, Options},
-    memory_maps::MemoryMaps,
     model::{
         Address, EndpointInfo, Hints, Origin, ServiceId, ServiceInfo, ServicePortInfo,
         ServiceSpecInfo, SliceId, SliceInfo, SlicePortInfo,
     },
     source::local::{parse_file, ManifestDir},
+    writer::memory_maps::MemoryMaps,
     writer::{Limits, MapWriter},
 };
 
@@ -499,7 +499,7 @@ fn incremental_sync_matches_with_maglev_tables() {
         node_port_ips: ["192.168.0.10", "192.168.1.10", "10.0.0.7"]
             .map(|ip| ip.parse().unwrap())
             .to_vec(),
-        maglev: Some(sliceway_agent::maglev::TableSize::new(251).unwrap()),
+        maglev: Some(sliceway_agent::writer::maglev::TableSize::new(251).unwrap()),
         ..Options::default()
     };
     for seed in [0x00c0_ffee, 0x1dea_1dea] {

@@ -13,9 +13,9 @@ use dataplane_common::{
 };
 use sliceway_agent::{
     compiler::{compile, Frontend, FrontendPolicy, Options, ServicePortName},
-    maglev::{self, TableSize},
-    memory_maps::{MemoryMaps, Op},
     source::local::parse_file,
+    writer::maglev::{self, TableSize},
+    writer::memory_maps::{MemoryMaps, Op},
     writer::{Limits, MapWriter},
 };
 

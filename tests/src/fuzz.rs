@@ -32,8 +32,8 @@ use dataplane_common::{
 };
 use sliceway_agent::{
     compiler::{self, Options},
+    kernel::packet::{build, PacketSpec},
     kernel::{Capacities, Datapath, PinDir, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT},
-    packet::{build, PacketSpec},
     source::local::parse_file,
     writer::MapWriter,
 };
@@ -1124,7 +1124,7 @@ impl Gen {
             },
             _ => {
                 let p = self.new_flow(maps);
-                let parsed = match sliceway_agent::packet::parse(&p) {
+                let parsed = match sliceway_agent::kernel::packet::parse(&p) {
                     Some(x) => x,
                     None => return,
                 };

@@ -23,9 +23,10 @@ use std::{
 
 use dataplane_common::PROTO_TCP;
 use sliceway_agent::{
-    categorize::PortPolicy,
+    cmd::inspect,
+    compiler::categorize::PortPolicy,
     compiler::{self, frontend_addr, frontend_addr6, Incremental, Options},
-    inspect, kernel,
+    kernel,
     model::{Origin, ServiceInfo, SliceInfo},
     source::local::parse_file,
 };
@@ -258,7 +259,7 @@ fn every_case(family: Family) {
             SocketAddr::new(family.ip("10.244.1.2"), 40000),
             vip_port,
             PROTO_TCP,
-            sliceway_agent::cli::From::Pod,
+            sliceway_agent::cmd::cli::From::Pod,
         )
         .expect("tracing (needs root)");
         let program = match family {

@@ -8,10 +8,10 @@ use std::{net::SocketAddrV4, time::Instant};
 use dataplane_common::{ct::state, stat, CtKey, PROTO_TCP};
 use sliceway_agent::{
     compiler::{self, Options},
-    conntrack::{connection_entries, now_ns, Sweeper, Timeouts},
+    kernel::packet::{build, PacketSpec, TCP_ACK, TCP_SYN},
     kernel::{Capacities, Datapath},
-    packet::{build, PacketSpec, TCP_ACK, TCP_SYN},
     source::local::parse_file,
+    writer::conntrack::{connection_entries, now_ns, Sweeper, Timeouts},
     writer::MapWriter,
 };
 

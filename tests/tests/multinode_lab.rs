@@ -707,7 +707,7 @@ in_both_modes!(
 /// packet to a Service without endpoints is rejected back out of the device.
 #[test]
 fn an_uplink_without_an_ethernet_header_is_read_from_its_ip_header() {
-    use sliceway_agent::packet::{build, parse, PacketSpec};
+    use sliceway_agent::kernel::packet::{build, parse, PacketSpec};
     use sliceway_lab::netns::Tun;
     use std::time::Duration;
     let lab = TwoNodes::new(1).unwrap();
@@ -816,7 +816,7 @@ fn an_uplink_without_an_ethernet_header_is_read_from_its_ip_header() {
     assert_eq!((reject[20], reject[21]), (3, 3), "port unreachable");
     assert_eq!(&reject[12..16], &[10, 96, 0, 51], "from the ClusterIP");
     assert_eq!(&reject[16..20], &[10, 200, 0, 2], "to the client");
-    let c = sliceway_agent::packet::checksum;
+    let c = sliceway_agent::kernel::packet::checksum;
     assert_eq!((c(&reject[..20], 0), c(&reject[20..], 0)), (0, 0));
     assert_eq!(
         &reject[28..48],

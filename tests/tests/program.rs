@@ -15,11 +15,11 @@ use std::net::SocketAddrV4;
 use dataplane_common::stat;
 use sliceway_agent::{
     compiler::{self, Options},
-    kernel::{Capacities, Datapath, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT},
-    packet::{
+    kernel::packet::{
         build, icmp_port_unreachable, parse, PacketSpec, SCTP_ABORT, SCTP_DATA, SCTP_INIT, TCP_ACK,
         TCP_SYN,
     },
+    kernel::{Capacities, Datapath, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT},
     source::local::parse_file,
     writer::MapWriter,
 };
@@ -347,7 +347,7 @@ fn no_udp_csum(mut p: Vec<u8>) -> Vec<u8> {
 fn fix_ip_csum(mut p: Vec<u8>) -> Vec<u8> {
     let ihl = ((p[ETH] & 0x0f) as usize) * 4;
     p[ETH + 10..ETH + 12].copy_from_slice(&[0, 0]);
-    let c = sliceway_agent::packet::checksum(&p[ETH..ETH + ihl], 0);
+    let c = sliceway_agent::kernel::packet::checksum(&p[ETH..ETH + ihl], 0);
     p[ETH + 10..ETH + 12].copy_from_slice(&c.to_be_bytes());
     p
 }
@@ -387,7 +387,7 @@ fn icmp_error(from: &str, to: &str, kind: u8, code: u8, quoted: &[u8], quote: us
     // Fragmentation needed carries the next hop's MTU in the last two bytes.
     p.extend_from_slice(&[kind, code, 0, 0, 0, 0, 0x05, 0xdc]);
     p.extend_from_slice(&quoted[ETH..ETH + quote]);
-    let c = sliceway_agent::packet::checksum(&p[ETH + 20..], 0);
+    let c = sliceway_agent::kernel::packet::checksum(&p[ETH + 20..], 0);
     p[ETH + 22..ETH + 24].copy_from_slice(&c.to_be_bytes());
     fix_ip_csum(p)
 }
@@ -1360,7 +1360,7 @@ impl Family for V4 {
             && u16::from_be_bytes([packet[ETH + 6], packet[ETH + 7]]) & 0x1fff != 0;
         let icmp = packet.len() > ETH + 20 && packet[ETH + 9] == 1;
         let ihl = ((packet[ETH] & 0x0f) as usize) * 4;
-        let c = sliceway_agent::packet::checksum;
+        let c = sliceway_agent::kernel::packet::checksum;
         if icmp {
             if c(&packet[ETH..ETH + ihl], 0) != 0 || c(&packet[ETH + ihl..], 0) != 0 {
                 return Err("bad IP or ICMP checksum in a rewritten ICMP error".into());
@@ -1481,8 +1481,8 @@ fn icmp_checksums_ok(p: &[u8]) -> bool {
     let ip = &p[14..];
     let total = u16::from_be_bytes([ip[2], ip[3]]) as usize;
     total == ip.len()
-        && sliceway_agent::packet::checksum(&ip[..20], 0) == 0
-        && sliceway_agent::packet::checksum(&ip[20..total], 0) == 0
+        && sliceway_agent::kernel::packet::checksum(&ip[..20], 0) == 0
+        && sliceway_agent::kernel::packet::checksum(&ip[20..total], 0) == 0
 }
 
 /// The backend behind a slot of a frontend, read from the maps.
@@ -1790,9 +1790,9 @@ fn syn_any(src: std::net::SocketAddr, dst: &str) -> Vec<u8> {
     use std::net::SocketAddr;
     match (src, dst.parse::<SocketAddr>().unwrap()) {
         (SocketAddr::V4(s), SocketAddr::V4(d)) => build(&PacketSpec::tcp(s, d, TCP_SYN)),
-        (SocketAddr::V6(s), SocketAddr::V6(d)) => {
-            sliceway_agent::packet::build6(&sliceway_agent::packet::PacketSpec6::tcp(s, d, TCP_SYN))
-        }
+        (SocketAddr::V6(s), SocketAddr::V6(d)) => sliceway_agent::kernel::packet::build6(
+            &sliceway_agent::kernel::packet::PacketSpec6::tcp(s, d, TCP_SYN),
+        ),
         other => panic!("mixed families: {other:?}"),
     }
 }
@@ -2115,7 +2115,7 @@ fn with_dsr_option(packet: &[u8], frontend: SocketAddrV4) -> Vec<u8> {
     let total = u16::from_be_bytes([hdr[2], hdr[3]]) + 8;
     hdr[2..4].copy_from_slice(&total.to_be_bytes());
     hdr[10..12].copy_from_slice(&[0, 0]);
-    let sum = sliceway_agent::packet::checksum(hdr, 0);
+    let sum = sliceway_agent::kernel::packet::checksum(hdr, 0);
     hdr[10..12].copy_from_slice(&sum.to_be_bytes());
     out
 }
@@ -2179,7 +2179,7 @@ fn direct_server_return_carries_the_frontend_to_the_backends_node() {
     let sent = with_dsr_option(&tcp(from, BACKEND_HTTP, TCP_SYN), addr(lb));
     assert_eq!(out.packet, sent);
     let ip = &out.packet[ETH..];
-    assert_eq!(sliceway_agent::packet::checksum(&ip[..28], 0), 0);
+    assert_eq!(sliceway_agent::kernel::packet::checksum(&ip[..28], 0), 0);
     let p = parse(&out.packet).unwrap();
     assert!(p.ip_csum_ok && p.l4_csum_ok, "{p:?}");
     // A later packet of it: translated, no option.
@@ -2244,11 +2244,11 @@ mod v6 {
         ServiceKey6, ServiceValue, SlotKey, PROTO_SCTP, PROTO_TCP, PROTO_UDP, SCOPE_ANY,
     };
     use sliceway_agent::{
-        kernel::{Datapath, Role, TC_ACT_REDIRECT, XDP_PASS},
-        packet::{
+        kernel::packet::{
             build6, icmp6_error, icmp6_message, icmp6_port_unreachable, parse6, PacketSpec6,
             PROTO_ICMPV6, SCTP_DATA, SCTP_INIT, TCP_ACK, TCP_SYN,
         },
+        kernel::{Datapath, Role, TC_ACT_REDIRECT, XDP_PASS},
     };
 
     use super::{datapath, run_as, tcp, BACKEND_HTTP, DROP, ETH, ONE_BACKEND, PASS, VIP_HTTP};
@@ -2630,7 +2630,8 @@ mod v6 {
         let src: Ipv6Addr = from.parse().unwrap();
         let mut icmp = vec![135, 0, 0, 0, 0, 0, 0, 0];
         icmp.extend_from_slice(&o);
-        let c = sliceway_agent::packet::l4_checksum6(&src.octets(), &dst.octets(), 58, &icmp);
+        let c =
+            sliceway_agent::kernel::packet::l4_checksum6(&src.octets(), &dst.octets(), 58, &icmp);
         icmp[2..4].copy_from_slice(&c.to_be_bytes());
         let mut p = vec![
             0x33, 0x33, 0xff, o[13], o[14], o[15], 2, 0, 0, 0, 0, 1, 0x86, 0xdd,
@@ -3076,7 +3077,7 @@ mod v6 {
         );
         let src: [u8; 16] = out.packet[8..24].try_into().unwrap();
         let dst: [u8; 16] = out.packet[24..40].try_into().unwrap();
-        let c = sliceway_agent::packet::l4_checksum6(&src, &dst, 58, &out.packet[40..]);
+        let c = sliceway_agent::kernel::packet::l4_checksum6(&src, &dst, 58, &out.packet[40..]);
         assert_eq!(c, 0, "ICMPv6 checksum");
     }
 

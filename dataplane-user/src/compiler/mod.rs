@@ -19,7 +19,7 @@
 //!   address where a later non-terminating copy wins, ports without a name field or
 //!   without a number or with number 0 ignored, nil conditions defaulted: ready ⇒
 //!   true, serving ⇒ true, terminating ⇒ false; zone and node hints kept);
-//! - which endpoints serve: [`crate::categorize`] (`CategorizeEndpoints`: traffic
+//! - which endpoints serve: [`crate::compiler::categorize`] (`CategorizeEndpoints`: traffic
 //!   policies, topology hints against this node's zone, the serving-terminating
 //!   fallback), and what a frontend without them does (reject, or drop when only
 //!   other nodes have endpoints and the policy is `Local`);
@@ -35,6 +35,7 @@
 //!   Here both families compile together: an IPv4 frontend's backends come from
 //!   IPv4 slices only, an IPv6 one's from IPv6 slices only.
 
+pub mod categorize;
 mod claims;
 pub mod format;
 mod full;
@@ -81,7 +82,7 @@ pub struct Options {
     /// (NodePorts, external and load-balancer IPs), so every node picks the same
     /// backend for a flow; `None` places their slots as a ClusterIP's. `None` here
     /// by default; the agent's is `--maglev-table-size`.
-    pub maglev: Option<crate::maglev::TableSize>,
+    pub maglev: Option<crate::writer::maglev::TableSize>,
     /// Direct server return for the frontends traffic from outside reaches, where
     /// the uplink program would masquerade (`--external-mode dsr`).
     pub dsr: bool,

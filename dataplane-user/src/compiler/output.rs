@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, fmt, sync::Arc};
 
 use dataplane_common::{Backend, Backend6, ServiceKey, ServiceKey6};
 
-use crate::categorize::EmptyVerdict;
+use crate::compiler::categorize::EmptyVerdict;
 
 /// A Service port as kube-proxy names it: `namespace/name:port`. Its names are
 /// shared, not copied, by the frontends of the port, the compiler's claims and the
@@ -146,9 +146,9 @@ pub struct FrontendPolicy {
     pub affinity_timeout: Option<u32>,
     /// New connections only from `Frontend::source_ranges`.
     pub source_ranges: bool,
-    /// The slots are a Maglev table of this size ([`crate::maglev`]): set for the
+    /// The slots are a Maglev table of this size ([`crate::writer::maglev`]): set for the
     /// frontends traffic from outside reaches, when they have backends.
-    pub maglev: Option<crate::maglev::TableSize>,
+    pub maglev: Option<crate::writer::maglev::TableSize>,
     /// Direct server return for connections from outside the node that would be
     /// masqueraded (`SVC_F_DSR`).
     pub dsr: bool,
@@ -199,7 +199,7 @@ impl FrontendPolicy {
                 .then_some(v.affinity_timeout_s),
             source_ranges: v.flags & dataplane_common::SVC_F_SOURCE_RANGES != 0,
             maglev: (v.flags & dataplane_common::SVC_F_MAGLEV != 0 && v.count > 0)
-                .then(|| crate::maglev::TableSize::restored(v.count)),
+                .then(|| crate::writer::maglev::TableSize::restored(v.count)),
             dsr: v.flags & dataplane_common::SVC_F_DSR != 0,
         }
     }

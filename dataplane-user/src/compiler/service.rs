@@ -18,7 +18,7 @@ use super::{
     Ignored, ObjectRef, Options, ServicePortName, Skipped, DEFAULT_AFFINITY_TIMEOUT,
     MAX_AFFINITY_TIMEOUT,
 };
-use crate::categorize::{self, EmptyVerdict, EndpointFacts, NodeFacts, PortPolicy};
+use crate::compiler::categorize::{self, EmptyVerdict, EndpointFacts, NodeFacts, PortPolicy};
 use crate::model::{ServiceInfo, ServiceSpecInfo};
 
 /// Services compiled together, in order: same namespace and name (empty when unset).

@@ -12,7 +12,7 @@ use dataplane_common::{PROTO_SCTP, PROTO_TCP, PROTO_UDP};
 use conventions::labels::LABEL_SERVICE_NAME;
 
 use super::{is_other_proxys, Ignored, ObjectRef, Options, Skipped};
-use crate::categorize::EndpointFacts;
+use crate::compiler::categorize::EndpointFacts;
 use crate::model::{Address, SliceInfo};
 
 /// (port name, protocol) → address → endpoint, its slices merged. Both families'

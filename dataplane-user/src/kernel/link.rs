@@ -26,7 +26,7 @@ use super::{
     pin::unpin,
     Datapath, KernelError,
 };
-pub use crate::interfaces::Role;
+pub use crate::kernel::interfaces::Role;
 
 impl Role {
     /// The TC program interfaces of this role get (with an Ethernet header).
@@ -392,7 +392,7 @@ impl Datapath {
             })?;
             removed.push(iface);
         }
-        let present = crate::interfaces::list().unwrap_or_default();
+        let present = crate::kernel::interfaces::list().unwrap_or_default();
         for (_, iface) in present {
             if path == TcPath::Netlink && self.links.contains_key(&iface) {
                 continue;

@@ -41,7 +41,7 @@ impl KernelMaps {
     }
 }
 
-impl crate::ranges::RangeOps for KernelMaps {
+impl crate::writer::ranges::RangeOps for KernelMaps {
     type Error = MapError;
     fn put_range(
         &mut self,
@@ -188,7 +188,7 @@ impl Datapath {
         self.conntrack.iter().filter_map(Result::ok).collect()
     }
 
-    /// The conntrack map, for the sweeper (`crate::conntrack`).
+    /// The conntrack map, for the sweeper (`crate::writer::conntrack`).
     pub fn conntrack_map(&mut self) -> &mut BpfHashMap<MapData, CtKey, CtEntry> {
         &mut self.conntrack
     }

@@ -356,7 +356,7 @@ impl Datapath {
             .map(|(k, v)| (k, v.id))
             .collect();
         let backends = self.backend_ids_by_address();
-        let now = crate::conntrack::now_ns();
+        let now = crate::writer::conntrack::now_ns();
         let mut first_error = None;
         for (key, target) in entries {
             if target.dir == v1::CT_REVERSE {
@@ -451,7 +451,7 @@ pub fn plan_copy(
         .copied()
         .unwrap_or(UNKNOWN_ID);
     let [(_, mut forward), (_, mut reverse)] =
-        crate::conntrack::connection_entries(fwd_key, reply, state, now_ns);
+        crate::writer::conntrack::connection_entries(fwd_key, reply, state, now_ns);
     for e in [&mut forward, &mut reverse] {
         e.flags = flags;
         e.service_id = service_id;

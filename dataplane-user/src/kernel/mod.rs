@@ -2,12 +2,16 @@
 //! bpffs (`pin`), attaches the TC program to interfaces (`link`), exposes the maps to
 //! the writer and the sweeper (`maps`), puts the XDP program on uplinks (`xdp`), and
 //! runs packets through the programs with BPF_PROG_TEST_RUN (here, `xdp`), and reads
-//! the kernel's run statistics of the loaded programs (`stats`).
+//! the kernel's run statistics of the loaded programs (`stats`). [`interfaces`] says
+//! which interfaces the TC program goes on; [`packet`] crafts and checks the packets
+//! that `trace` and the program tests run through the programs.
 
+pub mod interfaces;
 mod link;
 mod load;
 mod maps;
 mod migrate;
+pub mod packet;
 mod pin;
 mod sock;
 mod stats;
@@ -185,7 +189,7 @@ impl Datapath {
 /// interfaces whose TC filters were removed.
 pub fn cleanup(base: &std::path::Path) -> std::io::Result<Vec<String>> {
     pin::remove_pins(base)?;
-    Ok(crate::interfaces::list()?
+    Ok(crate::kernel::interfaces::list()?
         .into_iter()
         .map(|(_, name)| name)
         .filter(|name| link::remove_filters(name))

@@ -67,8 +67,8 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::{
-    health::Watches,
     model::{Origin, ServiceId, ServiceInfo, SliceId, SliceInfo},
+    serve::health::Watches,
     source::{local::Objects, Sink},
 };
 

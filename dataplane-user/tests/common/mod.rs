@@ -4,7 +4,7 @@
 use std::convert::Infallible;
 
 use dataplane_common::{Backend, ServiceKey, ServiceName, ServiceValue, SlotKey};
-use sliceway_agent::{memory_maps::MemoryMaps, writer::MapOps};
+use sliceway_agent::{writer::memory_maps::MemoryMaps, writer::MapOps};
 
 /// Checks after every single map operation that each published slot points at an
 /// existing backend: what a packet arriving at that instant would see. An operation

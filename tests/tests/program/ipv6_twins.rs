@@ -45,8 +45,8 @@ use std::{
 
 use dataplane_common::{addr_of, PROTO_ICMP, PROTO_SCTP, PROTO_TCP, PROTO_UDP};
 use sliceway_agent::{
+    kernel::packet::{crc32c, icmp6_message, icmp6_port_unreachable, l4_checksum6, PROTO_ICMPV6},
     kernel::Datapath,
-    packet::{crc32c, icmp6_message, icmp6_port_unreachable, l4_checksum6, PROTO_ICMPV6},
     writer::MapWriter,
 };
 
@@ -521,7 +521,9 @@ fn the_fixtures_left_out_of_the_ipv6_table_exist() {
 /// IPv4 and IPv6 forms are both built by the project's builders.
 #[test]
 fn ipv4_fixtures_translate_to_their_ipv6_twins() {
-    use sliceway_agent::packet::{build, build6, PacketSpec, PacketSpec6, SCTP_INIT, TCP_SYN};
+    use sliceway_agent::kernel::packet::{
+        build, build6, PacketSpec, PacketSpec6, SCTP_INIT, TCP_SYN,
+    };
     let twin = |s: &str| addr(s.parse().unwrap()).to_string();
     assert_eq!(twin("10.96.0.10"), "fd00:96::a60:a");
     assert_eq!(twin("10.244.11.2"), "fd00:10:244::af4:b02");
@@ -592,6 +594,6 @@ fn ipv4_fixtures_translate_to_their_ipv6_twins() {
     // quoting its twin as far (RFC 7915, 4.2), as IPv6's error builder makes it.
     let error = super::icmp_error("10.244.11.2", "10.244.1.2", 3, 3, &udp, 28);
     let (from, to) = (addr([10, 244, 11, 2].into()), addr([10, 244, 1, 2].into()));
-    let want = sliceway_agent::packet::icmp6_error(from, to, 1, 4, 0, &udp6, 48);
+    let want = sliceway_agent::kernel::packet::icmp6_error(from, to, 1, 4, 0, &udp6, 48);
     assert_eq!(packet(&error).unwrap(), want);
 }

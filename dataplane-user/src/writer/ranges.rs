@@ -242,8 +242,8 @@ impl<F: RangeFamily> RangeWriter<F> {
     /// The drift audit of `SOURCE_RANGES`: entries the writer wrote that the map
     /// lacks are written again, entries the map holds that no frontend has are
     /// removed (after the writes, so an allowed source is never refused meanwhile).
-    pub fn audit<M: RangeOps>(&self, ops: &mut M, report: &mut crate::audit::AuditReport) {
-        use crate::audit::{Drift, DriftKind};
+    pub fn audit<M: RangeOps>(&self, ops: &mut M, report: &mut crate::writer::audit::AuditReport) {
+        use crate::writer::audit::{Drift, DriftKind};
         let actual: BTreeSet<Entry<F>> = match F::list(ops) {
             Ok(found) => found.into_iter().collect(),
             Err(e) => {
@@ -297,8 +297,8 @@ impl<F: RangeFamily> RangeWriter<F> {
 mod tests {
     use super::*;
     use crate::{
-        audit::{AuditReport, DriftKind},
-        memory_maps::MemoryMaps,
+        writer::audit::{AuditReport, DriftKind},
+        writer::memory_maps::MemoryMaps,
     };
 
     /// A frontend's ranges written, then changed behind the writer's back: the

@@ -1,5 +1,11 @@
 //! The map writer: the only code that writes the service maps.
 //!
+//! This folder is the stage from desired state to map state: this module writes the
+//! service maps, [`maglev`] computes the tables it publishes as slots, [`ranges`]
+//! writes `SOURCE_RANGES`, [`audit`] compares the kernel's maps with what was written
+//! and repairs them, [`conntrack`] sweeps expired connections out of `CONNTRACK`, and
+//! [`memory_maps`] holds the service maps in memory for tests and golden dumps.
+//!
 //! It keeps a mirror of what the kernel holds and, given the desired frontends,
 //! writes only the difference, in an order that never shows a packet a half-written
 //! Service: for each frontend its new backends first, then its slots, then the service
@@ -9,7 +15,7 @@
 //! Slots move as little as possible: a backend that stays keeps its slot, a removed
 //! backend's slot is filled by a new backend or by the frontend's last slot, so adding
 //! or removing one endpoint costs a handful of map writes whatever the cluster size.
-//! A frontend with a Maglev table ([`crate::maglev`], the frontends traffic from
+//! A frontend with a Maglev table ([`crate::writer::maglev`], the frontends traffic from
 //! outside reaches) publishes the table as its slots instead, the same on every node;
 //! a change writes the entries that moved (about M/N when one of N backends comes or
 //! goes).
@@ -23,6 +29,12 @@
 //! (`SERVICES6`) and backends (`BACKENDS6`) take their ids from the same allocators
 //! as IPv4's, since `SLOTS`, `SERVICE_NAMES` and the counters are indexed by them,
 //! so a backend id names one backend in `BACKENDS` or in `BACKENDS6`, never both.
+
+pub mod audit;
+pub mod conntrack;
+pub mod maglev;
+pub mod memory_maps;
+pub mod ranges;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -195,10 +207,10 @@ impl<'a> FrontendRef<'a> {
     }
 
     /// The frontend's Maglev table, as indexes into its backends.
-    fn table(&self, m: crate::maglev::TableSize) -> Vec<u32> {
+    fn table(&self, m: crate::writer::maglev::TableSize) -> Vec<u32> {
         match self {
-            Self::V4(f) => crate::maglev::table(&f.backends, m),
-            Self::V6(f) => crate::maglev::table(&f.backends, m),
+            Self::V4(f) => crate::writer::maglev::table(&f.backends, m),
+            Self::V6(f) => crate::writer::maglev::table(&f.backends, m),
         }
     }
 
@@ -684,7 +696,7 @@ impl MapWriter {
         };
         // The Maglev table, as indexes into `frontend.backends`; the backends it
         // gives no entry (more backends than entries) are not written.
-        let table = maglev.map(|m| crate::maglev::table(&frontend.backends, m));
+        let table = maglev.map(|m| crate::writer::maglev::table(&frontend.backends, m));
         let mut used = vec![table.is_none(); frontend.backends.len()];
         for &i in table.iter().flatten() {
             used[i as usize] = true;
@@ -981,7 +993,7 @@ impl MapWriter {
         &self,
         slots: &[u32],
         frontend: FrontendRef<'_>,
-        maglev: Option<crate::maglev::TableSize>,
+        maglev: Option<crate::writer::maglev::TableSize>,
     ) -> bool {
         let Some(m) = maglev else {
             return slots.len() == frontend.backend_count()

@@ -47,7 +47,7 @@ pub struct MemoryMaps {
     pub ranges6: std::collections::BTreeSet<(u32, dataplane_common::SourceRange6)>,
 }
 
-impl crate::ranges::RangeOps for MemoryMaps {
+impl crate::writer::ranges::RangeOps for MemoryMaps {
     type Error = Infallible;
     fn put_range(
         &mut self,

@@ -12,8 +12,8 @@ use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray};
 use dataplane_common::{map_name, FrontendCounters, ServiceKey, ServiceName, ServiceValue};
 
 use crate::{
+    cmd::inspect::open_pinned,
     compiler::{frontend_addr, is_clusterip_marker},
-    inspect::open_pinned,
     kernel::{summed, KernelError, PinDir},
 };
 

@@ -427,7 +427,11 @@ impl SweepTask {
     }
 
     /// One round over the datapath's conntrack map.
-    pub fn run(&mut self, dp: &mut crate::kernel::Datapath, metrics: &crate::metrics::Metrics) {
+    pub fn run(
+        &mut self,
+        dp: &mut crate::kernel::Datapath,
+        metrics: &crate::serve::metrics::Metrics,
+    ) {
         let capacity = dp.conntrack_capacity();
         let r = self.sweeper.round(dp.conntrack_map(), now_ns());
         if r.removed > 0 {

@@ -20,8 +20,8 @@ use dataplane_common::{
 use serde::Serialize;
 
 use crate::{
+    cmd::inspect::open_pinned,
     compiler::{proto_name, FrontendKey},
-    inspect::open_pinned,
     kernel::{KernelError, PinDir},
 };
 

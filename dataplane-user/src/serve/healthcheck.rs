@@ -22,7 +22,7 @@ use std::{
 
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-use crate::{compiler::HealthCheck, metrics::Metrics};
+use crate::{compiler::HealthCheck, serve::metrics::Metrics};
 
 /// A Service's health-check server.
 struct Instance {

@@ -246,7 +246,7 @@ mod tests {
 
     use super::*;
 
-    include!("../tests/data/categorize_cases.rs");
+    include!("../../tests/data/categorize_cases.rs");
 
     /// What categorizing reads of a case's endpoint.
     fn facts(e: &Ep) -> EndpointFacts {

@@ -11,7 +11,7 @@ use clap::{Parser, Subcommand};
 
 use crate::{
     compiler::NodePortAddresses,
-    interfaces::{Selection, SelectionError},
+    kernel::interfaces::{Selection, SelectionError},
     kernel::{AttachMode, Capacities, XdpChoice},
     writer::Limits,
 };
@@ -154,8 +154,8 @@ pub struct MaglevArgs {
     /// frontend (its slots), so every node picks the same backend for a flow: one
     /// of the primes 251, 509, 1021, 2039, 4093, 8191, 16381, 32749, 65521, 131071.
     /// Each table takes this many slots of --max-slots.
-    #[arg(long, default_value_t = crate::maglev::TableSize::DEFAULT)]
-    pub maglev_table_size: crate::maglev::TableSize,
+    #[arg(long, default_value_t = crate::writer::maglev::TableSize::DEFAULT)]
+    pub maglev_table_size: crate::writer::maglev::TableSize,
     /// No Maglev tables: those frontends place their backends as ClusterIPs do (one
     /// slot each, fewest moves on a change), which differs from node to node.
     #[arg(long, conflicts_with = "maglev_table_size")]
@@ -194,7 +194,7 @@ impl ExternalArgs {
 
 impl MaglevArgs {
     /// The compiler's `maglev` option.
-    pub fn table_size(&self) -> Option<crate::maglev::TableSize> {
+    pub fn table_size(&self) -> Option<crate::writer::maglev::TableSize> {
         (!self.no_maglev).then_some(self.maglev_table_size)
     }
 }

@@ -16,11 +16,11 @@ use dataplane_common::{BackendCounters, FrontendCounters};
 
 use crate::{
     agent::Pipeline,
-    cli::From,
+    cmd::cli::From,
     compiler::{any_backend_addr, any_frontend_addr, FrontendKey, Incremental},
+    kernel::packet::{self, PacketSpec, PacketSpec6, TCP_SYN},
     kernel::summed,
     kernel::{Capacities, Datapath, KernelError, PinDir, Role, TC_ACT_REDIRECT, TC_ACT_SHOT},
-    packet::{self, PacketSpec, PacketSpec6, TCP_SYN},
     writer::{KernelState, MapWriter},
 };
 
@@ -425,7 +425,7 @@ pub enum TraceError {
 /// The client a trace sends from and the frontend it sends to, checked: one family
 /// (`src` with no port gets [`default_src`]'s).
 pub fn endpoints(
-    src: crate::cli::TraceSource,
+    src: crate::cmd::cli::TraceSource,
     dst: SocketAddr,
 ) -> Result<(SocketAddr, SocketAddr), TraceError> {
     if src.ip.is_ipv4() != dst.is_ipv4() {

@@ -15,7 +15,7 @@ use std::{
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::{audit::AuditReport, health::Health};
+use crate::{serve::health::Health, writer::audit::AuditReport};
 
 use prometheus_client::{
     encoding::text::encode,
@@ -122,7 +122,7 @@ pub enum Ask {
 
 impl Default for Metrics {
     fn default() -> Self {
-        Self::new(crate::health::DEFAULT_TIMEOUT)
+        Self::new(crate::serve::health::DEFAULT_TIMEOUT)
     }
 }
 

@@ -8,7 +8,7 @@
 //! counted, and repaired by writing what the writer holds, in the writer's order
 //! (backends, slots, names, service entries; removals last), so a packet never sees
 //! a slot pointing at a missing backend because of the repair. `SOURCE_RANGES` is
-//! audited the same way by its own writer (`crate::ranges::RangeWriter::audit`).
+//! audited the same way by its own writer (`crate::writer::ranges::RangeWriter::audit`).
 
 use std::collections::BTreeMap;
 
@@ -342,7 +342,7 @@ mod tests {
     use super::*;
     use crate::{
         compiler::{self, Frontend},
-        memory_maps::MemoryMaps,
+        writer::memory_maps::MemoryMaps,
         writer::Limits,
     };
     use dataplane_common::{Backend, SlotKey};
