@@ -1,4 +1,5 @@
-//! `cargo xtask`: set-up, kernel object build, lint, tests and the demo.
+//! `cargo xtask`: set-up, kernel object build, lint, generated references, tests and
+//! the demo.
 //!
 //! Kept free of the project's own crates so it builds before the eBPF toolchain is
 //! set up; everything else runs as cargo or the set-up script.
@@ -31,6 +32,9 @@ enum Task {
     BuildEbpf,
     /// fmt check and clippy with -D warnings, the eBPF crate on its own target.
     Lint,
+    /// Regenerate the references under docs/reference (CLI, metrics, kernel exit
+    /// reasons) from the code; `tests/tests/reference.rs` fails while they are stale.
+    Docs,
     /// Everything: set-up, lint, unit, program, node-lab and cluster-lab tests, then
     /// the VM tier on Debian's 6.1 kernel.
     Test,
@@ -109,6 +113,7 @@ fn main() -> Result<()> {
             build_ebpf()?;
             lint()
         }
+        Task::Docs => docs(),
         Task::Test => {
             setup(&root)?;
             build_ebpf()?;
@@ -277,6 +282,17 @@ fn lint() -> Result<()> {
         .args(["-Z", "build-std=core", "--target", "bpfel-unknown-none"])
         .env("CARGO_TARGET_DIR", "target/ebpf")
         .args(["--", "-D", "warnings"]))
+}
+
+/// Renders docs/reference from the code: the reference tests of the `tests` crate,
+/// told to write the files instead of comparing them (they need no root, no kernel
+/// object and no set-up).
+fn docs() -> Result<()> {
+    run(cargo()
+        .args(["test", "--package", "tests", "--test", "reference"])
+        .env("SLICEWAY_WRITE_REFERENCE", "1"))?;
+    eprintln!("docs/reference: cli.md, metrics.md and exit-reasons.md written; commit them");
+    Ok(())
 }
 
 fn require_root(what: &str) -> Result<()> {
