@@ -28,7 +28,8 @@ struct Cli {
 enum Task {
     /// Install what building and testing need (idempotent; quiet when all is there).
     Setup,
-    /// Build the kernel object (nightly, bpfel-unknown-none, bpf-linker).
+    /// Build the kernel object (the nightly of `ebpf-toolchain`, bpfel-unknown-none,
+    /// bpf-linker).
     BuildEbpf,
     /// fmt check and clippy with -D warnings, the eBPF crate on its own target.
     Lint,
@@ -214,7 +215,12 @@ fn cargo() -> Command {
     Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
 
-/// The nightly cargo, with the outer cargo's environment removed.
+/// The dated nightly that builds and lints the kernel crate, pinned in one file
+/// (`ebpf-toolchain`, also read by the set-up script, the agent's build script and
+/// the image build): the kernel programs' stack frames are budgeted to the byte.
+const EBPF_TOOLCHAIN: &str = include_str!("../../ebpf-toolchain");
+
+/// The pinned nightly's cargo, with the outer cargo's environment removed.
 fn nightly_cargo() -> Command {
     let mut cmd = Command::new("cargo");
     for (key, _) in env::vars_os() {
@@ -223,7 +229,7 @@ fn nightly_cargo() -> Command {
             cmd.env_remove(key);
         }
     }
-    cmd.arg("+nightly");
+    cmd.arg(format!("+{}", EBPF_TOOLCHAIN.trim()));
     cmd
 }
 
