@@ -66,7 +66,8 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Benchmarks against kube-proxy's iptables and nftables rules; writes target/bench.
+    /// Benchmarks against kube-proxy's iptables and nftables rules; writes target/bench
+    /// and a copy of the report into bench/results/<date>-<commit>[-quick].
     /// `bench scale [--services N] [--pods-per-service N] [--nodes N] [--changes N]
     /// [--profile FILE] [--json] [--controller sliceway|kube-controller-manager]`: the
     /// controller's CPU per Pod change on the real API server filled with that many
