@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs what building and testing sliceway needs, idempotently and quietly when
 # everything is already present: Debian packages for the node lab, the dated nightly
-# toolchain pinned in `ebpf-toolchain` with rust-src for the kernel crate, and a pinned
-# bpf-linker built against that nightly's own libLLVM (bpf-linker's LLVM must match
-# the nightly's major version).
+# pinned in `ebpf-toolchain` with rust-src and clippy for the kernel crate, and a
+# pinned bpf-linker built against that nightly's own libLLVM (bpf-linker's LLVM must
+# match the nightly's major version).
 set -euo pipefail
 
 # The one place the kernel crate's nightly is named (xtask, the agent's build script
@@ -42,15 +42,18 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# --- the pinned nightly with rust-src ----------------------------------------------
+# --- the pinned nightly with rust-src (build-std) and clippy (`cargo xtask lint`) ----
 if ! rustup run "$TOOLCHAIN" rustc --version >/dev/null 2>&1; then
-  say "installing the toolchain $TOOLCHAIN with rust-src (ebpf-toolchain)"
-  rustup toolchain install "$TOOLCHAIN" --profile minimal --component rust-src >/dev/null
+  say "installing the toolchain $TOOLCHAIN with rust-src and clippy (ebpf-toolchain)"
+  rustup toolchain install "$TOOLCHAIN" --profile minimal --component rust-src,clippy >/dev/null
 fi
-if ! rustup component list --toolchain "$TOOLCHAIN" --installed 2>/dev/null | grep -q '^rust-src'; then
-  say "adding rust-src to the toolchain $TOOLCHAIN"
-  rustup component add rust-src --toolchain "$TOOLCHAIN" >/dev/null
-fi
+installed=$(rustup component list --toolchain "$TOOLCHAIN" --installed 2>/dev/null)
+for component in rust-src clippy; do
+  if ! grep -q "^$component" <<<"$installed"; then
+    say "adding $component to the toolchain $TOOLCHAIN"
+    rustup component add "$component" --toolchain "$TOOLCHAIN" >/dev/null
+  fi
+done
 
 # --- bpf-linker, linked against the pinned nightly's libLLVM ------------------------------
 llvm_major=$(rustc "+$TOOLCHAIN" -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')

@@ -606,7 +606,7 @@ fn publish_counters(dp: &Datapath, m: &Metrics, writer: &MapWriter, per_backend:
                 crate::metrics::frontend_labels(
                     &p.service.namespace,
                     &p.service.name,
-                    &p.service.port.to_string(),
+                    &p.service.port,
                     &compiler::any_frontend_addr(key),
                 )
             },
