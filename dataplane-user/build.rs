@@ -1,6 +1,7 @@
 //! Builds the kernel object (crate `dataplane-ebpf`) and hands its path to the agent,
-//! which embeds it. The same command is `cargo xtask build-ebpf`; it needs the nightly
-//! toolchain with rust-src and bpf-linker, which `cargo xtask setup` installs.
+//! which embeds it. The same command is `cargo xtask build-ebpf`; it needs the pinned
+//! nightly toolchain (the file `ebpf-toolchain` at the root) with rust-src and
+//! bpf-linker, which `cargo xtask setup` installs.
 use std::{env, path::PathBuf, process::Command};
 
 fn main() {
@@ -12,7 +13,11 @@ fn main() {
     for dir in ["dataplane-ebpf/src", "dataplane-common/src"] {
         println!("cargo:rerun-if-changed={}", root.join(dir).display());
     }
-    for file in ["dataplane-ebpf/Cargo.toml", "dataplane-common/Cargo.toml"] {
+    for file in [
+        "dataplane-ebpf/Cargo.toml",
+        "dataplane-common/Cargo.toml",
+        "ebpf-toolchain",
+    ] {
         println!("cargo:rerun-if-changed={}", root.join(file).display());
     }
     println!("cargo:rerun-if-env-changed=SLICEWAY_EBPF_OBJECT");
@@ -27,6 +32,10 @@ fn main() {
     }
 
     let target_dir = root.join("target").join("ebpf");
+    // The dated nightly the kernel crate is built with, pinned in one file: its stack
+    // frames are budgeted to the byte, and a moving nightly can break them.
+    let toolchain = std::fs::read_to_string(root.join("ebpf-toolchain"))
+        .unwrap_or_else(|e| panic!("reading ebpf-toolchain at the workspace root: {e}"));
     let mut cmd = Command::new("cargo");
     // Start from a clean cargo environment: the outer build's variables (its rustc,
     // wrappers such as clippy's, its flags and target) must not leak into the inner one.
@@ -42,13 +51,8 @@ fn main() {
         }
     }
     cmd.current_dir(&root)
-        .args([
-            "+nightly",
-            "build",
-            "--package",
-            "dataplane-ebpf",
-            "--release",
-        ])
+        .arg(format!("+{}", toolchain.trim()))
+        .args(["build", "--package", "dataplane-ebpf", "--release"])
         .args(["-Z", "build-std=core", "--target", "bpfel-unknown-none"])
         .env("CARGO_TARGET_DIR", &target_dir)
         .env("RUSTFLAGS", "-C debuginfo=2 -C link-arg=--btf");
@@ -58,7 +62,7 @@ fn main() {
     if !status.success() {
         panic!(
             "building the kernel object (crate dataplane-ebpf) failed; run `cargo xtask build-ebpf`, \
-             which installs the nightly rust-src and bpf-linker it needs, and shows the error"
+             which installs the pinned nightly with rust-src and the bpf-linker it needs, and shows the error"
         );
     }
     let obj = target_dir.join("bpfel-unknown-none/release/sliceway");

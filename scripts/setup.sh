@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # Installs what building and testing sliceway needs, idempotently and quietly when
-# everything is already present: Debian packages for the node lab, the nightly
-# toolchain's rust-src for the kernel crate, and a pinned bpf-linker built against the
-# nightly's own libLLVM (bpf-linker's LLVM must match the nightly's major version).
+# everything is already present: Debian packages for the node lab, the dated nightly
+# pinned in `ebpf-toolchain` with rust-src and clippy for the kernel crate, and a
+# pinned bpf-linker built against that nightly's own libLLVM (bpf-linker's LLVM must
+# match the nightly's major version).
 set -euo pipefail
+
+# The one place the kernel crate's nightly is named (xtask, the agent's build script
+# and deploy/Dockerfile read the same file).
+TOOLCHAIN=$(tr -d '[:space:]' < "$(dirname "${BASH_SOURCE[0]}")/../ebpf-toolchain")
 
 BPF_LINKER_VERSION=0.13.0
 TOOLS_DIR="${SLICEWAY_TOOLS:-${CARGO_HOME:-$HOME/.cargo}}"
@@ -37,25 +42,29 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# --- nightly toolchain with rust-src ----------------------------------------------
-if ! rustup run nightly rustc --version >/dev/null 2>&1; then
-  say "installing the nightly toolchain"
-  rustup toolchain install nightly --profile minimal >/dev/null
+# --- the pinned nightly with rust-src (build-std) and clippy (`cargo xtask lint`) ----
+if ! rustup run "$TOOLCHAIN" rustc --version >/dev/null 2>&1; then
+  say "installing the toolchain $TOOLCHAIN with rust-src and clippy (ebpf-toolchain)"
+  rustup toolchain install "$TOOLCHAIN" --profile minimal --component rust-src,clippy >/dev/null
 fi
-if ! rustup component list --toolchain nightly --installed 2>/dev/null | grep -q '^rust-src'; then
-  say "adding rust-src to the nightly toolchain"
-  rustup component add rust-src --toolchain nightly >/dev/null
-fi
+installed=$(rustup component list --toolchain "$TOOLCHAIN" --installed 2>/dev/null)
+for component in rust-src clippy; do
+  if ! grep -q "^$component" <<<"$installed"; then
+    say "adding $component to the toolchain $TOOLCHAIN"
+    rustup component add "$component" --toolchain "$TOOLCHAIN" >/dev/null
+  fi
+done
 
-# --- bpf-linker, linked against the nightly's libLLVM ------------------------------
-llvm_major=$(rustc +nightly -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')
+# --- bpf-linker, linked against the pinned nightly's libLLVM ------------------------------
+llvm_major=$(rustc "+$TOOLCHAIN" -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')
 linker="$TOOLS_DIR/bin/bpf-linker"
 stamp="$TOOLS_DIR/bin/.bpf-linker-llvm"
+# `--version` also fails when the libLLVM its rpath names is gone (a toolchain removed).
 if [ -x "$linker" ] && "$linker" --version 2>/dev/null | grep -qF "$BPF_LINKER_VERSION" \
    && [ "$(cat "$stamp" 2>/dev/null)" = "$llvm_major" ]; then
   exit 0
 fi
-sysroot=$(rustc +nightly --print sysroot)
+sysroot=$(rustc "+$TOOLCHAIN" --print sysroot)
 libllvm=$(ls "$sysroot"/lib/libLLVM.so.* 2>/dev/null | head -n 1)
 if [ -z "$libllvm" ]; then
   say "no libLLVM in $sysroot/lib: cannot build bpf-linker against the nightly's LLVM"

@@ -25,6 +25,7 @@ pub mod node;
 pub mod plot;
 pub mod real;
 pub mod report;
+pub mod results;
 pub mod scale;
 pub mod stats;
 pub mod wake;
@@ -333,10 +334,19 @@ impl<T> Outcome<T> {
 }
 
 /// Where and on what the run happened.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct Environment {
+    /// The day the run began, UTC (`YYYY-MM-DD`).
+    pub date: String,
+    /// The short commit the binaries were built from (`unknown` outside a git
+    /// checkout).
+    pub commit: String,
+    /// Whether the checkout had uncommitted changes to tracked files.
+    pub dirty: bool,
     pub kernel: String,
     pub cpus: usize,
+    /// The machine's memory (`7.8 GiB`).
+    pub memory: String,
     pub iptables: String,
     pub nft: String,
     pub agent_build: String,
@@ -436,9 +446,22 @@ pub fn run(cfg: &Config, out: &Path) -> Result<Report> {
     };
     progress(&awake.description);
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let commit = command_line("git", &["rev-parse", "--short", "HEAD"]);
     let environment = Environment {
+        date: command_line("date", &["-u", "+%F"]),
+        commit: if commit == "not found" {
+            "unknown".into()
+        } else {
+            commit
+        },
+        dirty: command_line("git", &["status", "--porcelain", "--untracked-files=no"])
+            != "not found",
         kernel: command_line("uname", &["-r"]),
         cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        memory: std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| results::memory(&m))
+            .unwrap_or_else(|| "unknown".into()),
         iptables: command_line("iptables-restore", &["--version"]),
         nft: command_line("nft", &["--version"]),
         agent_build: if cfg!(debug_assertions) {

@@ -52,12 +52,16 @@ struct Cli {
     fig7_rate_step_ms: Option<u64>,
     /// Leave the cores' idle states alone: by default the run holds
     /// /dev/cpu_dma_latency at 0 µs, so idle cores poll instead of halting and a
-    /// wake-up does not wait for a core to come back (see the report's first line).
+    /// wake-up does not wait for a core to come back (see the report's header).
     #[arg(long)]
     idle_states: bool,
     /// Where the report and plots go (and, for `scale`, the cluster's state).
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
+    /// Also copy report.md and report.json into DIR/<YYYY-MM-DD>-<short commit>[-quick]/
+    /// (`cargo xtask bench` passes bench/results), to be committed.
+    #[arg(long, value_name = "DIR")]
+    results: Option<PathBuf>,
     #[command(subcommand)]
     command: Option<Cmd>,
 }
@@ -165,6 +169,16 @@ fn main() -> Result<()> {
         "\nWritten: {}/report.md, report.json and the plots.",
         cli.out.display()
     );
+    if let Some(results) = &cli.results {
+        if let Some(dir) =
+            bench::results::save(results, &cli.out, &report.environment, config.mode)?
+        {
+            println!(
+                "Copied report.md and report.json into {} (commit them).",
+                dir.display()
+            );
+        }
+    }
     if !report.complete() {
         bail!("some figures could not be measured (see the report)");
     }

@@ -524,16 +524,34 @@ fn fig2_notes(m: &mut String, f: &Fig2) {
     }
 }
 
+/// The report's first line: when, at which commit and on what machine it ran.
+pub fn header(e: &crate::Environment) -> String {
+    format!(
+        "Run on {} at commit {}{}; machine: {} CPUs, {} of memory, kernel {}.\n",
+        e.date,
+        e.commit,
+        if e.dirty {
+            " (with uncommitted changes)"
+        } else {
+            ""
+        },
+        e.cpus,
+        e.memory,
+        e.kernel
+    )
+}
+
 /// The report as Markdown. `plots` are the PNG files written, for links.
 pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
     let mut m = String::new();
     let e = &r.environment;
     let _ = writeln!(m, "# sliceway benchmarks ({:?} run)\n", r.config.mode);
+    let _ = writeln!(m, "{}", header(e));
     let _ = writeln!(
         m,
-        "Kernel {}, {} CPUs, {}, {}, binaries built as {}; the run took {:.0} s; {}. \
+        "{}, {}, binaries built as {}; the run took {:.0} s; {}. \
          Every figure is the median of repeated runs with [min–max].\n",
-        e.kernel, e.cpus, e.iptables, e.nft, e.agent_build, e.seconds, e.idle
+        e.iptables, e.nft, e.agent_build, e.seconds, e.idle
     );
 
     let _ = writeln!(m, "## Targets\n");
@@ -1226,6 +1244,25 @@ mod tests {
     use super::super::node::{Fig2Row, NotLoaded};
     use super::super::real::{Fig7, Fig7Row};
     use super::*;
+
+    #[test]
+    fn the_header_names_date_commit_and_machine() {
+        let mut e = crate::Environment {
+            date: "2026-12-01".into(),
+            commit: "c161e47".into(),
+            kernel: "6.18.0".into(),
+            cpus: 2,
+            memory: "7.8 GiB".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            super::header(&e),
+            "Run on 2026-12-01 at commit c161e47; machine: 2 CPUs, 7.8 GiB of memory, \
+             kernel 6.18.0.\n"
+        );
+        e.dirty = true;
+        assert!(super::header(&e).contains("c161e47 (with uncommitted changes);"));
+    }
 
     #[test]
     fn figure_2_names_a_side_measured_on_a_busy_machine_and_a_baseline_not_loaded() {

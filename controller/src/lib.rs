@@ -6,6 +6,7 @@
 //! the cluster; [`local`] (a directory of YAML) and [`controller`] (a real API server
 //! through kube-rs) are the edges that feed snapshots in and apply plans out.
 
+pub mod cli;
 pub mod controller;
 pub mod endpoints;
 pub mod events;

@@ -237,6 +237,31 @@ impl Metrics {
         let _ = encode(&mut out, &self.registry);
         out
     }
+
+    /// Metrics with one series in every family, each made by the code that makes it
+    /// in the controller: the generated metrics reference
+    /// (`docs/reference/metrics.md`) is rendered from them, since a family without a
+    /// series is not encoded.
+    pub fn with_one_series_each() -> Self {
+        let m = Self::new();
+        m.sync("ok");
+        m.applied(&Plan {
+            create: vec![crate::plan::Object::Endpoints(Default::default())],
+            ..Default::default()
+        });
+        let mut outcome = Outcome::default();
+        outcome.services.insert(
+            ("default".into(), "web".into()),
+            crate::store::ServiceReport::default(),
+        );
+        outcome
+            .retry
+            .push((("default".into(), "web".into()), "pod_node_unknown".into()));
+        m.record_pass(&outcome, &[]);
+        m.sync_cpu.inc_by(1.0);
+        m.reconcile_cpu.inc_by(1.0);
+        m
+    }
 }
 
 impl conventions::http::Status for Metrics {
@@ -369,6 +394,31 @@ mod tests {
         assert!(m.render().contains("service=\"web\""));
         m.forget_service("default", "web");
         assert!(!m.render().contains("service=\"web\""), "{}", m.render());
+    }
+
+    /// The reference's example has a series in every family the controller
+    /// registers (the registry's debug form lists each registration; a family without
+    /// a series would be missing from `docs/reference/metrics.md`), and each family's
+    /// series carry one set of labels.
+    #[test]
+    fn the_reference_example_has_a_series_in_every_family() {
+        let m = Metrics::with_one_series_each();
+        let registered = format!("{:?}", m.registry).matches("Descriptor {").count();
+        let text = m.render();
+        let families = conventions::exposition::families(&text);
+        assert_eq!(
+            families.len(),
+            registered,
+            "families with a series in Metrics::with_one_series_each: {:?}",
+            families.iter().map(|f| &f.name).collect::<Vec<_>>()
+        );
+        for (family, sets) in conventions::exposition::series_labels(&text) {
+            assert_eq!(
+                sets.len(),
+                1,
+                "{family}'s series carry different labels: {sets:?}"
+            );
+        }
     }
 
     #[test]

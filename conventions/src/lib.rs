@@ -2,8 +2,10 @@
 //! Kubernetes and with each other: the well-known labels and annotations
 //! ([`labels`]), how a directory of manifests is read ([`manifests`]), the API
 //! server's rules an object read from a file must pass ([`validate`]), and the
-//! `/metrics` and `/healthz` endpoint ([`http`]).
+//! `/metrics` and `/healthz` endpoint ([`http`]) and what it serves, read back
+//! ([`exposition`]).
 
+pub mod exposition;
 pub mod http;
 pub mod labels;
 pub mod lean;

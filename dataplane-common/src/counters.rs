@@ -57,159 +57,153 @@ impl BackendCounters {
 }
 
 /// Slots of the per-CPU `STATS` array: every exit of a program is counted once,
-/// by verdict and reason.
+/// by verdict and reason. Each slot's constant, its name (what `list` and the
+/// metrics print) and its doc comment (the generated exit-reason reference,
+/// `docs/reference/exit-reasons.md`) come from one list.
 pub mod stat {
-    /// Neither IPv4 nor IPv6 (or IPv6 whose program could not be reached: the kernel
-    /// refused it, or the agent has not loaded it yet): passed untouched.
-    pub const PASS_NOT_IPV4: u32 = 0;
-    /// Neither TCP, UDP nor SCTP, nor an ICMP or ICMPv6 error about a translated
-    /// connection: passed untouched.
-    pub const PASS_NOT_L4: u32 = 1;
-    /// A non-first fragment of a datagram whose first fragment was seen, to no
-    /// frontend and no tracked connection: passed untouched.
-    pub const PASS_FRAGMENT: u32 = 2;
-    /// Destination is not a frontend and the flow is not a reply: passed.
-    pub const PASS_NO_SERVICE: u32 = 3;
-    /// First packet of a flow: backend chosen, conntrack written, DNAT.
-    pub const DNAT_NEW: u32 = 4;
-    /// Later packet of a tracked flow: DNAT to the tracked backend.
-    pub const DNAT_ESTABLISHED: u32 = 5;
-    /// Reply from a backend: source rewritten back to the frontend.
-    pub const REVNAT: u32 = 6;
-    /// Frontend with no backend: dropped.
-    pub const DROP_NO_BACKEND: u32 = 7;
-    /// Truncated or malformed header: dropped.
-    pub const DROP_MALFORMED: u32 = 8;
-    /// A slot or backend entry the service published is missing (the agent is mid
-    /// update or a map is inconsistent): dropped rather than sent untranslated.
-    pub const DROP_MISSING_BACKEND: u32 = 9;
-    /// A rewrite helper failed: dropped.
-    pub const DROP_REWRITE: u32 = 10;
-    /// Conntrack insert failed: dropped.
-    pub const DROP_CONNTRACK: u32 = 11;
-    /// A packet from a backend whose conntrack entry belongs to no live connection
-    /// (its forward entry is gone, expired, closed or names another reply tuple):
-    /// passed untouched, the stale entry removed.
-    pub const PASS_STALE_CONNTRACK: u32 = 12;
-    /// A new connection whose reply tuple a live connection holds (two frontends
-    /// sharing a backend, one client port) got a source port of its own.
-    pub const DNAT_PORT_REMAPPED: u32 = 13;
-    /// Such a connection for which no free source port was found: dropped.
-    pub const DROP_CT_CLASH: u32 = 14;
-    /// A non-first fragment whose first fragment was never seen (its ports unknown),
-    /// or whose first fragment made no connection to a frontend or ClusterIP it is
-    /// addressed to: dropped, so nothing reaches a VIP untranslated.
-    pub const DROP_FRAGMENT_ORPHAN: u32 = 15;
-    /// A non-first fragment of a translated datagram: its addresses translated as
-    /// the first fragment's were.
-    pub const NAT_FRAGMENT: u32 = 16;
-    /// An ICMP or ICMPv6 error about a translated connection: the quoted packet (and
-    /// the error's source, if it was the backend) translated back.
-    pub const NAT_ICMP_ERROR: u32 = 17;
-    /// Frontend without endpoints anywhere: ICMP port unreachable sent back.
-    pub const REJECT_NO_BACKEND: u32 = 18;
-    /// A ClusterIP on a port or protocol its Service does not declare: ICMP port
-    /// unreachable sent back.
-    pub const REJECT_NO_PORT: u32 = 19;
-    /// A reject whose reply could not be built (IP options, a helper failed):
-    /// dropped instead.
-    pub const DROP_REJECT: u32 = 20;
-    /// A socket of the node connected (or sent a datagram) to a frontend and was
-    /// given a backend's address instead (the socket programs).
-    pub const SOCK_TRANSLATED: u32 = 21;
-    /// A socket of the node connected or sent to a frontend without backends: refused
-    /// (`connect` and `sendmsg` fail with EPERM).
-    pub const SOCK_REJECT_NO_BACKEND: u32 = 22;
-    /// A socket of the node connected or sent to a ClusterIP on a port or protocol
-    /// its Service does not declare: refused (EPERM).
-    pub const SOCK_REJECT_NO_PORT: u32 = 23;
-    /// A datagram's source or a socket's peer name shown as the frontend the socket
-    /// asked for, not the backend that answered.
-    pub const SOCK_REVNAT: u32 = 24;
-    /// First packet of a connection from outside the node (uplink program): backend
-    /// chosen, the source masqueraded to the node's address and a port of its own
-    /// (`NatConfig`), DNAT.
-    pub const DNAT_MASQUERADED: u32 = 25;
-    /// Such a connection for which no free source port was found among the tries:
-    /// dropped, never sent with a tuple another connection holds.
-    pub const DROP_SNAT_EXHAUSTED: u32 = 26;
-    /// Such a connection while the agent knows no address of the node: dropped.
-    pub const DROP_NO_NODE_ADDR: u32 = 27;
-    /// A new connection to a load-balancer IP from a source outside its Service's
-    /// `loadBalancerSourceRanges`: dropped (kube-proxy's firewall chain).
-    pub const DROP_SOURCE_RANGE: u32 = 28;
-    /// The XDP program left the packet, untouched, to the TC program of its
-    /// interface, which counts it again: an ICMP error, SCTP, a packet to reject, or
-    /// IPv6 (TC's alone).
-    pub const XDP_TO_TC: u32 = 29;
-    /// The uplink's TC program saw a packet the XDP program had decided (and
-    /// counted): passed at once.
-    pub const PASS_XDP_DECIDED: u32 = 30;
-    /// A new connection from outside to a frontend with direct server return: sent
-    /// on with the client's own address and the frontend in an IPv4 option (IPv6: a
-    /// destination options header).
-    pub const DNAT_DSR: u32 = 31;
-    /// Such a connection could not get its option (the IPv4 header holds too many
-    /// options already, or the kernel refused the room; IPv6: the kernel refused
-    /// the room): dropped, never sent on without it. Also a packet carrying the option addressed to a frontend or a
-    /// ClusterIP (the option comes only on translated packets): dropped, never
-    /// passed to the frontend untranslated.
-    pub const DROP_DSR_OPTION: u32 = 32;
-    /// A packet with the option, for a pod of this node: its connection recorded, so
-    /// the pod's replies leave with the frontend as their source.
-    pub const DSR_ACCEPTED: u32 = 33;
-    /// A packet with the option that names no frontend of this node, or whose reply
-    /// tuple a live connection holds: passed untouched, nothing recorded.
-    pub const PASS_DSR_REFUSED: u32 = 34;
-    /// An IPv6 packet with more extension headers before its transport header than
-    /// the programs walk (`IPV6_EXT_MAX`): dropped, never passed to a frontend
-    /// untranslated.
-    pub const DROP_IPV6_EXT_CHAIN: u32 = 35;
-    /// A pod's TCP connect to a frontend with backends, translated at the socket
-    /// (`--socket-lb-pods`): its packets go straight to the backend, past the TC
-    /// program's translation.
-    pub const SOCK_TRANSLATED_POD: u32 = 36;
-    /// Number of slots.
-    pub const COUNT: u32 = 37;
+    /// Defines the slot constants in order (each `NAME = number`, numbered from 0),
+    /// `COUNT`, `NAMES` (the constants' names in lower case) and `DOCS` (their doc
+    /// comments, line by line).
+    macro_rules! slots {
+        ($($(#[doc = $doc:literal])* $name:ident = $n:literal => $text:literal,)*) => {
+            $($(#[doc = $doc])* pub const $name: u32 = $n;)*
+            /// Number of slots.
+            pub const COUNT: u32 = [$($n),*].len() as u32;
+            /// Names, indexed by slot, as `list` and metrics print them.
+            pub const NAMES: [&str; COUNT as usize] = [$($text),*];
+            /// Each slot's doc comment, line by line, indexed by slot.
+            pub const DOCS: [&[&str]; COUNT as usize] = [$(&[$($doc),*]),*];
+            // The numbers are the slots' places in the list (0, 1, 2, ...) and each
+            // name is its constant's in lower case.
+            const _: () = {
+                let numbers = [$($n),*];
+                let idents = [$(stringify!($name)),*];
+                let mut i = 0;
+                while i < numbers.len() {
+                    assert!(numbers[i] as usize == i, "stat slots are numbered in order from 0");
+                    let (ident, name) = (idents[i].as_bytes(), NAMES[i].as_bytes());
+                    assert!(ident.len() == name.len(), "a stat name is its constant's");
+                    let mut j = 0;
+                    while j < ident.len() {
+                        assert!(ident[j].to_ascii_lowercase() == name[j], "a stat name is its constant's");
+                        j += 1;
+                    }
+                    i += 1;
+                }
+            };
+        };
+    }
 
-    /// Names, indexed by slot, as `list` and metrics print them.
-    pub const NAMES: [&str; COUNT as usize] = [
-        "pass_not_ipv4",
-        "pass_not_l4",
-        "pass_fragment",
-        "pass_no_service",
-        "dnat_new",
-        "dnat_established",
-        "revnat",
-        "drop_no_backend",
-        "drop_malformed",
-        "drop_missing_backend",
-        "drop_rewrite",
-        "drop_conntrack",
-        "pass_stale_conntrack",
-        "dnat_port_remapped",
-        "drop_ct_clash",
-        "drop_fragment_orphan",
-        "nat_fragment",
-        "nat_icmp_error",
-        "reject_no_backend",
-        "reject_no_port",
-        "drop_reject",
-        "sock_translated",
-        "sock_reject_no_backend",
-        "sock_reject_no_port",
-        "sock_revnat",
-        "dnat_masqueraded",
-        "drop_snat_exhausted",
-        "drop_no_node_addr",
-        "drop_source_range",
-        "xdp_to_tc",
-        "pass_xdp_decided",
-        "dnat_dsr",
-        "drop_dsr_option",
-        "dsr_accepted",
-        "pass_dsr_refused",
-        "drop_ipv6_ext_chain",
-        "sock_translated_pod",
-    ];
+    slots! {
+        /// Neither IPv4 nor IPv6 (or IPv6 whose program could not be reached: the kernel
+        /// refused it, or the agent has not loaded it yet): passed untouched.
+        PASS_NOT_IPV4 = 0 => "pass_not_ipv4",
+        /// Neither TCP, UDP nor SCTP, nor an ICMP or ICMPv6 error about a translated
+        /// connection: passed untouched.
+        PASS_NOT_L4 = 1 => "pass_not_l4",
+        /// A non-first fragment of a datagram whose first fragment was seen, to no
+        /// frontend and no tracked connection: passed untouched.
+        PASS_FRAGMENT = 2 => "pass_fragment",
+        /// Destination is not a frontend and the flow is not a reply: passed.
+        PASS_NO_SERVICE = 3 => "pass_no_service",
+        /// First packet of a flow: backend chosen, conntrack written, DNAT.
+        DNAT_NEW = 4 => "dnat_new",
+        /// Later packet of a tracked flow: DNAT to the tracked backend.
+        DNAT_ESTABLISHED = 5 => "dnat_established",
+        /// Reply from a backend: source rewritten back to the frontend.
+        REVNAT = 6 => "revnat",
+        /// Frontend with no backend: dropped.
+        DROP_NO_BACKEND = 7 => "drop_no_backend",
+        /// Truncated or malformed header: dropped.
+        DROP_MALFORMED = 8 => "drop_malformed",
+        /// A slot or backend entry the service published is missing (the agent is mid
+        /// update or a map is inconsistent): dropped rather than sent untranslated.
+        DROP_MISSING_BACKEND = 9 => "drop_missing_backend",
+        /// A rewrite helper failed: dropped.
+        DROP_REWRITE = 10 => "drop_rewrite",
+        /// Conntrack insert failed: dropped.
+        DROP_CONNTRACK = 11 => "drop_conntrack",
+        /// A packet from a backend whose conntrack entry belongs to no live connection
+        /// (its forward entry is gone, expired, closed or names another reply tuple):
+        /// passed untouched, the stale entry removed.
+        PASS_STALE_CONNTRACK = 12 => "pass_stale_conntrack",
+        /// A new connection whose reply tuple a live connection holds (two frontends
+        /// sharing a backend, one client port) got a source port of its own.
+        DNAT_PORT_REMAPPED = 13 => "dnat_port_remapped",
+        /// Such a connection for which no free source port was found: dropped.
+        DROP_CT_CLASH = 14 => "drop_ct_clash",
+        /// A non-first fragment whose first fragment was never seen (its ports unknown),
+        /// or whose first fragment made no connection to a frontend or ClusterIP it is
+        /// addressed to: dropped, so nothing reaches a VIP untranslated.
+        DROP_FRAGMENT_ORPHAN = 15 => "drop_fragment_orphan",
+        /// A non-first fragment of a translated datagram: its addresses translated as
+        /// the first fragment's were.
+        NAT_FRAGMENT = 16 => "nat_fragment",
+        /// An ICMP or ICMPv6 error about a translated connection: the quoted packet (and
+        /// the error's source, if it was the backend) translated back.
+        NAT_ICMP_ERROR = 17 => "nat_icmp_error",
+        /// Frontend without endpoints anywhere: ICMP port unreachable sent back.
+        REJECT_NO_BACKEND = 18 => "reject_no_backend",
+        /// A ClusterIP on a port or protocol its Service does not declare: ICMP port
+        /// unreachable sent back.
+        REJECT_NO_PORT = 19 => "reject_no_port",
+        /// A reject whose reply could not be built (IP options, a helper failed):
+        /// dropped instead.
+        DROP_REJECT = 20 => "drop_reject",
+        /// A socket of the node connected (or sent a datagram) to a frontend and was
+        /// given a backend's address instead (the socket programs).
+        SOCK_TRANSLATED = 21 => "sock_translated",
+        /// A socket of the node connected or sent to a frontend without backends: refused
+        /// (`connect` and `sendmsg` fail with EPERM).
+        SOCK_REJECT_NO_BACKEND = 22 => "sock_reject_no_backend",
+        /// A socket of the node connected or sent to a ClusterIP on a port or protocol
+        /// its Service does not declare: refused (EPERM).
+        SOCK_REJECT_NO_PORT = 23 => "sock_reject_no_port",
+        /// A datagram's source or a socket's peer name shown as the frontend the socket
+        /// asked for, not the backend that answered.
+        SOCK_REVNAT = 24 => "sock_revnat",
+        /// First packet of a connection from outside the node (uplink program): backend
+        /// chosen, the source masqueraded to the node's address and a port of its own
+        /// (`NatConfig`), DNAT.
+        DNAT_MASQUERADED = 25 => "dnat_masqueraded",
+        /// Such a connection for which no free source port was found among the tries:
+        /// dropped, never sent with a tuple another connection holds.
+        DROP_SNAT_EXHAUSTED = 26 => "drop_snat_exhausted",
+        /// Such a connection while the agent knows no address of the node: dropped.
+        DROP_NO_NODE_ADDR = 27 => "drop_no_node_addr",
+        /// A new connection to a load-balancer IP from a source outside its Service's
+        /// `loadBalancerSourceRanges`: dropped (kube-proxy's firewall chain).
+        DROP_SOURCE_RANGE = 28 => "drop_source_range",
+        /// The XDP program left the packet, untouched, to the TC program of its
+        /// interface, which counts it again: an ICMP error, SCTP, a packet to reject, or
+        /// IPv6 (TC's alone).
+        XDP_TO_TC = 29 => "xdp_to_tc",
+        /// The uplink's TC program saw a packet the XDP program had decided (and
+        /// counted): passed at once.
+        PASS_XDP_DECIDED = 30 => "pass_xdp_decided",
+        /// A new connection from outside to a frontend with direct server return: sent
+        /// on with the client's own address and the frontend in an IPv4 option (IPv6: a
+        /// destination options header).
+        DNAT_DSR = 31 => "dnat_dsr",
+        /// Such a connection could not get its option (the IPv4 header holds too many
+        /// options already, or the kernel refused the room; IPv6: the kernel refused
+        /// the room): dropped, never sent on without it. Also a packet carrying the option addressed to a frontend or a
+        /// ClusterIP (the option comes only on translated packets): dropped, never
+        /// passed to the frontend untranslated.
+        DROP_DSR_OPTION = 32 => "drop_dsr_option",
+        /// A packet with the option, for a pod of this node: its connection recorded, so
+        /// the pod's replies leave with the frontend as their source.
+        DSR_ACCEPTED = 33 => "dsr_accepted",
+        /// A packet with the option that names no frontend of this node, or whose reply
+        /// tuple a live connection holds: passed untouched, nothing recorded.
+        PASS_DSR_REFUSED = 34 => "pass_dsr_refused",
+        /// An IPv6 packet with more extension headers before its transport header than
+        /// the programs walk (`IPV6_EXT_MAX`): dropped, never passed to a frontend
+        /// untranslated.
+        DROP_IPV6_EXT_CHAIN = 35 => "drop_ipv6_ext_chain",
+        /// A pod's TCP connect to a frontend with backends, translated at the socket
+        /// (`--socket-lb-pods`): its packets go straight to the backend, past the TC
+        /// program's translation.
+        SOCK_TRANSLATED_POD = 36 => "sock_translated_pod",
+    }
 }

@@ -41,29 +41,43 @@ pub use v6::*;
 #[cfg(feature = "user")]
 mod user {
     use super::*;
-    // SAFETY: every type is `#[repr(C)]` and `bytemuck::Pod`: no padding, any bit
-    // pattern valid.
-    unsafe impl aya::Pod for ServiceKey {}
-    unsafe impl aya::Pod for ServiceValue {}
-    unsafe impl aya::Pod for SlotKey {}
-    unsafe impl aya::Pod for Backend {}
-    unsafe impl aya::Pod for CtKey {}
-    unsafe impl aya::Pod for CtEntry {}
-    unsafe impl aya::Pod for FragKey {}
-    unsafe impl aya::Pod for FragPorts {}
-    unsafe impl aya::Pod for ServiceName {}
-    unsafe impl aya::Pod for AffinityKey {}
-    unsafe impl aya::Pod for AffinityValue {}
-    unsafe impl aya::Pod for FrontendCounters {}
-    unsafe impl aya::Pod for BackendCounters {}
-    unsafe impl aya::Pod for NatConfig {}
-    unsafe impl aya::Pod for SourceRange {}
-    unsafe impl aya::Pod for v1::FlowKey {}
-    unsafe impl aya::Pod for v1::NatTarget {}
-    // IPv6's map types (v6.rs), on the same grounds.
-    unsafe impl aya::Pod for ServiceKey6 {}
-    unsafe impl aya::Pod for Backend6 {}
-    unsafe impl aya::Pod for FragKey6 {}
-    unsafe impl aya::Pod for NatConfig6 {}
-    unsafe impl aya::Pod for SourceRange6 {}
+    /// `T` is `bytemuck::Pod` (checked by the compiler where this is called).
+    const fn is_pod<T: bytemuck::Pod>() {}
+
+    /// `aya::Pod` for map types that are `bytemuck::Pod`.
+    macro_rules! aya_pod {
+        ($($t:ty),* $(,)?) => {$(
+            const _: () = is_pod::<$t>();
+            // SAFETY: `$t` is `bytemuck::Pod` (the line above does not compile
+            // otherwise): `#[repr(C)]`, no padding, every bit pattern valid, which is
+            // what aya needs to copy it to and from a map as bytes.
+            unsafe impl aya::Pod for $t {}
+        )*};
+    }
+
+    aya_pod!(
+        ServiceKey,
+        ServiceValue,
+        SlotKey,
+        Backend,
+        CtKey,
+        CtEntry,
+        FragKey,
+        FragPorts,
+        ServiceName,
+        AffinityKey,
+        AffinityValue,
+        FrontendCounters,
+        BackendCounters,
+        NatConfig,
+        SourceRange,
+        v1::FlowKey,
+        v1::NatTarget,
+        // IPv6's map types (v6.rs).
+        ServiceKey6,
+        Backend6,
+        FragKey6,
+        NatConfig6,
+        SourceRange6,
+    );
 }

@@ -569,9 +569,7 @@ impl Syncer {
         m.audits.inc();
         m.drift_repaired.inc_by(report.repaired as u64);
         for (map, n) in report.per_map() {
-            m.drift_entries
-                .get_or_create(&vec![("map".to_string(), map)])
-                .set(n as i64);
+            m.set_drift(&map, n as i64);
         }
         if report.errors.is_empty() && std::mem::take(&mut self.writes_failed) {
             m.health.updated();
@@ -605,12 +603,12 @@ fn publish_counters(dp: &Datapath, m: &Metrics, writer: &MapWriter, per_backend:
         Some(FrontendCount {
             identity: crate::serve::metrics::identity((key, &p.service)),
             labels: move || {
-                vec![
-                    ("namespace".into(), p.service.namespace.to_string()),
-                    ("service".into(), p.service.name.to_string()),
-                    ("port".into(), p.service.port.to_string()),
-                    ("frontend".into(), compiler::any_frontend_addr(key)),
-                ]
+                crate::serve::metrics::frontend_labels(
+                    &p.service.namespace,
+                    &p.service.name,
+                    &p.service.port,
+                    &compiler::any_frontend_addr(key),
+                )
             },
             counts: *counts.get(p.id as usize)?,
         })
@@ -624,10 +622,10 @@ fn publish_counters(dp: &Datapath, m: &Metrics, writer: &MapWriter, per_backend:
             Some(BackendCount {
                 identity: crate::serve::metrics::identity(b),
                 labels: move || {
-                    vec![
-                        ("backend".into(), compiler::any_backend_addr(b)),
-                        ("protocol".into(), compiler::proto_name(b.proto()).into()),
-                    ]
+                    crate::serve::metrics::backend_labels(
+                        &compiler::any_backend_addr(b),
+                        compiler::proto_name(b.proto()),
+                    )
                 },
                 counts: *counts.get(id as usize)?,
             })
@@ -677,13 +675,7 @@ fn start_datapath(settings: &Settings, m: &Metrics) -> Result<(Datapath, MapWrit
         }
         other => other,
     };
-    m.datapath_info
-        .get_or_create(&vec![
-            ("attach_path".into(), path.as_str().into()),
-            ("pinned_maps".into(), maps.into()),
-            ("socket_lb".into(), sockets.into()),
-        ])
-        .set(1);
+    m.set_datapath_info(path.as_str(), maps, sockets);
     let selection = &settings.interfaces;
     if !selection.is_empty() {
         let present = interfaces::list().map_err(Error::ListInterfaces)?;
@@ -730,12 +722,7 @@ fn attach_sockets(
         Ok(hooks) => {
             for h in hooks {
                 info!(cgroup = %dp.sock_cgroup().map_or(cgroup, |c| c.as_path()).display(), hook = h.hook, how = h.how.as_str(), "socket program attached");
-                m.socket_links
-                    .get_or_create(&vec![
-                        ("hook".into(), h.hook.into()),
-                        ("how".into(), h.how.as_str().into()),
-                    ])
-                    .set(1);
+                m.set_socket_link(h.hook, h.how.as_str());
             }
             "attached"
         }

@@ -1,6 +1,7 @@
 //! `cargo xtask bench`: set up, build the kernel object and the release binaries, then
 //! run `sliceway-bench`, which writes `target/bench/report.md`, `report.json` and the
-//! plots, and prints the report. `cargo xtask bench scale ...` (also reached as
+//! plots, copies the two reports into `bench/results/<date>-<commit>[-quick]/` to be
+//! committed, and prints the report. `cargo xtask bench scale ...` (also reached as
 //! `cargo xtask cluster scale ...`) runs `sliceway-bench scale`, on the cluster lab
 //! with upstream's kit and the release controller.
 
@@ -72,6 +73,11 @@ pub fn bench(
     // An `--out` among `extra` is the one passed (sliceway-bench takes one).
     if flag_in(extra, "--out").is_none() {
         cmd.arg("--out").arg(root.join("target/bench"));
+    }
+    // The committed copy of the report (bench/results/<date>-<commit>[-quick]/),
+    // unless the flags say where.
+    if flag_in(extra, "--results").is_none() {
+        cmd.arg("--results").arg(root.join("bench/results"));
     }
     if quick {
         cmd.arg("--quick");

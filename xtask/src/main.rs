@@ -1,4 +1,5 @@
-//! `cargo xtask`: set-up, kernel object build, lint, tests and the demo.
+//! `cargo xtask`: set-up, kernel object build, lint, generated references, tests and
+//! the demo.
 //!
 //! Kept free of the project's own crates so it builds before the eBPF toolchain is
 //! set up; everything else runs as cargo or the set-up script.
@@ -27,10 +28,14 @@ struct Cli {
 enum Task {
     /// Install what building and testing need (idempotent; quiet when all is there).
     Setup,
-    /// Build the kernel object (nightly, bpfel-unknown-none, bpf-linker).
+    /// Build the kernel object (the nightly of `ebpf-toolchain`, bpfel-unknown-none,
+    /// bpf-linker).
     BuildEbpf,
     /// fmt check and clippy with -D warnings, the eBPF crate on its own target.
     Lint,
+    /// Regenerate the references under docs/reference (CLI, metrics, kernel exit
+    /// reasons) from the code; `tests/tests/reference.rs` fails while they are stale.
+    Docs,
     /// Everything: set-up, lint, unit, program, node-lab and cluster-lab tests, then
     /// the VM tier on Debian's 6.1 kernel.
     Test,
@@ -61,7 +66,8 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Benchmarks against kube-proxy's iptables and nftables rules; writes target/bench.
+    /// Benchmarks against kube-proxy's iptables and nftables rules; writes target/bench
+    /// and a copy of the report into bench/results/<date>-<commit>[-quick].
     /// `bench scale [--services N] [--pods-per-service N] [--nodes N] [--changes N]
     /// [--profile FILE] [--json] [--controller sliceway|kube-controller-manager]`: the
     /// controller's CPU per Pod change on the real API server filled with that many
@@ -109,6 +115,7 @@ fn main() -> Result<()> {
             build_ebpf()?;
             lint()
         }
+        Task::Docs => docs(),
         Task::Test => {
             setup(&root)?;
             build_ebpf()?;
@@ -209,7 +216,12 @@ fn cargo() -> Command {
     Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
 
-/// The nightly cargo, with the outer cargo's environment removed.
+/// The dated nightly that builds and lints the kernel crate, pinned in one file
+/// (`ebpf-toolchain`, also read by the set-up script, the agent's build script and
+/// the image build): the kernel programs' stack frames are budgeted to the byte.
+const EBPF_TOOLCHAIN: &str = include_str!("../../ebpf-toolchain");
+
+/// The pinned nightly's cargo, with the outer cargo's environment removed.
 fn nightly_cargo() -> Command {
     let mut cmd = Command::new("cargo");
     for (key, _) in env::vars_os() {
@@ -218,7 +230,7 @@ fn nightly_cargo() -> Command {
             cmd.env_remove(key);
         }
     }
-    cmd.arg("+nightly");
+    cmd.arg(format!("+{}", EBPF_TOOLCHAIN.trim()));
     cmd
 }
 
@@ -277,6 +289,17 @@ fn lint() -> Result<()> {
         .args(["-Z", "build-std=core", "--target", "bpfel-unknown-none"])
         .env("CARGO_TARGET_DIR", "target/ebpf")
         .args(["--", "-D", "warnings"]))
+}
+
+/// Renders docs/reference from the code: the reference tests of the `tests` crate,
+/// told to write the files instead of comparing them (they need no root, no kernel
+/// object and no set-up).
+fn docs() -> Result<()> {
+    run(cargo()
+        .args(["test", "--package", "tests", "--test", "reference"])
+        .env("SLICEWAY_WRITE_REFERENCE", "1"))?;
+    eprintln!("docs/reference: cli.md, metrics.md and exit-reasons.md written; commit them");
+    Ok(())
 }
 
 fn require_root(what: &str) -> Result<()> {

@@ -168,8 +168,11 @@ pub(super) fn is_fs(path: &Path, magic: i64) -> bool {
     let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
         return false;
     };
-    // SAFETY: statfs fills the zeroed struct; the path is NUL-terminated.
+    // SAFETY: `statfs` is plain old data (integers and arrays of them): all zeroes
+    // is a valid value.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is NUL-terminated and outlives the call; `st` is a valid, writable
+    // `statfs` that the call fills.
     unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == magic }
 }
 

@@ -31,6 +31,28 @@ use prometheus_client::{
 /// A series' labels, in order.
 pub type Labels = Vec<(String, String)>;
 
+fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// The labels of a frontend's counters.
+pub fn frontend_labels(namespace: &str, service: &str, port: &str, frontend: &str) -> Labels {
+    labels(&[
+        ("namespace", namespace),
+        ("service", service),
+        ("port", port),
+        ("frontend", frontend),
+    ])
+}
+
+/// The labels of a backend's counters.
+pub fn backend_labels(backend: &str, protocol: &str) -> Labels {
+    labels(&[("backend", backend), ("protocol", protocol)])
+}
+
 fn link_labels(iface: &str, how: &str, program: &str) -> Labels {
     vec![
         ("interface".into(), iface.into()),
@@ -67,7 +89,7 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for LogCounter {
             _ => return,
         };
         LOG_MESSAGES
-            .get_or_create(&vec![("level".into(), level.into())])
+            .get_or_create(&labels(&[("level", level)]))
             .inc();
     }
 }
@@ -350,6 +372,32 @@ impl Metrics {
             .set(1);
     }
 
+    /// Records how the datapath runs: attach path (`tcx`, `tc`), pinned maps
+    /// (`adopted`, `new`, `none`) and the socket programs.
+    pub fn set_datapath_info(&self, attach_path: &str, pinned_maps: &str, socket_lb: &str) {
+        self.datapath_info
+            .get_or_create(&labels(&[
+                ("attach_path", attach_path),
+                ("pinned_maps", pinned_maps),
+                ("socket_lb", socket_lb),
+            ]))
+            .set(1);
+    }
+
+    /// Records that the socket program of `hook` is attached, `how`.
+    pub fn set_socket_link(&self, hook: &str, how: &str) {
+        self.socket_links
+            .get_or_create(&labels(&[("hook", hook), ("how", how)]))
+            .set(1);
+    }
+
+    /// Records the entries of `map` the last audit found differing.
+    pub fn set_drift(&self, map: &str, entries: i64) {
+        self.drift_entries
+            .get_or_create(&labels(&[("map", map)]))
+            .set(entries);
+    }
+
     /// Where the endpoint's asks go; the agent loop reads the other end. Set once.
     pub fn answer_asks(&self, to: mpsc::Sender<Ask>) {
         let _ = self.asks.set(to);
@@ -367,16 +415,13 @@ impl Metrics {
         self.skipped.clear();
         for ((kind, reason), n) in counts {
             self.skipped
-                .get_or_create(&vec![
-                    ("kind".into(), kind.clone()),
-                    ("reason".into(), reason.clone()),
-                ])
+                .get_or_create(&labels(&[("kind", kind), ("reason", reason)]))
                 .set(*n);
         }
     }
 
     pub fn set_map(&self, map: &str, entries: u64, capacity: u32) {
-        let labels = vec![("map".to_string(), map.to_string())];
+        let labels = labels(&[("map", map)]);
         self.map_entries.get_or_create(&labels).set(entries as i64);
         self.map_capacity
             .get_or_create(&labels)
@@ -385,7 +430,7 @@ impl Metrics {
 
     pub fn set_datapath(&self, name: &str, packets: u64) {
         self.datapath_packets
-            .get_or_create(&vec![("reason".to_string(), name.to_string())])
+            .get_or_create(&labels(&[("reason", name)]))
             .set(packets as i64);
     }
 
@@ -394,6 +439,59 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);
         out
+    }
+
+    /// Metrics with one series in every family, each made by the code that makes it
+    /// in the agent: the generated metrics reference (`docs/reference/metrics.md`)
+    /// is rendered from them, since a family without a series is not encoded.
+    pub fn with_one_series_each() -> Self {
+        let m = Self::default();
+        m.syncs.inc();
+        m.sync_duration.observe(0.01);
+        m.frontends.set(1);
+        m.map_writes.inc();
+        m.map_deletes.inc();
+        m.set_skipped(&[(("Service".into(), "bad_port".into()), 1)].into());
+        m.set_map("SERVICES", 1, 10);
+        m.set_datapath(dataplane_common::stat::NAMES[0], 1);
+        m.programming_latency.observe(0.01);
+        m.rejected.inc();
+        m.interfaces.set(1);
+        m.sctp_without_kernel_sctp.set(1);
+        m.set_drift("SERVICES", 1);
+        m.drift_repaired.inc();
+        m.audits.inc();
+        m.set_datapath_info("tcx", "new", "attached");
+        m.set_link("eth0", "new_link", "sliceway_tc");
+        m.set_xdp("eth1", Some("native"));
+        m.set_socket_link("sock-connect4", "new_link");
+        m.health_checks.set(1);
+        m.links_removed.inc();
+        m.set_migration(1, "pending");
+        let _ = LOG_MESSAGES.get_or_create(&labels(&[("level", "warn")]));
+        let counts = dataplane_common::FrontendCounters {
+            new: 1,
+            packets: 1,
+            bytes: 1,
+            drops: 1,
+            rejects: 1,
+        };
+        let front = FrontendCount {
+            identity: 1,
+            labels: || frontend_labels("default", "web", "http", "10.96.0.10:80/TCP"),
+            counts,
+        };
+        let back = BackendCount {
+            identity: 2,
+            labels: || backend_labels("10.0.0.1:8080", "TCP"),
+            counts: dataplane_common::BackendCounters {
+                new: 1,
+                packets: 1,
+                bytes: 1,
+            },
+        };
+        m.publish_flows([front], Some([back]));
+        m
     }
 }
 
@@ -725,6 +823,31 @@ mod tests {
         assert_eq!(series(&m).len(), 1, "kept once it exists");
         m.publish_flows(Vec::<FrontendCount<NoLabels>>::new(), NO_BACKENDS);
         assert_eq!(series(&m), Vec::<String>::new());
+    }
+
+    /// The reference's example has a series in every family the agent registers
+    /// (the registry's debug form lists each registration; a family without a series
+    /// would be missing from `docs/reference/metrics.md`), and each family's series
+    /// carry one set of labels.
+    #[test]
+    fn the_reference_example_has_a_series_in_every_family() {
+        let m = Metrics::with_one_series_each();
+        let registered = format!("{:?}", m.registry).matches("Descriptor {").count();
+        let text = m.render();
+        let families = conventions::exposition::families(&text);
+        assert_eq!(
+            families.len(),
+            registered,
+            "families with a series in Metrics::with_one_series_each: {:?}",
+            families.iter().map(|f| &f.name).collect::<Vec<_>>()
+        );
+        for (family, sets) in conventions::exposition::series_labels(&text) {
+            assert_eq!(
+                sets.len(),
+                1,
+                "{family}'s series carry different labels: {sets:?}"
+            );
+        }
     }
 
     /// A scrape of a large idle cluster makes no labels: a frontend or backend with

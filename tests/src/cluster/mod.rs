@@ -225,6 +225,8 @@ fn stop_daemon(dir: &Path, name: &str) {
         std::thread::sleep(Duration::from_millis(50));
     }
     if alive(pid) {
+        // SAFETY: `kill` takes no pointers; the pid is the one this lab recorded when
+        // it started the process, which has not been reaped yet (`alive`).
         unsafe { libc::kill(pid, libc::SIGKILL) };
     }
     let _ = fs::remove_file(file);
@@ -232,6 +234,8 @@ fn stop_daemon(dir: &Path, name: &str) {
 
 fn alive(pid: i32) -> bool {
     // Reap it if it is our child; then see whether it still exists (and is no zombie).
+    // SAFETY: `waitpid` may take a null status pointer (the status is not wanted), and
+    // WNOHANG makes it return at once whether or not `pid` is a child of ours.
     unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) };
     match fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(stat) => !stat
