@@ -61,7 +61,7 @@ KIND
 trap cleanup EXIT
 
 say "building $IMAGE"
-DOCKER_BUILDKIT=1 docker build -f deploy/Dockerfile -t "$IMAGE" .
+DOCKER_BUILDKIT=1 docker build -f deploy/Dockerfile --target agent -t "$IMAGE" .
 kind load docker-image "$IMAGE" --name "$CLUSTER"
 
 # The agent runs in the node's network namespace, where no proxy serves the
