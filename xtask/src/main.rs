@@ -47,6 +47,18 @@ enum Task {
         #[arg(long)]
         kernel: Option<String>,
     },
+    /// Build the kit of a real node (scripts/node-kit.sh: kubelet, agnhost, containerd,
+    /// runc, crictl, the CNI plugins, CoreDNS, pause and the e2e suite's images) into
+    /// the version-keyed cache; prints its bin directory. Not part of `test`.
+    NodeKit {
+        /// Also build upstream's e2e suite (e2e.test; long).
+        #[arg(long)]
+        e2e: bool,
+        /// Then check the kit: one containerd in a network namespace of its own
+        /// imports the images and runs agnhost in a pod (no kubelet).
+        #[arg(long)]
+        check: bool,
+    },
     /// Build the agent of the previous pinned layout (v1) from this repository's
     /// history, for the upgrade test (cached by commit under target/v1-agent);
     /// prints its path.
@@ -154,6 +166,20 @@ fn main() -> Result<()> {
             }
             run(Command::new("target/debug/sliceway-cluster").args(args))
         }
+        Task::NodeKit { e2e, check } => {
+            if check {
+                require_root("the node kit check (network namespaces, containerd)")?;
+            }
+            let bin = node_kit(&root, e2e)?;
+            if check {
+                run(cargo()
+                    .args(["test", "--package", "tests", "--test", "node_kit"])
+                    .args(["--", "--ignored", "--nocapture"])
+                    .env("SLICEWAY_NODE_KIT_BIN", &bin))?;
+            }
+            println!("{bin}");
+            Ok(())
+        }
         Task::BuildV1Agent => {
             setup(&root)?;
             println!("{}", v1_agent::build(&root)?.display());
@@ -253,6 +279,23 @@ fn upstream(root: &Path) -> Result<()> {
     // SAFETY: single-threaded at this point; read by the commands started after.
     unsafe { env::set_var("SLICEWAY_UPSTREAM_BIN", bin) };
     Ok(())
+}
+
+/// Builds the kit of a real node (once per version, cached); its bin directory.
+fn node_kit(root: &Path, e2e: bool) -> Result<String> {
+    let mut cmd = Command::new("bash");
+    cmd.arg(root.join("scripts/node-kit.sh"));
+    if e2e {
+        cmd.arg("--e2e");
+    }
+    let out = cmd
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("running scripts/node-kit.sh")?;
+    if !out.status.success() {
+        bail!("scripts/node-kit.sh failed ({})", out.status);
+    }
+    Ok(String::from_utf8(out.stdout)?.trim().to_string())
 }
 
 /// Builds the layout-v1 agent (once per commit) and tells the upgrade test where it is.

@@ -1,0 +1,331 @@
+#!/usr/bin/env bash
+# Builds the kit of a real node of the cluster lab, once per version, into
+#   ${SLICEWAY_CACHE:-~/.cache/sliceway}/node/<kubernetes version>/bin     the commands
+#   ${SLICEWAY_CACHE:-~/.cache/sliceway}/node/<kubernetes version>/images  the image archives
+# Commands, from the Go module proxy with the ordinary `go` client, each pinned by the
+# go.mod and go.sum of its own directory under upstream/node/ (so the control-plane build
+# of scripts/upstream.sh and its cache stay as they are):
+#   kubelet, agnhost, e2e.test (only with --e2e)   upstream/node/kubernetes (the same
+#                                                  k8s.io/kubernetes as upstream/go.mod)
+#   containerd, containerd-shim-runc-v2, ctr       upstream/node/containerd
+#   runc (with seccomp)                            upstream/node/runc
+#   crictl                                         upstream/node/cri-tools
+#   ptp, host-local, portmap, loopback (CNI)       upstream/node/cni-plugins
+#   coredns                                        upstream/node/coredns
+#   pause                                          build/pause/linux/pause.c of k8s.io/kubernetes
+# Images, without any registry or engine: a Debian root filesystem (mmdebstrap) plus the
+# commands above, written as single-layer docker-archive tarballs (the `docker save`
+# format) under the names the e2e suite of the pinned Kubernetes asks for
+# (test/utils/image/manifest.go); images/names.txt maps each archive to its name.
+# Idempotent: every product carries a stamp of what it was made from, and a second run
+# builds nothing. Prints the bin directory on stdout; progress goes to stderr.
+#
+# Usage: scripts/node-kit.sh [--e2e]
+#
+# The go.sum files pin every module, so a build never asks the checksum database. They
+# were written with `GOFLAGS=-mod=mod GOSUMDB=off go mod tidy` in each directory because
+# sum.golang.org could not be reached from the machine that pinned them (the module proxy
+# could); the hashes are the proxy's. To re-pin where the checksum database is reachable,
+# run `go mod tidy` there without those variables.
+set -euo pipefail
+
+root="$(cd "$(dirname "$0")/.." && pwd)"
+node="$root/upstream/node"
+say() { printf 'node-kit: %s\n' "$*" >&2; }
+
+e2e=0
+for arg in "$@"; do
+  case "$arg" in
+    --e2e) e2e=1 ;;
+    *) say "unknown argument $arg (usage: scripts/node-kit.sh [--e2e])"; exit 2 ;;
+  esac
+done
+
+# modver DIR MODULE: the version DIR's go.mod requires of MODULE.
+modver() {
+  sed -n "s#^[[:space:]]*\(require \)\{0,1\}$2 \(v[0-9][0-9A-Za-z.+-]*\)\( // indirect\)\{0,1\}\$#\2#p" "$node/$1/go.mod" | head -n 1
+}
+version=$(modver kubernetes k8s.io/kubernetes)
+containerd_version=$(modver containerd github.com/containerd/containerd/v2)
+runc_version=$(modver runc github.com/opencontainers/runc)
+crictl_version=$(modver cri-tools sigs.k8s.io/cri-tools)
+cni_version=$(modver cni-plugins github.com/containernetworking/plugins)
+coredns_version=$(modver coredns github.com/coredns/coredns)
+for v in version containerd_version runc_version crictl_version cni_version coredns_version; do
+  if [ -z "${!v}" ]; then
+    say "cannot read the ${v%_version} version from the go.mod files under $node"
+    exit 1
+  fi
+done
+if [ "$version" != "$(sed -n 's/^[[:space:]]*k8s.io\/kubernetes \(v[0-9.]*\)$/\1/p' "$root/upstream/go.mod" | head -n 1)" ]; then
+  say "upstream/node/kubernetes pins k8s.io/kubernetes $version but upstream/go.mod another version; pin the same one in both"
+  exit 1
+fi
+
+# --- Debian packages -------------------------------------------------------------
+# gcc and libc6-dev for pause (static) and runc (cgo); libseccomp-dev and pkg-config
+# for runc's seccomp; mmdebstrap for the images' root filesystem; jq writes their JSON.
+APT_PACKAGES=(gcc libc6-dev pkg-config libseccomp-dev mmdebstrap jq tar coreutils)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    say "missing Debian packages ${missing[*]}; run this script as root to install them"
+    exit 1
+  fi
+  say "installing Debian packages: ${missing[*]} (about a minute)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  removals=$(apt-get install -s --no-install-recommends "${missing[@]}" 2>/dev/null | sed -n 's/^Remv \([^ ]*\).*/\1/p')
+  if [ -n "$removals" ]; then
+    say "installing ${missing[*]} would remove: $removals; install them by hand, or make room, and run again"
+    exit 1
+  fi
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# --- Go ---------------------------------------------------------------------------
+if ! command -v go >/dev/null 2>&1; then
+  for g in /usr/local/go/bin/go /usr/lib/go/bin/go; do
+    [ -x "$g" ] && PATH="$(dirname "$g"):$PATH" && break
+  done
+fi
+need_go=$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$node"/*/go.mod | sort -V | tail -n 1)
+if ! command -v go >/dev/null 2>&1; then
+  say "no Go toolchain on PATH: the node kit needs Go $need_go or newer."
+  say "install it (for example from your distribution or the Go project's release archive) and run again."
+  exit 1
+fi
+have_go=$(go env GOVERSION | sed 's/^go//')
+if [ "$(printf '%s\n%s\n' "$need_go" "$have_go" | sort -V | head -n 1)" != "$need_go" ]; then
+  say "Go $have_go is too old: the node kit needs Go $need_go or newer (the go lines under upstream/node)."
+  say "install a newer Go and run again."
+  exit 1
+fi
+export GOFLAGS="-mod=readonly -buildvcs=false"
+# Never let a build fetch another toolchain: the check above already said what is needed.
+export GOTOOLCHAIN=local
+
+cache="${SLICEWAY_CACHE:-$HOME/.cache/sliceway}/node/$version"
+bin="$cache/bin"
+images="$cache/images"
+mkdir -p "$bin" "$images" "$cache/layers"
+
+# stamp WORDS...: a digest of what a product is made from.
+stamp() { printf '%s\n' "$@" | sha256sum | cut -d' ' -f1; }
+fresh() { [ -e "$1" ] && [ "$(cat "$2" 2>/dev/null)" = "$3" ]; }
+modstamp() { cat "$node/$1/go.mod" "$node/$1/go.sum" | sha256sum | cut -d' ' -f1; }
+
+downloaded=""
+download() { # DIR: fetch DIR's modules once (go.sum pins each)
+  case " $downloaded " in *" $1 "*) return ;; esac
+  say "downloading the modules of upstream/node/$1 (go.sum pins each)"
+  (cd "$node/$1" && go mod download >/dev/null)
+  downloaded="$downloaded $1"
+}
+
+# build NAME DIR PACKAGE MINUTES CGO TAGS LDFLAGS [test]
+build() {
+  local name=$1 dir=$2 pkg=$3 minutes=$4 cgo=$5 tags=$6 ldflags=$7 kind=${8:-build}
+  local want
+  want=$(stamp "$(modstamp "$dir")" "$pkg" "$cgo" "$tags" "$ldflags" "$kind" "$have_go")
+  if fresh "$bin/$name" "$bin/.$name.ok" "$want"; then
+    return
+  fi
+  download "$dir"
+  say "building $name from $pkg (about $minutes min on 2 cores when Go's build cache is cold)"
+  local start=$SECONDS
+  rm -f "$bin/.$name.ok"
+  if [ "$kind" = test ]; then
+    (cd "$node/$dir" && CGO_ENABLED=$cgo nice -n 19 go test -c -trimpath -vet=off -tags "$tags" -ldflags "$ldflags" -o "$bin/$name.tmp" "$pkg")
+  else
+    (cd "$node/$dir" && CGO_ENABLED=$cgo nice -n 19 go build -trimpath -tags "$tags" -ldflags "$ldflags" -o "$bin/$name.tmp" "$pkg")
+  fi
+  mv "$bin/$name.tmp" "$bin/$name"
+  echo "$want" > "$bin/.$name.ok"
+  say "built $name in $((SECONDS - start)) s"
+}
+
+# --- commands ---------------------------------------------------------------------
+# Version stamps as upstream's release builds set them (hack/lib/version.sh), as
+# scripts/upstream.sh does.
+minor=$(echo "$version" | cut -d. -f2)
+k8s_ldflags="-s -w \
+ -X k8s.io/component-base/version.gitVersion=$version \
+ -X k8s.io/component-base/version.gitMajor=1 \
+ -X k8s.io/component-base/version.gitMinor=$minor \
+ -X k8s.io/component-base/version.gitTreeState=clean \
+ -X k8s.io/component-base/version.buildDate=1970-01-01T00:00:00Z \
+ -X k8s.io/client-go/pkg/version.gitVersion=$version \
+ -X k8s.io/client-go/pkg/version.gitMajor=1 \
+ -X k8s.io/client-go/pkg/version.gitMinor=$minor"
+
+k8s_dir=$(cd "$node/kubernetes" && go list -m -f '{{.Dir}}' k8s.io/kubernetes 2>/dev/null || true)
+if [ -z "$k8s_dir" ] || [ ! -d "$k8s_dir" ]; then
+  download kubernetes
+  k8s_dir=$(cd "$node/kubernetes" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)
+fi
+agnhost_version=$(cat "$k8s_dir/test/images/agnhost/VERSION")
+
+build kubelet kubernetes k8s.io/kubernetes/cmd/kubelet 15 0 "" "$k8s_ldflags"
+# agnhost as upstream's image build makes it (test/images/image-util.sh): static, with
+# its VERSION file as main.Version.
+build agnhost kubernetes k8s.io/kubernetes/test/images/agnhost 1 0 "" "-s -w -X main.Version=$agnhost_version"
+if [ "$e2e" = 1 ]; then
+  # As hack/lib/golang.sh builds it for upstream's own e2e runs (go test -c).
+  build e2e.test kubernetes k8s.io/kubernetes/test/e2e 25 0 "" "$k8s_ldflags" test
+fi
+build containerd containerd github.com/containerd/containerd/v2/cmd/containerd 3 0 "" \
+  "-s -w -X github.com/containerd/containerd/v2/version.Version=$containerd_version"
+build containerd-shim-runc-v2 containerd github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 1 0 "" \
+  "-s -w -X github.com/containerd/containerd/v2/version.Version=$containerd_version"
+build ctr containerd github.com/containerd/containerd/v2/cmd/ctr 1 0 "" \
+  "-s -w -X github.com/containerd/containerd/v2/version.Version=$containerd_version"
+# Pods of the e2e suite ask for seccompProfile RuntimeDefault: runc needs seccomp (cgo).
+build runc runc github.com/opencontainers/runc 1 1 seccomp "-s -w"
+build crictl cri-tools sigs.k8s.io/cri-tools/cmd/crictl 2 0 "" \
+  "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$crictl_version"
+for p in main/ptp ipam/host-local meta/portmap main/loopback; do
+  build "${p#*/}" cni-plugins "github.com/containernetworking/plugins/plugins/$p" 1 0 "" \
+    "-s -w -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$cni_version"
+done
+build coredns coredns github.com/coredns/coredns 4 0 "" \
+  "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$coredns_version"
+
+# pause, as build/pause/Makefile makes it: a static C binary.
+image_list="$k8s_dir/test/utils/image/manifest.go"
+tag_of() { # IMAGE-ID: the tag manifest.go gives the image
+  sed -n "s/^[[:space:]]*configs\[$1\] = Config{list\.[A-Za-z0-9]*, \"[^\"]*\", \"\([^\"]*\)\"}.*/\1/p" "$image_list" | head -n 1
+}
+pause_version=$(tag_of Pause)
+want=$(stamp "$(sha256sum "$k8s_dir/build/pause/linux/pause.c")" "$pause_version" "$(gcc -dumpfullversion)")
+if ! fresh "$bin/pause" "$bin/.pause.ok" "$want"; then
+  say "building pause $pause_version from build/pause/linux/pause.c (a second)"
+  gcc -Os -Wall -Werror -static -DVERSION="v$pause_version" -o "$bin/pause.tmp" "$k8s_dir/build/pause/linux/pause.c"
+  strip "$bin/pause.tmp"
+  mv "$bin/pause.tmp" "$bin/pause"
+  echo "$want" > "$bin/.pause.ok"
+fi
+
+# --- images -----------------------------------------------------------------------
+# The names, as the pinned e2e suite asks for them: promoterE2eRegistry and gcRegistry of
+# https://github.com/kubernetes/kubernetes/blob/v1.37.2/test/utils/image/manifest.go and
+# CoreDNS as cluster/addons/dns/coredns/coredns.yaml.in names it.
+e2e_registry=registry.k8s.io/e2e-test-images
+for id in Agnhost BusyBox Nginx GlibcDnsTesting Pause; do
+  if [ -z "$(tag_of "$id")" ]; then
+    say "cannot read the tag of $id from test/utils/image/manifest.go of k8s.io/kubernetes $version"
+    exit 1
+  fi
+done
+if [ "$(tag_of Agnhost)" != "$agnhost_version" ]; then
+  say "the e2e suite asks for agnhost $(tag_of Agnhost) but test/images/agnhost/VERSION is $agnhost_version; the image would not match"
+  exit 1
+fi
+
+# One Debian root filesystem serves agnhost, busybox, nginx and glibc-dns-testing: the
+# tools of agnhost's Dockerfile (Debian's names for Alpine's), nginx-light for nginx,
+# bind9-dnsutils for glibc-dns-testing, busybox-static for busybox. One layer for all
+# four keeps the disk down: each containerd stores it once.
+suite=bookworm
+debs=bash,bind9-dnsutils,busybox-static,ca-certificates,curl,iperf,iproute2,netcat-openbsd,nginx-light,procps,socat,util-linux,wget
+rootfs="$cache/rootfs"
+want=$(stamp "$suite" "$debs" "$(sha256sum "$bin/agnhost")" "$(sha256sum "$k8s_dir/test/images/agnhost/porter/localhost.crt")")
+if ! fresh "$rootfs" "$cache/.rootfs.ok" "$want"; then
+  rm -rf "$rootfs" "$rootfs.tmp" "$cache/.rootfs.ok"
+  say "making the images' Debian $suite root filesystem with mmdebstrap (about 1.5 min, from deb.debian.org)"
+  start=$SECONDS
+  mmdebstrap --quiet --mode=root --variant=minbase --include="$debs" \
+    --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
+    --dpkgopt='path-exclude=/usr/share/locale/*' \
+    "$suite" "$rootfs.tmp" >&2
+  rm -rf "$rootfs.tmp/var/lib/apt/lists"/* "$rootfs.tmp/var/cache/apt"/*
+  # What agnhost's Dockerfile adds: the binary at / with its agnhost-2 link, the porter's
+  # certificate, /uploads, iperf in /usr/local/bin, a user and a group of the image.
+  install -m 0755 "$bin/agnhost" "$rootfs.tmp/agnhost"
+  ln -s agnhost "$rootfs.tmp/agnhost-2"
+  install -m 0644 "$k8s_dir/test/images/agnhost/porter/localhost.crt" "$rootfs.tmp/localhost.crt"
+  install -m 0644 "$k8s_dir/test/images/agnhost/porter/localhost.key" "$rootfs.tmp/localhost.key"
+  mkdir -p "$rootfs.tmp/uploads"
+  ln -sf /usr/bin/iperf "$rootfs.tmp/usr/local/bin/iperf"
+  chroot "$rootfs.tmp" /usr/sbin/useradd --uid 1000 --create-home user-defined-in-image
+  chroot "$rootfs.tmp" /usr/sbin/groupadd --gid 50000 group-defined-in-image
+  chroot "$rootfs.tmp" /usr/sbin/usermod --append --groups group-defined-in-image user-defined-in-image
+  mv "$rootfs.tmp" "$rootfs"
+  echo "$want" > "$cache/.rootfs.ok"
+  say "made the root filesystem in $((SECONDS - start)) s ($(du -sh "$rootfs" | cut -f1))"
+fi
+
+# layer NAME DIR STAMP-FILE: DIR as one uncompressed, reproducible layer tar in
+# layers/NAME.tar with its sha256 in layers/NAME.sha256, made again when STAMP-FILE changes.
+layer() {
+  local name=$1 dir=$2 want
+  want=$(stamp "$(cat "$3")")
+  if fresh "$cache/layers/$name.tar" "$cache/layers/.$name.ok" "$want"; then
+    return
+  fi
+  say "writing the $name layer"
+  rm -f "$cache/layers/.$name.ok"
+  tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 --xattrs \
+    -C "$dir" -cf "$cache/layers/$name.tar.tmp" .
+  sha256sum "$cache/layers/$name.tar.tmp" | cut -d' ' -f1 > "$cache/layers/$name.sha256"
+  mv "$cache/layers/$name.tar.tmp" "$cache/layers/$name.tar"
+  echo "$want" > "$cache/layers/.$name.ok"
+}
+
+# Layers of one command each: pause and CoreDNS (static binaries, nothing else).
+single_command_dir() { # NAME BINARY: a directory holding BINARY at /NAME
+  local d="$cache/layers/$1.d"
+  rm -rf "$d" && mkdir -p "$d"
+  install -m 0755 "$2" "$d/$1"
+  echo "$d"
+}
+layer debian "$rootfs" "$cache/.rootfs.ok"
+layer pause "$(single_command_dir pause "$bin/pause")" "$bin/.pause.ok"
+layer coredns "$(single_command_dir coredns "$bin/coredns")" "$bin/.coredns.ok"
+rm -rf "$cache/layers/pause.d" "$cache/layers/coredns.d"
+
+# image FILE REF LAYER ENTRYPOINT CMD: a docker-archive of one layer at
+# images/FILE.tar. ENTRYPOINT and CMD are JSON (null for none).
+: > "$images/names.txt.tmp"
+image() {
+  local file=$1 ref=$2 name=$3 entry=$4 cmd=$5 diff cfg work want
+  diff=$(cat "$cache/layers/$name.sha256")
+  echo "$file.tar $ref" >> "$images/names.txt.tmp"
+  want=$(stamp "$ref" "$diff" "$entry" "$cmd")
+  if fresh "$images/$file.tar" "$images/.$file.ok" "$want"; then
+    return
+  fi
+  say "writing the image $ref"
+  rm -f "$images/.$file.ok"
+  work=$(mktemp -d "$cache/image.XXXXXX")
+  jq -n --arg diff "sha256:$diff" --argjson entry "$entry" --argjson cmd "$cmd" '{
+    architecture: "amd64", os: "linux", created: "1970-01-01T00:00:00Z",
+    config: {Env: ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+             Entrypoint: $entry, Cmd: $cmd, WorkingDir: "/"},
+    rootfs: {type: "layers", diff_ids: [$diff]},
+    history: [{created: "1970-01-01T00:00:00Z", created_by: "sliceway scripts/node-kit.sh"}]}' > "$work/config.json"
+  cfg=$(sha256sum "$work/config.json" | cut -d' ' -f1)
+  mv "$work/config.json" "$work/$cfg.json"
+  mkdir "$work/$diff"
+  ln "$cache/layers/$name.tar" "$work/$diff/layer.tar" 2>/dev/null || cp "$cache/layers/$name.tar" "$work/$diff/layer.tar"
+  jq -n --arg cfg "$cfg.json" --arg ref "$ref" --arg layer "$diff/layer.tar" \
+    '[{Config: $cfg, RepoTags: [$ref], Layers: [$layer]}]' > "$work/manifest.json"
+  tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 --hard-dereference \
+    -C "$work" -cf "$images/$file.tar.tmp" manifest.json "$cfg.json" "$diff"
+  rm -rf "$work"
+  mv "$images/$file.tar.tmp" "$images/$file.tar"
+  echo "$want" > "$images/.$file.ok"
+}
+image "agnhost-$(tag_of Agnhost)" "$e2e_registry/agnhost:$(tag_of Agnhost)" debian '["/agnhost"]' '["pause"]'
+image "busybox-$(tag_of BusyBox)" "$e2e_registry/busybox:$(tag_of BusyBox)" debian null '["/bin/busybox","sh"]'
+image "nginx-$(tag_of Nginx)" "$e2e_registry/nginx:$(tag_of Nginx)" debian null '["nginx","-g","daemon off;"]'
+image "glibc-dns-testing-$(tag_of GlibcDnsTesting)" "$e2e_registry/glibc-dns-testing:$(tag_of GlibcDnsTesting)" debian null '["/bin/sh"]'
+image "pause-$pause_version" "registry.k8s.io/pause:$pause_version" pause '["/pause"]' null
+image "coredns-$coredns_version" "registry.k8s.io/coredns/coredns:$coredns_version" coredns '["/coredns"]' null
+mv "$images/names.txt.tmp" "$images/names.txt"
+
+say "node kit for Kubernetes $version ready: commands in $bin, images in $images"
+echo "$bin"

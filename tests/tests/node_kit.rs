@@ -1,0 +1,603 @@
+//! The real-node kit of scripts/node-kit.sh works, with no kubelet (issue 45): in a
+//! network namespace of its own, with no route out, one containerd with its own root,
+//! state and socket imports the pause and agnhost archives, lists them under the names
+//! the e2e suite asks for, and runs a pod sandbox and an agnhost container through
+//! crictl with the ptp CNI configuration; the container answers `crictl exec` and an
+//! HTTP request from the node namespace. Everything is removed afterwards (processes,
+//! mounts, cgroups, namespace, directories), on failure too, and the test checks that.
+//!
+//! Run by `cargo xtask node-kit --check`, which builds the kit first and passes its bin
+//! directory in `SLICEWAY_NODE_KIT_BIN`.
+
+use std::{
+    fs,
+    io::{Read as _, Write as _},
+    net::{SocketAddr, TcpStream},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+use sliceway_lab::netns::{self, Netns};
+
+/// The kit's bin directory: `SLICEWAY_NODE_KIT_BIN`, else where scripts/node-kit.sh puts
+/// it for the Kubernetes version pinned in upstream/node/kubernetes/go.mod.
+fn kit_bin() -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("SLICEWAY_NODE_KIT_BIN") {
+        return Ok(dir.into());
+    }
+    let go_mod = Path::new(env!("CARGO_MANIFEST_DIR")).join("../upstream/node/kubernetes/go.mod");
+    let text =
+        fs::read_to_string(&go_mod).with_context(|| format!("reading {}", go_mod.display()))?;
+    let version = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("k8s.io/kubernetes "))
+        .map(str::trim)
+        .context("no k8s.io/kubernetes requirement in upstream/node/kubernetes/go.mod")?;
+    let cache = match std::env::var_os("SLICEWAY_CACHE") {
+        Some(c) => PathBuf::from(c),
+        None => PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?)
+            .join(".cache/sliceway"),
+    };
+    Ok(cache.join("node").join(version).join("bin"))
+}
+
+/// The image archives next to the bin directory: (archive, name) from images/names.txt.
+fn kit_images(bin: &Path) -> Result<Vec<(PathBuf, String)>> {
+    let dir = bin.with_file_name("images");
+    let list = dir.join("names.txt");
+    let text = fs::read_to_string(&list)
+        .with_context(|| format!("reading {}: run scripts/node-kit.sh first", list.display()))?;
+    Ok(text
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(file, name)| (dir.join(file), name.to_string()))
+        .collect())
+}
+
+/// One containerd in the namespace, and everything it made, removed by [`Node::remove`]
+/// or on drop.
+struct Node {
+    ns: Option<Netns>,
+    dir: PathBuf,
+    cgroup: String,
+    bin: PathBuf,
+    containerd: Option<Child>,
+    /// Directories of the host that containerd and libcni make at fixed places (the
+    /// shims' sockets, the CNI result cache) and that did not exist before: removed
+    /// again when empty.
+    host_dirs: Vec<PathBuf>,
+    /// The CNI network's name: the cache's result files start with it.
+    network: String,
+    removed: bool,
+}
+
+impl Node {
+    fn socket(&self) -> PathBuf {
+        self.dir.join("containerd.sock")
+    }
+
+    fn ns(&self) -> &str {
+        &self
+            .ns
+            .as_ref()
+            .expect("namespace present until removed")
+            .name
+    }
+
+    /// Runs a kit command in the node namespace, with the kit first on PATH.
+    fn run(&self, program: &str, args: &[&str]) -> Result<String> {
+        let out = Command::new("nsenter")
+            .arg(format!("--net=/var/run/netns/{}", self.ns()))
+            .arg(self.bin.join(program))
+            .args(args)
+            .env("PATH", path_with(&self.bin))
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("starting {program}"))?;
+        if !out.status.success() {
+            bail!(
+                "{program} {args:?} failed: {}{}",
+                String::from_utf8_lossy(&out.stderr).trim(),
+                String::from_utf8_lossy(&out.stdout).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    fn ctr(&self, args: &[&str]) -> Result<String> {
+        let socket = self.socket();
+        let mut all = vec!["--address", socket.to_str().unwrap(), "-n", "k8s.io"];
+        all.extend_from_slice(args);
+        self.run("ctr", &all)
+    }
+
+    fn crictl(&self, args: &[&str]) -> Result<String> {
+        let endpoint = format!("unix://{}", self.socket().display());
+        let mut all = vec![
+            "--runtime-endpoint",
+            endpoint.as_str(),
+            "--image-endpoint",
+            endpoint.as_str(),
+            "--timeout",
+            "60s",
+        ];
+        all.extend_from_slice(args);
+        self.run("crictl", &all)
+    }
+
+    /// Removes everything and reports what could not be removed.
+    fn remove(&mut self) -> Vec<String> {
+        if self.removed {
+            return Vec::new();
+        }
+        self.removed = true;
+        let mut left = Vec::new();
+        if self.containerd.is_some() {
+            // Best effort through the runtime first, so it unmounts and tears down CNI.
+            if let Ok(pods) = self.crictl(&["pods", "-q"]) {
+                for pod in pods.split_whitespace() {
+                    let _ = self.crictl(&["stopp", pod]);
+                    let _ = self.crictl(&["rmp", "-f", pod]);
+                }
+            }
+        }
+        if let Some(mut child) = self.containerd.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        // Shims and what runs in the pod's cgroups: found by this node's directory and
+        // cgroup, so nothing else is touched.
+        let marker = self.dir.to_string_lossy().into_owned();
+        for _ in 0..50 {
+            let mut pids = processes_mentioning(&marker);
+            pids.extend(cgroup_processes(&self.cgroup));
+            pids.sort_unstable();
+            pids.dedup();
+            if pids.is_empty() {
+                break;
+            }
+            for pid in pids {
+                // SAFETY: kill(2) on a process id found in this node's shims or cgroups.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        for pid in processes_mentioning(&marker) {
+            left.push(format!("process {pid}"));
+        }
+        for mount in mounts_under(&self.dir) {
+            let c = std::ffi::CString::new(mount.as_str()).expect("no NUL in a mount point");
+            // SAFETY: umount2 on a mount point read from mountinfo, under this node's dir.
+            if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
+                left.push(format!(
+                    "mount {mount}: {}",
+                    std::io::Error::last_os_error()
+                ));
+            }
+        }
+        left.extend(remove_cgroup(&self.cgroup));
+        if let Ok(entries) = fs::read_dir(CNI_RESULTS) {
+            for e in entries.filter_map(|e| e.ok()) {
+                if e.file_name()
+                    .to_string_lossy()
+                    .starts_with(&format!("{}-", self.network))
+                {
+                    if let Err(err) = fs::remove_file(e.path()) {
+                        left.push(format!("CNI result {}: {err}", e.path().display()));
+                    }
+                }
+            }
+        }
+        for dir in &self.host_dirs {
+            if dir.exists() {
+                if let Err(e) = fs::remove_dir(dir) {
+                    left.push(format!("directory {}: {e}", dir.display()));
+                }
+            }
+        }
+        if let Err(e) = fs::remove_dir_all(&self.dir) {
+            if self.dir.exists() {
+                left.push(format!("directory {}: {e}", self.dir.display()));
+            }
+        }
+        if let Some(ns) = self.ns.take() {
+            let name = ns.name.clone();
+            drop(ns);
+            if Path::new("/var/run/netns").join(&name).exists() {
+                left.push(format!("namespace {name}"));
+            }
+        }
+        left
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        for what in self.remove() {
+            eprintln!("node kit check: could not remove {what}");
+        }
+    }
+}
+
+/// libcni's result cache (its default cache directory, which containerd does not let
+/// a configuration move).
+const CNI_RESULTS: &str = "/var/lib/cni/results";
+
+/// The host directories containerd and libcni make at fixed places, deepest first.
+const HOST_DIRS: [&str; 4] = [
+    "/run/containerd/s",
+    "/run/containerd",
+    CNI_RESULTS,
+    "/var/lib/cni",
+];
+
+fn path_with(bin: &Path) -> String {
+    format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_else(|_| "/usr/sbin:/usr/bin:/sbin:/bin".into())
+    )
+}
+
+/// Process ids whose command line mentions `marker`, this process excepted.
+fn processes_mentioning(marker: &str) -> Vec<i32> {
+    let me = std::process::id() as i32;
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| pid != me)
+        .filter(|pid| {
+            fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(marker))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+/// The cgroup v1 hierarchies (and the unified one) a cgroup of this test may be in.
+fn hierarchies() -> Vec<PathBuf> {
+    let Ok(entries) = fs::read_dir("/sys/fs/cgroup") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.is_dir() && !p.is_symlink())
+        .collect()
+}
+
+/// Process ids in `cgroup` or below it, in any hierarchy.
+fn cgroup_processes(cgroup: &str) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for h in hierarchies() {
+        let mut stack = vec![h.join(cgroup)];
+        while let Some(dir) = stack.pop() {
+            let Ok(entries) = fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in entries.filter_map(|e| e.ok()) {
+                if e.path().is_dir() {
+                    stack.push(e.path());
+                }
+            }
+            if let Ok(procs) = fs::read_to_string(dir.join("cgroup.procs")) {
+                pids.extend(
+                    procs
+                        .split_whitespace()
+                        .filter_map(|p| p.parse::<i32>().ok()),
+                );
+            }
+        }
+    }
+    pids
+}
+
+/// Removes `cgroup` depth first in every hierarchy; returns what stayed.
+fn remove_cgroup(cgroup: &str) -> Vec<String> {
+    fn remove(dir: &Path, left: &mut Vec<String>) {
+        if let Ok(entries) = fs::read_dir(dir) {
+            for e in entries.filter_map(|e| e.ok()) {
+                if e.path().is_dir() {
+                    remove(&e.path(), left);
+                }
+            }
+        }
+        if dir.exists() {
+            if let Err(e) = fs::remove_dir(dir) {
+                left.push(format!("cgroup {}: {e}", dir.display()));
+            }
+        }
+    }
+    let mut left = Vec::new();
+    for h in hierarchies() {
+        remove(&h.join(cgroup), &mut left);
+    }
+    left
+}
+
+/// Mount points at or under `dir`, deepest first.
+fn mounts_under(dir: &Path) -> Vec<String> {
+    let prefix = dir.to_string_lossy().into_owned();
+    let mut found: Vec<String> = fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
+        .filter(|m| m == &prefix || m.starts_with(&format!("{prefix}/")))
+        .collect();
+    found.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    found.dedup();
+    found
+}
+
+fn wait_for(what: &str, timeout: Duration, mut ready: impl FnMut() -> bool) -> Result<()> {
+    let start = Instant::now();
+    while !ready() {
+        if start.elapsed() > timeout {
+            bail!("{what}: not ready after {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Ok(())
+}
+
+/// GET `path` from `addr`, from inside namespace `ns`; the body.
+fn http_get(ns: &str, addr: SocketAddr, path: &str) -> Result<String> {
+    let path = path.to_string();
+    netns::in_netns(ns, move || -> Result<String> {
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+            .with_context(|| format!("connecting to {addr}"))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+        let mut reply = String::new();
+        s.read_to_string(&mut reply)?;
+        let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
+        if !head.starts_with("HTTP/1.") || !head.contains(" 200 ") {
+            bail!("{addr}{path} answered {head:?}");
+        }
+        Ok(body.to_string())
+    })?
+}
+
+#[test]
+#[ignore = "needs scripts/node-kit.sh (run by cargo xtask node-kit --check) and root"]
+fn node_kit_runs_agnhost_in_a_pod() -> Result<()> {
+    let bin = kit_bin()?;
+    for c in [
+        "containerd",
+        "containerd-shim-runc-v2",
+        "ctr",
+        "runc",
+        "crictl",
+        "ptp",
+        "host-local",
+        "portmap",
+        "loopback",
+    ] {
+        if !bin.join(c).is_file() {
+            bail!(
+                "{} has no {c}: run scripts/node-kit.sh first",
+                bin.display()
+            );
+        }
+    }
+    let images = kit_images(&bin)?;
+    let image = |prefix: &str| -> Result<(PathBuf, String)> {
+        images
+            .iter()
+            .find(|(_, name)| name.starts_with(prefix))
+            .cloned()
+            .with_context(|| format!("images/names.txt lists no {prefix}... image"))
+    };
+    let (pause_tar, pause) = image("registry.k8s.io/pause:")?;
+    let (agnhost_tar, agnhost) = image("registry.k8s.io/e2e-test-images/agnhost:")?;
+
+    netns::remove_stale("slkit");
+    let pid = std::process::id();
+    let name = format!("slkit-{pid}-node");
+    let dir = std::env::temp_dir().join(format!("slkit-{pid}"));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(dir.join("cni/net.d"))?;
+    let mut node = Node {
+        ns: Some(Netns::create(&name)?),
+        dir: dir.clone(),
+        cgroup: format!("slkit-{pid}"),
+        bin: bin.clone(),
+        containerd: None,
+        host_dirs: HOST_DIRS
+            .iter()
+            .map(PathBuf::from)
+            .filter(|d| !d.exists())
+            .collect(),
+        network: format!("slkit-{pid}"),
+        removed: false,
+    };
+    // The namespace has loopback only: nothing in it has a route out of it.
+    let routes = node
+        .ns
+        .as_ref()
+        .unwrap()
+        .run("ip", &["route", "show", "table", "all"])?;
+    assert!(
+        !routes.lines().any(|l| l.starts_with("default")),
+        "the node namespace must have no default route: {routes}"
+    );
+
+    let d = dir.display();
+    let config = format!(
+        r#"version = 3
+root = "{d}/root"
+state = "{d}/state"
+disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.tracing", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+[grpc]
+  address = "{d}/containerd.sock"
+[ttrpc]
+  address = "{d}/containerd.sock.ttrpc"
+[plugins.'io.containerd.internal.v1.opt']
+  path = "{d}/opt"
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "{pause}"
+[plugins.'io.containerd.cri.v1.runtime']
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+      BinaryName = "{b}/runc"
+      Root = "{d}/runc"
+      SystemdCgroup = false
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["{b}"]
+    conf_dir = "{d}/cni/net.d"
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+"#,
+        b = bin.display()
+    );
+    fs::write(dir.join("config.toml"), config)?;
+    // ptp as the lab's nodes will use it: a veth per pod, addresses from the node's pod
+    // CIDR, no masquerade.
+    let cni = serde_json::json!({
+        "cniVersion": "1.0.0",
+        "name": format!("slkit-{pid}"),
+        "plugins": [
+            {"type": "ptp", "ipMasq": false, "mtu": 1500, "ipam": {
+                "type": "host-local",
+                "dataDir": format!("{d}/cni/networks"),
+                "ranges": [[{"subnet": "10.244.1.0/24"}]],
+                "routes": [{"dst": "0.0.0.0/0"}]}},
+            {"type": "portmap", "capabilities": {"portMappings": true}}
+        ]
+    });
+    fs::write(
+        dir.join("cni/net.d/10-slkit.conflist"),
+        serde_json::to_vec_pretty(&cni)?,
+    )?;
+
+    let log = fs::File::create(dir.join("containerd.log"))?;
+    node.containerd = Some(
+        Command::new("nsenter")
+            .arg(format!("--net=/var/run/netns/{name}"))
+            .arg(bin.join("containerd"))
+            .arg("--config")
+            .arg(dir.join("config.toml"))
+            .env("PATH", path_with(&bin))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting containerd")?,
+    );
+    let result = (|| -> Result<()> {
+        wait_for("containerd", Duration::from_secs(30), || {
+            node.ctr(&["version"]).is_ok()
+        })?;
+
+        for tar in [&pause_tar, &agnhost_tar] {
+            node.ctr(&[
+                "images",
+                "import",
+                "--digests",
+                "--snapshotter=overlayfs",
+                tar.to_str().unwrap(),
+            ])
+            .with_context(|| format!("importing {}", tar.display()))?;
+        }
+        let listed = node.ctr(&["images", "list", "-q"])?;
+        for want in [&pause, &agnhost] {
+            assert!(
+                listed.lines().any(|l| l.trim() == want),
+                "ctr images list has no {want}: {listed}"
+            );
+        }
+        let cri_images = node.crictl(&["images"])?;
+        assert!(
+            cri_images.contains(agnhost.rsplit_once(':').unwrap().0),
+            "crictl images: {cri_images}"
+        );
+
+        let pod = serde_json::json!({
+            "metadata": {"name": "kit", "namespace": "default", "uid": format!("slkit-{pid}"), "attempt": 0},
+            "hostname": "kit-pod",
+            "log_directory": format!("{d}/pods"),
+            "linux": {"cgroup_parent": format!("/{}", node.cgroup)}
+        });
+        let container = serde_json::json!({
+            "metadata": {"name": "agnhost"},
+            "image": {"image": agnhost},
+            "args": ["netexec", "--http-port=8080"],
+            "log_path": "agnhost.log",
+            "linux": {}
+        });
+        fs::write(dir.join("pod.json"), serde_json::to_vec(&pod)?)?;
+        fs::write(dir.join("container.json"), serde_json::to_vec(&container)?)?;
+        let pod_json = dir.join("pod.json");
+        let pod_json = pod_json.to_str().unwrap();
+        let sandbox = node.crictl(&["runp", pod_json])?.trim().to_string();
+        let ctr_json = dir.join("container.json");
+        let id = node
+            .crictl(&["create", &sandbox, ctr_json.to_str().unwrap(), pod_json])?
+            .trim()
+            .to_string();
+        node.crictl(&["start", &id])?;
+
+        let help = node.crictl(&["exec", &id, "/agnhost", "--help"])?;
+        assert!(
+            help.contains("netexec"),
+            "agnhost --help in the container: {help}"
+        );
+
+        let inspect: serde_json::Value =
+            serde_json::from_str(&node.crictl(&["inspectp", &sandbox])?)?;
+        let ip = inspect["status"]["network"]["ip"]
+            .as_str()
+            .context("crictl inspectp shows no pod IP")?
+            .to_string();
+        let addr: SocketAddr = format!("{ip}:8080").parse().context("the pod IP")?;
+        let mut body = String::new();
+        wait_for(
+            "agnhost netexec",
+            Duration::from_secs(30),
+            || match http_get(node.ns(), addr, "/hostname") {
+                Ok(b) => {
+                    body = b;
+                    true
+                }
+                Err(_) => false,
+            },
+        )?;
+        assert_eq!(
+            body.trim(),
+            "kit-pod",
+            "netexec /hostname from the node namespace"
+        );
+        Ok(())
+    })();
+    if result.is_err() {
+        if let Ok(text) = fs::read_to_string(dir.join("containerd.log")) {
+            let tail: Vec<&str> = text.lines().rev().take(30).collect();
+            eprintln!(
+                "containerd's last lines:\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+    }
+    let host_dirs = node.host_dirs.clone();
+    let left = node.remove();
+    result?;
+    assert!(left.is_empty(), "left after removal: {left:?}");
+    assert!(processes_mentioning(&dir.to_string_lossy()).is_empty());
+    assert!(mounts_under(&dir).is_empty());
+    assert!(!dir.exists());
+    assert!(!Path::new("/var/run/netns").join(&name).exists());
+    for dir in &host_dirs {
+        assert!(!dir.exists(), "{} is left", dir.display());
+    }
+    Ok(())
+}
