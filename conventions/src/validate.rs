@@ -61,14 +61,18 @@ fn name_rule(kind: &str) -> Option<fn(&str) -> Option<String>> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Rules {
     /// What the API server of v1.37.2 accepts in a new object, with its default
-    /// feature gates (`StrictIPCIDRValidation` is on since 1.36): objects of a
-    /// manifest directory, which are what a user would create.
+    /// feature gates (`StrictIPCIDRValidation` is on since 1.36).
     Create,
     /// What an API server may hold: also the legacy forms that older releases
     /// accepted and that validation keeps accepting in objects that have them
     /// (IPv4 parts with leading zeros, read as decimal, and IPv4-mapped IPv6), as
-    /// kube-proxy reads them (`netutils.ParseIPSloppy`): objects from the API
-    /// server.
+    /// kube-proxy reads them (`netutils.ParseIPSloppy`); EndpointSlices of the
+    /// deprecated `addressType: IP` that discovery.k8s.io/v1beta1 wrote, their
+    /// addresses unchecked as upstream leaves an unknown type's; Endpoints
+    /// addresses are left to their reader, as upstream's mirroring controller
+    /// mirrors an object's valid addresses and skips the others. Objects from the
+    /// API server and from manifest directories, which stand for what a cluster
+    /// holds.
     Stored,
 }
 
@@ -464,6 +468,12 @@ fn service_ips(value: &Value, rules: Rules) -> Result<(), Invalid> {
 /// (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/apis/discovery/validation/validation.go>).
 fn slice_addresses(value: &Value, rules: Rules) -> Result<(), Invalid> {
     let address_type = text(value.get("addressType"), "addressType")?.unwrap_or_default();
+    // Stored by discovery.k8s.io/v1beta1, and replaced by upstream's reconciler
+    // (`TestReconcileEndpointSlicesReplaceDeprecated`: issue 46); its
+    // addresses fall through unchecked, as upstream's `validateEndpoints` leaves them.
+    if address_type == "IP" && rules == Rules::Stored {
+        return Ok(());
+    }
     if !matches!(address_type, "IPv4" | "IPv6" | "FQDN") {
         return Err(invalid(
             "addressType",
@@ -508,8 +518,15 @@ fn slice_addresses(value: &Value, rules: Rules) -> Result<(), Invalid> {
     Ok(())
 }
 
-/// An Endpoints' addresses, as `validateEndpointAddress` checks them.
+/// An Endpoints' addresses, as `validateEndpointAddress` checks them; under
+/// [`Rules::Stored`] none: upstream's mirroring controller mirrors the valid ones and
+/// skips the others with a warning
+/// (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/controller/endpointslicemirroring/reconciler.go>),
+/// as sliceway's does (issue 46).
 fn endpoints_addresses(value: &Value, rules: Rules) -> Result<(), Invalid> {
+    if rules == Rules::Stored {
+        return Ok(());
+    }
     for (i, subset) in items(value.get("subsets")).iter().enumerate() {
         for list in ["addresses", "notReadyAddresses"] {
             for (j, address) in items(subset.get(list)).iter().enumerate() {
@@ -1045,6 +1062,34 @@ mod tests {
         }
     }
 
+    /// Issue 46: what an API server may hold passes as stored: an EndpointSlice of
+    /// the deprecated `addressType: IP` (upstream's reconciler replaces it), and an
+    /// Endpoints with some invalid addresses (upstream's mirroring controller
+    /// mirrors the valid ones); a new object of either is refused.
+    #[test]
+    fn stored_objects_upstreams_controllers_must_handle_pass() {
+        let judge = |kind: &str, yaml: &str, rules: Rules| {
+            object(kind, &serde_yaml_ng::from_str(yaml).unwrap(), rules).map_err(|e| e.field)
+        };
+        let ip_slice = "metadata: {name: s}\naddressType: IP\nendpoints: [{addresses: [10.1.0.5]}]";
+        assert_eq!(judge("EndpointSlice", ip_slice, Rules::Stored), Ok(()));
+        assert_eq!(
+            judge("EndpointSlice", ip_slice, Rules::Create),
+            Err("addressType".into())
+        );
+        let other = "metadata: {name: s}\naddressType: IPX\nendpoints: [{addresses: [10.1.0.5]}]";
+        assert_eq!(
+            judge("EndpointSlice", other, Rules::Stored),
+            Err("addressType".into())
+        );
+        let endpoints = "metadata: {name: e}\nsubsets: [{addresses: [{ip: 10.1.0.5}, {ip: not-an-ip}, {ip: 127.0.0.1}]}]";
+        assert_eq!(judge("Endpoints", endpoints, Rules::Stored), Ok(()));
+        assert_eq!(
+            judge("Endpoints", endpoints, Rules::Create),
+            Err("subsets[0].addresses[1].ip".into())
+        );
+    }
+
     /// Issue 46: a Service's name is a DNS-1123 label (KEP-5311), so `1api` is a
     /// valid name, new or stored; a Pod's, a Node's, an Endpoints' and an
     /// EndpointSlice's are DNS-1123 subdomains; a namespace is a DNS-1123 label.
@@ -1353,7 +1398,7 @@ mod tests {
         // Kind, judge (whether refused, after checking both ways agree), object,
         // refused.
         type Judge = fn(&str) -> bool;
-        let cases: [(&str, Judge, &str, bool); 20] = [
+        let cases: [(&str, Judge, &str, bool); 21] = [
             ("Node", same::<Node>, "metadata: {name: n1, labels: {a: b}}", false),
             ("Node", same::<Node>, "metadata: {name: N_1}", true),
             ("Node", same::<Node>, "metadata: {name: n1, labels: {'a/b/c': x}}", true),
@@ -1366,7 +1411,9 @@ mod tests {
             ("EndpointSlice", same::<EndpointSlice>, "metadata: {name: s}\naddressType: IPv4\nendpoints: [{addresses: [127.0.0.1]}]", true),
             ("EndpointSlice", same::<EndpointSlice>, "metadata: {name: s}\naddressType: IPv6\nendpoints: [{addresses: [10.1.0.5]}]", true),
             ("Endpoints", same::<Endpoints>, "metadata: {name: e}\nsubsets: [{addresses: [{ip: 10.1.0.5}]}]", false),
-            ("Endpoints", same::<Endpoints>, "metadata: {name: e}\nsubsets: [{notReadyAddresses: [{ip: 0.0.0.0}]}]", true),
+            // A stored Endpoints' addresses are its reader's to skip (mirroring).
+            ("Endpoints", same::<Endpoints>, "metadata: {name: e}\nsubsets: [{notReadyAddresses: [{ip: 0.0.0.0}]}]", false),
+            ("Endpoints", same::<Endpoints>, "metadata: {name: E}\nsubsets: [{notReadyAddresses: [{ip: 10.1.0.5}]}]", true),
             ("Endpoints", same::<Endpoints>, "metadata: {name: e}\nsubsets: [{addresses: [{ip: 10.1.0.5, nodeName: n1, targetRef: {kind: Pod, name: p}}], notReadyAddresses: [{ip: 10.1.0.6}], ports: [{port: 80}]}, {addresses: [{ip: 10.1.0.7}]}]", false),
             ("EndpointSlice", same::<EndpointSlice>, "metadata: {name: s}\naddressType: IPv4\nendpoints: [{addresses: [10.1.0.5], conditions: {ready: true}, targetRef: {kind: Pod, name: p}}, {addresses: []}]", true),
             ("EndpointSlice", same::<EndpointSlice>, "metadata: {name: s}\naddressType: FQDN\nendpoints: [{addresses: [example.com]}]\nports: [{port: 80}]", false),

@@ -161,6 +161,8 @@ fn a_family_without_addresses_loses_its_slice() {
 #[test]
 fn invalid_addresses_skipped_with_warning() {
     let eps = endpoints(vec![subset(&["10.0.0.1", "not-an-ip"], &[], &[80])]);
+    // Issue 46: the front door lets such a stored object through to be mirrored.
+    assert_eq!(conventions::validate::stored(&eps), Ok(()));
     let plan = reconcile(Some(&selectorless()), Some(&eps), &[], &Options::default());
     assert_eq!(plan.create[0].endpoints.len(), 1);
     assert_eq!(plan.warnings[0].reason, "InvalidIPAddress");
