@@ -196,9 +196,20 @@ pub fn reconcile_endpoints(
     plan
 }
 
+/// An Endpoints address as an EndpointSlice endpoint, its IP written again in
+/// canonical form as upstream's `addressToEndpoint` does (Go's `net.IP.String`:
+/// RFC 5952 for IPv6, an IPv4-mapped address as IPv4, leading zeros gone)
+/// (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/controller/endpointslicemirroring/utils.go>).
 fn address_to_endpoint(addr: &EndpointAddress, ready: bool) -> Endpoint {
+    let ip = match util::parse_ip(&addr.ip) {
+        Some(std::net::IpAddr::V6(v6)) => v6
+            .to_ipv4_mapped()
+            .map_or_else(|| v6.to_string(), |v4| v4.to_string()),
+        Some(ip) => ip.to_string(),
+        None => addr.ip.clone(),
+    };
     Endpoint {
-        addresses: vec![addr.ip.clone()],
+        addresses: vec![ip],
         conditions: Some(EndpointConditions {
             ready: Some(ready),
             ..Default::default()

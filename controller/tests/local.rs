@@ -374,3 +374,75 @@ fn the_last_definition_of_an_object_is_used() {
     assert!(slice.endpoints.is_empty());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 46: a Service named `1api` (a DNS-1123 label, valid since KEP-5311) gets
+/// its EndpointSlice and Endpoints like any other.
+#[test]
+fn a_service_whose_name_starts_with_a_digit_gets_endpoint_slices() {
+    let dir = temp_dir("1api");
+    for f in ["pods.yaml", "node.yaml"] {
+        std::fs::copy(examples().join(f), dir.join(f)).unwrap();
+    }
+    let service = std::fs::read_to_string(examples().join("service.yaml")).unwrap();
+    let service = service.replace("name: web\n", "name: 1api\n");
+    assert!(service.contains("name: 1api"));
+    std::fs::write(dir.join("service.yaml"), service).unwrap();
+    let mut state = store::State::default();
+    let (plan, loaded, _) = local::plan_dir(&dir, &store::Options::default(), &mut state).unwrap();
+    assert!(loaded.rejected.is_empty(), "{:?}", loaded.rejected);
+    let Some(Object::EndpointSlice(slice)) = plan.create.first() else {
+        panic!("no EndpointSlice planned: {plan:?}");
+    };
+    assert!(slice.metadata.name.as_deref().unwrap().starts_with("1api-"));
+    assert_eq!(
+        slice.metadata.labels.as_ref().unwrap()["kubernetes.io/service-name"],
+        "1api"
+    );
+    assert_eq!(slice.endpoints.len(), 3);
+    assert_eq!(plan.create[1].kind(), "Endpoints");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 46: files stand for stored objects: an Endpoints with an invalid address
+/// has its valid ones mirrored, as upstream's mirroring controller does.
+#[test]
+fn an_endpoints_file_with_an_invalid_address_has_its_valid_ones_mirrored() {
+    let dir = temp_dir("mirror-invalid");
+    std::fs::write(
+        dir.join("external.yaml"),
+        "apiVersion: v1
+kind: Service
+metadata: {name: external, namespace: default, uid: 6c1e3f0a-3b7d-4c55-9d1e-2f1a0c0b7e09}
+spec:
+  clusterIP: 10.96.0.30
+  ports: [{name: http, port: 80, protocol: TCP}]
+---
+apiVersion: v1
+kind: Endpoints
+metadata: {name: external, namespace: default, uid: 6c1e3f0a-3b7d-4c55-9d1e-2f1a0c0b7e0a}
+subsets:
+- addresses: [{ip: 192.0.2.10}, {ip: not-an-ip}]
+  ports: [{name: http, port: 80, protocol: TCP}]
+",
+    )
+    .unwrap();
+    let mut state = store::State::default();
+    let (plan, loaded, _) = local::plan_dir(&dir, &store::Options::default(), &mut state).unwrap();
+    assert!(loaded.rejected.is_empty(), "{:?}", loaded.rejected);
+    let slices: Vec<_> = plan
+        .create
+        .iter()
+        .filter_map(|o| match o {
+            Object::EndpointSlice(s) => Some(s),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(slices.len(), 1, "{plan:?}");
+    let addresses: Vec<&str> = slices[0]
+        .endpoints
+        .iter()
+        .map(|e| e.addresses[0].as_str())
+        .collect();
+    assert_eq!(addresses, ["192.0.2.10"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}

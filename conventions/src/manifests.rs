@@ -593,7 +593,8 @@ pub fn objects(
 /// documents are read; the rest of the stream is left out with one problem.
 ///
 /// An object of a kind the binaries read passes [`crate::validate::object`] first
-/// (the API server's rules). A reason `each` returns, a refused object, or a
+/// (the API server's rules for an object it holds, [`crate::validate::Rules::Stored`]:
+/// a file stands for what a cluster stores, written under older releases too). A reason `each` returns, a refused object, or a
 /// document without `apiVersion` or `kind`, becomes a problem naming the document
 /// (and the List item), the object and the field; the other objects are still
 /// read. `Err` when the stream cannot be read or the YAML itself is broken:
@@ -764,7 +765,7 @@ fn take(
         Some(ns) if !ns.is_empty() => format!("{kind} {ns}/{name}"),
         _ => format!("{kind} {name}"),
     };
-    if let Err(invalid) = crate::validate::object(&kind, &value, crate::validate::Rules::Create) {
+    if let Err(invalid) = crate::validate::object(&kind, &value, crate::validate::Rules::Stored) {
         return Err(Refusal {
             reason: format!("{object}: {}: {}; skipped", invalid.field, invalid.reason),
             object: Some(object),

@@ -127,7 +127,11 @@ fn build<const L2: usize>(ctx: &TcContext, l4_off: usize) -> Result<i32, ()> {
         None
     };
     let ip: Ipv4Hdr = load(ctx, L2).ok_or(())?;
-    let total = ip.tot_len() as usize;
+    // Only what arrived is quoted: a header may claim more than the frame holds, and
+    // `bpf_skb_change_tail` would grow the packet with zeros to the claim (issue 46).
+    let claimed = ip.tot_len() as usize;
+    let arrived = (ctx.len() as usize).saturating_sub(L2);
+    let total = if claimed < arrived { claimed } else { arrived };
     let quote = if total < QUOTE_MAX { total } else { QUOTE_MAX } & !3;
     // The quote must hold the IP header and the 8 bytes of ports (RFC 792).
     if quote < IP_HDR + 8 {

@@ -299,7 +299,8 @@ impl Syncer {
     /// Writes what the uplink program masquerades with when it changed: the node's
     /// primary address (its Node object), else the first address of an uplink the
     /// agent attached to; none while neither is known (such connections are then
-    /// dropped and counted, `drop_no_node_addr`).
+    /// dropped and counted, `drop_no_node_addr`). IPv4 (`NAT_CONFIG`) and IPv6
+    /// (`NAT_CONFIG6`) are decided apart ([`nat_writes`]).
     fn sync_nat(&mut self, dp: &mut Datapath) {
         let uplinks: Vec<String> = dp
             .attached()
@@ -307,77 +308,82 @@ impl Syncer {
             .filter(|(_, (_, role))| *role == interfaces::Role::External)
             .map(|(name, _)| name)
             .collect();
-        if uplinks.is_empty() && self.nat.is_none() {
-            return;
-        }
-        let addr = self.pipeline.compiler.node_ip().or_else(|| {
-            interfaces::ipv4_addresses_by_interface()
-                .ok()?
-                .into_iter()
-                .find(|(name, _)| uplinks.contains(name))
-                .map(|(_, a)| a)
-        });
-        let nat = dataplane_common::NatConfig {
+        // A family with nothing attached to an uplink and nothing written yet has
+        // nothing to write.
+        let wants = !uplinks.is_empty() || self.nat.is_some();
+        let wants6 = dp.has_ipv6_maps() && (!uplinks.is_empty() || self.nat6.is_some());
+        let addr = wants
+            .then(|| {
+                self.pipeline.compiler.node_ip().or_else(|| {
+                    interfaces::ipv4_addresses_by_interface()
+                        .ok()?
+                        .into_iter()
+                        .find(|(name, _)| uplinks.contains(name))
+                        .map(|(_, a)| a)
+                })
+            })
+            .flatten();
+        let nat = wants.then(|| dataplane_common::NatConfig {
             node_addr_be: addr.map_or(0, |a| u32::from(a).to_be()),
             port_min: self.snat_ports.0,
             port_max: self.snat_ports.1,
-        };
-        if self.nat == Some(nat) {
-            return;
-        }
-        if self.nat.is_none() {
-            warn_if_local_ports_overlap(self.snat_ports);
-        }
-        match dp.set_nat(nat) {
-            Ok(()) => {
-                match addr {
-                    Some(a) => info!(address = %a, ports = ?self.snat_ports, "masquerading clients from outside the node to this address"),
-                    None => warn!("no address of the node is known (no Node object with one, no address on an uplink): connections from outside the node that need masquerading are dropped"),
-                }
-                self.nat = Some(nat);
+        });
+        let addr6 = wants6.then(|| self.node_addr6(&uplinks)).flatten();
+        let nat6 = wants6.then(|| dataplane_common::NatConfig6 {
+            node_addr_be: addr6.map_or([0; 4], |a| dataplane_common::addr_of(a.octets())),
+            port_min: self.snat_ports.0,
+            port_max: self.snat_ports.1,
+        });
+        let (nat, nat6) = nat_writes((self.nat, self.nat6), (nat, nat6));
+        if let Some(nat) = nat {
+            if self.nat.is_none() {
+                warn_if_local_ports_overlap(self.snat_ports);
             }
-            Err(e) => warn!("writing the masquerade settings: {e}; trying again at the next sync"),
+            match dp.set_nat(nat) {
+                Ok(()) => {
+                    match addr {
+                        Some(a) => info!(address = %a, ports = ?self.snat_ports, "masquerading clients from outside the node to this address"),
+                        None => warn!("no address of the node is known (no Node object with one, no address on an uplink): connections from outside the node that need masquerading are dropped"),
+                    }
+                    self.nat = Some(nat);
+                }
+                Err(e) => {
+                    warn!("writing the masquerade settings: {e}; trying again at the next sync")
+                }
+            }
         }
-        self.sync_nat6(dp, &uplinks);
+        if let Some(nat6) = nat6 {
+            match dp.set_nat6(nat6) {
+                Ok(()) => {
+                    match addr6 {
+                        Some(a) => info!(address = %a, ports = ?self.snat_ports, "masquerading IPv6 clients from outside the node to this address"),
+                        // An IPv4-only node, as most are: said once, not a problem.
+                        None => info!("no IPv6 address of the node is known (no Node object with one, no global IPv6 address on an uplink): IPv6 connections from outside the node that need masquerading are dropped"),
+                    }
+                    self.nat6 = Some(nat6);
+                }
+                Err(e) => {
+                    warn!(
+                        "writing the IPv6 masquerade settings: {e}; trying again at the next sync"
+                    )
+                }
+            }
+        }
     }
 
-    /// [`sync_nat`](Self::sync_nat) for IPv6 (`NAT_CONFIG6`): the node's primary
+    /// IPv6's masquerade source for [`sync_nat`](Self::sync_nat): the node's primary
     /// IPv6 address, else the first global IPv6 address of an uplink (a link-local
     /// one is never a masquerade source: replies from other links could not reach
     /// it).
-    fn sync_nat6(&mut self, dp: &mut Datapath, uplinks: &[String]) {
-        if !dp.has_ipv6_maps() {
-            return;
-        }
-        let addr = self.pipeline.compiler.node_ip6().or_else(|| {
+    fn node_addr6(&self, uplinks: &[String]) -> Option<std::net::Ipv6Addr> {
+        self.pipeline.compiler.node_ip6().or_else(|| {
             interfaces::ipv6_addresses_by_interface()
                 .ok()?
                 .into_iter()
                 .filter(|(_, a)| usable_node_addr6(a))
                 .find(|(name, _)| uplinks.iter().any(|u| u == name))
                 .map(|(_, a)| a)
-        });
-        let nat = dataplane_common::NatConfig6 {
-            node_addr_be: addr.map_or([0; 4], |a| dataplane_common::addr_of(a.octets())),
-            port_min: self.snat_ports.0,
-            port_max: self.snat_ports.1,
-        };
-        if self.nat6 == Some(nat) {
-            return;
-        }
-        match dp.set_nat6(nat) {
-            Ok(()) => {
-                match addr {
-                    Some(a) => info!(address = %a, ports = ?self.snat_ports, "masquerading IPv6 clients from outside the node to this address"),
-                    // An IPv4-only node, as most are: said once, not a problem.
-                    None => info!("no IPv6 address of the node is known (no Node object with one, no global IPv6 address on an uplink): IPv6 connections from outside the node that need masquerading are dropped"),
-                }
-                self.nat6 = Some(nat);
-            }
-            Err(e) => {
-                warn!("writing the IPv6 masquerade settings: {e}; trying again at the next sync")
-            }
-        }
+        })
     }
 
     fn sync(&mut self, dp: &mut Datapath) {
@@ -1155,4 +1161,96 @@ fn usable_node_addr6(a: &std::net::Ipv6Addr) -> bool {
         || a.is_unspecified()
         || a.is_multicast()
         || a.segments()[0] & 0xffc0 == 0xfe80)
+}
+
+/// The masquerade settings [`Syncer::sync_nat`] writes, IPv4's and IPv6's: what is
+/// wanted where it differs from what was last written (`None` wanted: that family
+/// has nothing to write now). Each family is decided on its own: IPv4's settings
+/// being unchanged says nothing of IPv6's (issue 46: an IPv6 node address that
+/// appeared after the IPv4 one never reached `NAT_CONFIG6`).
+fn nat_writes<A: PartialEq, B: PartialEq>(
+    written: (Option<A>, Option<B>),
+    wanted: (Option<A>, Option<B>),
+) -> (Option<A>, Option<B>) {
+    let (written, written6) = written;
+    let (wanted, wanted6) = wanted;
+    (
+        wanted.filter(|n| written.as_ref() != Some(n)),
+        wanted6.filter(|n| written6.as_ref() != Some(n)),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use dataplane_common::{NatConfig, NatConfig6};
+
+    fn nat(addr: [u8; 4]) -> NatConfig {
+        NatConfig {
+            node_addr_be: u32::from(std::net::Ipv4Addr::from(addr)).to_be(),
+            port_min: 61_000,
+            port_max: 65_535,
+        }
+    }
+
+    fn nat6(addr: &str) -> NatConfig6 {
+        let a: std::net::Ipv6Addr = addr.parse().unwrap();
+        NatConfig6 {
+            node_addr_be: dataplane_common::addr_of(a.octets()),
+            port_min: 61_000,
+            port_max: 65_535,
+        }
+    }
+
+    /// Issue 46: the IPv4 settings unchanged, the node's IPv6 address that appeared
+    /// since must still be written to `NAT_CONFIG6`.
+    #[test]
+    fn an_ipv6_node_address_is_written_while_ipv4_s_settings_are_unchanged() {
+        let v4 = nat([192, 0, 2, 10]);
+        let unknown6 = nat6("::");
+        let known6 = nat6("2001:db8::10");
+        assert_eq!(
+            nat_writes((Some(v4), Some(unknown6)), (Some(v4), Some(known6))),
+            (None, Some(known6))
+        );
+    }
+
+    /// Issue 46: no IPv4 settings to write at all (no uplink yet, none written),
+    /// IPv6's are still decided on their own.
+    #[test]
+    fn ipv6_settings_are_written_when_ipv4_has_none_to_write() {
+        let known6 = nat6("2001:db8::10");
+        assert_eq!(
+            nat_writes::<NatConfig, _>((None, None), (None, Some(known6))),
+            (None, Some(known6))
+        );
+    }
+
+    #[test]
+    fn each_family_is_written_once_and_again_only_when_it_changes() {
+        let (a, b) = (nat([192, 0, 2, 10]), nat([192, 0, 2, 11]));
+        let (a6, b6) = (nat6("2001:db8::10"), nat6("2001:db8::11"));
+        assert_eq!(
+            nat_writes((None, None), (Some(a), Some(a6))),
+            (Some(a), Some(a6))
+        );
+        assert_eq!(
+            nat_writes((Some(a), Some(a6)), (Some(a), Some(a6))),
+            (None, None)
+        );
+        assert_eq!(
+            nat_writes((Some(a), Some(a6)), (Some(b), Some(a6))),
+            (Some(b), None)
+        );
+        assert_eq!(
+            nat_writes((Some(a), Some(a6)), (Some(a), Some(b6))),
+            (None, Some(b6))
+        );
+        // No IPv6 maps: nothing of IPv6 is wanted, so nothing is written.
+        assert_eq!(
+            nat_writes::<_, NatConfig6>((Some(a), None), (Some(b), None)),
+            (Some(b), None)
+        );
+    }
 }

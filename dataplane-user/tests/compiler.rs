@@ -680,3 +680,41 @@ endpoints:
     assert!(guarded(&compile_with(r#"["10.0.0.0/8", "0.0.0.0/0"]"#, None)).is_empty());
     assert!(guarded(&compile_with("[]", None)).is_empty());
 }
+
+/// Issue 46: a Service whose name is a DNS-1123 label that is not a DNS-1035 one
+/// (`1api`, valid since KEP-5311) passes the front door of a manifest directory and
+/// is programmed like any other.
+#[test]
+fn a_service_whose_name_starts_with_a_digit_is_programmed() {
+    let yaml = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: 1api, namespace: shop}
+spec:
+  clusterIP: 10.96.0.41
+  ports: [{name: http, port: 80, protocol: TCP, targetPort: 8080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: 1api-x1, namespace: shop, labels: {kubernetes.io/service-name: 1api}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- {addresses: [10.244.1.2], nodeName: node-1}
+"#;
+    let (objects, problems) = parse_file(Path::new("1api.yaml"), yaml);
+    assert!(problems.is_empty(), "{problems:?}");
+    let objects = objects.unwrap();
+    assert_eq!(objects.services.len(), 1);
+    let compiled = compile(&objects.services, &objects.slices, &Options::default());
+    assert!(compiled.skipped.is_empty(), "{:?}", compiled.skipped);
+    let vip = u32::from(std::net::Ipv4Addr::new(10, 96, 0, 41)).to_be();
+    assert!(
+        compiled
+            .frontends
+            .keys()
+            .any(|k| k.addr_be == vip && k.port_be == 80u16.to_be()),
+        "{:?}",
+        compiled.frontends.keys().collect::<Vec<_>>()
+    );
+}

@@ -271,6 +271,16 @@ fn tcp(src: SocketAddrV4, dst: &str, flags: u8) -> Vec<u8> {
     build(&PacketSpec::tcp(src, addr(dst), flags))
 }
 
+/// `frame` with its IPv4 header claiming `total` bytes (its checksum made again),
+/// whatever the frame holds: a truncated datagram.
+fn claiming(mut frame: Vec<u8>, total: u16) -> Vec<u8> {
+    frame[ETH + 2..ETH + 4].copy_from_slice(&total.to_be_bytes());
+    frame[ETH + 10..ETH + 12].fill(0);
+    let sum = sliceway_agent::kernel::packet::checksum(&frame[ETH..ETH + 20], 0);
+    frame[ETH + 10..ETH + 12].copy_from_slice(&sum.to_be_bytes());
+    frame
+}
+
 /// The source port a connection from `src` to `dst` gets when its reply tuple is
 /// taken: the first candidate of the rule, `1024 + flow_hash % 64512` (over IPv6,
 /// when the table runs as its IPv6 twins, `flow_hash6` of the twins).
@@ -617,6 +627,19 @@ static FIXTURES: &[Fixture] = &[
         remaps: &[],
         steps: &[Step {
             input: || udp(client(5004), "10.96.0.20:53", &[0xab; 1000]),
+            verdict: REJECT,
+            reason: stat::REJECT_NO_BACKEND,
+            output: Out::Rejected,
+        }],
+    },
+    Fixture {
+        // Issue 46: the quote was sized from the header's claim, and the reply
+        // grown to it with zeros (590 bytes, 508 of them zeros).
+        description: "a rejected truncated SYN claiming 1,500 bytes quotes only what arrived",
+        maps: ONE_BACKEND,
+        remaps: &[],
+        steps: &[Step {
+            input: || claiming(tcp(client(40005), "10.96.0.20:80", TCP_SYN), 1500),
             verdict: REJECT,
             reason: stat::REJECT_NO_BACKEND,
             output: Out::Rejected,

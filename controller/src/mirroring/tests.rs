@@ -161,6 +161,8 @@ fn a_family_without_addresses_loses_its_slice() {
 #[test]
 fn invalid_addresses_skipped_with_warning() {
     let eps = endpoints(vec![subset(&["10.0.0.1", "not-an-ip"], &[], &[80])]);
+    // Issue 46: the front door lets such a stored object through to be mirrored.
+    assert_eq!(conventions::validate::stored(&eps), Ok(()));
     let plan = reconcile(Some(&selectorless()), Some(&eps), &[], &Options::default());
     assert_eq!(plan.create[0].endpoints.len(), 1);
     assert_eq!(plan.warnings[0].reason, "InvalidIPAddress");
@@ -243,4 +245,41 @@ fn extra_slices_for_one_subset_are_deleted() {
     assert_eq!(plan.delete.len(), 1);
     assert_eq!(plan.delete[0].metadata.name.as_deref(), Some("b"));
     assert!(plan.update.is_empty());
+}
+
+/// Issue 46: mirrored IPs are in canonical form, as upstream's `addressToEndpoint`
+/// parses and writes them again (`1234::5678:0000:0000:9abc:def0` becomes
+/// `1234::5678:0:0:9abc:def0`); IPv4 with leading zeros as an older API server
+/// stored it, and IPv4-mapped IPv6, as Go writes them.
+#[test]
+fn mirrored_addresses_are_canonical() {
+    let eps = endpoints(vec![subset(
+        &[
+            "1234::5678:0000:0000:9abc:def0",
+            "010.000.000.001",
+            "::ffff:10.0.0.2",
+        ],
+        &[],
+        &[80],
+    )]);
+    let plan = reconcile(Some(&selectorless()), Some(&eps), &[], &Options::default());
+    let mut got: Vec<(&str, &str)> = plan
+        .create
+        .iter()
+        .flat_map(|s| {
+            s.endpoints
+                .iter()
+                .map(move |e| (s.address_type.as_str(), e.addresses[0].as_str()))
+        })
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            ("IPv4", "10.0.0.1"),
+            ("IPv4", "10.0.0.2"),
+            ("IPv6", "1234::5678:0:0:9abc:def0")
+        ],
+        "{plan:?}"
+    );
 }

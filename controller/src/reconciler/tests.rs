@@ -267,6 +267,8 @@ fn reconcile_replaces_unsupported_address_type() {
     // Slices of the deprecated `IP` type are deleted, not recycled.
     let mut old = slice("old", 0..3);
     old.address_type = "IP".into();
+    // Issue 46: the front door lets such a stored slice through to be replaced.
+    assert_eq!(conventions::validate::stored(&old), Ok(()));
     let plan = run(&service(), &pods(3), &[old], 100);
     assert_eq!(plan.create.len(), 1);
     assert_eq!(plan.create[0].address_type, "IPv4");

@@ -88,7 +88,10 @@ fn build<const L2: usize>(ctx: &TcContext) -> Result<i32, ()> {
         return Err(());
     }
     let payload = u16::from_be_bytes([head[ipv6::PAYLOAD_LEN], head[ipv6::PAYLOAD_LEN + 1]]);
-    let total = ipv6::LEN + payload as usize;
+    // Only what arrived is quoted, as for IPv4 (issue 46).
+    let claimed = ipv6::LEN + payload as usize;
+    let arrived = (ctx.len() as usize).saturating_sub(L2);
+    let total = if claimed < arrived { claimed } else { arrived };
     let quote = if total < QUOTE_MAX { total } else { QUOTE_MAX } & !3;
     if quote < ipv6::LEN + 8 {
         return Err(());

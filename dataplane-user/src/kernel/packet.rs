@@ -277,12 +277,13 @@ pub fn checksum(data: &[u8], initial: u32) -> u16 {
 /// datagram), written from the RFCs for tests to compare with: ICMP destination
 /// unreachable, port unreachable (RFC 792), from the address the client asked for,
 /// quoting as much of the datagram as fits in 576 bytes (RFC 1812 4.3.2.3) in whole
-/// 32-bit words; IP TOS of the kernel's own ICMP errors (internetwork control), TTL
+/// 32-bit words, of what arrived (never more than the frame holds, whatever the
+/// header claims); IP TOS of the kernel's own ICMP errors (internetwork control), TTL
 /// 64, Ethernet addresses swapped.
 pub fn icmp_port_unreachable(original: &[u8]) -> Vec<u8> {
     let ip = &original[14..];
     let total = u16::from_be_bytes([ip[2], ip[3]]) as usize;
-    let quote = &ip[..total.min(576 - 28) / 4 * 4];
+    let quote = &ip[..total.min(ip.len()).min(576 - 28) / 4 * 4];
     let mut out = Vec::with_capacity(14 + 28 + quote.len());
     out.extend_from_slice(&reply_ethernet(original));
     let mut hdr = [0u8; 20];
@@ -521,11 +522,11 @@ pub fn parse6(p: &[u8]) -> Option<Parsed6> {
 /// packet), written from the RFCs for tests to compare with: ICMPv6 destination
 /// unreachable, port unreachable (RFC 4443, 3.1), from the address the client asked
 /// for, quoting the packet up to the programs' cap of 548 bytes in whole 32-bit
-/// words; hop limit 64, Ethernet addresses swapped.
+/// words, of what arrived (never more than the frame holds); hop limit 64, Ethernet addresses swapped.
 pub fn icmp6_port_unreachable(original: &[u8]) -> Vec<u8> {
     let ip = &original[14..];
     let total = 40 + u16::from_be_bytes([ip[4], ip[5]]) as usize;
-    let quote = &ip[..total.min(548) / 4 * 4];
+    let quote = &ip[..total.min(ip.len()).min(548) / 4 * 4];
     let from: [u8; 16] = ip[24..40].try_into().unwrap_or_default();
     let to: [u8; 16] = ip[8..24].try_into().unwrap_or_default();
     icmp6_message(&reply_ethernet(original), &from, &to, 1, 4, 0, quote)
