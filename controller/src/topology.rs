@@ -177,34 +177,59 @@ pub fn reconcile_hints(
             .spec
             .as_ref()
             .and_then(|s| s.traffic_distribution.as_deref());
+        // As v1.37.2's `trafficdist` `ReconcileHints`
+        // (<https://github.com/kubernetes/endpointslice/blob/v0.37.2/trafficdist/trafficdist.go>):
+        // under PreferClose, PreferSameZone and PreferSameNode a ready endpoint gets
+        // its zone's hint (and its node's under PreferSameNode), or none when it has
+        // neither; an endpoint that is not ready (`ready: true` only counts there) is
+        // left as it is. Any other value removes every hint. Issue 46.
+        let close = matches!(
+            td,
+            Some("PreferClose" | "PreferSameZone" | "PreferSameNode")
+        );
+        let node_hints = td == Some("PreferSameNode");
+        let skips =
+            |ep: &Endpoint| close && ep.conditions.as_ref().and_then(|c| c.ready) != Some(true);
         let want = |ep: &Endpoint| -> Option<EndpointHints> {
-            match td {
-                Some("PreferClose" | "PreferSameZone") => ep.zone.as_deref().map(zone_hint),
-                Some("PreferSameNode") => {
-                    let zones = ep.zone.as_ref().map(|z| vec![ForZone { name: z.clone() }]);
-                    let nodes = ep
-                        .node_name
+            let zones = close
+                .then(|| ep.zone.as_ref().map(|z| vec![ForZone { name: z.clone() }]))
+                .flatten();
+            let nodes = node_hints
+                .then(|| {
+                    ep.node_name
                         .as_ref()
-                        .map(|n| vec![ForNode { name: n.clone() }]);
-                    if zones.is_none() && nodes.is_none() {
-                        None
-                    } else {
-                        Some(EndpointHints {
-                            for_zones: zones,
-                            for_nodes: nodes,
-                        })
-                    }
-                }
-                _ => None,
-            }
+                        .map(|n| vec![ForNode { name: n.clone() }])
+                })
+                .flatten();
+            (zones.is_some() || nodes.is_some()).then_some(EndpointHints {
+                for_zones: zones,
+                for_nodes: nodes,
+            })
         };
-        // Endpoints without a zone keep what they have under PreferClose, as upstream.
-        let keeps = |ep: &Endpoint| {
-            matches!(td, Some("PreferClose" | "PreferSameZone")) && ep.zone.is_none()
+        // Upstream's `needsUpdate`: a hint missing, wrong or stale.
+        let stale = |ep: &Endpoint| -> bool {
+            if skips(ep) {
+                return false;
+            }
+            let hints = ep.hints.as_ref();
+            if !close {
+                return hints.is_some();
+            }
+            let zones = hints.and_then(|h| h.for_zones.as_deref()).unwrap_or(&[]);
+            let nodes = hints.and_then(|h| h.for_nodes.as_deref()).unwrap_or(&[]);
+            let zone_wrong = match &ep.zone {
+                Some(z) => zones.len() != 1 || zones[0].name != *z,
+                None => !zones.is_empty(),
+            };
+            let node_wrong = match ep.node_name.as_ref().filter(|_| node_hints) {
+                Some(n) => nodes.len() != 1 || nodes[0].name != *n,
+                None => !nodes.is_empty(),
+            };
+            zone_wrong || node_wrong
         };
         let apply = |slice: &mut EndpointSlice| {
             for ep in &mut slice.endpoints {
-                if !keeps(ep) {
+                if !skips(ep) {
                     ep.hints = want(ep);
                 }
             }
@@ -216,11 +241,7 @@ pub fn reconcile_hints(
             apply(slice);
         }
         for slice in unchanged {
-            if slice
-                .endpoints
-                .iter()
-                .any(|ep| !keeps(ep) && ep.hints != want(ep))
-            {
+            if slice.endpoints.iter().any(stale) {
                 let mut slice = slice.clone();
                 apply(&mut slice);
                 update.push(slice);
@@ -446,6 +467,172 @@ fn add_hints(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Cases of upstream's `TestReconcileHints`
+    /// (<https://github.com/kubernetes/endpointslice/blob/v0.37.2/trafficdist/trafficdist_test.go>),
+    /// issue 46.
+    mod traffic_distribution {
+        use super::super::*;
+
+        fn svc(td: &str) -> Service {
+            Service {
+                spec: Some(k8s_openapi::api::core::v1::ServiceSpec {
+                    traffic_distribution: Some(td.into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }
+        }
+
+        fn ep(
+            ip: &str,
+            zone: Option<&str>,
+            node: &str,
+            ready: bool,
+            hint: Option<&str>,
+        ) -> Endpoint {
+            Endpoint {
+                addresses: vec![ip.into()],
+                zone: zone.map(Into::into),
+                node_name: Some(node.into()),
+                conditions: Some(k8s_openapi::api::discovery::v1::EndpointConditions {
+                    ready: Some(ready),
+                    ..Default::default()
+                }),
+                hints: hint.map(zone_hint),
+                ..Default::default()
+            }
+        }
+
+        fn slice(endpoints: Vec<Endpoint>) -> EndpointSlice {
+            EndpointSlice {
+                endpoints,
+                ..Default::default()
+            }
+        }
+
+        const OPTS: HintSources = HintSources {
+            topology_mode: false,
+            traffic_distribution: true,
+        };
+
+        /// Reconciles and returns (create, update, how many unchanged slices moved).
+        fn run(
+            td: &str,
+            mut create: Vec<EndpointSlice>,
+            mut update: Vec<EndpointSlice>,
+            unchanged: &[EndpointSlice],
+        ) -> (Vec<EndpointSlice>, Vec<EndpointSlice>) {
+            let unchanged = unchanged.iter().collect();
+            reconcile_hints(&svc(td), None, OPTS, &mut create, &mut update, unchanged);
+            (create, update)
+        }
+
+        #[test]
+        fn should_correct_incorrect_hints_with_prefer_close() {
+            let (_, update) = run(
+                "PreferClose",
+                vec![],
+                vec![slice(vec![ep(
+                    "10.0.0.1",
+                    Some("zone-a"),
+                    "node-1",
+                    true,
+                    Some("zone-b"),
+                )])],
+                &[
+                    slice(vec![ep(
+                        "10.0.0.2",
+                        Some("zone-b"),
+                        "node-2",
+                        true,
+                        Some("zone-c"),
+                    )]),
+                    slice(vec![ep("10.0.0.3", Some("zone-c"), "node-3", true, None)]),
+                ],
+            );
+            let want = vec![
+                slice(vec![ep(
+                    "10.0.0.1",
+                    Some("zone-a"),
+                    "node-1",
+                    true,
+                    Some("zone-a"),
+                )]),
+                slice(vec![ep(
+                    "10.0.0.2",
+                    Some("zone-b"),
+                    "node-2",
+                    true,
+                    Some("zone-b"),
+                )]),
+                slice(vec![ep(
+                    "10.0.0.3",
+                    Some("zone-c"),
+                    "node-3",
+                    true,
+                    Some("zone-c"),
+                )]),
+            ];
+            assert_eq!(update, want);
+        }
+
+        #[test]
+        fn unready_endpoints_should_not_trigger_updates() {
+            let unready = slice(vec![ep("10.0.0.2", Some("zone-b"), "node-2", false, None)]);
+            let (_, update) = run(
+                "PreferClose",
+                vec![],
+                vec![],
+                std::slice::from_ref(&unready),
+            );
+            assert!(update.is_empty(), "{update:?}");
+            // Nor are they hinted in a slice being written.
+            let (create, _) = run("PreferClose", vec![unready.clone()], vec![], &[]);
+            assert_eq!(create, [unready]);
+        }
+
+        #[test]
+        fn should_not_create_hints_with_prefer_close_if_there_are_no_zones() {
+            let zoneless = slice(vec![ep("10.0.0.1", None, "node-1", true, None)]);
+            let (create, _) = run("PreferClose", vec![zoneless.clone()], vec![], &[]);
+            assert_eq!(create, std::slice::from_ref(&zoneless));
+            // A zone hint left on a ready endpoint without a zone is stale: removed.
+            let old = slice(vec![ep("10.0.0.1", None, "node-1", true, Some("zone-a"))]);
+            let (_, update) = run("PreferClose", vec![], vec![], &[old]);
+            assert_eq!(update, [zoneless]);
+        }
+
+        #[test]
+        fn should_set_zone_and_node_hints_with_prefer_same_node() {
+            let (create, _) = run(
+                "PreferSameNode",
+                vec![slice(vec![ep(
+                    "10.0.0.1",
+                    Some("zone-a"),
+                    "node-1",
+                    true,
+                    None,
+                )])],
+                vec![],
+                &[],
+            );
+            let hints = create[0].endpoints[0].hints.clone().unwrap();
+            assert_eq!(hints.for_zones.unwrap()[0].name, "zone-a");
+            assert_eq!(hints.for_nodes.unwrap()[0].name, "node-1");
+        }
+
+        #[test]
+        fn should_remove_hints_when_traffic_distribution_is_unrecognized() {
+            let hinted = slice(vec![
+                ep("10.0.0.1", Some("zone-a"), "node-1", true, Some("zone-a")),
+                ep("10.0.0.2", Some("zone-b"), "node-2", false, Some("zone-b")),
+            ]);
+            let (_, update) = run("Unknown", vec![], vec![], &[hinted]);
+            assert_eq!(update.len(), 1);
+            assert!(update[0].endpoints.iter().all(|e| e.hints.is_none()));
+        }
+    }
 
     #[test]
     fn cpu_quantities() {
