@@ -527,7 +527,7 @@ fn fig2_notes(m: &mut String, f: &Fig2) {
 /// The report's first line: when, at which commit and on what machine it ran.
 pub fn header(e: &crate::Environment) -> String {
     format!(
-        "Run on {} at commit {}{}; machine: {} CPUs, {} of memory, kernel {}.\n",
+        "Run on {} at commit {}{}; machine: {} CPUs, {} of memory, kernel {}.",
         e.date,
         e.commit,
         if e.dirty {
@@ -546,6 +546,8 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
     let mut m = String::new();
     let e = &r.environment;
     let _ = writeln!(m, "# sliceway benchmarks ({:?} run)\n", r.config.mode);
+    // The header and the run's conditions (the idle states among them) in one
+    // paragraph, so both are in the report's first lines.
     let _ = writeln!(m, "{}", header(e));
     let _ = writeln!(
         m,
@@ -1258,7 +1260,7 @@ mod tests {
         assert_eq!(
             super::header(&e),
             "Run on 2026-12-01 at commit c161e47; machine: 2 CPUs, 7.8 GiB of memory, \
-             kernel 6.18.0.\n"
+             kernel 6.18.0."
         );
         e.dirty = true;
         assert!(super::header(&e).contains("c161e47 (with uncommitted changes);"));

@@ -756,22 +756,21 @@ impl Machine<'_> {
     }
 
     /// REJECT: ICMP port unreachable from the address the client asked for, quoting
-    /// as much of the datagram as fits in 576 bytes in whole words, sent back. A
+    /// as much of the datagram as arrived and fits in 576 bytes, in whole words, sent
+    /// back. A
     /// datagram with IP options is dropped instead (`drop_reject`).
     fn reject(&mut self, p: &[u8], flow: &Flow, reason: u32) -> Exit {
         if flow.l4 != ETH + 20 {
             return (DROP, stat::DROP_REJECT);
         }
-        let total = be16(p, ETH + 2) as usize;
+        // Only the bytes that arrived are quoted: a header that claims more than the
+        // frame holds is not padded with zeros to its claim (issue 46).
+        let total = (be16(p, ETH + 2) as usize).min(p.len() - ETH);
         let quote_len = total.min(REJECT_QUOTE_MAX) & !3;
         if quote_len < 28 {
             return (DROP, stat::DROP_REJECT);
         }
-        // Bytes of the datagram the frame holds; a frame cut short is quoted with
-        // zeros where it ends.
-        let mut quote = vec![0u8; quote_len];
-        let have = quote_len.min(p.len() - ETH);
-        quote[..have].copy_from_slice(&p[ETH..ETH + have]);
+        let quote = p[ETH..ETH + quote_len].to_vec();
         let mut out = Vec::with_capacity(ETH + 28 + quote_len);
         out.extend_from_slice(&p[6..12]);
         out.extend_from_slice(&p[0..6]);
