@@ -630,6 +630,15 @@ fn hostile_manifests_never_hurt() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The files process `pid` holds open, by the paths they were opened under.
+fn open_files(pid: u32) -> Vec<PathBuf> {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    fds.filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .collect()
+}
+
 /// The running agent follows a directory while the cases arrive one by one: it
 /// never stops, syncs after each, logs every problem the reader finds, and ends
 /// with the good Service alone once they are gone.
@@ -685,7 +694,11 @@ fn a_running_agent_survives_the_corpus() {
         );
     }
     // 50 MB of documents just under the size limit, all parsed: read off the agent's
-    // loop, so /healthz answers (healthy) while it is read.
+    // loop, so /healthz answers (healthy) while it is read. The file arrives whole, by
+    // a rename from a name the agent does not read. The read is seen in progress while
+    // the agent holds the file open (its reader streams the file): a /healthz answer
+    // that begins and ends inside that window was given during the read, and a loop
+    // blocked by the read could not give it.
     let doc = |i: usize| {
         format!(
             "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: c{i}}}\ndata: {{x: \"{}\"}}\n",
@@ -693,16 +706,26 @@ fn a_running_agent_survives_the_corpus() {
         )
     };
     let big = dir.join("big.yaml");
-    let before = agent.syncs().unwrap();
-    std::fs::write(&big, (0..12).map(doc).collect::<String>()).unwrap();
-    let mut answered = 0;
-    while agent.syncs().unwrap() == before {
-        let health = agent.http("/healthz").unwrap();
-        assert!(health.starts_with("HTTP/1.1 200"), "{health}");
-        answered += 1;
-        std::thread::sleep(Duration::from_millis(50));
+    let staged = dir.join("big.yaml.part");
+    std::fs::write(&staged, (0..12).map(doc).collect::<String>()).unwrap();
+    std::fs::rename(&staged, &big).unwrap();
+    let big_real = std::fs::canonicalize(&big).unwrap();
+    let holds_big = || open_files(agent.pid()).contains(&big_real);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !holds_big() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the agent did not open {} within 60 s",
+            big.display()
+        );
+        std::thread::yield_now();
     }
-    assert!(answered > 0);
+    let health = agent.http("/healthz").unwrap();
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    assert!(
+        holds_big(),
+        "the read of 50 MB ended before one /healthz request did: nothing was shown"
+    );
     // All gone: the good Service alone, one frontend and one backend.
     let mut cases: Vec<PathBuf> = corpus().iter().map(|c| dir.join(&c.file)).collect();
     cases.push(big);
