@@ -32,6 +32,8 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 node="$root/upstream/node"
 say() { printf 'node-kit: %s\n' "$*" >&2; }
+# shellcheck source=lib.sh source-path=SCRIPTDIR
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 e2e=0
 for arg in "$@"; do
@@ -66,44 +68,11 @@ fi
 # gcc and libc6-dev for pause (static) and runc (cgo); libseccomp-dev and pkg-config
 # for runc's seccomp; mmdebstrap for the images' root filesystem; jq writes their JSON.
 APT_PACKAGES=(gcc libc6-dev pkg-config libseccomp-dev mmdebstrap jq tar coreutils)
-missing=()
-for p in "${APT_PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  if [ "$(id -u)" -ne 0 ]; then
-    say "missing Debian packages ${missing[*]}; run this script as root to install them"
-    exit 1
-  fi
-  say "installing Debian packages: ${missing[*]} (about a minute)"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >/dev/null
-  removals=$(apt-get install -s --no-install-recommends "${missing[@]}" 2>/dev/null | sed -n 's/^Remv \([^ ]*\).*/\1/p')
-  if [ -n "$removals" ]; then
-    say "installing ${missing[*]} would remove: $removals; install them by hand, or make room, and run again"
-    exit 1
-  fi
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+ensure_debian_packages "about a minute" "${APT_PACKAGES[@]}"
 
 # --- Go ---------------------------------------------------------------------------
-if ! command -v go >/dev/null 2>&1; then
-  for g in /usr/local/go/bin/go /usr/lib/go/bin/go; do
-    [ -x "$g" ] && PATH="$(dirname "$g"):$PATH" && break
-  done
-fi
 need_go=$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$node"/*/go.mod | sort -V | tail -n 1)
-if ! command -v go >/dev/null 2>&1; then
-  say "no Go toolchain on PATH: the node kit needs Go $need_go or newer."
-  say "install it (for example from your distribution or the Go project's release archive) and run again."
-  exit 1
-fi
-have_go=$(go env GOVERSION | sed 's/^go//')
-if [ "$(printf '%s\n%s\n' "$need_go" "$have_go" | sort -V | head -n 1)" != "$need_go" ]; then
-  say "Go $have_go is too old: the node kit needs Go $need_go or newer (the go lines under upstream/node)."
-  say "install a newer Go and run again."
-  exit 1
-fi
+ensure_go "$need_go" "the node kit" "the go lines under upstream/node"
 export GOFLAGS="-mod=readonly -buildvcs=false"
 # Never let a build fetch another toolchain: the check above already said what is needed.
 export GOTOOLCHAIN=local
@@ -149,18 +118,8 @@ build() {
 }
 
 # --- commands ---------------------------------------------------------------------
-# Version stamps as upstream's release builds set them (hack/lib/version.sh), as
-# scripts/upstream.sh does.
-minor=$(echo "$version" | cut -d. -f2)
-k8s_ldflags="-s -w \
- -X k8s.io/component-base/version.gitVersion=$version \
- -X k8s.io/component-base/version.gitMajor=1 \
- -X k8s.io/component-base/version.gitMinor=$minor \
- -X k8s.io/component-base/version.gitTreeState=clean \
- -X k8s.io/component-base/version.buildDate=1970-01-01T00:00:00Z \
- -X k8s.io/client-go/pkg/version.gitVersion=$version \
- -X k8s.io/client-go/pkg/version.gitMajor=1 \
- -X k8s.io/client-go/pkg/version.gitMinor=$minor"
+# Version stamps as upstream's release builds set them, as scripts/upstream.sh does.
+k8s_ldflags=$(k8s_version_ldflags "$version")
 
 k8s_dir=$(cd "$node/kubernetes" && go list -m -f '{{.Dir}}' k8s.io/kubernetes 2>/dev/null || true)
 if [ -z "$k8s_dir" ] || [ ! -d "$k8s_dir" ]; then

@@ -18,29 +18,11 @@ APT_PACKAGES=(iproute2 iptables nftables conntrack ethtool tcpdump bpftool procp
   qemu-system-x86 busybox-static kmod cpio xz-utils zstd)
 
 say() { printf 'setup: %s\n' "$*" >&2; }
+# shellcheck source=lib.sh source-path=SCRIPTDIR
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # --- Debian packages -------------------------------------------------------------
-missing=()
-for p in "${APT_PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  if [ "$(id -u)" -ne 0 ]; then
-    say "missing Debian packages ${missing[*]}; run this script as root to install them"
-    exit 1
-  fi
-  say "installing Debian packages: ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >/dev/null
-  # Never let an install take something away (qemu-system-x86 can conflict with a
-  # newer qemu-utils from elsewhere): say what it would remove and stop.
-  removals=$(apt-get install -s --no-install-recommends "${missing[@]}" 2>/dev/null | sed -n 's/^Remv \([^ ]*\).*/\1/p')
-  if [ -n "$removals" ]; then
-    say "installing ${missing[*]} would remove: $removals; install them by hand, or make room, and run again"
-    exit 1
-  fi
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+ensure_debian_packages "" "${APT_PACKAGES[@]}"
 
 # --- the pinned nightly with rust-src (build-std) and clippy (`cargo xtask lint`) ----
 if ! rustup run "$TOOLCHAIN" rustc --version >/dev/null 2>&1; then

@@ -12,6 +12,8 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 kit="$root/upstream"
 say() { printf 'upstream: %s\n' "$*" >&2; }
+# shellcheck source=lib.sh source-path=SCRIPTDIR
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 version=$(sed -n 's/^[[:space:]]*k8s.io\/kubernetes \(v[0-9.]*\)$/\1/p' "$kit/go.mod" | head -n 1)
 etcd_version=$(sed -n 's/^[[:space:]]*go.etcd.io\/etcd\/server\/v3 \(v[0-9.]*\)$/\1/p' "$kit/go.mod" | head -n 1)
@@ -22,22 +24,7 @@ if [ -z "$version" ] || [ -z "$etcd_version" ]; then
 fi
 
 # --- Go ---------------------------------------------------------------------------
-if ! command -v go >/dev/null 2>&1; then
-  for g in /usr/local/go/bin/go /usr/lib/go/bin/go; do
-    [ -x "$g" ] && PATH="$(dirname "$g"):$PATH" && break
-  done
-fi
-if ! command -v go >/dev/null 2>&1; then
-  say "no Go toolchain on PATH: Kubernetes $version needs Go $need_go or newer."
-  say "install it (for example from your distribution or the Go project's release archive) and run again."
-  exit 1
-fi
-have_go=$(go env GOVERSION | sed 's/^go//')
-if [ "$(printf '%s\n%s\n' "$need_go" "$have_go" | sort -V | head -n 1)" != "$need_go" ]; then
-  say "Go $have_go is too old: Kubernetes $version needs Go $need_go or newer (upstream/go.mod)."
-  say "install a newer Go and run again."
-  exit 1
-fi
+ensure_go "$need_go" "Kubernetes $version" "upstream/go.mod"
 
 cache="${SLICEWAY_CACHE:-$HOME/.cache/sliceway}/upstream/$version"
 bin="$cache/bin"
@@ -53,18 +40,8 @@ fi
 mkdir -p "$bin"
 rm -f "$stamp"
 
-# Version stamps as upstream's release builds set them (hack/lib/version.sh), so the
-# components report v1.x.y and derive their default emulation version from it.
-minor=$(echo "$version" | cut -d. -f2)
-ldflags="-s -w \
- -X k8s.io/component-base/version.gitVersion=$version \
- -X k8s.io/component-base/version.gitMajor=1 \
- -X k8s.io/component-base/version.gitMinor=$minor \
- -X k8s.io/component-base/version.gitTreeState=clean \
- -X k8s.io/component-base/version.buildDate=1970-01-01T00:00:00Z \
- -X k8s.io/client-go/pkg/version.gitVersion=$version \
- -X k8s.io/client-go/pkg/version.gitMajor=1 \
- -X k8s.io/client-go/pkg/version.gitMinor=$minor"
+# Version stamps as upstream's release builds set them (hack/lib/version.sh).
+ldflags=$(k8s_version_ldflags "$version")
 
 cd "$kit"
 export GOFLAGS="-mod=readonly -buildvcs=false"
