@@ -205,5 +205,13 @@ pub mod stat {
         /// (`--socket-lb-pods`): its packets go straight to the backend, past the TC
         /// program's translation.
         SOCK_TRANSLATED_POD = 36 => "sock_translated_pod",
+        /// A reply leaving the node's own stack toward a pod or an uplink (egress
+        /// program) from a backend in the host network of this node: its source
+        /// rewritten back to the frontend.
+        REVNAT_EGRESS = 37 => "revnat_egress",
+        /// A packet at egress of a pod's interface or an uplink that is no reply of a
+        /// connection to a host-network backend of this node: passed untouched (the
+        /// egress program never drops what the node sends).
+        PASS_EGRESS = 38 => "pass_egress",
     }
 }

@@ -169,7 +169,7 @@ pub const IPV6_EXT_MAX: usize = 6;
 /// direct server return slot a new connection is dropped (`drop_dsr_option`) and a
 /// packet carrying the header passes unrecorded (`pass_dsr_refused`), as with
 /// IPv4's `JUMP_DSR`.
-pub const JUMP6_SLOTS: u32 = 9;
+pub const JUMP6_SLOTS: u32 = 11;
 /// `sliceway_tc6`, reached from `sliceway_tc`.
 pub const JUMP6_TC: u32 = 0;
 /// `sliceway_ext6`, reached from `sliceway_tc_ext`.
@@ -191,6 +191,10 @@ pub const JUMP6_ICMP_L3: u32 = 7;
 /// for interfaces with and without an Ethernet header alike (the offset of the IPv6
 /// header comes with the handover).
 pub const JUMP6_DSR: u32 = 8;
+/// `sliceway_out6`, reached from `sliceway_tc_out` (egress).
+pub const JUMP6_OUT: u32 = 9;
+/// `sliceway_l3out6`, reached from `sliceway_l3_out`.
+pub const JUMP6_L3_OUT: u32 = 10;
 
 /// Direct server return over IPv6 (`--external-mode dsr`, [`crate::SVC_F_DSR`]):
 /// what IPv4's option ([`crate::dsr`]) says, in a Destination Options extension

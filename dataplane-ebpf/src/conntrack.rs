@@ -47,8 +47,13 @@ pub trait Tuple {
     /// Whether backend id `entry.backend_id` still holds the backend `entry` names.
     fn backend_holds(entry: &CtEntry) -> bool;
     /// Puts the node's address as the client of `reply` and gives it a free source
-    /// port of the masquerade range ([`masquerade_port`]).
-    fn masquerade(&self, reply: &mut CtKey, key: &CtKey, now: u64) -> Result<(), Exit>;
+    /// port of the masquerade range ([`masquerade_port`]); true if it did. A backend
+    /// at the node's own address (in the host network of this node) is not
+    /// masqueraded: the packet is delivered to the node's stack, where netfilter's
+    /// masquerade, at `POSTROUTING`, never meets it either, and a source that is
+    /// the node's own address would be a martian there. Its replies leave through
+    /// the egress program (`crate::tc::sliceway_tc_out`).
+    fn masquerade(&self, reply: &mut CtKey, key: &CtKey, now: u64) -> Result<bool, Exit>;
 }
 
 impl Tuple for Flow {
@@ -92,17 +97,20 @@ impl Tuple for Flow {
     }
 
     #[inline(always)]
-    fn masquerade(&self, reply: &mut CtKey, key: &CtKey, now: u64) -> Result<(), Exit> {
+    fn masquerade(&self, reply: &mut CtKey, key: &CtKey, now: u64) -> Result<bool, Exit> {
         // Read in place: a copy would cost stack the uplink program lacks.
         let nat = maps::NAT_CONFIG
             .get(0)
             .filter(|c| c.node_addr_be != 0)
             .ok_or((DROP, stat::DROP_NO_NODE_ADDR))?;
+        if reply.src_be[0] == nat.node_addr_be {
+            return Ok(false);
+        }
         reply.dst_be[0] = nat.node_addr_be;
         if !masquerade_port(reply, self.hash(), key, nat.port_min, nat.port_max, now) {
             return Err((DROP, stat::DROP_SNAT_EXHAUSTED));
         }
-        Ok(())
+        Ok(true)
     }
 }
 
@@ -381,9 +389,9 @@ pub fn track<F: Tuple>(
         return stat::DROP_CT_CLASH;
     }
     match track_inner(flow, key, service_id, backend_id, backend, nat, now) {
-        Ok(_) if nat == NAT_MASQUERADE => TRACKED_MASQUERADED,
-        Ok(false) => TRACKED,
-        Ok(true) => TRACKED_REMAPPED,
+        Ok(TRACKED_MASQUERADED) => TRACKED_MASQUERADED,
+        Ok(TRACKED_REMAPPED) => TRACKED_REMAPPED,
+        Ok(_) => TRACKED,
         Err((_, reason)) => reason,
     }
 }
@@ -440,17 +448,17 @@ fn track_inner<F: Tuple>(
     backend: &F::Backend,
     nat: u8,
     now: u64,
-) -> Result<bool, Exit> {
+) -> Result<u32, Exit> {
     // The previous connection on this tuple, if any: its reverse entry goes unless it
     // is the one this connection will use.
     let previous = maps::with_conntrack(key, |e| (e.dir == CT_FORWARD).then_some(e.pair)).flatten();
     let mut reply = flow.reply_key(backend);
-    let mut remapped = false;
+    let mut how = TRACKED;
     if nat == NAT_KEEP && flow.proto() == PROTO_TCP && flow.syn_only() {
         release_closing(&reply, key, now);
     }
-    if nat == NAT_MASQUERADE {
-        flow.masquerade(&mut reply, key, now)?;
+    if nat == NAT_MASQUERADE && flow.masquerade(&mut reply, key, now)? {
+        how = TRACKED_MASQUERADED;
     } else if reply_taken(&reply, key, now) {
         let hash = flow.hash();
         let span = 65_536 - REMAP_PORT_MIN;
@@ -469,7 +477,7 @@ fn track_inner<F: Tuple>(
         if !found {
             return Err((DROP, stat::DROP_CT_CLASH));
         }
-        remapped = true;
+        how = TRACKED_REMAPPED;
     }
     let (s, seen) = next_state(flow.proto(), 0, flow.tcp_flags(), true);
     // One entry on the stack, written as the reverse and then turned into the
@@ -500,7 +508,7 @@ fn track_inner<F: Tuple>(
             let _ = CONNTRACK.remove(old_reply);
         }
     }
-    Ok(remapped)
+    Ok(how)
 }
 
 /// A connection another node sent here with direct server return (`crate::dsr`):

@@ -18,8 +18,8 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use dataplane_common::{
-    stat, CtKey, JUMP6_EXT, JUMP6_L3, JUMP6_L3_EXT, JUMP6_TC, PROTO_SCTP, SVC_F_DROP_EMPTY,
-    SVC_F_SOURCE_RANGES,
+    stat, CtKey, JUMP6_EXT, JUMP6_L3, JUMP6_L3_EXT, JUMP6_L3_OUT, JUMP6_OUT, JUMP6_TC, PROTO_SCTP,
+    SVC_F_DROP_EMPTY, SVC_F_SOURCE_RANGES,
 };
 
 use crate::{
@@ -190,6 +190,62 @@ pub fn sliceway_l3_ext(ctx: TcContext) -> i32 {
         return verdict;
     }
     run::<false, true, _>(&L3(&ctx))
+}
+
+/// The program at egress of the pods' interfaces and the uplinks. A backend in the
+/// host network of this node (a hostNetwork pod, the API server behind `kubernetes`
+/// on a control-plane node) answers from the node's own stack, so its replies meet
+/// no ingress program: they get their frontend back here, as kube-proxy's
+/// netfilter conntrack gives them back on the way out (`nf_nat_inet_fn` for
+/// `IP_CT_REPLY` at `POSTROUTING`,
+/// https://github.com/torvalds/linux/blob/v6.18/net/netfilter/nf_nat_core.c). Any
+/// other packet passes untouched: this program never drops what the node sends.
+#[classifier]
+pub fn sliceway_tc_out(ctx: TcContext) -> i32 {
+    if v6::is_ipv6(&ctx) {
+        return v6::hand_over(&ctx, JUMP6_OUT);
+    }
+    out(&ctx)
+}
+
+/// `sliceway_tc_out` on an interface without an Ethernet header.
+#[classifier]
+pub fn sliceway_l3_out(ctx: TcContext) -> i32 {
+    if parse::l3_not_ipv4(&L3(&ctx)) {
+        return v6::hand_over(&ctx, JUMP6_L3_OUT);
+    }
+    out(&L3(&ctx))
+}
+
+#[inline(always)]
+fn out<C: Program>(ctx: &C) -> i32 {
+    let (action, reason) = match reply_out(ctx) {
+        Ok(exit) => exit,
+        Err(exit) => exit,
+    };
+    count(reason);
+    action
+}
+
+/// The egress body: a reply of a live connection gets its frontend back; anything
+/// else (not TCP, UDP or SCTP, malformed, no reply) passes.
+#[inline(always)]
+fn reply_out<C: Program>(ctx: &C) -> Result<Exit, Exit> {
+    let Ok(Packet::L4(flow)) = parse(ctx) else {
+        return Ok((PASS, stat::PASS_EGRESS));
+    };
+    let key = conntrack::key_of(&flow);
+    let now = conntrack::now();
+    let Forward::Reply(rev) = conntrack::forward(&flow, &key, now) else {
+        return Ok((PASS, stat::PASS_EGRESS));
+    };
+    let Ok(Some(orig)) = conntrack::reply_at(&rev, &flow, &key, now) else {
+        return Ok((PASS, stat::PASS_EGRESS));
+    };
+    match revnat(ctx, &flow, &orig)? {
+        (PASS, stat::REVNAT) => Ok((PASS, stat::REVNAT_EGRESS)),
+        exit => Ok(exit),
+    }
 }
 
 /// The program's body; `BRIDGE` adds what `sliceway_bridge` does while an agent

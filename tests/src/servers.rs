@@ -47,6 +47,19 @@ fn pattern(i: usize) -> u8 {
 
 impl BackendServers {
     pub fn start(pods: &[Pod], port: u16) -> Result<Self> {
+        Self::start_at(pods, port, false)
+    }
+
+    /// [`BackendServers::start`] bound to each pod's own IPv4 address rather than to
+    /// every address: a server in the node's network namespace (a host-network
+    /// backend) then answers UDP from the address it was asked at, as a server
+    /// bound to its address does (one bound to all answers from the address of the
+    /// route back).
+    pub fn start_bound(pods: &[Pod], port: u16) -> Result<Self> {
+        Self::start_at(pods, port, true)
+    }
+
+    fn start_at(pods: &[Pod], port: u16, bound: bool) -> Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();
         for pod in pods {
@@ -54,7 +67,8 @@ impl BackendServers {
             // same identity (its name and IPv4 address); the peer it adds tells the
             // family the client came in by.
             let ident = format!("{} {}\n", pod.name, pod.ip);
-            let mut addrs = vec![SocketAddr::from((Ipv4Addr::UNSPECIFIED, port))];
+            let v4 = if bound { pod.ip } else { Ipv4Addr::UNSPECIFIED };
+            let mut addrs = vec![SocketAddr::from((v4, port))];
             addrs.extend(pod.ip6.map(|ip6| SocketAddr::from((ip6, port))));
             for addr in addrs {
                 let (tcp, udp) =

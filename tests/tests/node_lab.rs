@@ -1541,3 +1541,103 @@ fn pods_tcp_connects_are_translated_at_the_socket_with_socket_lb_pods() {
     assert_eq!(count("sock_translated_pod"), translated);
     drop(agent);
 }
+
+/// Issue 46: a Service whose endpoint is in the host network of this node (a
+/// hostNetwork pod, the API server behind `kubernetes` on a control-plane node,
+/// every single-node cluster): a pod reaches it through the ClusterIP over TCP and
+/// UDP, IPv4 and IPv6, on both attach paths and with `--socket-lb-pods`. The
+/// backend answers from the node's own stack, so its replies meet no ingress
+/// program; the egress program gives them their frontend back (`revnat_egress`).
+/// Without it the pod would get them from the node's address: a TCP reset, a UDP
+/// answer its connected socket never takes.
+#[test]
+fn a_host_network_backend_of_this_node_answers_pods_through_the_clusterip() {
+    use sliceway_lab::{servers::BackendServers, Pod};
+    use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+    let vip4 = Ipv4Addr::new(10, 96, 0, 60);
+    let vip6 = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x60);
+    let host4 = Ipv4Addr::new(10, 100, 0, 1);
+    let host6 = Ipv6Addr::new(0xfd00, 0x10, 0x100, 0, 0, 0, 0, 1);
+    let mut lab = Lab::dual_stack(1, false).unwrap();
+    // The node's own address, on its loopback interface (no dummy interfaces on
+    // every kernel).
+    lab.node
+        .run("ip", &["addr", "add", &format!("{host4}/32"), "dev", "lo"])
+        .unwrap();
+    lab.node
+        .run(
+            "ip",
+            &["-6", "addr", "add", &format!("{host6}/128"), "dev", "lo"],
+        )
+        .unwrap();
+    let host = Pod {
+        name: "host-network".into(),
+        ns: lab.node.name.clone(),
+        ip: host4,
+        ip6: Some(host6),
+        node_iface: String::new(),
+    };
+    let _servers = BackendServers::start_bound(std::slice::from_ref(&host), 8080).unwrap();
+    let slice = |family: &str, addr: IpAddr| {
+        format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: api-{}\n  namespace: default\n  labels: {{kubernetes.io/service-name: api}}\naddressType: {family}\nports:\n- {{name: http, port: 8080, protocol: TCP}}\n- {{name: dns, port: 8080, protocol: UDP}}\nendpoints:\n- addresses: [\"{addr}\"]\n  conditions: {{ready: true}}\n  nodeName: node-1\n",
+            family.to_lowercase()
+        )
+    };
+    lab.write_manifest(
+        "api.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: api, namespace: default}}\nspec:\n  clusterIP: {vip4}\n  clusterIPs: [{vip4}, \"{vip6}\"]\n  ipFamilies: [IPv4, IPv6]\n  ipFamilyPolicy: RequireDualStack\n  ports:\n  - {{name: http, port: 80, protocol: TCP, targetPort: 8080}}\n  - {{name: dns, port: 80, protocol: UDP, targetPort: 8080}}\n{}{}",
+            slice("IPv4", host4.into()),
+            slice("IPv6", host6.into())
+        ),
+    )
+    .unwrap();
+    let vips = [SocketAddr::from((vip4, 80)), SocketAddr::from((vip6, 80))];
+    // Control: without the agent neither ClusterIP exists.
+    assert!(lab.tcp_request(vips[0]).is_err());
+    for attach in ["tcx", "tc"] {
+        lab.agent_args = vec!["--attach".into(), attach.into()];
+        let agent = lab.start_agent().unwrap();
+        for vip in vips {
+            for _ in 0..5 {
+                let tcp = lab
+                    .tcp_request(vip)
+                    .unwrap_or_else(|e| panic!("{attach}, TCP to {vip}: {e:#}"));
+                assert_eq!(tcp.backend, "host-network");
+                let udp = lab
+                    .udp_request(vip)
+                    .unwrap_or_else(|e| panic!("{attach}, UDP to {vip}: {e:#}"));
+                assert_eq!(udp.backend, "host-network");
+            }
+        }
+        // Each request's replies, translated at egress: 10 connections a family,
+        // at least one reply each.
+        assert!(
+            agent.packets("revnat_egress") >= 20.0,
+            "{attach}: {} replies translated at egress",
+            agent.packets("revnat_egress")
+        );
+        assert_eq!(agent.problems_logged().unwrap(), 0, "{:#?}", agent.log());
+    }
+    // With `--socket-lb-pods` a pod's TCP connect goes straight to the node's
+    // address; its UDP still takes TC and egress.
+    lab.agent_args.clear();
+    let cgroup = lab.socket_lb_pods().unwrap();
+    let agent = lab.start_agent().unwrap();
+    let client = lab.client.ns.clone();
+    for vip in vips {
+        for proto in ["tcp", "udp"] {
+            let replies = cgroup.requests(&client, proto, vip, 3).unwrap();
+            for reply in &replies {
+                let (reply, peer) = reply
+                    .as_ref()
+                    .unwrap_or_else(|e| panic!("{proto} to {vip}: {e}"));
+                assert_eq!(reply.backend, "host-network");
+                assert_eq!(*peer, vip, "the pod sees the ClusterIP as its peer");
+            }
+        }
+    }
+    assert!(agent.packets("sock_translated_pod") >= 6.0);
+    assert!(agent.packets("revnat_egress") >= 6.0);
+}

@@ -109,6 +109,32 @@ endpoints:
   conditions: {ready: true}
 "#;
 
+/// A Service whose endpoint is in the host network of this node (its address is the
+/// node's, as a hostNetwork pod's or the API server's on a control-plane node), over
+/// TCP, UDP and SCTP.
+const HOST_NETWORK_BACKEND: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: api, namespace: default}
+spec:
+  clusterIP: 10.96.0.60
+  ports:
+  - {name: https, port: 443, protocol: TCP, targetPort: 6443}
+  - {name: dns, port: 53, protocol: UDP, targetPort: 5353}
+  - {name: diameter, port: 3868, protocol: SCTP, targetPort: 13868}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: api-1, namespace: default, labels: {kubernetes.io/service-name: api}}
+addressType: IPv4
+ports:
+- {name: https, port: 6443, protocol: TCP}
+- {name: dns, port: 5353, protocol: UDP}
+- {name: diameter, port: 13868, protocol: SCTP}
+endpoints:
+- {addresses: [10.100.0.1], nodeName: node-1}
+"#;
+
 /// A Service with ClientIP session affinity (a 1 s timeout) over three backends.
 const STICKY: &str = r#"
 apiVersion: v1
@@ -439,6 +465,9 @@ struct Fixture {
     /// Manifests that replace those before step `n` (counted from 0), applied by the
     /// same map writer: a Service or endpoint changing under open connections.
     remaps: &'static [(usize, &'static str)],
+    /// Steps (counted from 0) run through the egress program (`sliceway_tc_out`),
+    /// as packets the node's own stack sends; the others through the pods' program.
+    egress: &'static [usize],
     steps: &'static [Step],
 }
 
@@ -449,9 +478,78 @@ const REJECT: i32 = TC_ACT_REDIRECT;
 
 static FIXTURES: &[Fixture] = &[
     Fixture {
+        description: "a host-network backend of this node: its replies leave the node's stack and get their frontend back at egress",
+        maps: HOST_NETWORK_BACKEND,
+        remaps: &[],
+        egress: &[1, 2, 3, 4, 6, 8],
+        steps: &[
+            Step {
+                input: || tcp(client(40500), "10.96.0.60:443", TCP_SYN),
+                verdict: PASS,
+                reason: stat::DNAT_NEW,
+                output: Out::Packet(|| tcp(client(40500), "10.100.0.1:6443", TCP_SYN)),
+            },
+            Step {
+                input: || tcp_to("10.100.0.1:6443", client(40500), TCP_SYN | TCP_ACK),
+                verdict: PASS,
+                reason: stat::REVNAT_EGRESS,
+                output: Out::Packet(|| tcp_to("10.96.0.60:443", client(40500), TCP_SYN | TCP_ACK)),
+            },
+            // The node's own connection to the pod, from the backend's address but
+            // another port: no reply of anything, untouched.
+            Step {
+                input: || tcp_to("10.100.0.1:22", client(40500), TCP_ACK),
+                verdict: PASS,
+                reason: stat::PASS_EGRESS,
+                output: Out::Unchanged,
+            },
+            // A reply the pods' program translated already (a backend in a pod of this
+            // node) passes egress as it is.
+            Step {
+                input: || tcp_to("10.96.0.60:443", client(40500), TCP_ACK),
+                verdict: PASS,
+                reason: stat::PASS_EGRESS,
+                output: Out::Unchanged,
+            },
+            Step {
+                input: || tcp_data(client(40500), "10.100.0.1:6443"),
+                verdict: PASS,
+                reason: stat::PASS_EGRESS,
+                output: Out::Unchanged,
+            },
+            Step {
+                input: || udp(client(40501), "10.96.0.60:53", b"query"),
+                verdict: PASS,
+                reason: stat::DNAT_NEW,
+                output: Out::Packet(|| udp(client(40501), "10.100.0.1:5353", b"query")),
+            },
+            Step {
+                input: || udp_to("10.100.0.1:5353", client(40501), b"answer"),
+                verdict: PASS,
+                reason: stat::REVNAT_EGRESS,
+                output: Out::Packet(|| udp_to("10.96.0.60:53", client(40501), b"answer")),
+            },
+            Step {
+                input: || sctp(client(7100), "10.96.0.60:3868", SCTP_INIT),
+                verdict: PASS,
+                reason: stat::DNAT_NEW,
+                output: Out::Packet(|| sctp(client(7100), "10.100.0.1:13868", SCTP_INIT)),
+            },
+            // SCTP's ports are set by the SCTP program (tail call), which counts it
+            // `revnat`.
+            Step {
+                input: || sctp_to("10.100.0.1:13868", client(7100), SCTP_DATA),
+                verdict: PASS,
+                reason: stat::REVNAT,
+                output: Out::Packet(|| sctp_to("10.96.0.60:3868", client(7100), SCTP_DATA)),
+            },
+        ],
+    },
+    Fixture {
         description: "first TCP packet to a VIP is DNATed to the ready backend",
         maps: ONE_BACKEND,
         remaps: &[],
+        egress: &[],
         steps: &[Step {
             input: || tcp(client(40000), VIP_HTTP, TCP_SYN),
             verdict: PASS,
@@ -463,6 +561,7 @@ static FIXTURES: &[Fixture] = &[
         description: "a flow keeps its backend and its replies are reverse NATed",
         maps: ONE_BACKEND,
         remaps: &[],
+        egress: &[],
         steps: &[
             Step {
                 input: || tcp(client(40001), VIP_HTTP, TCP_SYN),
@@ -494,6 +593,7 @@ static FIXTURES: &[Fixture] = &[
         description: "a reply of a live connection stays its reply when its destination is also a frontend (conntrack before NAT)",
         maps: FRONTEND_AT_CLIENT,
         remaps: &[],
+        egress: &[],
         steps: &[
             Step {
                 input: || tcp(client(40100), VIP_HTTP, TCP_SYN),
@@ -522,6 +622,7 @@ static FIXTURES: &[Fixture] = &[
         description: "a SYN without ACK always starts a new connection on its tuple, before and after an answer",
         maps: ONE_BACKEND,
         remaps: &[],
+        egress: &[],
         steps: &[
             Step {
                 input: || tcp(client(40006), VIP_HTTP, TCP_SYN),
@@ -553,6 +654,7 @@ static FIXTURES: &[Fixture] = &[
         description: "UDP is DNATed and its replies reverse NATed",
         maps: ONE_BACKEND,
         remaps: &[],
+        egress: &[],
         steps: &[
             Step {
                 input: || udp(client(5000), VIP_DNS, b"query"),
@@ -578,6 +680,7 @@ static FIXTURES: &[Fixture] = &[
         description: "UDP without a checksum stays without one",
         maps: ONE_BACKEND,
         remaps: &[],
+        egress: &[],
         steps: &[Step {
             input: || no_udp_csum(udp(client(5001), VIP_DNS, b"q")),
             verdict: PASS,
@@ -589,6 +692,7 @@ static FIXTURES: &[Fixture] = &[
         description: "IP options shift the L4 header and are handled",
         maps: ONE_BACKEND,
         remaps: &[],
+        egress: &[],
         steps: &[Step {
             input: || tcp_options(client(40002), VIP_HTTP),
             verdict: PASS,
@@ -600,6 +704,7 @@ static FIXTURES: &[Fixture] = &[
         description: "a Service without endpoints rejects: ICMP port unreachable back",
         maps: ONE_BACKEND,
         remaps: &[],
+        egress: &[],
         steps: &[
             Step {
                 input: || tcp(client(40003), "10.96.0.20:80", TCP_SYN),
@@ -625,6 +730,7 @@ static FIXTURES: &[Fixture] = &[
         description: "a rejected long datagram is quoted up to 576 bytes",
         maps: ONE_BACKEND,
         remaps: &[],
+        egress: &[],
         steps: &[Step {
             input: || udp(client(5004), "10.96.0.20:53", &[0xab; 1000]),
             verdict: REJECT,
@@ -638,6 +744,7 @@ static FIXTURES: &[Fixture] = &[
         description: "a rejected truncated SYN claiming 1,500 bytes quotes only what arrived",
         maps: ONE_BACKEND,
         remaps: &[],
+        egress: &[],
         steps: &[Step {
             input: || claiming(tcp(client(40005), "10.96.0.20:80", TCP_SYN), 1500),
             verdict: REJECT,
@@ -649,6 +756,7 @@ static FIXTURES: &[Fixture] = &[
         description: "a Local-policy Service with only remote endpoints drops",
         maps: ONE_BACKEND,
         remaps: &[],
+        egress: &[],
         steps: &[Step {
             input: || tcp(client(40003), "10.96.0.30:80", TCP_SYN),
             verdict: DROP,
@@ -660,6 +768,7 @@ static FIXTURES: &[Fixture] = &[
         description: "traffic straight to a pod passes unchanged",
         maps: ONE_BACKEND,
         remaps: &[],
+        egress: &[],
         steps: &[Step {
             input: || tcp(client(40004), BACKEND_HTTP, TCP_SYN),
             verdict: PASS,
@@ -671,6 +780,7 @@ static FIXTURES: &[Fixture] = &[
         description: "a port of a ClusterIP its Service does not declare is rejected",
         maps: ONE_BACKEND,
         remaps: &[],
+        egress: &[],
         steps: &[Step {
             input: || tcp(client(40004), "10.96.0.10:81", TCP_SYN),
             verdict: REJECT,
@@ -682,6 +792,7 @@ static FIXTURES: &[Fixture] = &[
         description: "a frontend's port with the other protocol is rejected",
         maps: ONE_BACKEND,
         remaps: &[],
+        egress: &[],
         steps: &[Step {
             input: || udp(client(40004), VIP_HTTP, b"x"),
             verdict: REJECT,
@@ -693,6 +804,7 @@ static FIXTURES: &[Fixture] = &[
         description: "not IPv4 (ARP EtherType) passes unchanged",
         maps: ONE_BACKEND,
         remaps: &[],
+        egress: &[],
         steps: &[Step {
             input: || {
                 let mut p = tcp(client(40004), VIP_HTTP, TCP_SYN);
@@ -708,6 +820,7 @@ static FIXTURES: &[Fixture] = &[
         description: "an IP protocol other than TCP and UDP passes unchanged",
         maps: ONE_BACKEND,
         remaps: &[],
+        egress: &[],
         steps: &[Step {
             input: || poke(tcp(client(40004), VIP_HTTP, TCP_SYN), ETH + 9, 1),
             verdict: PASS,
@@ -719,6 +832,7 @@ static FIXTURES: &[Fixture] = &[
         description: "a later fragment whose first fragment was never seen is dropped",
         maps: ONE_BACKEND,
         remaps: &[],
+        egress: &[],
         steps: &[Step {
             input: || fragment(udp(client(5002), VIP_DNS, b"xxxxxxxx"), 0x99, 1, false),
             verdict: DROP,
@@ -730,6 +844,7 @@ static FIXTURES: &[Fixture] = &[
         description: "a fragmented datagram through a VIP both ways: later fragments are translated as the first one was",
         maps: ONE_BACKEND,
         remaps: &[],
+        egress: &[],
         steps: &[
             Step {
                 input: || fragment(udp(client(5020), VIP_DNS, b"firstpart"), 7, 0, true),
@@ -771,6 +886,7 @@ static FIXTURES: &[Fixture] = &[
         description: "later fragments of a datagram that is no Service's pass unchanged",
         maps: ONE_BACKEND,
         remaps: &[],
+        egress: &[],
         steps: &[
             Step {
                 input: || fragment(udp(client(5021), BACKEND_DNS, b"direct"), 9, 0, true),
@@ -790,6 +906,7 @@ static FIXTURES: &[Fixture] = &[
         description: "a packet whose IP total length ends before its L4 header is malformed, not rewritten",
         maps: ONE_BACKEND,
         remaps: &[],
+        egress: &[],
         steps: &[Step {
             input: || {
                 let mut p = udp(client(5022), VIP_DNS, b"trailing bytes");
@@ -805,6 +922,7 @@ static FIXTURES: &[Fixture] = &[
         description: "ICMP errors about a translated connection are translated back, quoted packet included",
         maps: ONE_BACKEND,
         remaps: &[],
+        egress: &[],
         steps: &[
             Step {
                 input: || udp(client(5030), VIP_DNS, b"q"),
@@ -861,6 +979,7 @@ static FIXTURES: &[Fixture] = &[
         description: "a TCP header cut short drops",
         maps: ONE_BACKEND,
         remaps: &[],
+        egress: &[],
         steps: &[Step {
             input: || tcp(client(40005), VIP_HTTP, TCP_SYN)[..ETH + 20 + 10].to_vec(),
             verdict: DROP,
@@ -874,6 +993,7 @@ static FIXTURES: &[Fixture] = &[
         description: "a UDP header cut short drops",
         maps: ONE_BACKEND,
         remaps: &[],
+        egress: &[],
         steps: &[Step {
             input: || udp(client(5003), VIP_DNS, b"q")[..ETH + 20 + 4].to_vec(),
             verdict: DROP,
@@ -885,6 +1005,7 @@ static FIXTURES: &[Fixture] = &[
         description: "an IHL below 5 words drops",
         maps: ONE_BACKEND,
         remaps: &[],
+        egress: &[],
         steps: &[Step {
             input: || poke(tcp(client(40005), VIP_HTTP, TCP_SYN), ETH, 0x44),
             verdict: DROP,
@@ -896,6 +1017,7 @@ static FIXTURES: &[Fixture] = &[
         description: "IP version 6 under the IPv4 EtherType drops",
         maps: ONE_BACKEND,
         remaps: &[],
+        egress: &[],
         steps: &[Step {
             input: || poke(tcp(client(40005), VIP_HTTP, TCP_SYN), ETH, 0x65),
             verdict: DROP,
@@ -907,6 +1029,7 @@ static FIXTURES: &[Fixture] = &[
         description: "an established connection keeps working after its Service is deleted",
         maps: ONE_BACKEND,
         remaps: &[(2, WEB_DELETED)],
+        egress: &[],
         steps: &[
             Step {
                 input: || tcp(client(40030), VIP_HTTP, TCP_SYN),
@@ -945,6 +1068,7 @@ static FIXTURES: &[Fixture] = &[
         description: "a TCP connection keeps its removed backend; a UDP flow moves on",
         maps: ONE_BACKEND,
         remaps: &[(2, BACKEND_MOVED)],
+        egress: &[],
         steps: &[
             Step {
                 input: || tcp(client(40032), VIP_HTTP, TCP_SYN),
@@ -990,6 +1114,7 @@ static FIXTURES: &[Fixture] = &[
         description: "two Services sharing a backend, one client port: the second connection gets a port of its own and each reply finds its Service",
         maps: SHARED_BACKEND,
         remaps: &[],
+        egress: &[],
         steps: &[
             Step {
                 input: || tcp(client(40040), VIP_HTTP, TCP_SYN),
@@ -1037,6 +1162,7 @@ static FIXTURES: &[Fixture] = &[
         description: "a SYN to another Service sharing the backend takes over the reply tuple of a connection in TIME_WAIT, keeping its client port",
         maps: SHARED_BACKEND,
         remaps: &[],
+        egress: &[],
         steps: &[
             Step {
                 input: || tcp(client(40044), VIP_HTTP, TCP_SYN),
@@ -1098,6 +1224,7 @@ static FIXTURES: &[Fixture] = &[
         description: "a SYN to another Service sharing the backend does not take the reply tuple of a connection only half closed: its port is remapped",
         maps: SHARED_BACKEND,
         remaps: &[],
+        egress: &[],
         steps: &[
             Step {
                 input: || tcp(client(40045), VIP_HTTP, TCP_SYN),
@@ -1138,6 +1265,7 @@ static FIXTURES: &[Fixture] = &[
         description: "a direct connection on the tuple of a closed Service connection is never rewritten",
         maps: ONE_BACKEND,
         remaps: &[],
+        egress: &[],
         steps: &[
             Step {
                 input: || tcp(client(40050), VIP_HTTP, TCP_SYN),
@@ -1175,6 +1303,7 @@ static FIXTURES: &[Fixture] = &[
         description: "FINs both ways close a connection that replies still reach until it times out",
         maps: ONE_BACKEND,
         remaps: &[],
+        egress: &[],
         steps: &[
             Step {
                 input: || tcp(client(40060), VIP_HTTP, TCP_SYN),
@@ -1212,6 +1341,7 @@ static FIXTURES: &[Fixture] = &[
         description: "SCTP: an INIT is DNATed with its CRC32c updated for the new port, replies and data follow",
         maps: SCTP_SERVICES,
         remaps: &[],
+        egress: &[],
         steps: &[
             Step {
                 input: || sctp(client(7001), VIP_SCTP, SCTP_INIT),
@@ -1243,6 +1373,7 @@ static FIXTURES: &[Fixture] = &[
         description: "SCTP: a checksum left to the kernel (zero) stays zero; equal ports change no CRC",
         maps: SCTP_SERVICES,
         remaps: &[],
+        egress: &[],
         steps: &[
             Step {
                 input: || no_sctp_csum(sctp(client(7002), VIP_SCTP, SCTP_INIT)),
@@ -1262,6 +1393,7 @@ static FIXTURES: &[Fixture] = &[
         description: "SCTP: a Service without endpoints rejects, a first fragment whose port must change drops",
         maps: SCTP_SERVICES,
         remaps: &[],
+        egress: &[],
         steps: &[
             Step {
                 input: || sctp(client(7004), "10.96.0.51:3868", SCTP_INIT),
@@ -1423,7 +1555,12 @@ fn run_fixture(
             .packet((step.input)())
             .map_err(|e| format!("{at}: input: {e}"))?;
         let before = dp.stats().map_err(|e| e.to_string())?;
-        let out = dp.test_run(&input).map_err(|e| format!("{at}: {e}"))?;
+        let out = if fixture.egress.contains(&i) {
+            dp.test_run_egress(&input)
+        } else {
+            dp.test_run(&input)
+        }
+        .map_err(|e| format!("{at}: {e}"))?;
         let after = dp.stats().map_err(|e| e.to_string())?;
         if out.verdict != step.verdict {
             return Err(format!(
@@ -1793,6 +1930,83 @@ fn the_uplink_program_masquerades_each_connection_to_a_port_of_its_own() {
     let (out, reason) = run(&dp, Role::Pods, tcp(client(41004), VIP_HTTP, TCP_SYN));
     assert_eq!((out.verdict, reason), (PASS, "dnat_new"));
     assert_eq!(out.packet, tcp(client(41004), BACKEND_HTTP, TCP_SYN));
+}
+
+/// Issue 46: a client outside the node reaching a backend at the node's own address
+/// (in the host network of this node) is not masqueraded, as netfilter's masquerade
+/// at `POSTROUTING` never meets a packet delivered to the node's stack (and a source
+/// that is the node's own address would be a martian there); the backend's replies
+/// leave through the egress program, which gives them their frontend back. Both
+/// families (the IPv6 twins of the same packets).
+#[test]
+fn a_backend_at_the_nodes_own_address_is_not_masqueraded_and_answers_through_egress() {
+    use sliceway_agent::kernel::Role;
+    let node = std::net::Ipv4Addr::new(10, 100, 0, 1);
+    let outside = addr("203.0.113.9:41000");
+    for family in 0..2 {
+        let manifests = format!("{HOST_NETWORK_BACKEND}---{ONE_BACKEND}");
+        let (mut dp, _writer) = datapath(&ipv6_twins::maps_of(family)(&manifests));
+        let packet = ipv6_twins::packet_of(family);
+        if family == 0 {
+            dp.set_nat(dataplane_common::NatConfig {
+                node_addr_be: u32::from(node).to_be(),
+                port_min: 61_000,
+                port_max: 61_001,
+            })
+            .unwrap();
+        } else {
+            let octets = ipv6_twins::addr(node).octets();
+            let mut node_addr_be = [0u32; 4];
+            for (w, c) in node_addr_be.iter_mut().zip(octets.chunks(4)) {
+                *w = u32::from_ne_bytes(c.try_into().unwrap());
+            }
+            dp.set_nat6(dataplane_common::NatConfig6 {
+                node_addr_be,
+                port_min: 61_000,
+                port_max: 61_001,
+            })
+            .unwrap();
+        }
+        let (out, reason) = run_as(
+            &dp,
+            Role::External,
+            &packet(tcp(outside, "10.96.0.60:443", TCP_SYN)),
+        );
+        assert_eq!((out.verdict, reason), (PASS, "dnat_new"), "family {family}");
+        assert_eq!(
+            out.packet,
+            packet(tcp(outside, "10.100.0.1:6443", TCP_SYN)),
+            "family {family}: the client's own address kept"
+        );
+        let before = dp.stats().unwrap();
+        let out = dp
+            .test_run_egress(&packet(tcp_to(
+                "10.100.0.1:6443",
+                outside,
+                TCP_SYN | TCP_ACK,
+            )))
+            .unwrap();
+        assert_eq!(
+            counted_between(&before, &dp.stats().unwrap()),
+            [("revnat_egress", 1)],
+            "family {family}"
+        );
+        assert_eq!(
+            (out.verdict, out.packet),
+            (
+                PASS,
+                packet(tcp_to("10.96.0.60:443", outside, TCP_SYN | TCP_ACK))
+            ),
+            "family {family}"
+        );
+        // Any other backend is still masqueraded.
+        let (_, reason) = run_as(
+            &dp,
+            Role::External,
+            &packet(tcp(addr("203.0.113.9:41001"), VIP_HTTP, TCP_SYN)),
+        );
+        assert_eq!(reason, "dnat_masqueraded", "family {family}");
+    }
 }
 
 /// One family's addresses for [`source_ranges_case`].

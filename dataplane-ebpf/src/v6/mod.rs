@@ -134,16 +134,19 @@ impl Tuple for Flow6 {
     }
 
     #[inline(always)]
-    fn masquerade(&self, reply: &mut CtKey, key: &CtKey, now: u64) -> Result<(), Exit> {
+    fn masquerade(&self, reply: &mut CtKey, key: &CtKey, now: u64) -> Result<bool, Exit> {
         let nat = maps::NAT_CONFIG6
             .get(0)
             .filter(|c| c.node_addr_be != [0; 4])
             .ok_or((DROP, stat::DROP_NO_NODE_ADDR))?;
+        if same_addr(&reply.src_be, &nat.node_addr_be) {
+            return Ok(false);
+        }
         reply.dst_be = nat.node_addr_be;
         if !conntrack::masquerade_port(reply, self.hash(), key, nat.port_min, nat.port_max, now) {
             return Err((DROP, stat::DROP_SNAT_EXHAUSTED));
         }
-        Ok(())
+        Ok(true)
     }
 }
 
@@ -294,6 +297,57 @@ pub fn sliceway_l3ext6(ctx: TcContext) -> i32 {
         return verdict;
     }
     run::<true, _>(&L3(&ctx))
+}
+
+/// `sliceway_tc_out`'s IPv6 program (`JUMP6_OUT`): a reply from a host-network
+/// backend of this node gets its frontend back (`crate::tc::sliceway_tc_out`).
+#[classifier]
+pub fn sliceway_out6(ctx: TcContext) -> i32 {
+    out(&ctx)
+}
+
+/// `sliceway_l3_out`'s IPv6 program (`JUMP6_L3_OUT`).
+#[classifier]
+pub fn sliceway_l3out6(ctx: TcContext) -> i32 {
+    out(&L3(&ctx))
+}
+
+#[inline(always)]
+fn out<C: Program6>(ctx: &C) -> i32 {
+    let (action, reason) = match reply_out(ctx) {
+        Ok(exit) => exit,
+        Err(exit) => exit,
+    };
+    count(reason);
+    action
+}
+
+/// The egress body, as IPv4's (`crate::tc`): a reply of a live connection gets its
+/// frontend back; anything else passes.
+#[inline(always)]
+fn reply_out<C: Program6>(ctx: &C) -> Result<Exit, Exit> {
+    let s = maps::SCRATCH6
+        .get_ptr_mut(0)
+        .ok_or((PASS, stat::PASS_EGRESS))?;
+    // SAFETY: as in `decide`: this CPU's value, used by this program alone while it
+    // runs.
+    let s = unsafe { &mut *s };
+    if !matches!(parse::parse(ctx, &mut s.flow), Ok(parse::Packet6::L4)) {
+        return Ok((PASS, stat::PASS_EGRESS));
+    }
+    s.key = s.flow.key();
+    let now = conntrack::now();
+    let mut met = Met::Nothing;
+    if let Forward::Reply(rev) = conntrack::forward(&s.flow, &s.key, now) {
+        take_reply(&rev, &s.flow, &s.key, now, &mut met);
+    }
+    if met != Met::LiveReply {
+        return Ok((PASS, stat::PASS_EGRESS));
+    }
+    match from_backend(ctx, &s.flow, &s.key, now, met)? {
+        (PASS, stat::REVNAT) => Ok((PASS, stat::REVNAT_EGRESS)),
+        exit => Ok(exit),
+    }
 }
 
 /// A connection another node sent here with direct server return, for a pod of

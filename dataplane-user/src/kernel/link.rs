@@ -1,6 +1,8 @@
-//! Links: attaching the TC program at ingress of an interface on one of two paths,
-//! taking over what an earlier run left attached, and dropping links of interfaces
-//! that went away.
+//! Links: attaching the TC programs to an interface on one of two paths, taking over
+//! what an earlier run left attached, and dropping links of interfaces that went
+//! away. Every interface gets its role's program at ingress and the egress program
+//! (`sliceway_tc_out`: replies of host-network backends of this node) at egress, the
+//! egress one first, so no connection is translated before its replies can be.
 //!
 //! - tcx (Linux 6.6+): a BPF link per interface, pinned as `link-<iface>` so it
 //!   outlives the agent; a restarted agent swaps its program in with
@@ -22,7 +24,7 @@ use aya::programs::{
 };
 
 use super::{
-    load::{L3_EXT_PROGRAM, L3_PROGRAM, TC_EXT_PROGRAM, TC_PROGRAM},
+    load::{L3_EXT_PROGRAM, L3_OUT_PROGRAM, L3_PROGRAM, OUT_PROGRAM, TC_EXT_PROGRAM, TC_PROGRAM},
     pin::unpin,
     Datapath, KernelError,
 };
@@ -46,8 +48,37 @@ impl Role {
     }
 }
 
-/// Every TC program the agent attaches, by name (its filters are found by it).
+/// Every TC program the agent attaches at ingress, by name (its filters are found
+/// by it).
 pub const TC_PROGRAMS: [&str; 4] = [TC_PROGRAM, TC_EXT_PROGRAM, L3_PROGRAM, L3_EXT_PROGRAM];
+/// The programs the agent attaches at egress, by name.
+pub const OUT_PROGRAMS: [&str; 2] = [OUT_PROGRAM, L3_OUT_PROGRAM];
+
+/// Where on an interface a TC program runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Hook {
+    Ingress,
+    Egress,
+}
+
+impl Hook {
+    fn tc(self) -> TcAttachType {
+        match self {
+            Hook::Ingress => TcAttachType::Ingress,
+            Hook::Egress => TcAttachType::Egress,
+        }
+    }
+
+    /// The program at this hook of an interface of `role` (`l3`: without an Ethernet
+    /// header).
+    fn program(self, role: Role, l3: bool) -> &'static str {
+        match (self, l3) {
+            (Hook::Ingress, _) => role.program_for(l3),
+            (Hook::Egress, false) => OUT_PROGRAM,
+            (Hook::Egress, true) => L3_OUT_PROGRAM,
+        }
+    }
+}
 
 /// Priority of sliceway's TC filter at clsact ingress (lower runs first). Fixed, so a
 /// restarted agent finds the filter an earlier run left.
@@ -186,17 +217,14 @@ impl Datapath {
         }
     }
 
-    /// Attaches the TC program at ingress of `iface` on the chosen path (see the
-    /// module's doc). With pinning the attachment outlives the agent, and what an
-    /// earlier run left is taken over atomically. A pinned tcx link left from an
-    /// interface that was deleted and re-created under the same name is defunct (the
-    /// kernel refuses to update it): it is replaced by a new link. Without pinning the
-    /// program detaches when the agent exits.
+    /// Attaches the TC programs to `iface` on the chosen path (see the module's doc):
+    /// the egress program, then the role's program at ingress. With pinning the
+    /// attachments outlive the agent, and what an earlier run left is taken over
+    /// atomically. A pinned tcx link left from an interface that was deleted and
+    /// re-created under the same name is defunct (the kernel refuses to update it):
+    /// it is replaced by a new link. Without pinning the programs detach when the
+    /// agent exits. Says how the ingress program was attached.
     pub fn attach(&mut self, iface: &str, role: Role) -> Result<Attached, KernelError> {
-        let attach_err = |source| KernelError::Attach {
-            iface: iface.to_string(),
-            source,
-        };
         let ifindex = ifindex(iface).map_err(|source| KernelError::Interface {
             iface: iface.to_string(),
             source,
@@ -224,52 +252,63 @@ impl Datapath {
         if l3 {
             self.load_l3()?;
         }
-        let name = role.program_for(l3);
+        if path == TcPath::Netlink {
+            // The filters need the clsact qdisc (EEXIST when it is there already).
+            let _ = tc::qdisc_add_clsact(iface);
+        }
+        let (_, link) = self.attach_at(iface, ifindex, role, l3, path, Hook::Egress)?;
+        self.egress.insert(iface.to_string(), link);
+        let (how, link) = self.attach_at(iface, ifindex, role, l3, path, Hook::Ingress)?;
+        self.links.insert(iface.to_string(), link);
+        Ok(how)
+    }
+
+    /// Attaches the program of `hook` to `iface` (see [`Datapath::attach`]).
+    fn attach_at(
+        &mut self,
+        iface: &str,
+        ifindex: u32,
+        role: Role,
+        l3: bool,
+        path: TcPath,
+        hook: Hook,
+    ) -> Result<(Attached, InterfaceLink), KernelError> {
+        let attach_err = |source| KernelError::Attach {
+            iface: iface.to_string(),
+            source,
+        };
+        let name = hook.program(role, l3);
+        let link_pin = self.pins.as_ref().map(|p| match hook {
+            Hook::Ingress => p.link(iface),
+            Hook::Egress => p.egress_link(iface),
+        });
         let program: &mut SchedClassifier = self
             .ebpf
             .program_mut(name)
             .ok_or(KernelError::MissingProgram(name))?
             .try_into()?;
-        if path == TcPath::Netlink {
-            // The filter needs the clsact qdisc (EEXIST when it is there already).
-            let _ = tc::qdisc_add_clsact(iface);
-        }
-        let Some(link_pin) = self.pins.as_ref().map(|p| p.link(iface)) else {
+        let link = |owned, pin, filter| InterfaceLink {
+            ifindex,
+            owned,
+            pin,
+            filter,
+            role,
+            program: name,
+        };
+        let Some(link_pin) = link_pin else {
             // Not pinned: the attachment is this process's and goes when it exits.
             let options = match path {
                 TcPath::Netlink => TcAttachOptions::Netlink(NlOptions::default()),
                 TcPath::Tcx => TcAttachOptions::TcxOrder(LinkOrder::default()),
             };
             let id = program
-                .attach_with_options(iface, TcAttachType::Ingress, options)
+                .attach_with_options(iface, hook.tc(), options)
                 .map_err(attach_err)?;
-            self.links.insert(
-                iface.to_string(),
-                InterfaceLink {
-                    ifindex,
-                    owned: Some(id),
-                    pin: None,
-                    filter: false,
-                    role,
-                    program: name,
-                },
-            );
-            return Ok(Attached::Unpinned);
+            return Ok((Attached::Unpinned, link(Some(id), None, false)));
         };
         if path == TcPath::Netlink {
-            let how = attach_filter(program, iface).map_err(attach_err)?;
-            self.links.insert(
-                iface.to_string(),
-                InterfaceLink {
-                    ifindex,
-                    owned: None,
-                    pin: None,
-                    filter: true,
-                    role,
-                    program: name,
-                },
-            );
-            return Ok(how);
+            let how = attach_filter(program, iface, hook).map_err(attach_err)?;
+            return Ok((how, link(None, None, true)));
         }
         let pin_err = |reason: String| KernelError::Pin {
             path: link_pin.clone(),
@@ -277,9 +316,9 @@ impl Datapath {
         };
         let mut how = Attached::NewPinned;
         if let Ok(old) = PinnedLink::from_pin(&link_pin) {
-            let link = SchedClassifierLink::try_from(FdLink::from(old))
+            let old = SchedClassifierLink::try_from(FdLink::from(old))
                 .map_err(|e| pin_err(format!("taking over the pinned link: {e}")))?;
-            match program.attach_to_link(link) {
+            match program.attach_to_link(old) {
                 Ok(id) => {
                     // The pin holds the link; the program need not.
                     drop(program.take_link(id));
@@ -299,26 +338,15 @@ impl Datapath {
             let id = program
                 .attach_with_options(
                     iface,
-                    TcAttachType::Ingress,
+                    hook.tc(),
                     TcAttachOptions::TcxOrder(LinkOrder::default()),
                 )
                 .map_err(attach_err)?;
-            let link = program.take_link(id).map_err(attach_err)?;
-            let fd_link = FdLink::try_from(link).map_err(|e| pin_err(e.to_string()))?;
+            let taken = program.take_link(id).map_err(attach_err)?;
+            let fd_link = FdLink::try_from(taken).map_err(|e| pin_err(e.to_string()))?;
             fd_link.pin(&link_pin).map_err(|e| pin_err(e.to_string()))?;
         }
-        self.links.insert(
-            iface.to_string(),
-            InterfaceLink {
-                ifindex,
-                owned: None,
-                pin: Some(link_pin),
-                filter: false,
-                role,
-                program: name,
-            },
-        );
-        Ok(how)
+        Ok((how, link(None, Some(link_pin), false)))
     }
 
     /// Drops this agent's link on `iface` (for an interface that is gone or was
@@ -328,9 +356,27 @@ impl Datapath {
     /// there was a link.
     pub fn detach(&mut self, iface: &str) -> Result<bool, KernelError> {
         self.detach_xdp(iface);
-        let Some(link) = self.links.remove(iface) else {
-            return Ok(false);
+        let had_egress = match self.egress.remove(iface) {
+            Some(link) => {
+                self.drop_link(iface, link, Hook::Egress)?;
+                true
+            }
+            None => false,
         };
+        let Some(link) = self.links.remove(iface) else {
+            return Ok(had_egress);
+        };
+        self.drop_link(iface, link, Hook::Ingress)?;
+        Ok(true)
+    }
+
+    /// Drops one of this agent's links on `iface` (see [`Datapath::detach`]).
+    fn drop_link(
+        &mut self,
+        iface: &str,
+        link: InterfaceLink,
+        hook: Hook,
+    ) -> Result<(), KernelError> {
         if let Some(id) = link.owned {
             let program: &mut SchedClassifier = self
                 .ebpf
@@ -348,12 +394,12 @@ impl Datapath {
             })?;
         }
         if link.filter && ifindex(iface).is_ok_and(|i| i == link.ifindex) {
-            delete_filter(iface).map_err(|source| KernelError::Attach {
+            delete_filter(iface, hook).map_err(|source| KernelError::Attach {
                 iface: iface.to_string(),
                 source,
             })?;
         }
-        Ok(true)
+        Ok(())
     }
 
     /// The TC program this agent attached to `iface`, if any.
@@ -381,16 +427,28 @@ impl Datapath {
         };
         let path = self.path.unwrap_or(TcPath::Tcx);
         let mut removed = Vec::new();
-        for iface in pins.linked_interfaces() {
-            if path == TcPath::Tcx && self.links.contains_key(&iface) {
+        let pinned = pins
+            .linked_interfaces()
+            .into_iter()
+            .map(|iface| (pins.link(&iface), self.links.contains_key(&iface), iface))
+            .chain(pins.egress_linked_interfaces().into_iter().map(|iface| {
+                (
+                    pins.egress_link(&iface),
+                    self.egress.contains_key(&iface),
+                    iface,
+                )
+            }));
+        for (link, ours, iface) in pinned {
+            if path == TcPath::Tcx && ours {
                 continue;
             }
-            let link = pins.link(&iface);
             unpin(&link).map_err(|e| KernelError::Pin {
                 path: link.clone(),
                 reason: e.to_string(),
             })?;
-            removed.push(iface);
+            if !removed.contains(&iface) {
+                removed.push(iface);
+            }
         }
         let present = crate::kernel::interfaces::list().unwrap_or_default();
         for (_, iface) in present {
@@ -410,10 +468,11 @@ impl Datapath {
 fn attach_filter(
     program: &mut SchedClassifier,
     iface: &str,
+    hook: Hook,
 ) -> Result<Attached, aya::programs::ProgramError> {
     let existing = SchedClassifierLink::attached(
         iface,
-        TcAttachType::Ingress,
+        hook.tc(),
         TC_PRIORITY,
         TcHandle::from(TC_HANDLE),
         None,
@@ -426,7 +485,7 @@ fn attach_filter(
         Err(_) => {
             let id = program.attach_with_options(
                 iface,
-                TcAttachType::Ingress,
+                hook.tc(),
                 TcAttachOptions::Netlink(NlOptions {
                     priority: TC_PRIORITY,
                     handle: TcHandle::from(TC_HANDLE),
@@ -442,11 +501,11 @@ fn attach_filter(
     Ok(how)
 }
 
-/// Deletes sliceway's TC filter on `iface`.
-fn delete_filter(iface: &str) -> Result<(), aya::programs::ProgramError> {
+/// Deletes sliceway's TC filter at `hook` of `iface`.
+fn delete_filter(iface: &str, hook: Hook) -> Result<(), aya::programs::ProgramError> {
     SchedClassifierLink::attached(
         iface,
-        TcAttachType::Ingress,
+        hook.tc(),
         TC_PRIORITY,
         TcHandle::from(TC_HANDLE),
         None,
@@ -455,12 +514,15 @@ fn delete_filter(iface: &str) -> Result<(), aya::programs::ProgramError> {
     .detach()
 }
 
-/// Deletes every TC filter of sliceway's program at ingress of `iface` (any priority:
-/// an unpinned agent's filters too). Returns whether there was one.
+/// Deletes every TC filter of sliceway's programs on `iface`, at ingress and egress
+/// (any priority: an unpinned agent's filters too). Returns whether there was one.
 pub(super) fn remove_filters(iface: &str) -> bool {
     let mut any = false;
     for name in TC_PROGRAMS {
         any |= tc::qdisc_detach_program(iface, TcAttachType::Ingress, name).is_ok();
+    }
+    for name in OUT_PROGRAMS {
+        any |= tc::qdisc_detach_program(iface, TcAttachType::Egress, name).is_ok();
     }
     any
 }

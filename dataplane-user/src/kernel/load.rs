@@ -49,6 +49,17 @@ pub const SCTP_NAT_PROGRAM: &str = "sliceway_sctp_nat";
 /// carries one.
 pub const DSR_PROGRAM: &str = "sliceway_dsr";
 
+/// The program at egress of pods' interfaces and uplinks: replies from backends in
+/// the host network of this node, which leave the node's own stack and meet no
+/// ingress program, get their frontend back; anything else passes.
+pub const OUT_PROGRAM: &str = "sliceway_tc_out";
+/// `sliceway_tc_out` for interfaces without an Ethernet header, loaded with the L3
+/// programs.
+pub const L3_OUT_PROGRAM: &str = "sliceway_l3_out";
+/// Their IPv6 programs (`JUMP6_OUT`, `JUMP6_L3_OUT`).
+pub const OUT6_PROGRAM: &str = "sliceway_out6";
+pub const L3_OUT6_PROGRAM: &str = "sliceway_l3out6";
+
 /// The IPv6 programs, reached by tail call (`JUMP6`) from the entry programs above
 /// when a packet is IPv6: `sliceway_tc`'s, `sliceway_tc_ext`'s, their reject
 /// program and their ICMPv6 error program. A kernel that refuses them refuses IPv6
@@ -268,6 +279,11 @@ impl Datapath {
             .ok_or(KernelError::MissingProgram(TC_EXT_PROGRAM))?
             .try_into()?;
         ext.load()?;
+        let out: &mut SchedClassifier = ebpf
+            .program_mut(OUT_PROGRAM)
+            .ok_or(KernelError::MissingProgram(OUT_PROGRAM))?
+            .try_into()?;
+        out.load()?;
         // The programs reached from the TC program by tail call (a stack of their
         // own), loaded and put in their slots of JUMP: reject in 0, SCTP ports in 1,
         // direct server return in 3 (reject without an Ethernet header goes in 2
@@ -319,6 +335,7 @@ impl Datapath {
             limits,
             limits6,
             links: BTreeMap::new(),
+            egress: BTreeMap::new(),
             xdp_links: BTreeMap::new(),
             path: None,
             v1,
@@ -332,6 +349,7 @@ impl Datapath {
             (dataplane_common::JUMP6_REJECT, REJECT6_PROGRAM),
             (dataplane_common::JUMP6_ICMP, ICMP6_PROGRAM),
             (dataplane_common::JUMP6_DSR, DSR6_PROGRAM),
+            (dataplane_common::JUMP6_OUT, OUT6_PROGRAM),
         ]);
         Ok(datapath)
     }
@@ -347,8 +365,14 @@ impl Datapath {
             (dataplane_common::JUMP6_L3_EXT, L3_EXT6_PROGRAM),
             (dataplane_common::JUMP6_REJECT_L3, REJECT6_L3_PROGRAM),
             (dataplane_common::JUMP6_ICMP_L3, ICMP6_L3_PROGRAM),
+            (dataplane_common::JUMP6_L3_OUT, L3_OUT6_PROGRAM),
         ]);
-        for name in [L3_PROGRAM, L3_EXT_PROGRAM, REJECT_L3_PROGRAM] {
+        for name in [
+            L3_PROGRAM,
+            L3_EXT_PROGRAM,
+            REJECT_L3_PROGRAM,
+            L3_OUT_PROGRAM,
+        ] {
             let fd = loaded_fd(&mut self.ebpf, name, load_classifier)?;
             if name == REJECT_L3_PROGRAM {
                 set_slot(
@@ -552,6 +576,10 @@ pub fn check() -> Result<KernelCheck, KernelError> {
         L3_EXT6_PROGRAM,
         REJECT6_L3_PROGRAM,
         ICMP6_L3_PROGRAM,
+        OUT_PROGRAM,
+        L3_OUT_PROGRAM,
+        OUT6_PROGRAM,
+        L3_OUT6_PROGRAM,
     ];
     let sock = super::SOCK_PROGRAMS.map(|(name, _)| name);
     for (name, kind) in tc

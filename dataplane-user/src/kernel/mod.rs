@@ -161,6 +161,8 @@ pub struct Datapath {
     limits6: Limits6,
     /// Interfaces the program is attached to by this agent.
     links: BTreeMap<String, InterfaceLink>,
+    /// The egress program's links, likewise.
+    egress: BTreeMap<String, InterfaceLink>,
     /// Uplinks with the XDP program, attached by this agent (not pinned).
     xdp_links: BTreeMap<String, (aya::programs::xdp::XdpLinkId, XdpAttached)>,
     /// The attach path, chosen before the first attach.
@@ -225,6 +227,17 @@ impl Datapath {
     /// program for `Role::External`).
     pub fn test_run_as(&self, role: Role, packet: &[u8]) -> Result<TestRunOutput, KernelError> {
         run_once(self.program(role), packet)
+    }
+
+    /// [`Datapath::test_run`] through the egress program of pods' interfaces and
+    /// uplinks (`sliceway_tc_out`).
+    pub fn test_run_egress(&self, packet: &[u8]) -> Result<TestRunOutput, KernelError> {
+        let program: &SchedClassifier = self
+            .ebpf
+            .program(load::OUT_PROGRAM)
+            .ok_or(KernelError::MissingProgram(load::OUT_PROGRAM))?
+            .try_into()?;
+        run_once(program, packet)
     }
 
     /// [`Datapath::test_run_as`] through the program of interfaces of `role` without

@@ -37,6 +37,10 @@ impl PinDir {
     pub fn link(&self, iface: &str) -> PathBuf {
         self.dir().join(format!("{LINK_PREFIX}{iface}"))
     }
+    /// The pin of the egress program's link on `iface`.
+    pub fn egress_link(&self, iface: &str) -> PathBuf {
+        self.dir().join(format!("{EGRESS_LINK_PREFIX}{iface}"))
+    }
     /// Mounts bpffs at `/sys/fs/bpf` if this directory lies there and none is mounted,
     /// and makes the directory, as loading with pins does first.
     pub fn prepare(&self) -> Result<(), KernelError> {
@@ -45,6 +49,10 @@ impl PinDir {
     /// Interfaces that have a pinned link in this layout directory.
     pub fn linked_interfaces(&self) -> Vec<String> {
         linked_interfaces_in(&self.dir())
+    }
+    /// Interfaces that have a pinned egress link in this layout directory.
+    pub fn egress_linked_interfaces(&self) -> Vec<String> {
+        with_prefix_in(&self.dir(), EGRESS_LINK_PREFIX)
     }
     /// Layout directories of other versions found under the base.
     pub fn other_layouts(&self) -> Vec<PathBuf> {
@@ -65,6 +73,8 @@ impl PinDir {
 
 /// File name prefix of a pinned link; the interface name follows.
 pub(super) const LINK_PREFIX: &str = "link-";
+/// File name prefix of a pinned egress link; the interface name follows.
+pub(super) const EGRESS_LINK_PREFIX: &str = "egress-";
 
 /// Key and value sizes of each map, to check pinned maps against.
 pub(super) fn expected_sizes(name: &str) -> (usize, usize) {
@@ -126,6 +136,11 @@ pub(super) fn expected_sizes(name: &str) -> (usize, usize) {
 
 /// Interfaces with a pinned link (`link-<iface>`) in layout directory `dir`, sorted.
 pub(super) fn linked_interfaces_in(dir: &Path) -> Vec<String> {
+    with_prefix_in(dir, LINK_PREFIX)
+}
+
+/// The rest of the names of the files in `dir` that begin with `prefix`, sorted.
+fn with_prefix_in(dir: &Path, prefix: &str) -> Vec<String> {
     let mut out: Vec<String> = std::fs::read_dir(dir)
         .into_iter()
         .flatten()
@@ -133,7 +148,7 @@ pub(super) fn linked_interfaces_in(dir: &Path) -> Vec<String> {
         .filter_map(|e| {
             e.file_name()
                 .to_str()
-                .and_then(|n| n.strip_prefix(LINK_PREFIX))
+                .and_then(|n| n.strip_prefix(prefix))
                 .map(str::to_string)
         })
         .collect();
