@@ -1,5 +1,6 @@
 //! The small HTTP endpoint both binaries serve: `/metrics` (Prometheus' text format),
-//! `/healthz` and `/livez` (200 `ok`, or 503 with the reason), and the paths a binary
+//! `/healthz` and `/livez` (200 `ok`, or 503 with the reason; or a JSON page of the
+//! binary's, [`Status::health_json`]), and the paths a binary
 //! adds ([`Status::extra`]); nothing else. One request per connection, no request
 //! body; anything it cannot read is closed.
 
@@ -17,6 +18,13 @@ pub trait Status: Send + Sync + 'static {
     /// always `Ok` (a process that answers is alive).
     fn live(&self) -> Result<(), String> {
         Ok(())
+    }
+    /// `/healthz` (`live`: `/livez`) as a JSON page, for a binary whose health has
+    /// one: whether healthy (200, else 503) and the body. `None` (the default):
+    /// [`Status::health`] and [`Status::live`] answer, in plain text.
+    fn health_json(&self, live: bool) -> Option<(bool, String)> {
+        let _ = live;
+        None
     }
     /// Brings values read on demand up to date before `/metrics` renders them; waited
     /// for at most [`REFRESH_WAIT`] (then the last values are served).
@@ -103,8 +111,15 @@ async fn response<S: Status + ?Sized>(
                 status.metrics(),
             )
         }
-        "/healthz" => text(status.health().map(|()| "ok\n".into())),
-        "/livez" => text(status.live().map(|()| "ok\n".into())),
+        "/healthz" | "/livez" => {
+            let live = path == "/livez";
+            match status.health_json(live) {
+                Some((true, body)) => ("200 OK", "application/json", body),
+                Some((false, body)) => ("503 Service Unavailable", "application/json", body),
+                None if live => text(status.live().map(|()| "ok\n".into())),
+                None => text(status.health().map(|()| "ok\n".into())),
+            }
+        }
         _ => match status.extra(path) {
             Some(reply) => text(reply.await),
             None => ("404 Not Found", "text/plain", "not found\n".into()),
@@ -166,5 +181,40 @@ mod tests {
                 .starts_with("HTTP/1.1 404 Not Found"));
             server.abort();
         }
+    }
+
+    /// A binary with JSON health pages: its verdict sets the code, its body is served
+    /// as `application/json`, `/livez` asks for the live page.
+    #[tokio::test]
+    async fn json_health_pages_are_served_as_json() {
+        struct Json;
+        impl Status for Json {
+            fn metrics(&self) -> String {
+                "# EOF\n".into()
+            }
+            fn health(&self) -> Result<(), String> {
+                Ok(())
+            }
+            fn health_json(&self, live: bool) -> Option<(bool, String)> {
+                Some((live, format!("{{\"live\":{live}}}")))
+            }
+        }
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(serve_on(listener, Arc::new(Json)));
+        let healthz = get(addr, "/healthz").await;
+        assert!(
+            healthz.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+            "{healthz}"
+        );
+        assert!(
+            healthz.contains("Content-Type: application/json\r\n"),
+            "{healthz}"
+        );
+        assert!(healthz.ends_with("{\"live\":false}"), "{healthz}");
+        let livez = get(addr, "/livez").await;
+        assert!(livez.starts_with("HTTP/1.1 200 OK\r\n"), "{livez}");
+        assert!(livez.ends_with("{\"live\":true}"), "{livez}");
+        server.abort();
     }
 }

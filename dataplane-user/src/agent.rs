@@ -1133,7 +1133,12 @@ async fn follow<S: source::Source>(
         }
         // Something may have changed: it counts as queued until a sync writes it.
         syncer.metrics.health.queued();
-        match source.feed(&mut syncer.pipeline.compiler) {
+        let fed = source.feed(&mut syncer.pipeline.compiler);
+        syncer
+            .metrics
+            .health
+            .set_node_eligible(source.node_eligible());
+        match fed {
             Fed::Failed => {}
             // The first sync writes even an empty state, and says the agent is ready.
             Fed::Unchanged if syncer.syncs > 0 => {

@@ -38,7 +38,16 @@ pub struct NodeInfo {
     /// addresses: where IPv6 NodePorts are served by default, and the address IPv6
     /// connections from outside are masqueraded to.
     pub primary_ipv6: Option<std::net::Ipv6Addr>,
+    /// Whether load balancers may send to this node: not being deleted and not
+    /// tainted `ToBeDeletedByClusterAutoscaler`, kube-proxy's `NodeEligible`
+    /// (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/healthcheck/proxy_health.go>,
+    /// KEP-3836); `/healthz` fails while it is false.
+    pub eligible: bool,
 }
+
+/// The taint the cluster autoscaler puts on a node it is about to delete
+/// (kube-proxy's `ToBeDeletedTaint`).
+pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
 
 impl From<&k8s_openapi::api::core::v1::Node> for NodeInfo {
     fn from(node: &k8s_openapi::api::core::v1::Node) -> Self {
@@ -53,6 +62,12 @@ impl From<&k8s_openapi::api::core::v1::Node> for NodeInfo {
                 .cloned(),
             primary_ipv4: primary_ip(node),
             primary_ipv6: primary_ip(node),
+            eligible: node.metadata.deletion_timestamp.is_none()
+                && !node
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.taints.as_ref())
+                    .is_some_and(|t| t.iter().any(|t| t.key == TO_BE_DELETED_TAINT)),
         }
     }
 }
@@ -422,5 +437,37 @@ impl SliceId {
             name: slice.name.clone(),
             origin,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(json: serde_json::Value) -> NodeInfo {
+        NodeInfo::from(&serde_json::from_value::<k8s_openapi::api::core::v1::Node>(json).unwrap())
+    }
+
+    /// kube-proxy's `NodeEligible`: not deleted, not tainted by the autoscaler (any
+    /// effect); other taints do not count.
+    #[test]
+    fn a_node_is_eligible_unless_deleted_or_tainted_to_be_deleted() {
+        let name = serde_json::json!({"name": "node-1"});
+        assert!(node(serde_json::json!({"metadata": name})).eligible);
+        assert!(
+            node(serde_json::json!({"metadata": name, "spec": {"taints": [
+                {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}]}}))
+            .eligible
+        );
+        assert!(
+            !node(serde_json::json!({"metadata": name, "spec": {"taints": [
+                {"key": TO_BE_DELETED_TAINT, "value": "1733100000", "effect": "NoSchedule"}]}}))
+            .eligible
+        );
+        assert!(
+            !node(serde_json::json!({"metadata":
+                {"name": "node-1", "deletionTimestamp": "2026-12-02T01:00:00Z"}}))
+            .eligible
+        );
     }
 }

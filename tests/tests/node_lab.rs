@@ -1641,3 +1641,69 @@ fn a_host_network_backend_of_this_node_answers_pods_through_the_clusterip() {
     assert!(agent.packets("sock_translated_pod") >= 6.0);
     assert!(agent.packets("revnat_egress") >= 6.0);
 }
+
+/// Issue 46: `/healthz` as kube-proxy serves it: its JSON body, and 503 while the own
+/// Node is tainted `ToBeDeletedByClusterAutoscaler` or being deleted (KEP-3836), so
+/// a load balancer stops sending to a node about to go; `/livez` stays 200 (the
+/// process is fine), and the Service keeps being served.
+#[test]
+fn healthz_fails_while_the_node_is_to_be_deleted_and_livez_does_not() {
+    let lab = Lab::new(1).unwrap();
+    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0]))
+        .unwrap();
+    let node = |taints: &str| {
+        format!(
+            "apiVersion: v1\nkind: Node\nmetadata: {{name: node-1}}\nspec:\n  taints: [{taints}]\n"
+        )
+    };
+    lab.write_manifest("node.yaml", &node("")).unwrap();
+    let agent = lab.start_agent().unwrap();
+    let body = |answer: &str| -> serde_json::Value {
+        let (_, body) = answer.split_once("\r\n\r\n").expect("a response");
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {answer}"))
+    };
+    let healthz = agent.http("/healthz").unwrap();
+    assert!(healthz.starts_with("HTTP/1.1 200"), "{healthz}");
+    assert!(
+        healthz.contains("Content-Type: application/json"),
+        "{healthz}"
+    );
+    let page = body(&healthz);
+    assert_eq!(
+        (&page["healthy"], &page["nodeEligible"]),
+        (&true.into(), &true.into())
+    );
+    assert!(
+        page["currentTime"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z')),
+        "{page}"
+    );
+
+    agent
+        .applies(|| {
+            lab.write_manifest(
+                "node.yaml",
+                &node("{key: ToBeDeletedByClusterAutoscaler, value: \"1764637200\", effect: NoSchedule}"),
+            )
+        })
+        .unwrap();
+    let healthz = agent.http("/healthz").unwrap();
+    assert!(healthz.starts_with("HTTP/1.1 503"), "{healthz}");
+    let page = body(&healthz);
+    assert_eq!(page["nodeEligible"], false, "{page}");
+    assert_eq!(page["healthy"], true, "the proxier itself is: {page}");
+    let livez = agent.http("/livez").unwrap();
+    assert!(livez.starts_with("HTTP/1.1 200"), "{livez}");
+    assert!(body(&livez).get("nodeEligible").is_none(), "{livez}");
+    assert_eq!(
+        lab.tcp_request(vip()).unwrap().backend,
+        lab.backends[0].name
+    );
+
+    agent
+        .applies(|| lab.write_manifest("node.yaml", &node("")))
+        .unwrap();
+    let healthz = agent.http("/healthz").unwrap();
+    assert!(healthz.starts_with("HTTP/1.1 200"), "{healthz}");
+}

@@ -17,11 +17,19 @@
 //!
 //! A sync whose map writes failed leaves the change queued; the drift audit that
 //! repairs the maps counts as the sync that writes it.
+//!
+//! `/healthz` also fails while the own Node is not eligible for load balancers
+//! (being deleted, or tainted `ToBeDeletedByClusterAutoscaler`: kube-proxy's
+//! `NodeEligible`, KEP-3836); `/livez` does not, as kube-proxy's. A Node never seen
+//! (local mode without one) counts as eligible: kube-proxy waits for its Node at
+//! start. Both answer with kube-proxy's JSON body ([`Health::page`]); the
+//! healthCheckNodePort servers read [`Health::proxy_healthy_at`], which leaves
+//! the Node out, as kube-proxy's `serviceProxyHealthy` does.
 
 use std::{
     collections::BTreeMap,
     sync::{Arc, Mutex, PoisonError},
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 /// kube-proxy's default health timeout: twice its default sync period of 30 s.
@@ -79,6 +87,10 @@ struct State {
     synced: bool,
     /// The oldest change not yet written (kube-proxy's `oldestPendingQueued`).
     pending_since: Option<Instant>,
+    /// When everything received was last written (kube-proxy's `lastUpdated`).
+    last_updated: Option<SystemTime>,
+    /// Whether the own Node is eligible for load balancers; `None` without one.
+    node_eligible: Option<bool>,
 }
 
 /// The agent's health, shared by the agent loop (which reports) and the HTTP
@@ -119,6 +131,12 @@ impl Health {
         let mut s = self.state();
         s.synced = true;
         s.pending_since = None;
+        s.last_updated = Some(SystemTime::now());
+    }
+
+    /// What the source says of the own Node's eligibility ([`crate::model::NodeInfo::eligible`]).
+    pub fn set_node_eligible(&self, eligible: Option<bool>) {
+        self.state().node_eligible = eligible;
     }
 
     /// kube-proxy's rule, at `now`: `Err` when a queued change has waited `timeout`.
@@ -133,8 +151,23 @@ impl Health {
         }
     }
 
-    /// `/healthz` at `now`.
+    /// `/healthz` at `now`: [`Health::proxy_healthy_at`], and the own Node
+    /// eligible for load balancers.
     pub fn healthz_at(&self, now: Instant) -> Result<(), String> {
+        self.proxy_healthy_at(now)?;
+        if self.state().node_eligible == Some(false) {
+            return Err(format!(
+                "the Node is being deleted or is tainted {}: load balancers are to send elsewhere",
+                crate::model::TO_BE_DELETED_TAINT
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether the agent keeps the datapath up to date at `now` (synced once, syncs
+    /// keeping up, the watches working), the Node left out: what the
+    /// healthCheckNodePort servers report as `serviceProxyHealthy`.
+    pub fn proxy_healthy_at(&self, now: Instant) -> Result<(), String> {
         if !self.state().synced {
             return Err("not synced yet".into());
         }
@@ -160,6 +193,52 @@ impl Health {
     /// `/livez` at `now`.
     pub fn livez_at(&self, now: Instant) -> Result<(), String> {
         self.syncs_keep_up(now)
+    }
+
+    /// The body of `/healthz` (`live`: of `/livez`) at `now` (`wall` is the same
+    /// moment by the wall clock), and whether it is healthy: kube-proxy's
+    /// `ProxyHealth` JSON (`lastUpdated`, `currentTime`, `nodeEligible` for
+    /// `/healthz` only, `healthy`, and `status` per family, one sync serving both
+    /// here), with `reason` added when unhealthy. As kube-proxy's handlers,
+    /// `lastUpdated` is the current time when healthy, for clients of older
+    /// releases that read it as "the sync loop ran".
+    pub fn page(&self, live: bool, now: Instant, wall: SystemTime) -> (bool, String) {
+        let verdict = if live {
+            self.livez_at(now)
+        } else {
+            self.healthz_at(now)
+        };
+        let (last_updated, eligible) = {
+            let s = self.state();
+            (s.last_updated, s.node_eligible.unwrap_or(true))
+        };
+        let healthy = verdict.is_ok();
+        // Go's zero time, as kube-proxy's JSON shows a proxier that never synced.
+        let time = |t: Option<SystemTime>| {
+            t.and_then(|t| k8s_openapi::jiff::Timestamp::try_from(t).ok())
+                .map_or_else(|| "0001-01-01T00:00:00Z".to_string(), |t| t.to_string())
+        };
+        // `healthy` in the body is the proxier's, the Node left out (kube-proxy's
+        // `Health().Healthy`); the status code is both.
+        let proxy = if live {
+            healthy
+        } else {
+            self.proxy_healthy_at(now).is_ok()
+        };
+        let family = serde_json::json!({"lastUpdated": time(last_updated), "healthy": proxy});
+        let mut page = serde_json::json!({
+            "lastUpdated": time(if healthy { Some(wall) } else { last_updated }),
+            "currentTime": time(Some(wall)),
+            "healthy": proxy,
+            "status": {"IPv4": family, "IPv6": family},
+        });
+        if !live {
+            page["nodeEligible"] = eligible.into();
+        }
+        if let Err(why) = verdict {
+            page["reason"] = why.into();
+        }
+        (healthy, page.to_string())
     }
 }
 
@@ -218,5 +297,65 @@ mod tests {
         assert_eq!(h.livez_at(since + T), Ok(()));
         w.recovered("Service");
         assert_eq!(h.healthz_at(since + T), Ok(()));
+    }
+
+    /// kube-proxy's TestHealthzServer node cases: a Node being deleted, or tainted
+    /// by the cluster autoscaler, fails `/healthz` (503) but not `/livez`; the body
+    /// says `nodeEligible: false` and the proxier itself healthy.
+    #[test]
+    fn a_node_leaving_fails_healthz_alone_with_kube_proxys_body() {
+        let h = Health::new(T);
+        h.updated();
+        let (now, wall) = (Instant::now(), SystemTime::now());
+        let page = |live| {
+            let (ok, body) = h.page(live, now, wall);
+            (
+                ok,
+                serde_json::from_str::<serde_json::Value>(&body).unwrap(),
+            )
+        };
+        let (ok, body) = page(false);
+        assert!(ok, "{body}");
+        assert_eq!(body["nodeEligible"], true);
+        assert_eq!(body["healthy"], true);
+        assert_eq!(
+            body["lastUpdated"], body["currentTime"],
+            "now, when healthy"
+        );
+        assert_eq!(body["status"]["IPv4"]["healthy"], true);
+        assert!(body.get("reason").is_none(), "{body}");
+        h.set_node_eligible(Some(false));
+        let (ok, body) = page(false);
+        assert!(!ok);
+        assert_eq!(body["nodeEligible"], false);
+        assert_eq!(body["healthy"], true, "the proxier is");
+        assert!(body["reason"]
+            .as_str()
+            .unwrap()
+            .contains(crate::model::TO_BE_DELETED_TAINT));
+        assert_eq!(
+            h.proxy_healthy_at(now),
+            Ok(()),
+            "health checks leave the Node out"
+        );
+        let (ok, body) = page(true);
+        assert!(ok, "{body}");
+        assert!(
+            body.get("nodeEligible").is_none(),
+            "/livez does not say: {body}"
+        );
+        // No Node object: eligible.
+        h.set_node_eligible(None);
+        assert!(page(false).0);
+    }
+
+    #[test]
+    fn before_the_first_sync_the_body_shows_go_s_zero_time() {
+        let h = Health::new(T);
+        let (ok, body) = h.page(false, Instant::now(), SystemTime::now());
+        let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert!(!ok);
+        assert_eq!(body["lastUpdated"], "0001-01-01T00:00:00Z");
+        assert_eq!(body["reason"], "not synced yet");
     }
 }

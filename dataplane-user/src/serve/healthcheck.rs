@@ -113,7 +113,10 @@ impl ServiceHealth {
                 let (count, health, service) = (count.clone(), health.clone(), service.clone());
                 tokio::spawn(async move {
                     let endpoints = count.load(Ordering::Relaxed);
-                    let healthy = health.health.healthz_at(std::time::Instant::now()).is_ok();
+                    let healthy = health
+                        .health
+                        .proxy_healthy_at(std::time::Instant::now())
+                        .is_ok();
                     let _ = answer(conn, &service, endpoints, healthy).await;
                 });
             }

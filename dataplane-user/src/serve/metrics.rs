@@ -753,6 +753,12 @@ impl conventions::http::Status for Metrics {
     fn live(&self) -> Result<(), String> {
         self.health.livez_at(Instant::now())
     }
+    fn health_json(&self, live: bool) -> Option<(bool, String)> {
+        Some(
+            self.health
+                .page(live, Instant::now(), std::time::SystemTime::now()),
+        )
+    }
     fn refresh(&self) -> conventions::http::Reply<'_, ()> {
         let answer = self.ask(Ask::Refresh);
         Box::pin(async move {

@@ -505,6 +505,14 @@ impl super::Source for ApiSource {
         }
     }
 
+    fn node_eligible(&self) -> Option<bool> {
+        self.source
+            .node()
+            .state()
+            .first()
+            .map(|n| crate::model::NodeInfo::from(&**n).eligible)
+    }
+
     fn skipped_by_reason(&self) -> std::collections::BTreeMap<String, i64> {
         let refused = self.source.refused();
         if refused.is_empty() {

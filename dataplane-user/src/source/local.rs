@@ -131,6 +131,11 @@ impl ManifestDir {
         Ok(scan)
     }
 
+    /// The own Node (the first in file order named as it), if there is one.
+    pub fn own_node(&self) -> Option<&NodeInfo> {
+        self.node_name.as_deref().and_then(|name| self.node(name))
+    }
+
     /// The zone of the Node named `name`: the first such Node in file order.
     pub fn node_zone(&self, name: &str) -> Option<String> {
         self.node(name).and_then(|n| n.zone.clone())
@@ -312,6 +317,10 @@ impl super::Source for LocalSource {
         self.dir = Some(dir);
         self.read = Some((recorded, scan));
         Ok(())
+    }
+
+    fn node_eligible(&self) -> Option<bool> {
+        self.dir().own_node().map(|n| n.eligible)
     }
 
     fn skipped_by_reason(&self) -> std::collections::BTreeMap<String, i64> {

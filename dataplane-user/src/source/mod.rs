@@ -106,4 +106,11 @@ pub trait Source {
     fn skipped_by_reason(&self) -> std::collections::BTreeMap<String, i64> {
         Default::default()
     }
+
+    /// Whether the own Node is eligible for load balancers
+    /// ([`crate::model::NodeInfo::eligible`]) as last fed; `None` without a Node
+    /// object.
+    fn node_eligible(&self) -> Option<bool> {
+        None
+    }
 }
