@@ -7,7 +7,8 @@
 //!   with a backend's, picked as for a packet (session affinity, with the node as
 //!   one client; otherwise a random slot, since no source port exists yet); a
 //!   frontend without backends, or a ClusterIP's undeclared port, is refused (the
-//!   call fails with EPERM: a socket program can refuse, not answer);
+//!   call fails with ECONNREFUSED, as after kube-proxy's REJECT, where the kernel
+//!   lets the program set the error, [`SET_RETVAL`]; with EPERM elsewhere);
 //! - `sliceway_recvmsg4` and `sliceway_getpeername4` show the frontend again where
 //!   the kernel would show the backend (a datagram's source, the peer's name), from
 //!   `SOCK_REVNAT` (socket cookie, backend → frontend);
@@ -36,7 +37,7 @@
 //! removed backend where TC's conntrack lets the next datagram pick again.
 
 use aya_ebpf::{
-    helpers::{bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_get_socket_cookie},
+    helpers::{bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_get_socket_cookie, bpf_set_retval},
     macros::cgroup_sock_addr,
     programs::SockAddrContext,
     EbpfContext,
@@ -64,6 +65,16 @@ static HOST_NETNS: u64 = 0;
 /// the loader; read-only data, so the verifier leaves out the code it turns off.
 #[no_mangle]
 static POD_SOCKETS: u8 = 0;
+
+/// Non-zero: this kernel lets these programs choose the error of a call they refuse
+/// (`bpf_set_retval`; the agent probes for it), so a refusal kube-proxy's REJECT
+/// would answer fails with ECONNREFUSED rather than EPERM. Set by the loader;
+/// read-only data, so a kernel without the helper never verifies the call.
+#[no_mangle]
+static SET_RETVAL: u8 = 0;
+
+/// `ECONNREFUSED` (include/uapi/asm-generic/errno.h).
+const ECONNREFUSED: i32 = 111;
 
 const AF_INET: u32 = 2;
 const AF_INET6: u32 = 10;
@@ -350,6 +361,19 @@ fn remembered(cookie: u64, backend: Addr, port_be: u16) -> Option<(Addr, u16)> {
     }
 }
 
+/// A refusal where kube-proxy's REJECT answers (no endpoints, an undeclared port):
+/// ECONNREFUSED where the kernel lets the program say so ([`SET_RETVAL`]), else the
+/// kernel's EPERM.
+#[inline(always)]
+fn reject() -> i32 {
+    // SAFETY: a read of the loader's read-only value.
+    if unsafe { core::ptr::read_volatile(&SET_RETVAL) } != 0 {
+        // SAFETY: sets this call's return value; the program refuses it below.
+        unsafe { bpf_set_retval(-ECONNREFUSED) };
+    }
+    REFUSE
+}
+
 /// connect and sendmsg: a frontend becomes a backend.
 #[inline(always)]
 fn translate<const V6: bool>(ctx: &SockAddrContext) -> i32 {
@@ -368,7 +392,7 @@ fn translate<const V6: bool>(ctx: &SockAddrContext) -> i32 {
         Ok(service) => service,
         Err(true) => {
             count(stat::SOCK_REJECT_NO_PORT);
-            return REFUSE;
+            return reject();
         }
         Err(false) => return ALLOW,
     };
@@ -379,7 +403,7 @@ fn translate<const V6: bool>(ctx: &SockAddrContext) -> i32 {
     if service.count == 0 {
         counters::refused(service.id, false);
         count(stat::SOCK_REJECT_NO_BACKEND);
-        return REFUSE;
+        return reject();
     }
     let (backend_id, backend, backend_port) = match pick(addr, &service) {
         Ok(picked) => picked,

@@ -583,6 +583,17 @@ pub(crate) fn node_sysctls(ns: &str) -> Result<()> {
     Ok(())
 }
 
+/// What a node process's `connect()` to a Service without endpoints, or to a
+/// ClusterIP's undeclared port, fails with on this kernel: ECONNREFUSED where the
+/// socket programs can set the error (`bpf_set_retval`), EPERM where they cannot.
+pub fn socket_refusal() -> std::io::ErrorKind {
+    if sliceway_agent::kernel::probe_set_retval() {
+        std::io::ErrorKind::ConnectionRefused
+    } else {
+        std::io::ErrorKind::PermissionDenied
+    }
+}
+
 /// `sliceway-agent ARGS` as a user runs it, its JSON output parsed (`-o json` among
 /// the arguments); panics with its stderr when it fails.
 pub fn agent_cli(args: &[&str]) -> serde_json::Value {

@@ -772,6 +772,11 @@ fn check_reports_every_program_and_the_attach_path() {
         Some(sliceway_agent::kernel::probe_tcx().is_ok()),
         "{check:#}"
     );
+    assert_eq!(
+        check["socket_errors"].as_bool(),
+        Some(sliceway_agent::kernel::probe_set_retval()),
+        "{check:#}"
+    );
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
     assert_eq!(check["kernel"].as_str(), Some(release.trim()));
     let programs = check["programs"].as_array().unwrap();
@@ -800,6 +805,10 @@ fn check_reports_every_program_and_the_attach_path() {
             "sliceway_l3ext6",
             "sliceway_rej6_l3",
             "sliceway_icmp6_l3",
+            "sliceway_tc_out",
+            "sliceway_l3_out",
+            "sliceway_out6",
+            "sliceway_l3out6",
             "sliceway_xdp",
             "sliceway_xdp6",
             "sliceway_connect4",

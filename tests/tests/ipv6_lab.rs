@@ -225,7 +225,7 @@ fn the_nodes_own_ipv6_sockets_reach_a_clusterip_and_see_it_as_their_peer() {
     }
     assert_eq!(
         refused,
-        [Err(std::io::ErrorKind::PermissionDenied); 3],
+        [Err(sliceway_lab::socket_refusal()); 3],
         "connect refused by the socket program"
     );
     let metrics = agent.metrics().unwrap();

@@ -1154,7 +1154,7 @@ fn the_nodes_own_sockets_reach_a_clusterip_and_see_it_as_their_peer() {
     .unwrap();
     assert_eq!(
         refused,
-        [Err(std::io::ErrorKind::PermissionDenied); 2],
+        [Err(sliceway_lab::socket_refusal()); 2],
         "connect refused by the socket program"
     );
     let metrics = agent.metrics().unwrap();
@@ -1706,4 +1706,29 @@ fn healthz_fails_while_the_node_is_to_be_deleted_and_livez_does_not() {
         .unwrap();
     let healthz = agent.http("/healthz").unwrap();
     assert!(healthz.starts_with("HTTP/1.1 200"), "{healthz}");
+}
+
+/// Issue 46: the socket programs fail a refused `connect()` with ECONNREFUSED, as
+/// kube-proxy's REJECT does, where the kernel lets them set the error. It does from
+/// Linux 6.3 on (`bpf_set_retval` for `sock_addr` programs); the probe must find it
+/// there, so the other tests' expectations (`socket_refusal`) are ECONNREFUSED on
+/// such kernels and EPERM only on older ones.
+#[test]
+fn the_socket_programs_can_set_the_error_on_kernels_that_allow_it() {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut numbers = release
+        .trim()
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|n| n.parse::<u32>().unwrap_or(0));
+    let version = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+    if version >= (6, 3) {
+        assert!(
+            sliceway_agent::kernel::probe_set_retval(),
+            "Linux {release} has bpf_set_retval for socket programs"
+        );
+        assert_eq!(
+            sliceway_lab::socket_refusal(),
+            std::io::ErrorKind::ConnectionRefused
+        );
+    }
 }

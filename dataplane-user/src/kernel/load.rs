@@ -166,6 +166,7 @@ impl Datapath {
         let netns_cookie = super::sock::netns_cookie();
         let host_netns = netns_cookie.unwrap_or(0);
         let pod_sockets = u8::from(caps.socket_lb_pods);
+        let set_retval = u8::from(super::sock::probe_set_retval());
         let mut loader = EbpfLoader::new();
         loader
             .map_max_entries(map_name::SERVICES, caps.limits.services)
@@ -183,7 +184,8 @@ impl Datapath {
             .map_max_entries(map_name::SOURCE_RANGES6, capacity6::SOURCE_RANGES6)
             .override_global("FLOW_COUNTERS", &flow_counters, true)
             .override_global("HOST_NETNS", &host_netns, true)
-            .override_global("POD_SOCKETS", &pod_sockets, true);
+            .override_global("POD_SOCKETS", &pod_sockets, true)
+            .override_global("SET_RETVAL", &set_retval, true);
         let pin_paths: Vec<(&str, PathBuf)> = pins
             .map(|p| pinned.iter().map(|n| (*n, p.map(n))).collect())
             .unwrap_or_default();
@@ -513,6 +515,10 @@ pub struct KernelCheck {
     pub kernel: String,
     /// Whether the kernel has tcx (else the agent attaches with a TC filter).
     pub tcx: bool,
+    /// Whether the socket programs can set a refused call's error (ECONNREFUSED;
+    /// else the kernel's EPERM), [`super::probe_set_retval`].
+    #[serde(default)]
+    pub socket_errors: bool,
     pub programs: Vec<ProgramCheck>,
 }
 
@@ -531,11 +537,14 @@ pub fn check() -> Result<KernelCheck, KernelError> {
     // The socket programs do nothing outside the agent's namespace (a zero cookie
     // verifies as nothing at all): checked as they run, with this namespace's.
     let host_netns = super::sock::netns_cookie().unwrap_or(1);
-    // Pods' sockets too, so the check verifies the most code.
+    // Pods' sockets too, so the check verifies the most code; the error a refusal
+    // sets, as this kernel allows.
     let pod_sockets = 1u8;
+    let set_retval = u8::from(super::sock::probe_set_retval());
     let mut ebpf = EbpfLoader::new()
         .override_global("HOST_NETNS", &host_netns, true)
         .override_global("POD_SOCKETS", &pod_sockets, true)
+        .override_global("SET_RETVAL", &set_retval, true)
         .map_max_entries(map_name::SERVICES, 16)
         .map_max_entries(map_name::SERVICE_NAMES, 16)
         .map_max_entries(map_name::SLOTS, 16)
@@ -627,6 +636,7 @@ pub fn check() -> Result<KernelCheck, KernelError> {
     Ok(KernelCheck {
         kernel,
         tcx: super::probe_tcx().is_ok(),
+        socket_errors: set_retval != 0,
         programs,
     })
 }
@@ -635,9 +645,14 @@ pub fn check() -> Result<KernelCheck, KernelError> {
 pub fn render_check(c: &KernelCheck) -> String {
     use std::fmt::Write;
     let mut out = format!(
-        "kernel {}: attach with {}\n{:<22} {:>8} {:>10}  status\n",
+        "kernel {}: attach with {}; refused node sockets get {}\n{:<22} {:>8} {:>10}  status\n",
         c.kernel,
         if c.tcx { "tcx" } else { "a TC filter (no tcx)" },
+        if c.socket_errors {
+            "ECONNREFUSED"
+        } else {
+            "EPERM (no bpf_set_retval for socket programs)"
+        },
         "program",
         "xlated",
         "verified"

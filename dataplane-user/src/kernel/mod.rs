@@ -42,7 +42,7 @@ pub(crate) use maps::summed;
 pub use maps::KernelMaps;
 pub use migrate::{plan_copy, CopyCounts, Migration, BRIDGE_PROGRAM, UNKNOWN_ID};
 pub use pin::PinDir;
-pub use sock::{netns_cookie, resolve_cgroup, SockAttached, SOCK_PROGRAMS};
+pub use sock::{netns_cookie, probe_set_retval, resolve_cgroup, SockAttached, SOCK_PROGRAMS};
 pub use stats::{enable_run_stats, program_runs};
 pub use xdp::{XdpAttached, XdpChoice, XDP_DROP, XDP_PASS};
 

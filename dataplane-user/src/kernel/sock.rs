@@ -56,6 +56,58 @@ pub fn netns_cookie() -> Option<u64> {
     (ret == 0 && cookie != 0).then_some(cookie)
 }
 
+/// Whether this kernel lets the `connect` and `sendmsg` socket programs choose the
+/// error of a call they refuse (`bpf_set_retval` in `cgroup/connect4` programs; the
+/// kernel extended it to these hooks after Linux 6.1). With it a Service without
+/// endpoints, or a ClusterIP's undeclared port, fails a node process's `connect()`
+/// with ECONNREFUSED, as kube-proxy's REJECT does; without it, with EPERM. A probe
+/// (the kernel is asked to load a four-instruction program that calls the
+/// helper), not a version check, so a kernel that backports it is used as such.
+pub fn probe_set_retval() -> bool {
+    // r1 = -ECONNREFUSED; call bpf_set_retval; r0 = 1; exit. Each instruction is
+    // `struct bpf_insn`: code, dst and src registers, offset, immediate.
+    const BPF_FUNC_SET_RETVAL: i32 = 187;
+    let insn = |code: u8, dst: u8, imm: i32| -> u64 {
+        u64::from(code) | u64::from(dst) << 8 | u64::from(imm as u32) << 32
+    };
+    let insns = [
+        insn(0xb7, 1, -libc::ECONNREFUSED),
+        insn(0x85, 0, BPF_FUNC_SET_RETVAL),
+        insn(0xb7, 0, 1),
+        insn(0x95, 0, 0),
+    ];
+    let license = b"GPL\0";
+    // `union bpf_attr` for BPF_PROG_LOAD (include/uapi/linux/bpf.h): prog_type,
+    // insn_cnt, insns, license, then the log fields, kern_version, prog_flags and
+    // the name (left zero), prog_ifindex and expected_attach_type at 68.
+    let mut attr = [0u8; 128];
+    const BPF_PROG_TYPE_CGROUP_SOCK_ADDR: u32 = 18;
+    const BPF_CGROUP_INET4_CONNECT: u32 = 10;
+    const BPF_PROG_LOAD: libc::c_long = 5;
+    attr[0..4].copy_from_slice(&BPF_PROG_TYPE_CGROUP_SOCK_ADDR.to_ne_bytes());
+    attr[4..8].copy_from_slice(&(insns.len() as u32).to_ne_bytes());
+    attr[8..16].copy_from_slice(&(insns.as_ptr() as u64).to_ne_bytes());
+    attr[16..24].copy_from_slice(&(license.as_ptr() as u64).to_ne_bytes());
+    attr[68..72].copy_from_slice(&BPF_CGROUP_INET4_CONNECT.to_ne_bytes());
+    // SAFETY: `attr` is a valid BPF_PROG_LOAD attribute of its size; the pointers in
+    // it (instructions, license) live until the call returns.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_PROG_LOAD,
+            attr.as_ptr(),
+            attr.len() as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return false;
+    }
+    // SAFETY: the kernel returned a new program descriptor nothing else owns;
+    // dropping it unloads the program.
+    drop(unsafe { OwnedFd::from_raw_fd(fd as i32) });
+    true
+}
+
 /// Where a cgroup v2 hierarchy is mounted by the agent where the host has none.
 const OWN_CGROUP2: &str = "/run/sliceway/cgroupv2";
 
