@@ -468,7 +468,7 @@ endpoints:
         ["10.244.1.2", "10.244.2.2"]
     );
     let hc = compiled.health_checks[&("shop".to_string(), "lb".to_string())];
-    assert_eq!((hc.port, hc.local_endpoints), (30100, 1));
+    assert_eq!((hc.port, hc.local4, hc.local6), (30100, Some(1), None));
     // Not a LoadBalancer with a Local policy: no health check.
     let cluster = yaml.replace(
         "externalTrafficPolicy: Local",

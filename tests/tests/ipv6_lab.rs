@@ -403,3 +403,68 @@ fn with_socket_lb_pods_a_pods_ipv6_tcp_connect_is_translated_at_the_socket() {
     assert!(count("reject_no_backend") >= 1.0);
     drop(agent);
 }
+
+/// Issue 46: a dual-stack `LoadBalancer` Service with `externalTrafficPolicy: Local`
+/// has a health check in each family, as kube-proxy's per-family proxiers have: on
+/// the node's IPv4 addresses counting its ready local IPv4 endpoints, and on its
+/// IPv6 addresses counting its IPv6 ones (here two and one).
+#[test]
+fn a_dual_stack_local_load_balancer_is_health_checked_in_each_family() {
+    use std::io::{Read as _, Write as _};
+    let lab = Lab::dual_stack(2, false).unwrap();
+    let slice = |family: &str, eps: &[(IpAddr, &str)]| {
+        let mut out = format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: lb-{}, namespace: shop, labels: {{kubernetes.io/service-name: lb}}}}\naddressType: {family}\nports: [{{name: http, port: {port}, protocol: TCP}}]\nendpoints:\n",
+            family.to_lowercase(),
+            port = sliceway_lab::BACKEND_PORT
+        );
+        for (ip, node) in eps {
+            out.push_str(&format!(
+                "- addresses: [\"{ip}\"]\n  conditions: {{ready: true}}\n  nodeName: {node}\n"
+            ));
+        }
+        out
+    };
+    let (b0, b1) = (&lab.backends[0], &lab.backends[1]);
+    lab.write_manifest(
+        "lb.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: lb, namespace: shop}}\nspec:\n  type: LoadBalancer\n  clusterIP: 10.96.0.40\n  clusterIPs: [10.96.0.40, \"fd00:96::40\"]\n  ipFamilies: [IPv4, IPv6]\n  ipFamilyPolicy: RequireDualStack\n  externalTrafficPolicy: Local\n  healthCheckNodePort: 30102\n  ports: [{{name: http, port: 80, protocol: TCP, targetPort: {port}, nodePort: 30080}}]\n{}{}",
+            slice("IPv4", &[(b0.ip.into(), "node-1"), (b1.ip.into(), "node-1")]),
+            slice(
+                "IPv6",
+                &[(b0.ip6.unwrap().into(), "node-1"), (b1.ip6.unwrap().into(), "node-2")]
+            ),
+            port = sliceway_lab::BACKEND_PORT
+        ),
+    )
+    .unwrap();
+    let _agent = lab.start_agent().unwrap();
+    let ask = |to: SocketAddr| -> String {
+        sliceway_lab::in_netns(&lab.client.ns, move || {
+            let mut c = std::net::TcpStream::connect_timeout(&to, Duration::from_secs(2))?;
+            c.set_read_timeout(Some(Duration::from_secs(5)))?;
+            c.write_all(b"GET / HTTP/1.1\r\nHost: lb\r\n\r\n")?;
+            let mut answer = String::new();
+            c.read_to_string(&mut answer)?;
+            std::io::Result::Ok(answer)
+        })
+        .unwrap()
+        .unwrap_or_else(|e| panic!("asking {to}: {e}"))
+    };
+    let node6: IpAddr = "fd00:10:244:1::1".parse().unwrap();
+    for (at, local) in [
+        (at(Ipv4Addr::new(10, 244, 1, 1), 30102), 2),
+        (at(node6, 30102), 1),
+    ] {
+        let answer = ask(at);
+        assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{at}: {answer}");
+        assert!(
+            answer.contains(&format!("X-Load-Balancing-Endpoint-Weight: {local}\r\n")),
+            "{at}: {answer}"
+        );
+        let body: serde_json::Value =
+            serde_json::from_str(answer.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+        assert_eq!(body["localEndpoints"], local, "{at}: {body}");
+    }
+}

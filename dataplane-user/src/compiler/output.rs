@@ -263,9 +263,14 @@ pub struct Ignored {
 pub struct HealthCheck {
     /// `healthCheckNodePort`.
     pub port: u16,
-    /// Ready endpoints of the Service on this node, counted by address (kube-proxy's
-    /// `LocalReadyEndpoints`: one Pod serving two ports is one).
-    pub local_endpoints: u32,
+    /// Ready IPv4 endpoints of the Service on this node, counted by address
+    /// (kube-proxy's `LocalReadyEndpoints`: one Pod serving two ports is one);
+    /// `None` when the Service has no IPv4 ClusterIP. kube-proxy runs one proxier
+    /// per family, each with its own health server on its family's wildcard
+    /// address counting its family's endpoints; so do these.
+    pub local4: Option<u32>,
+    /// The same for IPv6.
+    pub local6: Option<u32>,
 }
 
 /// The compiler's output.

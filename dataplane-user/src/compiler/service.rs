@@ -193,9 +193,14 @@ pub(super) fn compile_service(
         cluster6.map(|c| Family::new(c, &others6, spec, &ranges6, opts)),
     );
     let svc_endpoints = endpoints.get(&(me.namespace.clone(), me.name.clone()));
-    // The Service's health check counts its primary family's endpoints.
-    let primary_v6 = cluster4.is_none() && cluster6.is_some();
-    health_check(spec, &me, svc_endpoints, primary_v6, out);
+    // One health check a family, as kube-proxy's per-family proxiers.
+    health_check(
+        spec,
+        &me,
+        svc_endpoints,
+        (cluster4.is_some(), cluster6.is_some()),
+        out,
+    );
     let mut seen_ports = BTreeSet::new();
     // One copy of the names for all the Service's ports and frontends.
     let (namespace, name): (Arc<str>, Arc<str>) =
@@ -677,13 +682,13 @@ fn extend_source_ranges<A: Ip>(
 /// The Service's health check, if it needs one (kube-proxy's `newBaseServiceInfo`
 /// takes `healthCheckNodePort` when `NeedsHealthCheck`, and logs one that is 0), with
 /// its ready endpoints on this node counted by address (`LocalReadyEndpoints`: ready
-/// only, since a node with only terminating endpoints should fail the check), of
-/// the Service's primary family (`v6`: IPv6).
+/// only, since a node with only terminating endpoints should fail the check), for
+/// each of the Service's `families` (IPv4, IPv6).
 fn health_check(
     spec: &crate::model::ServiceSpecInfo,
     me: &ObjectRef,
     svc_endpoints: Option<&PortEndpoints>,
-    v6: bool,
+    families: (bool, bool),
     out: &mut ServiceOut,
 ) {
     let Some(port) = spec.health_check_node_port else {
@@ -702,18 +707,22 @@ fn health_check(
             return;
         }
     };
-    let local: BTreeSet<IpAddr> = svc_endpoints
-        .into_iter()
-        .flat_map(|by_port| by_port.values())
-        .flat_map(|eps| eps.iter())
-        .filter(|((ip, _), facts)| facts.ready && facts.local && ip.is_ipv6() == v6)
-        .map(|((ip, _), _)| *ip)
-        .collect();
+    let local = |v6: bool| {
+        svc_endpoints
+            .into_iter()
+            .flat_map(|by_port| by_port.values())
+            .flat_map(|eps| eps.iter())
+            .filter(|((ip, _), facts)| facts.ready && facts.local && ip.is_ipv6() == v6)
+            .map(|((ip, _), _)| *ip)
+            .collect::<BTreeSet<IpAddr>>()
+            .len() as u32
+    };
     out.health_checks.push((
         (me.namespace.clone(), me.name.clone()),
         HealthCheck {
             port,
-            local_endpoints: local.len() as u32,
+            local4: families.0.then(|| local(false)),
+            local6: families.1.then(|| local(true)),
         },
     ));
 }

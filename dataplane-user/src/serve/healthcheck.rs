@@ -1,10 +1,13 @@
 //! kube-proxy's Service health checks (pkg/proxy/healthcheck/service_health.go): for
 //! each Service that needs one (a `LoadBalancer` with `externalTrafficPolicy:
-//! Local`), an HTTP server on its `healthCheckNodePort`, on every address of the
-//! node, that a cloud load balancer asks whether to send this node traffic. Any path
-//! is answered: 200 when the node has ready endpoints of the Service and the agent is
-//! healthy (its `/healthz` rule), 503 otherwise, with kube-proxy's JSON body and
-//! headers (`X-Load-Balancing-Endpoint-Weight`: the number of local endpoints).
+//! Local`), an HTTP server on its `healthCheckNodePort` that a cloud load balancer
+//! asks whether to send this node traffic: one per family of the Service, as
+//! kube-proxy's per-family proxiers have, on `0.0.0.0` counting its IPv4 endpoints
+//! and on `[::]` (IPv6 only) counting its IPv6 ones. Any path is answered: 200 when
+//! the node has ready endpoints of the family and the agent is healthy (its sync
+//! rule, the Node left out, as kube-proxy's `serviceProxyHealthy`), 503 otherwise,
+//! with kube-proxy's JSON body and headers (`X-Load-Balancing-Endpoint-Weight`: the
+//! number of local endpoints).
 //!
 //! Servers follow the compiler's health checks after every sync: a Service gone or
 //! whose port changed closes its server, a new one opens; a port that cannot be
@@ -24,18 +27,26 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use crate::{compiler::HealthCheck, serve::metrics::Metrics};
 
-/// A Service's health-check server.
+/// A Service's health-check servers, one per family it has.
 struct Instance {
     port: u16,
-    local_endpoints: Arc<AtomicU32>,
-    task: tokio::task::JoinHandle<()>,
+    families: (Option<bool>, Option<bool>),
+    local: [Arc<AtomicU32>; 2],
+    tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Drop for Instance {
     fn drop(&mut self) {
-        // The listener is the task's: aborting it closes the port.
-        self.task.abort();
+        // The listeners are the tasks': aborting them closes the ports.
+        for task in &self.tasks {
+            task.abort();
+        }
     }
+}
+
+/// Which families a health check serves (their presence, not their counts).
+fn families(hc: &HealthCheck) -> (Option<bool>, Option<bool>) {
+    (hc.local4.map(|_| false), hc.local6.map(|_| true))
 }
 
 /// The health-check servers of this node, by Service (namespace, name).
@@ -66,13 +77,16 @@ impl ServiceHealth {
     /// `SyncEndpoints` together). Needs a tokio runtime. Returns the ports that
     /// could not be listened on, to be tried again at the next call.
     pub fn sync(&mut self, wanted: &BTreeMap<(String, String), HealthCheck>) -> Vec<ListenFailed> {
-        self.servers
-            .retain(|service, i| wanted.get(service).is_some_and(|w| w.port == i.port));
+        self.servers.retain(|service, i| {
+            wanted
+                .get(service)
+                .is_some_and(|w| w.port == i.port && families(w) == i.families)
+        });
         let mut failed = Vec::new();
         for (service, hc) in wanted {
             if let Some(i) = self.servers.get(service) {
-                i.local_endpoints
-                    .store(hc.local_endpoints, Ordering::Relaxed);
+                i.local[0].store(hc.local4.unwrap_or(0), Ordering::Relaxed);
+                i.local[1].store(hc.local6.unwrap_or(0), Ordering::Relaxed);
                 continue;
             }
             match self.open(service, hc) {
@@ -96,37 +110,72 @@ impl ServiceHealth {
     }
 
     fn open(&self, service: &(String, String), hc: &HealthCheck) -> std::io::Result<Instance> {
-        let listener = std::net::TcpListener::bind(("0.0.0.0", hc.port))?;
-        listener.set_nonblocking(true)?;
-        let listener = tokio::net::TcpListener::from_std(listener)?;
-        let local_endpoints = Arc::new(AtomicU32::new(hc.local_endpoints));
-        let (count, health, service) = (
-            local_endpoints.clone(),
-            self.metrics.clone(),
-            service.clone(),
-        );
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((conn, _)) = listener.accept().await else {
-                    continue;
-                };
-                let (count, health, service) = (count.clone(), health.clone(), service.clone());
-                tokio::spawn(async move {
-                    let endpoints = count.load(Ordering::Relaxed);
-                    let healthy = health
-                        .health
-                        .proxy_healthy_at(std::time::Instant::now())
-                        .is_ok();
-                    let _ = answer(conn, &service, endpoints, healthy).await;
-                });
-            }
-        });
-        Ok(Instance {
+        let local = [
+            Arc::new(AtomicU32::new(hc.local4.unwrap_or(0))),
+            Arc::new(AtomicU32::new(hc.local6.unwrap_or(0))),
+        ];
+        let mut instance = Instance {
             port: hc.port,
-            local_endpoints,
-            task,
-        })
+            families: families(hc),
+            local,
+            tasks: Vec::new(),
+        };
+        for (v6, present) in [(false, hc.local4.is_some()), (true, hc.local6.is_some())] {
+            if !present {
+                continue;
+            }
+            // Dropping the instance on an error closes what was opened.
+            let listener = listen(v6, hc.port)?;
+            let (count, health, service) = (
+                instance.local[usize::from(v6)].clone(),
+                self.metrics.clone(),
+                service.clone(),
+            );
+            instance.tasks.push(tokio::spawn(async move {
+                loop {
+                    let Ok((conn, _)) = listener.accept().await else {
+                        continue;
+                    };
+                    let (count, health, service) = (count.clone(), health.clone(), service.clone());
+                    tokio::spawn(async move {
+                        let endpoints = count.load(Ordering::Relaxed);
+                        let healthy = health
+                            .health
+                            .proxy_healthy_at(std::time::Instant::now())
+                            .is_ok();
+                        let _ = answer(conn, &service, endpoints, healthy).await;
+                    });
+                }
+            }));
+        }
+        Ok(instance)
     }
+}
+
+/// A listener on `port` of every address of one family: `0.0.0.0`, or `[::]` for
+/// IPv6 alone (so both families' servers can hold the port).
+fn listen(v6: bool, port: u16) -> std::io::Result<tokio::net::TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    let (domain, addr) = if v6 {
+        (
+            Domain::IPV6,
+            std::net::SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port)),
+        )
+    } else {
+        (
+            Domain::IPV4,
+            std::net::SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, port)),
+        )
+    };
+    let socket = Socket::new(domain, Type::STREAM, None)?;
+    if v6 {
+        socket.set_only_v6(true)?;
+    }
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(128)?;
+    tokio::net::TcpListener::from_std(socket.into())
 }
 
 /// Reads the request's head (any method and path, at most 8 KiB, for at most 5 s)
