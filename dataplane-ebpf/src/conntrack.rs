@@ -52,7 +52,8 @@ pub trait Tuple {
     /// masqueraded: the packet is delivered to the node's stack, where netfilter's
     /// masquerade, at `POSTROUTING`, never meets it either, and a source that is
     /// the node's own address would be a martian there. Its replies leave through
-    /// the egress program (`crate::tc::sliceway_tc_out`).
+    /// the egress program (`crate::tc::sliceway_tc_out`). Its reply tuple taken by a
+    /// live connection drops it (`DROP_CT_CLASH`).
     fn masquerade(&self, reply: &mut CtKey, key: &CtKey, now: u64) -> Result<bool, Exit>;
 }
 
@@ -104,7 +105,12 @@ impl Tuple for Flow {
             .filter(|c| c.node_addr_be != 0)
             .ok_or((DROP, stat::DROP_NO_NODE_ADDR))?;
         if reply.src_be[0] == nat.node_addr_be {
-            return Ok(false);
+            // The client's own tuple, unless a live connection holds it (no port
+            // remap here: see `track_inner`).
+            return match reply_taken(reply, key, now) {
+                true => Err((DROP, stat::DROP_CT_CLASH)),
+                false => Ok(false),
+            };
         }
         reply.dst_be[0] = nat.node_addr_be;
         if !masquerade_port(reply, self.hash(), key, nat.port_min, nat.port_max, now) {
@@ -457,8 +463,13 @@ fn track_inner<F: Tuple>(
     if nat == NAT_KEEP && flow.proto() == PROTO_TCP && flow.syn_only() {
         release_closing(&reply, key, now);
     }
-    if nat == NAT_MASQUERADE && flow.masquerade(&mut reply, key, now)? {
-        how = TRACKED_MASQUERADED;
+    if nat == NAT_MASQUERADE {
+        // Not in the condition below: the remap loop reached from this branch too
+        // took Debian 6.1's verifier past its million instructions (the uplink
+        // program without an Ethernet header).
+        if flow.masquerade(&mut reply, key, now)? {
+            how = TRACKED_MASQUERADED;
+        }
     } else if reply_taken(&reply, key, now) {
         let hash = flow.hash();
         let span = 65_536 - REMAP_PORT_MIN;
@@ -597,7 +608,7 @@ fn reply_holder(reply: &CtKey, key: &CtKey) -> Option<CtKey> {
 
 /// Whether `reply` is the reverse key of a live connection other than `key`'s.
 #[inline(always)]
-fn reply_taken(reply: &CtKey, key: &CtKey, now: u64) -> bool {
+pub fn reply_taken(reply: &CtKey, key: &CtKey, now: u64) -> bool {
     let Some(fwd_key) = reply_holder(reply, key) else {
         return false;
     };

@@ -1709,10 +1709,11 @@ fn healthz_fails_while_the_node_is_to_be_deleted_and_livez_does_not() {
 }
 
 /// Issue 46: the socket programs fail a refused `connect()` with ECONNREFUSED, as
-/// kube-proxy's REJECT does, where the kernel lets them set the error. It does from
-/// Linux 6.3 on (`bpf_set_retval` for `sock_addr` programs); the probe must find it
-/// there, so the other tests' expectations (`socket_refusal`) are ECONNREFUSED on
-/// such kernels and EPERM only on older ones.
+/// kube-proxy's REJECT does, where the kernel lets them set the error
+/// (`bpf_set_retval` for `sock_addr` programs). Every kernel this project supports
+/// from Debian 12's 6.1 on does; the probe must find it there, so the other tests'
+/// expectations (`socket_refusal`) are ECONNREFUSED on them and EPERM only on
+/// older ones.
 #[test]
 fn the_socket_programs_can_set_the_error_on_kernels_that_allow_it() {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
@@ -1721,7 +1722,7 @@ fn the_socket_programs_can_set_the_error_on_kernels_that_allow_it() {
         .split(|c: char| !c.is_ascii_digit())
         .map(|n| n.parse::<u32>().unwrap_or(0));
     let version = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
-    if version >= (6, 3) {
+    if version >= (6, 1) {
         assert!(
             sliceway_agent::kernel::probe_set_retval(),
             "Linux {release} has bpf_set_retval for socket programs"

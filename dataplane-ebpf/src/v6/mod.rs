@@ -140,7 +140,11 @@ impl Tuple for Flow6 {
             .filter(|c| c.node_addr_be != [0; 4])
             .ok_or((DROP, stat::DROP_NO_NODE_ADDR))?;
         if same_addr(&reply.src_be, &nat.node_addr_be) {
-            return Ok(false);
+            // As IPv4's (`crate::conntrack::Tuple::masquerade`).
+            return match conntrack::reply_taken(reply, key, now) {
+                true => Err((DROP, stat::DROP_CT_CLASH)),
+                false => Ok(false),
+            };
         }
         reply.dst_be = nat.node_addr_be;
         if !conntrack::masquerade_port(reply, self.hash(), key, nat.port_min, nat.port_max, now) {

@@ -57,8 +57,8 @@ pub fn netns_cookie() -> Option<u64> {
 }
 
 /// Whether this kernel lets the `connect` and `sendmsg` socket programs choose the
-/// error of a call they refuse (`bpf_set_retval` in `cgroup/connect4` programs; the
-/// kernel extended it to these hooks after Linux 6.1). With it a Service without
+/// error of a call they refuse (`bpf_set_retval` in `cgroup/connect4` programs;
+/// Debian 12's 6.1 has it). With it a Service without
 /// endpoints, or a ClusterIP's undeclared port, fails a node process's `connect()`
 /// with ECONNREFUSED, as kube-proxy's REJECT does; without it, with EPERM. A probe
 /// (the kernel is asked to load a four-instruction program that calls the
