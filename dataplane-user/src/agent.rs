@@ -386,28 +386,33 @@ impl Syncer {
         })
     }
 
-    fn sync(&mut self, dp: &mut Datapath) {
-        let started = Instant::now();
-        // NodePorts on the addresses of the node's interfaces in the CIDRs (read at
-        // every sync: cheap, and addresses come and go with interfaces).
-        if let crate::compiler::NodePortAddresses::Cidrs(..) =
+    /// Reads the addresses of the node's interfaces for NodePorts in CIDR mode (at
+    /// every sync, and when the kernel says an address changed: cheap); whether the
+    /// NodePort addresses changed.
+    fn read_node_port_addrs(&mut self) -> bool {
+        if let crate::compiler::NodePortAddresses::Primary =
             self.pipeline.compiler.options().node_port_addresses
         {
-            match interfaces::ipv4_addresses() {
-                Ok(addrs) => {
-                    self.pipeline.compiler.set_interface_addrs(&addrs);
-                }
-                Err(e) => warn!("listing the node's addresses for NodePorts: {e}"),
-            }
-            match interfaces::ipv6_addresses_by_interface() {
-                Ok(addrs) => {
-                    let addrs: Vec<std::net::Ipv6Addr> =
-                        addrs.into_iter().map(|(_, a)| a).collect();
-                    self.pipeline.compiler.set_interface_addrs6(&addrs);
-                }
-                Err(e) => warn!("listing the node's IPv6 addresses for NodePorts: {e}"),
-            }
+            return false;
         }
+        let mut changed = false;
+        match interfaces::ipv4_addresses() {
+            Ok(addrs) => changed |= self.pipeline.compiler.set_interface_addrs(&addrs),
+            Err(e) => warn!("listing the node's addresses for NodePorts: {e}"),
+        }
+        match interfaces::ipv6_addresses_by_interface() {
+            Ok(addrs) => {
+                let addrs: Vec<std::net::Ipv6Addr> = addrs.into_iter().map(|(_, a)| a).collect();
+                changed |= self.pipeline.compiler.set_interface_addrs6(&addrs);
+            }
+            Err(e) => warn!("listing the node's IPv6 addresses for NodePorts: {e}"),
+        }
+        changed
+    }
+
+    fn sync(&mut self, dp: &mut Datapath) {
+        let started = Instant::now();
+        self.read_node_port_addrs();
         let synced = self.pipeline.sync(&mut dp.maps);
         self.sync_nat(dp);
         let report = &synced.report;
@@ -1027,6 +1032,17 @@ impl Scanner {
         self.metrics.interfaces.set(dp.attached().len() as i64);
     }
 
+    /// A link or address changed, or the scan is due: interfaces attached and
+    /// detached; an address that came or went moves NodePorts at once, not at the
+    /// next change of a Service (after the first sync only: nothing is written
+    /// before every source has synced once).
+    fn look_again(&mut self, dp: &mut Datapath, syncer: &mut Syncer) {
+        self.rescan(dp);
+        if syncer.syncs > 0 && syncer.read_node_port_addrs() {
+            syncer.sync(dp);
+        }
+    }
+
     /// Waits for `fut`, doing the work between syncs meanwhile. `None` if `shutdown`
     /// came first.
     async fn during<F: Future>(
@@ -1040,8 +1056,8 @@ impl Scanner {
         loop {
             tokio::select! {
                 out = &mut fut => return Some(out),
-                _ = Self::due(&mut self.tick) => self.rescan(dp),
-                _ = Self::link_changed(&mut self.links) => self.rescan(dp),
+                _ = Self::due(&mut self.tick) => self.look_again(dp, syncer),
+                _ = Self::link_changed(&mut self.links) => self.look_again(dp, syncer),
                 _ = self.sweep.due() => self.sweep.run(dp, &self.metrics),
                 _ = self.counters.tick() => syncer.publish_counters(dp),
                 _ = Self::due(&mut self.audit) => {

@@ -1733,3 +1733,78 @@ fn the_socket_programs_can_set_the_error_on_kernels_that_allow_it() {
         );
     }
 }
+
+/// Issue 46: in CIDR mode, an address the node gains serves NodePorts as soon as the
+/// kernel announces it (netlink), with no Service changing, and one it loses stops;
+/// loopback addresses never serve them, as kube-proxy's nftables proxier leaves
+/// them out.
+#[test]
+fn node_ports_follow_the_nodes_addresses_as_they_come_and_go() {
+    let mut lab = Lab::new(1).unwrap();
+    let web = lab
+        .service_yaml("web", VIP, PORT, &[0])
+        .replace("  type: ClusterIP\n", "  type: NodePort\n")
+        .replace(
+            "protocol: TCP, targetPort: 8080}",
+            "protocol: TCP, targetPort: 8080, nodePort: 30080}",
+        );
+    lab.write_manifest("web.yaml", &web).unwrap();
+    lab.agent_args = vec![
+        "--nodeport-addresses".into(),
+        "10.244.0.0/16,127.0.0.0/8".into(),
+    ];
+    let agent = lab.start_agent().unwrap();
+    let added = SocketAddrV4::new(Ipv4Addr::new(10, 244, 11, 100), 30080);
+    assert!(
+        lab.tcp_request(added).is_err(),
+        "not an address of the node yet"
+    );
+    let syncs = agent.syncs().unwrap();
+    lab.node
+        .run(
+            "ip",
+            &[
+                "addr",
+                "add",
+                "10.244.11.100/24",
+                "dev",
+                &lab.backends[0].node_iface,
+            ],
+        )
+        .unwrap();
+    wait_until(&agent, "the new address serves the NodePort", || {
+        lab.tcp_request(added).is_ok()
+    });
+    assert!(agent.syncs().unwrap() > syncs, "a sync of its own");
+    lab.node
+        .run(
+            "ip",
+            &[
+                "addr",
+                "del",
+                "10.244.11.100/24",
+                "dev",
+                &lab.backends[0].node_iface,
+            ],
+        )
+        .unwrap();
+    wait_until(&agent, "the removed address stops serving it", || {
+        lab.tcp_request(added).is_err()
+    });
+    let frontends = sliceway_lab::agent_cli(&[
+        "list",
+        "--bpffs-dir",
+        lab.bpffs.to_str().unwrap(),
+        "-o",
+        "json",
+    ]);
+    let listed = frontends.to_string();
+    assert!(
+        listed.contains("\"10.244.1.1:30080/TCP\""),
+        "an address in the CIDRs serves it: {frontends}"
+    );
+    assert!(
+        !listed.contains("127.0.0.1:30080"),
+        "loopback serves no NodePort: {frontends}"
+    );
+}

@@ -275,8 +275,10 @@ pub struct RunArgs {
     #[arg(long, default_value = "61000-65535", value_parser = snat_ports)]
     pub snat_ports: (u16, u16),
     /// Where NodePorts are served, as kube-proxy's flag: `primary` (the node's
-    /// primary address, from its Node object) or comma-separated CIDRs (every
-    /// address of the node's interfaces within them).
+    /// primary address, from its Node object; kube-proxy's nftables default), or
+    /// comma-separated CIDRs and the keywords `all` and `localhost` (every address
+    /// of the node's interfaces within them; a family given none gets all of its
+    /// addresses). Loopback addresses never serve NodePorts.
     #[arg(long, default_value = "primary", value_parser = node_port_addresses)]
     pub nodeport_addresses: NodePortAddresses,
     /// How often to look for new and removed interfaces, in milliseconds.

@@ -97,22 +97,54 @@ pub enum NodePortAddresses {
     #[default]
     Primary,
     /// Every address of the node's interfaces within one of these CIDRs
-    /// (address, prefix length): IPv4's, then IPv6's. A family without CIDRs gets
-    /// no NodePorts.
+    /// (address, prefix length): IPv4's, then IPv6's; loopback addresses never.
+    /// As kube-proxy's `NewNodePortAddresses`
+    /// (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/util/nodeport_addresses.go>),
+    /// a family given no CIDR gets its zero CIDR: every address of that family.
     Cidrs(Vec<(std::net::Ipv4Addr, u8)>, Vec<(std::net::Ipv6Addr, u8)>),
 }
 
 impl NodePortAddresses {
-    /// `--nodeport-addresses`: `primary` (or nothing), or comma-separated CIDRs of
-    /// either family.
+    /// `--nodeport-addresses`, as kube-proxy's `nodePortAddresses`
+    /// (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/cmd/kube-proxy/app/server.go>
+    /// `expandNodePortAddressKeywords`): comma-separated CIDRs of either family and
+    /// the keywords `all` (the zero CIDRs) and `localhost` (the loopback CIDRs, which
+    /// serve no NodePort here: see [`NodePortAddresses::matching`]), each keyword
+    /// once; or `primary` alone, which is also what nothing means (kube-proxy's
+    /// nftables default). `primary` combined with CIDRs is refused: the node's
+    /// primary address comes from its Node object, the CIDRs' from its interfaces.
     pub fn parse(s: &str) -> Result<Self, String> {
         let s = s.trim();
         if s.is_empty() || s == "primary" {
             return Ok(Self::Primary);
         }
+        let mut keywords = std::collections::BTreeSet::new();
+        let mut literal = Vec::new();
+        for part in s.split(',').map(str::trim) {
+            match part {
+                "primary" | "all" | "localhost" => {
+                    if !keywords.insert(part) {
+                        return Err(format!("{part:?} is given twice"));
+                    }
+                }
+                _ => literal.push(part),
+            }
+        }
+        if keywords.contains("primary") {
+            return Err(
+                "\"primary\" cannot be combined with CIDRs or other keywords here; give it alone, or give CIDRs"
+                    .into(),
+            );
+        }
+        if keywords.contains("all") {
+            literal.extend(["0.0.0.0/0", "::/0"]);
+        }
+        if keywords.contains("localhost") {
+            literal.extend(["127.0.0.0/8", "::1/128"]);
+        }
         let mut cidrs = Vec::new();
         let mut cidrs6 = Vec::new();
-        for part in s.split(',').map(str::trim) {
+        for part in literal {
             let (addr, len) = part
                 .split_once('/')
                 .ok_or_else(|| format!("{part:?} is not a CIDR (address/length)"))?;
@@ -135,15 +167,26 @@ impl NodePortAddresses {
                 .ok_or_else(|| format!("{part:?}: the prefix length must be 0 to 32"))?;
             cidrs.push((addr, len));
         }
+        if cidrs.is_empty() {
+            cidrs.push((std::net::Ipv4Addr::UNSPECIFIED, 0));
+        }
+        if cidrs6.is_empty() {
+            cidrs6.push((std::net::Ipv6Addr::UNSPECIFIED, 0));
+        }
         Ok(Self::Cidrs(cidrs, cidrs6))
     }
 
-    /// The addresses of `interface_addrs` within the CIDRs (none in `Primary` mode).
+    /// The addresses of `interface_addrs` within the CIDRs (none in `Primary` mode),
+    /// loopback left out as kube-proxy's nftables proxier leaves it out of its
+    /// `nodeport-ips` set (`syncProxyRules`,
+    /// <https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/nftables/proxier.go>).
     pub fn matching(&self, interface_addrs: &[std::net::Ipv4Addr]) -> Vec<std::net::Ipv4Addr> {
         let Self::Cidrs(cidrs, _) = self else {
             return Vec::new();
         };
-        within_any(interface_addrs, cidrs, |a| u128::from(u32::from(a)) << 96)
+        let mut out = within_any(interface_addrs, cidrs, |a| u128::from(u32::from(a)) << 96);
+        out.retain(|a| !a.is_loopback());
+        out
     }
 
     /// The IPv6 addresses of `interface_addrs` within the IPv6 CIDRs (none in
@@ -152,7 +195,9 @@ impl NodePortAddresses {
         let Self::Cidrs(_, cidrs) = self else {
             return Vec::new();
         };
-        within_any(interface_addrs, cidrs, u128::from)
+        let mut out = within_any(interface_addrs, cidrs, u128::from);
+        out.retain(|a| !a.is_loopback());
+        out
     }
 }
 
@@ -224,5 +269,40 @@ mod tests {
         let all = NodePortAddresses::parse("0.0.0.0/0,::/0").unwrap();
         assert_eq!(all.matching(&v4).len(), 4);
         assert_eq!(all.matching6(&v6).len(), 4);
+    }
+
+    /// kube-proxy's forms: unset is `primary` (its nftables default); `all` is the
+    /// zero CIDRs and `localhost` the loopback ones, once each and beside CIDRs; a
+    /// family given no CIDR gets its zero CIDR; loopback never serves NodePorts
+    /// (even when a CIDR names it: the nftables proxier skips it).
+    #[test]
+    fn nodeport_addresses_take_kube_proxys_forms() {
+        assert_eq!(NodePortAddresses::parse(""), Ok(NodePortAddresses::Primary));
+        assert_eq!(
+            NodePortAddresses::parse(" primary "),
+            Ok(NodePortAddresses::Primary)
+        );
+        let all = NodePortAddresses::parse("all").unwrap();
+        assert_eq!(all, NodePortAddresses::parse("0.0.0.0/0,::/0").unwrap());
+        assert_eq!(
+            NodePortAddresses::parse("localhost, 10.0.0.0/8").unwrap(),
+            NodePortAddresses::parse("10.0.0.0/8,127.0.0.0/8,::1/128").unwrap()
+        );
+        assert!(NodePortAddresses::parse("all,all").is_err());
+        assert!(NodePortAddresses::parse("primary,10.0.0.0/8").is_err());
+        let v4_only = NodePortAddresses::parse("10.0.0.0/8").unwrap();
+        let v6 = ["fd00::1", "::1", "2001:db8::1"].map(|a| a.parse().unwrap());
+        assert_eq!(
+            v4_only.matching6(&v6),
+            ["2001:db8::1", "fd00::1"].map(|a| a.parse::<std::net::Ipv6Addr>().unwrap()),
+            "IPv6 given no CIDR: all of it but loopback"
+        );
+        let with_loopback = NodePortAddresses::parse("127.0.0.0/8,10.0.0.0/8").unwrap();
+        let v4 = ["127.0.0.1", "10.0.0.1"].map(|a| a.parse().unwrap());
+        assert_eq!(
+            with_loopback.matching(&v4),
+            ["10.0.0.1".parse::<std::net::Ipv4Addr>().unwrap()]
+        );
+        assert_eq!(all.matching(&v4).len(), 1);
     }
 }

@@ -270,11 +270,13 @@ fn addresses_by_interface() -> std::io::Result<Vec<(String, std::net::IpAddr)>> 
     Ok(out)
 }
 
-/// Link notifications of the calling thread's network namespace (rtnetlink's
-/// `RTMGRP_LINK` group): an interface that appears, changes or goes is seen when the
-/// kernel says so, not at the next scan, so a new pod's interface has the program
-/// before the pod has configured its address. The messages are not parsed: any of
-/// them means "scan now", and the scan's plan says what changed.
+/// Link and address notifications of the calling thread's network namespace
+/// (rtnetlink's `RTMGRP_LINK`, `RTMGRP_IPV4_IFADDR` and `RTMGRP_IPV6_IFADDR`
+/// groups): an interface that appears, changes or goes is seen when the kernel says
+/// so, not at the next scan, so a new pod's interface has the program before the
+/// pod has configured its address; an address that comes or goes moves NodePorts
+/// in CIDR mode at once. The messages are not parsed: any of them means "look
+/// again", and the scan's plan and the address lists say what changed.
 pub struct LinkEvents {
     fd: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
 }
@@ -299,7 +301,8 @@ impl LinkEvents {
         // SAFETY: an all-zero sockaddr_nl is valid; the fields are set below.
         let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
         addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-        addr.nl_groups = libc::RTMGRP_LINK as u32;
+        addr.nl_groups =
+            (libc::RTMGRP_LINK | libc::RTMGRP_IPV4_IFADDR | libc::RTMGRP_IPV6_IFADDR) as u32;
         // SAFETY: `addr` is a sockaddr_nl of the size given.
         let ret = unsafe {
             libc::bind(
