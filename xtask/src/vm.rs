@@ -35,6 +35,7 @@ const VM_TESTS: &[(&str, &[&str])] = &[
             "pods_tcp_connects_are_translated_at_the_socket_with_socket_lb_pods",
             "a_pod_reaching_its_own_service_is_answered_by_itself",
             "an_interface_without_an_ethernet_header_gets_the_program_for_it",
+            "a_host_network_backend_of_this_node_answers_pods_through_the_clusterip",
         ],
     ),
     // IPv6 through the IPv6 programs (tail-called from the entry programs) with
