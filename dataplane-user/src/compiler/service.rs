@@ -53,51 +53,130 @@ fn service_ref(svc: &ServiceInfo) -> ObjectRef {
     ObjectRef::new("Service", svc.namespace.as_deref(), svc.name.as_deref())
 }
 
+/// One Service into its frontends' claims (each family's ClusterIP, external and
+/// load-balancer IPs and NodePorts, per port, and a ClusterIP marker), its health
+/// checks, and what was skipped or ignored, into `out`.
 pub(super) fn compile_service(
     svc: &ServiceInfo,
     endpoints: &HashMap<EndpointsKey, PortEndpoints>,
     opts: &Options,
     out: &mut ServiceOut,
 ) {
+    let Some((me, spec)) = screen(svc, opts, out) else {
+        return;
+    };
+    let Some((cluster4, cluster6)) = cluster_ips(spec, &me, out) else {
+        return;
+    };
+    let (others4, others6) = other_ips(spec, &me, (cluster4.is_some(), cluster6.is_some()), out);
+    let affinity_timeout = session_affinity(spec, &me, &mut out.skipped);
+    let any_lb = others4.iter().any(|(_, lb)| *lb) || others6.iter().any(|(_, lb)| *lb);
+    let (ranges4, ranges6) = if any_lb {
+        parse_source_ranges(spec, &me, &mut out.skipped)
+    } else {
+        Default::default()
+    };
+    let families = (
+        cluster4.map(|c| Family::new(c, &others4, spec, &ranges4, opts)),
+        cluster6.map(|c| Family::new(c, &others6, spec, &ranges6, opts)),
+    );
+    let svc_endpoints = endpoints.get(&(me.namespace.clone(), me.name.clone()));
+    // One health check a family, as kube-proxy's per-family proxiers.
+    health_check(
+        spec,
+        &me,
+        svc_endpoints,
+        (cluster4.is_some(), cluster6.is_some()),
+        out,
+    );
+    let mut seen_ports = BTreeSet::new();
+    // One copy of the names for all the Service's ports and frontends.
+    let (namespace, name): (Arc<str>, Arc<str>) =
+        (me.namespace.as_str().into(), me.name.as_str().into());
+    let ctx = Ctx {
+        svc,
+        endpoints: svc_endpoints,
+        opts,
+        affinity_timeout,
+    };
+    for port in &spec.ports {
+        let Some(port) = port_spec(port, &me, (&namespace, &name), &mut seen_ports, out) else {
+            continue;
+        };
+        if let Some(f) = &families.0 {
+            f.claims(&ctx, &port, &mut out.claims);
+        }
+        if let Some(f) = &families.1 {
+            f.claims(&ctx, &port, &mut out.claims);
+        }
+    }
+    // Each ClusterIP of a Service with a port is marked, so traffic to it on a port
+    // or protocol the Service does not declare is rejected (the nftables proxier's
+    // `cluster-ips` set, filled per service port).
+    if !seen_ports.is_empty() {
+        let service = ServicePortName {
+            namespace,
+            name,
+            port: "".into(),
+        };
+        if let Some(f) = &families.0 {
+            out.claims.push(f.marker(service.clone(), svc));
+        }
+        if let Some(f) = &families.1 {
+            out.claims.push(f.marker(service, svc));
+        }
+    }
+}
+
+/// The Service's reference and spec, if it is one to program: named, this proxy's,
+/// with a spec, not an ExternalName or headless one, with a ClusterIP (the others
+/// skipped with a reason or counted as ignored).
+fn screen<'a>(
+    svc: &'a ServiceInfo,
+    opts: &Options,
+    out: &mut ServiceOut,
+) -> Option<(ObjectRef, &'a crate::model::ServiceSpecInfo)> {
     let me = service_ref(svc);
-    if me.name.is_empty() {
+    let skip = |out: &mut ServiceOut, me: ObjectRef, code, reason: &str| {
         out.skipped.push(Skipped {
             object: me,
-            code: "no_name",
-            reason: "metadata.name is empty".into(),
+            code,
+            reason: reason.into(),
         });
-        return;
+        None
+    };
+    if me.name.is_empty() {
+        return skip(out, me, "no_name", "metadata.name is empty");
     }
     if is_other_proxys(svc.proxy_name.as_ref(), opts) {
         out.ignored.other_proxy += 1;
-        return;
+        return None;
     }
     let Some(spec) = svc.spec.as_ref() else {
-        out.skipped.push(Skipped {
-            object: me,
-            code: "no_spec",
-            reason: "no spec".into(),
-        });
-        return;
+        return skip(out, me, "no_spec", "no spec");
     };
     if spec.external_name {
         out.ignored.external_name += 1;
-        return;
+        return None;
     }
     if spec.cluster_ips.iter().any(|ip| ip.as_str() == "None") {
         out.ignored.headless += 1;
-        return;
+        return None;
     }
     if spec.cluster_ips.is_empty() {
-        out.skipped.push(Skipped {
-            object: me,
-            code: "no_cluster_ip",
-            reason: "no clusterIP assigned".into(),
-        });
-        return;
+        return skip(out, me, "no_cluster_ip", "no clusterIP assigned");
     }
-    // One ClusterIP per family: kube-proxy's proxier of each family takes the first
-    // ClusterIP of its family (`GetClusterIPByFamily`, servicechangetracker.go).
+    Some((me, spec))
+}
+
+/// One ClusterIP per family: kube-proxy's proxier of each family takes the first
+/// ClusterIP of its family (`GetClusterIPByFamily`, servicechangetracker.go). `None`
+/// when one is not an address at all (the Service is skipped).
+fn cluster_ips(
+    spec: &crate::model::ServiceSpecInfo,
+    me: &ObjectRef,
+    out: &mut ServiceOut,
+) -> Option<(Option<Ipv4Addr>, Option<Ipv6Addr>)> {
     let mut cluster4: Option<Ipv4Addr> = None;
     let mut cluster6: Option<Ipv6Addr> = None;
     for ip in &spec.cluster_ips {
@@ -105,11 +184,11 @@ pub(super) fn compile_service(
         // leading zeros; a file's was refused at the front door.
         let Some(parsed) = validate::parse_ip_sloppy(ip) else {
             out.skipped.push(Skipped {
-                object: me,
+                object: me.clone(),
                 code: "bad_cluster_ip",
                 reason: format!("clusterIP {ip:?} is not an IP address"),
             });
-            return;
+            return None;
         };
         if let Some(why) = validate::translatable(parsed) {
             out.skipped.push(Skipped {
@@ -139,10 +218,21 @@ pub(super) fn compile_service(
             });
         }
     }
-    // External IPs and load-balancer ingress IPs reach the same endpoints; they follow
-    // externalTrafficPolicy, which only matters for traffic from outside the node.
-    // Each is its family's, and only a family the Service has a ClusterIP of serves
-    // them (kube-proxy's proxier of the other family never sees the Service).
+    Some((cluster4, cluster6))
+}
+
+/// External IPs and load-balancer ingress IPs (`true`) by family: they reach the
+/// same endpoints and follow externalTrafficPolicy, which only matters for traffic
+/// from outside the node. Each is its family's, and only a family the Service has
+/// a ClusterIP of (`families`: IPv4, IPv6) serves them (kube-proxy's proxier of the
+/// other family never sees the Service).
+#[allow(clippy::type_complexity)]
+fn other_ips(
+    spec: &crate::model::ServiceSpecInfo,
+    me: &ObjectRef,
+    families: (bool, bool),
+    out: &mut ServiceOut,
+) -> (Vec<(Ipv4Addr, bool)>, Vec<(Ipv6Addr, bool)>) {
     let mut others4: Vec<(Ipv4Addr, bool)> = Vec::new();
     let mut others6: Vec<(Ipv6Addr, bool)> = Vec::new();
     let external = spec.external_ips.iter().map(|ip| (ip, false));
@@ -167,8 +257,8 @@ pub(super) fn compile_service(
             continue;
         }
         match parsed {
-            IpAddr::V4(v4) if cluster4.is_some() => others4.push((v4, is_lb)),
-            IpAddr::V6(v6) if cluster6.is_some() => others6.push((v6, is_lb)),
+            IpAddr::V4(v4) if families.0 => others4.push((v4, is_lb)),
+            IpAddr::V6(v6) if families.1 => others6.push((v6, is_lb)),
             _ => {
                 out.ignored.other_family += 1;
                 out.skipped.push(Skipped {
@@ -181,35 +271,22 @@ pub(super) fn compile_service(
             }
         }
     }
-    let affinity_timeout = session_affinity(spec, &me, &mut out.skipped);
-    let any_lb = others4.iter().any(|(_, lb)| *lb) || others6.iter().any(|(_, lb)| *lb);
-    let (ranges4, ranges6) = if any_lb {
-        parse_source_ranges(spec, &me, &mut out.skipped)
-    } else {
-        Default::default()
-    };
-    let families = (
-        cluster4.map(|c| Family::new(c, &others4, spec, &ranges4, opts)),
-        cluster6.map(|c| Family::new(c, &others6, spec, &ranges6, opts)),
-    );
-    let svc_endpoints = endpoints.get(&(me.namespace.clone(), me.name.clone()));
-    // One health check a family, as kube-proxy's per-family proxiers.
-    health_check(
-        spec,
-        &me,
-        svc_endpoints,
-        (cluster4.is_some(), cluster6.is_some()),
-        out,
-    );
-    let mut seen_ports = BTreeSet::new();
-    // One copy of the names for all the Service's ports and frontends.
-    let (namespace, name): (Arc<str>, Arc<str>) =
-        (me.namespace.as_str().into(), me.name.as_str().into());
-    for port in &spec.ports {
-        let port_name = &port.name;
-        let (proto, number) = match protocol(port.protocol.as_deref())
-            .and_then(|p| Ok((p, port_number(port.port)?)))
-        {
+    (others4, others6)
+}
+
+/// One port of the Service as its frontends read it, or `None` when it is skipped
+/// (a bad protocol or number, or listed twice: `seen` holds those before it). A
+/// bad nodePort leaves the port without a NodePort.
+fn port_spec(
+    port: &crate::model::ServicePortInfo,
+    me: &ObjectRef,
+    (namespace, name): (&Arc<str>, &Arc<str>),
+    seen: &mut BTreeSet<(u16, u8)>,
+    out: &mut ServiceOut,
+) -> Option<PortSpec> {
+    let port_name = &port.name;
+    let (proto, number) =
+        match protocol(port.protocol.as_deref()).and_then(|p| Ok((p, port_number(port.port)?))) {
             Ok(v) => v,
             Err(reason) => {
                 out.skipped.push(Skipped {
@@ -217,69 +294,40 @@ pub(super) fn compile_service(
                     code: "bad_port",
                     reason: format!("port {port_name:?}: {reason}; that port is skipped"),
                 });
-                continue;
+                return None;
             }
         };
-        if !seen_ports.insert((number, proto)) {
+    if !seen.insert((number, proto)) {
+        out.skipped.push(Skipped {
+            object: me.clone(),
+            code: "duplicate_port",
+            reason: format!("port {number} is listed twice; the second is skipped"),
+        });
+        return None;
+    }
+    // NodePorts: the node's addresses on the port's nodePort, reached as an
+    // external IP is (from this node's pods and its own sockets today).
+    let node_port = match port.node_port.map(port_number).transpose() {
+        Ok(p) => p,
+        Err(reason) => {
             out.skipped.push(Skipped {
                 object: me.clone(),
-                code: "duplicate_port",
-                reason: format!("port {number} is listed twice; the second is skipped"),
+                code: "bad_node_port",
+                reason: format!("port {port_name:?}: nodePort: {reason}; no NodePort for it"),
             });
-            continue;
+            None
         }
-        // NodePorts: the node's addresses on the port's nodePort, reached as an
-        // external IP is (from this node's pods and its own sockets today).
-        let node_port = match port.node_port.map(port_number).transpose() {
-            Ok(p) => p,
-            Err(reason) => {
-                out.skipped.push(Skipped {
-                    object: me.clone(),
-                    code: "bad_node_port",
-                    reason: format!("port {port_name:?}: nodePort: {reason}; no NodePort for it"),
-                });
-                None
-            }
-        };
-        let port = PortSpec {
-            name: ServicePortName {
-                namespace: namespace.clone(),
-                name: name.clone(),
-                port: port_name.as_str().into(),
-            },
-            proto,
-            number,
-            node_port,
-        };
-        let ctx = Ctx {
-            svc,
-            endpoints: svc_endpoints,
-            opts,
-            affinity_timeout,
-        };
-        if let Some(f) = &families.0 {
-            f.claims(&ctx, &port, &mut out.claims);
-        }
-        if let Some(f) = &families.1 {
-            f.claims(&ctx, &port, &mut out.claims);
-        }
-    }
-    // Each ClusterIP of a Service with a port is marked, so traffic to it on a port
-    // or protocol the Service does not declare is rejected (the nftables proxier's
-    // `cluster-ips` set, filled per service port).
-    if !seen_ports.is_empty() {
-        let service = ServicePortName {
-            namespace,
-            name,
-            port: "".into(),
-        };
-        if let Some(f) = &families.0 {
-            out.claims.push(f.marker(service.clone(), svc));
-        }
-        if let Some(f) = &families.1 {
-            out.claims.push(f.marker(service, svc));
-        }
-    }
+    };
+    Some(PortSpec {
+        name: ServicePortName {
+            namespace: namespace.clone(),
+            name: name.clone(),
+            port: port_name.as_str().into(),
+        },
+        proto,
+        number,
+        node_port,
+    })
 }
 
 /// An address family as the compiler uses it: IPv4 ([`Ipv4Addr`], `SERVICES`) or

@@ -672,6 +672,9 @@ impl MapWriter {
         report
     }
 
+    /// Brings one frontend to `desired`, in the order that never shows a packet a
+    /// half-written Service: room checked first, then backends, slots, the name and
+    /// the service entry that publishes the count, stale slots, orphaned backends.
     fn apply_frontend<M: MapOps>(
         &mut self,
         key: &FrontendKey,
@@ -679,16 +682,16 @@ impl MapWriter {
         maps: &mut M,
         report: &mut ApplyReport,
     ) -> Result<(), Rejected> {
-        let old = self.frontends.get(key);
         let policy = desired.policy();
         let maglev = policy.maglev.filter(|_| desired.backend_count() > 0);
-        if old.is_some_and(|o| {
+        if self.frontends.get(key).is_some_and(|o| {
             &o.service == desired.service()
                 && o.policy == policy
                 && self.holds(&o.slots, desired, maglev)
         }) {
             return Ok(());
         }
+        let old = self.frontends.get(key).cloned();
         let frontend = Changed {
             service: desired.service(),
             policy,
@@ -701,18 +704,104 @@ impl MapWriter {
         for &i in table.iter().flatten() {
             used[i as usize] = true;
         }
+        let v6 = matches!(key, FrontendKey::V6(_));
         let slots_wanted = table.as_ref().map_or(frontend.backends.len(), Vec::len) as u64;
-        // Capacity check before any write: a frontend that does not fit keeps its
-        // previous state and touches nothing. Each family's frontends and backends
-        // have maps of their own; slots are shared.
+        self.check_room(v6, old.as_ref(), &frontend, &used, slots_wanted)?;
+
+        // 1. Backends first.
+        let wanted = self.write_backends(&frontend, &used, v6, maps, report)?;
+
+        // 2. Slots: keep what stays, fill holes, append the rest; or the Maglev
+        // table. Only the entries that differ are written.
+        let (id, old_slots) = match &old {
+            Some(o) => (o.id, o.slots.clone()),
+            None => (self.service_ids.take(), Vec::new()),
+        };
+        let was_maglev = old.as_ref().is_some_and(|o| o.policy.maglev.is_some());
+        let new_slots = slot_table(table.as_deref(), &used, &wanted, &old_slots, was_maglev);
+        write_slots(maps, report, id, &old_slots, &new_slots, frontend.service);
+        self.add_references(
+            table.as_deref(),
+            &wanted,
+            &new_slots,
+            frontend.backends.len(),
+        );
+
+        // 3. The name (read only by tools), then the service entry that publishes the
+        // new slot count.
+        if old.as_ref().is_none_or(|o| &o.service != frontend.service) {
+            if let Err(e) = maps.put_name(id, &ServiceName::new(&frontend.service.to_string())) {
+                report.errors.push(MapOpError::new(
+                    format!("writing the name of {}", frontend.service),
+                    &e,
+                ));
+            }
+            report.map_writes += 1;
+        }
+        if old_slots.len() != new_slots.len()
+            || old.as_ref().is_none_or(|o| o.policy != frontend.policy)
+        {
+            let value = frontend.policy.service_value(id, new_slots.len() as u32);
+            if let Err(e) = put_any_service(maps, key, &value) {
+                report.errors.push(MapOpError::new(
+                    format!("writing service {}", frontend.service),
+                    &e,
+                ));
+            }
+            report.map_writes += 1;
+        }
+
+        // 4. Stale slots beyond the new count, then the backends no slot holds.
+        delete_slots(
+            maps,
+            report,
+            id,
+            new_slots.len()..old_slots.len(),
+            frontend.service,
+        );
+        let mut orphans = Vec::new();
+        for b in &old_slots {
+            self.release_backend(*b, &mut orphans);
+        }
+        self.slot_count = self.slot_count - old_slots.len() as u64 + new_slots.len() as u64;
+        let added = self
+            .frontends
+            .insert(
+                *key,
+                Programmed {
+                    id,
+                    service: frontend.service.clone(),
+                    policy: frontend.policy,
+                    slots: new_slots,
+                },
+            )
+            .is_none();
+        if added {
+            self.count(v6, false, true);
+        }
+        self.collect_orphans(orphans, maps, report);
+        Ok(())
+    }
+
+    /// Whether `frontend` fits before any write (a frontend that does not keeps its
+    /// previous state `old` and touches nothing): a service entry if it is new, its
+    /// new backends (`used` of them), `slots_wanted` slots. Each family's frontends
+    /// and backends have maps of their own; slots are shared.
+    fn check_room(
+        &self,
+        v6: bool,
+        old: Option<&Programmed>,
+        frontend: &Changed<'_>,
+        used: &[bool],
+        slots_wanted: u64,
+    ) -> Result<(), Rejected> {
         let new_backends = frontend
             .backends
             .iter()
-            .zip(&used)
+            .zip(used)
             .filter(|(b, used)| **used && !self.backends.contains_key(b))
             .count() as u64;
         let old_slots = old.map_or(0, |o| o.slots.len()) as u64;
-        let v6 = matches!(key, FrontendKey::V6(_));
         let (frontends_now, backends_now, services_cap, backends_cap, services_map, backends_map) =
             if v6 {
                 (
@@ -751,14 +840,26 @@ impl MapWriter {
                 capacity: self.limits.slots,
             });
         }
+        Ok(())
+    }
 
-        // 1. Backends first.
+    /// Writes the backends of `frontend` that `used` marks and no frontend holds
+    /// yet, giving each an id; the ids of all the used ones, in order. A failed
+    /// write takes back the backends written so far (nothing refers to them).
+    fn write_backends<M: MapOps>(
+        &mut self,
+        frontend: &Changed<'_>,
+        used: &[bool],
+        v6: bool,
+        maps: &mut M,
+        report: &mut ApplyReport,
+    ) -> Result<Vec<u32>, Rejected> {
         let mut wanted: Vec<u32> = Vec::with_capacity(frontend.backends.len());
         let mut written = Vec::new();
         for (b, _) in frontend
             .backends
             .iter()
-            .zip(&used)
+            .zip(used)
             .filter(|(_, used)| **used)
         {
             let id = match self.backends.get(b) {
@@ -770,7 +871,6 @@ impl MapWriter {
                         report
                             .errors
                             .push(MapOpError::new(format!("writing backend {id}"), &e));
-                        // Nothing refers to the backends written so far: take them back.
                         self.collect_orphans(written, maps, report);
                         return Err(Rejected::BackendWrite(e.to_string()));
                     }
@@ -786,47 +886,21 @@ impl MapWriter {
             };
             wanted.push(id);
         }
+        Ok(wanted)
+    }
 
-        // 2. Slots: keep what stays, fill holes, append the rest; or the Maglev
-        // table. Only the entries that differ are written.
-        let (id, old_slots) = match old {
-            Some(o) => (o.id, o.slots.clone()),
-            None => (self.service_ids.take(), Vec::new()),
-        };
-        let new_slots = match &table {
+    /// Counts each backend's references: one per slot it fills (counted per
+    /// backend, not per slot: a table's thousand slots are a hundred backends).
+    fn add_references(
+        &mut self,
+        table: Option<&[u32]>,
+        wanted: &[u32],
+        new_slots: &[u32],
+        backends: usize,
+    ) {
+        let refs: Vec<(u32, u32)> = match table {
             Some(table) => {
-                // `wanted` holds the ids of the used backends, in order.
-                let mut ids = vec![0; frontend.backends.len()];
-                let used_at = used.iter().enumerate().filter(|(_, u)| **u);
-                for ((i, _), id) in used_at.zip(&wanted) {
-                    ids[i] = *id;
-                }
-                table.iter().map(|&i| ids[i as usize]).collect()
-            }
-            // A table holds a backend in many slots: leaving one, start afresh.
-            None if old.is_some_and(|o| o.policy.maglev.is_some()) => place(&[], &wanted),
-            None => place(&old_slots, &wanted),
-        };
-        for (i, backend_id) in new_slots.iter().enumerate() {
-            if old_slots.get(i) != Some(backend_id) {
-                let slot = SlotKey {
-                    service_id: id,
-                    slot: i as u32,
-                };
-                if let Err(e) = maps.put_slot(&slot, *backend_id) {
-                    report.errors.push(MapOpError::new(
-                        format!("writing slot {i} of {}", frontend.service),
-                        &e,
-                    ));
-                }
-                report.map_writes += 1;
-            }
-        }
-        // Each backend's references: one per slot it fills (counted per backend, not
-        // per slot: a table's thousand slots are a hundred backends).
-        let refs: Vec<(u32, u32)> = match &table {
-            Some(table) => {
-                let mut per_index = vec![0u32; frontend.backends.len()];
+                let mut per_index = vec![0u32; backends];
                 for &i in table {
                     per_index[i as usize] += 1;
                 }
@@ -841,64 +915,6 @@ impl MapWriter {
                 .expect("just written")
                 .1 += n;
         }
-
-        // 3. The name (read only by tools), then the service entry that publishes the
-        // new slot count.
-        if old.is_none_or(|o| &o.service != frontend.service) {
-            if let Err(e) = maps.put_name(id, &ServiceName::new(&frontend.service.to_string())) {
-                report.errors.push(MapOpError::new(
-                    format!("writing the name of {}", frontend.service),
-                    &e,
-                ));
-            }
-            report.map_writes += 1;
-        }
-        if old_slots.len() != new_slots.len() || old.is_none_or(|o| o.policy != frontend.policy) {
-            let value = frontend.policy.service_value(id, new_slots.len() as u32);
-            if let Err(e) = put_any_service(maps, key, &value) {
-                report.errors.push(MapOpError::new(
-                    format!("writing service {}", frontend.service),
-                    &e,
-                ));
-            }
-            report.map_writes += 1;
-        }
-
-        // 4. Stale slots beyond the new count.
-        for i in new_slots.len()..old_slots.len() {
-            if let Err(e) = maps.del_slot(&SlotKey {
-                service_id: id,
-                slot: i as u32,
-            }) {
-                report.errors.push(MapOpError::new(
-                    format!("deleting slot {i} of {}", frontend.service),
-                    &e,
-                ));
-            }
-            report.map_deletes += 1;
-        }
-        let mut orphans = Vec::new();
-        for b in &old_slots {
-            self.release_backend(*b, &mut orphans);
-        }
-        self.slot_count = self.slot_count - old_slots.len() as u64 + new_slots.len() as u64;
-        let added = self
-            .frontends
-            .insert(
-                *key,
-                Programmed {
-                    id,
-                    service: frontend.service.clone(),
-                    policy: frontend.policy,
-                    slots: new_slots,
-                },
-            )
-            .is_none();
-        if added {
-            self.count(v6, false, true);
-        }
-        self.collect_orphans(orphans, maps, report);
-        Ok(())
     }
 
     fn remove_frontend<M: MapOps>(
@@ -1009,6 +1025,79 @@ impl MapWriter {
                 .iter()
                 .zip(slots)
                 .all(|(&i, id)| Some(self.backend_by_id[id]) == frontend.backend(i as usize))
+    }
+}
+
+/// The frontend's new slots, as backend ids: the Maglev `table` (indexes into the
+/// frontend's backends, of which `used` are written, with ids `wanted`), or `wanted`
+/// placed over `old_slots` (kept where they stay; afresh when leaving a table,
+/// `was_maglev`, which holds a backend in many slots).
+fn slot_table(
+    table: Option<&[u32]>,
+    used: &[bool],
+    wanted: &[u32],
+    old_slots: &[u32],
+    was_maglev: bool,
+) -> Vec<u32> {
+    match table {
+        Some(table) => {
+            let mut ids = vec![0; used.len()];
+            let used_at = used.iter().enumerate().filter(|(_, u)| **u);
+            for ((i, _), id) in used_at.zip(wanted) {
+                ids[i] = *id;
+            }
+            table.iter().map(|&i| ids[i as usize]).collect()
+        }
+        None if was_maglev => place(&[], wanted),
+        None => place(old_slots, wanted),
+    }
+}
+
+/// Writes the slots of frontend `id` that differ from `old_slots`.
+fn write_slots<M: MapOps>(
+    maps: &mut M,
+    report: &mut ApplyReport,
+    id: u32,
+    old_slots: &[u32],
+    new_slots: &[u32],
+    service: &ServicePortName,
+) {
+    for (i, backend_id) in new_slots.iter().enumerate() {
+        if old_slots.get(i) != Some(backend_id) {
+            let slot = SlotKey {
+                service_id: id,
+                slot: i as u32,
+            };
+            if let Err(e) = maps.put_slot(&slot, *backend_id) {
+                report.errors.push(MapOpError::new(
+                    format!("writing slot {i} of {service}"),
+                    &e,
+                ));
+            }
+            report.map_writes += 1;
+        }
+    }
+}
+
+/// Deletes slots `range` of frontend `id`.
+fn delete_slots<M: MapOps>(
+    maps: &mut M,
+    report: &mut ApplyReport,
+    id: u32,
+    range: std::ops::Range<usize>,
+    service: &ServicePortName,
+) {
+    for i in range {
+        if let Err(e) = maps.del_slot(&SlotKey {
+            service_id: id,
+            slot: i as u32,
+        }) {
+            report.errors.push(MapOpError::new(
+                format!("deleting slot {i} of {service}"),
+                &e,
+            ));
+        }
+        report.map_deletes += 1;
     }
 }
 
