@@ -1,9 +1,9 @@
 //! The TC program's entry: parse, then conntrack, then the frontends. A packet from a
 //! client of a tracked connection goes to its backend, a reply of one gets its
 //! frontend back (reverse NAT), and a new packet to a frontend picks a backend
-//! (`from_client`; a frontend without backends rejects or drops); any other packet
-//! (`from_backend`) is rejected if it is for a ClusterIP's undeclared port, or passes
-//! untouched.
+//! (`connection_or_frontend`; a frontend without backends rejects or drops); any
+//! other packet (`untracked`) is rejected if it is for a ClusterIP's undeclared port,
+//! or passes untouched.
 //!
 //! IPv6 is handed over first, by tail call, to the IPv6 programs (`crate::v6`),
 //! so this body and its frame are IPv4's alone.
@@ -286,9 +286,9 @@ pub fn decide<const BRIDGE: bool, const EXTERNAL: bool, C: Program>(ctx: &C) -> 
     // Whether the forward lookup found a reverse entry at the key whose connection
     // is gone (now removed): with no frontend either, the packet passes as stale.
     let mut stale = false;
-    match from_client::<BRIDGE, EXTERNAL, C>(ctx, &flow, &key, now, &mut stale)? {
+    match connection_or_frontend::<BRIDGE, EXTERNAL, C>(ctx, &flow, &key, now, &mut stale)? {
         Some(exit) => Ok(exit),
-        None => from_backend::<BRIDGE, C>(ctx, &flow, &key, now, stale),
+        None => untracked::<BRIDGE, C>(ctx, &flow, &key, now, stale),
     }
 }
 
@@ -304,7 +304,7 @@ pub fn decide<const BRIDGE: bool, const EXTERNAL: bool, C: Program>(ctx: &C) -> 
 /// reply is never taken for a new connection to a frontend at its destination (a
 /// masqueraded client's port that is also a NodePort), and costs no frontend lookup.
 #[inline(always)]
-fn from_client<const BRIDGE: bool, const EXTERNAL: bool, C: Program>(
+fn connection_or_frontend<const BRIDGE: bool, const EXTERNAL: bool, C: Program>(
     ctx: &C,
     flow: &Flow,
     key: &CtKey,
@@ -440,7 +440,7 @@ fn revnat<C: Program>(ctx: &C, flow: &Flow, orig: &CtKey) -> Result<Exit, Exit> 
 /// first fragment made no connection is dropped if to a ClusterIP; a ClusterIP's
 /// undeclared port is rejected; anything else passes untouched.
 #[inline(always)]
-fn from_backend<const BRIDGE: bool, C: Program>(
+fn untracked<const BRIDGE: bool, C: Program>(
     ctx: &C,
     flow: &Flow,
     key: &CtKey,
@@ -450,7 +450,7 @@ fn from_backend<const BRIDGE: bool, C: Program>(
     if BRIDGE {
         bridge::adopt_reply(flow, now);
     }
-    // The forward lookup answered replies already (`from_client`); bridging may
+    // The forward lookup answered replies already (`connection_or_frontend`); bridging may
     // have just adopted a reply entry: it looks again.
     let reply = if BRIDGE {
         match conntrack::reverse(flow, key, now) {

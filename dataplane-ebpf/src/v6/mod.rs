@@ -348,7 +348,7 @@ fn reply_out<C: Program6>(ctx: &C) -> Result<Exit, Exit> {
     if met != Met::LiveReply {
         return Ok((PASS, stat::PASS_EGRESS));
     }
-    match from_backend(ctx, &s.flow, &s.key, now, met)? {
+    match untracked(ctx, &s.flow, &s.key, now, met)? {
         (PASS, stat::REVNAT) => Ok((PASS, stat::REVNAT_EGRESS)),
         exit => Ok(exit),
     }
@@ -411,14 +411,15 @@ pub fn decide<const EXTERNAL: bool, C: Program6>(ctx: &C) -> Result<Exit, Exit> 
     s.key = s.flow.key();
     let now = conntrack::now();
     let mut met = Met::Nothing;
-    match from_client::<EXTERNAL, C>(ctx, &s.flow, &s.key, &mut s.entry, now, &mut met)? {
+    match connection_or_frontend::<EXTERNAL, C>(ctx, &s.flow, &s.key, &mut s.entry, now, &mut met)?
+    {
         Some(exit) => Ok(exit),
-        None => from_backend(ctx, &s.flow, &s.key, now, met),
+        None => untracked(ctx, &s.flow, &s.key, now, met),
     }
 }
 
 /// What the forward lookup met at the packet's key besides a forward entry, for
-/// `from_backend`.
+/// `untracked`.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Met {
     /// No reverse entry: the packet is no reply, and the reply path needs no lookup.
@@ -429,12 +430,12 @@ enum Met {
     Stale,
 }
 
-/// As `tc::from_client`: a tracked connection keeps its backend; a reply of a live
-/// connection is left to `from_backend`, before any frontend (conntrack before NAT,
+/// As `tc::connection_or_frontend`: a tracked connection keeps its backend; a reply of a live
+/// connection is left to `untracked`, before any frontend (conntrack before NAT,
 /// as in netfilter); a new packet to a frontend picks one and is tracked; then DNAT.
 /// `None`: neither.
 #[inline(always)]
-fn from_client<const EXTERNAL: bool, C: Program6>(
+fn connection_or_frontend<const EXTERNAL: bool, C: Program6>(
     ctx: &C,
     flow: &Flow6,
     key: &CtKey,
@@ -451,8 +452,8 @@ fn from_client<const EXTERNAL: bool, C: Program6>(
                 stat::DNAT_ESTABLISHED
             }
         }
-        // A reply: `from_backend` looks it up again and translates it (translating
-        // it here, as `tc::from_client` does, would hold the connection's 40-byte
+        // A reply: `untracked` looks it up again and translates it (translating
+        // it here, as `tc::connection_or_frontend` does, would hold the connection's 40-byte
         // key on this frame, near 6.1's limit; not tried).
         Forward::Reply(rev) if !take_reply(&rev, flow, key, now, met) => return Ok(None),
         Forward::New | Forward::Reply(_) => {
@@ -548,11 +549,11 @@ fn take_reply(rev: &CtSlot, flow: &Flow6, key: &CtKey, now: u64, met: &mut Met) 
     }
 }
 
-/// As `tc::from_backend`: a reply of a live connection gets its frontend back as
+/// As `tc::untracked`: a reply of a live connection gets its frontend back as
 /// the source; a stale reverse entry's passes; a ClusterIP's undeclared port is
 /// rejected; anything else passes.
 #[inline(always)]
-fn from_backend<C: Program6>(
+fn untracked<C: Program6>(
     ctx: &C,
     flow: &Flow6,
     key: &CtKey,
