@@ -9,7 +9,8 @@ use clap::Parser;
 use k8s_openapi::{
     api::{
         apps::v1::{DaemonSet, Deployment},
-        core::v1::ServiceAccount,
+        core::v1::{PodSpec, ServiceAccount},
+        policy::v1::PodDisruptionBudget,
         rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding},
     },
     apimachinery::pkg::util::intstr::IntOrString,
@@ -37,6 +38,7 @@ struct Manifests {
     role_bindings: Vec<RoleBinding>,
     daemon_sets: Vec<DaemonSet>,
     deployments: Vec<Deployment>,
+    disruption_budgets: Vec<PodDisruptionBudget>,
 }
 
 /// Reads `value` as a `T` and checks that nothing was lost on the way: a field the
@@ -79,11 +81,57 @@ fn load() -> Manifests {
                 "RoleBinding" => m.role_bindings.push(typed(value, &what)),
                 "DaemonSet" => m.daemon_sets.push(typed(value, &what)),
                 "Deployment" => m.deployments.push(typed(value, &what)),
+                "PodDisruptionBudget" => m.disruption_budgets.push(typed(value, &what)),
                 other => panic!("{what}: kind {other:?} is not checked by this test"),
             }
         }
     }
     m
+}
+
+fn pod_spec<'a>(template: Option<&'a PodSpec>, what: &str) -> &'a PodSpec {
+    template.unwrap_or_else(|| panic!("{what}: no pod spec"))
+}
+
+/// Both workloads run on Linux nodes only; the controller is ready when its
+/// `/healthz` is, and a drain keeps one of its replicas (the Lease's holder or the
+/// one that takes over).
+#[test]
+fn both_run_on_linux_and_the_controller_survives_a_drain() {
+    let m = load();
+    let linux = Some(std::collections::BTreeMap::from([(
+        "kubernetes.io/os".to_string(),
+        "linux".to_string(),
+    )]));
+    let ds = &m.daemon_sets[0];
+    let agent = pod_spec(
+        ds.spec.as_ref().and_then(|s| s.template.spec.as_ref()),
+        "DaemonSet",
+    );
+    assert_eq!(agent.node_selector, linux, "the agent");
+    assert_eq!(m.deployments.len(), 1, "one Deployment");
+    let deployment = &m.deployments[0];
+    let spec = deployment.spec.as_ref().expect("a Deployment spec");
+    let controller = pod_spec(spec.template.spec.as_ref(), "Deployment");
+    assert_eq!(controller.node_selector, linux, "the controller");
+    let probe = controller.containers[0]
+        .readiness_probe
+        .as_ref()
+        .and_then(|p| p.http_get.as_ref())
+        .expect("the controller has an HTTP readiness probe");
+    assert_eq!(probe.path.as_deref(), Some("/healthz"));
+    assert_eq!(m.disruption_budgets.len(), 1, "one PodDisruptionBudget");
+    let pdb = m.disruption_budgets[0].spec.as_ref().unwrap();
+    assert_eq!(pdb.min_available, Some(IntOrString::Int(1)));
+    assert!(
+        spec.replicas.unwrap_or(1) > 1,
+        "a budget of one needs two replicas"
+    );
+    assert_eq!(
+        pdb.selector.as_ref().and_then(|s| s.match_labels.clone()),
+        spec.selector.match_labels,
+        "the budget selects the controller's pods"
+    );
 }
 
 /// The agent container's arguments, parsed as the binary parses them.
