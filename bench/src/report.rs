@@ -1,19 +1,26 @@
 //! The report: each figure as a Markdown table with how it was measured, ratios
 //! against the baselines, and the project's targets with hit or miss.
+//! Each figure's section of the Markdown is in a module of its own (`fig1` to
+//! `fig7`); [`markdown`] puts them together in the figures' order.
 
 use std::fmt::Write as _;
 
 use serde::Serialize;
 
 use super::{
-    node::{Fig2, Loader, Proxy, QUIET_LIMIT, QUIET_MS_PER_S},
-    real::{
-        Side, CATCH_UP_BOUND, CATCH_UP_CAP, CATCH_UP_IN_A_ROW, CHURN_PROBE_EVERY, CHURN_RATE,
-        RATE_ANSWERED, RATE_P99_MS,
-    },
-    stats::{ratio, Summary},
+    node::{Loader, Proxy},
+    real::Side,
+    stats::ratio,
     Config, Outcome, Report,
 };
+
+mod fig1;
+mod fig2;
+mod fig3;
+mod fig4;
+mod fig5;
+mod fig6;
+mod fig7;
 
 /// A target of the project and whether this run met it.
 #[derive(Clone, Debug, Serialize)]
@@ -75,80 +82,6 @@ pub fn fig3_method(cfg: &Config) -> String {
 
 fn fmt_ratio(r: Option<f64>) -> String {
     r.map_or("–".into(), |r| format!("{r:.2}x"))
-}
-
-/// `median [min–max]`, or the median alone when every run gave the same.
-fn spread(s: &Summary, digits: usize) -> String {
-    if s.runs > 0 && s.min == s.max {
-        format!("{:.d$}", s.median, d = digits)
-    } else {
-        s.show(digits)
-    }
-}
-
-/// Figure 5's table through the API server: one line per measure, both sides and
-/// their ratio.
-fn fig5_through_api(m: &mut String, a: &crate::controller::api::ThroughApi) {
-    use crate::controller::api::SideSummary;
-    let _ = writeln!(
-        m,
-        "### Through the API server: sliceway-controller beside kube-controller-manager\n\n{}\n",
-        a.method
-    );
-    let _ = writeln!(
-        m,
-        "| rolling update of {} Services of {} Pods ({} Pods replaced, {} Pod changes) | sliceway-controller | kube-controller-manager | sliceway / kube-controller-manager |\n|---|---:|---:|---:|",
-        a.spec.services, a.spec.pods_per_service, a.pods_replaced, a.pod_changes
-    );
-    let changes = a.pod_changes.max(1) as f64;
-    type Pick = fn(&SideSummary) -> Summary;
-    let per_change = |s: Summary| Summary {
-        median: s.median / changes,
-        min: s.min / changes,
-        max: s.max / changes,
-        runs: s.runs,
-    };
-    let rows: [(&str, Pick, usize); 9] = [
-        ("EndpointSlice writes", |s| s.slice_writes, 0),
-        ("EndpointSlice bytes written", |s| s.slice_bytes, 0),
-        ("Endpoints writes", |s| s.endpoints_writes, 0),
-        ("Endpoints bytes written", |s| s.endpoints_bytes, 0),
-        ("of the writes, refused (not 2xx)", |s| s.failed_writes, 0),
-        ("controller CPU over the update (ms)", |s| s.cpu_ms, 1),
-        ("the same, idle rate taken off (ms)", |s| s.cpu_net_ms, 1),
-        (
-            "mean time from a step's Pod writes to every Service showing it (ms)",
-            |s| s.step_ms,
-            1,
-        ),
-        (
-            "controller CPU per Pod change, idle rate taken off (ms)",
-            |s| s.cpu_net_ms,
-            3,
-        ),
-    ];
-    for (i, (what, pick, digits)) in rows.iter().enumerate() {
-        let (mine, theirs) = if i == rows.len() - 1 {
-            (per_change(pick(&a.sliceway)), per_change(pick(&a.upstream)))
-        } else {
-            (pick(&a.sliceway), pick(&a.upstream))
-        };
-        let _ = writeln!(
-            m,
-            "| {what} | {} | {} | {} |",
-            spread(&mine, *digits),
-            spread(&theirs, *digits),
-            fmt_ratio(a.ratio(*pick))
-        );
-    }
-    let _ = writeln!(
-        m,
-        "\nWrites by verb (last round): sliceway-controller EndpointSlices {}, Endpoints {}; kube-controller-manager EndpointSlices {}, Endpoints {}.\n",
-        a.sliceway.slice_verbs,
-        a.sliceway.endpoints_verbs,
-        a.upstream.slice_verbs,
-        a.upstream.endpoints_verbs
-    );
 }
 
 /// Compares the report with the project's targets.
@@ -482,48 +415,6 @@ pub fn targets(r: &Report) -> Vec<Target> {
     out
 }
 
-fn failed<T>(o: &Outcome<T>) -> Option<&str> {
-    match o {
-        Outcome::Failed { error } => Some(error),
-        Outcome::Done(_) => None,
-    }
-}
-
-fn ns(s: &Summary) -> String {
-    s.show(0)
-}
-
-/// Figure 2's notes under its table: the sides measured on a busy machine, the
-/// baselines not measured and why.
-fn fig2_notes(m: &mut String, f: &Fig2) {
-    for row in f.rows.iter().filter(|row| !row.quiet) {
-        let _ = writeln!(
-            m,
-            "\n{} at {} Services: measured on a busy machine (still over {} ms of CPU a second after {} s of waiting).",
-            row.proxy.name(),
-            row.services,
-            QUIET_MS_PER_S,
-            QUIET_LIMIT.as_secs()
-        );
-    }
-    for x in &f.not_loaded {
-        let why = match &x.error {
-            None => format!(
-                "its rules did not load within {} s (`{}` killed at the limit)",
-                x.limit_s,
-                x.loader.name()
-            ),
-            Some(e) => format!("`{}` refused its rules: {e}", x.loader.name()),
-        };
-        let _ = writeln!(
-            m,
-            "\n{} at {} Services: not measured, {why}.",
-            x.proxy.name(),
-            x.services,
-        );
-    }
-}
-
 /// The report's first line: when, at which commit and on what machine it ran.
 pub fn header(e: &crate::Environment) -> String {
     format!(
@@ -544,10 +435,26 @@ pub fn header(e: &crate::Environment) -> String {
 /// The report as Markdown. `plots` are the PNG files written, for links.
 pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
     let mut m = String::new();
+    title(&mut m, r);
+    targets_met(&mut m, &r.targets);
+    programs_per_kernel(&mut m, &r.programs);
+    fig1::kernel_cost(&mut m, &r.fig1);
+    fig1::conntrack_gc(&mut m, &r.conntrack_gc);
+    fig2::latency(&mut m, &r.fig2);
+    fig3::programming_time(&mut m, &r.fig3);
+    fig4::agent_memory(&mut m, &r.fig4);
+    fig5::controller(&mut m, &r.fig5, &r.config);
+    fig6::maglev_tables(&mut m, &r.fig6);
+    fig7::real_proxies(&mut m, &r.fig7, r.config.fig7_rounds);
+    plot_links(&mut m, plots);
+    m
+}
+
+/// The report's title, then the header and the run's conditions (the idle states
+/// among them) in one paragraph, so both are in the report's first lines.
+fn title(m: &mut String, r: &Report) {
     let e = &r.environment;
     let _ = writeln!(m, "# sliceway benchmarks ({:?} run)\n", r.config.mode);
-    // The header and the run's conditions (the idle states among them) in one
-    // paragraph, so both are in the report's first lines.
     let _ = writeln!(m, "{}", header(e));
     let _ = writeln!(
         m,
@@ -555,13 +462,17 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
          Every figure is the median of repeated runs with [min–max].\n",
         e.iptables, e.nft, e.agent_build, e.seconds, e.idle
     );
+}
 
+/// The targets' section: a line per target with what this run measured and whether
+/// it met it.
+fn targets_met(m: &mut String, targets: &[Target]) {
     let _ = writeln!(m, "## Targets\n");
     let _ = writeln!(
         m,
         "| fig. | target | measured | result |\n|---|---|---|---|"
     );
-    for t in &r.targets {
+    for t in targets {
         let result = match t.met {
             Some(true) => "met",
             Some(false) => "**MISSED**",
@@ -573,563 +484,34 @@ pub fn markdown(r: &Report, plots: &[(String, String)]) -> String {
             t.figure, t.target, t.measured
         );
     }
+}
 
+/// The section of the programs' size and verifier cost per kernel
+/// ([`programs_table`]).
+fn programs_per_kernel(m: &mut String, checks: &[sliceway_agent::kernel::KernelCheck]) {
     let _ = writeln!(m, "\n## Programs per kernel\n");
-    let _ = writeln!(m, "{}", programs_table(&r.programs));
+    let _ = writeln!(m, "{}", programs_table(checks));
+}
 
-    let _ = writeln!(m, "\n## 1. Kernel cost per packet\n");
-    match &r.fig1 {
-        Outcome::Done(f) => {
-            let _ = writeln!(m, "{}\n\n{} {}\n", f.method, f.program, f.xdp);
-            let _ = writeln!(
-                m,
-                "| Services | no match (ns) | new flow (ns) | established (ns) | established without flow counters (ns) | new flow, fresh tuples, repeat=1 (ns) | no match, repeat=1 (ns) | uplink TC: no match / established (ns) | uplink XDP: no match / established (ns) | harness's floor, empty program: TC / XDP (ns) | IPv6: no match / new flow / established (ns) |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-            );
-            for row in &f.rows {
-                let _ = writeln!(
-                    m,
-                    "| {} | {} | {} | {} | {} | {} | {} | {} / {} | {} / {} | {} / {} | {} / {} / {} |",
-                    row.services,
-                    ns(&row.no_match_ns),
-                    ns(&row.new_flow_ns),
-                    ns(&row.established_ns),
-                    ns(&row.established_without_counters_ns),
-                    ns(&row.new_flow_fresh_tuples_ns),
-                    ns(&row.no_match_single_run_ns),
-                    ns(&row.uplink_no_match_tc_ns),
-                    ns(&row.uplink_established_tc_ns),
-                    ns(&row.uplink_no_match_xdp_ns),
-                    ns(&row.uplink_established_xdp_ns),
-                    ns(&row.harness_tc_ns),
-                    ns(&row.harness_xdp_ns),
-                    ns(&row.ipv6_no_match_ns),
-                    ns(&row.ipv6_new_flow_ns),
-                    ns(&row.ipv6_established_ns)
-                );
-            }
-            let [a, b, c] = f.ratio_largest_to_smallest;
-            let _ = writeln!(
-                m,
-                "\nLargest over smallest size: no match {}, new flow {}, established {}.",
-                fmt_ratio(a),
-                fmt_ratio(b),
-                fmt_ratio(c)
-            );
-        }
-        other => {
-            let _ = writeln!(m, "Not measured: {}", failed(other).unwrap_or_default());
+/// A figure's result; when it failed, the line that says why instead.
+fn measured<'a, T>(m: &mut String, o: &'a Outcome<T>) -> Option<&'a T> {
+    match o {
+        Outcome::Done(v) => Some(v),
+        Outcome::Failed { error } => {
+            let _ = writeln!(m, "Not measured: {error}");
+            None
         }
     }
+}
 
-    let _ = writeln!(m, "\n### Conntrack garbage collection\n");
-    match &r.conntrack_gc {
-        Outcome::Done(g) => {
-            let _ = writeln!(m, "{}\n", g.method);
-            let _ = writeln!(
-                m,
-                "| entries | expired | batch | fill (s) | one pass (s) | rounds | mean round (ms) | longest round (ms) | ns per entry | pass at one round a second (s) |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-            );
-            let _ = writeln!(
-                m,
-                "| {} | {} | {} | {:.2} | {:.2} | {} | {:.2} | {:.2} | {:.0} | {:.0} |",
-                g.entries,
-                g.expired,
-                g.batch,
-                g.fill_s,
-                g.pass_s,
-                g.rounds,
-                g.mean_round_ms,
-                g.longest_round_ms,
-                g.ns_per_entry,
-                g.pass_at_default_interval_s
-            );
-        }
-        other => {
-            let _ = writeln!(m, "Not measured: {}", failed(other).unwrap_or_default());
-        }
-    }
-
-    let _ = writeln!(m, "\n## 2. New-connection latency through the node\n");
-    match &r.fig2 {
-        Outcome::Done(f) => {
-            let _ = writeln!(m, "{}\n\n{}\n", f.method, f.ipvs);
-            let _ = writeln!(
-                m,
-                "| Services | proxy | p50 (µs) | p99 (µs) | p50 vs sliceway | p99 vs sliceway | p50 over the floor (µs) | connections (failed) |\n|---:|---|---:|---:|---:|---:|---:|---:|"
-            );
-            for row in &f.rows {
-                let find = |p| {
-                    f.rows
-                        .iter()
-                        .find(|b| b.services == row.services && b.proxy == p)
-                };
-                let base = find(Proxy::Sliceway);
-                let over = match find(Proxy::Floor) {
-                    Some(fl) if row.proxy != Proxy::Floor => {
-                        format!("{:.0}", row.p50_us.median - fl.p50_us.median)
-                    }
-                    _ => "–".into(),
-                };
-                let (r50, r99) = base.map_or((None, None), |b| {
-                    (
-                        ratio(row.p50_us.median, b.p50_us.median),
-                        ratio(row.p99_us.median, b.p99_us.median),
-                    )
-                });
-                let _ = writeln!(
-                    m,
-                    "| {} | {} | {} | {} | {} | {} | {over} | {} ({}) |",
-                    row.services,
-                    row.proxy.name(),
-                    row.p50_us.show(0),
-                    row.p99_us.show(0),
-                    fmt_ratio(r50),
-                    fmt_ratio(r99),
-                    row.connections,
-                    row.failed
-                );
-            }
-            fig2_notes(&mut m, f);
-        }
-        other => {
-            let _ = writeln!(m, "Not measured: {}", failed(other).unwrap_or_default());
-        }
-    }
-
-    let _ = writeln!(m, "\n## 3. Programming time\n");
-    match &r.fig3 {
-        Outcome::Done(f) => {
-            let _ = writeln!(m, "{}\n", f.method);
-            let _ = writeln!(
-                m,
-                "| Services | how | time (ms) | vs sliceway | input |\n|---:|---|---:|---:|---|"
-            );
-            for (n, s) in &f.sliceway {
-                let _ = writeln!(
-                    m,
-                    "| {n} | sliceway full sync (compile + apply) | {} | 1.00x | {} map writes; apply alone {} ms |",
-                    s.full_ms.show(1),
-                    s.full_map_writes,
-                    s.full_apply_ms.show(1)
-                );
-                for b in f.baselines.iter().filter(|b| b.services == *n) {
-                    let time = if b.timed_out {
-                        format!("> {:.0} (killed at the limit)", b.ms.median)
-                    } else {
-                        b.ms.show(1)
-                    };
-                    let _ = writeln!(
-                        m,
-                        "| {n} | {} | {time} | {}{} | {:.1} MB of rules |",
-                        b.loader.name(),
-                        if b.timed_out { "> " } else { "" },
-                        fmt_ratio(ratio(b.ms.median, s.full_ms.median)),
-                        b.rules_bytes as f64 / 1e6
-                    );
-                }
-            }
-            if let Some(c) = &f.sliceway_change {
-                let _ = writeln!(
-                    m,
-                    "\nOne endpoint changed at {} Services:\n\n| how | time (ms) | vs sliceway sync | what is written |\n|---|---:|---:|---|",
-                    c.services
-                );
-                let _ = writeln!(
-                    m,
-                    "| sliceway agent sync (changed slice, recompile of its Service, `MapWriter::apply_changed`) | {} | 1.00x | {} map writes+deletes |",
-                    c.sync_ms.show(3),
-                    c.map_ops.show(0)
-                );
-                let _ = writeln!(
-                    m,
-                    "| sliceway map writer alone (`MapWriter::apply_changed`) | {} | {} | same map writes |",
-                    c.apply_ms.show(3),
-                    fmt_ratio(ratio(c.apply_ms.median, c.sync_ms.median))
-                );
-                let _ = writeln!(
-                    m,
-                    "| sliceway, recompile all + compare all (`compile` + `MapWriter::apply`) | {} | {} | same map writes |",
-                    c.compile_and_apply_ms.show(1),
-                    fmt_ratio(ratio(c.compile_and_apply_ms.median, c.sync_ms.median))
-                );
-                for b in &f.baseline_change {
-                    let _ = writeln!(
-                        m,
-                        "| {}: {} | {} | {} | {:.1} kB of rules |",
-                        b.loader.name(),
-                        b.what,
-                        b.ms.show(1),
-                        fmt_ratio(ratio(b.ms.median, c.sync_ms.median)),
-                        b.rules_bytes as f64 / 1e3
-                    );
-                }
-            }
-        }
-        other => {
-            let _ = writeln!(m, "Not measured: {}", failed(other).unwrap_or_default());
-        }
-    }
-
-    let _ = writeln!(m, "\n## 4. Agent memory\n");
-    match &r.fig4 {
-        Outcome::Done(f) => {
-            let _ = writeln!(m, "{}\n", f.method);
-            let _ = writeln!(
-                m,
-                "| Services | endpoints each | capacities | peak RSS (MiB) | RSS after sync (MiB) | BPF maps (MiB) | start to synced (ms) | agent's sync (ms) |\n|---:|---:|---|---:|---:|---:|---:|---:|"
-            );
-            for row in &f.rows {
-                let _ = writeln!(
-                    m,
-                    "| {} | {} | {} | {} | {} | {} | {} | {} |",
-                    row.services,
-                    row.endpoints_per_service,
-                    if row.capacities.is_empty() {
-                        "defaults"
-                    } else {
-                        &row.capacities
-                    },
-                    row.peak_rss_mib.show(1),
-                    row.rss_mib.show(1),
-                    row.map_mib.show(1),
-                    row.start_to_synced_ms.show(0),
-                    row.agent_sync_ms.show(1)
-                );
-            }
-        }
-        other => {
-            let _ = writeln!(m, "Not measured: {}", failed(other).unwrap_or_default());
-        }
-    }
-
-    let _ = writeln!(m, "\n## 5. Controller\n");
-    let f = &r.fig5;
-    if let Some(a) = &f.through_api {
-        fig5_through_api(&mut m, a);
-    } else if r.config.runs(5) {
-        let _ = writeln!(
-            m,
-            "{}: {}\n",
-            if r.config.fig5_api_rounds == 0 {
-                "Not run"
-            } else {
-                "Not measured"
-            },
-            f.unavailable
-                .iter()
-                .find(|u| u.starts_with("through the API server"))
-                .map_or("through the API server: no result", String::as_str)
-        );
-    }
-    let _ = writeln!(
-        m,
-        "### In code, no API server: Endpoints against EndpointSlices\n"
-    );
-    let _ = writeln!(m, "{}\n", f.method);
-    if let Some(v) = &f.rolling_update {
-        let _ = writeln!(
-            m,
-            "| rolling update of {} pods | API writes | bytes written | vs EndpointSlices (writes, bytes) |\n|---|---:|---:|---:|\n| EndpointSlices | {} | {} | 1.00x, 1.00x |\n| Endpoints, truncated to 1000 addresses (as upstream writes them) | {} | {} | {}, {} |\n| Endpoints with every address | {} | {} | {}, {} |\n",
-            v.pods,
-            v.slice_writes,
-            v.slice_bytes,
-            v.endpoints_writes,
-            v.endpoints_bytes,
-            fmt_ratio(f.writes_ratio),
-            fmt_ratio(f.bytes_ratio),
-            v.endpoints_untruncated_writes,
-            v.endpoints_untruncated_bytes,
-            fmt_ratio(f.untruncated_writes_ratio),
-            fmt_ratio(f.untruncated_bytes_ratio)
-        );
-    }
-    if let Some(v) = &f.cold_start {
-        let _ = writeln!(
-            m,
-            "Cold start: {} Services, {} pods, {} EndpointSlices reconciled in {} ms.\n",
-            v.services,
-            v.pods,
-            v.slices,
-            f.cold_start_ms.show(1)
-        );
-    }
-    for u in f
-        .unavailable
-        .iter()
-        .filter(|u| !u.starts_with("through the API server"))
-    {
-        let _ = writeln!(m, "- {u}");
-    }
-
-    let _ = writeln!(m, "\n## 6. Maglev tables\n");
-    match &r.fig6 {
-        Outcome::Done(f) => {
-            let _ = writeln!(m, "{}\n", f.method);
-            let _ = writeln!(
-                m,
-                "| slots per frontend | all tables alone (ms) | per table (µs) | writer's full sync (ms) | writer's heap (MiB) | slots (x SLOTS default) | one backend leaving: entries moved, mean / worst | flows moved, mean / worst | map operations |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|"
-            );
-            for row in &f.rows {
-                let what = row.table_size.map_or_else(
-                    || format!("{} (ClusterIP placement)", f.backends_per_service),
-                    |m| format!("Maglev table of {m}"),
-                );
-                let per_table = if row.tables_ms.runs > 0 {
-                    format!(
-                        "{:.1}",
-                        row.tables_ms.median * 1e3 / f.services.max(1) as f64
-                    )
-                } else {
-                    "–".into()
-                };
-                let pct = |v: f64| format!("{:.2}%", v * 100.0);
-                let _ = writeln!(
-                    m,
-                    "| {what} | {} | {per_table} | {} | {} | {} ({:.2}x) | {} / {} | {} / {} | {:.1} |",
-                    row.tables_ms.show(1),
-                    row.apply_ms.show(1),
-                    row.writer_heap_mib.show(1),
-                    row.slots,
-                    row.slots as f64 / f64::from(dataplane_common::capacity::SLOTS),
-                    pct(row.entries_moved.0),
-                    pct(row.entries_moved.1),
-                    pct(row.flows_moved.0),
-                    pct(row.flows_moved.1),
-                    row.change_map_ops
-                );
-            }
-        }
-        other => {
-            let _ = writeln!(m, "Not measured: {}", failed(other).unwrap_or_default());
-        }
-    }
-
-    let _ = writeln!(m, "\n## 7. The real proxies in the cluster lab\n");
-    match &r.fig7 {
-        Outcome::Done(f) => {
-            let _ = writeln!(m, "{}\n", f.method);
-            let floor_side = f.floor_side();
-            let floor = f.row(floor_side).map(|row| row.p50_all_us);
-            let narrow = f.row(Side::Floor).map(|row| row.p50_all_us);
-            let _ = writeln!(
-                m,
-                "The floor of the ratios and the targets: the {}.\n",
-                floor_side.name()
-            );
-            let _ = writeln!(
-                m,
-                "| side | Services | p50 per round (µs) | p50 (µs) | p99 (µs) | p99.9 (µs) | p50 over the floor (µs) | p50 / floor | p50 / floor to the 3 pod addresses | samples (failed) | programmed (s) | own sync, mean (ms, syncs) | CPU per 1,000 connections (ms) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-            );
-            for row in f.rows.iter().filter(|row| row.samples == 0) {
-                let _ = writeln!(
-                    m,
-                    "| {} | {} | not programmed within {} s in {} of {} rounds: nothing measured |{}",
-                    row.side.name(),
-                    row.services,
-                    f.limit_s,
-                    row.not_programmed,
-                    r.config.fig7_rounds,
-                    " – |".repeat(10)
-                );
-            }
-            for row in f.rows.iter().filter(|row| row.samples > 0) {
-                let to_narrow = match narrow {
-                    Some(fl) if row.side != Side::Floor => fmt_ratio(ratio(row.p50_all_us, fl)),
-                    _ => "–".into(),
-                };
-                let (over, ratio) = match floor {
-                    Some(fl) if row.side != floor_side && row.side != Side::Floor => (
-                        format!("{:.0}", row.p50_all_us - fl),
-                        fmt_ratio(ratio(row.p50_all_us, fl)),
-                    ),
-                    _ => ("–".into(), "–".into()),
-                };
-                let _ = writeln!(
-                    m,
-                    "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {over} | {ratio} | {to_narrow} | {} ({}) | {} | {} | {} |",
-                    row.side.name(),
-                    row.services,
-                    row.p50_us.show(0),
-                    row.p50_all_us,
-                    row.p99_all_us,
-                    row.p999_all_us,
-                    row.samples,
-                    row.failed,
-                    match (&row.programmed_s, row.not_programmed) {
-                        (Some(p), 0) => p.show(2),
-                        (Some(p), k) => format!(
-                            "{}; not within {} s in {k} of {} rounds",
-                            p.show(2),
-                            f.limit_s,
-                            r.config.fig7_rounds
-                        ),
-                        (None, _) => "–".into(),
-                    },
-                    match (row.own_sync_ms, row.own_syncs) {
-                        (Some(ms), Some(n)) => format!("{ms:.1} ({n})"),
-                        _ => "–".into(),
-                    },
-                    row.cpu_ms_per_1k.map_or("–".into(), |c| format!("{c:.0}")),
-                );
-            }
-            loaded_floor(&mut m, f);
-            datapath_share(&mut m, f);
-            if f.rows.iter().any(|row| !row.rate_steps.is_empty()) {
-                let _ = writeln!(
-                    m,
-                    "\nNew-connection rate (open loop; sustained: at least {}% answered within \
-                     1 s of being due and p99 from due to answer at most {RATE_P99_MS} ms):\n\n\
-                     | side | highest sustained (connections/s), per round | at it, last round: achieved/s, p99 (ms), machine busy | first rate missed, per round: answered, p99 (ms), machine busy |\n\
-                     |---|---:|---:|---|",
-                    RATE_ANSWERED * 100.0
-                );
-                for row in f.rows.iter().filter(|row| !row.rate_steps.is_empty()) {
-                    let at = row
-                        .rate_steps
-                        .last()
-                        .and_then(|r| r.iter().rev().find(|s| s.sustained))
-                        .map_or("–".into(), |s| {
-                            format!(
-                                "{:.0}, {:.1}, {:.0}%",
-                                s.achieved,
-                                s.p99_us / 1e3,
-                                s.busy * 100.0
-                            )
-                        });
-                    let missed: Vec<String> = row
-                        .rate_steps
-                        .iter()
-                        .map(|r| {
-                            r.iter().find(|s| !s.sustained).map_or(
-                                "none (the ladder's top sustained)".into(),
-                                |s| {
-                                    format!(
-                                        "{}/s: {:.2}%, {:.1}, {:.0}%{}{}",
-                                        s.offered,
-                                        100.0 * (s.connections - s.failed) as f64
-                                            / s.connections.max(1) as f64,
-                                        s.p99_us / 1e3,
-                                        s.busy * 100.0,
-                                        if s.no_port > 0 {
-                                            format!(" ({} found no free port)", s.no_port)
-                                        } else {
-                                            String::new()
-                                        },
-                                        s.clash.map_or(String::new(), |(dropped, remapped)| {
-                                            format!(
-                                                "; {dropped} dropped on a reply-tuple clash, \
-                                                 {remapped} remapped"
-                                            )
-                                        })
-                                    )
-                                },
-                            )
-                        })
-                        .collect();
-                    // A round that sustained the ladder's top is a lower bound.
-                    let highest: Vec<String> = row
-                        .rate_steps
-                        .iter()
-                        .map(|r| {
-                            let h = super::real::highest_sustained(r);
-                            if r.iter().all(|s| s.sustained) {
-                                format!("≥ {h}")
-                            } else {
-                                h.to_string()
-                            }
-                        })
-                        .collect();
-                    let _ = writeln!(
-                        m,
-                        "| {} | {} | {at} | {} |",
-                        row.side.name(),
-                        highest.join(", "),
-                        missed.join("; ")
-                    );
-                }
-            }
-            let _ = writeln!(
-                m,
-                "\nUnder churn ({CHURN_RATE} endpoint changes a second through the API, each \
-                 moving one of the selector-less Services' endpoint to another backend; every \
-                 {CHURN_PROBE_EVERY}th change followed from the client pod until a connection \
-                 reaches the new endpoint; the API write is the time from a change's stamp until \
-                 the API server answered its write, the API server's share of the other two; \
-                 before each churn the figure waited until the API server's watch had caught \
-                 up with the sides before, {CATCH_UP_IN_A_ROW} marker changes in a row \
-                 delivered to its own watch within {} ms of their write's answer, at most \
-                 {} s, per round in the last column):\n\n\
-                 | side | changes | followed (not seen in 30 s) | change to first packet, p50 / p99 (ms) | own network-programming histogram, p50 / p99 (ms, bucket bounds) | API write, p50 / p99 (ms) | waited for the API server before, per round (s) |\n\
-                 |---|---:|---:|---:|---:|---:|---:|",
-                CATCH_UP_BOUND.as_millis(),
-                CATCH_UP_CAP.as_secs()
-            );
-            for row in f.rows.iter().filter(|row| row.churn_changes.is_some()) {
-                let pair = |p: Option<(f64, f64)>| {
-                    p.map_or("–".into(), |(a, b)| format!("{a:.0} / {b:.0}"))
-                };
-                let waited: Vec<String> = row
-                    .churn_catch_up
-                    .iter()
-                    .map(|w| {
-                        if w.caught_up {
-                            format!("{:.1}", w.waited_s)
-                        } else {
-                            format!("{:.1} (not caught up)", w.waited_s)
-                        }
-                    })
-                    .collect();
-                let _ = writeln!(
-                    m,
-                    "| {} | {} | {} ({}) | {} | {} | {} | {} |",
-                    row.side.name(),
-                    row.churn_changes.unwrap_or(0),
-                    row.churn_probes.unwrap_or(0),
-                    row.churn_not_seen.unwrap_or(0),
-                    pair(row.churn_first_packet_ms),
-                    pair(row.churn_own_ms),
-                    pair(row.churn_write_ms),
-                    if waited.is_empty() {
-                        "–".into()
-                    } else {
-                        waited.join(", ")
-                    },
-                );
-            }
-            let capped = f
-                .rows
-                .iter()
-                .flat_map(|row| &row.churn_catch_up)
-                .filter(|w| !w.caught_up)
-                .count();
-            if capped > 0 {
-                let _ = writeln!(
-                    m,
-                    "\n{capped} of the churns started with the API server's watch still behind \
-                     ({} s passed without {CATCH_UP_IN_A_ROW} prompt marker changes in a row): \
-                     their figures may carry the sides before.",
-                    CATCH_UP_CAP.as_secs()
-                );
-            }
-            let _ = writeln!(
-                m,
-                "\nCreating the {} Services and seeing each with its slice took {:.1} s.",
-                f.rows.first().map_or(0, |row| row.services),
-                f.populate_s
-            );
-        }
-        other => {
-            let _ = writeln!(m, "Not measured: {}", failed(other).unwrap_or_default());
-        }
-    }
-
+/// The plots' section, a link per PNG file written; none when there are none.
+fn plot_links(m: &mut String, plots: &[(String, String)]) {
     if !plots.is_empty() {
         let _ = writeln!(m, "\n## Plots\n");
         for (file, title) in plots {
             let _ = writeln!(m, "- [{title}]({file})");
         }
     }
-    m
 }
 
 /// Each program's size and verifier cost per kernel (`sliceway-agent check`): this
@@ -1167,85 +549,591 @@ pub fn programs_table(checks: &[sliceway_agent::kernel::KernelCheck]) -> String 
     m
 }
 
-/// Figure 7's connections straight to the pods in each proxy's turn, just before it
-/// started and with it loaded, beside the side's own.
-fn loaded_floor(m: &mut String, f: &super::real::Fig7) {
-    let rows: Vec<_> = f
-        .rows
-        .iter()
-        .filter_map(|row| Some((row, row.loaded_floor_us?)))
-        .collect();
-    if rows.is_empty() {
-        return;
-    }
-    let _ = writeln!(
-        m,
-        "\nStraight to the backend pods in each proxy's turn (the floor's connections): \
-         just before the proxy started, on the cleaned node, and right after the \
-         proxy's own connections with it still loaded. Loaded less before: what the \
-         loaded proxy costs connections that use no Service; the side's own p50 less \
-         loaded: what a Service's path adds.\n\n| side | before the proxy, p50 / p99 \
-         (µs) | proxy loaded, p50 / p99 (µs) | loaded less before, p50 (µs) | the side's \
-         own p50 less loaded (µs) |\n|---|---:|---:|---:|---:|"
-    );
-    for (row, (p50, p99)) in rows {
-        let (before, cost) = match row.unloaded_floor_us {
-            Some((b50, b99)) => (format!("{b50:.0} / {b99:.0}"), format!("{:.0}", p50 - b50)),
-            None => ("–".into(), "–".into()),
-        };
-        let _ = writeln!(
-            m,
-            "| {} | {before} | {p50:.0} / {p99:.0} | {cost} | {:.0} |",
-            row.side.name(),
-            row.p50_all_us - p50
-        );
-    }
-}
-
-/// sliceway's programs per connection, from the kernel's run statistics, beside
-/// sliceway's p50 over the floor: how much of the proxy's cost is its programs'.
-fn datapath_share(m: &mut String, f: &super::real::Fig7) {
-    let Some(d) = &f.datapath else {
-        if let Some(e) = &f.datapath_error {
-            let _ = writeln!(
-                m,
-                "\nsliceway's programs per connection: not measured ({e})."
-            );
-        }
-        return;
-    };
-    let (rows, all) = d.per_connection();
-    let over = match (f.row(Side::Sliceway), f.row(f.floor_side())) {
-        (Some(s), Some(fl)) => format!(
-            ", against sliceway's p50 over the floor of {:.1} µs (every run of a connection \
-             is counted, packets off its critical path too, such as the last ACKs and \
-             FINs)",
-            s.p50_all_us - fl.p50_all_us
-        ),
-        _ => String::new(),
-    };
-    let _ = writeln!(
-        m,
-        "\nsliceway's programs per connection, from the kernel's run statistics \
-         (`BPF_ENABLE_STATS`) over {} connections like the measured ones, run after them \
-         with the statistics on (which add two clock reads to every run): {all:.2} µs in \
-         all{over}.\n\n| program | runs per connection | µs per connection | ns per run |\n|---|---:|---:|---:|",
-        d.connections
-    );
-    for r in rows {
-        let _ = writeln!(
-            m,
-            "| {} | {:.2} | {:.2} | {:.0} |",
-            r.program, r.runs, r.us, r.ns_per_run
-        );
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::super::node::{Fig2Row, NotLoaded};
+    use super::super::node::{Fig2, Fig2Row, NotLoaded};
     use super::super::real::{Fig7, Fig7Row};
+    use super::super::stats::Summary;
     use super::*;
+
+    /// `values` summarised, so each cell shows a median with its spread.
+    fn s(values: &[f64]) -> Summary {
+        Summary::of(values)
+    }
+
+    /// A report with every section's data, and every branch of the sections that
+    /// a measured figure can take.
+    fn every_section() -> Report {
+        let mut config = Config::new(super::super::Mode::Smoke);
+        config.fig5_api_rounds = 2;
+        config.fig7_rounds = 3;
+        Report {
+            config,
+            environment: crate::Environment {
+                date: "2026-12-01".into(),
+                commit: "c161e47".into(),
+                dirty: true,
+                kernel: "6.18.0".into(),
+                cpus: 2,
+                memory: "7.8 GiB".into(),
+                iptables: "iptables v1.8.11 (nf_tables)".into(),
+                nft: "nftables v1.1.3".into(),
+                agent_build: "release".into(),
+                seconds: 1234.5,
+                idle: "idle states held off".into(),
+            },
+            fig1: Outcome::Done(fig1_result()),
+            conntrack_gc: Outcome::Done(conntrack_gc_result()),
+            fig2: Outcome::Done(fig2_result()),
+            fig3: Outcome::Done(fig3_result()),
+            fig4: Outcome::Done(fig4_result()),
+            fig5: fig5_result(),
+            fig6: Outcome::Done(fig6_result()),
+            fig7: Outcome::Done(fig7_result()),
+            programs: kernel_checks(),
+            targets: vec![
+                target(1, "a target met", Some(("1.05x".into(), true))),
+                target(2, "a target missed", Some(("2.5x".into(), false))),
+                target(7, "a target not measured", None),
+            ],
+        }
+    }
+
+    /// Figure 1 at two sizes, one ratio not measured.
+    fn fig1_result() -> super::super::kernel_cost::Fig1 {
+        use super::super::kernel_cost::{Fig1, Fig1Row};
+        let fig1_row = |services, base: f64| Fig1Row {
+            services,
+            no_match_ns: s(&[base, base + 2.0, base + 1.0]),
+            new_flow_ns: s(&[base * 3.0, base * 3.5]),
+            established_ns: s(&[base * 2.0]),
+            established_without_counters_ns: s(&[base * 1.8]),
+            uplink_no_match_tc_ns: s(&[base * 0.5]),
+            uplink_no_match_xdp_ns: s(&[base * 0.4]),
+            uplink_established_tc_ns: s(&[base * 1.5]),
+            uplink_established_xdp_ns: s(&[base * 1.4]),
+            established_over_no_match: s(&[2.0]),
+            counted_over_uncounted: s(&[1.1]),
+            harness_tc_ns: s(&[base * 0.2]),
+            harness_xdp_ns: s(&[base * 0.1]),
+            new_flow_fresh_tuples_ns: s(&[base * 4.0]),
+            no_match_single_run_ns: s(&[base * 1.2]),
+            ipv6_no_match_ns: s(&[base * 1.1]),
+            ipv6_new_flow_ns: s(&[base * 3.3]),
+            ipv6_established_ns: s(&[]),
+        };
+        Fig1 {
+            method: "Figure 1's method.".into(),
+            program: "The program.".into(),
+            xdp: "The XDP program.".into(),
+            repeat: 1000,
+            rounds: 2,
+            rows: vec![fig1_row(1, 20.0), fig1_row(100, 22.5)],
+            ratio_largest_to_smallest: [Some(1.05), None, Some(1.2)],
+        }
+    }
+
+    /// The conntrack sweeper's pass.
+    fn conntrack_gc_result() -> super::super::kernel_cost::ConntrackGc {
+        use super::super::kernel_cost::ConntrackGc;
+        ConntrackGc {
+            method: "The sweeper's method.".into(),
+            entries: 2_000_000,
+            expired: 1_000_000,
+            batch: 4096,
+            fill_s: 3.25,
+            pass_s: 1.5,
+            rounds: 489,
+            longest_round_ms: 9.75,
+            mean_round_ms: 3.125,
+            ns_per_entry: 750.4,
+            pass_at_default_interval_s: 489.0,
+        }
+    }
+
+    /// Figure 2 with the floor, a side on a busy machine, and baselines not loaded.
+    fn fig2_result() -> Fig2 {
+        let fig2_row = |services, proxy, p50: f64, quiet| Fig2Row {
+            services,
+            proxy,
+            p50_us: s(&[p50, p50 + 4.0]),
+            p99_us: s(&[p50 * 2.0]),
+            connections: 900,
+            failed: 1,
+            quiet,
+        };
+        Fig2 {
+            method: "Figure 2's method.".into(),
+            ipvs: "IPVS is not measured.".into(),
+            rows: vec![
+                fig2_row(1000, Proxy::Floor, 50.0, true),
+                fig2_row(1000, Proxy::Sliceway, 60.0, true),
+                fig2_row(1000, Proxy::Iptables, 90.0, false),
+                fig2_row(10_000, Proxy::Sliceway, 61.0, true),
+            ],
+            not_loaded: vec![
+                NotLoaded {
+                    services: 10_000,
+                    proxy: Proxy::Nftables,
+                    loader: Loader::Nft,
+                    limit_s: 300,
+                    error: None,
+                },
+                NotLoaded {
+                    services: 10_000,
+                    proxy: Proxy::Iptables,
+                    loader: Loader::IptablesRestore,
+                    limit_s: 300,
+                    error: Some("line 12 failed".into()),
+                },
+            ],
+        }
+    }
+
+    /// Figure 3 with a baseline killed at the limit and the change of one endpoint.
+    fn fig3_result() -> super::super::Fig3 {
+        use super::super::kernel_cost::{SlicewayChange, SlicewaySync};
+        use super::super::node::{BaselineChange, BaselineFull};
+        use super::super::Fig3;
+        Fig3 {
+            method: "Figure 3's method.".into(),
+            sliceway: vec![
+                (
+                    1000,
+                    SlicewaySync {
+                        full_ms: s(&[12.0, 14.0]),
+                        full_apply_ms: s(&[8.0]),
+                        full_map_writes: 4000,
+                    },
+                ),
+                (
+                    5000,
+                    SlicewaySync {
+                        full_ms: s(&[60.0]),
+                        full_apply_ms: s(&[40.0]),
+                        full_map_writes: 20_000,
+                    },
+                ),
+            ],
+            baselines: vec![
+                BaselineFull {
+                    services: 1000,
+                    loader: Loader::IptablesRestore,
+                    rules_bytes: 2_500_000,
+                    ms: s(&[120.0, 130.0]),
+                    timed_out: false,
+                },
+                BaselineFull {
+                    services: 5000,
+                    loader: Loader::Nft,
+                    rules_bytes: 12_000_000,
+                    ms: s(&[300_000.0]),
+                    timed_out: true,
+                },
+            ],
+            sliceway_change: Some(SlicewayChange {
+                services: 1000,
+                map_ops: s(&[6.0]),
+                sync_ms: s(&[0.05, 0.07]),
+                apply_ms: s(&[0.01]),
+                compile_and_apply_ms: s(&[15.0]),
+            }),
+            baseline_change: vec![BaselineChange {
+                services: 1000,
+                loader: Loader::IptablesLegacyRestore,
+                what: "partial sync".into(),
+                rules_bytes: 3_500,
+                ms: s(&[20.0]),
+            }],
+        }
+    }
+
+    /// Figure 4 with default capacities and capacities raised.
+    fn fig4_result() -> super::super::node::Fig4 {
+        use super::super::node::{Fig4, Fig4Row};
+        Fig4 {
+            method: "Figure 4's method.".into(),
+            rows: vec![
+                Fig4Row {
+                    services: 1000,
+                    endpoints_per_service: 10,
+                    capacities: String::new(),
+                    peak_rss_mib: s(&[30.0, 31.0]),
+                    rss_mib: s(&[25.0]),
+                    map_mib: s(&[12.5]),
+                    start_to_synced_ms: s(&[400.0]),
+                    agent_sync_ms: s(&[35.5]),
+                },
+                Fig4Row {
+                    services: 100_000,
+                    endpoints_per_service: 10,
+                    capacities: "--max-services 131072".into(),
+                    peak_rss_mib: s(&[300.0]),
+                    rss_mib: s(&[250.0]),
+                    map_mib: s(&[125.0]),
+                    start_to_synced_ms: s(&[4000.0]),
+                    agent_sync_ms: s(&[355.0]),
+                },
+            ],
+        }
+    }
+
+    /// Figure 5 through the API server and in code, with a part not measured.
+    fn fig5_result() -> super::super::controller::Fig5 {
+        use super::super::controller::api::{ApiSpec, Side as ApiSide, SideSummary, ThroughApi};
+        use super::super::controller::workloads::{ColdStartReport, RollingUpdateReport};
+        use super::super::controller::Fig5;
+        let api_side = |side, writes: f64| SideSummary {
+            side,
+            slice_writes: s(&[writes, writes + 10.0]),
+            slice_bytes: s(&[writes * 900.0]),
+            endpoints_writes: s(&[writes / 2.0]),
+            endpoints_bytes: s(&[writes * 400.0]),
+            failed_writes: s(&[0.0]),
+            cpu_ms: s(&[310.0, 290.5]),
+            cpu_net_ms: s(&[250.0]),
+            step_ms: s(&[41.5, 39.0]),
+            slice_verbs: "POST 3, PUT 40".into(),
+            endpoints_verbs: "PUT 20".into(),
+        };
+        Fig5 {
+            method: "Figure 5's method.".into(),
+            unavailable: vec![
+                "through the API server: not reached".into(),
+                "the cold start: skipped".into(),
+            ],
+            rolling_update: Some(RollingUpdateReport {
+                pods: 5000,
+                slice_writes: 120,
+                slice_bytes: 1_200_000,
+                endpoints_writes: 100,
+                endpoints_bytes: 9_000_000,
+                endpoints_untruncated_writes: 100,
+                endpoints_untruncated_bytes: 40_000_000,
+                slices_at_end: 50,
+            }),
+            bytes_ratio: Some(7.5),
+            writes_ratio: Some(0.83),
+            untruncated_bytes_ratio: Some(33.3),
+            untruncated_writes_ratio: None,
+            cold_start: Some(ColdStartReport {
+                services: 1000,
+                pods: 10_000,
+                slices: 1000,
+                millis: 800.0,
+            }),
+            cold_start_ms: s(&[800.0, 850.0]),
+            through_api: Some(ThroughApi {
+                method: "Through the API server's method.".into(),
+                spec: ApiSpec {
+                    services: 100,
+                    pods_per_service: 10,
+                    rounds: 2,
+                    idle_seconds: 5.0,
+                },
+                pods_replaced: 1000,
+                pod_changes: 4000,
+                runs: Vec::new(),
+                sliceway: api_side(ApiSide::Sliceway, 1100.0),
+                upstream: api_side(ApiSide::KubeControllerManager, 1500.0),
+            }),
+        }
+    }
+
+    /// Figure 6 with the ClusterIP placement and one table size.
+    fn fig6_result() -> super::super::maglev::Fig6 {
+        use super::super::maglev::{Fig6, Fig6Row};
+        Fig6 {
+            method: "Figure 6's method.".into(),
+            services: 1000,
+            backends_per_service: 10,
+            rows: vec![
+                Fig6Row {
+                    table_size: None,
+                    tables_ms: s(&[]),
+                    apply_ms: s(&[20.0]),
+                    writer_heap_mib: s(&[2.0]),
+                    slots: 10_000,
+                    entries_moved: (0.1, 0.1),
+                    flows_moved: (0.1, 0.1),
+                    change_map_ops: 11.0,
+                },
+                Fig6Row {
+                    table_size: Some(251),
+                    tables_ms: s(&[45.0, 47.0]),
+                    apply_ms: s(&[60.0]),
+                    writer_heap_mib: s(&[8.0]),
+                    slots: 251_000,
+                    entries_moved: (0.1012, 0.1195),
+                    flows_moved: (0.0998, 0.125),
+                    change_map_ops: 27.5,
+                },
+            ],
+        }
+    }
+
+    /// Figure 7 with both floors, a side never programmed, one programmed late, the
+    /// rate ladder, churn with a wait that did not catch up, and the programs' share.
+    fn fig7_result() -> Fig7 {
+        use super::super::real::{CatchUp, DatapathShare, RateStep};
+        let step = |offered, sustained, clash| RateStep {
+            offered,
+            connections: 1000,
+            failed: if sustained { 0 } else { 30 },
+            no_port: if sustained { 0 } else { 2 },
+            achieved: f64::from(offered) * 0.99,
+            p50_us: 900.0,
+            p99_us: 4_500.0,
+            busy: 0.42,
+            sustained,
+            clash,
+        };
+        let catch_up = |waited_s, caught_up| CatchUp {
+            waited_s,
+            writes: 3,
+            arrived_ms: vec![Some(12.0), None],
+            caught_up,
+        };
+        let fig7_row = |side, p50: f64| Fig7Row {
+            side,
+            services: 1000,
+            p50_us: s(&[p50, p50 + 3.0]),
+            p50_all_us: p50,
+            p99_all_us: p50 * 3.0,
+            p999_all_us: p50 * 6.0,
+            samples: 3000,
+            failed: 2,
+            ..Fig7Row::default()
+        };
+        Fig7 {
+            method: "Figure 7's method.".into(),
+            rows: vec![
+                fig7_row(Side::Floor, 100.0),
+                fig7_row(Side::FloorWide, 110.0),
+                Fig7Row {
+                    programmed_s: Some(s(&[1.5, 2.0])),
+                    own_sync_ms: Some(3.25),
+                    own_syncs: Some(12),
+                    cpu_ms_per_1k: Some(45.0),
+                    churn_changes: Some(600),
+                    churn_first_packet_ms: Some((120.0, 480.0)),
+                    churn_probes: Some(60),
+                    churn_not_seen: Some(1),
+                    churn_own_ms: Some((100.0, 250.0)),
+                    churn_write_ms: Some((5.0, 20.0)),
+                    churn_catch_up: vec![catch_up(1.25, true), catch_up(30.0, false)],
+                    rate_steps: vec![
+                        vec![
+                            step(1000, true, Some((0, 0))),
+                            step(2000, false, Some((3, 5))),
+                        ],
+                        vec![step(1000, true, None), step(2000, true, None)],
+                    ],
+                    loaded_floor_us: Some((104.0, 190.0)),
+                    unloaded_floor_us: Some((101.0, 180.0)),
+                    ..fig7_row(Side::Sliceway, 143.0)
+                },
+                Fig7Row {
+                    samples: 0,
+                    not_programmed: 2,
+                    ..fig7_row(Side::Iptables, 0.0)
+                },
+                Fig7Row {
+                    programmed_s: Some(s(&[4.0])),
+                    not_programmed: 1,
+                    churn_changes: Some(580),
+                    loaded_floor_us: Some((120.0, 230.0)),
+                    ..fig7_row(Side::Nftables, 180.0)
+                },
+            ],
+            datapath: Some(DatapathShare {
+                connections: 2000,
+                programs: [
+                    ("sliceway_tc".to_string(), (8000, 4_000_000)),
+                    ("sliceway_xdp".to_string(), (0, 0)),
+                ]
+                .into_iter()
+                .collect(),
+            }),
+            datapath_error: None,
+            populate_s: 12.5,
+            limit_s: 120,
+        }
+    }
+
+    /// Two kernels' checks, one program refused.
+    fn kernel_checks() -> Vec<sliceway_agent::kernel::KernelCheck> {
+        serde_json::from_value(serde_json::json!([{
+            "kernel": "6.18.0",
+            "tcx": true,
+            "programs": [
+                {"name": "sliceway_tc", "xlated_insns": 4100, "verified_insns": 90000, "error": null},
+                {"name": "sliceway_sock", "xlated_insns": null, "verified_insns": null,
+                 "error": "invalid argument"},
+            ],
+        }, {
+            "kernel": "6.1.0",
+            "tcx": false,
+            "programs": [
+                {"name": "sliceway_tc", "xlated_insns": 4000, "verified_insns": null, "error": null},
+            ],
+        }]))
+        .expect("kernel checks")
+    }
+
+    /// A report in which no figure was measured: each section says why.
+    fn nothing_measured(fig5_api_rounds: usize) -> Report {
+        fn failed<T>(why: &str) -> Outcome<T> {
+            Outcome::Failed { error: why.into() }
+        }
+        let mut config = Config::new(super::super::Mode::Smoke);
+        config.fig5_api_rounds = fig5_api_rounds;
+        Report {
+            config,
+            environment: crate::Environment::default(),
+            fig1: failed("no BPF"),
+            conntrack_gc: failed("no BPF either"),
+            fig2: failed("no lab"),
+            fig3: failed("no nft"),
+            fig4: failed("no agent"),
+            fig5: super::super::controller::Fig5::not_selected(),
+            fig6: failed("not selected with --only"),
+            fig7: failed("no cluster"),
+            programs: Vec::new(),
+            targets: Vec::new(),
+        }
+    }
+
+    /// Figure 7 measured without the kernel's run statistics and with no side that
+    /// saw the loaded floor.
+    fn without_run_statistics() -> Report {
+        let mut r = every_section();
+        if let Outcome::Done(f) = &mut r.fig7 {
+            f.datapath = None;
+            f.datapath_error = Some("EINVAL".into());
+            for row in &mut f.rows {
+                row.loaded_floor_us = None;
+                row.rate_steps.clear();
+                row.churn_catch_up.clear();
+            }
+        }
+        r.fig5.through_api = None;
+        r.fig5.rolling_update = None;
+        r.fig5.cold_start = None;
+        r
+    }
+
+    /// The report's headings, in order.
+    fn headings(md: &str) -> Vec<&str> {
+        md.lines().filter(|l| l.starts_with('#')).collect()
+    }
+
+    /// Each of `parts` is in `md`, after the one before it.
+    fn in_order(md: &str, parts: &[&str]) {
+        let mut from = 0;
+        for part in parts {
+            let at = md[from..]
+                .find(part)
+                .unwrap_or_else(|| panic!("{part:?} is not after {from}:\n{md}"));
+            from += at + part.len();
+        }
+    }
+
+    /// The report has every section, in the figures' order, each with its tables
+    /// when it was measured and the reason when it was not.
+    #[test]
+    fn the_report_has_every_section_in_order() {
+        let plots = [
+            ("fig1.png".to_string(), "Figure 1".to_string()),
+            ("fig7-cdf.png".to_string(), "Figure 7's CDF".to_string()),
+        ];
+        let every = markdown(&every_section(), &plots);
+        assert_eq!(
+            headings(&every),
+            [
+                "# sliceway benchmarks (Smoke run)",
+                "## Targets",
+                "## Programs per kernel",
+                "## 1. Kernel cost per packet",
+                "### Conntrack garbage collection",
+                "## 2. New-connection latency through the node",
+                "## 3. Programming time",
+                "## 4. Agent memory",
+                "## 5. Controller",
+                "### Through the API server: sliceway-controller beside kube-controller-manager",
+                "### In code, no API server: Endpoints against EndpointSlices",
+                "## 6. Maglev tables",
+                "## 7. The real proxies in the cluster lab",
+                "## Plots",
+            ],
+            "{every}"
+        );
+        assert!(!every.contains("Not measured"), "{every}");
+        in_order(
+            &every,
+            &[
+                "Run on 2026-12-01 at commit c161e47 (with uncommitted changes)",
+                "| 2 | a target missed | 2.5x | **MISSED** |",
+                "| 6.18.0 | tcx | sliceway_sock | - | - | **refused** |",
+                "Largest over smallest size: no match 1.05x, new flow –, established 1.20x.",
+                "| 2000000 | 1000000 | 4096 |",
+                "iptables at 1000 Services: measured on a busy machine",
+                "| 5000 | nft -f | > 300000 (killed at the limit) |",
+                "One endpoint changed at 1000 Services:",
+                "| 100000 | 10 | --max-services 131072 |",
+                "| controller CPU per Pod change, idle rate taken off (ms) | 0.062 |",
+                "Cold start: 1000 Services",
+                "- the cold start: skipped",
+                "| Maglev table of 251 |",
+                "not programmed within 120 s in 2 of 3 rounds",
+                "Straight to the backend pods in each proxy's turn",
+                "sliceway's programs per connection, from the kernel's run statistics",
+                "New-connection rate (open loop;",
+                "Under churn (",
+                "1 of the churns started with the API server's watch still behind",
+                "Creating the 1000 Services and seeing each with its slice took 12.5 s.",
+                "- [Figure 7's CDF](fig7-cdf.png)",
+            ],
+        );
+
+        let nothing = markdown(&nothing_measured(2), &[]);
+        let mut expected = headings(&every);
+        expected.retain(|h| !h.starts_with("### Through") && *h != "## Plots");
+        assert_eq!(headings(&nothing), expected, "{nothing}");
+        in_order(
+            &nothing,
+            &[
+                "| (no check ran) |",
+                "Not measured: no BPF\n",
+                "Not measured: no BPF either\n",
+                "Not measured: no lab\n",
+                "Not measured: no nft\n",
+                "Not measured: no agent\n",
+                "Not measured: through the API server: no result\n",
+                "- not selected with --only\n",
+                "Not measured: not selected with --only\n",
+                "Not measured: no cluster\n",
+            ],
+        );
+        let not_run = markdown(&nothing_measured(0), &[]);
+        assert!(
+            not_run.contains("Not run: through the API server: no result"),
+            "{not_run}"
+        );
+
+        let without = markdown(&without_run_statistics(), &[]);
+        assert!(
+            without.contains("\nsliceway's programs per connection: not measured (EINVAL).\n"),
+            "{without}"
+        );
+        for gone in [
+            "Straight to the backend pods",
+            "New-connection rate",
+            "## Plots",
+        ] {
+            assert!(!without.contains(gone), "{gone}: {without}");
+        }
+    }
 
     #[test]
     fn the_header_names_date_commit_and_machine() {
@@ -1264,95 +1152,5 @@ mod tests {
         );
         e.dirty = true;
         assert!(super::header(&e).contains("c161e47 (with uncommitted changes);"));
-    }
-
-    #[test]
-    fn figure_2_names_a_side_measured_on_a_busy_machine_and_a_baseline_not_loaded() {
-        let row = |proxy, quiet| Fig2Row {
-            services: 100_000,
-            proxy,
-            p50_us: Summary::of(&[60.0]),
-            p99_us: Summary::of(&[120.0]),
-            connections: 900,
-            failed: 0,
-            quiet,
-        };
-        let f = Fig2 {
-            method: String::new(),
-            ipvs: String::new(),
-            rows: vec![row(Proxy::Sliceway, true), row(Proxy::Iptables, false)],
-            not_loaded: vec![NotLoaded {
-                services: 100_000,
-                proxy: Proxy::Nftables,
-                loader: Loader::Nft,
-                limit_s: 300,
-                error: None,
-            }],
-        };
-        let mut m = String::new();
-        fig2_notes(&mut m, &f);
-        let lines: Vec<&str> = m.lines().filter(|l| !l.is_empty()).collect();
-        assert_eq!(lines.len(), 2, "{m}");
-        assert!(
-            lines[0].starts_with(&format!(
-                "{} at 100000 Services: measured on a busy machine",
-                Proxy::Iptables.name()
-            )),
-            "{m}"
-        );
-        assert!(lines[0].contains("after 60 s"), "{m}");
-        assert!(
-            lines[1].contains("not measured, its rules did not load within 300 s"),
-            "{m}"
-        );
-    }
-
-    #[test]
-    fn the_loaded_floor_is_set_against_its_turns_floor_before_the_proxy_and_the_sides_own_p50() {
-        let row = |side, p50_all_us, loaded_floor_us, unloaded_floor_us| Fig7Row {
-            side,
-            samples: 10,
-            p50_all_us,
-            loaded_floor_us,
-            unloaded_floor_us,
-            ..Fig7Row::default()
-        };
-        let mut f = Fig7 {
-            rows: vec![
-                row(Side::Floor, 100.0, None, None),
-                row(
-                    Side::Sliceway,
-                    143.0,
-                    Some((120.0, 200.0)),
-                    Some((101.0, 190.0)),
-                ),
-                row(Side::SlicewayPods, 130.0, Some((125.0, 210.0)), None),
-                row(Side::Nftables, 150.0, None, None),
-            ],
-            ..Fig7::default()
-        };
-        let mut m = String::new();
-        loaded_floor(&mut m, &f);
-        // Loaded 19 over before, and the Service's path 23 over loaded.
-        assert!(
-            m.contains("| sliceway | 101 / 190 | 120 / 200 | 19 | 23 |"),
-            "{m}"
-        );
-        // Without its partner, the loaded figure alone.
-        assert!(
-            m.contains("| sliceway --socket-lb-pods | – | 125 / 210 | – | 5 |"),
-            "{m}"
-        );
-        assert!(
-            !m.contains("| kube-proxy nftables |"),
-            "not measured, no line: {m}"
-        );
-        // No side measured it: no table.
-        for row in &mut f.rows {
-            row.loaded_floor_us = None;
-        }
-        let mut m = String::new();
-        loaded_floor(&mut m, &f);
-        assert_eq!(m, "");
     }
 }
