@@ -414,6 +414,18 @@ impl Syncer {
         let started = Instant::now();
         self.read_node_port_addrs();
         let synced = self.pipeline.sync(&mut dp.maps);
+        if !synced.report.stale_udp.is_empty() {
+            let pairs: BTreeSet<(u32, u32)> = synced.report.stale_udp.iter().copied().collect();
+            let removed =
+                crate::writer::conntrack::remove_udp_connections(dp.conntrack_map(), &pairs);
+            if removed > 0 {
+                debug!(
+                    connections = removed,
+                    "UDP connections of backends that left their Service removed"
+                );
+                self.metrics.stale_udp_removed.inc_by(removed as u64);
+            }
+        }
         self.sync_nat(dp);
         let report = &synced.report;
         let written = SystemTime::now();

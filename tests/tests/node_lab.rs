@@ -1813,3 +1813,57 @@ fn node_ports_follow_the_nodes_addresses_as_they_come_and_go() {
         "loopback serves no NodePort: {frontends}"
     );
 }
+
+/// Issue 46: a backend that leaves a Service's endpoints but stays a backend of
+/// another Service takes the first Service's UDP flows with it: their next datagram
+/// goes to a backend the Service still has, as kube-proxy deletes a UDP endpoint's
+/// conntrack entries when it leaves a Service. The other Service's flow to it stays.
+#[test]
+fn udp_flows_leave_a_backend_that_left_their_service_but_serves_another() {
+    use std::net::SocketAddr;
+    let other = Ipv4Addr::new(10, 96, 0, 11);
+    let lab = Lab::new(2).unwrap();
+    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1]))
+        .unwrap();
+    lab.write_manifest(
+        "other.yaml",
+        &lab.service_yaml("other", other, PORT, &[0, 1]),
+    )
+    .unwrap();
+    let agent = lab.start_agent().unwrap();
+    // One source port per flow, so each datagram rides its flow.
+    let ask = |port: u16, to: SocketAddr| {
+        sliceway_lab::in_netns(&lab.client.ns, move || {
+            sliceway_lab::servers::udp_request_from(port, to, Duration::from_secs(2))
+        })
+        .unwrap()
+        .unwrap()
+        .backend
+    };
+    let web = SocketAddr::from(vip());
+    let to_other = SocketAddr::from((other, PORT));
+    let first = ask(31_001, web);
+    assert_eq!(ask(31_001, web), first, "a flow keeps its backend");
+    let kept = ask(31_002, to_other);
+    let stays = lab.backends.iter().position(|b| b.name != first).unwrap();
+    agent
+        .applies(|| lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[stays])))
+        .unwrap();
+    assert_eq!(
+        ask(31_001, web),
+        lab.backends[stays].name,
+        "the flow moved to a backend the Service has"
+    );
+    assert_eq!(
+        ask(31_002, to_other),
+        kept,
+        "the other Service's flow stays"
+    );
+    assert!(
+        agent
+            .metric("sliceway_conntrack_stale_udp_removed_total")
+            .unwrap()
+            .unwrap_or(0.0)
+            >= 1.0
+    );
+}

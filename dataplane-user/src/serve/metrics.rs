@@ -112,6 +112,8 @@ pub struct Metrics {
     pub sctp_without_kernel_sctp: Gauge,
     pub drift_entries: Family<Labels, Gauge>,
     pub drift_repaired: Counter,
+    /// UDP connections removed because their backend left their Service.
+    pub stale_udp_removed: Counter,
     pub audits: Counter,
     /// How the datapath runs: attach path and whether pinned maps were adopted.
     pub datapath_info: Family<Labels, Gauge>,
@@ -244,6 +246,12 @@ impl Metrics {
             "Map operations that repaired drift",
             drift_repaired.clone(),
         );
+        let stale_udp_removed = Counter::default();
+        registry.register(
+            "conntrack_stale_udp_removed",
+            "UDP connections whose backend left their Service while still a backend of another, removed so their next datagram picks anew",
+            stale_udp_removed.clone(),
+        );
         let audits = Counter::default();
         registry.register("audits", "Drift audits of the service maps", audits.clone());
         let datapath_info = Family::<Labels, Gauge>::default();
@@ -305,6 +313,7 @@ impl Metrics {
             sctp_without_kernel_sctp,
             drift_entries,
             drift_repaired,
+            stale_udp_removed,
             audits,
             datapath_info,
             links,
@@ -460,6 +469,7 @@ impl Metrics {
         m.sctp_without_kernel_sctp.set(1);
         m.set_drift("SERVICES", 1);
         m.drift_repaired.inc();
+        m.stale_udp_removed.inc();
         m.audits.inc();
         m.set_datapath_info("tcx", "new", "attached");
         m.set_link("eth0", "new_link", "sliceway_tc");

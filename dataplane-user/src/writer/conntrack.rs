@@ -286,6 +286,38 @@ impl Sweeper {
     }
 }
 
+/// Removes the UDP connections of `pairs` (frontend id, backend id) from `map`, both
+/// entries of each: their next datagram picks a backend of the frontend anew. One
+/// pass over the map; returns how many connections went.
+pub fn remove_udp_connections<M: CtMap>(
+    map: &mut M,
+    pairs: &std::collections::BTreeSet<(u32, u32)>,
+) -> usize {
+    let mut doomed = Vec::new();
+    let mut key = map.next_key(None);
+    while let Some(k) = key {
+        if k.proto == dataplane_common::PROTO_UDP {
+            if let Some(e) = map.get(&k) {
+                if e.dir == CT_FORWARD && pairs.contains(&(e.service_id, e.backend_id)) {
+                    doomed.push((k, e.pair));
+                }
+            }
+        }
+        key = map.next_key(Some(&k));
+    }
+    // After the walk: a removed key would send `next_key` back to the start.
+    for (forward, reverse) in &doomed {
+        let names_it = map
+            .get(reverse)
+            .is_some_and(|r| r.dir == CT_REVERSE && r.pair == *forward);
+        map.remove(forward);
+        if names_it {
+            map.remove(reverse);
+        }
+    }
+    doomed.len()
+}
+
 /// A connection's two entries as the datapath writes them: the forward one (client
 /// to frontend) and the reverse one (backend to client), each naming the other, both
 /// in `state` and last seen at `last_seen_ns`. For filling a map in tests and
@@ -361,6 +393,31 @@ mod tests {
             assert!(map.contains_key(&kept), "{kept:?} removed");
         }
         assert_eq!(pass, Some(map.len()));
+    }
+
+    /// A UDP flow of a frontend whose backend left it goes with its reverse entry;
+    /// the same backend's flows of another frontend, and TCP, stay.
+    #[test]
+    fn stale_udp_connections_go_with_both_entries_and_others_stay() {
+        use dataplane_common::{PROTO_TCP, PROTO_UDP};
+        let mut map = BTreeMap::new();
+        let mut conn = |sport: u16, proto: u8, service_id: u32, backend_id: u32| {
+            let fwd = CtKey::v4(1, 2, sport, 53, proto);
+            let rev = CtKey::v4(3, 1, 5353, sport, proto);
+            for (k, mut e) in connection_entries(fwd, rev, state::UDP_REPLIED, 1) {
+                e.service_id = service_id;
+                e.backend_id = backend_id;
+                map.insert(k, e);
+            }
+        };
+        conn(1000, PROTO_UDP, 7, 42);
+        conn(1001, PROTO_UDP, 8, 42);
+        conn(1002, PROTO_TCP, 7, 42);
+        conn(1003, PROTO_UDP, 7, 43);
+        let removed = remove_udp_connections(&mut map, &[(7, 42)].into());
+        assert_eq!(removed, 1);
+        assert_eq!(map.len(), 6, "three connections of two entries stay");
+        assert!(!map.keys().any(|k| k.sport_be == 1000 || k.dport_be == 1000));
     }
 
     #[test]

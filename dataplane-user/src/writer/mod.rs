@@ -316,6 +316,13 @@ pub struct ApplyReport {
     pub rejected: Vec<(ServicePortName, Rejected)>,
     /// Map operations that failed.
     pub errors: Vec<MapOpError>,
+    /// UDP frontends' backends that left them (frontend id, backend id) while the
+    /// backend stays for other frontends: their flows would keep it, since the
+    /// kernel only drops a flow whose backend id is gone. The agent removes those
+    /// flows' conntrack entries, as kube-proxy deletes a UDP endpoint's conntrack
+    /// entries when it leaves a Service (`deleteStaleEndpointConntrackEntries`,
+    /// <https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/conntrack/cleanup.go>).
+    pub stale_udp: Vec<(u32, u32)>,
 }
 
 /// Why a frontend kept its previous state.
@@ -720,6 +727,15 @@ impl MapWriter {
         let was_maglev = old.as_ref().is_some_and(|o| o.policy.maglev.is_some());
         let new_slots = slot_table(table.as_deref(), &used, &wanted, &old_slots, was_maglev);
         write_slots(maps, report, id, &old_slots, &new_slots, frontend.service);
+        if key.proto() == dataplane_common::PROTO_UDP {
+            let now: std::collections::BTreeSet<u32> = new_slots.iter().copied().collect();
+            let left: std::collections::BTreeSet<u32> = old_slots
+                .iter()
+                .copied()
+                .filter(|b| !now.contains(b))
+                .collect();
+            report.stale_udp.extend(left.into_iter().map(|b| (id, b)));
+        }
         self.add_references(
             table.as_deref(),
             &wanted,
