@@ -31,7 +31,7 @@ use k8s_openapi::api::core::v1::{Endpoints, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::controller::Controller;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::reflector::{self, store::Writer, ObjectRef};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 
@@ -246,25 +246,119 @@ pub async fn run(
     batch_period: Duration,
 ) -> Result<()> {
     let cfg = watcher::Config::default();
-    let (pods_r, pods_w) = reflector::store::<Pod>();
-    let (nodes_r, nodes_w) = reflector::store::<Node>();
-    let (slices_r, slices_w) = reflector::store::<EndpointSlice>();
-    let (eps_r, eps_w) = reflector::store::<Endpoints>();
-    // A Pod whose labels changed also concerns the Services its old labels selected
-    // (upstream's GetServicesToUpdateOnPodChange): the watch remembers each Pod's
-    // labels and hands the previous ones to the mapper below when they change.
-    type Labels = Option<std::collections::BTreeMap<String, String>>;
-    let pod_labels: Arc<Mutex<HashMap<(String, String), Labels>>> = Arc::default();
-    let previous_labels: Arc<Mutex<HashMap<(String, String), Labels>>> = Arc::default();
-    let (labels_seen, labels_changed) = (pod_labels.clone(), previous_labels.clone());
-    let index = Arc::new(Index::default());
-    let (pod_index, pods_for_index) = (index.clone(), pods_r.clone());
-    let pods = reflector::reflector(
-        pods_w,
-        admitted(lean_watcher::<Pod>(&client, &cfg), &metrics),
+    let source = Source {
+        client: &client,
+        cfg: &cfg,
+        metrics: &metrics,
+    };
+    let (stores, writers) = stores();
+    // The Pod watch puts a Pod's previous labels here when they change, for the
+    // mapping of Pods to their Services.
+    let previous_labels = PodLabels::default();
+    let pods = pod_watch(&source, writers.pods, &stores, previous_labels.clone());
+    let nodes = node_watch(&source, writers.nodes, &stores);
+    let tracker = Arc::new(Mutex::new(SliceTracker::default()));
+    let slices = slice_watch(&source, writers.slices, &stores, &tracker, &options);
+    let endpoints = endpoints_watch(
+        &source,
+        writers.endpoints,
+        &tracker,
+        nothing_to_mirror(&stores, &options),
+    );
+    let (sweep_tx, sweep_rx) = tokio::sync::mpsc::unbounded_channel::<Sweep>();
+    let selectors = Arc::new(Mutex::new(SelectorIndex::default()));
+    let service_events = service_watch(
+        &source,
+        writers.services,
+        &stores,
+        &selectors,
+        &tracker,
+        sweep_tx.clone(),
+    );
+    let to_services = pod_to_services(&stores, selectors, previous_labels);
+    let pod_requests = pod_requests(pods, to_services, batch_period);
+    let ctrl = runtime_controller(
+        service_events,
+        &stores,
+        pod_requests,
+        slices,
+        endpoints,
+        nodes,
+        &tracker,
+    );
+    let ctx = context(client, metrics, options, field_manager, stores, tracker);
+    until_stopped(ctrl, ctx, sweep_tx, sweep_rx).await;
+    Ok(())
+}
+
+/// What every watch is built from: the API client, the one watch configuration, and
+/// the metrics that count the watches' health and refusals.
+struct Source<'a> {
+    client: &'a Client,
+    cfg: &'a watcher::Config,
+    metrics: &'a Metrics,
+}
+
+/// The writers of the reflector stores, one per kind, each handed to its watch.
+struct Writers {
+    services: Writer<Service>,
+    pods: Writer<Pod>,
+    nodes: Writer<Node>,
+    slices: Writer<EndpointSlice>,
+    endpoints: Writer<Endpoints>,
+}
+
+/// Empty reflector stores of every kind the controllers read, with the index kept
+/// beside them, and their writers.
+fn stores() -> (Stores, Writers) {
+    let (services, services_w) = reflector::store::<Service>();
+    let (pods, pods_w) = reflector::store::<Pod>();
+    let (nodes, nodes_w) = reflector::store::<Node>();
+    let (slices, slices_w) = reflector::store::<EndpointSlice>();
+    let (endpoints, endpoints_w) = reflector::store::<Endpoints>();
+    let stores = Stores {
+        services,
+        pods,
+        nodes,
+        slices,
+        endpoints,
+        index: Arc::new(Index::default()),
+    };
+    let writers = Writers {
+        services: services_w,
+        pods: pods_w,
+        nodes: nodes_w,
+        slices: slices_w,
+        endpoints: endpoints_w,
+    };
+    (stores, writers)
+}
+
+/// A Pod's labels by (namespace, name).
+type PodLabels =
+    Arc<Mutex<HashMap<(String, String), Option<std::collections::BTreeMap<String, String>>>>>;
+
+/// The Pod watch: fills the Pod store and the index. A Pod whose labels changed also
+/// concerns the Services its old labels selected (upstream's
+/// GetServicesToUpdateOnPodChange): the watch remembers each Pod's labels and puts
+/// the previous ones in `previous_labels` when they change, for [`pod_to_services`].
+fn pod_watch(
+    source: &Source<'_>,
+    writer: Writer<Pod>,
+    stores: &Stores,
+    previous_labels: PodLabels,
+) -> impl futures::Stream<Item = std::result::Result<Pod, watcher::Error>> + Send {
+    let labels_seen = PodLabels::default();
+    let (pod_index, pods_for_index) = (stores.index.clone(), stores.pods.clone());
+    reflector::reflector(
+        writer,
+        admitted(
+            lean_watcher::<Pod>(source.client, source.cfg),
+            source.metrics,
+        ),
     )
     .default_backoff()
-    .inspect(watch_health(&metrics, "pod"))
+    .inspect(watch_health(source.metrics, "pod"))
     .inspect_ok(move |event| pod_index.pod_event(event, &pods_for_index))
     .inspect_ok(move |event| match event {
         watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
@@ -274,7 +368,7 @@ pub async fn run(
                 .expect("pod labels")
                 .insert(key.clone(), p.metadata.labels.clone());
             if let Some(old) = old.filter(|old| *old != p.metadata.labels) {
-                labels_changed.lock().expect("pod labels").insert(key, old);
+                previous_labels.lock().expect("pod labels").insert(key, old);
             }
         }
         watcher::Event::Delete(p) => {
@@ -283,29 +377,49 @@ pub async fn run(
         }
         _ => {}
     })
-    .touched_objects();
-    let node_index = index.clone();
-    let nodes = reflector::reflector(nodes_w, lean_watcher::<Node>(&client, &cfg))
+    .touched_objects()
+}
+
+/// The Node watch: fills the Node store and tells the index that Nodes changed.
+fn node_watch(
+    source: &Source<'_>,
+    writer: Writer<Node>,
+    stores: &Stores,
+) -> impl futures::Stream<Item = std::result::Result<Node, watcher::Error>> + Send {
+    let node_index = stores.index.clone();
+    reflector::reflector(writer, lean_watcher::<Node>(source.client, source.cfg))
         .default_backoff()
-        .inspect(watch_health(&metrics, "node"))
+        .inspect(watch_health(source.metrics, "node"))
         .inspect_ok(move |event| node_index.node_event(event))
-        .touched_objects();
-    // A slice deleted by anyone, or taken out of this controller's hands by a changed
-    // managed-by label, leaves the tracker at once (upstream's onEndpointSliceDelete
-    // and HandleDeletion), so its Service is not held "stale" waiting for it.
-    let tracker = Arc::new(Mutex::new(SliceTracker::default()));
+        .touched_objects()
+}
+
+/// The EndpointSlice watch: fills the slice store and the index. A slice deleted by
+/// anyone, or taken out of this controller's hands by a changed managed-by label,
+/// leaves the tracker at once (upstream's onEndpointSliceDelete and HandleDeletion),
+/// so its Service is not held "stale" waiting for it.
+fn slice_watch(
+    source: &Source<'_>,
+    writer: Writer<EndpointSlice>,
+    stores: &Stores,
+    tracker: &Arc<Mutex<SliceTracker>>,
+    options: &store::Options,
+) -> impl futures::Stream<Item = std::result::Result<EndpointSlice, watcher::Error>> + Send {
     let ours = [
         options.slices.controller_name.clone(),
         options.mirroring.controller_name.clone(),
     ];
     let forgetting = tracker.clone();
-    let (slice_index, slices_for_index) = (index.clone(), slices_r.clone());
-    let slices = reflector::reflector(
-        slices_w,
-        admitted(lean_watcher::<EndpointSlice>(&client, &cfg), &metrics),
+    let (slice_index, slices_for_index) = (stores.index.clone(), stores.slices.clone());
+    reflector::reflector(
+        writer,
+        admitted(
+            lean_watcher::<EndpointSlice>(source.client, source.cfg),
+            source.metrics,
+        ),
     )
     .default_backoff()
-    .inspect(watch_health(&metrics, "endpointslice"))
+    .inspect(watch_health(source.metrics, "endpointslice"))
     .inspect_ok(move |event| slice_index.slice_event(event, &slices_for_index))
     .inspect_ok(move |event| {
         let gone = match event {
@@ -317,31 +431,54 @@ pub async fn run(
             forgetting.lock().expect("tracker").forget(uid);
         }
     })
-    .touched_objects();
+    .touched_objects()
+}
+
+/// Whether the mirroring controller's sync of a name would do nothing, as
+/// [`endpoints_trigger`] asks: its Service has a selector and no slice of the
+/// mirroring controller's is cached for it.
+fn nothing_to_mirror(
+    stores: &Stores,
+    options: &store::Options,
+) -> impl Fn(&str, &str) -> bool + Send + 'static {
+    let (services, slices, index) = (
+        stores.services.clone(),
+        stores.slices.clone(),
+        stores.index.clone(),
+    );
+    let mirroring = options.mirroring.controller_name.clone();
+    move |ns: &str, name: &str| {
+        let selector = services
+            .get(&ObjectRef::new(name).within(ns))
+            .is_some_and(|s| s.spec.as_ref().is_some_and(|s| s.selector.is_some()));
+        selector
+            && !index.slice_names(ns, name).iter().any(|slice| {
+                slices
+                    .get(&ObjectRef::new(slice).within(ns))
+                    .is_some_and(|s| managed_by(&s) == mirroring)
+            })
+    }
+}
+
+/// The Endpoints watch: fills the Endpoints store and hands on the Endpoints that
+/// sync their Service ([`endpoints_trigger`]).
+fn endpoints_watch(
+    source: &Source<'_>,
+    writer: Writer<Endpoints>,
+    tracker: &Arc<Mutex<SliceTracker>>,
+    nothing_to_mirror: impl Fn(&str, &str) -> bool + Send + 'static,
+) -> impl futures::Stream<Item = std::result::Result<Endpoints, watcher::Error>> + Send {
     let endpoints_tracker = tracker.clone();
     let mirrorable = Arc::new(Mutex::new(std::collections::HashSet::new()));
-    let (services, services_w) = reflector::store::<Service>();
-    let nothing_to_mirror = {
-        let (services, slices, index) = (services.clone(), slices_r.clone(), index.clone());
-        let mirroring = options.mirroring.controller_name.clone();
-        move |ns: &str, name: &str| {
-            let selector = services
-                .get(&ObjectRef::new(name).within(ns))
-                .is_some_and(|s| s.spec.as_ref().is_some_and(|s| s.selector.is_some()));
-            selector
-                && !index.slice_names(ns, name).iter().any(|slice| {
-                    slices
-                        .get(&ObjectRef::new(slice).within(ns))
-                        .is_some_and(|s| managed_by(&s) == mirroring)
-                })
-        }
-    };
-    let eps = reflector::reflector(
-        eps_w,
-        admitted(lean_watcher::<Endpoints>(&client, &cfg), &metrics),
+    reflector::reflector(
+        writer,
+        admitted(
+            lean_watcher::<Endpoints>(source.client, source.cfg),
+            source.metrics,
+        ),
     )
     .default_backoff()
-    .inspect(watch_health(&metrics, "endpoints"))
+    .inspect(watch_health(source.metrics, "endpoints"))
     .inspect_ok(move |event| {
         // Endpoints deleted by anyone: whatever this controller last wrote of them
         // will never show in the cache, so it must not hold their Service stale.
@@ -359,21 +496,31 @@ pub async fn run(
             &nothing_to_mirror,
         );
         std::future::ready(Ok(syncs))
-    });
+    })
+}
 
-    // The Service watch feeds the Controller and tells the sweep about deletions,
-    // which the Controller never reconciles.
-    let (sweep_tx, sweep_rx) = tokio::sync::mpsc::unbounded_channel::<Sweep>();
-    let deletions = sweep_tx.clone();
+/// The Service watch: fills the Service store and the selector index, feeds the
+/// Controller, and tells the sweep about deletions, which the Controller never
+/// reconciles.
+fn service_watch(
+    source: &Source<'_>,
+    writer: Writer<Service>,
+    stores: &Stores,
+    selectors: &Arc<Mutex<SelectorIndex>>,
+    tracker: &Arc<Mutex<SliceTracker>>,
+    deletions: tokio::sync::mpsc::UnboundedSender<Sweep>,
+) -> impl futures::Stream<Item = std::result::Result<Service, watcher::Error>> + Send {
     let deleted_tracker = tracker.clone();
-    let selectors = Arc::new(Mutex::new(SelectorIndex::default()));
-    let (selectors_w, services_for_selectors) = (selectors.clone(), services.clone());
-    let service_events = reflector::reflector(
-        services_w,
-        admitted(lean_watcher::<Service>(&client, &cfg), &metrics),
+    let (selectors_w, services_for_selectors) = (selectors.clone(), stores.services.clone());
+    reflector::reflector(
+        writer,
+        admitted(
+            lean_watcher::<Service>(source.client, source.cfg),
+            source.metrics,
+        ),
     )
     .default_backoff()
-    .inspect(watch_health(&metrics, "service"))
+    .inspect(watch_health(source.metrics, "service"))
     .inspect_ok(move |event| {
         let mut index = selectors_w.lock().expect("selector index");
         match event {
@@ -404,9 +551,19 @@ pub async fn run(
         // The receiver lives as long as the controller runs.
         let _ = deletions.send(request);
     })
-    .applied_objects();
-    let svc_for_pods = services.clone();
-    let pod_to_services = move |pod: Pod| {
+    .applied_objects()
+}
+
+/// The Services a Pod's change concerns: those whose selector matches its labels,
+/// or the labels it had before the change ([`pod_watch`]'s `previous_labels`,
+/// taken here), found through the selector index.
+fn pod_to_services(
+    stores: &Stores,
+    selectors: Arc<Mutex<SelectorIndex>>,
+    previous_labels: PodLabels,
+) -> impl Fn(Pod) -> Vec<ObjectRef<Service>> + Send + 'static {
+    let svc_for_pods = stores.services.clone();
+    move |pod: Pod| {
         let ns = pod.namespace().unwrap_or_default();
         let old = previous_labels
             .lock()
@@ -436,11 +593,20 @@ pub async fn run(
             .into_iter()
             .map(|name| ObjectRef::new(&name).within(&ns))
             .collect::<Vec<_>>()
-    };
-    // Pod changes reach a Service at most `batch_period` after the first of them
-    // (upstream's --endpoint-updates-batch-period, default 0: at once); changes of
-    // the Service, its slices, Endpoints and Nodes are not delayed.
-    let pod_requests = batched(
+    }
+}
+
+/// The reconcile requests of Pod changes: each Pod the watch delivers, mapped to its
+/// Services by `to_services`; a watch error is logged and skipped. Pod changes reach
+/// a Service at most `batch_period` after the first of them (upstream's
+/// --endpoint-updates-batch-period, default 0: at once); changes of the Service, its
+/// slices, Endpoints and Nodes are not delayed.
+fn pod_requests(
+    pods: impl futures::Stream<Item = std::result::Result<Pod, watcher::Error>> + Send + 'static,
+    to_services: impl Fn(Pod) -> Vec<ObjectRef<Service>> + Send + 'static,
+    batch_period: Duration,
+) -> impl futures::Stream<Item = ObjectRef<Service>> + Send {
+    batched(
         pods.filter_map(|pod| {
             futures::future::ready(match pod {
                 Ok(pod) => Some(pod),
@@ -450,50 +616,73 @@ pub async fn run(
                 }
             })
         })
-        .map(pod_to_services),
+        .map(to_services),
         batch_period,
-    );
-    let stores = Stores {
-        services: services.clone(),
-        pods: pods_r,
-        nodes: nodes_r,
-        slices: slices_r,
-        endpoints: eps_r,
-        index,
-    };
-    let ctrl = Controller::for_stream(service_events, services.clone())
+    )
+}
+
+/// The runtime Controller keyed by Service: the Service watch and the Pod requests
+/// trigger it, and slices, Endpoints and Nodes map to the Services they concern; at
+/// most [`CONCURRENT_SYNCS`] reconciles at once, ended by a signal.
+fn runtime_controller(
+    service_events: impl futures::Stream<Item = std::result::Result<Service, watcher::Error>>
+        + Send
+        + 'static,
+    stores: &Stores,
+    pod_requests: impl futures::Stream<Item = ObjectRef<Service>> + Send + 'static,
+    slices: impl futures::Stream<Item = std::result::Result<EndpointSlice, watcher::Error>>
+        + Send
+        + 'static,
+    endpoints: impl futures::Stream<Item = std::result::Result<Endpoints, watcher::Error>>
+        + Send
+        + 'static,
+    nodes: impl futures::Stream<Item = std::result::Result<Node, watcher::Error>> + Send + 'static,
+    tracker: &Arc<Mutex<SliceTracker>>,
+) -> Controller<Service> {
+    let ctrl = Controller::for_stream(service_events, stores.services.clone())
         .with_config(kube::runtime::controller::Config::default().concurrency(CONCURRENT_SYNCS))
         .reconcile_on(pod_requests);
-    let svc_for_nodes = services.clone();
+    let svc_for_nodes = stores.services.clone();
     let own_writes = tracker.clone();
-    let ctrl = ctrl
-        .watches_stream(slices, move |s: EndpointSlice| {
-            // This controller's own writes coming back do not sync again.
-            if !own_writes.lock().expect("tracker").should_sync(&s) {
-                return None;
-            }
-            let name = s.labels().get(crate::util::LABEL_SERVICE_NAME).cloned();
-            let ns = s.namespace().unwrap_or_default();
-            name.map(|n| ObjectRef::new(&n).within(&ns))
-        })
-        .watches_stream(eps, |e: Endpoints| {
-            Some(ObjectRef::new(&e.name_any()).within(&e.namespace().unwrap_or_default()))
-        })
-        .watches_stream(nodes, move |_node: Node| {
-            // Zones and capacity matter to Services with topology hints.
-            svc_for_nodes
-                .state()
-                .into_iter()
-                .filter(|s| crate::topology::hints_enabled(s))
-                .map(|s| ObjectRef::from_obj(&*s))
-                .collect::<Vec<_>>()
-        })
-        .shutdown_on_signal();
+    ctrl.watches_stream(slices, move |s: EndpointSlice| {
+        // This controller's own writes coming back do not sync again.
+        if !own_writes.lock().expect("tracker").should_sync(&s) {
+            return None;
+        }
+        let name = s.labels().get(crate::util::LABEL_SERVICE_NAME).cloned();
+        let ns = s.namespace().unwrap_or_default();
+        name.map(|n| ObjectRef::new(&n).within(&ns))
+    })
+    .watches_stream(endpoints, |e: Endpoints| {
+        Some(ObjectRef::new(&e.name_any()).within(&e.namespace().unwrap_or_default()))
+    })
+    .watches_stream(nodes, move |_node: Node| {
+        // Zones and capacity matter to Services with topology hints.
+        svc_for_nodes
+            .state()
+            .into_iter()
+            .filter(|s| crate::topology::hints_enabled(s))
+            .map(|s| ObjectRef::from_obj(&*s))
+            .collect::<Vec<_>>()
+    })
+    .shutdown_on_signal()
+}
+
+/// The shared state of reconciles, with a recorder of Events reported as
+/// sliceway-controller (the instance: `POD_NAME`).
+fn context(
+    client: Client,
+    metrics: Metrics,
+    options: store::Options,
+    field_manager: String,
+    stores: Stores,
+    tracker: Arc<Mutex<SliceTracker>>,
+) -> Arc<Context> {
     let reporter = Reporter {
         controller: "sliceway-controller".into(),
         instance: std::env::var("POD_NAME").ok(),
     };
-    let ctx = Arc::new(Context {
+    Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         client,
         metrics,
@@ -503,7 +692,18 @@ pub async fn run(
         state: Mutex::new(store::State::default()),
         tracker,
         failures: Mutex::new(RateLimiter::default()),
-    });
+    })
+}
+
+/// Runs the Controller's reconciles (their CPU counted, their errors logged at debug)
+/// and the sweep of deleted Services' leftovers side by side, until the Controller
+/// ends on a signal; the sweep never ends by itself.
+async fn until_stopped(
+    ctrl: Controller<Service>,
+    ctx: Arc<Context>,
+    sweep_tx: tokio::sync::mpsc::UnboundedSender<Sweep>,
+    sweep_rx: tokio::sync::mpsc::UnboundedReceiver<Sweep>,
+) {
     let sweeping = sweeper(ctx.clone(), sweep_tx, sweep_rx, Duration::from_secs(5));
     let controlling = ctrl
         .run(
@@ -519,12 +719,10 @@ pub async fn run(
                 tracing::debug!(error = %e, "reconcile");
             }
         });
-    // The sweep never ends by itself; the Controller ends on a signal.
     tokio::select! {
         () = controlling => {}
         () = sweeping => {}
     }
-    Ok(())
 }
 
 #[cfg(test)]
