@@ -1,9 +1,9 @@
-//! Figure 2's section of the report: new-connection latency through the node.
+//! Figure 2's section of the report and its targets: new-connection latency through the node.
 
 use std::fmt::Write as _;
 
-use super::{fmt_ratio, measured};
-use crate::node::{Fig2, Proxy, QUIET_LIMIT, QUIET_MS_PER_S};
+use super::{fmt_ratio, measured, target, Target};
+use crate::node::{Fig2, Loader, Proxy, QUIET_LIMIT, QUIET_MS_PER_S};
 use crate::stats::ratio;
 use crate::Outcome;
 
@@ -84,6 +84,71 @@ fn notes(m: &mut String, f: &Fig2) {
             x.services,
         );
     }
+}
+
+/// Figure 2's targets: sliceway's new-connection latency at 10,000 Services against
+/// the baselines', and at 100,000 against 1,000. `iptables` is the loader the run
+/// measured iptables with.
+pub(super) fn targets(fig2: &Outcome<Fig2>, iptables: Loader) -> Vec<Target> {
+    let fig2 = fig2.ok();
+    let p50 = |n: usize, p: Proxy| {
+        fig2?
+            .rows
+            .iter()
+            .find(|row| row.services == n && row.proxy == p)
+            .map(|row| row.p50_us.median)
+    };
+    let at10k = (
+        p50(10_000, Proxy::Sliceway),
+        p50(10_000, Proxy::Iptables),
+        p50(10_000, Proxy::Nftables),
+    );
+    vec![
+        target(
+            2,
+            "new-connection latency (p50) at 10,000 Services at most half of iptables'",
+            match at10k {
+                (Some(s), Some(i), _) => Some((
+                    format!(
+                        "{s:.0} µs vs {i:.0} µs ({}): {:.2}x",
+                        iptables.name(),
+                        s / i
+                    ),
+                    s <= i / 2.0,
+                )),
+                _ => None,
+            },
+        ),
+        target(
+            2,
+            "new-connection latency (p50) at 10,000 Services no worse than nftables'",
+            match at10k {
+                (Some(s), _, Some(n)) => {
+                    Some((format!("{s:.0} µs vs {n:.0} µs: {:.2}x", s / n), s <= n))
+                }
+                _ => None,
+            },
+        ),
+        target(
+            2,
+            "new-connection latency (p50) at 100,000 Services the same as at 1,000 (within 10%)",
+            match (p50(100_000, Proxy::Sliceway), p50(1_000, Proxy::Sliceway)) {
+                (Some(big), Some(small)) => Some((
+                    format!(
+                        "{big:.0} µs vs {small:.0} µs: {:.2}x (iptables with {}: {})",
+                        big / small,
+                        iptables.name(),
+                        match (p50(100_000, Proxy::Iptables), p50(1_000, Proxy::Iptables)) {
+                            (Some(b), Some(s)) => format!("{b:.0} vs {s:.0} µs, {:.2}x", b / s),
+                            _ => "not measured at both sizes".into(),
+                        }
+                    ),
+                    big <= 1.1 * small,
+                )),
+                _ => None,
+            },
+        ),
+    ]
 }
 
 #[cfg(test)]

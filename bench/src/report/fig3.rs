@@ -1,10 +1,10 @@
-//! Figure 3's section of the report: programming time.
+//! Figure 3's section of the report and its targets: programming time.
 
 use std::fmt::Write as _;
 
-use super::{fmt_ratio, measured};
+use super::{fmt_ratio, measured, target, Target};
 use crate::kernel_cost::SlicewayChange;
-use crate::node::BaselineChange;
+use crate::node::{BaselineChange, Loader};
 use crate::stats::ratio;
 use crate::{Fig3, Outcome};
 
@@ -87,4 +87,57 @@ fn one_change(m: &mut String, c: &SlicewayChange, baselines: &[BaselineChange]) 
             b.rules_bytes as f64 / 1e3
         );
     }
+}
+
+/// Figure 3's targets: the full sync of 10,000 Services against iptables-restore's,
+/// and the cost of one endpoint change at that size.
+pub(super) fn targets(fig3: &Outcome<Fig3>) -> Vec<Target> {
+    let fig3 = fig3.ok();
+    let sliceway10k = fig3.and_then(|f| {
+        f.sliceway
+            .iter()
+            .find(|(n, _)| *n == 10_000)
+            .map(|(_, s)| s.full_ms.median)
+    });
+    let ipt10k = fig3.and_then(|f| {
+        f.baselines
+            .iter()
+            .find(|b| b.services == 10_000 && b.loader == Loader::IptablesRestore)
+            .map(|b| b.ms.median)
+    });
+    vec![
+        target(
+            3,
+            "full sync of 10,000 Services at least 20x faster than iptables-restore",
+            match (sliceway10k, ipt10k) {
+                (Some(s), Some(i)) => Some((
+                    format!(
+                        "{s:.1} ms vs {i:.1} ms (or more, if killed at the limit): {:.1}x faster",
+                        i / s
+                    ),
+                    i / s >= 20.0,
+                )),
+                _ => None,
+            },
+        ),
+        target(
+            3,
+            "one endpoint change at 10,000 Services costs at most 5 map writes and 1 ms",
+            fig3.and_then(|f| f.sliceway_change.as_ref())
+                .filter(|c| c.services == 10_000)
+                .map(|c| {
+                    (
+                        format!(
+                            "{:.0} map writes+deletes, agent sync {:.3} ms (map writer alone {:.3} ms; \
+                             recompile all + compare all {:.1} ms)",
+                            c.map_ops.max,
+                            c.sync_ms.median,
+                            c.apply_ms.median,
+                            c.compile_and_apply_ms.median
+                        ),
+                        c.map_ops.max <= 5.0 && c.sync_ms.median <= 1.0,
+                    )
+                }),
+        ),
+    ]
 }

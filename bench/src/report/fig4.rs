@@ -1,8 +1,8 @@
-//! Figure 4's section of the report: the agent's memory.
+//! Figure 4's section of the report and its target: the agent's memory.
 
 use std::fmt::Write as _;
 
-use super::measured;
+use super::{measured, target, Target};
 use crate::node::Fig4;
 use crate::Outcome;
 
@@ -35,4 +35,18 @@ pub(super) fn agent_memory(m: &mut String, fig4: &Outcome<Fig4>) {
             row.agent_sync_ms.show(1)
         );
     }
+}
+
+/// Figure 4's target: the agent's peak memory at 10,000 Services.
+pub(super) fn targets(fig4: &Outcome<Fig4>) -> Vec<Target> {
+    vec![target(
+        4,
+        "agent peak RSS under 100 MB at 10,000 Services (10 endpoints each)",
+        fig4.ok()
+            .and_then(|f| f.rows.iter().find(|row| row.services == 10_000))
+            .map(|row| {
+                let mb = row.peak_rss_mib.max * 1.048_576;
+                (format!("{mb:.1} MB peak (max of runs)"), mb < 100.0)
+            }),
+    )]
 }

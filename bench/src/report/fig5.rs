@@ -1,9 +1,9 @@
-//! Figure 5's section of the report: the controller, through the API server and
-//! in code.
+//! Figure 5's section of the report and its target: the controller, through the
+//! API server and in code.
 
 use std::fmt::Write as _;
 
-use super::fmt_ratio;
+use super::{fmt_ratio, target, Target};
 use crate::controller::api::{SideSummary, ThroughApi};
 use crate::controller::Fig5;
 use crate::stats::Summary;
@@ -149,4 +149,26 @@ fn spread(s: &Summary, digits: usize) -> String {
     } else {
         s.show(digits)
     }
+}
+
+/// Figure 5's target: the bytes a rolling update of a 5,000-pod Service writes,
+/// Endpoints against EndpointSlices. `pods` is the size the run asked for.
+pub(super) fn targets(f: &Fig5, pods: usize) -> Vec<Target> {
+    vec![target(
+        5,
+        "rolling update of a 5,000-pod Service: at least 50x fewer bytes with EndpointSlices",
+        (f.rolling_update.is_some() && pods == 5_000)
+            .then_some((f.untruncated_bytes_ratio, f.bytes_ratio))
+            .and_then(|(full, truncated)| {
+                let full = full?;
+                Some((
+                    format!(
+                        "{full:.1}x fewer bytes than Endpoints with every address ({} than \
+                         Endpoints truncated to 1000 addresses)",
+                        fmt_ratio(truncated)
+                    ),
+                    full >= 50.0,
+                ))
+            }),
+    )]
 }

@@ -1,8 +1,8 @@
-//! Figure 7's section of the report: the real proxies in the cluster lab.
+//! Figure 7's section of the report and its targets: the real proxies in the cluster lab.
 
 use std::fmt::Write as _;
 
-use super::{fmt_ratio, measured};
+use super::{fmt_ratio, measured, target, Target};
 use crate::real::{
     Fig7, Fig7Row, Side, CATCH_UP_BOUND, CATCH_UP_CAP, CATCH_UP_IN_A_ROW, CHURN_PROBE_EVERY,
     CHURN_RATE, RATE_ANSWERED, RATE_P99_MS,
@@ -325,6 +325,105 @@ fn churn_table(m: &mut String, f: &Fig7) {
             CATCH_UP_CAP.as_secs()
         );
     }
+}
+
+/// Figure 7's targets, four for each of sliceway's modes: new-connection p50 and
+/// p99 against the floor (and p50 against kube-proxy's modes), CPU per connection
+/// and network programming under churn against kube-proxy's modes.
+pub(super) fn targets(fig7: &Outcome<Fig7>) -> Vec<Target> {
+    let mut out = Vec::new();
+    // Each of sliceway's modes against the same floor and baselines: pods' connects
+    // translated at TC (the default) or at the socket (`--socket-lb-pods`).
+    // Each against the floor whose client meets the same destinations
+    // (`Fig7::floor_for`): the N Services' addresses through TC, the pods' own
+    // through the socket.
+    for (side, mode, which) in [
+        (
+            Side::Sliceway,
+            "",
+            "straight to the pod, at as many pod addresses as Services",
+        ),
+        (
+            Side::SlicewayPods,
+            " (sliceway --socket-lb-pods)",
+            "straight to the pods' own addresses, which the socket connects to",
+        ),
+    ] {
+        out.push(target(
+            7,
+            &format!("real proxies at 10,000 Services: new-connection p50 within 1.1x of the floor ({which}) and below both kube-proxy modes{mode}"),
+            fig7.ok().filter(|f| f.rows.iter().any(|row| row.services == 10_000)).and_then(|f| {
+                let p50 = |side| f.row(side).map(|row| row.p50_all_us);
+                let at = f.floor_for(side);
+                let (floor, s) = (p50(at)?, p50(side)?);
+                let (below, modes) = f
+                    .baselines(|row| Some(row.p50_all_us))
+                    .below(s, f.limit_s, " µs")?;
+                let other = [Side::Floor, Side::FloorWide]
+                    .into_iter()
+                    .find(|o| *o != at)
+                    .and_then(|o| p50(o).map(|fl| (o, fl)))
+                    .map_or(String::new(), |(o, fl)| {
+                        format!("; the {}: {fl:.0} µs, {:.2}x", o.name(), s / fl)
+                    });
+                Some((
+                    format!(
+                        "{s:.0} µs: {:.2}x the floor's {floor:.0} µs ({}{other}); {modes}",
+                        s / floor,
+                        at.name(),
+                    ),
+                    s <= 1.1 * floor && below,
+                ))
+            }),
+        ));
+        out.push(target(
+            7,
+            &format!("real proxies at 10,000 Services: new-connection p99 within 2x of the floor's p99 ({which}){mode}"),
+            fig7
+                .ok()
+                .filter(|f| f.rows.iter().any(|row| row.services == 10_000))
+                .and_then(|f| {
+                    let p99 = |side| f.row(side).map(|row| row.p99_all_us);
+                    let at = f.floor_for(side);
+                    let (floor, s) = (p99(at)?, p99(side)?);
+                    Some((
+                        format!(
+                            "{s:.0} µs: {:.2}x the floor's {floor:.0} µs ({})",
+                            s / floor,
+                            at.name()
+                        ),
+                        s <= 2.0 * floor,
+                    ))
+                }),
+        ));
+        out.push(target(
+            7,
+            &format!("CPU per new connection at 10,000 Services below both kube-proxy modes{mode}"),
+            fig7.ok()
+                .filter(|f| f.rows.iter().any(|row| row.services == 10_000))
+                .and_then(|f| {
+                    let s = f.row(side).and_then(|row| row.cpu_ms_per_1k)?;
+                    let (below, modes) = f
+                        .baselines(|row| row.cpu_ms_per_1k)
+                        .below(s, f.limit_s, " ms")?;
+                    Some((format!("{s:.0} ms per 1,000 connections; {modes}"), below))
+                }),
+        ));
+        out.push(target(
+            7,
+            &format!("network programming under churn at 10,000 Services: p99 at most 1 s and below both kube-proxy modes{mode}"),
+            fig7.ok().filter(|f| f.rows.iter().any(|row| row.services == 10_000)).and_then(|f| {
+                let p99 = |row: &Fig7Row| row.churn_first_packet_ms.map(|p| p.1);
+                let s = f.row(side).and_then(p99)?;
+                let (below, modes) = f.baselines(p99).below(s, f.limit_s, " ms")?;
+                Some((
+                    format!("change to first packet p99: {s:.0} ms; {modes}"),
+                    s <= 1000.0 && below,
+                ))
+            }),
+        ));
+    }
+    out
 }
 
 #[cfg(test)]
