@@ -100,6 +100,29 @@ fn unescape_help(help: &str) -> String {
     help.replace("\\n", "\n").replace("\\\\", "\\")
 }
 
+/// Checks the reference example of a binary's metrics (its `with_one_series_each`):
+/// `text` has a series in each of the `registered` families (a family without one
+/// would be missing from `docs/reference/metrics.md`), and each family's series carry
+/// one set of labels. What is wrong, if anything.
+pub fn check_one_series_each(registered: usize, text: &str) -> Result<(), String> {
+    let families = families(text);
+    if families.len() != registered {
+        return Err(format!(
+            "{} of {registered} families have a series in with_one_series_each: {:?}",
+            families.len(),
+            families.iter().map(|f| &f.name).collect::<Vec<_>>()
+        ));
+    }
+    for (family, sets) in series_labels(text) {
+        if sets.len() != 1 {
+            return Err(format!(
+                "{family}'s series carry different labels: {sets:?}"
+            ));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

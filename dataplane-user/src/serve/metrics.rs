@@ -849,21 +849,8 @@ mod tests {
     fn the_reference_example_has_a_series_in_every_family() {
         let m = Metrics::with_one_series_each();
         let registered = format!("{:?}", m.registry).matches("Descriptor {").count();
-        let text = m.render();
-        let families = conventions::exposition::families(&text);
-        assert_eq!(
-            families.len(),
-            registered,
-            "families with a series in Metrics::with_one_series_each: {:?}",
-            families.iter().map(|f| &f.name).collect::<Vec<_>>()
-        );
-        for (family, sets) in conventions::exposition::series_labels(&text) {
-            assert_eq!(
-                sets.len(),
-                1,
-                "{family}'s series carry different labels: {sets:?}"
-            );
-        }
+        let checked = conventions::exposition::check_one_series_each(registered, &m.render());
+        assert_eq!(checked, Ok(()));
     }
 
     /// A scrape of a large idle cluster makes no labels: a frontend or backend with
