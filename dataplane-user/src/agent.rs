@@ -1045,12 +1045,12 @@ impl Scanner {
     }
 
     /// A link or address changed, or the scan is due: interfaces attached and
-    /// detached; an address that came or went moves NodePorts at once, not at the
-    /// next change of a Service (after the first sync only: nothing is written
-    /// before every source has synced once).
-    fn look_again(&mut self, dp: &mut Datapath, syncer: &mut Syncer) {
+    /// detached; with `addresses`, an address that came or went moves NodePorts at
+    /// once, not at the next change of a Service (after the first sync only: nothing
+    /// is written before every source has synced once).
+    fn look_again(&mut self, dp: &mut Datapath, syncer: &mut Syncer, addresses: bool) {
         self.rescan(dp);
-        if syncer.syncs > 0 && syncer.read_node_port_addrs() {
+        if addresses && syncer.syncs > 0 && syncer.read_node_port_addrs() {
             syncer.sync(dp);
         }
     }
@@ -1068,8 +1068,12 @@ impl Scanner {
         loop {
             tokio::select! {
                 out = &mut fut => return Some(out),
-                _ = Self::due(&mut self.tick) => self.look_again(dp, syncer),
-                _ = Self::link_changed(&mut self.links) => self.look_again(dp, syncer),
+                // Addresses are re-read at a scan only without notifications.
+                _ = Self::due(&mut self.tick) => {
+                    let addresses = self.links.is_none();
+                    self.look_again(dp, syncer, addresses)
+                }
+                _ = Self::link_changed(&mut self.links) => self.look_again(dp, syncer, true),
                 _ = self.sweep.due() => self.sweep.run(dp, &self.metrics),
                 _ = self.counters.tick() => syncer.publish_counters(dp),
                 _ = Self::due(&mut self.audit) => {
