@@ -1285,6 +1285,7 @@ pub fn real_proxies(cfg: &Config, dir: &Path, prefix: &str) -> Result<Fig7> {
             controller: Controllers::Upstream,
             workloads: true,
             apiserver_args: vec![],
+            ..Spec::default()
         },
         dir,
         prefix,

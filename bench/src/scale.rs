@@ -262,6 +262,7 @@ pub fn run(spec: &ScaleSpec, dir: &Path, prefix: &str) -> Result<ScaleResult> {
             controller: Controllers::Sliceway,
             workloads: false,
             apiserver_args: vec![],
+            ..Spec::default()
         },
         dir,
         prefix,

@@ -1256,6 +1256,7 @@ fn the_generated_rules_are_the_ones_kube_proxy_writes() -> Result<()> {
         controller: Controllers::Upstream,
         workloads: false,
         apiserver_args: vec![],
+        ..Spec::default()
     };
     // Taken down on drop, after an error too: processes, namespaces (ours are named
     // after its prefix as well), files.

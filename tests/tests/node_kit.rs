@@ -19,42 +19,10 @@ use std::{
 };
 
 use anyhow::{bail, Context, Result};
-use sliceway_lab::netns::{self, Netns};
-
-/// The kit's bin directory: `SLICEWAY_NODE_KIT_BIN`, else where scripts/node-kit.sh puts
-/// it for the Kubernetes version pinned in upstream/node/kubernetes/go.mod.
-fn kit_bin() -> Result<PathBuf> {
-    if let Some(dir) = std::env::var_os("SLICEWAY_NODE_KIT_BIN") {
-        return Ok(dir.into());
-    }
-    let go_mod = Path::new(env!("CARGO_MANIFEST_DIR")).join("../upstream/node/kubernetes/go.mod");
-    let text =
-        fs::read_to_string(&go_mod).with_context(|| format!("reading {}", go_mod.display()))?;
-    let version = text
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("k8s.io/kubernetes "))
-        .map(str::trim)
-        .context("no k8s.io/kubernetes requirement in upstream/node/kubernetes/go.mod")?;
-    let cache = match std::env::var_os("SLICEWAY_CACHE") {
-        Some(c) => PathBuf::from(c),
-        None => PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?)
-            .join(".cache/sliceway"),
-    };
-    Ok(cache.join("node").join(version).join("bin"))
-}
-
-/// The image archives next to the bin directory: (archive, name) from images/names.txt.
-fn kit_images(bin: &Path) -> Result<Vec<(PathBuf, String)>> {
-    let dir = bin.with_file_name("images");
-    let list = dir.join("names.txt");
-    let text = fs::read_to_string(&list)
-        .with_context(|| format!("reading {}: run scripts/node-kit.sh first", list.display()))?;
-    Ok(text
-        .lines()
-        .filter_map(|l| l.split_once(' '))
-        .map(|(file, name)| (dir.join(file), name.to_string()))
-        .collect())
-}
+use sliceway_lab::{
+    cluster::real::{cgroup_processes, mounts_under, processes_mentioning, remove_cgroup, Kit},
+    netns::{self, Netns},
+};
 
 /// One containerd in the namespace, and everything it made, removed by [`Node::remove`]
 /// or on drop.
@@ -241,98 +209,6 @@ fn path_with(bin: &Path) -> String {
     )
 }
 
-/// Process ids whose command line mentions `marker`, this process excepted.
-fn processes_mentioning(marker: &str) -> Vec<i32> {
-    let me = std::process::id() as i32;
-    let Ok(entries) = fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|&pid| pid != me)
-        .filter(|pid| {
-            fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|c| String::from_utf8_lossy(&c).contains(marker))
-                .unwrap_or(false)
-        })
-        .collect()
-}
-
-/// The cgroup v1 hierarchies (and the unified one) a cgroup of this test may be in.
-fn hierarchies() -> Vec<PathBuf> {
-    let Ok(entries) = fs::read_dir("/sys/fs/cgroup") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .filter(|p| p.is_dir() && !p.is_symlink())
-        .collect()
-}
-
-/// Process ids in `cgroup` or below it, in any hierarchy.
-fn cgroup_processes(cgroup: &str) -> Vec<i32> {
-    let mut pids = Vec::new();
-    for h in hierarchies() {
-        let mut stack = vec![h.join(cgroup)];
-        while let Some(dir) = stack.pop() {
-            let Ok(entries) = fs::read_dir(&dir) else {
-                continue;
-            };
-            for e in entries.filter_map(|e| e.ok()) {
-                if e.path().is_dir() {
-                    stack.push(e.path());
-                }
-            }
-            if let Ok(procs) = fs::read_to_string(dir.join("cgroup.procs")) {
-                pids.extend(
-                    procs
-                        .split_whitespace()
-                        .filter_map(|p| p.parse::<i32>().ok()),
-                );
-            }
-        }
-    }
-    pids
-}
-
-/// Removes `cgroup` depth first in every hierarchy; returns what stayed.
-fn remove_cgroup(cgroup: &str) -> Vec<String> {
-    fn remove(dir: &Path, left: &mut Vec<String>) {
-        if let Ok(entries) = fs::read_dir(dir) {
-            for e in entries.filter_map(|e| e.ok()) {
-                if e.path().is_dir() {
-                    remove(&e.path(), left);
-                }
-            }
-        }
-        if dir.exists() {
-            if let Err(e) = fs::remove_dir(dir) {
-                left.push(format!("cgroup {}: {e}", dir.display()));
-            }
-        }
-    }
-    let mut left = Vec::new();
-    for h in hierarchies() {
-        remove(&h.join(cgroup), &mut left);
-    }
-    left
-}
-
-/// Mount points at or under `dir`, deepest first.
-fn mounts_under(dir: &Path) -> Vec<String> {
-    let prefix = dir.to_string_lossy().into_owned();
-    let mut found: Vec<String> = fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
-        .filter(|m| m == &prefix || m.starts_with(&format!("{prefix}/")))
-        .collect();
-    found.sort_by_key(|m| std::cmp::Reverse(m.len()));
-    found.dedup();
-    found
-}
-
 fn wait_for(what: &str, timeout: Duration, mut ready: impl FnMut() -> bool) -> Result<()> {
     let start = Instant::now();
     while !ready() {
@@ -365,33 +241,10 @@ fn http_get(ns: &str, addr: SocketAddr, path: &str) -> Result<String> {
 #[test]
 #[ignore = "needs scripts/node-kit.sh (run by cargo xtask node-kit --check) and root"]
 fn node_kit_runs_agnhost_in_a_pod() -> Result<()> {
-    let bin = kit_bin()?;
-    for c in [
-        "containerd",
-        "containerd-shim-runc-v2",
-        "ctr",
-        "runc",
-        "crictl",
-        "ptp",
-        "host-local",
-        "portmap",
-        "loopback",
-    ] {
-        if !bin.join(c).is_file() {
-            bail!(
-                "{} has no {c}: run scripts/node-kit.sh first",
-                bin.display()
-            );
-        }
-    }
-    let images = kit_images(&bin)?;
-    let image = |prefix: &str| -> Result<(PathBuf, String)> {
-        images
-            .iter()
-            .find(|(_, name)| name.starts_with(prefix))
-            .cloned()
-            .with_context(|| format!("images/names.txt lists no {prefix}... image"))
-    };
+    // Kit::find checks every command this test runs.
+    let kit = Kit::find()?;
+    let bin = kit.bin.clone();
+    let image = |prefix: &str| kit.image(prefix).cloned();
     let (pause_tar, pause) = image("registry.k8s.io/pause:")?;
     let (agnhost_tar, agnhost) = image("registry.k8s.io/e2e-test-images/agnhost:")?;
 

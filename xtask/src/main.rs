@@ -36,8 +36,9 @@ enum Task {
     /// Regenerate the references under docs/reference (CLI, metrics, kernel exit
     /// reasons) from the code; `tests/tests/reference.rs` fails while they are stale.
     Docs,
-    /// Everything: set-up, lint, unit, program, node-lab and cluster-lab tests, then
-    /// the VM tier on Debian's 6.1 kernel.
+    /// Everything: set-up, lint, unit, program, node-lab and cluster-lab tests (one
+    /// real node from the node kit among them), then the VM tier on Debian's 6.1
+    /// kernel.
     Test,
     /// The program fixtures and the node-lab tests that exercise the kernel, on
     /// other kernels under qemu (`scripts/vm.sh`); results in target/vm/<kernel>.
@@ -49,7 +50,8 @@ enum Task {
     },
     /// Build the kit of a real node (scripts/node-kit.sh: kubelet, agnhost, containerd,
     /// runc, crictl, the CNI plugins, CoreDNS, pause and the e2e suite's images) into
-    /// the version-keyed cache; prints its bin directory. Not part of `test`.
+    /// the version-keyed cache; prints its bin directory. `test` builds it too (without
+    /// the e2e suite).
     NodeKit {
         /// Also build upstream's e2e suite (e2e.test; long).
         #[arg(long)]
@@ -134,6 +136,10 @@ fn main() -> Result<()> {
             lint()?;
             upstream(&root)?;
             v1_agent(&root)?;
+            // The real-node test runs the node kit's kubelet and containerd.
+            let kit = node_kit(&root, false)?;
+            // SAFETY: single-threaded at this point; read by the tests started after.
+            unsafe { env::set_var("SLICEWAY_NODE_KIT_BIN", kit) };
             test()?;
             vm::test_vm(&root, &vm::default_kernels())
         }
@@ -164,7 +170,15 @@ fn main() -> Result<()> {
                 upstream(&root)?;
                 build_lab_binaries()?;
             }
-            run(Command::new("target/debug/sliceway-cluster").args(args))
+            let mut cmd = Command::new("target/debug/sliceway-cluster");
+            // Real nodes run the node kit: built (once per version) before `up`.
+            if args.first().map(String::as_str) == Some("up")
+                && (args.windows(2).any(|w| w == ["--kubelet", "real"])
+                    || args.iter().any(|a| a == "--kubelet=real"))
+            {
+                cmd.env("SLICEWAY_NODE_KIT_BIN", node_kit(&root, false)?);
+            }
+            run(cmd.args(args))
         }
         Task::NodeKit { e2e, check } => {
             if check {

@@ -678,6 +678,7 @@ pub fn run(spec: &ApiSpec, dir: &std::path::Path, prefix: &str) -> Result<Throug
             controller: Controllers::Upstream,
             workloads: false,
             apiserver_args: vec![],
+            ..Spec::default()
         },
         dir,
         prefix,

@@ -5,7 +5,7 @@ use std::{os::unix::process::CommandExt, path::PathBuf, process::Command};
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use sliceway_lab::cluster::{self, Cluster, Controllers, Proxy, Spec};
+use sliceway_lab::cluster::{self, Cluster, Controllers, Kubelet, Proxy, Spec};
 
 #[derive(Parser)]
 #[command(
@@ -22,8 +22,8 @@ struct Args {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Start etcd, the control plane, N nodes with their kubelet stand-ins, the
-    /// proxy on every node and the EndpointSlice controllers.
+    /// Start etcd, the control plane, N nodes with their kubelets, the proxy on
+    /// every node and the EndpointSlice controllers (and CoreDNS on real nodes).
     Up {
         #[arg(long, default_value_t = 2)]
         nodes: usize,
@@ -31,6 +31,10 @@ enum Cmd {
         proxy: Proxy,
         #[arg(long, value_enum, default_value_t = Controllers::Sliceway)]
         controller: Controllers,
+        /// What runs the pods: the lab's stand-in, or upstream's kubelet and
+        /// containerd from the node kit (`cargo xtask node-kit`).
+        #[arg(long, value_enum, default_value_t = Kubelet::StandIn)]
+        kubelet: Kubelet,
     },
     /// Stop everything and remove processes, namespaces, pins and files.
     Down,
@@ -76,11 +80,13 @@ fn main() -> Result<()> {
             nodes,
             proxy,
             controller,
+            kubelet,
         } => {
             let spec = Spec {
                 nodes,
                 proxy,
                 controller,
+                kubelet,
                 workloads: true,
                 apiserver_args: Vec::new(),
             };

@@ -19,8 +19,11 @@
 
 pub mod api;
 pub mod forward;
+pub mod gateway;
+pub mod guard;
 pub mod kubelet;
 pub mod pki;
+pub mod real;
 
 pub use forward::Forwarder;
 
@@ -88,6 +91,17 @@ pub enum Proxy {
     None,
 }
 
+/// What runs a node's pods.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kubelet {
+    /// The lab's stand-in: pods are network namespaces with servers of the lab's own.
+    #[default]
+    StandIn,
+    /// Upstream's kubelet and containerd from the node kit: real containers.
+    Real,
+}
+
 /// Which controller writes EndpointSlices and Endpoints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -102,6 +116,7 @@ pub struct Spec {
     pub nodes: usize,
     pub proxy: Proxy,
     pub controller: Controllers,
+    pub kubelet: Kubelet,
     /// Start kube-controller-manager and kube-scheduler (off for API-only tests).
     pub workloads: bool,
     /// Flags added to kube-apiserver's.
@@ -114,6 +129,7 @@ impl Default for Spec {
             nodes: 2,
             proxy: Proxy::Sliceway,
             controller: Controllers::Sliceway,
+            kubelet: Kubelet::StandIn,
             workloads: true,
             apiserver_args: Vec::new(),
         }
@@ -145,6 +161,14 @@ pub struct State {
     pub client_ns: String,
     pub proxy: Proxy,
     pub controller: Controllers,
+    #[serde(default)]
+    pub kubelet: Kubelet,
+    /// The control-plane namespace (real nodes): the gateway at [`ADVERTISE_ADDRESS`].
+    #[serde(default)]
+    pub cp_ns: String,
+    /// The node kit's commands (real nodes).
+    #[serde(default)]
+    pub kit_bin: Option<PathBuf>,
 }
 
 /// A running cluster lab. One made by [`Cluster::up`] is taken down on drop; one
@@ -246,6 +270,16 @@ fn alive(pid: i32) -> bool {
     }
 }
 
+/// The last lines of the log of the lab's process `name`, in the lab at `dir`.
+fn log_tail_in(dir: &Path, name: &str) -> String {
+    let text = fs::read_to_string(dir.join("logs").join(format!("{name}.log"))).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    format!(
+        "last lines of {name}'s log:\n{}",
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    )
+}
+
 fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Result<()> {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
@@ -290,6 +324,10 @@ impl Cluster {
             .and_then(|p| p.file_name())
             .map(|v| v.to_string_lossy().into_owned())
             .unwrap_or_default();
+        let kit = match spec.kubelet {
+            Kubelet::Real => Some(real::Kit::find()?),
+            Kubelet::StandIn => None,
+        };
         fs::create_dir_all(dir)?;
         let dir = dir.canonicalize()?;
         let state = State {
@@ -313,6 +351,9 @@ impl Cluster {
             client_ns: format!("{prefix}-client"),
             proxy: spec.proxy,
             controller: spec.controller,
+            kubelet: spec.kubelet,
+            cp_ns: format!("{prefix}-cp"),
+            kit_bin: kit.as_ref().map(|k| k.bin.clone()),
         };
         fs::write(
             dir.join("cluster.json"),
@@ -320,7 +361,7 @@ impl Cluster {
         )?;
         let cluster = Cluster { state, owned: true };
         // On any error below, drop takes down what was started.
-        cluster.start(spec)?;
+        cluster.start(spec, kit.as_ref())?;
         Ok(cluster)
     }
 
@@ -343,11 +384,12 @@ impl Cluster {
         &self.state.dir
     }
 
-    fn start(&self, spec: &Spec) -> Result<()> {
+    fn start(&self, spec: &Spec, kit: Option<&real::Kit>) -> Result<()> {
         let s = &self.state;
+        guard::install(&s.prefix)?;
         let pki = s.dir.join("pki");
         say(&format!("keys and certificates in {}", pki.display()));
-        pki::make(&pki, KUBERNETES_SERVICE_IP)?;
+        pki::make(&pki, KUBERNETES_SERVICE_IP, ADVERTISE_ADDRESS)?;
         let server = format!("https://127.0.0.1:{}", s.apiserver_port);
         for id in pki::IDENTITIES {
             pki::kubeconfig(
@@ -359,7 +401,11 @@ impl Cluster {
             )?;
         }
         self.start_etcd()?;
-        self.start_apiserver(&spec.apiserver_args)?;
+        let mut apiserver_args = spec.apiserver_args.clone();
+        if s.kubelet == Kubelet::Real {
+            apiserver_args.extend(self.apiserver_real_node_args()?);
+        }
+        self.start_apiserver(&apiserver_args)?;
         // The API server makes the `kubernetes` Service shortly after it answers; on a
         // loaded machine, seconds after.
         wait_until(
@@ -384,8 +430,20 @@ impl Cluster {
         }
         if spec.nodes > 0 {
             self.build_network()?;
-            for node in &s.nodes {
-                self.start_kubelet(node)?;
+            match kit {
+                Some(kit) => {
+                    self.start_gateway()?;
+                    let server = format!("https://{ADVERTISE_ADDRESS}:{}", s.apiserver_port);
+                    for node in &s.nodes {
+                        self.register_real_node(node)?;
+                        real::start_node(s, node, kit, &server)?;
+                    }
+                }
+                None => {
+                    for node in &s.nodes {
+                        self.start_kubelet(node)?;
+                    }
+                }
             }
             self.wait_nodes_ready()?;
         }
@@ -393,6 +451,9 @@ impl Cluster {
             self.start_sliceway_controller()?;
         }
         self.start_proxies(s.proxy)?;
+        if let (Some(kit), true) = (kit, spec.nodes > 0 && spec.workloads) {
+            self.start_cluster_dns(kit)?;
+        }
         say(&format!(
             "up: Kubernetes {}, {} node(s), proxy {:?}, controller {:?}",
             s.version,
@@ -473,8 +534,12 @@ impl Cluster {
     }
 
     fn start_controller_manager(&self) -> Result<()> {
-        // Node lifecycle is off: the stand-ins report Ready once and do not heartbeat.
-        let mut controllers = String::from("*,-node-lifecycle-controller");
+        // Node lifecycle is off with stand-ins: they report Ready once and do not
+        // heartbeat. Real kubelets do, and node lifecycle lifts the not-ready taint.
+        let mut controllers = String::from(match self.state.kubelet {
+            Kubelet::StandIn => "*,-node-lifecycle-controller",
+            Kubelet::Real => "*",
+        });
         if self.state.controller == Controllers::Sliceway {
             controllers.push_str(
                 ",-endpoints-controller,-endpointslice-controller,-endpointslice-mirroring-controller",
@@ -569,6 +634,10 @@ impl Cluster {
             .map(|(i, n)| (n.netns.clone(), format!("n{}", i + 1), n.ip))
             .collect();
         hosts.push((s.client_ns.clone(), "client".into(), CLIENT_IP));
+        let advertised: Ipv4Addr = ADVERTISE_ADDRESS.parse()?;
+        if s.kubelet == Kubelet::Real {
+            hosts.push((s.cp_ns.clone(), "cp".into(), advertised));
+        }
         for (ns, port, ip) in &hosts {
             std::mem::forget(netns::Netns::create(ns)?);
             netns::ip(&[
@@ -600,6 +669,35 @@ impl Cluster {
             )?;
             netns::nsenter(ns, "ip", &["link", "set", "eth0", "up"])?;
             netns::nsenter(ns, "ethtool", &["-K", "eth0", "tx", "off"])?;
+        }
+        if s.kubelet == Kubelet::Real {
+            // The control plane's namespace answers pods (the `kubernetes` Service)
+            // and reaches them (the API server's proxy subresources).
+            for node in &s.nodes {
+                netns::nsenter(
+                    &s.cp_ns,
+                    "ip",
+                    &[
+                        "route",
+                        "add",
+                        &format!("{}/24", node.pod_cidr),
+                        "via",
+                        &node.ip.to_string(),
+                    ],
+                )?;
+                netns::nsenter(
+                    &s.cp_ns,
+                    "ip",
+                    &[
+                        "-6",
+                        "route",
+                        "add",
+                        &format!("{}/64", lab_v6(node.pod_cidr)),
+                        "via",
+                        &lab_v6(node.ip).to_string(),
+                    ],
+                )?;
+            }
         }
         for node in &s.nodes {
             for (key, value) in [
@@ -640,6 +738,112 @@ impl Cluster {
         Ok(())
     }
 
+    /// The pod-facing interfaces of a node, as the agent's `--interfaces`: the
+    /// stand-in's pod links, or the ptp plugin's host-side veths.
+    fn pod_interfaces(&self) -> &'static str {
+        match self.state.kubelet {
+            Kubelet::StandIn => "p*",
+            Kubelet::Real => "veth*",
+        }
+    }
+
+    /// kube-apiserver's flags for real nodes: its `cluster` egress (kubelets, pods,
+    /// Services) through the lab's gateway ([`gateway`]), its client certificate
+    /// towards kubelets, and nodes reached by address (the gateway names no hosts).
+    fn apiserver_real_node_args(&self) -> Result<Vec<String>> {
+        let s = &self.state;
+        let egress = s.dir.join("egress-selector.yaml");
+        fs::write(
+            &egress,
+            format!(
+                "apiVersion: apiserver.k8s.io/v1beta1\nkind: EgressSelectorConfiguration\negressSelections:\n- name: cluster\n  connection:\n    proxyProtocol: HTTPConnect\n    transport:\n      uds:\n        udsName: {}\n",
+                s.dir.join("egress.sock").display()
+            ),
+        )?;
+        let pki = s.dir.join("pki");
+        Ok(vec![
+            format!("--egress-selector-config-file={}", egress.display()),
+            format!(
+                "--kubelet-client-certificate={}",
+                pki.join("apiserver-kubelet-client.crt").display()
+            ),
+            format!(
+                "--kubelet-client-key={}",
+                pki.join("apiserver-kubelet-client.key").display()
+            ),
+            "--kubelet-preferred-address-types=InternalIP".into(),
+        ])
+    }
+
+    /// Starts the gateway in the control-plane namespace ([`gateway`]).
+    fn start_gateway(&self) -> Result<()> {
+        let s = &self.state;
+        say(&format!(
+            "starting the gateway at {ADVERTISE_ADDRESS}:{} in {}",
+            s.apiserver_port, s.cp_ns
+        ));
+        let advertised: Ipv4Addr = ADVERTISE_ADDRESS.parse()?;
+        let mut cmd = Command::new(workspace_binary("sliceway-lab-gateway")?);
+        cmd.args(["--netns", &s.cp_ns])
+            .args(["--listen", &format!("{advertised}:{}", s.apiserver_port)])
+            .args([
+                "--listen",
+                &format!("[{}]:{}", lab_v6(advertised), s.apiserver_port),
+            ])
+            .args(["--apiserver-port", &s.apiserver_port.to_string()])
+            .arg("--egress-socket")
+            .arg(s.dir.join("egress.sock"))
+            .env("RUST_LOG", "info");
+        for net in guard::LAB_NETWORKS {
+            cmd.args(["--allow", net]);
+        }
+        daemon(&s.dir, "gateway", &mut cmd)?;
+        let sock = s.dir.join("egress.sock");
+        wait_until("the gateway listening", Duration::from_secs(30), || {
+            sock.exists()
+        })
+        .with_context(|| self.log_tail("gateway"))
+    }
+
+    /// Makes `node`'s Node object before its kubelet registers, with the pod CIDRs the
+    /// lab's routes and CNI configuration use (kubelet keeps them) and its zone.
+    fn register_real_node(&self, node: &NodeInfo) -> Result<()> {
+        let manifest = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": node.name,
+                "labels": {"topology.kubernetes.io/zone": node.zone}
+            },
+            "spec": {
+                "podCIDR": format!("{}/24", node.pod_cidr),
+                "podCIDRs": [
+                    format!("{}/24", node.pod_cidr),
+                    format!("{}/64", lab_v6(node.pod_cidr)),
+                ]
+            }
+        });
+        self.kubectl_stdin(&["apply", "-f", "-"], &manifest.to_string())?;
+        Ok(())
+    }
+
+    /// CoreDNS as the cluster DNS ([`real::coredns_manifest`]), ready.
+    fn start_cluster_dns(&self, kit: &real::Kit) -> Result<()> {
+        let (_, image) = kit.image("registry.k8s.io/coredns/coredns:")?;
+        say(&format!("starting CoreDNS at {}", real::CLUSTER_DNS));
+        self.kubectl_stdin(&["apply", "-f", "-"], &real::coredns_manifest(image))?;
+        self.kubectl(&[
+            "-n",
+            "kube-system",
+            "rollout",
+            "status",
+            "deployment/coredns",
+            "--timeout=180s",
+        ])
+        .context("CoreDNS did not become ready")?;
+        Ok(())
+    }
+
     fn start_kubelet(&self, node: &NodeInfo) -> Result<()> {
         let s = &self.state;
         let bin = workspace_binary("sliceway-lab-kubelet")?;
@@ -661,7 +865,11 @@ impl Cluster {
 
     fn wait_nodes_ready(&self) -> Result<()> {
         let want = self.state.nodes.len();
-        wait_until("every Node registered and Ready", Duration::from_secs(30), || {
+        let timeout = match self.state.kubelet {
+            Kubelet::StandIn => Duration::from_secs(30),
+            Kubelet::Real => Duration::from_secs(180),
+        };
+        wait_until("every Node registered and Ready", timeout, || {
             self.kubectl(&[
                 "get", "nodes", "-o",
                 "jsonpath={range .items[*]}{.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}{end}",
@@ -717,7 +925,12 @@ impl Cluster {
         if proxy == Proxy::None || names.is_empty() {
             return Ok(());
         }
-        let server = format!("https://127.0.0.1:{}", kubelet::NODE_APISERVER_PORT);
+        let server = match s.kubelet {
+            // The stand-in's forwarder on each node's loopback.
+            Kubelet::StandIn => format!("https://127.0.0.1:{}", kubelet::NODE_APISERVER_PORT),
+            // The gateway, as the node's kubelet reaches it.
+            Kubelet::Real => format!("https://{ADVERTISE_ADDRESS}:{}", s.apiserver_port),
+        };
         let pki = s.dir.join("pki");
         let kubeconfig = match proxy {
             Proxy::Sliceway | Proxy::SlicewayPods => {
@@ -743,7 +956,7 @@ impl Cluster {
                         .arg("run")
                         .arg("--kubeconfig")
                         .arg(&kubeconfig)
-                        .args(["--node", &node.name, "--interfaces", "p*"])
+                        .args(["--node", &node.name, "--interfaces", self.pod_interfaces()])
                         .args(["--external-interfaces", "eth0"])
                         .arg("--bpffs-dir")
                         .arg(&node.bpffs)
@@ -933,13 +1146,7 @@ impl Cluster {
 
     /// The last lines of a component's log, for error messages.
     pub fn log_tail(&self, name: &str) -> String {
-        let text = fs::read_to_string(self.dir().join("logs").join(format!("{name}.log")))
-            .unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        format!(
-            "last lines of {name}'s log:\n{}",
-            lines[lines.len().saturating_sub(30)..].join("\n")
-        )
+        log_tail_in(self.dir(), name)
     }
 
     /// Components, nodes and pods, for `cluster status`.
@@ -1004,6 +1211,13 @@ pub fn down(dir: &Path) -> Result<()> {
         bail!("no cluster lab runs from {}", dir.display());
     };
     let s = &cluster.state;
+    let mut left = Vec::new();
+    if s.kubelet == Kubelet::Real {
+        // Their pods first, through the runtime, while the proxies still run.
+        for node in &s.nodes {
+            left.extend(real::stop_node(s, node, s.kit_bin.as_deref()));
+        }
+    }
     // Proxies and controllers first, the control plane last.
     let mut names: Vec<String> = fs::read_dir(dir.join("pids"))
         .map(|d| {
@@ -1033,8 +1247,19 @@ pub fn down(dir: &Path) -> Result<()> {
             }
         }
     }
+    let escaped = guard::escaped(&s.prefix);
+    let _ = guard::remove(&s.prefix);
     fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
-    Ok(())
+    if !left.is_empty() {
+        bail!("the lab is down, but these are left: {left:?}");
+    }
+    match escaped {
+        Ok(0) | Err(_) => Ok(()),
+        Ok(n) => bail!(
+            "the root namespace tried to send {n} packet(s) to the lab's networks \
+             (dropped by the lab's guard): a lab address was used outside the lab"
+        ),
+    }
 }
 
 impl Drop for Cluster {
@@ -1226,6 +1451,7 @@ pub fn shared_control_plane_with(apiserver_args: &[&str]) -> Result<&'static Clu
             controller: Controllers::Upstream,
             workloads: false,
             apiserver_args: args.clone(),
+            ..Spec::default()
         };
         let parent = std::env::temp_dir();
         remove_stale(&parent);

@@ -40,6 +40,13 @@ pub const IDENTITIES: &[Identity] = &[
         user: "system:kube-proxy",
         groups: &[],
     },
+    // The API server's identity towards kubelets (exec, logs, port-forward), as
+    // kubeadm's `apiserver-kubelet-client`.
+    Identity {
+        file: "apiserver-kubelet-client",
+        user: "kube-apiserver-kubelet-client",
+        groups: &["system:masters"],
+    },
 ];
 
 fn openssl(dir: &Path, args: &[&str]) -> Result<()> {
@@ -58,8 +65,10 @@ fn openssl(dir: &Path, args: &[&str]) -> Result<()> {
     Ok(())
 }
 
-/// Makes every key and certificate under `dir` (once: existing files are kept).
-pub fn make(dir: &Path, service_ip: &str) -> Result<()> {
+/// Makes every key and certificate under `dir` (once: existing files are kept). The
+/// API server's serving certificate names `service_ip` (the `kubernetes` Service) and
+/// `advertised` (its address on the node network).
+pub fn make(dir: &Path, service_ip: &str, advertised: &str) -> Result<()> {
     fs::create_dir_all(dir)?;
     if dir.join("done").exists() {
         return Ok(());
@@ -82,21 +91,27 @@ pub fn make(dir: &Path, service_ip: &str) -> Result<()> {
         ],
     )?;
     let san = format!(
-        "subjectAltName=IP:127.0.0.1,IP:{service_ip},DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+        "subjectAltName=IP:127.0.0.1,IP:{service_ip},IP:{advertised},DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
     );
     sign(dir, "apiserver", "/CN=kube-apiserver", Some(&san))?;
     for id in IDENTITIES {
-        let mut subj = String::new();
-        for g in id.groups {
-            subj.push_str(&format!("/O={g}"));
-        }
-        subj.push_str(&format!("/CN={}", id.user));
-        sign(dir, id.file, &subj, None)?;
+        client(dir, id.file, id.user, id.groups)?;
     }
     openssl(dir, &["genrsa", "-out", "sa.key", "2048"])?;
     openssl(dir, &["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"])?;
     fs::write(dir.join("done"), "")?;
     Ok(())
+}
+
+/// Makes the client certificate `dir/FILE.crt` (and its key) of RBAC user `user` in
+/// `groups`, signed by the lab's CA (after [`make`]).
+pub fn client(dir: &Path, file: &str, user: &str, groups: &[&str]) -> Result<()> {
+    let mut subj = String::new();
+    for g in groups {
+        subj.push_str(&format!("/O={g}"));
+    }
+    subj.push_str(&format!("/CN={user}"));
+    sign(dir, file, &subj, None)
 }
 
 fn sign(dir: &Path, name: &str, subj: &str, san: Option<&str>) -> Result<()> {
