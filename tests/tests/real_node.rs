@@ -1,10 +1,10 @@
 //! A real node (issue 45): the cluster lab with upstream's kubelet and containerd from
 //! the node kit on one node, sliceway-agent as its proxy and sliceway-controller
 //! writing the EndpointSlices. Real pods made with kubectl answer through a ClusterIP
-//! and its DNS name (CoreDNS); `kubectl exec` and `kubectl logs` work; the host's
-//! kernel tunables are the ones it had before kubelet started; the root namespace
-//! sent nothing to the lab; and taking the lab down leaves no process, namespace,
-//! cgroup, mount or file of it.
+//! and its DNS name (CoreDNS), and so does a hostNetwork pod of the same node;
+//! `kubectl exec` and `kubectl logs` work; the host's kernel tunables are the ones it
+//! had before kubelet started; the root namespace sent nothing to the lab; and taking
+//! the lab down leaves no process, namespace, cgroup, mount or file of it.
 //!
 //! Needs root and the node kit (`cargo xtask node-kit`; `cargo xtask test` builds it
 //! and passes its bin directory in `SLICEWAY_NODE_KIT_BIN`).
@@ -76,6 +76,18 @@ fn a_real_node_serves_a_cluster_ip_to_its_pods() -> Result<()> {
         "--",
         "pause",
     ])?;
+    // A backend in the host network of the client's own node: its replies leave the
+    // node's own stack, which only the egress program sees.
+    lab.kubectl_stdin(
+        &["apply", "-f", "-"],
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: hostnet, labels: {{app: hostnet}}}}\n\
+             spec:\n  hostNetwork: true\n  containers:\n  - {{name: a, image: \"{agnhost}\", \
+             args: [netexec, --http-port=9090]}}\n---\napiVersion: v1\nkind: Service\n\
+             metadata: {{name: hostnet}}\nspec:\n  selector: {{app: hostnet}}\n  \
+             ports: [{{port: 80, targetPort: 9090}}]\n"
+        ),
+    )?;
     k(&[
         "wait",
         "--for=condition=Ready",
@@ -122,6 +134,18 @@ fn a_real_node_serves_a_cluster_ip_to_its_pods() -> Result<()> {
         }
     }
     assert_eq!(seen, pods, "both backends answer through the ClusterIP");
+    // The hostNetwork pod answers with its node's hostname: the node's name.
+    let answer = k(&[
+        "exec",
+        "client",
+        "--",
+        "curl",
+        "-s",
+        "--max-time",
+        "5",
+        "http://hostnet/hostname",
+    ])?;
+    assert_eq!(answer.trim(), node.name, "the hostNetwork backend's answer");
     // The `kubernetes` Service from a pod, through the proxy and the lab's gateway.
     let version = k(&[
         "exec",

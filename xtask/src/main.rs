@@ -48,6 +48,14 @@ enum Task {
         #[arg(long)]
         kernel: Option<String>,
     },
+    /// Upstream's e2e suite on a 3-node cluster of real nodes in the lab: `[ARGS]`
+    /// are `sliceway-cluster e2e`'s (`--proxy`, `--controller`, `--focus`, `--skip`,
+    /// `--nodes`). Writes target/e2e/<proxy>-<controller>/ and docs/conformance.md and
+    /// prints `N passed, N failed, N skipped` last. Not part of `test` (hours).
+    E2e {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Build the kit of a real node (scripts/node-kit.sh: kubelet, agnhost, containerd,
     /// runc, crictl, the CNI plugins, CoreDNS, pause and the e2e suite's images) into
     /// the version-keyed cache; prints its bin directory. `test` builds it too (without
@@ -179,6 +187,19 @@ fn main() -> Result<()> {
                 cmd.env("SLICEWAY_NODE_KIT_BIN", node_kit(&root, false)?);
             }
             run(cmd.args(args))
+        }
+        Task::E2e { args } => {
+            require_root("the e2e suite (the cluster lab of real nodes)")?;
+            setup(&root)?;
+            build_ebpf()?;
+            upstream(&root)?;
+            let kit = node_kit(&root, true)?;
+            build_lab_binaries()?;
+            run(Command::new("target/debug/sliceway-cluster")
+                .arg("e2e")
+                .args(args)
+                .env("SLICEWAY_NODE_KIT_BIN", &kit)
+                .env("SLICEWAY_E2E_TEST", Path::new(&kit).join("e2e.test")))
         }
         Task::NodeKit { e2e, check } => {
             if check {

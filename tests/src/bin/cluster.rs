@@ -5,7 +5,7 @@ use std::{os::unix::process::CommandExt, path::PathBuf, process::Command};
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use sliceway_lab::cluster::{self, Cluster, Controllers, Kubelet, Proxy, Spec};
+use sliceway_lab::cluster::{self, e2e, Cluster, Controllers, Kubelet, Proxy, Spec};
 
 #[derive(Parser)]
 #[command(
@@ -35,6 +35,32 @@ enum Cmd {
         /// containerd from the node kit (`cargo xtask node-kit`).
         #[arg(long, value_enum, default_value_t = Kubelet::StandIn)]
         kubelet: Kubelet,
+    },
+    /// Bring up a cluster of real nodes, run upstream's e2e suite (`e2e.test`) on it
+    /// from inside the lab, write its report to OUT/<proxy>-<controller>/ and
+    /// docs/conformance.md, and take the cluster down.
+    E2e {
+        #[arg(long, default_value_t = 3)]
+        nodes: usize,
+        #[arg(long, value_enum, default_value_t = Proxy::Sliceway)]
+        proxy: Proxy,
+        #[arg(long, value_enum, default_value_t = Controllers::Sliceway)]
+        controller: Controllers,
+        /// Specs to run (ginkgo's --focus); the default selection when not given.
+        #[arg(long)]
+        focus: Option<String>,
+        /// Specs to leave out (ginkgo's --skip); the default skips when not given.
+        #[arg(long)]
+        skip: Option<String>,
+        /// upstream's e2e.test (`cargo xtask node-kit --e2e` builds it).
+        #[arg(long, env = "SLICEWAY_E2E_TEST")]
+        e2e_test: PathBuf,
+        /// Where the runs' reports go.
+        #[arg(long, default_value = "target/e2e")]
+        out: PathBuf,
+        /// The page written from every default-selection run under OUT.
+        #[arg(long, default_value = "docs/conformance.md")]
+        page: PathBuf,
     },
     /// Stop everything and remove processes, namespaces, pins and files.
     Down,
@@ -103,6 +129,51 @@ fn main() -> Result<()> {
             println!(
                 "then: kubectl get nodes; cargo xtask cluster status; cargo xtask cluster down"
             );
+            Ok(())
+        }
+        Cmd::E2e {
+            nodes,
+            proxy,
+            controller,
+            focus,
+            skip,
+            e2e_test,
+            out,
+            page,
+        } => {
+            let default_selection = focus.is_none() && skip.is_none();
+            let focus = focus.unwrap_or_else(|| e2e::DEFAULT_FOCUS.to_string());
+            let skip = skip.unwrap_or_else(e2e::default_skip);
+            let spec = Spec {
+                nodes,
+                proxy,
+                controller,
+                kubelet: Kubelet::Real,
+                workloads: true,
+                apiserver_args: Vec::new(),
+            };
+            let cluster = Cluster::up(&spec, dir, &format!("{}-e2e", cluster::NS_PREFIX))?;
+            let name = format!("{proxy:?}-{controller:?}").to_lowercase();
+            let run = e2e::run(&cluster, &e2e_test, &focus, &skip, &out.join(&name));
+            drop(cluster);
+            let run = run?;
+            if default_selection {
+                let runs: Vec<e2e::Run> = e2e::read_runs(&out)?
+                    .into_iter()
+                    .filter(|r| r.focus == e2e::DEFAULT_FOCUS && r.skip == e2e::default_skip())
+                    .collect();
+                std::fs::write(&page, e2e::conformance_page(&runs))
+                    .with_context(|| format!("writing {}", page.display()))?;
+                println!("wrote {}", page.display());
+            }
+            for s in run.specs.iter().filter(|s| s.status == "failed") {
+                println!("failed: {} ({})", s.name, s.message);
+            }
+            println!("report: {}", out.join(&name).display());
+            println!("{}", run.summary());
+            if run.count("failed") > 0 {
+                std::process::exit(1);
+            }
             Ok(())
         }
         Cmd::Down => {

@@ -18,6 +18,7 @@
 //! bpffs pins, files.
 
 pub mod api;
+pub mod e2e;
 pub mod forward;
 pub mod gateway;
 pub mod guard;
@@ -672,10 +673,15 @@ impl Cluster {
         }
         if s.kubelet == Kubelet::Real {
             // The control plane's namespace answers pods (the `kubernetes` Service)
-            // and reaches them (the API server's proxy subresources).
-            for node in &s.nodes {
+            // and reaches them (the API server's proxy subresources); the client's
+            // reaches them as upstream's e2e suite, run there, expects of its host.
+            for (ns, node) in s
+                .nodes
+                .iter()
+                .flat_map(|n| [(&s.cp_ns, n), (&s.client_ns, n)])
+            {
                 netns::nsenter(
-                    &s.cp_ns,
+                    ns,
                     "ip",
                     &[
                         "route",
@@ -686,7 +692,7 @@ impl Cluster {
                     ],
                 )?;
                 netns::nsenter(
-                    &s.cp_ns,
+                    ns,
                     "ip",
                     &[
                         "-6",

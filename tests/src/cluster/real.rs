@@ -3,9 +3,10 @@
 //! pod networking through the ptp CNI plugin from the node's pod CIDRs, `kubectl
 //! exec`, `logs` and `port-forward`, and hostNetwork pods in the node's namespace.
 //!
-//! Each node's containerd and kubelet share a mount namespace of their own, entered
+//! Each node's containerd and kubelet share a mount namespace and a UTS namespace of
+//! their own (the node's hostname is its name, as hostNetwork pods see it), entered
 //! after the node's network namespace (`nsenter --net`, so the host's cgroup mounts
-//! stay visible). In it:
+//! stay visible). In the mount namespace:
 //! - `/run`, `/var/lib` and `/var/log` are fresh tmpfs mounts, so what containerd,
 //!   libcni and kubelet write at fixed host paths (`/run/containerd`, `/var/lib/cni`,
 //!   `/var/log/containers`) stays with the node and vanishes with it;
@@ -241,8 +242,8 @@ shutdownGracePeriod: 0s
 }
 
 /// What a node's mount namespace is set up with before containerd starts in it.
-fn mount_script(d: &Path, containerd: &Path, config: &Path) -> String {
-    let mut s = String::from("set -e\nmount --make-rshared /\n");
+fn mount_script(d: &Path, node: &str, containerd: &Path, config: &Path) -> String {
+    let mut s = format!("set -e\nhostname '{node}'\nmount --make-rshared /\n");
     for m in PRIVATE_MOUNTS {
         s.push_str(&format!("mount -t tmpfs -o mode=0755 lab-node {m}\n"));
     }
@@ -328,8 +329,21 @@ pub fn start_node(state: &State, node: &NodeInfo, kit: &Kit, apiserver: &str) ->
         &format!("containerd-{}", node.name),
         Command::new("nsenter")
             .arg(format!("--net=/var/run/netns/{}", node.netns))
-            .args(["unshare", "--mount", "--propagation", "private", "sh", "-c"])
-            .arg(mount_script(&d, &kit.bin.join("containerd"), &config))
+            .args([
+                "unshare",
+                "--mount",
+                "--uts",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+            ])
+            .arg(mount_script(
+                &d,
+                &node.name,
+                &kit.bin.join("containerd"),
+                &config,
+            ))
             .env("PATH", &path),
     )?;
     let socket = d.join("containerd.sock");
@@ -390,6 +404,7 @@ pub fn start_node(state: &State, node: &NodeInfo, kit: &Kit, apiserver: &str) ->
         Command::new("nsenter")
             .arg(format!("--net=/var/run/netns/{}", node.netns))
             .arg(format!("--mount=/proc/{pid}/ns/mnt"))
+            .arg(format!("--uts=/proc/{pid}/ns/uts"))
             .arg(kit.bin.join("kubelet"))
             .arg(format!("--config={}", d.join("kubelet.yaml").display()))
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
@@ -720,6 +735,7 @@ mod tests {
     fn the_mount_script_covers_every_tunable_before_containerd_starts() {
         let s = mount_script(
             Path::new("/lab/nodes/node-1"),
+            "node-1",
             Path::new("/kit/containerd"),
             Path::new("/lab/nodes/node-1/containerd.toml"),
         );
