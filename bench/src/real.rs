@@ -390,8 +390,9 @@ fn http_get(ns: &str, port: u16, path: &str) -> Result<String> {
     })?
 }
 
-/// The agent serves its metrics on kube-proxy's health port in the lab.
-const AGENT_METRICS_PORT: u16 = 10256;
+/// The agent serves its metrics on kube-proxy's metrics port (its default
+/// `--metrics-bind-address`, `127.0.0.1:10249`).
+const AGENT_METRICS_PORT: u16 = 10249;
 
 /// The proxy's own sync account from its metrics: (sum of seconds, count).
 fn own_syncs(ns: &str, side: Side) -> Result<Option<(f64, u64)>> {

@@ -1,8 +1,9 @@
 //! The small HTTP endpoint both binaries serve: `/metrics` (Prometheus' text format),
 //! `/healthz` and `/livez` (200 `ok`, or 503 with the reason; or a JSON page of the
 //! binary's, [`Status::health_json`]), and the paths a binary
-//! adds ([`Status::extra`]); nothing else. One request per connection, no request
-//! body; anything it cannot read is closed.
+//! adds ([`Status::extra`]); nothing else. A listener serves all of them or one
+//! side ([`Paths`]): kube-proxy serves health and metrics on two ports. One request
+//! per connection, no request body; anything it cannot read is closed.
 
 use std::{future::Future, net::SocketAddr, pin::Pin, sync::Arc, time::Duration};
 
@@ -37,6 +38,32 @@ pub trait Status: Send + Sync + 'static {
         let _ = path;
         None
     }
+    /// A path this listener refuses (403) rather than answers: `Some` with the
+    /// reason, checked before [`Status::extra`]. `None` (the default) for every path.
+    fn forbidden(&self, path: &str) -> Option<String> {
+        let _ = path;
+        None
+    }
+}
+
+/// Which paths a listener answers; the others are 404.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Paths {
+    /// `/metrics`, `/healthz`, `/livez` and the binary's own paths.
+    All,
+    /// `/healthz` and `/livez` only: a health port other hosts probe.
+    Health,
+    /// `/metrics` and the binary's own paths ([`Status::extra`]).
+    Metrics,
+}
+
+impl Paths {
+    fn health(self) -> bool {
+        matches!(self, Paths::All | Paths::Health)
+    }
+    fn metrics(self) -> bool {
+        matches!(self, Paths::All | Paths::Metrics)
+    }
 }
 
 /// An answer that takes a while to come.
@@ -59,17 +86,26 @@ pub async fn serve_on<S: Status + ?Sized>(
     listener: tokio::net::TcpListener,
     status: Arc<S>,
 ) -> std::io::Result<()> {
+    serve_paths_on(listener, status, Paths::All).await
+}
+
+/// [`serve_on`], answering only `paths`.
+pub async fn serve_paths_on<S: Status + ?Sized>(
+    listener: tokio::net::TcpListener,
+    status: Arc<S>,
+    paths: Paths,
+) -> std::io::Result<()> {
     loop {
         let Ok((conn, _)) = listener.accept().await else {
             // Out of file descriptors and the like: the next accept may work.
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
             continue;
         };
-        tokio::spawn(answer(conn, status.clone()));
+        tokio::spawn(answer(conn, status.clone(), paths));
     }
 }
 
-async fn answer<S: Status + ?Sized>(mut conn: tokio::net::TcpStream, status: Arc<S>) {
+async fn answer<S: Status + ?Sized>(mut conn: tokio::net::TcpStream, status: Arc<S>, paths: Paths) {
     let mut buf = vec![0u8; MAX_HEAD];
     let mut len = 0;
     // Read the request head (requests have no body here).
@@ -84,7 +120,7 @@ async fn answer<S: Status + ?Sized>(mut conn: tokio::net::TcpStream, status: Arc
     }
     let head = String::from_utf8_lossy(&buf[..len]);
     let path = head.split_whitespace().nth(1).unwrap_or("/");
-    let (code, ctype, body) = response(path, &*status).await;
+    let (code, ctype, body) = response(path, &*status, paths).await;
     let response = format!(
         "HTTP/1.1 {code}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
@@ -96,13 +132,15 @@ async fn answer<S: Status + ?Sized>(mut conn: tokio::net::TcpStream, status: Arc
 async fn response<S: Status + ?Sized>(
     path: &str,
     status: &S,
+    paths: Paths,
 ) -> (&'static str, &'static str, String) {
     let text = |r: Result<String, String>| match r {
         Ok(body) => ("200 OK", "text/plain", body),
         Err(why) => ("503 Service Unavailable", "text/plain", format!("{why}\n")),
     };
+    let not_found = ("404 Not Found", "text/plain", "not found\n".to_string());
     match path {
-        "/metrics" => {
+        "/metrics" if paths.metrics() => {
             // A refresh that does not come in time leaves the last values.
             let _ = tokio::time::timeout(REFRESH_WAIT, status.refresh()).await;
             (
@@ -111,7 +149,7 @@ async fn response<S: Status + ?Sized>(
                 status.metrics(),
             )
         }
-        "/healthz" | "/livez" => {
+        "/healthz" | "/livez" if paths.health() => {
             let live = path == "/livez";
             match status.health_json(live) {
                 Some((true, body)) => ("200 OK", "application/json", body),
@@ -120,9 +158,14 @@ async fn response<S: Status + ?Sized>(
                 None => text(status.health().map(|()| "ok\n".into())),
             }
         }
-        _ => match status.extra(path) {
-            Some(reply) => text(reply.await),
-            None => ("404 Not Found", "text/plain", "not found\n".into()),
+        // The binary's own paths go with the metrics.
+        _ if !paths.metrics() || matches!(path, "/metrics" | "/healthz" | "/livez") => not_found,
+        _ => match status.forbidden(path) {
+            Some(why) => ("403 Forbidden", "text/plain", format!("{why}\n")),
+            None => match status.extra(path) {
+                Some(reply) => text(reply.await),
+                None => not_found,
+            },
         },
     }
 }
@@ -216,5 +259,74 @@ mod tests {
         assert!(livez.starts_with("HTTP/1.1 200 OK\r\n"), "{livez}");
         assert!(livez.ends_with("{\"live\":true}"), "{livez}");
         server.abort();
+    }
+
+    /// A health listener answers `/healthz` and `/livez` only; a metrics listener
+    /// `/metrics` and the binary's paths (refused ones with 403), not health.
+    #[tokio::test]
+    async fn a_listener_answers_only_its_side() {
+        struct Extra;
+        impl Status for Extra {
+            fn metrics(&self) -> String {
+                "# EOF\n".into()
+            }
+            fn health(&self) -> Result<(), String> {
+                Ok(())
+            }
+            fn extra(&self, path: &str) -> Option<Reply<'_, Result<String, String>>> {
+                (path == "/extra").then(|| -> Reply<'_, _> { Box::pin(async { Ok("x".into()) }) })
+            }
+            fn forbidden(&self, path: &str) -> Option<String> {
+                (path == "/refused").then(|| "not here".into())
+            }
+        }
+        for (paths, wanted) in [
+            (
+                Paths::Health,
+                [
+                    ("/healthz", "200"),
+                    ("/livez", "200"),
+                    ("/metrics", "404"),
+                    ("/extra", "404"),
+                    ("/refused", "404"),
+                ],
+            ),
+            (
+                Paths::Metrics,
+                [
+                    ("/healthz", "404"),
+                    ("/livez", "404"),
+                    ("/metrics", "200"),
+                    ("/extra", "200"),
+                    ("/refused", "403"),
+                ],
+            ),
+            (
+                Paths::All,
+                [
+                    ("/healthz", "200"),
+                    ("/livez", "200"),
+                    ("/metrics", "200"),
+                    ("/extra", "200"),
+                    ("/refused", "403"),
+                ],
+            ),
+        ] {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let server = tokio::spawn(serve_paths_on(listener, Arc::new(Extra), paths));
+            for (path, code) in wanted {
+                let reply = get(addr, path).await;
+                assert!(
+                    reply.starts_with(&format!("HTTP/1.1 {code} ")),
+                    "{paths:?} {path}: {reply}"
+                );
+            }
+            assert!(
+                get(addr, "/refused").await.ends_with("\r\n\r\nnot here\n")
+                    || paths == Paths::Health
+            );
+            server.abort();
+        }
     }
 }

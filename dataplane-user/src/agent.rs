@@ -94,8 +94,13 @@ pub struct Settings {
     /// The cgroup the socket programs go on, for the node's own sockets; `None`: no
     /// socket load balancing.
     pub socket_lb: Option<std::path::PathBuf>,
-    /// Address for `/metrics` and `/healthz`; `None` serves nothing.
+    /// Address for `/healthz` and `/livez`; `None` serves no health.
+    pub healthz_addr: Option<SocketAddr>,
+    /// Address for `/metrics` and `/audit`; `None` serves neither.
     pub metrics_addr: Option<SocketAddr>,
+    /// Serve `/audit` on a metrics address that is not loopback too
+    /// (`--audit-on-non-loopback`).
+    pub audit_on_non_loopback: bool,
     /// Conntrack timeouts and sweeping.
     pub conntrack: crate::writer::conntrack::Settings,
     /// How long a change may wait for its sync, and a watch of the API server fail,
@@ -1092,10 +1097,19 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), Error> {
     let metrics = Arc::new(Metrics::new(settings.health_timeout));
-    if let Some(addr) = settings.metrics_addr {
+    if let Some(addr) = settings.healthz_addr {
         let m = metrics.clone();
         tokio::spawn(async move {
-            if let Err(e) = crate::serve::metrics::serve(addr, m).await {
+            if let Err(e) = crate::serve::metrics::serve_health(addr, m).await {
+                warn!(%addr, "health server stopped: {e}");
+            }
+        });
+    }
+    if let Some(addr) = settings.metrics_addr {
+        let m = metrics.clone();
+        let audit = settings.audit_on_non_loopback;
+        tokio::spawn(async move {
+            if let Err(e) = crate::serve::metrics::serve_metrics(addr, m, audit).await {
                 warn!(%addr, "metrics server stopped: {e}");
             }
         });

@@ -48,6 +48,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Run(args) => {
             let args = *args;
+            let (healthz_addr, metrics_addr) = (args.healthz_addr(), args.metrics_addr());
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
@@ -98,7 +99,9 @@ fn main() -> anyhow::Result<()> {
                     attach: args.attach,
                     xdp: args.xdp,
                     socket_lb: (!args.no_socket_lb).then_some(args.socket_lb_cgroup),
-                    metrics_addr: (!args.no_metrics).then_some(args.metrics_addr),
+                    healthz_addr,
+                    metrics_addr,
+                    audit_on_non_loopback: args.audit_on_non_loopback,
                     conntrack: sliceway_agent::writer::conntrack::Settings {
                         timeouts: sliceway_agent::writer::conntrack::Timeouts::parse(
                             &args.conntrack_timeout,
@@ -150,10 +153,10 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Audit {
-            metrics_addr,
+            metrics_bind_address,
             output,
         } => {
-            let report = sliceway_agent::writer::audit::ask(metrics_addr)?;
+            let report = sliceway_agent::writer::audit::ask(metrics_bind_address)?;
             match output {
                 Output::Table => print!("{}", sliceway_agent::writer::audit::render_table(&report)),
                 Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),

@@ -229,9 +229,17 @@ fn the_daemon_set_runs_the_agent_with_arguments_it_accepts() {
 
     // The liveness probe reaches /livez and the readiness probe /healthz where the
     // agent serves them: the kubelet probes from the node's namespace, which is the
-    // agent's (hostNetwork).
-    let addr: SocketAddr = run.metrics_addr;
-    assert!(!run.no_metrics);
+    // agent's (hostNetwork). Health is on kube-proxy's address, which load balancers
+    // probe from other hosts; metrics and /audit only on loopback (issue 47).
+    let healthz = run.healthz_addr().expect("a health server");
+    assert_eq!(healthz, "0.0.0.0:10256".parse::<SocketAddr>().unwrap());
+    let metrics = run.metrics_addr().expect("a metrics server");
+    assert!(
+        metrics.ip().is_loopback(),
+        "metrics and /audit on {metrics}"
+    );
+    assert!(!run.audit_on_non_loopback);
+    let ports = container.ports.clone().unwrap_or_default();
     for (probe, path) in [
         (&container.liveness_probe, "/livez"),
         (&container.readiness_probe, "/healthz"),
@@ -241,9 +249,22 @@ fn the_daemon_set_runs_the_agent_with_arguments_it_accepts() {
             .and_then(|p| p.http_get.as_ref())
             .unwrap_or_else(|| panic!("an HTTP probe of {path}"));
         assert_eq!(probe.path.as_deref(), Some(path));
-        assert_eq!(probe.port, IntOrString::Int(addr.port() as i32));
-        if addr.ip().is_loopback() {
-            assert_eq!(probe.host.as_deref(), Some(addr.ip().to_string().as_str()));
+        let port = match &probe.port {
+            IntOrString::Int(p) => *p,
+            IntOrString::String(name) => {
+                ports
+                    .iter()
+                    .find(|p| p.name.as_deref() == Some(name.as_str()))
+                    .unwrap_or_else(|| panic!("{path}'s probe names port {name}, not declared"))
+                    .container_port
+            }
+        };
+        assert_eq!(port, i32::from(healthz.port()), "{path}");
+        if let Some(host) = &probe.host {
+            assert!(
+                healthz.ip().is_unspecified() || host == &healthz.ip().to_string(),
+                "{path} probed on {host}, served on {healthz}"
+            );
         }
     }
 

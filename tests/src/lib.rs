@@ -682,13 +682,16 @@ pub struct Agent {
     log: Arc<Mutex<Vec<String>>>,
     /// The network namespace the agent runs in.
     ns: String,
-    /// Its `--metrics-addr`, inside that namespace.
+    /// Its `--healthz-bind-address`, inside that namespace.
+    healthz_addr: SocketAddrV4,
+    /// Its `--metrics-bind-address`, inside that namespace.
     metrics_addr: SocketAddrV4,
 }
 
-/// The first metrics port of the lab's agents; each agent of a process takes the
-/// next, so two agents in one node namespace never share one.
-const AGENT_METRICS_PORT: u16 = 20256;
+/// The first health and metrics ports of the lab's agents; each agent of a process
+/// takes the next of each, so two agents in one node namespace never share one.
+const AGENT_HEALTHZ_PORT: u16 = 20256;
+const AGENT_METRICS_PORT: u16 = 21249;
 
 /// A cgroup (v2) of the lab's own for "pod" processes, under the root of the
 /// hierarchy the agent would attach to; removed on drop. Socket programs attached to
@@ -877,8 +880,9 @@ impl Agent {
         extra: &[String],
     ) -> Result<Self> {
         static PORTS: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
-        let port = AGENT_METRICS_PORT + PORTS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let metrics_addr = SocketAddrV4::new(Ipv4Addr::LOCALHOST, port);
+        let n = PORTS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let healthz_addr = SocketAddrV4::new(Ipv4Addr::LOCALHOST, AGENT_HEALTHZ_PORT + n);
+        let metrics_addr = SocketAddrV4::new(Ipv4Addr::LOCALHOST, AGENT_METRICS_PORT + n);
         let mut child = Command::new("nsenter")
             .arg(format!("--net=/var/run/netns/{node_ns}"))
             .arg(bin)
@@ -894,7 +898,9 @@ impl Agent {
             .args(["--poll-interval-ms", "100"])
             .arg("--bpffs-dir")
             .arg(bpffs)
-            .arg("--metrics-addr")
+            .arg("--healthz-bind-address")
+            .arg(healthz_addr.to_string())
+            .arg("--metrics-bind-address")
             .arg(metrics_addr.to_string())
             .args(extra)
             .env("RUST_LOG", "info")
@@ -919,6 +925,7 @@ impl Agent {
             child,
             log,
             ns: node_ns.to_string(),
+            healthz_addr,
             metrics_addr,
         })
     }
@@ -928,14 +935,26 @@ impl Agent {
         self.log.lock().unwrap().clone()
     }
 
-    /// Where the agent serves `/metrics` (its `--metrics-addr`, inside its namespace).
+    /// Where the agent serves `/metrics` and `/audit` (its `--metrics-bind-address`,
+    /// inside its namespace).
     pub fn metrics_addr(&self) -> SocketAddrV4 {
         self.metrics_addr
     }
 
-    /// `GET path` on the agent's metrics endpoint: the whole response.
+    /// Where the agent serves `/healthz` and `/livez` (its `--healthz-bind-address`,
+    /// inside its namespace).
+    pub fn healthz_addr(&self) -> SocketAddrV4 {
+        self.healthz_addr
+    }
+
+    /// `GET path` on the agent's server for it: `/healthz` and `/livez` on its
+    /// health address, the rest on its metrics address. The whole response.
     pub fn http(&self, path: &str) -> Result<String> {
-        http_get(&self.ns, self.metrics_addr, path)
+        let addr = match path {
+            "/healthz" | "/livez" => self.healthz_addr,
+            _ => self.metrics_addr,
+        };
+        http_get(&self.ns, addr, path)
     }
 
     /// The agent's `/metrics` now.

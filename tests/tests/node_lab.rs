@@ -800,7 +800,7 @@ fn drift_behind_the_agents_back_is_found_named_and_repaired() {
         lab.node
             .run(
                 bin.to_str().unwrap(),
-                &["audit", "--metrics-addr", &addr, "-o", output],
+                &["audit", "--metrics-bind-address", &addr, "-o", output],
             )
             .unwrap()
     };

@@ -216,8 +216,9 @@ fn metrics() -> String {
          `controller/src/metrics.rs`), encoded",
     );
     out.push_str(
-        "What `/metrics` serves: the agent's on `--metrics-addr` (port 10256, as \
-         kube-proxy's), the controller's on its `--metrics-addr` (port 9090). A counter's \
+        "What `/metrics` serves: the agent's on `--metrics-bind-address` \
+         (`127.0.0.1:10249`, as kube-proxy's), the controller's on its `--metrics-addr` \
+         (port 9090). A counter's \
          series carries the suffix `_total`; a histogram's are `_bucket` (with `le`), \
          `_sum` and `_count`. A family with labels has no series until its first value.\n\n",
     );

@@ -13,6 +13,7 @@ use crate::{
     compiler::NodePortAddresses,
     kernel::interfaces::{Selection, SelectionError},
     kernel::{AttachMode, Capacities, XdpChoice},
+    serve::bind::{self, BindAddress},
     writer::Limits,
 };
 
@@ -70,9 +71,9 @@ pub enum Command {
     /// wrote, entry by entry, and to repair what differs (it also does so every
     /// --audit-interval-seconds). Prints what differed.
     Audit {
-        /// The running agent's --metrics-addr.
-        #[arg(long, default_value = "127.0.0.1:10256")]
-        metrics_addr: SocketAddr,
+        /// The running agent's --metrics-bind-address (where it serves /audit).
+        #[arg(long, default_value_t = crate::serve::bind::DEFAULT_METRICS, value_parser = socket_addr)]
+        metrics_bind_address: SocketAddr,
         #[arg(short, long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
@@ -229,13 +230,29 @@ pub struct RunArgs {
     /// How long a burst of API changes is collected into one sync, in milliseconds.
     #[arg(long, default_value_t = 100)]
     pub batch_delay_ms: u64,
-    /// Address for /metrics, /healthz, /livez and /audit (kube-proxy's port;
-    /// localhost by default).
-    #[arg(long, default_value = "127.0.0.1:10256")]
-    pub metrics_addr: SocketAddr,
-    /// Serve no metrics.
+    /// Where /healthz and /livez are served, as kube-proxy's flag: IP:PORT, or an
+    /// IP with --healthz-port's port. Every address by default, so that load
+    /// balancers and probes from other hosts reach it; only health is served there.
+    #[arg(long, default_value_t = BindAddress::IpPort(bind::DEFAULT_HEALTHZ), value_parser = bind::healthz)]
+    pub healthz_bind_address: BindAddress,
+    /// The health port of a --healthz-bind-address given without one (kube-proxy's
+    /// older flag); 0: no health server.
+    #[arg(long, default_value_t = bind::HEALTHZ_PORT)]
+    pub healthz_port: u16,
+    /// Where /metrics (and /audit, on loopback) is served, as kube-proxy's flag:
+    /// IP:PORT, or an IP with --metrics-port's port. Loopback by default; set
+    /// 0.0.0.0:10249 or [::]:10249 for every address.
+    #[arg(long, default_value_t = BindAddress::IpPort(bind::DEFAULT_METRICS), value_parser = bind::metrics)]
+    pub metrics_bind_address: BindAddress,
+    /// The metrics port of a --metrics-bind-address given without one (kube-proxy's
+    /// older flag); 0: no metrics server (and no /audit).
+    #[arg(long, default_value_t = bind::METRICS_PORT)]
+    pub metrics_port: u16,
+    /// Serve /audit on a --metrics-bind-address that is not loopback too. /audit
+    /// repairs the service maps and asks for no credentials: without this flag
+    /// it is refused (403) there, and the agent says so at start.
     #[arg(long)]
-    pub no_metrics: bool,
+    pub audit_on_non_loopback: bool,
     /// /healthz answers 503 when a change has waited this long for a sync that
     /// writes it (kube-proxy's rule, with twice its 30 s sync period), or a watch of
     /// the API server has failed this long; /livez only on the former.
@@ -367,6 +384,20 @@ pub struct RunArgs {
     pub maglev: MaglevArgs,
     #[command(flatten)]
     pub external: ExternalArgs,
+}
+
+impl RunArgs {
+    /// Where the health server listens (`--healthz-bind-address` with
+    /// `--healthz-port`); `None`: nowhere.
+    pub fn healthz_addr(&self) -> Option<SocketAddr> {
+        self.healthz_bind_address.resolve(self.healthz_port)
+    }
+
+    /// Where the metrics server listens (`--metrics-bind-address` with
+    /// `--metrics-port`); `None`: nowhere.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_bind_address.resolve(self.metrics_port)
+    }
 }
 
 /// A traced packet's source as given: an address, and a port if one was given.
@@ -525,5 +556,53 @@ mod tests {
             };
             assert_eq!(flush_backend, Some(backend.parse().unwrap()));
         }
+    }
+
+    fn run_args(extra: &[&str]) -> RunArgs {
+        let mut args = vec!["sliceway-agent", "run"];
+        args.extend_from_slice(extra);
+        match Cli::try_parse_from(args).unwrap().command {
+            Command::Run(r) => *r,
+            _ => unreachable!("parsed as run"),
+        }
+    }
+
+    /// Issue 47: health and metrics on kube-proxy's defaults, health on every
+    /// address and metrics on loopback; `audit` asks where metrics are.
+    #[test]
+    fn health_and_metrics_default_to_kube_proxys_addresses() {
+        let run = run_args(&[]);
+        assert_eq!(run.healthz_addr(), Some("0.0.0.0:10256".parse().unwrap()));
+        assert_eq!(run.metrics_addr(), Some("127.0.0.1:10249".parse().unwrap()));
+        assert!(!run.audit_on_non_loopback);
+        let Command::Audit {
+            metrics_bind_address,
+            ..
+        } = Cli::try_parse_from(["sliceway-agent", "audit"])
+            .unwrap()
+            .command
+        else {
+            unreachable!("parsed as audit");
+        };
+        assert_eq!(metrics_bind_address, "127.0.0.1:10249".parse().unwrap());
+    }
+
+    /// kube-proxy's forms: IP:PORT, an IP with the port flag, port 0 for none.
+    #[test]
+    fn bind_addresses_take_kube_proxys_forms() {
+        let run = run_args(&[
+            "--healthz-bind-address=10.0.0.1",
+            "--healthz-port=8080",
+            "--metrics-bind-address=[::]:9100",
+        ]);
+        assert_eq!(run.healthz_addr(), Some("10.0.0.1:8080".parse().unwrap()));
+        assert_eq!(run.metrics_addr(), Some("[::]:9100".parse().unwrap()));
+        let run = run_args(&["--healthz-port=0", "--metrics-port=0"]);
+        assert_eq!((run.healthz_addr(), run.metrics_addr()), (None, None));
+        let err = Cli::try_parse_from(["sliceway-agent", "run", "--metrics-bind-address=10249"])
+            .err()
+            .expect("a port alone is not an address")
+            .to_string();
+        assert!(err.contains("expected IP or IP:PORT"), "{err}");
     }
 }

@@ -1,6 +1,8 @@
-//! Prometheus metrics and health, served on `/metrics`, `/healthz` and `/livez` (port
-//! 10256 as kube-proxy, on localhost unless told otherwise), and `/audit`, which asks
-//! the agent loop for a drift audit (`sliceway-agent audit`).
+//! Prometheus metrics and health, served as kube-proxy serves them on two listeners:
+//! `/healthz` and `/livez` on the health address (`0.0.0.0:10256` by default), and
+//! `/metrics` on the metrics address (`127.0.0.1:10249`) with `/audit`, which asks
+//! the agent loop for a drift audit (`sliceway-agent audit`) and is served only on
+//! loopback unless told otherwise ([`audit_refusal`]).
 //!
 //! Values that live in the kernel (the datapath's counters) are read by the agent
 //! loop on a timer and again when `/metrics` is scraped: the endpoint asks the loop
@@ -792,11 +794,115 @@ impl conventions::http::Status for Metrics {
     }
 }
 
-/// Serves `/metrics`, `/healthz`, `/livez` and `/audit` until the task is dropped.
-pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(%addr, "serving /metrics, /healthz, /livez and /audit");
-    conventions::http::serve_on(listener, metrics).await
+/// Why `/audit` is not served on the metrics address `addr`, or `None` where it is:
+/// on a loopback address, or on any with `beyond_loopback`
+/// (`--audit-on-non-loopback`). `/audit` writes the service maps and asks for no
+/// credentials, so a host that reaches it must be one that could run the agent.
+pub fn audit_refusal(addr: SocketAddr, beyond_loopback: bool) -> Option<String> {
+    (!beyond_loopback && !addr.ip().to_canonical().is_loopback()).then(|| {
+        format!(
+            "/audit is served only on a loopback --metrics-bind-address, and this agent's \
+             is {addr}: it repairs the service maps without authorization (pass \
+             --audit-on-non-loopback to serve it there anyway)"
+        )
+    })
+}
+
+/// The metrics listener's side of [`Metrics`]: `/metrics`, and `/audit` unless it is
+/// refused there.
+struct MetricsPage {
+    metrics: Arc<Metrics>,
+    audit_refused: Option<String>,
+}
+
+impl conventions::http::Status for MetricsPage {
+    fn metrics(&self) -> String {
+        self.metrics.render()
+    }
+    fn health(&self) -> Result<(), String> {
+        conventions::http::Status::health(&*self.metrics)
+    }
+    fn refresh(&self) -> conventions::http::Reply<'_, ()> {
+        conventions::http::Status::refresh(&*self.metrics)
+    }
+    fn forbidden(&self, path: &str) -> Option<String> {
+        self.audit_refused.clone().filter(|_| path == "/audit")
+    }
+    fn extra(&self, path: &str) -> Option<conventions::http::Reply<'_, Result<String, String>>> {
+        conventions::http::Status::extra(&*self.metrics, path)
+    }
+}
+
+/// How long a server waits before binding again, as kube-proxy's
+/// (`wait.UntilWithContext` every 5 s in `serveHealthz` and `serveMetrics`,
+/// <https://github.com/kubernetes/kubernetes/blob/v1.37.2/cmd/kube-proxy/app/server.go>):
+/// a port still held (by a kube-proxy being replaced) is taken once it is free.
+pub const BIND_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Binds `addr`, again every [`BIND_RETRY`] until it succeeds, saying each failure.
+async fn bind(addr: SocketAddr, what: &str) -> tokio::net::TcpListener {
+    loop {
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(listener) => return listener,
+            Err(e) => {
+                tracing::error!(
+                    %addr,
+                    "binding the {what} server failed: {e}; trying again in {} s",
+                    BIND_RETRY.as_secs()
+                );
+                tokio::time::sleep(BIND_RETRY).await;
+            }
+        }
+    }
+}
+
+/// Serves `/healthz` and `/livez` on `addr` (`--healthz-bind-address`) until the
+/// task is dropped.
+pub async fn serve_health(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<()> {
+    let listener = bind(addr, "health").await;
+    tracing::info!(%addr, "serving /healthz and /livez");
+    serve_health_on(listener, metrics).await
+}
+
+/// [`serve_health`] on a listener already bound.
+pub async fn serve_health_on(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<Metrics>,
+) -> std::io::Result<()> {
+    conventions::http::serve_paths_on(listener, metrics, conventions::http::Paths::Health).await
+}
+
+/// Serves `/metrics`, and `/audit` where [`audit_refusal`] allows, on `addr`
+/// (`--metrics-bind-address`) until the task is dropped.
+pub async fn serve_metrics(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    audit_beyond_loopback: bool,
+) -> std::io::Result<()> {
+    let refused = audit_refusal(addr, audit_beyond_loopback);
+    if let Some(why) = &refused {
+        tracing::warn!(%addr, "not serving /audit: {why}");
+    }
+    let listener = bind(addr, "metrics").await;
+    match refused {
+        None => tracing::info!(%addr, "serving /metrics and /audit"),
+        Some(_) => tracing::info!(%addr, "serving /metrics"),
+    }
+    serve_metrics_on(listener, metrics, refused).await
+}
+
+/// [`serve_metrics`] on a listener already bound; `audit_refused`: why `/audit`
+/// is refused there ([`audit_refusal`]), or `None` to serve it.
+pub async fn serve_metrics_on(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<Metrics>,
+    audit_refused: Option<String>,
+) -> std::io::Result<()> {
+    let page = Arc::new(MetricsPage {
+        metrics,
+        audit_refused,
+    });
+    conventions::http::serve_paths_on(listener, page, conventions::http::Paths::Metrics).await
 }
 
 #[cfg(test)]
@@ -886,5 +992,88 @@ mod tests {
         assert!(m
             .render()
             .contains("sliceway_frontend_connections_total{frontend=\"busy\"} 2"));
+    }
+
+    /// `GET path` on `addr`: the whole response.
+    async fn get(addr: SocketAddr, path: &str) -> String {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+        conn.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut out = String::new();
+        conn.read_to_string(&mut out).await.unwrap();
+        out
+    }
+
+    /// Issue 47: the health port (which other hosts reach) answers `/healthz` and
+    /// `/livez`, never `/metrics` or `/audit`; the metrics port answers `/metrics`
+    /// and not health.
+    #[tokio::test]
+    async fn the_health_port_serves_health_only() {
+        let metrics = Arc::new(Metrics::new(std::time::Duration::from_secs(60)));
+        let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let health_addr = health.local_addr().unwrap();
+        let page = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let page_addr = page.local_addr().unwrap();
+        let servers = [
+            tokio::spawn(serve_health_on(health, metrics.clone())),
+            tokio::spawn(serve_metrics_on(page, metrics, None)),
+        ];
+        for (addr, path, code) in [
+            (health_addr, "/healthz", "503"), // not synced yet: kube-proxy's 503
+            (health_addr, "/livez", "200"),
+            (health_addr, "/metrics", "404"),
+            (health_addr, "/audit", "404"),
+            (page_addr, "/metrics", "200"),
+            (page_addr, "/healthz", "404"),
+            (page_addr, "/livez", "404"),
+        ] {
+            let reply = get(addr, path).await;
+            assert!(
+                reply.starts_with(&format!("HTTP/1.1 {code} ")),
+                "{path}: {reply}"
+            );
+        }
+        // Served on loopback: the loop answers it (here there is none).
+        let audit = get(page_addr, "/audit").await;
+        assert!(
+            audit.contains("the agent loop is not taking requests"),
+            "{audit}"
+        );
+        for s in servers {
+            s.abort();
+        }
+    }
+
+    /// Issue 47: `/audit` is refused (403, saying why and what to pass) on a metrics
+    /// address other hosts can reach, unless `--audit-on-non-loopback` says so.
+    #[tokio::test]
+    async fn audit_is_refused_on_a_metrics_address_beyond_loopback() {
+        for addr in ["0.0.0.0:10249", "[::]:10249", "10.0.0.1:10249"] {
+            let why = audit_refusal(addr.parse().unwrap(), false).expect(addr);
+            assert!(why.contains("--audit-on-non-loopback"), "{why}");
+            assert_eq!(audit_refusal(addr.parse().unwrap(), true), None);
+        }
+        for addr in [
+            "127.0.0.1:10249",
+            "127.0.0.2:10249",
+            "[::1]:10249",
+            "[::ffff:127.0.0.1]:1",
+        ] {
+            assert_eq!(audit_refusal(addr.parse().unwrap(), false), None, "{addr}");
+        }
+        let metrics = Arc::new(Metrics::new(std::time::Duration::from_secs(60)));
+        let listener = tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let refused = audit_refusal(listener.local_addr().unwrap(), false);
+        assert!(refused.is_some());
+        let server = tokio::spawn(serve_metrics_on(listener, metrics, refused));
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let audit = get(addr, "/audit").await;
+        assert!(audit.starts_with("HTTP/1.1 403 Forbidden\r\n"), "{audit}");
+        assert!(audit.contains("--audit-on-non-loopback"), "{audit}");
+        assert!(get(addr, "/metrics").await.starts_with("HTTP/1.1 200 "));
+        server.abort();
     }
 }

@@ -77,7 +77,7 @@ impl AuditReport {
 /// Why `sliceway-agent audit` got no report.
 #[derive(Debug, thiserror::Error)]
 pub enum AskError {
-    #[error("no agent answers on {0} (its --metrics-addr)")]
+    #[error("no agent answers on {0} (its --metrics-bind-address)")]
     Connect(std::net::SocketAddr, #[source] std::io::Error),
     #[error("talking to the agent on {0}")]
     Io(std::net::SocketAddr, #[source] std::io::Error),
@@ -89,7 +89,8 @@ pub enum AskError {
     Unreadable(std::net::SocketAddr, #[source] serde_json::Error),
 }
 
-/// Asks the agent serving `/audit` on `addr` (its `--metrics-addr`) for an audit.
+/// Asks the agent serving `/audit` on `addr` (its `--metrics-bind-address`) for an
+/// audit.
 pub fn ask(addr: std::net::SocketAddr) -> Result<AuditReport, AskError> {
     use std::{
         io::{Read as _, Write as _},
