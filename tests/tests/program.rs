@@ -4,7 +4,9 @@
 //! (https://github.com/facebookincubator/katran/tree/main/katran/lib/testing,
 //! https://github.com/cilium/cilium/tree/main/bpf/tests): a fixture names the maps to
 //! fill and a sequence of packets, each with its expected verdict, exit reason and
-//! output packet. The fixtures share one loaded datapath, emptied of conntrack,
+//! output packet, and where it matters the program each packet enters (pods',
+//! uplink, egress), the node's address, direct server return and a second node
+//! ([`Fixture`]). What stays a Rust test beside the table says why. The fixtures share one loaded datapath, emptied of conntrack,
 //! fragments and affinity before each, so state carries from one step to the next
 //! and never between fixtures (they pass in the reverse order too). The same table
 //! runs again over IPv6, each fixture translated to its twin (`ipv6_twins`).
@@ -111,7 +113,7 @@ endpoints:
 
 /// A Service whose endpoint is in the host network of this node (its address is the
 /// node's, as a hostNetwork pod's or the API server's on a control-plane node), over
-/// TCP, UDP and SCTP.
+/// TCP, UDP and SCTP; beside it a Service with a backend in a pod.
 const HOST_NETWORK_BACKEND: &str = r#"
 apiVersion: v1
 kind: Service
@@ -133,6 +135,21 @@ ports:
 - {name: diameter, port: 13868, protocol: SCTP}
 endpoints:
 - {addresses: [10.100.0.1], nodeName: node-1}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  clusterIP: 10.96.0.61
+  ports: [{name: http, port: 80, protocol: TCP, targetPort: 8080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- {addresses: [10.244.11.2], nodeName: node-1}
 "#;
 
 /// A Service with ClientIP session affinity (a 1 s timeout) over three backends.
@@ -307,22 +324,40 @@ fn claiming(mut frame: Vec<u8>, total: u16) -> Vec<u8> {
     frame
 }
 
-/// The source port a connection from `src` to `dst` gets when its reply tuple is
-/// taken: the first candidate of the rule, `1024 + flow_hash % 64512` (over IPv6,
-/// when the table runs as its IPv6 twins, `flow_hash6` of the twins).
-fn remapped(src: SocketAddrV4, dst: &str) -> SocketAddrV4 {
-    let dst = addr(dst);
+/// The flow hash of a TCP connection from `src` to `dst` (over IPv6, when the table
+/// runs as its IPv6 twins, `flow_hash6` of the twins).
+fn hash_of(src: SocketAddrV4, dst: SocketAddrV4) -> u32 {
     if ipv6_twins::running() {
-        return ipv6_twins::remapped(src, dst);
+        return ipv6_twins::flow_hash(src, dst);
     }
-    let hash = dataplane_common::flow_hash(
+    dataplane_common::flow_hash(
         u32::from_ne_bytes(src.ip().octets()),
         u32::from_ne_bytes(dst.ip().octets()),
         src.port().to_be(),
         dst.port().to_be(),
         dataplane_common::PROTO_TCP,
-    );
+    )
+}
+
+/// The source port a connection from `src` to `dst` gets when its reply tuple is
+/// taken: the first candidate of the rule, `1024 + flow_hash % 64512`.
+fn remapped(src: SocketAddrV4, dst: &str) -> SocketAddrV4 {
+    let hash = hash_of(src, addr(dst));
     SocketAddrV4::new(*src.ip(), (1024 + hash % 64_512) as u16)
+}
+
+/// The address a connection from `src` to `dst` from outside is masqueraded to by
+/// `node` when the ports `taken` are held: the node's address and the first free
+/// candidate of the rule, `min + (flow_hash + i * 0x9e3779b1) % span` for `i` from 0
+/// (the kernel's `conntrack::masquerade_port`).
+fn masqueraded(src: SocketAddrV4, dst: &str, node: Node, taken: &[u16]) -> SocketAddrV4 {
+    let hash = hash_of(src, addr(dst));
+    let (min, max) = (u32::from(node.ports.0), u32::from(node.ports.1));
+    let port = (0..16u32)
+        .map(|i| (min + hash.wrapping_add(i.wrapping_mul(0x9e37_79b1)) % (max - min + 1)) as u16)
+        .find(|p| !taken.contains(p))
+        .expect("a free port among the candidates");
+    SocketAddrV4::new(node.addr.parse().unwrap(), port)
 }
 
 fn tcp_to(src: &str, dst: SocketAddrV4, flags: u8) -> Vec<u8> {
@@ -429,6 +464,24 @@ fn icmp_error(from: &str, to: &str, kind: u8, code: u8, quoted: &[u8], quote: us
 }
 
 const ROUTER: &str = "10.244.99.1";
+/// The node of the fixtures that give the programs one, with a masquerade range of
+/// two ports.
+const NODE: Node = Node {
+    addr: "10.100.0.1",
+    ports: (61_000, 61_001),
+};
+/// A client outside the cluster.
+const OUTSIDE: &str = "203.0.113.9:41000";
+
+/// What the first of two connections from outside to `web` is masqueraded to, and the
+/// second (the first's port held).
+fn outside_first() -> SocketAddrV4 {
+    masqueraded(client(41001), VIP_HTTP, NODE, &[])
+}
+
+fn outside_second() -> SocketAddrV4 {
+    masqueraded(client(41002), VIP_HTTP, NODE, &[outside_first().port()])
+}
 
 /// The same bytes with one byte changed.
 fn poke(mut p: Vec<u8>, at: usize, value: u8) -> Vec<u8> {
@@ -466,10 +519,43 @@ struct Fixture {
     /// same map writer: a Service or endpoint changing under open connections.
     remaps: &'static [(usize, &'static str)],
     /// Steps (counted from 0) run through the egress program (`sliceway_tc_out`),
-    /// as packets the node's own stack sends; the others through the pods' program.
+    /// as packets the node's own stack sends.
     egress: &'static [usize],
+    /// Steps run through the uplink program (`sliceway_tc_ext`), as packets from
+    /// outside the node; the steps in neither list go through the pods' program.
+    uplink: &'static [usize],
+    /// The node's address and masquerade range the programs are given (its IPv6
+    /// twin for the twins); `None`, no address of the node known.
+    node: Option<Node>,
+    /// Compiled with direct server return for external traffic (`--external-mode
+    /// dsr`).
+    dsr: bool,
+    /// From this step on, the packets are another node's: the same maps, and a
+    /// conntrack (fragments, affinity) of its own, empty when the step comes.
+    other_node_from: Option<usize>,
     steps: &'static [Step],
 }
+
+/// The node's address and the source ports its masquerade takes (`NatConfig`).
+#[derive(Clone, Copy)]
+struct Node {
+    addr: &'static str,
+    ports: (u16, u16),
+}
+
+/// What a fixture leaves unsaid: no remaps, every step through the pods' program,
+/// no address of the node, no direct server return, one node.
+const PLAIN: Fixture = Fixture {
+    description: "",
+    maps: "",
+    remaps: &[],
+    egress: &[],
+    uplink: &[],
+    node: None,
+    dsr: false,
+    other_node_from: None,
+    steps: &[],
+};
 
 const PASS: i32 = TC_ACT_OK;
 const DROP: i32 = TC_ACT_SHOT;
@@ -480,7 +566,6 @@ static FIXTURES: &[Fixture] = &[
     Fixture {
         description: "a host-network backend of this node: its replies leave the node's stack and get their frontend back at egress",
         maps: HOST_NETWORK_BACKEND,
-        remaps: &[],
         egress: &[1, 2, 3, 4, 6, 8],
         steps: &[
             Step {
@@ -544,24 +629,22 @@ static FIXTURES: &[Fixture] = &[
                 output: Out::Packet(|| sctp_to("10.96.0.60:3868", client(7100), SCTP_DATA)),
             },
         ],
+        ..PLAIN
     },
     Fixture {
         description: "first TCP packet to a VIP is DNATed to the ready backend",
         maps: ONE_BACKEND,
-        remaps: &[],
-        egress: &[],
         steps: &[Step {
             input: || tcp(client(40000), VIP_HTTP, TCP_SYN),
             verdict: PASS,
             reason: stat::DNAT_NEW,
             output: Out::Packet(|| tcp(client(40000), BACKEND_HTTP, TCP_SYN)),
         }],
+        ..PLAIN
     },
     Fixture {
         description: "a flow keeps its backend and its replies are reverse NATed",
         maps: ONE_BACKEND,
-        remaps: &[],
-        egress: &[],
         steps: &[
             Step {
                 input: || tcp(client(40001), VIP_HTTP, TCP_SYN),
@@ -588,12 +671,11 @@ static FIXTURES: &[Fixture] = &[
                 output: Out::Packet(|| tcp_data(client(40001), BACKEND_HTTP)),
             },
         ],
+        ..PLAIN
     },
     Fixture {
         description: "a reply of a live connection stays its reply when its destination is also a frontend (conntrack before NAT)",
         maps: FRONTEND_AT_CLIENT,
-        remaps: &[],
-        egress: &[],
         steps: &[
             Step {
                 input: || tcp(client(40100), VIP_HTTP, TCP_SYN),
@@ -617,12 +699,11 @@ static FIXTURES: &[Fixture] = &[
                 output: Out::Packet(|| tcp(addr("10.244.7.7:5555"), "10.244.14.2:8080", TCP_SYN)),
             },
         ],
+        ..PLAIN
     },
     Fixture {
         description: "a SYN without ACK always starts a new connection on its tuple, before and after an answer",
         maps: ONE_BACKEND,
-        remaps: &[],
-        egress: &[],
         steps: &[
             Step {
                 input: || tcp(client(40006), VIP_HTTP, TCP_SYN),
@@ -649,12 +730,11 @@ static FIXTURES: &[Fixture] = &[
                 output: Out::Packet(|| tcp(client(40006), BACKEND_HTTP, TCP_SYN)),
             },
         ],
+        ..PLAIN
     },
     Fixture {
         description: "UDP is DNATed and its replies reverse NATed",
         maps: ONE_BACKEND,
-        remaps: &[],
-        egress: &[],
         steps: &[
             Step {
                 input: || udp(client(5000), VIP_DNS, b"query"),
@@ -675,36 +755,33 @@ static FIXTURES: &[Fixture] = &[
                 output: Out::Packet(|| udp(client(5000), BACKEND_DNS, b"again")),
             },
         ],
+        ..PLAIN
     },
     Fixture {
         description: "UDP without a checksum stays without one",
         maps: ONE_BACKEND,
-        remaps: &[],
-        egress: &[],
         steps: &[Step {
             input: || no_udp_csum(udp(client(5001), VIP_DNS, b"q")),
             verdict: PASS,
             reason: stat::DNAT_NEW,
             output: Out::Packet(|| no_udp_csum(udp(client(5001), BACKEND_DNS, b"q"))),
         }],
+        ..PLAIN
     },
     Fixture {
         description: "IP options shift the L4 header and are handled",
         maps: ONE_BACKEND,
-        remaps: &[],
-        egress: &[],
         steps: &[Step {
             input: || tcp_options(client(40002), VIP_HTTP),
             verdict: PASS,
             reason: stat::DNAT_NEW,
             output: Out::Packet(|| tcp_options(client(40002), BACKEND_HTTP)),
         }],
+        ..PLAIN
     },
     Fixture {
         description: "a Service without endpoints rejects: ICMP port unreachable back",
         maps: ONE_BACKEND,
-        remaps: &[],
-        egress: &[],
         steps: &[
             Step {
                 input: || tcp(client(40003), "10.96.0.20:80", TCP_SYN),
@@ -725,86 +802,79 @@ static FIXTURES: &[Fixture] = &[
                 output: Out::Rejected,
             },
         ],
+        ..PLAIN
     },
     Fixture {
         description: "a rejected long datagram is quoted up to 576 bytes",
         maps: ONE_BACKEND,
-        remaps: &[],
-        egress: &[],
         steps: &[Step {
             input: || udp(client(5004), "10.96.0.20:53", &[0xab; 1000]),
             verdict: REJECT,
             reason: stat::REJECT_NO_BACKEND,
             output: Out::Rejected,
         }],
+        ..PLAIN
     },
     Fixture {
         // Issue 46: the quote was sized from the header's claim, and the reply
         // grown to it with zeros (590 bytes, 508 of them zeros).
         description: "a rejected truncated SYN claiming 1,500 bytes quotes only what arrived",
         maps: ONE_BACKEND,
-        remaps: &[],
-        egress: &[],
         steps: &[Step {
             input: || claiming(tcp(client(40005), "10.96.0.20:80", TCP_SYN), 1500),
             verdict: REJECT,
             reason: stat::REJECT_NO_BACKEND,
             output: Out::Rejected,
         }],
+        ..PLAIN
     },
     Fixture {
         description: "a Local-policy Service with only remote endpoints drops",
         maps: ONE_BACKEND,
-        remaps: &[],
-        egress: &[],
         steps: &[Step {
             input: || tcp(client(40003), "10.96.0.30:80", TCP_SYN),
             verdict: DROP,
             reason: stat::DROP_NO_BACKEND,
             output: Out::Dropped,
         }],
+        ..PLAIN
     },
     Fixture {
         description: "traffic straight to a pod passes unchanged",
         maps: ONE_BACKEND,
-        remaps: &[],
-        egress: &[],
         steps: &[Step {
             input: || tcp(client(40004), BACKEND_HTTP, TCP_SYN),
             verdict: PASS,
             reason: stat::PASS_NO_SERVICE,
             output: Out::Unchanged,
         }],
+        ..PLAIN
     },
     Fixture {
         description: "a port of a ClusterIP its Service does not declare is rejected",
         maps: ONE_BACKEND,
-        remaps: &[],
-        egress: &[],
         steps: &[Step {
             input: || tcp(client(40004), "10.96.0.10:81", TCP_SYN),
             verdict: REJECT,
             reason: stat::REJECT_NO_PORT,
             output: Out::Rejected,
         }],
+        ..PLAIN
     },
     Fixture {
         description: "a frontend's port with the other protocol is rejected",
         maps: ONE_BACKEND,
-        remaps: &[],
-        egress: &[],
         steps: &[Step {
             input: || udp(client(40004), VIP_HTTP, b"x"),
             verdict: REJECT,
             reason: stat::REJECT_NO_PORT,
             output: Out::Rejected,
         }],
+        ..PLAIN
     },
     Fixture {
         description: "not IPv4 (ARP EtherType) passes unchanged",
         maps: ONE_BACKEND,
-        remaps: &[],
-        egress: &[],
         steps: &[Step {
             input: || {
                 let mut p = tcp(client(40004), VIP_HTTP, TCP_SYN);
@@ -815,36 +885,33 @@ static FIXTURES: &[Fixture] = &[
             reason: stat::PASS_NOT_IPV4,
             output: Out::Unchanged,
         }],
+        ..PLAIN
     },
     Fixture {
         description: "an IP protocol other than TCP and UDP passes unchanged",
         maps: ONE_BACKEND,
-        remaps: &[],
-        egress: &[],
         steps: &[Step {
             input: || poke(tcp(client(40004), VIP_HTTP, TCP_SYN), ETH + 9, 1),
             verdict: PASS,
             reason: stat::PASS_NOT_L4,
             output: Out::Unchanged,
         }],
+        ..PLAIN
     },
     Fixture {
         description: "a later fragment whose first fragment was never seen is dropped",
         maps: ONE_BACKEND,
-        remaps: &[],
-        egress: &[],
         steps: &[Step {
             input: || fragment(udp(client(5002), VIP_DNS, b"xxxxxxxx"), 0x99, 1, false),
             verdict: DROP,
             reason: stat::DROP_FRAGMENT_ORPHAN,
             output: Out::Dropped,
         }],
+        ..PLAIN
     },
     Fixture {
         description: "a fragmented datagram through a VIP both ways: later fragments are translated as the first one was",
         maps: ONE_BACKEND,
-        remaps: &[],
-        egress: &[],
         steps: &[
             Step {
                 input: || fragment(udp(client(5020), VIP_DNS, b"firstpart"), 7, 0, true),
@@ -881,12 +948,11 @@ static FIXTURES: &[Fixture] = &[
                 }),
             },
         ],
+        ..PLAIN
     },
     Fixture {
         description: "later fragments of a datagram that is no Service's pass unchanged",
         maps: ONE_BACKEND,
-        remaps: &[],
-        egress: &[],
         steps: &[
             Step {
                 input: || fragment(udp(client(5021), BACKEND_DNS, b"direct"), 9, 0, true),
@@ -901,12 +967,11 @@ static FIXTURES: &[Fixture] = &[
                 output: Out::Unchanged,
             },
         ],
+        ..PLAIN
     },
     Fixture {
         description: "a packet whose IP total length ends before its L4 header is malformed, not rewritten",
         maps: ONE_BACKEND,
-        remaps: &[],
-        egress: &[],
         steps: &[Step {
             input: || {
                 let mut p = udp(client(5022), VIP_DNS, b"trailing bytes");
@@ -917,12 +982,11 @@ static FIXTURES: &[Fixture] = &[
             reason: stat::DROP_MALFORMED,
             output: Out::Dropped,
         }],
+        ..PLAIN
     },
     Fixture {
         description: "ICMP errors about a translated connection are translated back, quoted packet included",
         maps: ONE_BACKEND,
-        remaps: &[],
-        egress: &[],
         steps: &[
             Step {
                 input: || udp(client(5030), VIP_DNS, b"q"),
@@ -974,62 +1038,58 @@ static FIXTURES: &[Fixture] = &[
                 output: Out::Unchanged,
             },
         ],
+        ..PLAIN
     },
     Fixture {
         description: "a TCP header cut short drops",
         maps: ONE_BACKEND,
-        remaps: &[],
-        egress: &[],
         steps: &[Step {
             input: || tcp(client(40005), VIP_HTTP, TCP_SYN)[..ETH + 20 + 10].to_vec(),
             verdict: DROP,
             reason: stat::DROP_MALFORMED,
             output: Out::Dropped,
         }],
+        ..PLAIN
     },
     Fixture {
         // BPF_PROG_TEST_RUN refuses an IPv4 packet shorter than its fixed header, so
         // a cut IPv4 header cannot be a fixture.
         description: "a UDP header cut short drops",
         maps: ONE_BACKEND,
-        remaps: &[],
-        egress: &[],
         steps: &[Step {
             input: || udp(client(5003), VIP_DNS, b"q")[..ETH + 20 + 4].to_vec(),
             verdict: DROP,
             reason: stat::DROP_MALFORMED,
             output: Out::Dropped,
         }],
+        ..PLAIN
     },
     Fixture {
         description: "an IHL below 5 words drops",
         maps: ONE_BACKEND,
-        remaps: &[],
-        egress: &[],
         steps: &[Step {
             input: || poke(tcp(client(40005), VIP_HTTP, TCP_SYN), ETH, 0x44),
             verdict: DROP,
             reason: stat::DROP_MALFORMED,
             output: Out::Dropped,
         }],
+        ..PLAIN
     },
     Fixture {
         description: "IP version 6 under the IPv4 EtherType drops",
         maps: ONE_BACKEND,
-        remaps: &[],
-        egress: &[],
         steps: &[Step {
             input: || poke(tcp(client(40005), VIP_HTTP, TCP_SYN), ETH, 0x65),
             verdict: DROP,
             reason: stat::DROP_MALFORMED,
             output: Out::Dropped,
         }],
+        ..PLAIN
     },
     Fixture {
         description: "an established connection keeps working after its Service is deleted",
         maps: ONE_BACKEND,
         remaps: &[(2, WEB_DELETED)],
-        egress: &[],
         steps: &[
             Step {
                 input: || tcp(client(40030), VIP_HTTP, TCP_SYN),
@@ -1063,12 +1123,12 @@ static FIXTURES: &[Fixture] = &[
                 output: Out::Unchanged,
             },
         ],
+        ..PLAIN
     },
     Fixture {
         description: "a TCP connection keeps its removed backend; a UDP flow moves on",
         maps: ONE_BACKEND,
         remaps: &[(2, BACKEND_MOVED)],
-        egress: &[],
         steps: &[
             Step {
                 input: || tcp(client(40032), VIP_HTTP, TCP_SYN),
@@ -1109,12 +1169,11 @@ static FIXTURES: &[Fixture] = &[
                 output: Out::Packet(|| udp_to(VIP_DNS, client(5010), b"a")),
             },
         ],
+        ..PLAIN
     },
     Fixture {
         description: "two Services sharing a backend, one client port: the second connection gets a port of its own and each reply finds its Service",
         maps: SHARED_BACKEND,
-        remaps: &[],
-        egress: &[],
         steps: &[
             Step {
                 input: || tcp(client(40040), VIP_HTTP, TCP_SYN),
@@ -1157,12 +1216,11 @@ static FIXTURES: &[Fixture] = &[
                 }),
             },
         ],
+        ..PLAIN
     },
     Fixture {
         description: "a SYN to another Service sharing the backend takes over the reply tuple of a connection in TIME_WAIT, keeping its client port",
         maps: SHARED_BACKEND,
-        remaps: &[],
-        egress: &[],
         steps: &[
             Step {
                 input: || tcp(client(40044), VIP_HTTP, TCP_SYN),
@@ -1219,12 +1277,11 @@ static FIXTURES: &[Fixture] = &[
                 }),
             },
         ],
+        ..PLAIN
     },
     Fixture {
         description: "a SYN to another Service sharing the backend does not take the reply tuple of a connection only half closed: its port is remapped",
         maps: SHARED_BACKEND,
-        remaps: &[],
-        egress: &[],
         steps: &[
             Step {
                 input: || tcp(client(40045), VIP_HTTP, TCP_SYN),
@@ -1260,12 +1317,11 @@ static FIXTURES: &[Fixture] = &[
                 output: Out::Packet(|| tcp_to(VIP_HTTP, client(40045), TCP_FIN | TCP_ACK)),
             },
         ],
+        ..PLAIN
     },
     Fixture {
         description: "a direct connection on the tuple of a closed Service connection is never rewritten",
         maps: ONE_BACKEND,
-        remaps: &[],
-        egress: &[],
         steps: &[
             Step {
                 input: || tcp(client(40050), VIP_HTTP, TCP_SYN),
@@ -1298,12 +1354,11 @@ static FIXTURES: &[Fixture] = &[
                 output: Out::Unchanged,
             },
         ],
+        ..PLAIN
     },
     Fixture {
         description: "FINs both ways close a connection that replies still reach until it times out",
         maps: ONE_BACKEND,
-        remaps: &[],
-        egress: &[],
         steps: &[
             Step {
                 input: || tcp(client(40060), VIP_HTTP, TCP_SYN),
@@ -1336,12 +1391,11 @@ static FIXTURES: &[Fixture] = &[
                 output: Out::Packet(|| tcp(client(40060), BACKEND_HTTP, TCP_ACK)),
             },
         ],
+        ..PLAIN
     },
     Fixture {
         description: "SCTP: an INIT is DNATed with its CRC32c updated for the new port, replies and data follow",
         maps: SCTP_SERVICES,
-        remaps: &[],
-        egress: &[],
         steps: &[
             Step {
                 input: || sctp(client(7001), VIP_SCTP, SCTP_INIT),
@@ -1368,12 +1422,11 @@ static FIXTURES: &[Fixture] = &[
                 output: Out::Packet(|| sctp(client(7001), BACKEND_SCTP, SCTP_ABORT)),
             },
         ],
+        ..PLAIN
     },
     Fixture {
         description: "SCTP: a checksum left to the kernel (zero) stays zero; equal ports change no CRC",
         maps: SCTP_SERVICES,
-        remaps: &[],
-        egress: &[],
         steps: &[
             Step {
                 input: || no_sctp_csum(sctp(client(7002), VIP_SCTP, SCTP_INIT)),
@@ -1388,12 +1441,11 @@ static FIXTURES: &[Fixture] = &[
                 output: Out::Packet(|| sctp(client(7003), BACKEND_SCTP_SAME, SCTP_INIT)),
             },
         ],
+        ..PLAIN
     },
     Fixture {
         description: "SCTP: a Service without endpoints rejects, a first fragment whose port must change drops",
         maps: SCTP_SERVICES,
-        remaps: &[],
-        egress: &[],
         steps: &[
             Step {
                 input: || sctp(client(7004), "10.96.0.51:3868", SCTP_INIT),
@@ -1408,15 +1460,239 @@ static FIXTURES: &[Fixture] = &[
                 output: Out::Dropped,
             },
         ],
+        ..PLAIN
+    },
+    Fixture {
+        description: "from outside, with no address of the node known, a new connection is dropped",
+        maps: ONE_BACKEND,
+        uplink: &[0],
+        steps: &[Step {
+            input: || tcp(client(41000), VIP_HTTP, TCP_SYN),
+            verdict: DROP,
+            reason: stat::DROP_NO_NODE_ADDR,
+            output: Out::Dropped,
+        }],
+        ..PLAIN
+    },
+    Fixture {
+        // Issue 11.
+        description: "from outside, each connection is masqueraded to the node on a port of its own; the range taken, the next is dropped",
+        maps: ONE_BACKEND,
+        uplink: &[0, 1, 2, 3, 4, 5, 7],
+        node: Some(NODE),
+        steps: &[
+            Step {
+                input: || tcp(client(41001), VIP_HTTP, TCP_SYN),
+                verdict: PASS,
+                reason: stat::DNAT_MASQUERADED,
+                output: Out::Packet(|| tcp(outside_first(), BACKEND_HTTP, TCP_SYN)),
+            },
+            Step {
+                input: || tcp(client(41002), VIP_HTTP, TCP_SYN),
+                verdict: PASS,
+                reason: stat::DNAT_MASQUERADED,
+                output: Out::Packet(|| tcp(outside_second(), BACKEND_HTTP, TCP_SYN)),
+            },
+            // Both ports of the range are held: never a taken tuple.
+            Step {
+                input: || tcp(client(41003), VIP_HTTP, TCP_SYN),
+                verdict: DROP,
+                reason: stat::DROP_SNAT_EXHAUSTED,
+                output: Out::Dropped,
+            },
+            // A retransmitted SYN finds its port again, twice.
+            Step {
+                input: || tcp(client(41001), VIP_HTTP, TCP_SYN),
+                verdict: PASS,
+                reason: stat::DNAT_MASQUERADED,
+                output: Out::Packet(|| tcp(outside_first(), BACKEND_HTTP, TCP_SYN)),
+            },
+            Step {
+                input: || tcp(client(41001), VIP_HTTP, TCP_SYN),
+                verdict: PASS,
+                reason: stat::DNAT_MASQUERADED,
+                output: Out::Packet(|| tcp(outside_first(), BACKEND_HTTP, TCP_SYN)),
+            },
+            Step {
+                input: || tcp_to(BACKEND_HTTP, outside_first(), TCP_SYN | TCP_ACK),
+                verdict: PASS,
+                reason: stat::REVNAT,
+                output: Out::Packet(|| tcp_to(VIP_HTTP, client(41001), TCP_SYN | TCP_ACK)),
+            },
+            // The same reply entering a pod's interface (a backend on this node).
+            Step {
+                input: || tcp_to(BACKEND_HTTP, outside_first(), TCP_ACK),
+                verdict: PASS,
+                reason: stat::REVNAT,
+                output: Out::Packet(|| tcp_to(VIP_HTTP, client(41001), TCP_ACK)),
+            },
+            // A router between the node and the backend says the masqueraded packet is
+            // too big: the error, sent to the node's address, goes to the client and
+            // quotes what the client sent (path-MTU discovery through the masquerade).
+            Step {
+                input: || {
+                    let sent = tcp(outside_first(), BACKEND_HTTP, TCP_ACK);
+                    icmp_error(ROUTER, NODE.addr, 3, 4, &sent, 28)
+                },
+                verdict: PASS,
+                reason: stat::NAT_ICMP_ERROR,
+                output: Out::Packet(|| {
+                    let asked = tcp(client(41001), VIP_HTTP, TCP_ACK);
+                    icmp_error(ROUTER, CLIENT, 3, 4, &asked, 28)
+                }),
+            },
+        ],
+        ..PLAIN
+    },
+    Fixture {
+        description: "from a pod, a connection keeps the client's address with the node's address known",
+        maps: ONE_BACKEND,
+        node: Some(NODE),
+        steps: &[Step {
+            input: || tcp(client(41004), VIP_HTTP, TCP_SYN),
+            verdict: PASS,
+            reason: stat::DNAT_NEW,
+            output: Out::Packet(|| tcp(client(41004), BACKEND_HTTP, TCP_SYN)),
+        }],
+        ..PLAIN
+    },
+    Fixture {
+        // Issue 46: netfilter's masquerade at `POSTROUTING` never meets a packet
+        // delivered to the node's stack, and a source that is the node's own address
+        // would be a martian there.
+        description: "from outside, a backend at the node's own address is not masqueraded and answers through egress; a pod backend is",
+        maps: HOST_NETWORK_BACKEND,
+        uplink: &[0, 2],
+        egress: &[1],
+        node: Some(NODE),
+        steps: &[
+            Step {
+                input: || tcp(addr(OUTSIDE), "10.96.0.60:443", TCP_SYN),
+                verdict: PASS,
+                reason: stat::DNAT_NEW,
+                output: Out::Packet(|| tcp(addr(OUTSIDE), "10.100.0.1:6443", TCP_SYN)),
+            },
+            Step {
+                input: || tcp_to("10.100.0.1:6443", addr(OUTSIDE), TCP_SYN | TCP_ACK),
+                verdict: PASS,
+                reason: stat::REVNAT_EGRESS,
+                output: Out::Packet(|| tcp_to("10.96.0.60:443", addr(OUTSIDE), TCP_SYN | TCP_ACK)),
+            },
+            Step {
+                input: || tcp(addr(OUTSIDE), "10.96.0.61:80", TCP_SYN),
+                verdict: PASS,
+                reason: stat::DNAT_MASQUERADED,
+                output: Out::Packet(|| {
+                    let node = masqueraded(addr(OUTSIDE), "10.96.0.61:80", NODE, &[]);
+                    tcp(node, BACKEND_HTTP, TCP_SYN)
+                }),
+            },
+        ],
+        ..PLAIN
+    },
+    Fixture {
+        // Issue 11: `--external-mode dsr`.
+        description: "direct server return: the first node sends a new connection on with the frontend in an IPv4 option, the backend's node records it from there",
+        maps: DSR_LB,
+        dsr: true,
+        node: Some(NODE),
+        uplink: &[0, 1, 2, 3, 5, 7, 8],
+        other_node_from: Some(3),
+        steps: &[
+            // The first node: to the backend, the client's address kept, the option
+            // added; a later packet translated without it.
+            Step {
+                input: || tcp(addr(DSR_CLIENT), DSR_FRONTEND, TCP_SYN),
+                verdict: PASS,
+                reason: stat::DNAT_DSR,
+                output: Out::Packet(dsr_sent),
+            },
+            Step {
+                input: || tcp(addr(DSR_CLIENT), DSR_FRONTEND, TCP_ACK),
+                verdict: PASS,
+                reason: stat::DNAT_ESTABLISHED,
+                output: Out::Packet(|| tcp(addr(DSR_CLIENT), BACKEND_HTTP, TCP_ACK)),
+            },
+            // No room left in the IPv4 header (56 bytes with its options, 64 with this
+            // one): dropped, never sent on without the option.
+            Step {
+                input: || {
+                    let mut spec =
+                        PacketSpec::tcp(addr("198.51.100.7:41002"), addr(DSR_FRONTEND), TCP_SYN);
+                    spec.ip_options = 36;
+                    build(&spec)
+                },
+                verdict: DROP,
+                reason: stat::DROP_DSR_OPTION,
+                output: Out::Dropped,
+            },
+            // The backend's node: recorded, passed as it came; the pod's reply leaves
+            // from the frontend.
+            Step {
+                input: dsr_sent,
+                verdict: PASS,
+                reason: stat::DSR_ACCEPTED,
+                output: Out::Unchanged,
+            },
+            Step {
+                input: || tcp_to(BACKEND_HTTP, addr(DSR_CLIENT), TCP_SYN | TCP_ACK),
+                verdict: PASS,
+                reason: stat::REVNAT,
+                output: Out::Packet(|| tcp_to(DSR_FRONTEND, addr(DSR_CLIENT), TCP_SYN | TCP_ACK)),
+            },
+            // An option naming no frontend of this node: refused, nothing recorded, the
+            // pod's reply untouched.
+            Step {
+                input: || {
+                    let p = tcp(addr("198.51.100.7:41001"), BACKEND_HTTP, TCP_SYN);
+                    with_dsr_option(&p, addr("192.0.2.99:80"))
+                },
+                verdict: PASS,
+                reason: stat::PASS_DSR_REFUSED,
+                output: Out::Unchanged,
+            },
+            Step {
+                input: || tcp_to(BACKEND_HTTP, addr("198.51.100.7:41001"), TCP_SYN | TCP_ACK),
+                verdict: PASS,
+                reason: stat::PASS_NO_SERVICE,
+                output: Out::Unchanged,
+            },
+            // The option on a packet to a frontend (never sent so) or a ClusterIP:
+            // dropped, not passed on untranslated.
+            Step {
+                input: || {
+                    let p = tcp(addr("198.51.100.7:41003"), DSR_FRONTEND, TCP_SYN);
+                    with_dsr_option(&p, addr(DSR_FRONTEND))
+                },
+                verdict: DROP,
+                reason: stat::DROP_DSR_OPTION,
+                output: Out::Dropped,
+            },
+            Step {
+                input: || {
+                    let p = tcp(addr("198.51.100.7:41003"), "10.96.0.60:80", TCP_SYN);
+                    with_dsr_option(&p, addr(DSR_FRONTEND))
+                },
+                verdict: DROP,
+                reason: stat::DROP_DSR_OPTION,
+                output: Out::Dropped,
+            },
+        ],
+        ..PLAIN
     },
 ];
 
 /// Compiles `manifests` and applies them with `writer`.
 fn apply(writer: &mut MapWriter, dp: &mut Datapath, manifests: &str) {
+    apply_with(writer, dp, manifests, &Options::default());
+}
+
+/// Compiles `manifests` with `opts` and applies them with `writer`.
+fn apply_with(writer: &mut MapWriter, dp: &mut Datapath, manifests: &str, opts: &Options) {
     let (objects, problems) = parse_file("program.yaml".as_ref(), manifests);
     assert!(problems.is_empty(), "{problems:?}");
     let objects = objects.unwrap();
-    let compiled = compiler::compile(&objects.services, &objects.slices, &Options::default());
+    let compiled = compiler::compile(&objects.services, &objects.slices, opts);
     assert!(compiled.skipped.is_empty(), "{:?}", compiled.skipped);
     let report = writer.apply(compiled.desired(), &mut dp.maps);
     assert!(
@@ -1493,6 +1769,33 @@ trait Family {
     /// expected bytes, which come from the same builders), so a fixture with a wrong
     /// expectation cannot hide a wrong rewrite.
     fn rewritten_ok(&self, packet: &[u8]) -> Result<(), String>;
+    /// Gives the programs the node's address and masquerade range in this family
+    /// (`None`: none known).
+    fn set_node(&self, dp: &mut Datapath, node: Option<Node>) -> Result<(), String>;
+}
+
+/// The compiler's options a fixture asks for.
+fn options_of(fixture: &Fixture) -> Options {
+    Options {
+        dsr: fixture.dsr,
+        ..Options::default()
+    }
+}
+
+/// `node` as IPv4's `NatConfig` (all zero: no address known).
+fn nat_of(node: Option<Node>) -> dataplane_common::NatConfig {
+    node.map_or(
+        dataplane_common::NatConfig {
+            node_addr_be: 0,
+            port_min: 0,
+            port_max: 0,
+        },
+        |n| dataplane_common::NatConfig {
+            node_addr_be: u32::from(n.addr.parse::<std::net::Ipv4Addr>().unwrap()).to_be(),
+            port_min: n.ports.0,
+            port_max: n.ports.1,
+        },
+    )
 }
 
 /// The table as written.
@@ -1532,6 +1835,10 @@ impl Family for V4 {
         }
         Ok(())
     }
+
+    fn set_node(&self, dp: &mut Datapath, node: Option<Node>) -> Result<(), String> {
+        dp.set_nat(nat_of(node)).map_err(|e| e.to_string())
+    }
 }
 
 /// Runs one fixture on `dp` in `family` (emptied of what earlier ones left, its maps
@@ -1545,10 +1852,15 @@ fn run_fixture(
     manifests: &dyn Fn(&str) -> Result<String, String>,
 ) -> Result<(), String> {
     forget(dp);
-    apply(writer, dp, &manifests(fixture.maps)?);
+    let opts = options_of(fixture);
+    family.set_node(dp, fixture.node)?;
+    apply_with(writer, dp, &manifests(fixture.maps)?, &opts);
     for (i, step) in fixture.steps.iter().enumerate() {
         for (_, yaml) in fixture.remaps.iter().filter(|(n, _)| *n == i) {
-            apply(writer, dp, &manifests(yaml)?);
+            apply_with(writer, dp, &manifests(yaml)?, &opts);
+        }
+        if fixture.other_node_from == Some(i) {
+            forget(dp);
         }
         let at = format!("step {}", i + 1);
         let input = family
@@ -1557,6 +1869,8 @@ fn run_fixture(
         let before = dp.stats().map_err(|e| e.to_string())?;
         let out = if fixture.egress.contains(&i) {
             dp.test_run_egress(&input)
+        } else if fixture.uplink.contains(&i) {
+            dp.test_run_as(sliceway_agent::kernel::Role::External, &input)
         } else {
             dp.test_run(&input)
         }
@@ -1676,6 +1990,8 @@ fn hashed_slot(src: SocketAddrV4) -> u32 {
     ) % 3
 }
 
+/// Not a fixture: the client ports that would hash elsewhere are searched for in the
+/// maps, and the timeout is waited out.
 #[test]
 fn session_affinity_keeps_a_client_on_its_backend_until_the_timeout() {
     let (dp, _writer) = datapath(STICKY);
@@ -1717,6 +2033,8 @@ fn session_affinity_keeps_a_client_on_its_backend_until_the_timeout() {
 /// Only ready (or unset) endpoints are candidates.
 const READY: [&str; 2] = ["10.244.11.2", "10.244.12.2"];
 
+/// Not a fixture: a property over many flows (each one's backend is the hash's
+/// choice), not one packet's bytes.
 #[test]
 fn every_client_port_lands_on_a_ready_backend_and_both_are_used() {
     let (dp, _writer) = datapath(TWO_BACKENDS);
@@ -1737,6 +2055,7 @@ fn every_client_port_lands_on_a_ready_backend_and_both_are_used() {
 }
 
 /// A map pinned by a build with another layout is refused with a message, never read.
+/// Not a fixture: no packet, the load itself is refused.
 #[test]
 fn a_pinned_map_of_another_layout_is_refused() {
     use sliceway_agent::kernel::{KernelError, PinDir};
@@ -1782,7 +2101,8 @@ fn a_pinned_map_of_another_layout_is_refused() {
 /// Issue 15: the per-frontend and per-backend counters count each packet of a
 /// translated flow (the first as a new connection) with its frame length, and a
 /// refused flow per frontend; loaded with `flow_counters: false` the program counts
-/// nothing there (what the benchmark compares against).
+/// nothing there (what the benchmark compares against). Not a fixture: what it reads
+/// is counter maps, and a datapath loaded with another option.
 #[test]
 fn flow_counters_count_translated_and_refused_flows_and_can_be_left_out() {
     // ONE_BACKEND has `web` (one ready backend) and `empty` (none) at 10.96.0.20.
@@ -1851,164 +2171,6 @@ fn run_as(
     (out, reason)
 }
 
-/// Issue 11: the uplink program (`sliceway_tc_ext`) masquerades a client from
-/// outside the node to the node's address, each connection on a source port of its
-/// own from the configured range (a retransmitted SYN finds its port again), and
-/// translates the backend's reply back to the frontend and the client; with the
-/// range taken, a new connection is dropped and counted, never given a taken tuple;
-/// with no address of the node known, too. The pods' program leaves the client's
-/// address alone.
-#[test]
-fn the_uplink_program_masquerades_each_connection_to_a_port_of_its_own() {
-    use dataplane_common::NatConfig;
-    use sliceway_agent::kernel::Role;
-    let (mut dp, _writer) = datapath(ONE_BACKEND);
-    let node = std::net::Ipv4Addr::new(10, 100, 0, 1);
-    let run = |dp: &Datapath, role: Role, p: Vec<u8>| run_as(dp, role, &p);
-    // No address of the node yet: dropped.
-    let (out, reason) = run(&dp, Role::External, tcp(client(41000), VIP_HTTP, TCP_SYN));
-    assert_eq!((out.verdict, reason), (DROP, "drop_no_node_addr"));
-    dp.set_nat(NatConfig {
-        node_addr_be: u32::from(node).to_be(),
-        port_min: 61_000,
-        port_max: 61_001,
-    })
-    .unwrap();
-    let mut ports = Vec::new();
-    for port in [41001, 41002] {
-        let (out, reason) = run(&dp, Role::External, tcp(client(port), VIP_HTTP, TCP_SYN));
-        assert_eq!((out.verdict, reason), (PASS, "dnat_masqueraded"));
-        let p = parse(&out.packet).unwrap();
-        assert!(p.ip_csum_ok && p.l4_csum_ok, "{p:?}");
-        assert_eq!(p.dst, addr(BACKEND_HTTP));
-        assert_eq!(*p.src.ip(), node);
-        ports.push(p.src.port());
-    }
-    ports.sort();
-    assert_eq!(ports, [61_000, 61_001], "a port of its own each");
-    // The range is taken: the third is dropped.
-    let (out, reason) = run(&dp, Role::External, tcp(client(41003), VIP_HTTP, TCP_SYN));
-    assert_eq!((out.verdict, reason), (DROP, "drop_snat_exhausted"));
-    // A retransmitted SYN keeps its port; the backend's answer goes back to the client
-    // from the frontend.
-    let (out, _) = run(&dp, Role::External, tcp(client(41001), VIP_HTTP, TCP_SYN));
-    let first = parse(&out.packet).unwrap().src;
-    let (out, _) = run(&dp, Role::External, tcp(client(41001), VIP_HTTP, TCP_SYN));
-    assert_eq!(parse(&out.packet).unwrap().src, first);
-    let (out, reason) = run(
-        &dp,
-        Role::External,
-        tcp_to(BACKEND_HTTP, first, TCP_SYN | TCP_ACK),
-    );
-    assert_eq!((out.verdict, reason), (PASS, "revnat"));
-    assert_eq!(
-        out.packet,
-        tcp_to(VIP_HTTP, client(41001), TCP_SYN | TCP_ACK)
-    );
-    // The same reply entering a pod's interface (a backend on this node) too.
-    let (out, reason) = run(&dp, Role::Pods, tcp_to(BACKEND_HTTP, first, TCP_ACK));
-    assert_eq!((out.verdict, reason), (PASS, "revnat"));
-    assert_eq!(out.packet, tcp_to(VIP_HTTP, client(41001), TCP_ACK));
-    // A router between this node and the backend says the masqueraded packet is too
-    // big: the error, sent to the node's address, goes to the client and quotes what
-    // the client sent (path-MTU discovery through the masquerade).
-    let sent = tcp(first, BACKEND_HTTP, TCP_ACK);
-    let error = icmp_error(ROUTER, "10.100.0.1", 3, 4, &sent, 28);
-    let (out, reason) = run(&dp, Role::External, error);
-    assert_eq!((out.verdict, reason), (PASS, "nat_icmp_error"));
-    let client_ip = client(41001).ip().to_string();
-    let want = icmp_error(
-        ROUTER,
-        &client_ip,
-        3,
-        4,
-        &tcp(client(41001), VIP_HTTP, TCP_ACK),
-        28,
-    );
-    assert_eq!(out.packet, want, "translated back, checksums included");
-    // From a pod: the client's address kept.
-    let (out, reason) = run(&dp, Role::Pods, tcp(client(41004), VIP_HTTP, TCP_SYN));
-    assert_eq!((out.verdict, reason), (PASS, "dnat_new"));
-    assert_eq!(out.packet, tcp(client(41004), BACKEND_HTTP, TCP_SYN));
-}
-
-/// Issue 46: a client outside the node reaching a backend at the node's own address
-/// (in the host network of this node) is not masqueraded, as netfilter's masquerade
-/// at `POSTROUTING` never meets a packet delivered to the node's stack (and a source
-/// that is the node's own address would be a martian there); the backend's replies
-/// leave through the egress program, which gives them their frontend back. Both
-/// families (the IPv6 twins of the same packets).
-#[test]
-fn a_backend_at_the_nodes_own_address_is_not_masqueraded_and_answers_through_egress() {
-    use sliceway_agent::kernel::Role;
-    let node = std::net::Ipv4Addr::new(10, 100, 0, 1);
-    let outside = addr("203.0.113.9:41000");
-    for family in 0..2 {
-        let manifests = format!("{HOST_NETWORK_BACKEND}---{ONE_BACKEND}");
-        let (mut dp, _writer) = datapath(&ipv6_twins::maps_of(family)(&manifests));
-        let packet = ipv6_twins::packet_of(family);
-        if family == 0 {
-            dp.set_nat(dataplane_common::NatConfig {
-                node_addr_be: u32::from(node).to_be(),
-                port_min: 61_000,
-                port_max: 61_001,
-            })
-            .unwrap();
-        } else {
-            let octets = ipv6_twins::addr(node).octets();
-            let mut node_addr_be = [0u32; 4];
-            for (w, c) in node_addr_be.iter_mut().zip(octets.chunks(4)) {
-                *w = u32::from_ne_bytes(c.try_into().unwrap());
-            }
-            dp.set_nat6(dataplane_common::NatConfig6 {
-                node_addr_be,
-                port_min: 61_000,
-                port_max: 61_001,
-            })
-            .unwrap();
-        }
-        let (out, reason) = run_as(
-            &dp,
-            Role::External,
-            &packet(tcp(outside, "10.96.0.60:443", TCP_SYN)),
-        );
-        assert_eq!((out.verdict, reason), (PASS, "dnat_new"), "family {family}");
-        assert_eq!(
-            out.packet,
-            packet(tcp(outside, "10.100.0.1:6443", TCP_SYN)),
-            "family {family}: the client's own address kept"
-        );
-        let before = dp.stats().unwrap();
-        let out = dp
-            .test_run_egress(&packet(tcp_to(
-                "10.100.0.1:6443",
-                outside,
-                TCP_SYN | TCP_ACK,
-            )))
-            .unwrap();
-        assert_eq!(
-            counted_between(&before, &dp.stats().unwrap()),
-            [("revnat_egress", 1)],
-            "family {family}"
-        );
-        assert_eq!(
-            (out.verdict, out.packet),
-            (
-                PASS,
-                packet(tcp_to("10.96.0.60:443", outside, TCP_SYN | TCP_ACK))
-            ),
-            "family {family}"
-        );
-        // Any other backend is still masqueraded.
-        let (_, reason) = run_as(
-            &dp,
-            Role::External,
-            &packet(tcp(addr("203.0.113.9:41001"), VIP_HTTP, TCP_SYN)),
-        );
-        assert_eq!(reason, "dnat_masqueraded", "family {family}");
-    }
-}
-
 /// One family's addresses for [`source_ranges_case`].
 struct RangesCase {
     /// The Service's manifest with these `loadBalancerSourceRanges`.
@@ -2038,7 +2200,9 @@ fn syn_any(src: std::net::SocketAddr, dst: &str) -> Vec<u8> {
 /// load-balancer IP from a source outside the ranges is dropped and counted, from
 /// within them translated, through both programs; the ClusterIP of the same Service
 /// is not guarded; the ranges follow the Service through the agent's pipeline (a
-/// changed range lets the other source in; ranges removed, no check).
+/// changed range lets the other source in; ranges removed, no check). Not a fixture:
+/// the ranges are written by the agent's pipeline (`RangeWriter`), which the table's
+/// map writer is not.
 fn source_ranges_case(case: &RangesCase) {
     use sliceway_agent::{
         agent::Pipeline,
@@ -2224,10 +2388,6 @@ fn the_xdp_program_decides_every_fixture_packet_as_the_uplink_tc_program_does() 
         port_min: nat.port_min,
         port_max: nat.port_max,
     };
-    for dp in [&mut xdp, &mut tc] {
-        dp.set_nat(nat).unwrap();
-        dp.set_nat6(nat6).unwrap();
-    }
     let table = FIXTURES.iter().map(|f| (0, f));
     let twins = FIXTURES
         .iter()
@@ -2242,12 +2402,25 @@ fn the_xdp_program_decides_every_fixture_packet_as_the_uplink_tc_program_does() 
                 dp.conntrack_map().remove(&k).unwrap();
             }
         }
-        apply(&mut xdp_writer, &mut xdp, &maps(fixture.maps));
-        apply(&mut tc_writer, &mut tc, &maps(fixture.maps));
+        let opts = options_of(fixture);
+        // A fixture's own node (its masquerade range) where it names one.
+        let node_nat = fixture.node.map_or(nat, |n| nat_of(Some(n)));
+        let node_nat6 = fixture.node.map_or(nat6, |n| ipv6_twins::nat6_of(Some(n)));
+        for dp in [&mut xdp, &mut tc] {
+            dp.set_nat(node_nat).unwrap();
+            dp.set_nat6(node_nat6).unwrap();
+        }
+        apply_with(&mut xdp_writer, &mut xdp, &maps(fixture.maps), &opts);
+        apply_with(&mut tc_writer, &mut tc, &maps(fixture.maps), &opts);
         for (i, step) in fixture.steps.iter().enumerate() {
             for (_, manifests) in fixture.remaps.iter().filter(|(n, _)| *n == i) {
-                apply(&mut xdp_writer, &mut xdp, &maps(manifests));
-                apply(&mut tc_writer, &mut tc, &maps(manifests));
+                apply_with(&mut xdp_writer, &mut xdp, &maps(manifests), &opts);
+                apply_with(&mut tc_writer, &mut tc, &maps(manifests), &opts);
+            }
+            if fixture.other_node_from == Some(i) {
+                for dp in [&mut xdp, &mut tc] {
+                    forget(dp);
+                }
             }
             let at = format!(
                 "IPv{}: {}, step {}",
@@ -2335,6 +2508,16 @@ ports: [{name: http, port: 8080}]
 endpoints: [{addresses: [10.244.11.2]}]
 "#;
 
+/// A client outside of [`DSR_LB`]'s frontend, and that frontend.
+const DSR_CLIENT: &str = "198.51.100.7:41000";
+const DSR_FRONTEND: &str = "192.0.2.10:80";
+
+/// The new connection of [`DSR_CLIENT`] as the first node sends it to the backend.
+fn dsr_sent() -> Vec<u8> {
+    let p = tcp(addr(DSR_CLIENT), BACKEND_HTTP, TCP_SYN);
+    with_dsr_option(&p, addr(DSR_FRONTEND))
+}
+
 /// `packet` (Ethernet, IPv4 without options) with the direct server return option
 /// naming `frontend` put after its fixed IPv4 header, lengths and IPv4 checksum
 /// fixed: what the first node is to send.
@@ -2355,111 +2538,6 @@ fn with_dsr_option(packet: &[u8], frontend: SocketAddrV4) -> Vec<u8> {
     let sum = sliceway_agent::kernel::packet::checksum(hdr, 0);
     hdr[10..12].copy_from_slice(&sum.to_be_bytes());
     out
-}
-
-/// Issue 11: direct server return in the kernel (`--external-mode dsr`). The first
-/// node's uplink program sends a new connection from outside to its backend with the
-/// client's own address and the frontend in an IPv4 option (exact bytes, checksums
-/// checked on their own too), later packets of it translated without; the XDP
-/// program leaves the new connection to TC. The backend's node records the
-/// connection from the option, so the pod's reply leaves with the frontend as its
-/// source; an option naming no frontend of that node is refused (nothing recorded,
-/// the pod's reply untouched), one on a packet to a frontend or a ClusterIP dropped;
-/// a packet whose IPv4 header has no room for the option is dropped, never sent on
-/// without it.
-#[test]
-fn direct_server_return_carries_the_frontend_to_the_backends_node() {
-    use sliceway_agent::kernel::{Role, XDP_PASS};
-    let load = || {
-        let caps = fixture_capacities();
-        let mut dp = Datapath::load(&caps, None).expect("loading the datapath (needs root)");
-        let (objects, problems) = parse_file("lb.yaml".as_ref(), DSR_LB);
-        assert!(problems.is_empty(), "{problems:?}");
-        let objects = objects.unwrap();
-        let opts = Options {
-            dsr: true,
-            ..Options::default()
-        };
-        let compiled = compiler::compile(&objects.services, &objects.slices, &opts);
-        let mut writer = MapWriter::new(caps.limits);
-        let report = writer.apply(&compiled.frontends, &mut dp.maps);
-        assert!(report.errors.is_empty(), "{report:?}");
-        dp.set_nat(dataplane_common::NatConfig {
-            node_addr_be: u32::from(std::net::Ipv4Addr::new(10, 100, 0, 1)).to_be(),
-            port_min: 61_000,
-            port_max: 65_535,
-        })
-        .unwrap();
-        (dp, writer)
-    };
-    let run = run_as;
-    let (mut first, _w1) = load();
-    let (second, _w2) = load();
-    let lb = "192.0.2.10:80";
-    let from = addr("198.51.100.7:41000");
-    // The new connection through XDP: left to TC, untouched.
-    let syn = tcp(from, lb, TCP_SYN);
-    let before = first.stats().unwrap();
-    let out = first.test_run_xdp(&syn).unwrap();
-    let after = first.stats().unwrap();
-    assert_eq!(
-        (out.verdict, out.packet.as_slice()),
-        (XDP_PASS, syn.as_slice())
-    );
-    assert_eq!(
-        after[stat::XDP_TO_TC as usize] - before[stat::XDP_TO_TC as usize],
-        1
-    );
-    // Through TC: to the backend, the client's address kept, the option added.
-    let (out, reason) = run(&first, Role::External, &syn);
-    assert_eq!((out.verdict, reason), (PASS, "dnat_dsr"));
-    let sent = with_dsr_option(&tcp(from, BACKEND_HTTP, TCP_SYN), addr(lb));
-    assert_eq!(out.packet, sent);
-    let ip = &out.packet[ETH..];
-    assert_eq!(sliceway_agent::kernel::packet::checksum(&ip[..28], 0), 0);
-    let p = parse(&out.packet).unwrap();
-    assert!(p.ip_csum_ok && p.l4_csum_ok, "{p:?}");
-    // A later packet of it: translated, no option.
-    let (out, reason) = run(&first, Role::External, &tcp(from, lb, TCP_ACK));
-    assert_eq!((out.verdict, reason), (PASS, "dnat_established"));
-    assert_eq!(out.packet, tcp(from, BACKEND_HTTP, TCP_ACK));
-    // The backend's node: recorded, passed as it came.
-    let (out, reason) = run(&second, Role::External, &sent);
-    assert_eq!((out.verdict, reason), (PASS, "dsr_accepted"));
-    assert_eq!(out.packet, sent);
-    // The pod's reply leaves from the frontend.
-    let (out, reason) = run(
-        &second,
-        Role::Pods,
-        &tcp_to(BACKEND_HTTP, from, TCP_SYN | TCP_ACK),
-    );
-    assert_eq!((out.verdict, reason), (PASS, "revnat"));
-    assert_eq!(out.packet, tcp_to(lb, from, TCP_SYN | TCP_ACK));
-    // An option naming no frontend of this node: refused.
-    let to_node_port = addr("198.51.100.7:41001");
-    let unknown = with_dsr_option(
-        &tcp(to_node_port, BACKEND_HTTP, TCP_SYN),
-        addr("192.0.2.99:80"),
-    );
-    let (out, reason) = run(&second, Role::External, &unknown);
-    assert_eq!((out.verdict, reason), (PASS, "pass_dsr_refused"));
-    assert_eq!(out.packet, unknown);
-    let reply = tcp_to(BACKEND_HTTP, to_node_port, TCP_SYN | TCP_ACK);
-    let (out, reason) = run(&second, Role::Pods, &reply);
-    assert_eq!((out.verdict, reason), (PASS, "pass_no_service"));
-    assert_eq!(out.packet, reply, "nothing recorded: untouched");
-    // The option on a packet to a frontend (never sent so): dropped, not passed to the
-    // frontend untranslated; to a ClusterIP too.
-    for to in [lb, "10.96.0.60:80"] {
-        let odd = with_dsr_option(&tcp(addr("198.51.100.7:41003"), to, TCP_SYN), addr(lb));
-        let (out, reason) = run(&second, Role::External, &odd);
-        assert_eq!((out.verdict, reason), (DROP, "drop_dsr_option"), "{to}");
-    }
-    // No room left in the IPv4 header (56 bytes with its options, 64 with this one).
-    let mut spec = PacketSpec::tcp(addr("198.51.100.7:41002"), addr(lb), TCP_SYN);
-    spec.ip_options = 36;
-    let (out, reason) = run(&first, Role::External, &build(&spec));
-    assert_eq!((out.verdict, reason), (DROP, "drop_dsr_option"));
 }
 
 // IPv6 (issue 12): fixtures through the IPv6 programs (`sliceway_tc6` and

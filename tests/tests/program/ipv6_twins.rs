@@ -43,14 +43,14 @@ use std::{
     net::{Ipv4Addr, Ipv6Addr, SocketAddrV4},
 };
 
-use dataplane_common::{addr_of, PROTO_ICMP, PROTO_SCTP, PROTO_TCP, PROTO_UDP};
+use dataplane_common::{addr_of, NatConfig6, PROTO_ICMP, PROTO_SCTP, PROTO_TCP, PROTO_UDP};
 use sliceway_agent::{
     kernel::packet::{crc32c, icmp6_message, icmp6_port_unreachable, l4_checksum6, PROTO_ICMPV6},
     kernel::Datapath,
     writer::MapWriter,
 };
 
-use super::{fixture_capacities, run_fixture, Family, Fixture, ETH, FIXTURES};
+use super::{fixture_capacities, run_fixture, Family, Fixture, Node, ETH, FIXTURES};
 
 /// Fixtures of the IPv4 table without an IPv6 twin, by description, and the
 /// difference between the families that leaves each out.
@@ -68,6 +68,11 @@ pub const NOT_TWINNED: &[(&str, &str)] = &[
     (
         "an IHL below 5 words drops",
         "the header length field is IPv4's: IPv6's fixed header has none",
+    ),
+    (
+        "direct server return: the first node sends a new connection on with the frontend in an IPv4 option, the backend's node records it from there",
+        "IPv6 carries the frontend in a destination options header, not in a twin of \
+         IPv4's option (v6::ipv6_direct_server_return_carries_the_frontend_to_the_backends_node)",
     ),
 ];
 
@@ -359,8 +364,8 @@ fn adjust(old: u16, from: &[u8], to: &[u8]) -> u16 {
 }
 
 thread_local! {
-    /// Whether this thread runs the IPv6 twins: [`super::remapped`] then computes
-    /// the remap rule over the twins' addresses.
+    /// Whether this thread runs the IPv6 twins: [`super::remapped`] and
+    /// [`super::masqueraded`] then hash the twins' addresses.
     static TWINS: Cell<bool> = const { Cell::new(false) };
 }
 
@@ -392,18 +397,17 @@ pub fn packet_of(family: usize) -> fn(Vec<u8>) -> Vec<u8> {
     [|p: Vec<u8>| p, |p: Vec<u8>| packet(&p).unwrap()][family]
 }
 
-/// The source port the IPv6 twin of a connection from `src` to `dst` gets when its
-/// reply tuple is taken: the first candidate of the rule over the twins,
-/// `1024 + flow_hash6 % 64512` (the port is what the IPv4 fixture reads).
-pub fn remapped(src: SocketAddrV4, dst: SocketAddrV4) -> SocketAddrV4 {
-    let hash = dataplane_common::flow_hash6(
+/// The flow hash of the IPv6 twin of a TCP connection from `src` to `dst`
+/// (`flow_hash6` over the twins): what the port rules of [`super::remapped`] and
+/// [`super::masqueraded`] start from when the table runs as its twins.
+pub fn flow_hash(src: SocketAddrV4, dst: SocketAddrV4) -> u32 {
+    dataplane_common::flow_hash6(
         addr_of(addr(*src.ip()).octets()),
         addr_of(addr(*dst.ip()).octets()),
         src.port().to_be(),
         dst.port().to_be(),
         PROTO_TCP,
-    );
-    SocketAddrV4::new(*src.ip(), (1024 + hash % 64_512) as u16)
+    )
 }
 
 /// The transport checksum of an IPv6 frame, checked on its own: TCP, UDP and ICMPv6
@@ -464,6 +468,24 @@ impl Family for V6 {
     fn rewritten_ok(&self, packet: &[u8]) -> Result<(), String> {
         // As IPv4's: checked on its own too, not only against the expected bytes.
         checksum_ok6(packet).map_err(|e| format!("rewritten: {e}"))
+    }
+
+    fn set_node(&self, dp: &mut Datapath, node: Option<Node>) -> Result<(), String> {
+        dp.set_nat6(nat6_of(node)).map_err(|e| e.to_string())
+    }
+}
+
+/// The IPv6 twin of a fixture's node: its address's twin, the same ports.
+pub fn nat6_of(node: Option<Node>) -> NatConfig6 {
+    let v4 = super::nat_of(node);
+    let node_addr_be = match node {
+        Some(n) => addr_of(addr(n.addr.parse().unwrap()).octets()),
+        None => [0; 4],
+    };
+    NatConfig6 {
+        node_addr_be,
+        port_min: v4.port_min,
+        port_max: v4.port_max,
     }
 }
 
