@@ -19,6 +19,9 @@ use crate::{mirroring, reconciler, util};
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// `--logging-format` and `-v`, as Kubernetes components take them.
+    #[command(flatten)]
+    pub log: conventions::logging::LogArgs,
 }
 
 #[derive(Subcommand)]

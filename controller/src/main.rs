@@ -19,13 +19,12 @@ fn print_out(text: &str) -> anyhow::Result<()> {
     }
 }
 
-fn init_tracing() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
+/// Logs to stderr as `--logging-format` and `-v` say (`conventions::logging`).
+fn init_tracing(log: &conventions::logging::LogArgs) {
+    use tracing_subscriber::{layer::SubscriberExt as _, util::SubscriberInitExt as _};
+    tracing_subscriber::registry()
+        .with(log.filter())
+        .with(log.layer())
         .init();
 }
 
@@ -37,7 +36,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    init_tracing();
+    init_tracing(&cli.log);
     // API mode on one thread: its work is a stream of small steps (watch events,
     // reconciles, writes), and handing each between threads (futex and eventfd
     // wake-ups, profiled at about a sixth of the CPU per Pod change) cost more than

@@ -3,11 +3,12 @@
 //! ([`labels`]), how a directory of manifests is read ([`manifests`]), the API
 //! server's rules an object read from a file must pass ([`validate`]), and the
 //! `/metrics` and `/healthz` endpoint ([`http`]) and what it serves, read back
-//! ([`exposition`]).
+//! ([`exposition`]), and logging as Kubernetes components log ([`logging`]).
 
 pub mod exposition;
 pub mod http;
 pub mod labels;
 pub mod lean;
+pub mod logging;
 pub mod manifests;
 pub mod validate;

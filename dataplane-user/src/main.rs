@@ -36,15 +36,13 @@ fn one_malloc_arena() {
 
 fn main() -> anyhow::Result<()> {
     one_malloc_arena();
+    let cli = Cli::parse();
     use tracing_subscriber::{layer::SubscriberExt as _, util::SubscriberInitExt as _};
     tracing_subscriber::registry()
-        .with(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(cli.log.filter())
+        .with(cli.log.layer())
         .with(sliceway_agent::serve::metrics::LogCounter)
         .init();
-    let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => {
             let args = *args;

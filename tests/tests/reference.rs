@@ -115,6 +115,8 @@ fn command(out: &mut String, cmd: &clap::Command, path: &str, level: usize) {
         .get_arguments()
         .filter(|a| !a.is_hide_set())
         .filter(|a| !matches!(a.get_id().as_str(), "help" | "version"))
+        // A global flag (`--logging-format`, `-v`) is listed with the binary only.
+        .filter(|a| level == 2 || !a.is_global_set())
         .collect();
     if !args.is_empty() {
         out.push_str("| Flag | Default | Environment | Description |\n");

@@ -26,6 +26,9 @@ use crate::{
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// `--logging-format` and `-v`, as Kubernetes components take them.
+    #[command(flatten)]
+    pub log: conventions::logging::LogArgs,
 }
 
 #[derive(Subcommand)]
