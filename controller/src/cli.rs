@@ -30,6 +30,9 @@ pub enum Command {
     Run(RunArgs),
     /// One reconcile pass over a manifest directory; prints the plan, writes nothing.
     Plan(PlanArgs),
+    /// `completions SHELL` and `man`, generated from this definition.
+    #[command(flatten)]
+    Generate(conventions::clidoc::Generate),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -159,4 +162,22 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         _ => return Err(format!("bad duration unit in {s:?} (ms, s, m)")),
     };
     Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    use super::Cli;
+
+    /// Issue 47: the generated man page and shell completions name every subcommand.
+    #[test]
+    fn man_page_and_completions_name_the_subcommands() {
+        let cmd = Cli::command();
+        let names = conventions::clidoc::subcommand_names(&cmd);
+        for name in ["run", "plan", "completions", "man"] {
+            assert!(names.iter().any(|n| n == name), "{name} in {names:?}");
+        }
+        conventions::clidoc::check_names_subcommands(&cmd).unwrap();
+    }
 }

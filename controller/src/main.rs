@@ -36,6 +36,11 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Command::Generate(generate) = &cli.command {
+        use clap::CommandFactory as _;
+        conventions::clidoc::run(generate, Cli::command())?;
+        return Ok(());
+    }
     init_tracing(&cli.log);
     // API mode on one thread: its work is a stream of small steps (watch events,
     // reconciles, writes), and handing each between threads (futex and eventfd
@@ -57,6 +62,7 @@ fn main() -> anyhow::Result<()> {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Generate(_) => unreachable!("answered before the runtime starts"),
         Command::Plan(args) => {
             let opts = args.reconcile.options(true)?;
             let mut state = store::State::default();

@@ -273,6 +273,11 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Generate(generate) => {
+            use clap::CommandFactory as _;
+            conventions::clidoc::run(&generate, Cli::command())?;
+            Ok(())
+        }
         Command::Cleanup { bpffs_dir } => {
             let filters = kernel::cleanup(&bpffs_dir)?;
             println!(

@@ -100,6 +100,9 @@ pub enum Command {
         #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
         bpffs_dir: PathBuf,
     },
+    /// `completions SHELL` and `man`, generated from this definition.
+    #[command(flatten)]
+    Generate(conventions::clidoc::Generate),
 }
 
 pub const DEFAULT_BPFFS_DIR: &str = "/sys/fs/bpf/sliceway";
@@ -607,5 +610,25 @@ mod tests {
             .expect("a port alone is not an address")
             .to_string();
         assert!(err.contains("expected IP or IP:PORT"), "{err}");
+    }
+
+    /// Issue 47: the generated man page and shell completions name every subcommand.
+    #[test]
+    fn man_page_and_completions_name_the_subcommands() {
+        use clap::CommandFactory as _;
+        let cmd = Cli::command();
+        let names = conventions::clidoc::subcommand_names(&cmd);
+        for name in [
+            "run",
+            "list",
+            "trace",
+            "audit",
+            "cleanup",
+            "completions",
+            "man",
+        ] {
+            assert!(names.iter().any(|n| n == name), "{name} in {names:?}");
+        }
+        conventions::clidoc::check_names_subcommands(&cmd).unwrap();
     }
 }
