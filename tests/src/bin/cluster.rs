@@ -37,8 +37,8 @@ enum Cmd {
         kubelet: Kubelet,
     },
     /// Bring up a cluster of real nodes, run upstream's e2e suite (`e2e.test`) on it
-    /// from inside the lab, write its report to OUT/<proxy>-<controller>/ and
-    /// docs/conformance.md, and take the cluster down.
+    /// from inside the lab, write its report to OUT/<proxy>-<controller>/ and the
+    /// page of every run's results (docs/conformance.md), and take the cluster down.
     E2e {
         #[arg(long, default_value_t = 3)]
         nodes: usize,
@@ -52,13 +52,16 @@ enum Cmd {
         /// Specs to leave out (ginkgo's --skip); the default skips when not given.
         #[arg(long)]
         skip: Option<String>,
+        /// The whole run's limit (ginkgo's --timeout, e.g. 90m).
+        #[arg(long, default_value = "6h")]
+        timeout: String,
         /// upstream's e2e.test (`cargo xtask node-kit --e2e` builds it).
         #[arg(long, env = "SLICEWAY_E2E_TEST")]
         e2e_test: PathBuf,
         /// Where the runs' reports go.
         #[arg(long, default_value = "target/e2e")]
         out: PathBuf,
-        /// The page written from every default-selection run under OUT.
+        /// The page written from every run under OUT.
         #[arg(long, default_value = "docs/conformance.md")]
         page: PathBuf,
     },
@@ -137,11 +140,11 @@ fn main() -> Result<()> {
             controller,
             focus,
             skip,
+            timeout,
             e2e_test,
             out,
             page,
         } => {
-            let default_selection = focus.is_none() && skip.is_none();
             let focus = focus.unwrap_or_else(|| e2e::DEFAULT_FOCUS.to_string());
             let skip = skip.unwrap_or_else(e2e::default_skip);
             let spec = Spec {
@@ -154,18 +157,20 @@ fn main() -> Result<()> {
             };
             let cluster = Cluster::up(&spec, dir, &format!("{}-e2e", cluster::NS_PREFIX))?;
             let name = format!("{proxy:?}-{controller:?}").to_lowercase();
-            let run = e2e::run(&cluster, &e2e_test, &focus, &skip, &out.join(&name));
+            let run = e2e::run(
+                &cluster,
+                &e2e_test,
+                &focus,
+                &skip,
+                &timeout,
+                &out.join(&name),
+            );
             drop(cluster);
             let run = run?;
-            if default_selection {
-                let runs: Vec<e2e::Run> = e2e::read_runs(&out)?
-                    .into_iter()
-                    .filter(|r| r.focus == e2e::DEFAULT_FOCUS && r.skip == e2e::default_skip())
-                    .collect();
-                std::fs::write(&page, e2e::conformance_page(&runs))
-                    .with_context(|| format!("writing {}", page.display()))?;
-                println!("wrote {}", page.display());
-            }
+            let runs = e2e::read_runs(&out)?;
+            std::fs::write(&page, e2e::conformance_page(&runs))
+                .with_context(|| format!("writing {}", page.display()))?;
+            println!("wrote {}", page.display());
             for s in run.specs.iter().filter(|s| s.status == "failed") {
                 println!("failed: {} ({})", s.name, s.message);
             }

@@ -187,9 +187,17 @@ fn kubeconfig(cluster: &Cluster) -> Result<PathBuf> {
 }
 
 /// Runs `e2e_test` (upstream's `e2e.test`) on `cluster` from inside its client
-/// namespace, with ginkgo's `focus` and `skip`; its report, log and the components'
+/// namespace, with ginkgo's `focus`, `skip` and `timeout` (the suite's whole run:
+/// specs not reached by then are reported as not run); its report, log and the components'
 /// logs go to `out`. Returns the run, read back from the JUnit report.
-pub fn run(cluster: &Cluster, e2e_test: &Path, focus: &str, skip: &str, out: &Path) -> Result<Run> {
+pub fn run(
+    cluster: &Cluster,
+    e2e_test: &Path,
+    focus: &str,
+    skip: &str,
+    timeout: &str,
+    out: &Path,
+) -> Result<Run> {
     let s = &cluster.state;
     if out.exists() {
         fs::remove_dir_all(out).with_context(|| format!("clearing {}", out.display()))?;
@@ -216,9 +224,10 @@ pub fn run(cluster: &Cluster, e2e_test: &Path, focus: &str, skip: &str, out: &Pa
         .arg(format!("--ginkgo.focus={focus}"))
         .arg(format!("--ginkgo.skip={skip}"))
         .arg("--ginkgo.no-color")
-        .arg("--ginkgo.timeout=6h")
+        .arg(format!("--ginkgo.timeout={timeout}"))
         .arg("--ginkgo.v")
         .arg("--dump-logs-on-failure=false")
+        .arg("--disable-log-dump")
         .env("KUBECONFIG", &kc)
         .env("HOME", out)
         .stdout(log.try_clone()?)
@@ -246,13 +255,19 @@ pub fn run(cluster: &Cluster, e2e_test: &Path, focus: &str, skip: &str, out: &Pa
             out.join(format!("component-{}", entry.file_name().to_string_lossy())),
         );
     }
-    let commit = Command::new("git")
-        .args(["rev-parse", "--short=12", "HEAD"])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default()
+    };
+    let mut commit = git(&["rev-parse", "--short=12", "HEAD"]);
+    if !git(&["status", "--porcelain", "--untracked-files=no"]).is_empty() {
+        commit.push_str("-dirty");
+    }
     let date = Command::new("date")
         .args(["-u", "+%Y-%m-%d"])
         .output()
@@ -272,9 +287,8 @@ pub fn run(cluster: &Cluster, e2e_test: &Path, focus: &str, skip: &str, out: &Pa
     Ok(run)
 }
 
-/// `docs/conformance.md` from every run's `results.json` under `dir`
-/// (`target/e2e`): each spec of the selection with its result for each proxy and
-/// controller.
+/// `docs/conformance.md` from runs (every `results.json` under `target/e2e`): each
+/// run's selection and counts, and each spec any run ran with its result in each.
 pub fn conformance_page(runs: &[Run]) -> String {
     let mut names: BTreeMap<&str, BTreeMap<String, &str>> = BTreeMap::new();
     let columns: Vec<String> = runs
@@ -296,27 +310,28 @@ pub fn conformance_page(runs: &[Run]) -> String {
          ([the cluster lab](dev/cluster-lab.md#real-nodes)) and runs upstream's `e2e.test` of\n\
          the pinned version from inside it.\n\n",
     );
-    page.push_str("| run (proxy / controller) | date | commit | Kubernetes | passed | failed | skipped |\n|---|---|---|---|---|---|---|\n");
+    page.push_str("| run (proxy / controller) | date | commit | Kubernetes | focus | skip | passed | failed | skipped |\n|---|---|---|---|---|---|---|---|---|\n");
     for (run, col) in runs.iter().zip(&columns) {
         page.push_str(&format!(
-            "| {col} | {} | {} | {} | {} | {} | {} |\n",
+            "| {col} | {} | {} | {} | `{}` | `{}` | {} | {} | {} |\n",
             run.date,
             run.commit,
             run.kubernetes,
+            run.focus.replace('|', "\\|"),
+            run.skip.replace('|', "\\|"),
             run.count("passed"),
             run.count("failed"),
             run.count("skipped")
         ));
     }
-    if let Some(first) = runs.first() {
-        page.push_str(&format!(
-            "\nSelection: focus `{}`, skip `{}`.\n",
-            first.focus, first.skip
-        ));
-        page.push_str("\nSkipped by the selection, and why:\n\n");
-        for (re, why) in SKIPS {
-            page.push_str(&format!("- `{}`: {why}\n", re.replace('\\', "")));
-        }
+    page.push_str(&format!(
+        "\nThe default selection (`cargo xtask e2e` with no `--focus` or `--skip`) is focus \
+         `{}` and skip `{}`. Skipped by it, and why:\n\n",
+        DEFAULT_FOCUS.replace('|', "\\|"),
+        default_skip().replace('|', "\\|")
+    ));
+    for (re, why) in SKIPS {
+        page.push_str(&format!("- `{}`: {why}\n", re.replace('\\', "")));
     }
     page.push_str("\n## Specs run\n\n| spec |");
     for col in &columns {
@@ -410,7 +425,8 @@ mod tests {
         };
         assert_eq!(run.summary(), "1 passed, 1 failed, 1 skipped");
         let page = conformance_page(&[run]);
-        assert!(page.contains("| sliceway / sliceway | 2026-12-02 | abc | v1.37.2 | 1 | 1 | 1 |"));
+        assert!(page.contains("| sliceway / sliceway | 2026-12-02 | abc | v1.37.2 |"));
+        assert!(page.contains("| 1 | 1 | 1 |"));
         assert!(page.contains("should be able to up and down services | failed |"));
         assert!(page.contains("1 other specs"));
     }
