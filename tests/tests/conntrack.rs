@@ -15,21 +15,9 @@ use sliceway_agent::{
     writer::MapWriter,
 };
 
-const MANIFESTS: &str = r#"
-apiVersion: v1
-kind: Service
-metadata: {name: web, namespace: default}
-spec:
-  clusterIP: 10.96.0.10
-  ports: [{name: http, port: 80, protocol: TCP, targetPort: 8080}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}
-addressType: IPv4
-ports: [{name: http, port: 8080, protocol: TCP}]
-endpoints: [{addresses: [10.244.11.2]}, {addresses: [10.244.12.2]}]
-"#;
+/// The Service `web` (10.96.0.10:80) with two ready backends, shared with the
+/// program fixtures.
+const MANIFESTS: &str = include_str!("../testdata/two_backends.yaml");
 
 fn datapath(conntrack: u32) -> Datapath {
     let (objects, problems) = parse_file("ct.yaml".as_ref(), MANIFESTS);

@@ -175,28 +175,8 @@ endpoints:
 "#;
 
 /// Two ready endpoints (one without conditions, which counts as ready) and a
-/// not-ready one: for properties over many flows.
-const TWO_BACKENDS: &str = r#"
-apiVersion: v1
-kind: Service
-metadata: {name: web, namespace: default}
-spec:
-  clusterIP: 10.96.0.10
-  ports:
-  - {name: http, port: 80, protocol: TCP, targetPort: 8080}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}
-addressType: IPv4
-ports: [{name: http, port: 8080, protocol: TCP}]
-endpoints:
-- addresses: [10.244.11.2]
-- addresses: [10.244.12.2]
-  conditions: {ready: true}
-- addresses: [10.244.13.2]
-  conditions: {ready: false}
-"#;
+/// not-ready one: for properties over many flows. Shared with `conntrack.rs`.
+const TWO_BACKENDS: &str = include_str!("../testdata/two_backends.yaml");
 
 /// `ONE_BACKEND` after the Service `web` was deleted.
 const WEB_DELETED: &str = r#"
