@@ -280,6 +280,9 @@ const VIP_HTTP: &str = "10.96.0.10:80";
 const VIP_DNS: &str = "10.96.0.10:53";
 const BACKEND_HTTP: &str = "10.244.11.2:8080";
 const BACKEND_DNS: &str = "10.244.11.2:5353";
+/// The backend of `web` at port 40002 as its own client sees it through the VIP:
+/// from the hairpin address (`HAIRPIN_ADDR_BE`), port kept.
+const HAIRPIN_40002: &str = "169.254.42.1:40002";
 const ETH: usize = 14;
 
 fn addr(s: &str) -> SocketAddrV4 {
@@ -649,6 +652,38 @@ static FIXTURES: &[Fixture] = &[
                 verdict: PASS,
                 reason: stat::DNAT_ESTABLISHED,
                 output: Out::Packet(|| tcp_data(client(40001), BACKEND_HTTP)),
+            },
+        ],
+        ..PLAIN
+    },
+    Fixture {
+        // kube-proxy marks for masquerade what an endpoint sends to its own Service
+        // and is sent back to it (the KUBE-SEP chain's `-s <endpoint>` rule,
+        // https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/iptables/proxier.go#L1231-L1235),
+        // so the pod never sees a packet from its own address. The source it is
+        // given here is the hairpin address, not the node's (docs/datapath.md).
+        description: "a pod reaching its own ClusterIP and picked as the backend is masqueraded to the hairpin address",
+        maps: ONE_BACKEND,
+        steps: &[
+            Step {
+                input: || tcp(addr("10.244.11.2:40002"), VIP_HTTP, TCP_SYN),
+                verdict: PASS,
+                reason: stat::DNAT_NEW,
+                output: Out::Packet(|| tcp(addr(HAIRPIN_40002), BACKEND_HTTP, TCP_SYN)),
+            },
+            Step {
+                input: || tcp_to(BACKEND_HTTP, addr(HAIRPIN_40002), TCP_SYN | TCP_ACK),
+                verdict: PASS,
+                reason: stat::REVNAT,
+                output: Out::Packet(|| {
+                    tcp_to(VIP_HTTP, addr("10.244.11.2:40002"), TCP_SYN | TCP_ACK)
+                }),
+            },
+            Step {
+                input: || tcp_data(addr("10.244.11.2:40002"), VIP_HTTP),
+                verdict: PASS,
+                reason: stat::DNAT_ESTABLISHED,
+                output: Out::Packet(|| tcp_data(addr(HAIRPIN_40002), BACKEND_HTTP)),
             },
         ],
         ..PLAIN

@@ -66,6 +66,11 @@ pub const NOT_TWINNED: &[(&str, &str)] = &[
          (an IPv6 fixture, v6::FIXTURES6)",
     ),
     (
+        "a pod reaching its own ClusterIP and picked as the backend is masqueraded to the hairpin address",
+        "the hairpin address is each family's own: IPv6's, 100::5c1c:1, is no twin of \
+         169.254.42.1 (an IPv6 fixture, v6::FIXTURES6)",
+    ),
+    (
         "an IHL below 5 words drops",
         "the header length field is IPv4's: IPv6's fixed header has none",
     ),
