@@ -674,6 +674,17 @@ pub fn workspace_binary(name: &str) -> Result<PathBuf> {
     )
 }
 
+/// Whether the agent at `bin` serves health and metrics on two addresses
+/// (`--healthz-bind-address`, `--metrics-bind-address`); a build older than those
+/// flags has one `--metrics-addr`. Read from its `run --help`.
+fn two_servers(bin: &Path) -> Result<bool> {
+    let out = Command::new(bin)
+        .args(["run", "--help"])
+        .output()
+        .with_context(|| format!("running {} run --help", bin.display()))?;
+    Ok(String::from_utf8_lossy(&out.stdout).contains("--healthz-bind-address"))
+}
+
 /// A running `sliceway-agent`, its log captured. Stopped on drop. Its state (syncs,
 /// frontends, map writes) is read from its `/metrics`, served on a loopback port of
 /// its own inside its network namespace; the log is for messages and for failures.
@@ -881,8 +892,26 @@ impl Agent {
     ) -> Result<Self> {
         static PORTS: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
         let n = PORTS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let healthz_addr = SocketAddrV4::new(Ipv4Addr::LOCALHOST, AGENT_HEALTHZ_PORT + n);
         let metrics_addr = SocketAddrV4::new(Ipv4Addr::LOCALHOST, AGENT_METRICS_PORT + n);
+        // An agent of an older build (the upgrade tests' previous layout) serves health
+        // and metrics on one `--metrics-addr`.
+        let (healthz_addr, servers): (SocketAddrV4, Vec<String>) = if two_servers(bin)? {
+            let healthz = SocketAddrV4::new(Ipv4Addr::LOCALHOST, AGENT_HEALTHZ_PORT + n);
+            (
+                healthz,
+                vec![
+                    "--healthz-bind-address".into(),
+                    healthz.to_string(),
+                    "--metrics-bind-address".into(),
+                    metrics_addr.to_string(),
+                ],
+            )
+        } else {
+            (
+                metrics_addr,
+                vec!["--metrics-addr".into(), metrics_addr.to_string()],
+            )
+        };
         let mut child = Command::new("nsenter")
             .arg(format!("--net=/var/run/netns/{node_ns}"))
             .arg(bin)
@@ -898,10 +927,7 @@ impl Agent {
             .args(["--poll-interval-ms", "100"])
             .arg("--bpffs-dir")
             .arg(bpffs)
-            .arg("--healthz-bind-address")
-            .arg(healthz_addr.to_string())
-            .arg("--metrics-bind-address")
-            .arg(metrics_addr.to_string())
+            .args(&servers)
             .args(extra)
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
