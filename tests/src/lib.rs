@@ -677,12 +677,19 @@ pub fn workspace_binary(name: &str) -> Result<PathBuf> {
 /// Whether the agent at `bin` serves health and metrics on two addresses
 /// (`--healthz-bind-address`, `--metrics-bind-address`); a build older than those
 /// flags has one `--metrics-addr`. Read from its `run --help`.
+/// Asked once per binary: agents start many times in a test run.
 fn two_servers(bin: &Path) -> Result<bool> {
+    static KNOWN: Mutex<Vec<(PathBuf, bool)>> = Mutex::new(Vec::new());
+    if let Some((_, two)) = KNOWN.lock().unwrap().iter().find(|(b, _)| b == bin) {
+        return Ok(*two);
+    }
     let out = Command::new(bin)
         .args(["run", "--help"])
         .output()
         .with_context(|| format!("running {} run --help", bin.display()))?;
-    Ok(String::from_utf8_lossy(&out.stdout).contains("--healthz-bind-address"))
+    let two = String::from_utf8_lossy(&out.stdout).contains("--healthz-bind-address");
+    KNOWN.lock().unwrap().push((bin.to_path_buf(), two));
+    Ok(two)
 }
 
 /// A running `sliceway-agent`, its log captured. Stopped on drop. Its state (syncs,

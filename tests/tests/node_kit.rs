@@ -20,7 +20,9 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 use sliceway_lab::{
-    cluster::real::{cgroup_processes, mounts_under, processes_mentioning, remove_cgroup, Kit},
+    cluster::real::{
+        cgroup_processes, containerd_config, mounts_under, processes_mentioning, remove_cgroup, Kit,
+    },
     netns::{self, Netns},
 };
 
@@ -280,39 +282,8 @@ fn node_kit_runs_agnhost_in_a_pod() -> Result<()> {
     );
 
     let d = dir.display();
-    let config = format!(
-        r#"version = 3
-root = "{d}/root"
-state = "{d}/state"
-disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.tracing", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
-[grpc]
-  address = "{d}/containerd.sock"
-[ttrpc]
-  address = "{d}/containerd.sock.ttrpc"
-[plugins.'io.containerd.internal.v1.opt']
-  path = "{d}/opt"
-[plugins.'io.containerd.cri.v1.images']
-  snapshotter = "overlayfs"
-  [plugins.'io.containerd.cri.v1.images'.pinned_images]
-    sandbox = "{pause}"
-[plugins.'io.containerd.cri.v1.runtime']
-  restrict_oom_score_adj = true
-  netns_mounts_under_state_dir = true
-  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
-    runtime_type = "io.containerd.runc.v2"
-    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
-      BinaryName = "{b}/runc"
-      Root = "{d}/runc"
-      SystemdCgroup = false
-  [plugins.'io.containerd.cri.v1.runtime'.cni]
-    bin_dirs = ["{b}"]
-    conf_dir = "{d}/cni/net.d"
-[plugins.'io.containerd.grpc.v1.cri']
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-"#,
-        b = bin.display()
-    );
+    // The configuration a real node of the cluster lab runs with.
+    let config = containerd_config(&dir, &bin, &pause);
     fs::write(dir.join("config.toml"), config)?;
     // ptp as the lab's nodes will use it: a veth per pod, addresses from the node's pod
     // CIDR, no masquerade.

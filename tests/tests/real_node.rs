@@ -50,6 +50,20 @@ fn a_real_node_serves_a_cluster_ip_to_its_pods() -> Result<()> {
     assert!(real::cgroup_exists(&cgroup), "no cgroup {cgroup}");
 
     let k = |args: &[&str]| lab.kubectl(args);
+    // curl in the client pod, through `kubectl exec`.
+    let curl = |flags: &str, url: &str| {
+        k(&[
+            "exec",
+            "client",
+            "--",
+            "curl",
+            flags,
+            "--max-time",
+            "5",
+            url,
+        ])
+        .with_context(|| format!("curl {url} in the client pod"))
+    };
     k(&[
         "create",
         "deployment",
@@ -115,17 +129,7 @@ fn a_real_node_serves_a_cluster_ip_to_its_pods() -> Result<()> {
     let mut seen = BTreeSet::new();
     for target in [ip.to_string(), "web.default.svc.cluster.local".to_string()] {
         for _ in 0..10 {
-            let answer = k(&[
-                "exec",
-                "client",
-                "--",
-                "curl",
-                "-s",
-                "--max-time",
-                "5",
-                &format!("http://{target}/hostname"),
-            ])
-            .with_context(|| format!("curl http://{target}/hostname in the client pod"))?;
+            let answer = curl("-s", &format!("http://{target}/hostname"))?;
             assert!(
                 pods.contains(answer.trim()),
                 "{target} answered {answer:?}, not a web pod ({pods:?})"
@@ -135,28 +139,10 @@ fn a_real_node_serves_a_cluster_ip_to_its_pods() -> Result<()> {
     }
     assert_eq!(seen, pods, "both backends answer through the ClusterIP");
     // The hostNetwork pod answers with its node's hostname: the node's name.
-    let answer = k(&[
-        "exec",
-        "client",
-        "--",
-        "curl",
-        "-s",
-        "--max-time",
-        "5",
-        "http://hostnet/hostname",
-    ])?;
+    let answer = curl("-s", "http://hostnet/hostname")?;
     assert_eq!(answer.trim(), node.name, "the hostNetwork backend's answer");
     // The `kubernetes` Service from a pod, through the proxy and the lab's gateway.
-    let version = k(&[
-        "exec",
-        "client",
-        "--",
-        "curl",
-        "-sk",
-        "--max-time",
-        "5",
-        "https://kubernetes.default/version",
-    ])?;
+    let version = curl("-sk", "https://kubernetes.default/version")?;
     assert!(
         version.contains("\"gitVersion\""),
         "the API server from a pod: {version}"

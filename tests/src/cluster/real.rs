@@ -147,7 +147,9 @@ pub fn node_cgroup(state: &State, node: &NodeInfo) -> String {
 /// of them would vanish from the node's view.
 const PRIVATE_MOUNTS: [&str; 3] = ["/run", "/var/lib", "/var/log"];
 
-fn containerd_config(d: &Path, bin: &Path, pause: &str) -> String {
+/// containerd's configuration for a node whose directory is `d`: its state under
+/// `d`, the kit's runc and CNI plugins from `bin`, `pause` as the sandbox image.
+pub fn containerd_config(d: &Path, bin: &Path, pause: &str) -> String {
     let d = d.display();
     let b = bin.display();
     format!(
