@@ -283,7 +283,7 @@ fn cargo() -> Command {
 const EBPF_TOOLCHAIN: &str = include_str!("../../ebpf-toolchain");
 
 /// The pinned nightly's cargo, with the outer cargo's environment removed.
-fn nightly_cargo() -> Command {
+pub(crate) fn nightly_cargo() -> Command {
     let mut cmd = Command::new("cargo");
     for (key, _) in env::vars_os() {
         let key = key.to_string_lossy().into_owned();

@@ -71,6 +71,7 @@ pub fn build(root: &Path) -> Result<PathBuf> {
     eprintln!(
         "v1 agent: building sliceway-agent and its kernel object (a few minutes the first time)"
     );
+    let object = build_object(&src)?;
     let mut cargo = Command::new("cargo");
     // The outer cargo's environment (target dir, flags, toolchain) must not reach
     // the old tree's build, which has its own lock file and toolchain choice.
@@ -86,6 +87,7 @@ pub fn build(root: &Path) -> Result<PathBuf> {
     }
     let status = cargo
         .current_dir(&src)
+        .env("SLICEWAY_EBPF_OBJECT", &object)
         .args([
             "build",
             "--locked",
@@ -109,6 +111,32 @@ pub fn build(root: &Path) -> Result<PathBuf> {
         bin.display()
     );
     Ok(bin)
+}
+
+/// Builds the old tree's kernel object with the pinned nightly of `ebpf-toolchain`
+/// (the one the set-up installs with rust-src), with the flags the old build script
+/// uses. The old build script asks for an unpinned `+nightly`, which a machine set up
+/// by this tree does not have; it takes a prebuilt object from `SLICEWAY_EBPF_OBJECT`.
+fn build_object(src: &Path) -> Result<PathBuf> {
+    let target_dir = src.join("target/ebpf");
+    let status = crate::nightly_cargo()
+        .current_dir(src)
+        .env_remove("RUSTFLAGS")
+        .args(["build", "--package", "dataplane-ebpf", "--release"])
+        .args(["-Z", "build-std=core", "--target", "bpfel-unknown-none"])
+        .env("CARGO_TARGET_DIR", &target_dir)
+        .env("RUSTFLAGS", "-C debuginfo=2 -C link-arg=--btf")
+        .status()
+        .context("running the pinned nightly's cargo for the v1 kernel object")?;
+    let object = target_dir.join("bpfel-unknown-none/release/sliceway");
+    if !status.success() || !object.is_file() {
+        bail!(
+            "building the v1 kernel object in {} with the pinned nightly failed ({status}); \
+             `cargo xtask build-ebpf` installs that nightly, rust-src and bpf-linker",
+            src.display()
+        );
+    }
+    Ok(object)
 }
 
 /// Fails with a clear message when the clone lacks the v1 commit (a shallow clone).
