@@ -210,8 +210,13 @@ pub mod stat {
         /// rewritten back to the frontend.
         REVNAT_EGRESS = 37 => "revnat_egress",
         /// A packet at egress of a pod's interface or an uplink that is no reply of a
-        /// connection to a host-network backend of this node: passed untouched (the
-        /// egress program never drops what the node sends).
+        /// connection to a host-network backend of this node, nor addressed to an
+        /// unallocated address of a ServiceCIDR: passed untouched.
         PASS_EGRESS = 38 => "pass_egress",
+        /// A new packet (no connection) from a pod, from outside or from the node's
+        /// own stack to an address inside a ServiceCIDR that no Service holds as its
+        /// ClusterIP: dropped, as kube-proxy's nftables mode drops it ("Drop traffic
+        /// to unallocated ClusterIPs"). Never counted without a ServiceCIDR.
+        DROP_UNALLOCATED_CLUSTERIP = 39 => "drop_unallocated_clusterip",
     }
 }

@@ -42,6 +42,8 @@ pub mod capacity {
     pub const SOCK_REVNAT: u32 = 65_536;
     /// `loadBalancerSourceRanges` entries, all frontends together.
     pub const SOURCE_RANGES: u32 = 16_384;
+    /// IPv4 prefixes of ServiceCIDR objects (`SERVICE_CIDRS`): a cluster has a few.
+    pub const SERVICE_CIDRS: u32 = 1_024;
 }
 
 /// Names of the maps in the object file. The layout version is part of the pinned
@@ -91,13 +93,18 @@ pub mod map_name {
     pub const JUMP6: &str = "JUMP6";
     /// The node's IPv6 sockets' translations (socket programs).
     pub const SOCK_REVNAT6: &str = "SOCK_REVNAT6";
+    /// The IPv4 prefixes of the cluster's ServiceCIDR objects (prefix length and
+    /// address → 1), written by the agent.
+    pub const SERVICE_CIDRS: &str = "SERVICE_CIDRS";
+    /// Their IPv6 prefixes, written by the agent.
+    pub const SERVICE_CIDRS6: &str = "SERVICE_CIDRS6";
     /// The XDP program's IPv6 program (tail call, `XDP_JUMP6_*` slots). Not pinned:
     /// the XDP program and its link are the agent's own and go when it exits, so
     /// nothing attached outlives the map.
     pub const XDP_JUMP6: &str = "XDP_JUMP6";
 
     /// Every map, in the order the agent pins them.
-    pub const ALL: [&str; 22] = [
+    pub const ALL: [&str; 24] = [
         SERVICES,
         SLOTS,
         BACKENDS,
@@ -120,5 +127,7 @@ pub mod map_name {
         SOURCE_RANGES6,
         JUMP6,
         SOCK_REVNAT6,
+        SERVICE_CIDRS,
+        SERVICE_CIDRS6,
     ];
 }

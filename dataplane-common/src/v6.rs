@@ -10,7 +10,7 @@
 //!
 //! Bytes per entry (key + value, before the kernel's own per-entry cost): `SERVICES6`
 //! 20 + 16, `BACKENDS6` 4 + 20, `FRAGMENTS6` 40 + 4, `SOURCE_RANGES6` 4 + 36 + 1,
-//! `SOCK_REVNAT6` 32 + 20.
+//! `SOCK_REVNAT6` 32 + 20, `SERVICE_CIDRS6` 4 + 16 + 1.
 //!
 //! Addresses are four words in network byte order, as `CtKey` has them: the first
 //! word holds the address's first four bytes.
@@ -281,6 +281,8 @@ pub mod capacity6 {
     /// IPv4's: its entries are three times the size, and IPv4-only nodes allocate
     /// it too.
     pub const SOCK_REVNAT6: u32 = 32_768;
+    /// IPv6 prefixes of ServiceCIDR objects (`SERVICE_CIDRS6`).
+    pub const SERVICE_CIDRS6: u32 = 1_024;
 }
 
 /// Key of the `SOCK_REVNAT6` map: a socket of the node (its cookie) and the IPv6

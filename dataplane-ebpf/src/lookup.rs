@@ -66,6 +66,14 @@ pub fn is_clusterip(flow: &Flow) -> bool {
     maps::service(&clusterip_marker(flow.dst_be)).is_some()
 }
 
+/// Whether the packet's destination is an unallocated ClusterIP: inside one of the
+/// cluster's ServiceCIDRs, and the ClusterIP of no Service. Never without a
+/// ServiceCIDR (the trie is empty, and the ClusterIP marker is not looked up).
+#[inline(always)]
+pub fn is_unallocated(flow: &Flow) -> bool {
+    maps::in_service_cidr(flow.dst_be) && !is_clusterip(flow)
+}
+
 /// The key of the IPv6 frontend the packet is addressed to (for everyone).
 #[inline(always)]
 pub fn frontend_key6(flow: &Flow6) -> ServiceKey6 {
@@ -104,6 +112,12 @@ pub fn frontend_external6(flow: &Flow6) -> Option<(ServiceValue, u8)> {
 #[inline(always)]
 pub fn is_clusterip6(flow: &Flow6) -> bool {
     maps::service6(&clusterip_marker6(flow.dst_be)).is_some()
+}
+
+/// [`is_unallocated`] for IPv6.
+#[inline(always)]
+pub fn is_unallocated6(flow: &Flow6) -> bool {
+    maps::in_service_cidr6(flow.dst_be) && !is_clusterip6(flow)
 }
 
 /// A backend chosen for a new connection (`Backend` or `Backend6`).

@@ -153,6 +153,17 @@ pub fn source_allowed(frontend: ServiceKey, src_be: u32) -> bool {
     SOURCE_RANGES.get(&key).is_some()
 }
 
+/// The cluster's ServiceCIDRs (`networking.k8s.io/v1`): IPv4 prefixes (address in
+/// network order) → 1. Written by the agent; empty without a ServiceCIDR.
+#[map]
+pub static SERVICE_CIDRS: LpmTrie<u32, u8> = LpmTrie::with_max_entries(capacity::SERVICE_CIDRS, 0);
+
+/// Whether `addr_be` lies inside one of the cluster's ServiceCIDRs.
+#[inline(always)]
+pub fn in_service_cidr(addr_be: u32) -> bool {
+    SERVICE_CIDRS.get(Key::new(32, addr_be)).is_some()
+}
+
 /// The uplink program's masquerade settings (one entry). Written by the agent.
 #[map]
 pub static NAT_CONFIG: Array<NatConfig> = Array::with_max_entries(1, 0);
@@ -369,4 +380,15 @@ pub fn source_allowed6(frontend: ServiceKey6, src_be: [u32; 4]) -> bool {
         SourceRange6::of(frontend, src_be),
     );
     SOURCE_RANGES6.get(&key).is_some()
+}
+
+/// The cluster's ServiceCIDRs, IPv6 prefixes → 1. Written by the agent.
+#[map]
+pub static SERVICE_CIDRS6: LpmTrie<[u32; 4], u8> =
+    LpmTrie::with_max_entries(capacity6::SERVICE_CIDRS6, 0);
+
+/// Whether IPv6 `addr_be` lies inside one of the cluster's ServiceCIDRs.
+#[inline(always)]
+pub fn in_service_cidr6(addr_be: [u32; 4]) -> bool {
+    SERVICE_CIDRS6.get(Key::new(128, addr_be)).is_some()
 }

@@ -3,7 +3,8 @@
 //! frontend back (reverse NAT), and a new packet to a frontend picks a backend
 //! (`connection_or_frontend`; a frontend without backends rejects or drops); any
 //! other packet (`untracked`) is rejected if it is for a ClusterIP's undeclared port,
-//! or passes untouched.
+//! dropped if for an address of a ServiceCIDR that no Service holds, or passes
+//! untouched.
 //!
 //! IPv6 is handed over first, by tail call, to the IPv6 programs (`crate::v6`),
 //! so this body and its frame are IPv4's alone.
@@ -198,8 +199,11 @@ pub fn sliceway_l3_ext(ctx: TcContext) -> i32 {
 /// no ingress program: they get their frontend back here, as kube-proxy's
 /// netfilter conntrack gives them back on the way out (`nf_nat_inet_fn` for
 /// `IP_CT_REPLY` at `POSTROUTING`,
-/// https://github.com/torvalds/linux/blob/v6.18/net/netfilter/nf_nat_core.c). Any
-/// other packet passes untouched: this program never drops what the node sends.
+/// https://github.com/torvalds/linux/blob/v6.18/net/netfilter/nf_nat_core.c). A
+/// packet of the node's own to an unallocated address of a ServiceCIDR is dropped,
+/// as kube-proxy's `cluster-ips-check` chain drops it at `output`
+/// (https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/nftables/proxier.go);
+/// any other packet passes untouched.
 #[classifier]
 pub fn sliceway_tc_out(ctx: TcContext) -> i32 {
     if v6::is_ipv6(&ctx) {
@@ -227,8 +231,9 @@ fn out<C: Program>(ctx: &C) -> i32 {
     action
 }
 
-/// The egress body: a reply of a live connection gets its frontend back; anything
-/// else (not TCP, UDP or SCTP, malformed, no reply) passes.
+/// The egress body: a reply of a live connection gets its frontend back; a packet
+/// to an unallocated ClusterIP is dropped; anything else (not TCP, UDP or SCTP,
+/// malformed, neither) passes.
 #[inline(always)]
 fn reply_out<C: Program>(ctx: &C) -> Result<Exit, Exit> {
     let Ok(Packet::L4(flow)) = parse(ctx) else {
@@ -237,15 +242,25 @@ fn reply_out<C: Program>(ctx: &C) -> Result<Exit, Exit> {
     let key = conntrack::key_of(&flow);
     let now = conntrack::now();
     let Forward::Reply(rev) = conntrack::forward(&flow, &key, now) else {
-        return Ok((PASS, stat::PASS_EGRESS));
+        return Ok(not_a_reply_out(&flow));
     };
     let Ok(Some(orig)) = conntrack::reply_at(&rev, &flow, &key, now) else {
-        return Ok((PASS, stat::PASS_EGRESS));
+        return Ok(not_a_reply_out(&flow));
     };
     match revnat(ctx, &flow, &orig)? {
         (PASS, stat::REVNAT) => Ok((PASS, stat::REVNAT_EGRESS)),
         exit => Ok(exit),
     }
+}
+
+/// A packet the node sends that is no reply: dropped if to an unallocated ClusterIP
+/// (`lookup::is_unallocated`), else passed.
+#[inline(always)]
+fn not_a_reply_out(flow: &Flow) -> Exit {
+    if lookup::is_unallocated(flow) {
+        return (DROP, stat::DROP_UNALLOCATED_CLUSTERIP);
+    }
+    (PASS, stat::PASS_EGRESS)
 }
 
 /// The program's body; `BRIDGE` adds what `sliceway_bridge` does while an agent
@@ -438,7 +453,8 @@ fn revnat<C: Program>(ctx: &C, flow: &Flow, orig: &CtKey) -> Result<Exit, Exit> 
 /// A packet neither from a client of a tracked connection, nor a reply of one, nor
 /// to a frontend: a stale reverse entry's passes; the rest of a datagram whose
 /// first fragment made no connection is dropped if to a ClusterIP; a ClusterIP's
-/// undeclared port is rejected; anything else passes untouched.
+/// undeclared port is rejected; an unallocated address of a ServiceCIDR is dropped;
+/// anything else passes untouched.
 #[inline(always)]
 fn untracked<const BRIDGE: bool, C: Program>(
     ctx: &C,
@@ -480,6 +496,13 @@ fn untracked<const BRIDGE: bool, C: Program>(
                     return Ok((TO_TC, stat::XDP_TO_TC));
                 }
                 return Ok(ctx.reject(flow, stat::REJECT_NO_PORT));
+            }
+            // Inside a ServiceCIDR, and no Service's ClusterIP: dropped, as kube-proxy's
+            // nftables `cluster-ips-check` chain drops it ("Drop traffic to unallocated
+            // ClusterIPs", only with a ServiceCIDR;
+            // https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/nftables/proxier.go).
+            if maps::in_service_cidr(flow.dst_be) {
+                return Ok((DROP, stat::DROP_UNALLOCATED_CLUSTERIP));
             }
             Ok((PASS, stat::PASS_NO_SERVICE))
         }

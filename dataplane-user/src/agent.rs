@@ -126,6 +126,8 @@ pub struct Pipeline {
     pub ranges: crate::writer::ranges::RangeWriter,
     /// IPv6's, in `SOURCE_RANGES6`.
     pub ranges6: crate::writer::ranges::RangeWriter<crate::writer::ranges::V6>,
+    /// The ServiceCIDRs' prefixes, written after the map writer's apply.
+    pub cidrs: crate::writer::cidrs::CidrWriter,
     /// Whether the writer has done one full apply.
     applied: bool,
 }
@@ -147,6 +149,7 @@ impl Pipeline {
             writer,
             ranges: Default::default(),
             ranges6: Default::default(),
+            cidrs: Default::default(),
             applied: false,
         }
     }
@@ -154,7 +157,10 @@ impl Pipeline {
     /// Recompiles what changed and writes it. The first sync compares every frontend
     /// (a writer that adopted pinned maps brings them to the desired state and cleans
     /// what an earlier run left); later ones look only at the frontends that changed.
-    pub fn sync<M: MapOps + crate::writer::ranges::RangeOps>(&mut self, maps: &mut M) -> Synced {
+    pub fn sync<M>(&mut self, maps: &mut M) -> Synced
+    where
+        M: MapOps + crate::writer::ranges::RangeOps + crate::writer::cidrs::CidrOps,
+    {
         let changed = self.compiler.compile();
         let full = !self.applied;
         // The source ranges of every frontend at the first sync, of the changed ones
@@ -188,6 +194,11 @@ impl Pipeline {
         range_errors.extend(self.ranges6.after(desired, &range_keys6, maps));
         for e in range_errors {
             warn!("{e}; written again at that Service's next change");
+        }
+        // After the apply: a new Service's ClusterIP is marked before a new prefix
+        // around it drops what is sent to it.
+        for e in self.cidrs.sync(self.compiler.service_cidrs(), maps) {
+            warn!("{e}; tried again at the next sync");
         }
         Synced {
             report,

@@ -49,6 +49,27 @@ pub struct NodeInfo {
 /// (kube-proxy's `ToBeDeletedTaint`).
 pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
 
+/// What the agent reads of a ServiceCIDR (`networking.k8s.io/v1`): its name and
+/// its `spec.cidrs` as written (the compiler parses them and says what is wrong).
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ServiceCidrInfo {
+    pub name: String,
+    pub cidrs: Vec<String>,
+}
+
+impl From<&k8s_openapi::api::networking::v1::ServiceCIDR> for ServiceCidrInfo {
+    fn from(o: &k8s_openapi::api::networking::v1::ServiceCIDR) -> Self {
+        Self {
+            name: o.metadata.name.clone().unwrap_or_default(),
+            cidrs: o
+                .spec
+                .as_ref()
+                .and_then(|s| s.cidrs.clone())
+                .unwrap_or_default(),
+        }
+    }
+}
+
 impl From<&k8s_openapi::api::core::v1::Node> for NodeInfo {
     fn from(node: &k8s_openapi::api::core::v1::Node) -> Self {
         Self {

@@ -22,6 +22,7 @@ use futures::channel::mpsc;
 use k8s_openapi::api::{
     core::v1::{Node, Service},
     discovery::v1::EndpointSlice,
+    networking::v1::ServiceCIDR,
     rbac::v1::{ClusterRole, ClusterRoleBinding},
 };
 use kube::{
@@ -52,6 +53,7 @@ const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
 const SERVICES: &str = "/api/v1/services";
 const SLICES: &str = "/apis/discovery.k8s.io/v1/endpointslices";
 const NODES: &str = "/api/v1/nodes";
+const SERVICE_CIDRS: &str = "/apis/networking.k8s.io/v1/servicecidrs";
 /// kube-apiserver flag of this binary's control plane: EndpointSlice watches are
 /// served by etcd, so compaction can expire them.
 const SLICES_FROM_ETCD: &str = "--watch-cache-sizes=endpointslices.discovery.k8s.io#0";
@@ -478,8 +480,16 @@ async fn own_proxy_name_selects_only_objects_labelled_with_it() {
     );
     let requests = requests.all();
     assert!(!requests.is_empty());
+    // ServiceCIDRs are watched whole, as kube-proxy's informer without filters
+    // watches them; every other request carries the selector.
+    let (cidrs, others): (Vec<_>, Vec<_>) = requests.iter().partition(|r| r.path == SERVICE_CIDRS);
+    assert!(!cidrs.is_empty(), "{requests:?}");
     assert!(
-        requests
+        cidrs.iter().all(|r| r.param("labelSelector").is_none()),
+        "{requests:?}"
+    );
+    assert!(
+        others
             .iter()
             .all(|r| r.param("labelSelector") == Some(selector.as_str())),
         "{requests:?}"
@@ -761,7 +771,7 @@ async fn refused_requests_are_retried_until_the_caches_sync() {
 
     // Each kind has been listed (and refused), and listed again after the backoff.
     let deadline = Instant::now() + WAIT;
-    while [SERVICES, SLICES, NODES]
+    while [SERVICES, SLICES, NODES, SERVICE_CIDRS]
         .iter()
         .any(|p| lists(&requests.all(), p) < 2)
     {
@@ -775,6 +785,7 @@ async fn refused_requests_are_retried_until_the_caches_sync() {
         "rules": [
             {"apiGroups": [""], "resources": ["services", "nodes"], "verbs": ["list", "watch"]},
             {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
+            {"apiGroups": ["networking.k8s.io"], "resources": ["servicecidrs"], "verbs": ["list", "watch"]},
         ],
     }))
     .unwrap();
@@ -816,20 +827,26 @@ struct Script {
     services: Events<Service>,
     slices: Events<EndpointSlice>,
     nodes: Events<Node>,
+    /// Listed empty already; held so that its stream ends with the others.
+    _service_cidrs: Events<ServiceCIDR>,
 }
 
+/// A scripted source; its ServiceCIDRs listed already (none), the other kinds not.
 fn scripted() -> (KubeSource, Script) {
     let (services, s_rx) = mpsc::unbounded();
     let (slices, e_rx) = mpsc::unbounded();
     let (nodes, n_rx) = mpsc::unbounded();
-    let (source, run) = KubeSource::from_streams(s_rx, e_rx, n_rx);
+    let (service_cidrs, c_rx) = mpsc::unbounded();
+    let (source, run) = KubeSource::from_streams(s_rx, e_rx, n_rx, c_rx);
     tokio::spawn(run);
+    send(&service_cidrs, listed(vec![]));
     (
         source,
         Script {
             services,
             slices,
             nodes,
+            _service_cidrs: service_cidrs,
         },
     )
 }
@@ -1074,4 +1091,119 @@ async fn objects_the_front_door_refuses_are_skipped_alone() {
         refused(&source),
         [field("EndpointSlice", "web-a", "endpoints[0].addresses[0]")]
     );
+}
+
+fn service_cidr(name: &str, cidrs: &[&str]) -> ServiceCIDR {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"cidrs": cidrs},
+    }))
+    .unwrap()
+}
+
+/// ServiceCIDRs (networking.k8s.io/v1) reach the compiler all together at each feed,
+/// as kube-proxy's `ServiceCIDRConfig` hands them: added, changed and deleted; a
+/// cidr that is not one is skipped with a message naming its object, the others
+/// kept; and the source is not synced before they have listed.
+#[tokio::test]
+async fn service_cidrs_reach_the_compiler_and_a_bad_one_is_skipped_alone() {
+    let (services, s_rx) = mpsc::unbounded();
+    let (slices, e_rx) = mpsc::unbounded();
+    let (nodes, n_rx) = mpsc::unbounded();
+    let (cidrs, c_rx) = mpsc::unbounded();
+    let (mut source, run) = KubeSource::from_streams(s_rx, e_rx, n_rx, c_rx);
+    tokio::spawn(run);
+    send(&services, listed(vec![]));
+    send(&slices, listed(vec![]));
+    send(&nodes, listed(vec![]));
+    assert!(timeout(Duration::from_millis(200), source.wait_synced())
+        .await
+        .is_err());
+    assert!(!source.is_synced(), "ServiceCIDRs have not listed");
+    send(
+        &cidrs,
+        listed(vec![service_cidr(
+            "kubernetes",
+            &["10.96.0.0/16", "fd00:96::/112"],
+        )]),
+    );
+    timeout(WAIT, source.wait_synced()).await.unwrap().unwrap();
+    let mut compiler = sliceway_agent::compiler::Incremental::default();
+    source.feed(&source.take_changes(), &mut compiler);
+    let v4 = |c: &sliceway_agent::compiler::Incremental| -> Vec<String> {
+        c.service_cidrs()
+            .v4
+            .iter()
+            .map(|(a, len)| format!("{a}/{len}"))
+            .collect()
+    };
+    assert_eq!(v4(&compiler), ["10.96.0.0/16"]);
+    assert_eq!(compiler.service_cidrs().v6.len(), 1);
+    assert!(compiler.skipped().is_empty());
+
+    send(
+        &cidrs,
+        vec![watcher::Event::Apply(service_cidr(
+            "extra",
+            &["10.200.0.0/24", "10.201.0.1/24"],
+        ))],
+    );
+    timeout(WAIT, source.changed()).await.unwrap().unwrap();
+    source.feed(&source.take_changes(), &mut compiler);
+    assert_eq!(v4(&compiler), ["10.96.0.0/16", "10.200.0.0/24"]);
+    let skipped = compiler.skipped();
+    assert_eq!(skipped.len(), 1, "{skipped:?}");
+    assert_eq!(
+        (skipped[0].object.kind, skipped[0].object.name.as_str()),
+        ("ServiceCIDR", "extra")
+    );
+    assert!(
+        skipped[0].reason.contains("10.201.0.1/24"),
+        "{}",
+        skipped[0].reason
+    );
+
+    send(
+        &cidrs,
+        vec![watcher::Event::Delete(service_cidr(
+            "kubernetes",
+            &["10.96.0.0/16", "fd00:96::/112"],
+        ))],
+    );
+    timeout(WAIT, source.changed()).await.unwrap().unwrap();
+    source.feed(&source.take_changes(), &mut compiler);
+    assert_eq!(v4(&compiler), ["10.200.0.0/24"]);
+    assert!(compiler.service_cidrs().v6.is_empty());
+}
+
+/// The API server's own ServiceCIDR (`kubernetes`, made from its
+/// `--service-cluster-ip-range`) is listed through the real API and fed to the
+/// compiler. Read only: a ServiceCIDR made here would be seen by every other test's
+/// source.
+#[tokio::test]
+async fn the_api_servers_default_service_cidr_is_read() {
+    let env = Env::new("cidrs").await;
+    let source = started(env.admin.clone(), &cfg(None, Some(&unique("none")))).await;
+    let deadline = Instant::now() + WAIT;
+    let mut compiler = sliceway_agent::compiler::Incremental::default();
+    loop {
+        source.feed(&source.take_changes(), &mut compiler);
+        if !compiler.service_cidrs().is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no ServiceCIDR: {:?}",
+            source.snapshot().service_cidrs
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let names: Vec<_> = source
+        .snapshot()
+        .service_cidrs
+        .iter()
+        .filter_map(|c| c.metadata.name.clone())
+        .collect();
+    assert!(names.iter().any(|n| n == "kubernetes"), "{names:?}");
+    assert!(compiler.skipped().is_empty(), "{:?}", compiler.skipped());
 }

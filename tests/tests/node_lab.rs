@@ -1867,3 +1867,62 @@ fn udp_flows_leave_a_backend_that_left_their_service_but_serves_another() {
             >= 1.0
     );
 }
+
+/// kube-proxy's "drop traffic to unallocated ClusterIPs" in local mode: a ServiceCIDR
+/// (networking.k8s.io/v1) in the manifest directory reaches the kernel's
+/// `SERVICE_CIDRS` map; a connection to an address of it that no Service holds is
+/// dropped and counted, while the Service's ClusterIP inside it still answers; the
+/// file removed, the map is emptied and nothing is dropped any more.
+#[test]
+fn a_service_cidr_in_the_directory_drops_traffic_to_its_unallocated_addresses() {
+    use aya::maps::{LpmTrie, Map, MapData};
+    use dataplane_common::map_name;
+    let lab = Lab::new(1).unwrap();
+    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0]))
+        .unwrap();
+    lab.write_manifest(
+        "cidr.yaml",
+        "apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {name: kubernetes}\nspec: {cidrs: [10.96.0.0/16]}\n",
+    )
+    .unwrap();
+    let agent = lab.start_agent().unwrap();
+    let pins = sliceway_agent::kernel::PinDir::new(&lab.bpffs);
+    let prefixes = || -> Vec<(u32, [u8; 4])> {
+        let data = MapData::from_pin(pins.map(map_name::SERVICE_CIDRS)).unwrap();
+        let trie: LpmTrie<MapData, u32, u8> =
+            LpmTrie::try_from(Map::from_map_data(data).unwrap()).unwrap();
+        trie.keys()
+            .map(|k| {
+                let k = k.unwrap();
+                (k.prefix_len(), k.data().to_ne_bytes())
+            })
+            .collect()
+    };
+    assert_eq!(prefixes(), [(16, [10, 96, 0, 0])]);
+    assert_eq!(
+        lab.tcp_request(vip()).unwrap().backend,
+        lab.backends[0].name
+    );
+    let unallocated = SocketAddrV4::new(Ipv4Addr::new(10, 96, 0, 77), PORT);
+    let connect = || {
+        let client = lab.client.ns.clone();
+        sliceway_lab::netns::in_netns(&client, move || {
+            std::net::TcpStream::connect_timeout(&unallocated.into(), Duration::from_secs(1))
+                .map(drop)
+                .map_err(|e| e.kind())
+        })
+        .unwrap()
+    };
+    let reason = "drop_unallocated_clusterip";
+    assert_eq!(agent.packets(reason), 0.0);
+    assert_eq!(connect(), Err(std::io::ErrorKind::TimedOut));
+    assert!(agent.packets(reason) >= 1.0, "{:?}", agent.log());
+
+    lab.remove_manifest("cidr.yaml").unwrap();
+    wait_until(&agent, "the ServiceCIDR's prefix removed", || {
+        prefixes().is_empty()
+    });
+    let dropped = agent.packets(reason);
+    let _ = connect();
+    assert_eq!(agent.packets(reason), dropped, "nothing dropped without it");
+}

@@ -74,6 +74,71 @@ endpoints:
 - {addresses: [10.244.21.2], nodeName: node-2}
 "#;
 
+/// Two Services inside a ServiceCIDR (networking.k8s.io/v1) of 10.96.0.0/16: every
+/// other address of it is unallocated, and new traffic to one is dropped as
+/// kube-proxy's nftables `cluster-ips-check` chain drops it.
+const IN_SERVICE_CIDR: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{name: http, port: 80, protocol: TCP, targetPort: 8080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- addresses: [10.244.11.2]
+  conditions: {ready: true}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: empty, namespace: default}
+spec:
+  clusterIP: 10.96.0.20
+  ports: [{name: http, port: 80}]
+---
+apiVersion: networking.k8s.io/v1
+kind: ServiceCIDR
+metadata: {name: kubernetes}
+spec:
+  cidrs: [10.96.0.0/16]
+"#;
+
+/// [`IN_SERVICE_CIDR`]'s Services without the ServiceCIDR: nothing is unallocated.
+const NO_SERVICE_CIDR: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{name: http, port: 80, protocol: TCP, targetPort: 8080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- addresses: [10.244.11.2]
+  conditions: {ready: true}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: empty, namespace: default}
+spec:
+  clusterIP: 10.96.0.20
+  ports: [{name: http, port: 80}]
+"#;
+
+/// An address of [`IN_SERVICE_CIDR`]'s ServiceCIDR that no Service holds, and one
+/// outside it.
+const UNALLOCATED: &str = "10.96.0.99:80";
+const OUTSIDE_CIDR: &str = "10.97.0.5:80";
+
 /// A Service whose frontend is the client's own address and port of a connection to
 /// `web` (a masqueraded client's port that is also a NodePort comes to this): the
 /// replies of that connection are addressed to a frontend.
@@ -610,6 +675,123 @@ static FIXTURES: &[Fixture] = &[
                 verdict: PASS,
                 reason: stat::REVNAT,
                 output: Out::Packet(|| sctp_to("10.96.0.60:3868", client(7100), SCTP_DATA)),
+            },
+        ],
+        ..PLAIN
+    },
+    Fixture {
+        description: "a ServiceCIDR: new traffic to its unallocated addresses drops, from pods, outside and the node's own stack; its ClusterIPs translate and reject as before; an address outside passes; removed, nothing drops",
+        maps: IN_SERVICE_CIDR,
+        remaps: &[(9, NO_SERVICE_CIDR)],
+        uplink: &[5],
+        egress: &[6, 7, 8, 11],
+        node: Some(NODE),
+        steps: &[
+            Step {
+                input: || tcp(client(40700), VIP_HTTP, TCP_SYN),
+                verdict: PASS,
+                reason: stat::DNAT_NEW,
+                output: Out::Packet(|| tcp(client(40700), BACKEND_HTTP, TCP_SYN)),
+            },
+            Step {
+                input: || tcp(client(40701), UNALLOCATED, TCP_SYN),
+                verdict: DROP,
+                reason: stat::DROP_UNALLOCATED_CLUSTERIP,
+                output: Out::Dropped,
+            },
+            // Not only a SYN: no connection of sliceway's goes to it.
+            Step {
+                input: || udp(client(40702), "10.96.200.1:53", b"q"),
+                verdict: DROP,
+                reason: stat::DROP_UNALLOCATED_CLUSTERIP,
+                output: Out::Dropped,
+            },
+            // A ClusterIP's undeclared port is still rejected.
+            Step {
+                input: || tcp(client(40703), "10.96.0.20:8080", TCP_SYN),
+                verdict: REJECT,
+                reason: stat::REJECT_NO_PORT,
+                output: Out::Rejected,
+            },
+            Step {
+                input: || tcp(client(40704), OUTSIDE_CIDR, TCP_SYN),
+                verdict: PASS,
+                reason: stat::PASS_NO_SERVICE,
+                output: Out::Unchanged,
+            },
+            // From outside the node (the uplink's program).
+            Step {
+                input: || tcp(addr(OUTSIDE), UNALLOCATED, TCP_SYN),
+                verdict: DROP,
+                reason: stat::DROP_UNALLOCATED_CLUSTERIP,
+                output: Out::Dropped,
+            },
+            // The node's own stack (egress): as kube-proxy's `output` hook.
+            Step {
+                input: || tcp(addr("10.100.0.1:40705"), UNALLOCATED, TCP_SYN),
+                verdict: DROP,
+                reason: stat::DROP_UNALLOCATED_CLUSTERIP,
+                output: Out::Dropped,
+            },
+            Step {
+                input: || tcp(addr("10.100.0.1:40706"), OUTSIDE_CIDR, TCP_SYN),
+                verdict: PASS,
+                reason: stat::PASS_EGRESS,
+                output: Out::Unchanged,
+            },
+            // A ClusterIP's undeclared port from the node's stack passes at egress
+            // (its socket was not translated; nothing drops it here).
+            Step {
+                input: || tcp(addr("10.100.0.1:40707"), "10.96.0.20:8080", TCP_SYN),
+                verdict: PASS,
+                reason: stat::PASS_EGRESS,
+                output: Out::Unchanged,
+            },
+            // The ServiceCIDR is gone: the same addresses pass.
+            Step {
+                input: || tcp(client(40708), UNALLOCATED, TCP_SYN),
+                verdict: PASS,
+                reason: stat::PASS_NO_SERVICE,
+                output: Out::Unchanged,
+            },
+            Step {
+                input: || tcp(addr(OUTSIDE), UNALLOCATED, TCP_SYN),
+                verdict: PASS,
+                reason: stat::PASS_NO_SERVICE,
+                output: Out::Unchanged,
+            },
+            Step {
+                input: || tcp(addr("10.100.0.1:40709"), UNALLOCATED, TCP_SYN),
+                verdict: PASS,
+                reason: stat::PASS_EGRESS,
+                output: Out::Unchanged,
+            },
+        ],
+        ..PLAIN
+    },
+    Fixture {
+        description: "without a ServiceCIDR no address near the ClusterIPs is dropped",
+        maps: NO_SERVICE_CIDR,
+        egress: &[1],
+        node: Some(NODE),
+        steps: &[
+            Step {
+                input: || tcp(client(40710), UNALLOCATED, TCP_SYN),
+                verdict: PASS,
+                reason: stat::PASS_NO_SERVICE,
+                output: Out::Unchanged,
+            },
+            Step {
+                input: || tcp(addr("10.100.0.1:40711"), UNALLOCATED, TCP_SYN),
+                verdict: PASS,
+                reason: stat::PASS_EGRESS,
+                output: Out::Unchanged,
+            },
+            Step {
+                input: || tcp(client(40712), "10.96.0.20:8080", TCP_SYN),
+                verdict: REJECT,
+                reason: stat::REJECT_NO_PORT,
+                output: Out::Rejected,
             },
         ],
         ..PLAIN
@@ -1702,7 +1884,9 @@ fn apply(writer: &mut MapWriter, dp: &mut Datapath, manifests: &str) {
     apply_with(writer, dp, manifests, &Options::default());
 }
 
-/// Compiles `manifests` with `opts` and applies them with `writer`.
+/// Compiles `manifests` with `opts` and applies them with `writer`; their
+/// ServiceCIDRs (none: the maps emptied of an earlier fixture's) after, as the
+/// agent writes them.
 fn apply_with(writer: &mut MapWriter, dp: &mut Datapath, manifests: &str, opts: &Options) {
     let (objects, problems) = parse_file("program.yaml".as_ref(), manifests);
     assert!(problems.is_empty(), "{problems:?}");
@@ -1714,6 +1898,17 @@ fn apply_with(writer: &mut MapWriter, dp: &mut Datapath, manifests: &str, opts: 
         report.errors.is_empty() && report.rejected.is_empty(),
         "{report:?}"
     );
+    let infos: Vec<_> = objects
+        .service_cidrs
+        .iter()
+        .map(sliceway_agent::model::ServiceCidrInfo::from)
+        .collect();
+    let (cidrs, skipped) = compiler::cidrs::service_cidrs(&infos);
+    assert!(skipped.is_empty(), "{skipped:?}");
+    // A writer of its own each time: it finds what the map holds and removes the
+    // rest, as a restarted agent's first sync.
+    let errors = sliceway_agent::writer::cidrs::CidrWriter::default().sync(&cidrs, &mut dp.maps);
+    assert!(errors.is_empty(), "{errors:?}");
 }
 
 /// Maps far larger than any fixture needs, and small enough that loading one

@@ -327,7 +327,8 @@ fn out<C: Program6>(ctx: &C) -> i32 {
 }
 
 /// The egress body, as IPv4's (`crate::tc`): a reply of a live connection gets its
-/// frontend back; anything else passes.
+/// frontend back; a packet to an unallocated ClusterIP is dropped; anything else
+/// passes.
 #[inline(always)]
 fn reply_out<C: Program6>(ctx: &C) -> Result<Exit, Exit> {
     let s = maps::SCRATCH6
@@ -346,6 +347,10 @@ fn reply_out<C: Program6>(ctx: &C) -> Result<Exit, Exit> {
         take_reply(&rev, &s.flow, &s.key, now, &mut met);
     }
     if met != Met::LiveReply {
+        // No reply: dropped if to an unallocated ClusterIP, as over IPv4.
+        if lookup::is_unallocated6(&s.flow) {
+            return Ok((DROP, stat::DROP_UNALLOCATED_CLUSTERIP));
+        }
         return Ok((PASS, stat::PASS_EGRESS));
     }
     match untracked(ctx, &s.flow, &s.key, now, met)? {
@@ -551,7 +556,8 @@ fn take_reply(rev: &CtSlot, flow: &Flow6, key: &CtKey, now: u64, met: &mut Met) 
 
 /// As `tc::untracked`: a reply of a live connection gets its frontend back as
 /// the source; a stale reverse entry's passes; a ClusterIP's undeclared port is
-/// rejected; anything else passes.
+/// rejected; an unallocated address of a ServiceCIDR is dropped; anything else
+/// passes.
 #[inline(always)]
 fn untracked<C: Program6>(
     ctx: &C,
@@ -597,6 +603,10 @@ fn untracked<C: Program6>(
                     return Ok((TO_TC, stat::XDP_TO_TC));
                 }
                 return Ok(ctx.reject(stat::REJECT_NO_PORT));
+            }
+            // An unallocated address of a ServiceCIDR: dropped, as over IPv4.
+            if maps::in_service_cidr6(flow.dst_be) {
+                return Ok((DROP, stat::DROP_UNALLOCATED_CLUSTERIP));
             }
             Ok((PASS, stat::PASS_NO_SERVICE))
         }

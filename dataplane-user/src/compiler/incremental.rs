@@ -4,13 +4,14 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use dataplane_common::{ServiceKey, ServiceKey6};
 
+use super::cidrs::{service_cidrs, ServiceCidrs};
 use super::claims::{conflict_messages, Claim, ClaimOrder};
 use super::service::{compile_service, GroupKey, ServiceOut};
 use super::slices::{classify_slice, merge_slice, EndpointsKey, PortEndpoints};
 use super::{
     AnyFrontend, Compiled, Frontend, Frontend6, FrontendKey, HealthCheck, Ignored, Options, Skipped,
 };
-use crate::model::{Origin, ServiceId, ServiceInfo, SliceId, SliceInfo};
+use crate::model::{Origin, ServiceCidrInfo, ServiceId, ServiceInfo, SliceId, SliceInfo};
 
 /// The compiler kept running between syncs. Objects go in one at a time
 /// ([`put_service`](Self::put_service), [`remove_slice`](Self::remove_slice), ...);
@@ -41,6 +42,11 @@ pub struct Incremental {
     dirty_groups: BTreeSet<GroupKey>,
     /// Trigger times of the slices put since the last `take_trigger_times`.
     trigger_times: Vec<((String, String), String)>,
+    /// The ServiceCIDR objects as last set, their prefixes and what was skipped of
+    /// them.
+    service_cidr_objects: Vec<ServiceCidrInfo>,
+    service_cidrs: ServiceCidrs,
+    service_cidrs_skipped: Vec<Skipped>,
 }
 
 /// A slice and what it gives on its own.
@@ -79,6 +85,24 @@ impl Incremental {
         self.opts.zone = zone;
         self.recompile_all();
         true
+    }
+
+    /// Sets the cluster's ServiceCIDR objects, all of them (few, and read whole as
+    /// kube-proxy reads them). Whether they changed. They touch no frontend: the
+    /// agent writes their prefixes apart ([`service_cidrs`](Self::service_cidrs)).
+    pub fn set_service_cidrs(&mut self, mut objects: Vec<ServiceCidrInfo>) -> bool {
+        objects.sort();
+        if self.service_cidr_objects == objects {
+            return false;
+        }
+        (self.service_cidrs, self.service_cidrs_skipped) = service_cidrs(&objects);
+        self.service_cidr_objects = objects;
+        true
+    }
+
+    /// The prefixes of the ServiceCIDRs as last set.
+    pub fn service_cidrs(&self) -> &ServiceCidrs {
+        &self.service_cidrs
     }
 
     /// Marks every Service to be compiled again (an option they all read changed).
@@ -493,6 +517,7 @@ impl Incremental {
                 .collect();
             all.extend(conflict_messages(key, &who));
         }
+        all.extend(self.service_cidrs_skipped.iter().cloned());
         all.sort();
         all
     }

@@ -36,6 +36,7 @@
 //!   IPv4 slices only, an IPv6 one's from IPv6 slices only.
 
 pub mod categorize;
+pub mod cidrs;
 mod claims;
 pub mod format;
 mod full;

@@ -138,6 +138,13 @@ impl Datapath {
             map_name::NAT_CONFIG,
             map_name::SOURCE_RANGES,
         ];
+        // The ServiceCIDRs, where the running agent pinned them (an agent built
+        // before them did not).
+        pinned.extend(
+            [map_name::SERVICE_CIDRS]
+                .into_iter()
+                .filter(|name| pins.map(name).exists()),
+        );
         // IPv6's, where the running agent pinned them (never made here: a trace
         // leaves no pin behind).
         pinned.extend(
@@ -146,6 +153,7 @@ impl Datapath {
                 map_name::BACKENDS6,
                 map_name::NAT_CONFIG6,
                 map_name::SOURCE_RANGES6,
+                map_name::SERVICE_CIDRS6,
             ]
             .into_iter()
             .filter(|name| pins.map(name).exists()),
@@ -307,17 +315,20 @@ impl Datapath {
             frontend_counters: take(&mut ebpf, map_name::FRONTEND_COUNTERS)?,
             backend_counters: take(&mut ebpf, map_name::BACKEND_COUNTERS)?,
             source_ranges: take(&mut ebpf, map_name::SOURCE_RANGES)?,
+            service_cidrs: take(&mut ebpf, map_name::SERVICE_CIDRS)?,
             // Both or neither: an object with IPv6's maps has them all.
             v6: match (
                 take_if_there(&mut ebpf, map_name::SERVICES6)?,
                 take_if_there(&mut ebpf, map_name::BACKENDS6)?,
                 take_if_there(&mut ebpf, map_name::SOURCE_RANGES6)?,
+                take_if_there(&mut ebpf, map_name::SERVICE_CIDRS6)?,
             ) {
-                (Some(services), Some(backends), Some(source_ranges)) => {
+                (Some(services), Some(backends), Some(source_ranges), Some(service_cidrs)) => {
                     Some(super::maps::KernelMaps6 {
                         services,
                         backends,
                         source_ranges,
+                        service_cidrs,
                     })
                 }
                 _ => None,

@@ -20,6 +20,7 @@ pub struct KernelMaps {
     pub(super) frontend_counters: PerCpuArray<MapData, FrontendCounters>,
     pub(super) backend_counters: PerCpuArray<MapData, BackendCounters>,
     pub(super) source_ranges: aya::maps::LpmTrie<MapData, dataplane_common::SourceRange, u8>,
+    pub(super) service_cidrs: aya::maps::LpmTrie<MapData, u32, u8>,
     /// IPv6's maps, when the loaded programs have them (`None`: an object built
     /// before IPv6; writing an IPv6 frontend then fails with a message, and IPv4 is
     /// untouched).
@@ -31,6 +32,7 @@ pub struct KernelMaps6 {
     pub(super) services: BpfHashMap<MapData, dataplane_common::ServiceKey6, ServiceValue>,
     pub(super) backends: BpfHashMap<MapData, u32, dataplane_common::Backend6>,
     pub(super) source_ranges: aya::maps::LpmTrie<MapData, dataplane_common::SourceRange6, u8>,
+    pub(super) service_cidrs: aya::maps::LpmTrie<MapData, [u32; 4], u8>,
 }
 
 impl KernelMaps {
@@ -91,6 +93,47 @@ impl crate::writer::ranges::RangeOps for KernelMaps {
             return Ok(Vec::new());
         };
         v6.source_ranges
+            .keys()
+            .map(|k| k.map(|k| (k.prefix_len(), k.data())))
+            .collect()
+    }
+}
+
+impl crate::writer::cidrs::CidrOps for KernelMaps {
+    type Error = MapError;
+    fn put_cidr(&mut self, prefix_len: u32, addr_be: u32) -> Result<(), MapError> {
+        let key = aya::maps::lpm_trie::Key::new(prefix_len, addr_be);
+        self.service_cidrs.insert(&key, 1, 0)
+    }
+    fn del_cidr(&mut self, prefix_len: u32, addr_be: u32) -> Result<(), MapError> {
+        let key = aya::maps::lpm_trie::Key::new(prefix_len, addr_be);
+        ignore_missing(self.service_cidrs.remove(&key))
+    }
+    fn cidrs(&self) -> Result<Vec<(u32, u32)>, MapError> {
+        self.service_cidrs
+            .keys()
+            .map(|k| k.map(|k| (k.prefix_len(), k.data())))
+            .collect()
+    }
+    fn put_cidr6(&mut self, prefix_len: u32, addr_be: [u32; 4]) -> Result<(), MapError> {
+        let key = aya::maps::lpm_trie::Key::new(prefix_len, addr_be);
+        self.v6(map_name::SERVICE_CIDRS6)?
+            .service_cidrs
+            .insert(&key, 1, 0)
+    }
+    fn del_cidr6(&mut self, prefix_len: u32, addr_be: [u32; 4]) -> Result<(), MapError> {
+        let key = aya::maps::lpm_trie::Key::new(prefix_len, addr_be);
+        ignore_missing(
+            self.v6(map_name::SERVICE_CIDRS6)?
+                .service_cidrs
+                .remove(&key),
+        )
+    }
+    fn cidrs6(&self) -> Result<Vec<(u32, [u32; 4])>, MapError> {
+        let Some(v6) = &self.v6 else {
+            return Ok(Vec::new());
+        };
+        v6.service_cidrs
             .keys()
             .map(|k| k.map(|k| (k.prefix_len(), k.data())))
             .collect()

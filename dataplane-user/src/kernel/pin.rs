@@ -130,6 +130,8 @@ pub(super) fn expected_sizes(name: &str) -> (usize, usize) {
             size_of::<dataplane_common::SockRevKey6>(),
             size_of::<dataplane_common::SockRevValue6>(),
         ),
+        map_name::SERVICE_CIDRS => (size_of::<u32>() + size_of::<u32>(), size_of::<u8>()),
+        map_name::SERVICE_CIDRS6 => (size_of::<u32>() + size_of::<[u32; 4]>(), size_of::<u8>()),
         _ => (0, 0),
     }
 }

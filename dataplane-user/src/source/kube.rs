@@ -1,5 +1,5 @@
-//! The Kubernetes API source of the node agent: Services, EndpointSlices and the
-//! agent's own Node, kept in kube-rs reflector stores.
+//! The Kubernetes API source of the node agent: Services, EndpointSlices, the
+//! ServiceCIDRs and the agent's own Node, kept in kube-rs reflector stores.
 //!
 //! Each kind is followed by a kube-rs `watcher` (list, then watch from the list's
 //! resourceVersion, re-watch from the last resourceVersion seen when a watch ends,
@@ -15,6 +15,9 @@
 //! KEP-2447 and watches only the objects labelled with that name instead
 //! (`service.kubernetes.io/service-proxy-name=<name>,!service.kubernetes.io/headless`).
 //! The own Node is watched with the field selector `metadata.name=<node>`.
+//! ServiceCIDRs (`networking.k8s.io/v1`) are watched whole, as kube-proxy's
+//! `ServiceCIDRConfig` watches them, and handed to the sink all together at every
+//! feed (a cluster has a few).
 //!
 //! Nothing may be written to the maps before every store has been filled once
 //! ([`KubeSource::wait_synced`]): a restarted agent that synced on a partial cache
@@ -55,6 +58,7 @@ use futures::{future::FutureExt as _, stream, Stream, StreamExt as _};
 use k8s_openapi::api::{
     core::v1::{Node, Service},
     discovery::v1::EndpointSlice,
+    networking::v1::ServiceCIDR,
 };
 use kube::{
     runtime::{
@@ -67,7 +71,7 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::{
-    model::{Origin, ServiceId, ServiceInfo, SliceId, SliceInfo},
+    model::{Origin, ServiceCidrInfo, ServiceId, ServiceInfo, SliceId, SliceInfo},
     serve::health::Watches,
     source::{local::Objects, Sink},
 };
@@ -156,6 +160,7 @@ pub struct KubeSource {
     services: Store<Service>,
     slices: Store<EndpointSlice>,
     node: Store<Node>,
+    service_cidrs: Store<ServiceCIDR>,
     changes: watch::Receiver<u64>,
     seen: u64,
     changed: Arc<Mutex<Changes>>,
@@ -225,8 +230,12 @@ impl KubeSource {
             .boxed(),
             None => synced_empty().boxed(),
         };
+        let service_cidrs = watcher(
+            Api::<ServiceCIDR>::all(client.clone()),
+            watcher::Config::default(),
+        );
         info!(labels = %labels, node = ?cfg.node_name, "watching the Kubernetes API");
-        let (source, run) = Self::from_streams(services, slices, node);
+        let (source, run) = Self::from_streams(services, slices, node, service_cidrs);
         let probe = probe_failing(client, labels, fields, source.watches.clone());
         Ok((source, async move {
             futures::join!(run, probe);
@@ -248,15 +257,17 @@ impl KubeSource {
     /// kube-rs watchers; tests can pass scripted events. Each stream goes through the
     /// default backoff and a reflector store; errors are logged and the stream polled
     /// again.
-    pub fn from_streams<S, E, N>(
+    pub fn from_streams<S, E, N, C>(
         services: S,
         slices: E,
         node: N,
+        service_cidrs: C,
     ) -> (Self, impl Future<Output = ()> + Send + 'static)
     where
         S: Stream<Item = watcher::Result<watcher::Event<Service>>> + Send + 'static,
         E: Stream<Item = watcher::Result<watcher::Event<EndpointSlice>>> + Send + 'static,
         N: Stream<Item = watcher::Result<watcher::Event<Node>>> + Send + 'static,
+        C: Stream<Item = watcher::Result<watcher::Event<ServiceCIDR>>> + Send + 'static,
     {
         let (tx, rx) = watch::channel(0u64);
         let tx = Arc::new(tx);
@@ -264,6 +275,7 @@ impl KubeSource {
         let (services_store, services_writer) = reflector::store();
         let (slices_store, slices_writer) = reflector::store();
         let (node_store, node_writer) = reflector::store();
+        let (cidrs_store, cidrs_writer) = reflector::store();
         let watches = Arc::new(Watches::default());
         let run = {
             let a = reflect(
@@ -287,18 +299,28 @@ impl KubeSource {
                 "Node",
                 node,
                 node_writer,
-                tx,
+                tx.clone(),
                 watches.clone(),
                 |_: &watcher::Event<Node>| {},
             );
+            // Read whole at every feed: nothing to record.
+            let d = reflect(
+                "ServiceCIDR",
+                service_cidrs,
+                cidrs_writer,
+                tx,
+                watches.clone(),
+                |_: &watcher::Event<ServiceCIDR>| {},
+            );
             async move {
-                futures::join!(a, b, c);
+                futures::join!(a, b, c, d);
             }
         };
         let source = Self {
             services: services_store,
             slices: slices_store,
             node: node_store,
+            service_cidrs: cidrs_store,
             changes: rx,
             seen: 0,
             changed,
@@ -311,17 +333,19 @@ impl KubeSource {
     /// Waits until every store has been filled by a complete list once. Changes up to
     /// this point count as seen: the next [`snapshot`](Self::snapshot) has them.
     pub async fn wait_synced(&mut self) -> Result<(), Error> {
-        let (a, b, c) = futures::join!(
+        let (a, b, c, d) = futures::join!(
             self.services.wait_until_ready(),
             self.slices.wait_until_ready(),
             self.node.wait_until_ready(),
+            self.service_cidrs.wait_until_ready(),
         );
-        a.and(b).and(c).map_err(|_| Error::Stopped)?;
+        a.and(b).and(c).and(d).map_err(|_| Error::Stopped)?;
         self.seen = *self.changes.borrow_and_update();
         info!(
             services = self.services.len(),
             slices = self.slices.len(),
             nodes = self.node.len(),
+            service_cidrs = self.service_cidrs.len(),
             "Kubernetes caches synced"
         );
         Ok(())
@@ -333,6 +357,7 @@ impl KubeSource {
             self.services.wait_until_ready().now_or_never(),
             self.slices.wait_until_ready().now_or_never(),
             self.node.wait_until_ready().now_or_never(),
+            self.service_cidrs.wait_until_ready().now_or_never(),
         ]
         .into_iter()
         .all(|ready| matches!(ready, Some(Ok(()))))
@@ -368,6 +393,7 @@ impl KubeSource {
             services: sorted(&self.services),
             slices: sorted(&self.slices),
             nodes: sorted(&self.node),
+            service_cidrs: sorted(&self.service_cidrs),
         }
     }
 
@@ -379,7 +405,8 @@ impl KubeSource {
 
     /// Brings `compiler` (the sink) to the stores: the objects named in `changes` are put or
     /// removed; after a relist, every object is put and those gone are removed. The
-    /// own Node's zone is set every time (a no-op when it did not change). Returns
+    /// own Node's zone and the ServiceCIDRs (all of them) are set every time (a
+    /// no-op when they did not change). Returns
     /// the objects the front door refuses that it had not refused so (newly, or for
     /// another reason).
     pub fn feed(&self, changes: &Changes, compiler: &mut dyn Sink) -> Vec<Refused> {
@@ -391,6 +418,13 @@ impl KubeSource {
         compiler.set_zone(node.as_ref().and_then(|n| n.zone.clone()));
         compiler.set_node_ip(node.as_ref().and_then(|n| n.primary_ipv4));
         compiler.set_node_ip6(node.and_then(|n| n.primary_ipv6));
+        compiler.set_service_cidrs(
+            self.service_cidrs
+                .state()
+                .iter()
+                .map(|c| ServiceCidrInfo::from(&**c))
+                .collect(),
+        );
         let mut refused = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
         let before = refused.clone();
         if changes.relisted {
@@ -427,6 +461,11 @@ impl KubeSource {
     /// The own-Node store (reader side): empty or one Node.
     pub fn node(&self) -> &Store<Node> {
         &self.node
+    }
+
+    /// The ServiceCIDR store (reader side).
+    pub fn service_cidrs(&self) -> &Store<ServiceCIDR> {
+        &self.service_cidrs
     }
 }
 
@@ -478,7 +517,7 @@ impl super::Source for ApiSource {
         if !self.synced {
             // Nothing is written before every cache has listed once: a restart never
             // shrinks a Service to the first slice seen.
-            info!("waiting for Services, EndpointSlices and the Node to sync");
+            info!("waiting for Services, EndpointSlices, ServiceCIDRs and the Node to sync");
             self.source.wait_synced().await?;
             self.synced = true;
             return Ok(());
@@ -495,6 +534,12 @@ impl super::Source for ApiSource {
                     .source
                     .slices()
                     .get(&ObjectRef::new(&p.name).within(&p.namespace))
+                    .map(|o| o.object_ref(&())),
+                // Cluster-scoped: its Event goes where kube-rs puts those.
+                "ServiceCIDR" => self
+                    .source
+                    .service_cidrs()
+                    .get(&ObjectRef::new(&p.name))
                     .map(|o| o.object_ref(&())),
                 _ => None,
             };
@@ -808,6 +853,10 @@ async fn probe_failing(
                     .list_metadata(&by_labels)
                     .await
                     .is_ok(),
+                "ServiceCIDR" => Api::<ServiceCIDR>::all(client.clone())
+                    .list_metadata(&ListParams::default().limit(1))
+                    .await
+                    .is_ok(),
                 "Node" => {
                     let fields = node_fields.as_deref().unwrap_or_default();
                     Api::<Node>::all(client.clone())
@@ -917,6 +966,7 @@ mod tests {
             rx.map(Ok),
             synced_empty::<EndpointSlice>(),
             synced_empty::<Node>(),
+            synced_empty::<ServiceCIDR>(),
         );
         let run = tokio::spawn(run);
         let send = |e| tx.unbounded_send(e).unwrap();

@@ -1,9 +1,9 @@
 //! Local mode source: a directory of ordinary Kubernetes YAML, read as
 //! [`conventions::manifests`] reads it (the controller reads it the same way).
 //!
-//! Services (v1), EndpointSlices (discovery.k8s.io/v1) and Nodes (v1) are kept; a
-//! kind the agent reads under another API version is reported; other kinds are not
-//! the agent's business and are passed over. A file that fails to parse is reported
+//! Services (v1), EndpointSlices (discovery.k8s.io/v1), Nodes (v1) and ServiceCIDRs
+//! (networking.k8s.io/v1) are kept; a kind the agent reads under another API version
+//! is reported; other kinds are not the agent's business and are passed over. A file that fails to parse is reported
 //! and skipped; if it parsed before, its last good objects are kept, so a
 //! half-written file never makes Services vanish.
 //!
@@ -23,10 +23,11 @@ pub use conventions::manifests::{Problem, Scan};
 use k8s_openapi::api::{
     core::v1::{Node, Service},
     discovery::v1::EndpointSlice,
+    networking::v1::ServiceCIDR,
 };
 
 use super::Sink;
-use crate::model::{NodeInfo, Origin, ServiceId, ServiceInfo, SliceId, SliceInfo};
+use crate::model::{NodeInfo, Origin, ServiceCidrInfo, ServiceId, ServiceInfo, SliceId, SliceInfo};
 
 /// The objects of one directory.
 #[derive(Clone, Debug, Default)]
@@ -34,6 +35,7 @@ pub struct Objects {
     pub services: Vec<Service>,
     pub slices: Vec<EndpointSlice>,
     pub nodes: Vec<Node>,
+    pub service_cidrs: Vec<ServiceCIDR>,
 }
 
 /// The objects of one file in the agent's model (of Nodes, only name and zone: the
@@ -43,15 +45,17 @@ pub struct ModelObjects {
     pub services: Vec<ServiceInfo>,
     pub slices: Vec<SliceInfo>,
     pub nodes: Vec<NodeInfo>,
+    pub service_cidrs: Vec<ServiceCidrInfo>,
 }
 
-/// What a file last gave: the identities of its objects (the compiler holds them)
-/// and its Nodes.
+/// What a file last gave: the identities of its objects (the compiler holds them),
+/// its Nodes and its ServiceCIDRs (handed over all together after a rescan).
 #[derive(Debug, Default)]
 struct FileObjects {
     services: Vec<ServiceId>,
     slices: Vec<SliceId>,
     nodes: Vec<NodeInfo>,
+    service_cidrs: Vec<ServiceCidrInfo>,
 }
 
 /// Reads a manifest directory and re-reads only the files that changed.
@@ -79,11 +83,13 @@ impl Reader<FileObjects> for ToSink<'_> {
         problems.append(&mut parsed);
         let objects = objects?;
         let nodes = objects.nodes.clone();
+        let service_cidrs = objects.service_cidrs.clone();
         let (services, slices) = put_file(path, objects, old, self.0);
         Some(FileObjects {
             services,
             slices,
             nodes,
+            service_cidrs,
         })
     }
 
@@ -114,8 +120,9 @@ impl ManifestDir {
     /// Looks for added, changed and removed files, parses the changed ones and brings
     /// `sink` to the directory's objects: those of removed files go, those of
     /// changed files are put (the sink tells which really differ), and a file that
-    /// no longer parses keeps the objects it last gave. The own Node's zone is set
-    /// every time (a no-op when it did not change).
+    /// no longer parses keeps the objects it last gave. The own Node's zone and the
+    /// ServiceCIDRs of every file are set every time (a no-op when they did not
+    /// change).
     pub fn rescan(&mut self, sink: &mut dyn Sink) -> std::io::Result<Scan> {
         let mut scan = self.files.rescan(&mut ToSink(sink))?;
         if scan.changed {
@@ -128,7 +135,16 @@ impl ManifestDir {
         sink.set_zone(node.and_then(|n| n.zone.clone()));
         sink.set_node_ip(node.and_then(|n| n.primary_ipv4));
         sink.set_node_ip6(node.and_then(|n| n.primary_ipv6));
+        sink.set_service_cidrs(self.service_cidrs());
         Ok(scan)
+    }
+
+    /// Every ServiceCIDR of the directory, in file order.
+    pub fn service_cidrs(&self) -> Vec<ServiceCidrInfo> {
+        self.files
+            .kept()
+            .flat_map(|(_, f)| f.service_cidrs.iter().cloned())
+            .collect()
     }
 
     /// The own Node (the first in file order named as it), if there is one.
@@ -239,6 +255,7 @@ enum Op {
     Zone(Option<String>),
     NodeIp(Option<std::net::Ipv4Addr>),
     NodeIp6(Option<std::net::Ipv6Addr>),
+    ServiceCidrs(Vec<ServiceCidrInfo>),
 }
 
 impl Sink for Recorded {
@@ -270,6 +287,10 @@ impl Sink for Recorded {
         self.0.push(Op::NodeIp6(ip));
         true
     }
+    fn set_service_cidrs(&mut self, cidrs: Vec<ServiceCidrInfo>) -> bool {
+        self.0.push(Op::ServiceCidrs(cidrs));
+        true
+    }
     // The directory's reading never asks what is held.
     fn services_held(&self) -> Vec<ServiceId> {
         Vec::new()
@@ -290,6 +311,7 @@ impl Recorded {
                 Op::Zone(zone) => sink.set_zone(zone),
                 Op::NodeIp(ip) => sink.set_node_ip(ip),
                 Op::NodeIp6(ip) => sink.set_node_ip6(ip),
+                Op::ServiceCidrs(cidrs) => sink.set_service_cidrs(cidrs),
             };
         }
     }
@@ -416,6 +438,7 @@ enum Found {
     Service(Box<Service>),
     Slice(Box<EndpointSlice>),
     Node(Box<Node>),
+    ServiceCidr(Box<ServiceCIDR>),
 }
 
 /// Parses one file's text. `None` when the YAML itself is broken (nothing in the
@@ -429,6 +452,7 @@ pub fn parse_file(path: &Path, text: &str) -> (Option<Objects>, Vec<Problem>) {
             Found::Service(s) => objects.services.push(*s),
             Found::Slice(s) => objects.slices.push(*s),
             Found::Node(n) => objects.nodes.push(*n),
+            Found::ServiceCidr(c) => objects.service_cidrs.push(*c),
         },
     )
 }
@@ -444,6 +468,7 @@ fn add_model(objects: &mut ModelObjects, found: Found) {
         Found::Service(s) => objects.services.push(ServiceInfo::from(&*s)),
         Found::Slice(s) => objects.slices.push(SliceInfo::from(&*s)),
         Found::Node(n) => objects.nodes.push(NodeInfo::from(&*n)),
+        Found::ServiceCidr(c) => objects.service_cidrs.push(ServiceCidrInfo::from(&*c)),
     }
 }
 
@@ -482,6 +507,10 @@ fn accept(o: Object) -> Result<Option<Found>, String> {
         ("v1", "Node") => Found::Node(Box::new(
             o.typed().map_err(|e| format!("Node {name}: {e}; skipped"))?,
         )),
+        ("networking.k8s.io/v1", "ServiceCIDR") => Found::ServiceCidr(Box::new(
+            o.typed()
+                .map_err(|e| format!("ServiceCIDR {name}: {e}; skipped"))?,
+        )),
         ("discovery.k8s.io/v1beta1", "EndpointSlice") => {
             return Err(format!("EndpointSlice {name}: discovery.k8s.io/v1beta1 is gone since Kubernetes 1.25, use v1; skipped"))
         }
@@ -495,6 +524,11 @@ fn accept(o: Object) -> Result<Option<Found>, String> {
             return Err(format!(
             "EndpointSlice {name}: apiVersion {api_version:?} is not discovery.k8s.io/v1; skipped"
         ))
+        }
+        (api_version, "ServiceCIDR") => {
+            return Err(format!(
+                "ServiceCIDR {name}: apiVersion {api_version:?} is not networking.k8s.io/v1; skipped"
+            ))
         }
         // Pods, Deployments, Endpoints, ...: not the agent's business.
         _ => return Ok(None),
@@ -650,6 +684,49 @@ spec: {clusterIP: 10.96.0.11}
             [1, 2],
             "no Node: no zone, no filtering"
         );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// ServiceCIDRs of every file reach the compiler together, follow their files,
+    /// and one under another API version is reported.
+    #[test]
+    fn service_cidrs_of_every_file_reach_the_compiler() {
+        let dir = std::env::temp_dir().join(format!("sliceway-local-cidr-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let cidr = |name: &str, cidrs: &str| {
+            format!("apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {{name: {name}}}\nspec: {{cidrs: [{cidrs}]}}\n")
+        };
+        fs::write(
+            dir.join("a.yaml"),
+            cidr("kubernetes", "10.96.0.0/16, fd00:96::/112"),
+        )
+        .unwrap();
+        fs::write(
+            dir.join("b.yaml"),
+            cidr("extra", "10.200.0.0/24") + "---\napiVersion: networking.k8s.io/v1beta1\nkind: ServiceCIDR\nmetadata: {name: old}\nspec: {cidrs: [10.201.0.0/24]}\n",
+        )
+        .unwrap();
+        let mut m = ManifestDir::new(&dir, None);
+        let mut c = Incremental::default();
+        let scan = m.rescan(&mut c).unwrap();
+        let v4 = |c: &Incremental| -> Vec<String> {
+            c.service_cidrs()
+                .v4
+                .iter()
+                .map(|(a, l)| format!("{a}/{l}"))
+                .collect()
+        };
+        assert_eq!(v4(&c), ["10.96.0.0/16", "10.200.0.0/24"]);
+        assert_eq!(c.service_cidrs().v6.len(), 1);
+        assert_eq!(scan.new_problems.len(), 1, "{:?}", scan.new_problems);
+        assert!(scan.new_problems[0].reason.contains(
+            "ServiceCIDR old: apiVersion \"networking.k8s.io/v1beta1\" is not networking.k8s.io/v1"
+        ));
+        fs::remove_file(dir.join("a.yaml")).unwrap();
+        m.rescan(&mut c).unwrap();
+        assert_eq!(v4(&c), ["10.200.0.0/24"]);
+        assert!(c.service_cidrs().v6.is_empty());
         fs::remove_dir_all(&dir).unwrap();
     }
 

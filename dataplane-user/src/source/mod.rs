@@ -1,6 +1,7 @@
 //! Where the agent's objects come from. Two sources, one shape: a source hands the
-//! Services and EndpointSlices it sees change, and its own Node's zone, to a
-//! [`Sink`] (the incremental compiler is one); the agent then drives the compile.
+//! Services and EndpointSlices it sees change, the ServiceCIDRs, and its own Node's
+//! zone, to a [`Sink`] (the incremental compiler is one); the agent then drives the
+//! compile.
 //!
 //! - [`local`]: a directory of ordinary Kubernetes YAML (local mode), rescanned;
 //! - [`kube`]: the API server through kube-rs reflector stores, with kube-proxy's
@@ -12,7 +13,7 @@ pub mod local;
 
 use crate::{
     compiler::Incremental,
-    model::{Origin, ServiceId, ServiceInfo, SliceId, SliceInfo},
+    model::{Origin, ServiceCidrInfo, ServiceId, ServiceInfo, SliceId, SliceInfo},
 };
 
 /// What a source hands its objects to. Each call says whether anything changed.
@@ -32,6 +33,9 @@ pub trait Sink {
     /// Sets this node's primary IPv6 address (from its Node object; `None` without
     /// one).
     fn set_node_ip6(&mut self, ip: Option<std::net::Ipv6Addr>) -> bool;
+    /// Sets the cluster's ServiceCIDRs, every object of the kind at once. Whether
+    /// they changed.
+    fn set_service_cidrs(&mut self, cidrs: Vec<ServiceCidrInfo>) -> bool;
     /// The Services held: a source that lists everything anew removes the others.
     fn services_held(&self) -> Vec<ServiceId>;
     /// The EndpointSlices held, as [`services_held`](Self::services_held).
@@ -59,6 +63,9 @@ impl Sink for Incremental {
     }
     fn set_node_ip6(&mut self, ip: Option<std::net::Ipv6Addr>) -> bool {
         Incremental::set_node_ip6(self, ip)
+    }
+    fn set_service_cidrs(&mut self, cidrs: Vec<ServiceCidrInfo>) -> bool {
+        Incremental::set_service_cidrs(self, cidrs)
     }
     fn services_held(&self) -> Vec<ServiceId> {
         self.service_ids().cloned().collect()

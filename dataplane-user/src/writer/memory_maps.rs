@@ -45,6 +45,41 @@ pub struct MemoryMaps {
     pub ranges: std::collections::BTreeSet<(u32, dataplane_common::SourceRange)>,
     /// `SOURCE_RANGES6` (prefix length, data).
     pub ranges6: std::collections::BTreeSet<(u32, dataplane_common::SourceRange6)>,
+    /// `SERVICE_CIDRS` and `SERVICE_CIDRS6` (prefix length, address), and how many
+    /// writes and removals they had.
+    pub cidrs: std::collections::BTreeSet<(u32, u32)>,
+    pub cidrs6: std::collections::BTreeSet<(u32, [u32; 4])>,
+    pub cidr_ops: usize,
+}
+
+impl crate::writer::cidrs::CidrOps for MemoryMaps {
+    type Error = Infallible;
+    fn put_cidr(&mut self, prefix_len: u32, addr_be: u32) -> Result<(), Infallible> {
+        self.cidr_ops += 1;
+        self.cidrs.insert((prefix_len, addr_be));
+        Ok(())
+    }
+    fn del_cidr(&mut self, prefix_len: u32, addr_be: u32) -> Result<(), Infallible> {
+        self.cidr_ops += 1;
+        self.cidrs.remove(&(prefix_len, addr_be));
+        Ok(())
+    }
+    fn cidrs(&self) -> Result<Vec<(u32, u32)>, Infallible> {
+        Ok(self.cidrs.iter().copied().collect())
+    }
+    fn put_cidr6(&mut self, prefix_len: u32, addr_be: [u32; 4]) -> Result<(), Infallible> {
+        self.cidr_ops += 1;
+        self.cidrs6.insert((prefix_len, addr_be));
+        Ok(())
+    }
+    fn del_cidr6(&mut self, prefix_len: u32, addr_be: [u32; 4]) -> Result<(), Infallible> {
+        self.cidr_ops += 1;
+        self.cidrs6.remove(&(prefix_len, addr_be));
+        Ok(())
+    }
+    fn cidrs6(&self) -> Result<Vec<(u32, [u32; 4])>, Infallible> {
+        Ok(self.cidrs6.iter().copied().collect())
+    }
 }
 
 impl crate::writer::ranges::RangeOps for MemoryMaps {

@@ -31,6 +31,7 @@
 //! so a backend id names one backend in `BACKENDS` or in `BACKENDS6`, never both.
 
 pub mod audit;
+pub mod cidrs;
 pub mod conntrack;
 pub mod maglev;
 pub mod memory_maps;
