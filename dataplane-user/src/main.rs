@@ -3,12 +3,13 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
-use clap::Parser;
+use clap::{CommandFactory as _, FromArgMatches as _};
 
 use dataplane_common::{PROTO_SCTP, PROTO_TCP, PROTO_UDP};
 use sliceway_agent::{
     agent,
     cmd::cli::{Cli, Command, From, Output, Proto},
+    cmd::config,
     cmd::inspect,
     compiler, kernel,
     kernel::interfaces,
@@ -36,13 +37,32 @@ fn one_malloc_arena() {
 
 fn main() -> anyhow::Result<()> {
     one_malloc_arena();
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // `run --config FILE` before logging starts: the file may set its format and
+    // level. A flag given (before or after `run`) wins over the file.
+    let config_warnings = match (&mut cli.command, matches.subcommand()) {
+        (Command::Run(run), Some((_, run_matches))) => {
+            let config = run.config.clone();
+            let warnings = config::load(run, &mut cli.log, |id| {
+                config::given(&matches, id) || config::given(run_matches, id)
+            })?;
+            config.map(|path| (path, warnings))
+        }
+        _ => None,
+    };
     use tracing_subscriber::{layer::SubscriberExt as _, util::SubscriberInitExt as _};
     tracing_subscriber::registry()
         .with(cli.log.filter())
         .with(cli.log.layer())
         .with(sliceway_agent::serve::metrics::LogCounter)
         .init();
+    if let Some((path, warnings)) = config_warnings {
+        for w in &warnings {
+            tracing::warn!(config = %path.display(), "{w}");
+        }
+        tracing::info!(config = %path.display(), not_honoured = warnings.len(), "read the kube-proxy configuration file");
+    }
     match cli.command {
         Command::Run(args) => {
             let args = *args;
@@ -274,7 +294,6 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Generate(generate) => {
-            use clap::CommandFactory as _;
             conventions::clidoc::run(&generate, Cli::command())?;
             Ok(())
         }

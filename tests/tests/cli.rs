@@ -1,9 +1,10 @@
-//! `sliceway-agent list`, `trace` and `check`, run as a user would. Needs root.
+//! `sliceway-agent list`, `trace` and `check`, and `run --config`, run as a user
+//! would. Needs root.
 
 use std::{net::Ipv4Addr, process::Command};
 
 use serde_json::Value;
-use sliceway_lab::{agent_cli, workspace_binary, Lab};
+use sliceway_lab::{agent_cli, agent_start, http_get, workspace_binary, Lab};
 
 /// `sliceway-agent trace -o json` of one packet from `src` to `dst`, over `maps`
 /// (`--manifests DIR` or `--bpffs-dir DIR`), with `extra` arguments.
@@ -832,4 +833,192 @@ fn check_reports_every_program_and_the_attach_path() {
             "{p:#}"
         );
     }
+}
+
+/// The head every KubeProxyConfiguration document starts with.
+const KUBE_PROXY_CONFIG: &str =
+    "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n";
+
+/// A `sliceway-agent run` started by a test, its standard error read line by line;
+/// stopped (SIGTERM, then SIGKILL) on drop.
+struct RunningAgent {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl RunningAgent {
+    /// The first line of the log so far or to come (within the agent's start
+    /// budget) that contains every one of `words`.
+    fn line_with(&mut self, words: &[&str]) -> String {
+        let has = |l: &String| words.iter().all(|w| l.contains(w));
+        if let Some(l) = self.seen.iter().find(|l| has(l)) {
+            return l.clone();
+        }
+        let deadline = std::time::Instant::now() + agent_start();
+        while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    self.seen.push(l.clone());
+                    if has(&l) {
+                        return l;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        panic!("no log line with {words:?}:\n{}", self.seen.join("\n"))
+    }
+}
+
+impl Drop for RunningAgent {
+    fn drop(&mut self) {
+        // SAFETY: a plain syscall on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Issue 47: `run --config FILE` reads kube-proxy's KubeProxyConfiguration. A field
+/// it honours changes what the agent does (health served where the file says), a
+/// flag given on the command line wins over the file (metrics), a field it does not
+/// honour is named in a warning and the agent goes on; an unknown field, or another
+/// type, stops it before it starts, naming the field.
+#[test]
+fn run_takes_a_kube_proxy_configuration_file() {
+    let bin = workspace_binary("sliceway-agent").unwrap();
+    let dir = std::env::temp_dir().join(format!("sliceway-cli-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let write = |name: &str, body: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, format!("{KUBE_PROXY_CONFIG}{body}")).unwrap();
+        path
+    };
+
+    // Refused before anything starts (no namespace needed).
+    for (name, body, words) in [
+        (
+            "unknown.yaml",
+            "conntrack:\n  tcpTimeout: 1h\n",
+            &["conntrack.tcpTimeout", "unknown field `tcpTimeout`"][..],
+        ),
+        (
+            "malformed.yaml",
+            "healthzBindAddress: \"10256\"\n",
+            &["healthzBindAddress", "expected IP or IP:PORT"][..],
+        ),
+    ] {
+        let path = write(name, body);
+        let out = Command::new(&bin)
+            .arg("run")
+            .arg("--config")
+            .arg(&path)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{name} was taken: {stderr}");
+        for w in words {
+            assert!(stderr.contains(w), "{name}: {w:?} in {stderr}");
+        }
+        assert!(
+            stderr.contains(&format!("--config {}", path.display())),
+            "{stderr}"
+        );
+    }
+    let kubelet = dir.join("kubelet.yaml");
+    std::fs::write(
+        &kubelet,
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n",
+    )
+    .unwrap();
+    let out = Command::new(&bin)
+        .arg("run")
+        .arg("--config")
+        .arg(&kubelet)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("kind: \"KubeletConfiguration\": must be KubeProxyConfiguration"),
+        "{out:?}"
+    );
+
+    // Taken, in a lab's node namespace.
+    let lab = Lab::new(1).unwrap();
+    let config = write(
+        "config.yaml",
+        "healthzBindAddress: 127.0.0.1:22256\nmetricsBindAddress: 127.0.0.1:23249\n\
+         hostnameOverride: Node-1\nmode: iptables\nnodePortAddresses: [primary]\n",
+    );
+    let mut child = Command::new("nsenter")
+        .arg(format!("--net=/var/run/netns/{}", lab.node.name))
+        .arg(&bin)
+        .arg("run")
+        .arg("--config")
+        .arg(&config)
+        .arg("--manifests")
+        .arg(&lab.manifests)
+        .arg("--interfaces")
+        .arg(lab.pod_interfaces().join(","))
+        .arg("--bpffs-dir")
+        .arg(&lab.bpffs)
+        .arg("--no-socket-lb")
+        .args(["--metrics-bind-address", "127.0.0.1:23250"])
+        .env_remove("NODE_NAME")
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut agent = RunningAgent {
+        child,
+        lines,
+        seen: Vec::new(),
+    };
+    let warning = agent.line_with(&["WARN", "mode: not honoured"]);
+    assert!(
+        warning.contains(&format!("config={}", config.display())),
+        "{warning}"
+    );
+    agent.line_with(&["serving /healthz and /livez", "addr=127.0.0.1:22256"]);
+    agent.line_with(&["serving /metrics", "addr=127.0.0.1:23250"]);
+    agent.line_with(&["synced"]);
+    let health = http_get(
+        &lab.node.name,
+        "127.0.0.1:22256".parse().unwrap(),
+        "/healthz",
+    )
+    .unwrap();
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    assert!(
+        !agent.seen.iter().any(|l| l.contains("127.0.0.1:23249")),
+        "the file's metrics address was used: {:?}",
+        agent.seen
+    );
+    drop(agent);
+    std::fs::remove_dir_all(&dir).unwrap();
 }

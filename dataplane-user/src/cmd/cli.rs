@@ -226,6 +226,15 @@ pub enum From {
 
 #[derive(clap::Args)]
 pub struct RunArgs {
+    /// kube-proxy's configuration file: a KubeProxyConfiguration
+    /// (kubeproxy.config.k8s.io/v1alpha1, YAML or JSON) as kube-proxy v1.37.2 reads
+    /// it, such as the `config.conf` of kubeadm's `kube-proxy` ConfigMap. Its fields
+    /// set the flags of the same meaning (`healthzBindAddress`, `hostnameOverride`,
+    /// `nodePortAddresses`, `conntrack.*`, `logging`, ...); a flag given on the command
+    /// line wins. A field sliceway does not honour is named in a warning; an unknown
+    /// field or a malformed value stops the agent.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Directory of Kubernetes YAML (Services, EndpointSlices, Nodes) to take objects
     /// from instead of an API server. Watched for changes.
     #[arg(long)]
@@ -307,8 +316,9 @@ pub struct RunArgs {
     /// How often to look for new and removed interfaces, in milliseconds.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..))]
     pub interface_scan_interval_ms: u64,
-    /// This node's name (for internalTrafficPolicy: Local).
-    #[arg(long, env = "NODE_NAME")]
+    /// This node's name (for internalTrafficPolicy: Local). Also taken as
+    /// kube-proxy's `--hostname-override`, and trimmed and lowercased as that is.
+    #[arg(long, env = "NODE_NAME", visible_alias = "hostname-override", value_parser = node_name)]
     pub node: Option<String>,
     /// Handle Services labelled service.kubernetes.io/service-proxy-name with this value.
     #[arg(long)]
@@ -463,6 +473,16 @@ fn snat_ports(s: &str) -> Result<(u16, u16), String> {
 
 fn node_port_addresses(s: &str) -> Result<NodePortAddresses, String> {
     NodePortAddresses::parse(s)
+}
+
+/// `--node` (`--hostname-override`): trimmed and lowercased, as kube-proxy's
+/// `processHostnameOverrideFlag`; only spaces is refused. Empty stays empty.
+fn node_name(s: &str) -> Result<String, String> {
+    let name = s.trim();
+    if name.is_empty() && !s.is_empty() {
+        return Err("an empty node name is invalid".into());
+    }
+    Ok(name.to_lowercase())
 }
 
 /// One `--interfaces` entry, checked as [`Selection::parse`] will take it.

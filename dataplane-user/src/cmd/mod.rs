@@ -1,8 +1,10 @@
-//! The subcommands besides `run`: the command line's definition ([`cli`]), and the
-//! operator's views of a running agent's pinned maps: `list` and `trace`
+//! The command line: its definition ([`cli`]) and `run --config`'s kube-proxy
+//! configuration file ([`config`]); and the subcommands besides `run`, the operator's
+//! views of a running agent's pinned maps: `list` and `trace`
 //! ([`inspect`]), `top` ([`top`]) and `conntrack` ([`flows`]).
 
 pub mod cli;
+pub mod config;
 pub mod flows;
 pub mod inspect;
 pub mod top;
