@@ -36,10 +36,14 @@ enum Task {
     /// Regenerate the references under docs/reference (CLI, metrics, kernel exit
     /// reasons) from the code; `tests/tests/reference.rs` fails while they are stale.
     Docs,
-    /// Everything: set-up, lint, unit, program, node-lab and cluster-lab tests (one
-    /// real node from the node kit among them), then the VM tier on Debian's 6.1
-    /// kernel.
+    /// Everything but the real-node tests: set-up, lint, unit, program, node-lab and
+    /// cluster-lab tests, then the VM tier on Debian's 6.1 kernel.
     Test,
+    /// The real-node tests, a suite of their own (the node kit they run is a quarter
+    /// of an hour of Go builds on a cold machine): the kit checked without a kubelet
+    /// (`tests/tests/node_kit.rs`), then one real node with upstream's kubelet and
+    /// containerd serving a ClusterIP to its pods (`tests/tests/real_node.rs`).
+    TestReal,
     /// The program fixtures and the node-lab tests that exercise the kernel, on
     /// other kernels under qemu (`scripts/vm.sh`); results in target/vm/<kernel>.
     TestVm {
@@ -141,15 +145,30 @@ fn main() -> Result<()> {
         Task::Test => {
             setup(&root)?;
             build_ebpf()?;
+            // Upstream's Go builds (a quarter of an hour on a cold machine) run beside
+            // the Rust ones, whose links and single-crate tails leave a core idle.
+            let upstream = Upstream::start(&root)?;
             lint()?;
-            upstream(&root)?;
             v1_agent(&root)?;
-            // The real-node test runs the node kit's kubelet and containerd.
-            let kit = node_kit(&root, false)?;
-            // SAFETY: single-threaded at this point; read by the tests started after.
-            unsafe { env::set_var("SLICEWAY_NODE_KIT_BIN", kit) };
+            require_root("`cargo xtask test` (program and node-lab tests)")?;
+            build_lab_binaries()?;
+            run(cargo().args(["test", "--workspace", "--no-run"]))?;
+            upstream.finish()?;
             test()?;
             vm::test_vm(&root, &vm::default_kernels())
+        }
+        Task::TestReal => {
+            require_root("the real-node tests (network namespaces, containerd, kubelet)")?;
+            setup(&root)?;
+            build_ebpf()?;
+            upstream(&root)?;
+            let kit = node_kit(&root, false)?;
+            build_lab_binaries()?;
+            run(cargo()
+                .args(["test", "--package", "tests"])
+                .args(["--test", "node_kit", "--test", "real_node"])
+                .args(["--", "--ignored", "--test-threads", "1"])
+                .env("SLICEWAY_NODE_KIT_BIN", &kit))
         }
         Task::TestVm { kernel } => {
             let kernels = vm::parse_kernels(kernel.as_deref())?;
@@ -302,18 +321,54 @@ fn setup(root: &Path) -> Result<()> {
 /// Builds upstream's commands for the cluster lab (once per version, cached) and
 /// tells the tests where they are.
 fn upstream(root: &Path) -> Result<()> {
-    let out = Command::new("bash")
-        .arg(root.join("scripts/upstream.sh"))
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .context("running scripts/upstream.sh")?;
-    if !out.status.success() {
-        bail!("scripts/upstream.sh failed ({})", out.status);
+    Upstream::start(root)?.finish()
+}
+
+/// `scripts/upstream.sh` running in the background: its progress lines go to
+/// standard error as they come, its bin directory is read at [`Upstream::finish`].
+/// Dropped unfinished (another step failed), it is stopped.
+struct Upstream(Option<std::process::Child>);
+
+impl Upstream {
+    fn start(root: &Path) -> Result<Self> {
+        let child = Command::new("bash")
+            .arg(root.join("scripts/upstream.sh"))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .context("running scripts/upstream.sh")?;
+        Ok(Self(Some(child)))
     }
-    let bin = String::from_utf8(out.stdout)?.trim().to_string();
-    // SAFETY: single-threaded at this point; read by the commands started after.
-    unsafe { env::set_var("SLICEWAY_UPSTREAM_BIN", bin) };
-    Ok(())
+
+    /// Waits for the build and tells the commands started after where it is.
+    fn finish(mut self) -> Result<()> {
+        let child = self.0.take().expect("finished once");
+        let out = child
+            .wait_with_output()
+            .context("waiting for scripts/upstream.sh")?;
+        if !out.status.success() {
+            bail!("scripts/upstream.sh failed ({})", out.status);
+        }
+        let bin = String::from_utf8(out.stdout)?.trim().to_string();
+        // SAFETY: no other thread runs at this point; read by the commands started
+        // after.
+        unsafe { env::set_var("SLICEWAY_UPSTREAM_BIN", bin) };
+        Ok(())
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            eprintln!("upstream: stopping the build (an earlier step failed)");
+            // Its `go build` first, then the script (which would start the next).
+            let _ = Command::new("pkill")
+                .args(["-TERM", "-P", &child.id().to_string()])
+                .status();
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
 
 /// Builds the kit of a real node (once per version, cached); its bin directory.

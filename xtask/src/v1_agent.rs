@@ -88,6 +88,10 @@ pub fn build(root: &Path) -> Result<PathBuf> {
     let status = cargo
         .current_dir(&src)
         .env("SLICEWAY_EBPF_OBJECT", &object)
+        // A test's binary, built once: without debug info or incremental state, which
+        // it does not need and which slow its build and fill the disk.
+        .env("CARGO_PROFILE_DEV_DEBUG", "false")
+        .env("CARGO_INCREMENTAL", "0")
         .args([
             "build",
             "--locked",
