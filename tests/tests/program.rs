@@ -74,10 +74,12 @@ endpoints:
 - {addresses: [10.244.21.2], nodeName: node-2}
 "#;
 
-/// Two Services inside a ServiceCIDR (networking.k8s.io/v1) of 10.96.0.0/16: every
-/// other address of it is unallocated, and new traffic to one is dropped as
-/// kube-proxy's nftables `cluster-ips-check` chain drops it.
-const IN_SERVICE_CIDR: &str = r#"
+/// Two Services whose ClusterIPs lie in 10.96.0.0/16: one with a ready endpoint, one
+/// without endpoints. The text of [`NO_SERVICE_CIDR`] and the start of
+/// [`IN_SERVICE_CIDR`].
+macro_rules! cidr_services {
+    () => {
+        r#"
 apiVersion: v1
 kind: Service
 metadata: {name: web, namespace: default}
@@ -100,39 +102,26 @@ metadata: {name: empty, namespace: default}
 spec:
   clusterIP: 10.96.0.20
   ports: [{name: http, port: 80}]
----
+"#
+    };
+}
+
+/// [`cidr_services`] inside a ServiceCIDR (networking.k8s.io/v1) of 10.96.0.0/16:
+/// every other address of it is unallocated, and new traffic to one is dropped as
+/// kube-proxy's nftables `cluster-ips-check` chain drops it.
+const IN_SERVICE_CIDR: &str = concat!(
+    cidr_services!(),
+    r#"---
 apiVersion: networking.k8s.io/v1
 kind: ServiceCIDR
 metadata: {name: kubernetes}
 spec:
   cidrs: [10.96.0.0/16]
-"#;
+"#
+);
 
-/// [`IN_SERVICE_CIDR`]'s Services without the ServiceCIDR: nothing is unallocated.
-const NO_SERVICE_CIDR: &str = r#"
-apiVersion: v1
-kind: Service
-metadata: {name: web, namespace: default}
-spec:
-  clusterIP: 10.96.0.10
-  ports: [{name: http, port: 80, protocol: TCP, targetPort: 8080}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}
-addressType: IPv4
-ports: [{name: http, port: 8080, protocol: TCP}]
-endpoints:
-- addresses: [10.244.11.2]
-  conditions: {ready: true}
----
-apiVersion: v1
-kind: Service
-metadata: {name: empty, namespace: default}
-spec:
-  clusterIP: 10.96.0.20
-  ports: [{name: http, port: 80}]
-"#;
+/// [`cidr_services`] without the ServiceCIDR: nothing is unallocated.
+const NO_SERVICE_CIDR: &str = cidr_services!();
 
 /// An address of [`IN_SERVICE_CIDR`]'s ServiceCIDR that no Service holds, and one
 /// outside it.
