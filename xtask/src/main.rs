@@ -154,7 +154,7 @@ fn main() -> Result<()> {
             build_lab_binaries()?;
             run(cargo().args(["test", "--workspace", "--no-run"]))?;
             upstream.finish()?;
-            test()?;
+            run(cargo().args(["test", "--workspace", "--no-fail-fast"]))?;
             vm::test_vm(&root, &vm::default_kernels())
         }
         Task::TestReal => {
@@ -302,7 +302,7 @@ fn cargo() -> Command {
 const EBPF_TOOLCHAIN: &str = include_str!("../../ebpf-toolchain");
 
 /// The pinned nightly's cargo, with the outer cargo's environment removed.
-pub(crate) fn nightly_cargo() -> Command {
+fn nightly_cargo() -> Command {
     let mut cmd = Command::new("cargo");
     for (key, _) in env::vars_os() {
         let key = key.to_string_lossy().into_owned();
@@ -398,13 +398,22 @@ fn v1_agent(root: &Path) -> Result<()> {
 
 /// Same build as the agent's build script, so the agent's build finds it up to date.
 fn build_ebpf() -> Result<()> {
-    run(nightly_cargo()
-        .args(["build", "--package", "dataplane-ebpf", "--release"])
-        .args(["-Z", "build-std=core", "--target", "bpfel-unknown-none"])
-        .env("CARGO_TARGET_DIR", "target/ebpf")
-        .env("RUSTFLAGS", "-C debuginfo=2 -C link-arg=--btf"))?;
+    run(&mut ebpf_cargo(Path::new("target/ebpf")))?;
     eprintln!("kernel object: target/ebpf/bpfel-unknown-none/release/sliceway");
     Ok(())
+}
+
+/// The kernel object's build (crate `dataplane-ebpf`, the pinned nightly, its flags)
+/// into `target_dir`, run in the current directory unless the caller says otherwise:
+/// this tree's and the layout-v1 tree's (`v1_agent.rs`) alike. The object is
+/// `<target_dir>/bpfel-unknown-none/release/sliceway`.
+pub(crate) fn ebpf_cargo(target_dir: &Path) -> Command {
+    let mut cmd = nightly_cargo();
+    cmd.args(["build", "--package", "dataplane-ebpf", "--release"])
+        .args(["-Z", "build-std=core", "--target", "bpfel-unknown-none"])
+        .env("CARGO_TARGET_DIR", target_dir)
+        .env("RUSTFLAGS", "-C debuginfo=2 -C link-arg=--btf");
+    cmd
 }
 
 fn lint() -> Result<()> {
@@ -463,12 +472,6 @@ fn build_lab_binaries() -> Result<()> {
         "--package",
         "bench",
     ]))
-}
-
-fn test() -> Result<()> {
-    require_root("`cargo xtask test` (program and node-lab tests)")?;
-    build_lab_binaries()?;
-    run(cargo().args(["test", "--workspace", "--no-fail-fast"]))
 }
 
 fn demo(cluster: bool) -> Result<()> {

@@ -123,13 +123,8 @@ pub fn build(root: &Path) -> Result<PathBuf> {
 /// by this tree does not have; it takes a prebuilt object from `SLICEWAY_EBPF_OBJECT`.
 fn build_object(src: &Path) -> Result<PathBuf> {
     let target_dir = src.join("target/ebpf");
-    let status = crate::nightly_cargo()
+    let status = crate::ebpf_cargo(&target_dir)
         .current_dir(src)
-        .env_remove("RUSTFLAGS")
-        .args(["build", "--package", "dataplane-ebpf", "--release"])
-        .args(["-Z", "build-std=core", "--target", "bpfel-unknown-none"])
-        .env("CARGO_TARGET_DIR", &target_dir)
-        .env("RUSTFLAGS", "-C debuginfo=2 -C link-arg=--btf")
         .status()
         .context("running the pinned nightly's cargo for the v1 kernel object")?;
     let object = target_dir.join("bpfel-unknown-none/release/sliceway");
