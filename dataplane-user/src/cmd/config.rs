@@ -1208,11 +1208,11 @@ fn parse_cidr(s: &str) -> Result<(IpAddr, u8), ()> {
 fn covers(ip: IpAddr, len: u8, addr: IpAddr) -> bool {
     match (ip, addr) {
         (IpAddr::V4(net), IpAddr::V4(a)) => {
-            let mask = u32::MAX.checked_shl(32 - len as u32).unwrap_or(0);
+            let mask = crate::compiler::prefix_mask(len);
             u32::from(net) & mask == u32::from(a) & mask
         }
         (IpAddr::V6(net), IpAddr::V6(a)) => {
-            let mask = u128::MAX.checked_shl(128 - len as u32).unwrap_or(0);
+            let mask = crate::compiler::prefix_mask6(len);
             u128::from(net) & mask == u128::from(a) & mask
         }
         _ => false,

@@ -81,14 +81,8 @@ fn parse_cidr(text: &str) -> Result<(IpAddr, u8), String> {
         _ => return Err(format!("is not a CIDR (prefix length {len:?})")),
     };
     let network = match addr {
-        IpAddr::V4(a) => {
-            let mask = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
-            IpAddr::V4(Ipv4Addr::from(u32::from(a) & mask))
-        }
-        IpAddr::V6(a) => {
-            let mask = u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0);
-            IpAddr::V6(Ipv6Addr::from(u128::from(a) & mask))
-        }
+        IpAddr::V4(a) => IpAddr::V4(Ipv4Addr::from(u32::from(a) & super::prefix_mask(len))),
+        IpAddr::V6(a) => IpAddr::V6(Ipv6Addr::from(u128::from(a) & super::prefix_mask6(len))),
     };
     if network != addr {
         return Err(format!("is not in canonical form ({network}/{len})"));
