@@ -33,10 +33,7 @@ pub fn addr_be(a: Ipv4Addr) -> u32 {
 
 /// An IPv6 address as the programs hold it.
 pub fn addr6_be(a: Ipv6Addr) -> [u32; 4] {
-    let o = a.octets();
-    std::array::from_fn(|i| {
-        u32::from_ne_bytes([o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]])
-    })
+    dataplane_common::addr_of(a.octets())
 }
 
 /// The mirror of both maps and its writes.
@@ -74,50 +71,46 @@ impl CidrWriter {
             .iter()
             .map(|&(a, len)| (u32::from(len), addr6_be(a)))
             .collect();
-        for &(len, a) in want4.difference(&self.v4.clone()) {
-            match ops.put_cidr(len, a) {
-                Ok(()) => {
-                    self.v4.insert((len, a));
-                }
-                Err(e) => errors.push(format!(
-                    "writing ServiceCIDR {}/{len}: {e}",
-                    Ipv4Addr::from(a.to_ne_bytes())
-                )),
-            }
-        }
-        for &(len, a) in want6.difference(&self.v6.clone()) {
-            match ops.put_cidr6(len, a) {
-                Ok(()) => {
-                    self.v6.insert((len, a));
-                }
-                Err(e) => errors.push(format!(
-                    "writing ServiceCIDR {}/{len}: {e}",
-                    crate::compiler::format::ipv6_of(a)
-                )),
-            }
-        }
-        for &(len, a) in self.v4.clone().difference(&want4) {
-            match ops.del_cidr(len, a) {
-                Ok(()) => {
-                    self.v4.remove(&(len, a));
-                }
-                Err(e) => errors.push(format!(
-                    "removing ServiceCIDR {}/{len}: {e}",
-                    Ipv4Addr::from(a.to_ne_bytes())
-                )),
-            }
-        }
-        for &(len, a) in self.v6.clone().difference(&want6) {
-            match ops.del_cidr6(len, a) {
-                Ok(()) => {
-                    self.v6.remove(&(len, a));
-                }
-                Err(e) => errors.push(format!(
-                    "removing ServiceCIDR {}/{len}: {e}",
-                    crate::compiler::format::ipv6_of(a)
-                )),
-            }
-        }
+        // Every write's list is taken before the first: the removals are then
+        // what was held and is not wanted, as after the writes.
+        let put4 = missing(&want4, &self.v4);
+        let put6 = missing(&want6, &self.v6);
+        let del4 = missing(&self.v4, &want4);
+        let del6 = missing(&self.v6, &want6);
+        let show4 = |a: u32| Ipv4Addr::from(a.to_ne_bytes()).to_string();
+        let show6 = |a: [u32; 4]| crate::compiler::format::ipv6_of(a).to_string();
+        step(
+            &mut self.v4,
+            put4,
+            Step::Write,
+            |l, a| ops.put_cidr(l, a),
+            show4,
+            &mut errors,
+        );
+        step(
+            &mut self.v6,
+            put6,
+            Step::Write,
+            |l, a| ops.put_cidr6(l, a),
+            show6,
+            &mut errors,
+        );
+        step(
+            &mut self.v4,
+            del4,
+            Step::Remove,
+            |l, a| ops.del_cidr(l, a),
+            show4,
+            &mut errors,
+        );
+        step(
+            &mut self.v6,
+            del6,
+            Step::Remove,
+            |l, a| ops.del_cidr6(l, a),
+            show6,
+            &mut errors,
+        );
         errors
     }
 
@@ -129,6 +122,46 @@ impl CidrWriter {
     /// Whether no prefix is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// The entries of `a` that `b` lacks.
+fn missing<A: Copy + Ord>(a: &BTreeSet<(u32, A)>, b: &BTreeSet<(u32, A)>) -> Vec<(u32, A)> {
+    a.difference(b).copied().collect()
+}
+
+/// What [`step`] does to the map and to the mirror.
+#[derive(Clone, Copy)]
+enum Step {
+    Write,
+    Remove,
+}
+
+/// One family's writes or removals: each entry that succeeds joins or leaves the
+/// mirror `held`; each that fails is said in `errors`, the prefix shown by `show`.
+fn step<A: Copy + Ord, E: std::fmt::Display>(
+    held: &mut BTreeSet<(u32, A)>,
+    entries: Vec<(u32, A)>,
+    what: Step,
+    mut op: impl FnMut(u32, A) -> Result<(), E>,
+    show: impl Fn(A) -> String,
+    errors: &mut Vec<String>,
+) {
+    for (len, a) in entries {
+        match (op(len, a), what) {
+            (Ok(()), Step::Write) => {
+                held.insert((len, a));
+            }
+            (Ok(()), Step::Remove) => {
+                held.remove(&(len, a));
+            }
+            (Err(e), Step::Write) => {
+                errors.push(format!("writing ServiceCIDR {}/{len}: {e}", show(a)))
+            }
+            (Err(e), Step::Remove) => {
+                errors.push(format!("removing ServiceCIDR {}/{len}: {e}", show(a)))
+            }
+        }
     }
 }
 
