@@ -3,9 +3,9 @@
 //!
 //! Services (v1), EndpointSlices (discovery.k8s.io/v1), Nodes (v1) and ServiceCIDRs
 //! (networking.k8s.io/v1) are kept; a kind the agent reads under another API version
-//! is reported; other kinds are not the agent's business and are passed over. A file that fails to parse is reported
-//! and skipped; if it parsed before, its last good objects are kept, so a
-//! half-written file never makes Services vanish.
+//! is reported; other kinds are not the agent's business and are passed over. A file
+//! that fails to parse is reported and skipped; if it parsed before, its last good
+//! objects are kept, so a half-written file never makes Services vanish.
 //!
 //! Each object is turned into the agent's model as soon as it is read, so a large
 //! file never exists as a tree of API objects. A rescan hands the objects of changed
@@ -81,9 +81,10 @@ impl Reader<FileObjects> for ToSink<'_> {
     ) -> Option<FileObjects> {
         let (objects, mut parsed) = parse_into(path, file, add_model);
         problems.append(&mut parsed);
-        let objects = objects?;
-        let nodes = objects.nodes.clone();
-        let service_cidrs = objects.service_cidrs.clone();
+        let mut objects = objects?;
+        // Kept here whole; the compiler takes only the Services and slices.
+        let nodes = std::mem::take(&mut objects.nodes);
+        let service_cidrs = std::mem::take(&mut objects.service_cidrs);
         let (services, slices) = put_file(path, objects, old, self.0);
         Some(FileObjects {
             services,
