@@ -166,6 +166,11 @@ mount -t tmpfs tmpfs /newroot/dev/shm
 work=$(arg sliceway.dir)
 mkdir -p /held
 mount --bind "/newroot$work" /held || fail "holding the work tree $work"
+# The kernel's modules, from the cache (which may itself be under /tmp), bound before
+# the guest's own /tmp hides them.
+kver=$(uname -r)
+mkdir -p /newroot/usr/lib/modules/$kver
+mount --bind /newroot$(arg sliceway.modules)/$kver /newroot/usr/lib/modules/$kver || fail "modules"
 mount -t tmpfs tmpfs /newroot/tmp
 mount -t tmpfs tmpfs /newroot/run
 case "$work" in
@@ -183,9 +188,6 @@ if [ -n "$out" ]; then
   mkdir -p "/newroot$out"
   mount -t 9p -o trans=virtio,version=9p2000.L,msize=1048576 out "/newroot$out" || fail "mounting the output directory"
 fi
-kver=$(uname -r)
-mkdir -p /newroot/usr/lib/modules/$kver
-mount --bind /newroot$(arg sliceway.modules)/$kver /newroot/usr/lib/modules/$kver || fail "modules"
 mkdir -p /newroot/.vm
 cp /bin/busybox /newroot/.vm/busybox
 # A clsact qdisc held on the guest's loopback for the whole run keeps the kernel's
