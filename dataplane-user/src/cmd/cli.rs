@@ -381,7 +381,8 @@ pub struct RunArgs {
     /// network namespace are translated; pods' traffic is translated at TC. `auto`:
     /// the root of the cgroup v2 hierarchy (`/sys/fs/cgroup`, or
     /// `/sys/fs/cgroup/unified` on a hybrid host; mounted at `/run/sliceway/cgroupv2`
-    /// where none is).
+    /// where none is). A DIR that holds a cgroup v2 hierarchy at `DIR/unified` (a
+    /// hybrid host's root) means that one.
     #[arg(long, default_value = "auto")]
     pub socket_lb_cgroup: PathBuf,
     /// No socket programs: the node's own sockets do not reach ClusterIPs (links an

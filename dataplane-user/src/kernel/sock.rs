@@ -115,8 +115,20 @@ const OWN_CGROUP2: &str = "/run/sliceway/cgroupv2";
 /// for `auto` the root of the host's cgroup v2 hierarchy (`/sys/fs/cgroup` on a
 /// unified host, `/sys/fs/cgroup/unified` on a hybrid one), mounted at
 /// [`OWN_CGROUP2`] where none is (as Cilium mounts its own).
+///
+/// A path given that is not a cgroup v2 hierarchy but holds one at `unified` (a hybrid
+/// host's `/sys/fs/cgroup`, mounted into the DaemonSet's container) means that one.
 pub fn resolve_cgroup(given: &Path) -> Result<PathBuf, KernelError> {
     if given != Path::new("auto") {
+        let unified = given.join("unified");
+        if !is_fs(given, CGROUP2_SUPER_MAGIC) && is_fs(&unified, CGROUP2_SUPER_MAGIC) {
+            tracing::info!(
+                given = %given.display(),
+                path = %unified.display(),
+                "the cgroup given is a hybrid host's: the socket programs go on its cgroup v2 hierarchy"
+            );
+            return Ok(unified);
+        }
         return Ok(given.to_path_buf());
     }
     for candidate in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified", OWN_CGROUP2] {
@@ -251,5 +263,27 @@ impl Datapath {
     /// The cgroup the socket programs were attached to by this agent, if any.
     pub fn sock_cgroup(&self) -> Option<&PathBuf> {
         self.sock_cgroup.as_ref()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The DaemonSet hands in the host's `/sys/fs/cgroup`: on a hybrid host (cgroup v1
+    /// controllers, v2 at `unified`) that means its v2 hierarchy, elsewhere the path
+    /// itself; a directory that holds no hierarchy is taken as it is.
+    #[test]
+    fn a_hybrid_hosts_cgroup_root_means_its_unified_hierarchy() {
+        let root = Path::new("/sys/fs/cgroup");
+        let unified = root.join("unified");
+        let want = if !is_fs(root, CGROUP2_SUPER_MAGIC) && is_fs(&unified, CGROUP2_SUPER_MAGIC) {
+            unified
+        } else {
+            root.to_path_buf()
+        };
+        assert_eq!(resolve_cgroup(root).unwrap(), want);
+        let plain = std::env::temp_dir();
+        assert_eq!(resolve_cgroup(&plain).unwrap(), plain);
     }
 }
