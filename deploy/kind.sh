@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # End-to-end check of deploy/ on a kind cluster without kube-proxy:
 #   1. creates a kind cluster (one control plane, one worker) with kubeProxyMode: none,
-#   2. builds the image from deploy/Dockerfile and loads it into the nodes,
+#   2. loads the agent's image (`cargo xtask image`, built first when missing) into the
+#      nodes,
 #   3. tells the agent the API server's address and applies deploy/sliceway-agent.yaml,
 #   4. waits for the DaemonSet, deploys a two-replica Deployment and its Service,
 #   5. checks that a client pod reaches the Service's ClusterIP (and only its pods),
 #   6. deletes the cluster (unless --keep).
 #
-# Needs docker (with BuildKit), kind and kubectl, and network access to pull the base
-# and test images. It has not been run in the project's CI, which has no container
+# Needs docker, kind and kubectl, and network access to pull the test images; building
+# the image (`cargo xtask image`) needs root. It has not been run in the project's CI, which has no container
 # engine.
 #
 # Usage: deploy/kind.sh [--keep] [--name CLUSTER]
@@ -60,9 +61,13 @@ nodes:
 KIND
 trap cleanup EXIT
 
-say "building $IMAGE"
-DOCKER_BUILDKIT=1 docker build -f deploy/Dockerfile --target agent -t "$IMAGE" .
-kind load docker-image "$IMAGE" --name "$CLUSTER"
+ARCHIVE=target/images/sliceway-agent.tar
+if [ ! -f "$ARCHIVE" ]; then
+  say "building the images (cargo xtask image)"
+  cargo xtask image
+fi
+say "loading $IMAGE from $ARCHIVE"
+kind load image-archive "$ARCHIVE" --name "$CLUSTER"
 
 # The agent runs in the node's network namespace, where no proxy serves the
 # `kubernetes` ClusterIP: give it the control plane's address.

@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # What several scripts under scripts/ share, sourced by them (never run on its own):
-# the idempotent install of Debian packages, the check for a new enough Go, and the
-# version stamps of a Kubernetes build.
+# the idempotent install of Debian packages, the check for a new enough Go, the version
+# stamps of a Kubernetes build, and image archives written without a container engine.
 # The caller defines say (its progress line, on stderr) first; a failed check exits
 # the calling script with status 1.
 
@@ -75,4 +75,57 @@ k8s_version_ldflags() {
  -X k8s.io/client-go/pkg/version.gitVersion=$1 \
  -X k8s.io/client-go/pkg/version.gitMajor=1 \
  -X k8s.io/client-go/pkg/version.gitMinor=$minor"
+}
+
+# stamp WORDS...: a digest of what a product is made from.
+stamp() { printf '%s\n' "$@" | sha256sum | cut -d' ' -f1; }
+# fresh PRODUCT STAMP-FILE WANT: whether PRODUCT exists and was made from WANT.
+fresh() { [ -e "$1" ] && [ "$(cat "$2" 2>/dev/null)" = "$3" ]; }
+
+# layer_tar DIR TAR: DIR as one uncompressed, reproducible layer (names sorted, owner
+# root, every time the epoch, extended attributes kept, no access or change times in
+# the pax headers) at TAR, and its sha256 in TAR.sha256.
+layer_tar() {
+  local dir=$1 tar=$2
+  tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 --xattrs \
+    --pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime \
+    -C "$dir" -cf "$tar.tmp" .
+  sha256sum "$tar.tmp" | cut -d' ' -f1 > "$tar.sha256"
+  mv "$tar.tmp" "$tar"
+}
+
+# docker_archive FILE REF ENTRYPOINT CMD CREATED-BY LAYER-TAR...: an image of those
+# layers (each made by layer_tar, bottom first) as a docker-archive at FILE (the
+# `docker save` format, which `ctr images import`, `docker load`, `podman load` and
+# `kind load image-archive` read), tagged REF. ENTRYPOINT and CMD are JSON (null for
+# none). Needs jq.
+docker_archive() {
+  local file=$1 ref=$2 entry=$3 cmd=$4 by=$5 work cfg l diff
+  shift 5
+  file="$(cd "$(dirname "$file")" && pwd)/$(basename "$file")"
+  work=$(mktemp -d "$(dirname "$file")/image.XXXXXX")
+  local diffs=() paths=()
+  for l in "$@"; do
+    diff=$(cat "$l.sha256")
+    diffs+=("sha256:$diff")
+    paths+=("$diff/layer.tar")
+    mkdir -p "$work/$diff"
+    ln "$l" "$work/$diff/layer.tar" 2>/dev/null || cp "$l" "$work/$diff/layer.tar"
+  done
+  jq -n --argjson diffs "$(printf '%s\n' "${diffs[@]}" | jq -R . | jq -s .)" \
+    --argjson entry "$entry" --argjson cmd "$cmd" --arg by "$by" '{
+    architecture: "amd64", os: "linux", created: "1970-01-01T00:00:00Z",
+    config: {Env: ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+             Entrypoint: $entry, Cmd: $cmd, WorkingDir: "/"},
+    rootfs: {type: "layers", diff_ids: $diffs},
+    history: [$diffs[] | {created: "1970-01-01T00:00:00Z", created_by: $by}]}' > "$work/config.json"
+  cfg=$(sha256sum "$work/config.json" | cut -d' ' -f1)
+  mv "$work/config.json" "$work/$cfg.json"
+  jq -n --arg cfg "$cfg.json" --arg ref "$ref" \
+    --argjson layers "$(printf '%s\n' "${paths[@]}" | jq -R . | jq -s .)" \
+    '[{Config: $cfg, RepoTags: [$ref], Layers: $layers}]' > "$work/manifest.json"
+  (cd "$work" && tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 \
+    --hard-dereference -cf "$file.tmp" manifest.json "$cfg.json" "${paths[@]%/layer.tar}")
+  rm -rf "$work"
+  mv "$file.tmp" "$file"
 }

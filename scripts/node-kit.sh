@@ -82,9 +82,6 @@ bin="$cache/bin"
 images="$cache/images"
 mkdir -p "$bin" "$images" "$cache/layers"
 
-# stamp WORDS...: a digest of what a product is made from.
-stamp() { printf '%s\n' "$@" | sha256sum | cut -d' ' -f1; }
-fresh() { [ -e "$1" ] && [ "$(cat "$2" 2>/dev/null)" = "$3" ]; }
 modstamp() { cat "$node/$1/go.mod" "$node/$1/go.sum" | sha256sum | cut -d' ' -f1; }
 
 downloaded=""
@@ -217,8 +214,8 @@ if ! fresh "$rootfs" "$cache/.rootfs.ok" "$want"; then
   say "made the root filesystem in $((SECONDS - start)) s ($(du -sh "$rootfs" | cut -f1))"
 fi
 
-# layer NAME DIR STAMP-FILE: DIR as one uncompressed, reproducible layer tar in
-# layers/NAME.tar with its sha256 in layers/NAME.sha256, made again when STAMP-FILE changes.
+# layer NAME DIR STAMP-FILE: DIR as one layer in layers/NAME.tar (lib.sh's layer_tar),
+# made again when STAMP-FILE changes.
 layer() {
   local name=$1 dir=$2 want
   want=$(stamp "$(cat "$3")")
@@ -227,10 +224,7 @@ layer() {
   fi
   say "writing the $name layer"
   rm -f "$cache/layers/.$name.ok"
-  tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 --xattrs \
-    -C "$dir" -cf "$cache/layers/$name.tar.tmp" .
-  sha256sum "$cache/layers/$name.tar.tmp" | cut -d' ' -f1 > "$cache/layers/$name.sha256"
-  mv "$cache/layers/$name.tar.tmp" "$cache/layers/$name.tar"
+  layer_tar "$dir" "$cache/layers/$name.tar"
   echo "$want" > "$cache/layers/.$name.ok"
 }
 
@@ -250,7 +244,7 @@ rm -rf "$cache/layers/pause.d" "$cache/layers/coredns.d"
 # images/FILE.tar. ENTRYPOINT and CMD are JSON (null for none).
 : > "$images/names.txt.tmp"
 image() {
-  local file=$1 ref=$2 name=$3 entry=$4 cmd=$5 diff cfg work want
+  local file=$1 ref=$2 name=$3 entry=$4 cmd=$5 diff want
   diff=$(cat "$cache/layers/$name.sha256")
   echo "$file.tar $ref" >> "$images/names.txt.tmp"
   want=$(stamp "$ref" "$diff" "$entry" "$cmd")
@@ -259,23 +253,8 @@ image() {
   fi
   say "writing the image $ref"
   rm -f "$images/.$file.ok"
-  work=$(mktemp -d "$cache/image.XXXXXX")
-  jq -n --arg diff "sha256:$diff" --argjson entry "$entry" --argjson cmd "$cmd" '{
-    architecture: "amd64", os: "linux", created: "1970-01-01T00:00:00Z",
-    config: {Env: ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
-             Entrypoint: $entry, Cmd: $cmd, WorkingDir: "/"},
-    rootfs: {type: "layers", diff_ids: [$diff]},
-    history: [{created: "1970-01-01T00:00:00Z", created_by: "sliceway scripts/node-kit.sh"}]}' > "$work/config.json"
-  cfg=$(sha256sum "$work/config.json" | cut -d' ' -f1)
-  mv "$work/config.json" "$work/$cfg.json"
-  mkdir "$work/$diff"
-  ln "$cache/layers/$name.tar" "$work/$diff/layer.tar" 2>/dev/null || cp "$cache/layers/$name.tar" "$work/$diff/layer.tar"
-  jq -n --arg cfg "$cfg.json" --arg ref "$ref" --arg layer "$diff/layer.tar" \
-    '[{Config: $cfg, RepoTags: [$ref], Layers: [$layer]}]' > "$work/manifest.json"
-  tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 --hard-dereference \
-    -C "$work" -cf "$images/$file.tar.tmp" manifest.json "$cfg.json" "$diff"
-  rm -rf "$work"
-  mv "$images/$file.tar.tmp" "$images/$file.tar"
+  docker_archive "$images/$file.tar" "$ref" "$entry" "$cmd" "sliceway scripts/node-kit.sh" \
+    "$cache/layers/$name.tar"
   echo "$want" > "$images/.$file.ok"
 }
 image "agnhost-$(tag_of Agnhost)" "$e2e_registry/agnhost:$(tag_of Agnhost)" debian '["/agnhost"]' '["pause"]'

@@ -6,8 +6,8 @@
 # match the nightly's major version).
 set -euo pipefail
 
-# The one place the kernel crate's nightly is named (xtask, the agent's build script
-# and deploy/Dockerfile read the same file).
+# The one place the kernel crate's nightly is named (xtask and the agent's build
+# script read the same file).
 TOOLCHAIN=$(tr -d '[:space:]' < "$(dirname "${BASH_SOURCE[0]}")/../ebpf-toolchain")
 
 BPF_LINKER_VERSION=0.13.0

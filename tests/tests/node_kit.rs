@@ -44,6 +44,83 @@ struct Node {
 }
 
 impl Node {
+    /// A network namespace with loopback only and one containerd in it, configured as a
+    /// node of the cluster lab is (`pause` its sandbox image, ptp for pods), answering.
+    /// `tag` keeps two of one test process apart.
+    fn start(bin: &Path, pause: &str, tag: &str) -> Result<Self> {
+        netns::remove_stale("slkit");
+        let pid = std::process::id();
+        let id = format!("slkit-{pid}-{tag}");
+        let dir = std::env::temp_dir().join(&id);
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(dir.join("cni/net.d"))?;
+        let mut node = Node {
+            ns: Some(Netns::create(&id)?),
+            dir: dir.clone(),
+            cgroup: id.clone(),
+            bin: bin.to_path_buf(),
+            containerd: None,
+            host_dirs: HOST_DIRS
+                .iter()
+                .map(PathBuf::from)
+                .filter(|d| !d.exists())
+                .collect(),
+            network: id.clone(),
+            removed: false,
+        };
+        // The namespace has loopback only: nothing in it has a route out of it.
+        let routes = node
+            .ns
+            .as_ref()
+            .unwrap()
+            .run("ip", &["route", "show", "table", "all"])?;
+        assert!(
+            !routes.lines().any(|l| l.starts_with("default")),
+            "the node namespace must have no default route: {routes}"
+        );
+
+        let d = dir.display();
+        // The configuration a real node of the cluster lab runs with.
+        fs::write(dir.join("config.toml"), containerd_config(&dir, bin, pause))?;
+        // ptp as the lab's nodes will use it: a veth per pod, addresses from the node's
+        // pod CIDR, no masquerade.
+        let cni = serde_json::json!({
+            "cniVersion": "1.0.0",
+            "name": id,
+            "plugins": [
+                {"type": "ptp", "ipMasq": false, "mtu": 1500, "ipam": {
+                    "type": "host-local",
+                    "dataDir": format!("{d}/cni/networks"),
+                    "ranges": [[{"subnet": "10.244.1.0/24"}]],
+                    "routes": [{"dst": "0.0.0.0/0"}]}},
+                {"type": "portmap", "capabilities": {"portMappings": true}}
+            ]
+        });
+        fs::write(
+            dir.join("cni/net.d/10-slkit.conflist"),
+            serde_json::to_vec_pretty(&cni)?,
+        )?;
+
+        let log = fs::File::create(dir.join("containerd.log"))?;
+        node.containerd = Some(
+            Command::new("nsenter")
+                .arg(format!("--net=/var/run/netns/{id}"))
+                .arg(bin.join("containerd"))
+                .arg("--config")
+                .arg(dir.join("config.toml"))
+                .env("PATH", path_with(bin))
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .spawn()
+                .context("starting containerd")?,
+        );
+        wait_for("containerd", Duration::from_secs(30), || {
+            node.ctr(&["version"]).is_ok()
+        })?;
+        Ok(node)
+    }
+
     fn socket(&self) -> PathBuf {
         self.dir.join("containerd.sock")
     }
@@ -250,79 +327,12 @@ fn node_kit_runs_agnhost_in_a_pod() -> Result<()> {
     let (pause_tar, pause) = image("registry.k8s.io/pause:")?;
     let (agnhost_tar, agnhost) = image("registry.k8s.io/e2e-test-images/agnhost:")?;
 
-    netns::remove_stale("slkit");
+    let mut node = Node::start(&bin, &pause, "node")?;
+    let dir = node.dir.clone();
+    let name = node.ns().to_string();
     let pid = std::process::id();
-    let name = format!("slkit-{pid}-node");
-    let dir = std::env::temp_dir().join(format!("slkit-{pid}"));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(dir.join("cni/net.d"))?;
-    let mut node = Node {
-        ns: Some(Netns::create(&name)?),
-        dir: dir.clone(),
-        cgroup: format!("slkit-{pid}"),
-        bin: bin.clone(),
-        containerd: None,
-        host_dirs: HOST_DIRS
-            .iter()
-            .map(PathBuf::from)
-            .filter(|d| !d.exists())
-            .collect(),
-        network: format!("slkit-{pid}"),
-        removed: false,
-    };
-    // The namespace has loopback only: nothing in it has a route out of it.
-    let routes = node
-        .ns
-        .as_ref()
-        .unwrap()
-        .run("ip", &["route", "show", "table", "all"])?;
-    assert!(
-        !routes.lines().any(|l| l.starts_with("default")),
-        "the node namespace must have no default route: {routes}"
-    );
-
     let d = dir.display();
-    // The configuration a real node of the cluster lab runs with.
-    let config = containerd_config(&dir, &bin, &pause);
-    fs::write(dir.join("config.toml"), config)?;
-    // ptp as the lab's nodes will use it: a veth per pod, addresses from the node's pod
-    // CIDR, no masquerade.
-    let cni = serde_json::json!({
-        "cniVersion": "1.0.0",
-        "name": format!("slkit-{pid}"),
-        "plugins": [
-            {"type": "ptp", "ipMasq": false, "mtu": 1500, "ipam": {
-                "type": "host-local",
-                "dataDir": format!("{d}/cni/networks"),
-                "ranges": [[{"subnet": "10.244.1.0/24"}]],
-                "routes": [{"dst": "0.0.0.0/0"}]}},
-            {"type": "portmap", "capabilities": {"portMappings": true}}
-        ]
-    });
-    fs::write(
-        dir.join("cni/net.d/10-slkit.conflist"),
-        serde_json::to_vec_pretty(&cni)?,
-    )?;
-
-    let log = fs::File::create(dir.join("containerd.log"))?;
-    node.containerd = Some(
-        Command::new("nsenter")
-            .arg(format!("--net=/var/run/netns/{name}"))
-            .arg(bin.join("containerd"))
-            .arg("--config")
-            .arg(dir.join("config.toml"))
-            .env("PATH", path_with(&bin))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .context("starting containerd")?,
-    );
     let result = (|| -> Result<()> {
-        wait_for("containerd", Duration::from_secs(30), || {
-            node.ctr(&["version"]).is_ok()
-        })?;
-
         for tar in [&pause_tar, &agnhost_tar] {
             node.ctr(&[
                 "images",
@@ -423,5 +433,116 @@ fn node_kit_runs_agnhost_in_a_pod() -> Result<()> {
     for dir in &host_dirs {
         assert!(!dir.exists(), "{} is left", dir.display());
     }
+    Ok(())
+}
+
+/// The images of `cargo xtask image` (issue 47): containerd imports both archives under
+/// the names deploy/ uses, and a container of each, started as kubelet starts one (the
+/// image's own entrypoint, only arguments given), runs its binary: the same version
+/// as the binary built here.
+#[test]
+#[ignore = "needs the node kit and sliceway's images (run by cargo xtask test-real) and root"]
+fn sliceways_images_run_their_binaries_in_a_pod() -> Result<()> {
+    let kit = Kit::find()?;
+    let images = std::env::var_os("SLICEWAY_IMAGE_DIR")
+        .map(PathBuf::from)
+        .context(
+            "SLICEWAY_IMAGE_DIR names no directory of images: cargo xtask test-real builds \
+             them (cargo xtask image) and sets it",
+        )?;
+    let (pause_tar, pause) = kit.image("registry.k8s.io/pause:")?.clone();
+    let mut node = Node::start(&kit.bin, &pause, "images")?;
+    let dir = node.dir.clone();
+    let result = (|| -> Result<()> {
+        node.ctr(&[
+            "images",
+            "import",
+            "--digests",
+            "--snapshotter=overlayfs",
+            pause_tar.to_str().unwrap(),
+        ])?;
+        let pod = serde_json::json!({
+            "metadata": {"name": "images", "namespace": "default",
+                         "uid": format!("slkit-{}-images", std::process::id()), "attempt": 0},
+            "log_directory": format!("{}/pods", dir.display()),
+            "linux": {"cgroup_parent": format!("/{}", node.cgroup)}
+        });
+        let pod_json = dir.join("pod.json");
+        fs::write(&pod_json, serde_json::to_vec(&pod)?)?;
+        let pod_json = pod_json.to_str().unwrap();
+        let sandbox = node.crictl(&["runp", pod_json])?.trim().to_string();
+        for name in ["sliceway-agent", "sliceway-controller"] {
+            let tar = images.join(format!("{name}.tar"));
+            node.ctr(&[
+                "images",
+                "import",
+                "--digests",
+                "--snapshotter=overlayfs",
+                tar.to_str().unwrap(),
+            ])
+            .with_context(|| format!("importing {}", tar.display()))?;
+            // A docker-archive's `name:tag` is Docker Hub's library name to containerd,
+            // the name kubelet looks for when a pod asks for `name:tag`.
+            let reference = format!("docker.io/library/{name}:dev");
+            let listed = node.ctr(&["images", "list", "-q"])?;
+            assert!(
+                listed.lines().any(|l| l.trim() == reference),
+                "ctr images list has no {reference}: {listed}"
+            );
+            let container = serde_json::json!({
+                "metadata": {"name": name},
+                "image": {"image": reference},
+                "args": ["--version"],
+                "log_path": format!("{name}.log"),
+                "linux": {}
+            });
+            let ctr_json = dir.join(format!("{name}.json"));
+            fs::write(&ctr_json, serde_json::to_vec(&container)?)?;
+            let id = node
+                .crictl(&["create", &sandbox, ctr_json.to_str().unwrap(), pod_json])?
+                .trim()
+                .to_string();
+            node.crictl(&["start", &id])?;
+            let mut status = serde_json::Value::Null;
+            wait_for(
+                &format!("{name} --version to exit"),
+                Duration::from_secs(60),
+                || match node
+                    .crictl(&["inspect", &id])
+                    .map(|s| serde_json::from_str(&s))
+                {
+                    Ok(Ok(v)) => {
+                        status = v;
+                        status["status"]["state"] == "CONTAINER_EXITED"
+                    }
+                    _ => false,
+                },
+            )?;
+            assert_eq!(
+                status["status"]["exitCode"], 0,
+                "{name} --version in its image: {status}"
+            );
+            // CRI's log format: `<time> stdout F <line>`.
+            let log = fs::read_to_string(dir.join("pods").join(format!("{name}.log")))?;
+            let printed: Vec<&str> = log
+                .lines()
+                .filter_map(|l| l.splitn(4, ' ').nth(3))
+                .collect();
+            let here = Command::new(sliceway_lab::workspace_binary(name)?)
+                .arg("--version")
+                .output()?;
+            let here = String::from_utf8(here.stdout)?;
+            assert_eq!(
+                printed,
+                here.lines().collect::<Vec<_>>(),
+                "{name} --version in its image and here"
+            );
+        }
+        Ok(())
+    })();
+    let left = node.remove();
+    result?;
+    assert!(left.is_empty(), "left after removal: {left:?}");
+    assert!(!dir.exists());
     Ok(())
 }

@@ -14,6 +14,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod image;
 mod v1_agent;
 mod vm;
 
@@ -73,6 +74,18 @@ enum Task {
         #[arg(long)]
         check: bool,
     },
+    /// Build sliceway's images (the agent's and the controller's) as docker-archive
+    /// tarballs that `ctr images import`, `docker load`, `podman load` and `kind load
+    /// image-archive` read, tagged with the names deploy/ uses; no container engine
+    /// needed. Prints the archives' paths.
+    Image {
+        /// Where the archives go.
+        #[arg(long, default_value = "target/images")]
+        out: PathBuf,
+        /// The images' tag.
+        #[arg(long, default_value = image::DEFAULT_TAG)]
+        tag: String,
+    },
     /// Build the agent of the previous pinned layout (v1) from this repository's
     /// history, for the upgrade test (cached by commit under target/v1-agent);
     /// prints its path.
@@ -84,10 +97,10 @@ enum Task {
         #[arg(long)]
         cluster: bool,
     },
-    /// The cluster lab: `up [--nodes N] [--proxy sliceway|iptables|nftables]
-    /// [--controller sliceway|upstream]`, `down`, `status`, `exec NS/POD -- CMD`,
-    /// `client -- CMD`, `node NODE -- CMD`, `kubectl -- ARGS`; `scale ...` is
-    /// `bench scale ...`.
+    /// The cluster lab: `up [--nodes N] [--proxy sliceway|iptables|nftables|none]
+    /// [--controller sliceway|upstream|none] [--kubelet stand-in|real]`, `down`, `status`,
+    /// `exec NS/POD -- CMD`, `client -- CMD`, `node NODE -- CMD`, `kubectl -- ARGS`,
+    /// `load-image ARCHIVE...` (real nodes); `scale ...` is `bench scale ...`.
     Cluster {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -163,12 +176,15 @@ fn main() -> Result<()> {
             build_ebpf()?;
             upstream(&root)?;
             let kit = node_kit(&root, false)?;
+            let images = root.join("target/images");
+            image::build(&root, &images, image::DEFAULT_TAG)?;
             build_lab_binaries()?;
             run(cargo()
                 .args(["test", "--package", "tests"])
                 .args(["--test", "node_kit", "--test", "real_node"])
                 .args(["--", "--ignored", "--test-threads", "1"])
-                .env("SLICEWAY_NODE_KIT_BIN", &kit))
+                .env("SLICEWAY_NODE_KIT_BIN", &kit)
+                .env("SLICEWAY_IMAGE_DIR", &images))
         }
         Task::TestVm { kernel } => {
             let kernels = vm::parse_kernels(kernel.as_deref())?;
@@ -228,10 +244,20 @@ fn main() -> Result<()> {
             if check {
                 run(cargo()
                     .args(["test", "--package", "tests", "--test", "node_kit"])
-                    .args(["--", "--ignored", "--nocapture"])
+                    .args(["--", "--ignored", "--nocapture", "--exact"])
+                    .arg("node_kit_runs_agnhost_in_a_pod")
                     .env("SLICEWAY_NODE_KIT_BIN", &bin))?;
             }
             println!("{bin}");
+            Ok(())
+        }
+        Task::Image { out, tag } => {
+            require_root("the images' base (mmdebstrap makes it as root)")?;
+            setup(&root)?;
+            build_ebpf()?;
+            for archive in image::build(&root, &out, &tag)? {
+                println!("{}", archive.display());
+            }
             Ok(())
         }
         Task::BuildV1Agent => {
@@ -297,12 +323,17 @@ fn cargo() -> Command {
 }
 
 /// The dated nightly that builds and lints the kernel crate, pinned in one file
-/// (`ebpf-toolchain`, also read by the set-up script, the agent's build script and
-/// the image build): the kernel programs' stack frames are budgeted to the byte.
+/// (`ebpf-toolchain`, also read by the set-up script and the agent's build script):
+/// the kernel programs' stack frames are budgeted to the byte.
 const EBPF_TOOLCHAIN: &str = include_str!("../../ebpf-toolchain");
 
 /// The pinned nightly's cargo, with the outer cargo's environment removed.
 fn nightly_cargo() -> Command {
+    toolchain_cargo(EBPF_TOOLCHAIN.trim())
+}
+
+/// The cargo of rustup's `toolchain`, with the outer cargo's environment removed.
+pub(crate) fn toolchain_cargo(toolchain: &str) -> Command {
     let mut cmd = Command::new("cargo");
     for (key, _) in env::vars_os() {
         let key = key.to_string_lossy().into_owned();
@@ -310,7 +341,7 @@ fn nightly_cargo() -> Command {
             cmd.env_remove(key);
         }
     }
-    cmd.arg(format!("+{}", EBPF_TOOLCHAIN.trim()));
+    cmd.arg(format!("+{toolchain}"));
     cmd
 }
 
