@@ -6,14 +6,17 @@
 //! had before kubelet started; the root namespace sent nothing to the lab; and taking
 //! the lab down leaves no process, namespace, cgroup, mount or file of it.
 //!
-//! Needs root and the node kit: `cargo xtask test-real` builds it, passes its bin
-//! directory in `SLICEWAY_NODE_KIT_BIN` and runs this test (ignored otherwise: the
-//! kit is a suite of its own, not part of `cargo xtask test`).
+//! A second test installs deploy/ on two real nodes from sliceway's images.
+//!
+//! Needs root and the node kit: `cargo xtask test-real` builds it and the images,
+//! passes their directories in `SLICEWAY_NODE_KIT_BIN` and `SLICEWAY_IMAGE_DIR` and
+//! runs these tests (ignored otherwise: the kit is a suite of its own, not part of
+//! `cargo xtask test`).
 
 use std::{collections::BTreeSet, path::Path};
 
 use anyhow::{Context, Result};
-use sliceway_lab::cluster::{self, guard, real, Kubelet, Proxy, Spec};
+use sliceway_lab::cluster::{self, guard, real, Controllers, Kubelet, Proxy, Spec};
 
 const AGNHOST: &str = "registry.k8s.io/e2e-test-images/agnhost:";
 
@@ -188,5 +191,194 @@ fn a_real_node_serves_a_cluster_ip_to_its_pods() -> Result<()> {
             "{host} was made on the host"
         );
     }
+    Ok(())
+}
+
+/// deploy/ as an operator applies it (issue 47): a cluster of two real nodes with no
+/// proxy and no EndpointSlice controller, sliceway's images (`cargo xtask image`)
+/// loaded into every node's containerd, the API server's address in the ConfigMap the
+/// DaemonSet reads, then `kubectl apply` of deploy/sliceway-agent.yaml and
+/// deploy/sliceway-controller.yaml unchanged: every agent pod becomes Ready, the
+/// controller holds its Lease, CoreDNS (waiting until then) becomes ready, and a
+/// ClusterIP and its DNS name answer from a pod on every node, only from the
+/// Service's pods.
+#[test]
+#[ignore = "needs the node kit and sliceway's images: cargo xtask test-real"]
+fn deploy_installs_sliceway_on_a_cluster_without_a_proxy() -> Result<()> {
+    let kit = real::Kit::find()?;
+    let (_, agnhost) = kit.image(AGNHOST)?;
+    let images = std::path::PathBuf::from(std::env::var_os("SLICEWAY_IMAGE_DIR").context(
+        "SLICEWAY_IMAGE_DIR names no directory of images: cargo xtask test-real builds \
+         them (cargo xtask image) and sets it",
+    )?);
+    let spec = Spec {
+        nodes: 2,
+        proxy: Proxy::None,
+        controller: Controllers::None,
+        kubelet: Kubelet::Real,
+        ..Spec::default()
+    };
+    let lab = cluster::for_test_named(&spec, "deploy")?;
+    let prefix = lab.state.prefix.clone();
+    let k = |args: &[&str]| lab.kubectl(args);
+    real::load_images(
+        &lab.state,
+        &kit,
+        &[
+            images.join("sliceway-agent.tar"),
+            images.join("sliceway-controller.tar"),
+        ],
+    )?;
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    // Step 2 of docs/deploy.md: the API server's address, as the nodes reach it.
+    k(&[
+        "-n",
+        "kube-system",
+        "create",
+        "configmap",
+        "sliceway-agent-apiserver",
+        &format!("--from-literal=host={}", cluster::ADVERTISE_ADDRESS),
+        &format!("--from-literal=port={}", lab.state.apiserver_port),
+    ])?;
+    for (manifest, what) in [
+        ("sliceway-agent.yaml", "daemonset/sliceway-agent"),
+        ("sliceway-controller.yaml", "deployment/sliceway-controller"),
+    ] {
+        k(&["apply", "-f", &deploy.join(manifest).to_string_lossy()])?;
+        k(&[
+            "-n",
+            "kube-system",
+            "rollout",
+            "status",
+            what,
+            "--timeout=300s",
+        ])
+        .with_context(|| {
+            format!(
+                "{what} did not roll out: {}",
+                k(&["-n", "kube-system", "get", "pods", "-o", "wide"]).unwrap_or_default()
+            )
+        })?;
+    }
+    let agents = k(&[
+        "-n",
+        "kube-system",
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/name=sliceway-agent",
+        "-o",
+        "jsonpath={range .items[*]}{.spec.nodeName} {.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}{end}",
+    ])?;
+    let ready: BTreeSet<&str> = agents
+        .lines()
+        .filter_map(|l| l.strip_suffix(" True"))
+        .collect();
+    let nodes: BTreeSet<&str> = lab.state.nodes.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(ready, nodes, "a Ready agent pod on every node: {agents}");
+    let controllers: BTreeSet<String> = k(&[
+        "-n",
+        "kube-system",
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/name=sliceway-controller",
+        "-o",
+        "jsonpath={.items[*].metadata.name}",
+    ])?
+    .split_whitespace()
+    .map(str::to_string)
+    .collect();
+    let mut holder = String::new();
+    sliceway_lab::cluster::wait_until(
+        "the sliceway-controller Lease held by a controller pod",
+        std::time::Duration::from_secs(120),
+        || {
+            holder = k(&[
+                "-n",
+                "kube-system",
+                "get",
+                "lease",
+                "sliceway-controller",
+                "-o",
+                "jsonpath={.spec.holderIdentity}",
+            ])
+            .unwrap_or_default();
+            controllers.iter().any(|c| holder.starts_with(c.as_str()))
+        },
+    )
+    .with_context(|| format!("holder {holder:?}, controller pods {controllers:?}"))?;
+    lab.wait_cluster_dns()?;
+
+    k(&[
+        "create",
+        "deployment",
+        "web",
+        &format!("--image={agnhost}"),
+        "--replicas=2",
+        "--",
+        "/agnhost",
+        "netexec",
+        "--http-port=8080",
+    ])?;
+    k(&[
+        "expose",
+        "deployment",
+        "web",
+        "--port=80",
+        "--target-port=8080",
+    ])?;
+    for node in &nodes {
+        lab.kubectl_stdin(
+            &["apply", "-f", "-"],
+            &format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: client-{node}}}\nspec:\n  \
+                 nodeName: {node}\n  containers:\n  - {{name: a, image: \"{agnhost}\", \
+                 args: [pause]}}\n"
+            ),
+        )?;
+    }
+    k(&[
+        "wait",
+        "--for=condition=Ready",
+        "pod",
+        "--all",
+        "--timeout=180s",
+    ])?;
+    let pods: BTreeSet<String> = k(&[
+        "get",
+        "pods",
+        "-l",
+        "app=web",
+        "-o",
+        "jsonpath={.items[*].metadata.name}",
+    ])?
+    .split_whitespace()
+    .map(str::to_string)
+    .collect();
+    assert_eq!(pods.len(), 2, "web pods: {pods:?}");
+    let ip = lab.cluster_ip("default", "web")?;
+    for node in &nodes {
+        let client = format!("client-{node}");
+        let mut seen = BTreeSet::new();
+        for target in [ip.to_string(), "web.default.svc.cluster.local".to_string()] {
+            for _ in 0..10 {
+                let url = format!("http://{target}/hostname");
+                let answer = k(&["exec", &client, "--", "curl", "-s", "--max-time", "5", &url])
+                    .with_context(|| format!("curl {url} in {client}"))?;
+                assert!(
+                    pods.contains(answer.trim()),
+                    "{target} answered {answer:?} on {node}, not a web pod ({pods:?})"
+                );
+                seen.insert(answer.trim().to_string());
+            }
+        }
+        assert_eq!(seen, pods, "both backends answer on {node}");
+    }
+    assert_eq!(
+        guard::escaped(&prefix)?,
+        0,
+        "the root namespace sent packets to the lab's networks"
+    );
     Ok(())
 }

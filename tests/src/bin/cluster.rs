@@ -86,6 +86,12 @@ enum Cmd {
         #[arg(last = true, required = true)]
         cmd: Vec<String>,
     },
+    /// Import image archives (docker-archive or OCI tarballs, e.g. those of `cargo xtask
+    /// image`) into every real node's containerd, where kubelet finds them.
+    LoadImage {
+        #[arg(required = true)]
+        archives: Vec<PathBuf>,
+    },
     /// Run the lab's kubectl as the cluster's admin.
     Kubectl {
         #[arg(last = true)]
@@ -205,6 +211,16 @@ fn main() -> Result<()> {
                 .find(|n| n.name == node)
                 .with_context(|| format!("no node {node} in the lab"))?;
             exec_in(&n.netns, &cmd)
+        }
+        Cmd::LoadImage { archives } => {
+            let c = Cluster::load(dir)?;
+            cluster::real::load_images(&c.state, &cluster::real::Kit::find()?, &archives)?;
+            println!(
+                "loaded {} image archive(s) into {} node(s)",
+                archives.len(),
+                c.state.nodes.len()
+            );
+            Ok(())
         }
         Cmd::Kubectl { args } => {
             let c = Cluster::load(dir)?;

@@ -109,6 +109,9 @@ pub enum Kubelet {
 pub enum Controllers {
     Sliceway,
     Upstream,
+    /// kube-controller-manager without its EndpointSlice, mirroring and Endpoints
+    /// controllers, and no controller of the lab's: for installing deploy/'s.
+    None,
 }
 
 /// What to start.
@@ -281,7 +284,8 @@ fn log_tail_in(dir: &Path, name: &str) -> String {
     )
 }
 
-fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Result<()> {
+/// Polls `f` every 200 ms until it holds, for at most `timeout`.
+pub fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Result<()> {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
         if f() {
@@ -541,7 +545,7 @@ impl Cluster {
             Kubelet::StandIn => "*,-node-lifecycle-controller",
             Kubelet::Real => "*",
         });
-        if self.state.controller == Controllers::Sliceway {
+        if self.state.controller != Controllers::Upstream {
             controllers.push_str(
                 ",-endpoints-controller,-endpointslice-controller,-endpointslice-mirroring-controller",
             );
@@ -833,11 +837,23 @@ impl Cluster {
         Ok(())
     }
 
-    /// CoreDNS as the cluster DNS ([`real::coredns_manifest`]), ready.
+    /// CoreDNS as the cluster DNS ([`real::coredns_manifest`]), ready; with no proxy
+    /// or no controller in the lab it cannot reach the API server or be reached yet,
+    /// so it is only applied (as on a cluster waiting for its proxy):
+    /// [`Cluster::wait_cluster_dns`] waits for it once they are installed.
     fn start_cluster_dns(&self, kit: &real::Kit) -> Result<()> {
         let (_, image) = kit.image("registry.k8s.io/coredns/coredns:")?;
         say(&format!("starting CoreDNS at {}", real::CLUSTER_DNS));
         self.kubectl_stdin(&["apply", "-f", "-"], &real::coredns_manifest(image))?;
+        if self.state.proxy == Proxy::None || self.state.controller == Controllers::None {
+            say("CoreDNS applied; it becomes ready once a proxy and a controller run");
+            return Ok(());
+        }
+        self.wait_cluster_dns()
+    }
+
+    /// Waits until CoreDNS's Deployment is rolled out.
+    pub fn wait_cluster_dns(&self) -> Result<()> {
         self.kubectl(&[
             "-n",
             "kube-system",

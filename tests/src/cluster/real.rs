@@ -249,6 +249,10 @@ fn mount_script(d: &Path, node: &str, containerd: &Path, config: &Path) -> Strin
     for m in PRIVATE_MOUNTS {
         s.push_str(&format!("mount -t tmpfs -o mode=0755 lab-node {m}\n"));
     }
+    // A BPF file system of the node's own, as every machine has: what a pod pins
+    // there (deploy/'s DaemonSet mounts the node's /sys/fs/bpf) is this node's only, and
+    // goes with the node's mount namespace.
+    s.push_str("mount -t bpf lab-node /sys/fs/bpf\n");
     for (key, value) in KUBELET_TUNABLES {
         let file = d.join("tunables").join(key.replace('/', "."));
         s.push_str(&format!(
@@ -262,6 +266,78 @@ fn mount_script(d: &Path, node: &str, containerd: &Path, config: &Path) -> Strin
         config.display()
     ));
     s
+}
+
+/// Runs the kit's `ctr` against the containerd at `socket`, in Kubernetes' namespace.
+fn ctr(bin: &Path, socket: &Path, args: &[&str]) -> Result<String> {
+    let out = Command::new(bin.join("ctr"))
+        .arg("--address")
+        .arg(socket)
+        .args(["-n", "k8s.io"])
+        .args(args)
+        .output()
+        .context("running ctr")?;
+    if !out.status.success() {
+        bail!(
+            "ctr {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Imports image archives (`(archive, what to call it in messages)`) into the
+/// containerd of `node` at `socket`, where its kubelet finds them.
+fn import_images(
+    bin: &Path,
+    socket: &Path,
+    node: &str,
+    archives: &[(PathBuf, String)],
+) -> Result<()> {
+    let start = std::time::Instant::now();
+    for (tar, name) in archives {
+        ctr(
+            bin,
+            socket,
+            &[
+                "images",
+                "import",
+                "--digests",
+                "--snapshotter=overlayfs",
+                &tar.to_string_lossy(),
+            ],
+        )
+        .with_context(|| format!("importing {name} from {} into {node}", tar.display()))?;
+    }
+    say(&format!(
+        "imported {} images into {node} in {:.1} s",
+        archives.len(),
+        start.elapsed().as_secs_f64()
+    ));
+    Ok(())
+}
+
+/// Imports image archives into the containerd of every node of a running lab of real
+/// nodes (`cargo xtask cluster load-image`), so pods find them without a registry.
+pub fn load_images(state: &State, kit: &Kit, archives: &[PathBuf]) -> Result<()> {
+    if state.kubelet != super::Kubelet::Real {
+        bail!("the lab's nodes are stand-ins, which run no containers: bring it up with --kubelet real");
+    }
+    let named: Vec<(PathBuf, String)> = archives
+        .iter()
+        .map(|a| {
+            if a.is_file() {
+                Ok((a.clone(), a.display().to_string()))
+            } else {
+                bail!("no image archive at {}", a.display())
+            }
+        })
+        .collect::<Result<_>>()?;
+    for node in &state.nodes {
+        let socket = node_dir(state, node).join("containerd.sock");
+        import_images(&kit.bin, &socket, &node.name, &named)?;
+    }
+    Ok(())
 }
 
 /// Starts containerd and kubelet on `node`, with the kit's images imported.
@@ -349,26 +425,10 @@ pub fn start_node(state: &State, node: &NodeInfo, kit: &Kit, apiserver: &str) ->
             .env("PATH", &path),
     )?;
     let socket = d.join("containerd.sock");
-    let ctr = |args: &[&str]| -> Result<String> {
-        let out = Command::new(kit.bin.join("ctr"))
-            .arg("--address")
-            .arg(&socket)
-            .args(["-n", "k8s.io"])
-            .args(args)
-            .output()
-            .context("running ctr")?;
-        if !out.status.success() {
-            bail!(
-                "ctr {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    };
     wait_until(
         &format!("containerd on {} answering", node.name),
         Duration::from_secs(60),
-        || ctr(&["version"]).is_ok(),
+        || ctr(&kit.bin, &socket, &["version"]).is_ok(),
     )
     .with_context(|| log_tail_in(&state.dir, &format!("containerd-{}", node.name)))?;
     let own = fs::read_link("/proc/self/ns/mnt")?;
@@ -380,23 +440,7 @@ pub fn start_node(state: &State, node: &NodeInfo, kit: &Kit, apiserver: &str) ->
             node.name
         );
     }
-    let start = std::time::Instant::now();
-    for (tar, name) in &kit.images {
-        ctr(&[
-            "images",
-            "import",
-            "--digests",
-            "--snapshotter=overlayfs",
-            &tar.to_string_lossy(),
-        ])
-        .with_context(|| format!("importing {name} from {}", tar.display()))?;
-    }
-    say(&format!(
-        "imported {} images into {} in {:.1} s",
-        kit.images.len(),
-        node.name,
-        start.elapsed().as_secs_f64()
-    ));
+    import_images(&kit.bin, &socket, &node.name, &kit.images)?;
 
     say(&format!("starting kubelet on {}", node.name));
     let kubelet_log = d.join("kubelet");
