@@ -521,6 +521,8 @@ impl Syncer {
     fn observe(&mut self, skipped: &[Skipped], dp: &Datapath, written: SystemTime, took: Duration) {
         let m = &self.metrics;
         m.sync_duration.observe(took.as_secs_f64());
+        m.kubeproxy.synced(took.as_secs_f64(), written);
+        m.kubeproxy.changes_synced();
         let mut counts: BTreeMap<(String, String), i64> = BTreeMap::new();
         for s in skipped {
             *counts
@@ -559,7 +561,7 @@ impl Syncer {
         // trigger time changed, from that time to this write. The first sync only
         // records what it saw (those changes happened before the agent started).
         let first = self.syncs == 1;
-        for (key, t) in self.pipeline.compiler.take_trigger_times() {
+        for (key, t, family) in self.pipeline.compiler.take_trigger_times() {
             if self.triggers.get(&key) == Some(&t) {
                 continue;
             }
@@ -569,6 +571,7 @@ impl Syncer {
                     if let Ok(latency) = written.duration_since(at) {
                         debug!(slice = ?key, trigger = %t, millis = latency.as_millis() as u64, "programmed");
                         m.programming_latency.observe(latency.as_secs_f64());
+                        m.kubeproxy.programmed(family, latency.as_secs_f64());
                     }
                 }
             }
@@ -1191,6 +1194,11 @@ async fn follow<S: source::Source>(
         // Something may have changed: it counts as queued until a sync writes it.
         syncer.metrics.health.queued();
         let fed = source.feed(&mut syncer.pipeline.compiler);
+        let changes = syncer.pipeline.compiler.take_changes();
+        syncer
+            .metrics
+            .kubeproxy
+            .changes_seen(changes.services, changes.endpoints);
         syncer
             .metrics
             .health

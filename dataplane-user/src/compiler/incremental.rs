@@ -41,12 +41,23 @@ pub struct Incremental {
     dirty_endpoints: BTreeSet<EndpointsKey>,
     dirty_groups: BTreeSet<GroupKey>,
     /// Trigger times of the slices put since the last `take_trigger_times`.
-    trigger_times: Vec<((String, String), String)>,
+    trigger_times: Vec<((String, String), String, &'static str)>,
+    /// Service and EndpointSlice changes put since the last `take_changes`.
+    changes: Changes,
     /// The ServiceCIDR objects as last set, their prefixes and what was skipped of
     /// them.
     service_cidr_objects: Vec<ServiceCidrInfo>,
     service_cidrs: ServiceCidrs,
     service_cidrs_skipped: Vec<Skipped>,
+}
+
+/// Changes put into the compiler, counted as kube-proxy counts them.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Changes {
+    /// Services added, changed or removed.
+    pub services: u64,
+    /// EndpointSlices added, changed or removed.
+    pub endpoints: u64,
 }
 
 /// A slice and what it gives on its own.
@@ -200,6 +211,7 @@ impl Incremental {
         self.dirty_groups
             .insert((id.namespace.clone(), id.name.clone()));
         self.services.insert(id, svc);
+        self.changes.services += 1;
         true
     }
 
@@ -208,6 +220,7 @@ impl Incremental {
         if self.services.remove(id).is_none() {
             return false;
         }
+        self.changes.services += 1;
         self.dirty_groups
             .insert((id.namespace.clone(), id.name.clone()));
         true
@@ -219,14 +232,21 @@ impl Incremental {
         if self.slices.get(&id).is_some_and(|e| e.info == slice) {
             return false;
         }
-        self.remove_slice(&id);
+        self.drop_slice(&id);
+        self.changes.endpoints += 1;
         if let Some(t) = &slice.trigger_time {
+            let family = if slice.address_type == "IPv6" {
+                "IPv6"
+            } else {
+                "IPv4"
+            };
             self.trigger_times.push((
                 (
                     id.namespace.clone().unwrap_or_default(),
                     id.name.clone().unwrap_or_default(),
                 ),
                 t.clone(),
+                family,
             ));
         }
         let mut entry = SliceEntry {
@@ -269,6 +289,14 @@ impl Incremental {
 
     /// Removes an EndpointSlice. Whether it was there.
     pub fn remove_slice(&mut self, id: &SliceId) -> bool {
+        let removed = self.drop_slice(id);
+        if removed {
+            self.changes.endpoints += 1;
+        }
+        removed
+    }
+
+    fn drop_slice(&mut self, id: &SliceId) -> bool {
         let Some(entry) = self.slices.remove(id) else {
             return false;
         };
@@ -323,8 +351,15 @@ impl Incremental {
 
     /// The `last-change-trigger-time` of each slice added or changed since the last
     /// call, by namespace and name (empty when unset): the agent's programming latency.
-    pub fn take_trigger_times(&mut self) -> Vec<((String, String), String)> {
+    /// Each comes with the slice's IP family as kube-proxy names it (`IPv4`, `IPv6`).
+    pub fn take_trigger_times(&mut self) -> Vec<((String, String), String, &'static str)> {
         std::mem::take(&mut self.trigger_times)
+    }
+
+    /// The Service and EndpointSlice changes (added, changed or removed) since the
+    /// last call: kube-proxy's `sync_proxy_rules_{service,endpoint}_changes_*`.
+    pub fn take_changes(&mut self) -> Changes {
+        std::mem::take(&mut self.changes)
     }
 
     /// The Services held, by identity.
@@ -542,5 +577,79 @@ impl Incremental {
             ignored: self.ignored.clone(),
             health_checks: self.health_checks.clone(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::local::parse_file_model;
+
+    const OBJECTS: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{name: http, port: 80, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-6
+  namespace: default
+  labels: {kubernetes.io/service-name: web}
+  annotations: {endpoints.kubernetes.io/last-change-trigger-time: "2026-01-01T00:00:00Z"}
+addressType: IPv6
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints: [{addresses: ["fd00::1"]}]
+"#;
+
+    /// Each Service and EndpointSlice put, changed or removed counts once, as
+    /// kube-proxy counts its changes; one put again unchanged does not count, and
+    /// the trigger time comes with the slice's family.
+    #[test]
+    fn changes_are_counted_once_each_and_taken() {
+        let (objects, problems) = parse_file_model(std::path::Path::new("a.yaml"), OBJECTS);
+        assert!(problems.is_empty(), "{problems:?}");
+        let objects = objects.unwrap();
+        let mut c = Incremental::new(Options::default());
+        let origin = Origin::default();
+        for s in &objects.services {
+            assert!(c.put_service(origin.clone(), s.clone()));
+        }
+        for s in &objects.slices {
+            assert!(c.put_slice(origin.clone(), s.clone()));
+        }
+        assert_eq!(
+            c.take_changes(),
+            Changes {
+                services: 1,
+                endpoints: 1
+            }
+        );
+        assert_eq!(
+            c.take_trigger_times(),
+            vec![(
+                ("default".into(), "web-6".into()),
+                "2026-01-01T00:00:00Z".into(),
+                "IPv6"
+            )]
+        );
+        assert!(!c.put_service(origin.clone(), objects.services[0].clone()));
+        assert!(!c.put_slice(origin.clone(), objects.slices[0].clone()));
+        assert_eq!(c.take_changes(), Changes::default());
+        let mut changed = objects.slices[0].clone();
+        changed.endpoints.clear();
+        assert!(c.put_slice(origin.clone(), changed.clone()));
+        assert!(c.remove_slice(&SliceId::of(&changed, origin.clone())));
+        assert!(c.remove_service(&ServiceId::of(&objects.services[0], origin.clone())));
+        assert_eq!(
+            c.take_changes(),
+            Changes {
+                services: 1,
+                endpoints: 2
+            }
+        );
     }
 }

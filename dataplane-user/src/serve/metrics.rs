@@ -11,7 +11,7 @@
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     net::SocketAddr,
-    sync::{Arc, Mutex, OnceLock, PoisonError},
+    sync::{atomic::AtomicU64, Arc, Mutex, OnceLock, PoisonError},
     time::Instant,
 };
 
@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::{serve::health::Health, writer::audit::AuditReport};
 
 use prometheus_client::{
-    encoding::text::encode,
+    encoding::text::{encode_eof, encode_registry},
     metrics::{
         counter::Counter,
         family::Family,
@@ -131,6 +131,8 @@ pub struct Metrics {
     pub migration: Family<Labels, Gauge>,
     /// Per-frontend and per-backend counters, from the kernel.
     pub flows: Mutex<FlowCounters>,
+    /// kube-proxy's names for the figures both have.
+    pub kubeproxy: KubeProxyMetrics,
     /// What `/healthz` and `/livez` say.
     pub health: Health,
     /// The agent loop, for what the endpoint asks of it.
@@ -324,6 +326,7 @@ impl Metrics {
             links_removed,
             migration,
             flows: Mutex::new(flows),
+            kubeproxy: KubeProxyMetrics::new(),
             health: Health::new(health_timeout),
             asks: OnceLock::new(),
         }
@@ -448,7 +451,9 @@ impl Metrics {
     pub fn render(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
-        let _ = encode(&mut out, &self.registry);
+        let _ = encode_registry(&mut out, &self.registry);
+        let _ = encode_registry(&mut out, &self.kubeproxy.registry);
+        let _ = encode_eof(&mut out);
         out
     }
 
@@ -480,6 +485,12 @@ impl Metrics {
         m.health_checks.set(1);
         m.links_removed.inc();
         m.set_migration(1, "pending");
+        m.kubeproxy.synced(0.01, std::time::SystemTime::now());
+        m.kubeproxy.programmed("IPv4", 0.5);
+        m.kubeproxy.changes_seen(1, 1);
+        m.kubeproxy.changes_synced();
+        m.kubeproxy.healthz(200);
+        m.kubeproxy.livez(200);
         let _ = LOG_MESSAGES.get_or_create(&labels(&[("level", "warn")]));
         let counts = dataplane_common::FrontendCounters {
             new: 1,
@@ -506,6 +517,166 @@ impl Metrics {
         m
     }
 }
+
+/// kube-proxy's metrics for the figures sliceway has too, with kube-proxy's names,
+/// types, help, buckets and labels, so dashboards and alerts made for kube-proxy
+/// work unchanged:
+/// <https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/metrics/metrics.go>.
+/// One sync programs both IP families, so the `ip_family` series of a sync move
+/// together.
+pub struct KubeProxyMetrics {
+    registry: Registry,
+    sync_duration: Histograms,
+    last_sync: Family<Labels, Gauge<f64, AtomicU64>>,
+    programming: Histograms,
+    endpoint_changes_pending: Gauge,
+    endpoint_changes: Counter,
+    service_changes_pending: Gauge,
+    service_changes: Counter,
+    healthz: Family<Labels, Counter>,
+    livez: Family<Labels, Counter>,
+}
+
+/// The IP families, as kube-proxy's `ip_family` label names them.
+pub const IP_FAMILIES: [&str; 2] = ["IPv4", "IPv6"];
+
+fn family(f: &str) -> Labels {
+    labels(&[("ip_family", f)])
+}
+
+/// kube-proxy's network programming buckets: 0.25 s and 0.5 s, each second to 59 s,
+/// each 5 s to 115 s, each 30 s to 5 min.
+fn programming_buckets() -> Vec<f64> {
+    let mut b = vec![0.25, 0.5];
+    b.extend((1..=59).map(f64::from));
+    b.extend((0..12).map(|i| 60.0 + 5.0 * f64::from(i)));
+    b.extend((0..7).map(|i| 120.0 + 30.0 * f64::from(i)));
+    b
+}
+
+impl KubeProxyMetrics {
+    fn new() -> Self {
+        let mut registry = Registry::with_prefix("kubeproxy");
+        let sync_duration: Histograms =
+            Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.001, 2.0, 15)));
+        registry.register(
+            "sync_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds",
+            sync_duration.clone(),
+        );
+        let last_sync = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "sync_proxy_rules_last_timestamp_seconds",
+            "The last time proxy rules were successfully synced",
+            last_sync.clone(),
+        );
+        let programming: Histograms =
+            Family::new_with_constructor(|| Histogram::new(programming_buckets()));
+        registry.register(
+            "network_programming_duration_seconds",
+            "In Cluster Network Programming Latency in seconds",
+            programming.clone(),
+        );
+        let endpoint_changes_pending = Gauge::default();
+        registry.register(
+            "sync_proxy_rules_endpoint_changes_pending",
+            "Pending proxy rules Endpoint changes",
+            endpoint_changes_pending.clone(),
+        );
+        let endpoint_changes = Counter::default();
+        registry.register(
+            "sync_proxy_rules_endpoint_changes",
+            "Cumulative proxy rules Endpoint changes",
+            endpoint_changes.clone(),
+        );
+        let service_changes_pending = Gauge::default();
+        registry.register(
+            "sync_proxy_rules_service_changes_pending",
+            "Pending proxy rules Service changes",
+            service_changes_pending.clone(),
+        );
+        let service_changes = Counter::default();
+        registry.register(
+            "sync_proxy_rules_service_changes",
+            "Cumulative proxy rules Service changes",
+            service_changes.clone(),
+        );
+        let healthz = Family::<Labels, Counter>::default();
+        registry.register(
+            "proxy_healthz",
+            "Cumulative proxy healthz HTTP status",
+            healthz.clone(),
+        );
+        let livez = Family::<Labels, Counter>::default();
+        registry.register(
+            "proxy_livez",
+            "Cumulative proxy livez HTTP status",
+            livez.clone(),
+        );
+        Self {
+            registry,
+            sync_duration,
+            last_sync,
+            programming,
+            endpoint_changes_pending,
+            endpoint_changes,
+            service_changes_pending,
+            service_changes,
+            healthz,
+            livez,
+        }
+    }
+
+    /// A sync that took `seconds` and finished writing `at`.
+    pub fn synced(&self, seconds: f64, at: std::time::SystemTime) {
+        let at = at
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        for f in IP_FAMILIES {
+            self.sync_duration
+                .get_or_create(&family(f))
+                .observe(seconds);
+            self.last_sync.get_or_create(&family(f)).set(at);
+        }
+    }
+
+    /// A change of `ip_family` programmed `seconds` after its trigger time.
+    pub fn programmed(&self, ip_family: &str, seconds: f64) {
+        self.programming
+            .get_or_create(&family(ip_family))
+            .observe(seconds);
+    }
+
+    /// Service and EndpointSlice changes seen, not yet synced.
+    pub fn changes_seen(&self, services: u64, endpoints: u64) {
+        self.service_changes.inc_by(services);
+        self.endpoint_changes.inc_by(endpoints);
+        self.service_changes_pending.inc_by(services as i64);
+        self.endpoint_changes_pending.inc_by(endpoints as i64);
+    }
+
+    /// Every change seen is synced.
+    pub fn changes_synced(&self) {
+        self.service_changes_pending.set(0);
+        self.endpoint_changes_pending.set(0);
+    }
+
+    /// `/healthz` answered with `code`.
+    pub fn healthz(&self, code: u16) {
+        self.healthz
+            .get_or_create(&labels(&[("code", &code.to_string())]))
+            .inc();
+    }
+
+    /// `/livez` answered with `code`.
+    pub fn livez(&self, code: u16) {
+        self.livez
+            .get_or_create(&labels(&[("code", &code.to_string())]))
+            .inc();
+    }
+}
+
+type Histograms = Family<Labels, Histogram, fn() -> Histogram>;
 
 /// A counter family whose values are read from the kernel: each read adds the
 /// growth since the last one. A value below the last (the id was given to a new
@@ -766,10 +937,17 @@ impl conventions::http::Status for Metrics {
         self.health.livez_at(Instant::now())
     }
     fn health_json(&self, live: bool) -> Option<(bool, String)> {
-        Some(
-            self.health
-                .page(live, Instant::now(), std::time::SystemTime::now()),
-        )
+        let (healthy, body) = self
+            .health
+            .page(live, Instant::now(), std::time::SystemTime::now());
+        // kube-proxy's codes: 200, or 503 when unhealthy.
+        let code = if healthy { 200 } else { 503 };
+        if live {
+            self.kubeproxy.livez(code);
+        } else {
+            self.kubeproxy.healthz(code);
+        }
+        Some((healthy, body))
     }
     fn refresh(&self) -> conventions::http::Reply<'_, ()> {
         let answer = self.ask(Ask::Refresh);
@@ -914,6 +1092,125 @@ mod tests {
     /// starts again from zero (an id given anew), and goes with it.
     type NoLabels = fn() -> Labels;
     const NO_BACKENDS: Option<Vec<BackendCount<NoLabels>>> = None;
+
+    /// The series of one family in the exposition, by their lines.
+    fn lines_of<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
+        text.lines()
+            .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+            .collect()
+    }
+
+    /// kube-proxy's names, types and labels are in the exposition after a sync,
+    /// beside sliceway's own, and their values move as kube-proxy's do: pending
+    /// changes drop to 0 at the sync while the totals stay, the last sync's time is
+    /// the write's, and a programming latency lands in kube-proxy's buckets.
+    #[test]
+    fn kube_proxy_names_are_served_and_move_with_syncs() {
+        let m = Metrics::new(std::time::Duration::from_secs(60));
+        m.kubeproxy.changes_seen(2, 3);
+        let before = m.render();
+        assert!(lines_of(
+            &before,
+            "kubeproxy_sync_proxy_rules_service_changes_pending"
+        )
+        .contains(&"kubeproxy_sync_proxy_rules_service_changes_pending 2"));
+        assert!(lines_of(
+            &before,
+            "kubeproxy_sync_proxy_rules_endpoint_changes_pending"
+        )
+        .contains(&"kubeproxy_sync_proxy_rules_endpoint_changes_pending 3"));
+        let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_800_000_000);
+        m.kubeproxy.synced(0.003, at);
+        m.kubeproxy.changes_synced();
+        m.kubeproxy.programmed("IPv6", 0.3);
+        let text = m.render();
+        for (name, kind) in [
+            ("kubeproxy_sync_proxy_rules_duration_seconds", "histogram"),
+            ("kubeproxy_sync_proxy_rules_last_timestamp_seconds", "gauge"),
+            (
+                "kubeproxy_network_programming_duration_seconds",
+                "histogram",
+            ),
+            (
+                "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+                "gauge",
+            ),
+            ("kubeproxy_sync_proxy_rules_endpoint_changes", "counter"),
+            (
+                "kubeproxy_sync_proxy_rules_service_changes_pending",
+                "gauge",
+            ),
+            ("kubeproxy_sync_proxy_rules_service_changes", "counter"),
+            ("sliceway_syncs", "counter"),
+        ] {
+            assert!(
+                text.contains(&format!("# TYPE {name} {kind}\n")),
+                "{name} {kind} in:\n{text}"
+            );
+        }
+        assert_eq!(text.matches("# EOF").count(), 1);
+        let pending = |n: &str| lines_of(&text, n).join("\n");
+        assert_eq!(
+            pending("kubeproxy_sync_proxy_rules_service_changes_pending"),
+            "kubeproxy_sync_proxy_rules_service_changes_pending 0"
+        );
+        assert_eq!(
+            pending("kubeproxy_sync_proxy_rules_endpoint_changes_pending"),
+            "kubeproxy_sync_proxy_rules_endpoint_changes_pending 0"
+        );
+        assert!(text.contains("kubeproxy_sync_proxy_rules_service_changes_total 2\n"));
+        assert!(text.contains("kubeproxy_sync_proxy_rules_endpoint_changes_total 3\n"));
+        for f in ["IPv4", "IPv6"] {
+            assert!(text.contains(&format!(
+                "kubeproxy_sync_proxy_rules_last_timestamp_seconds{{ip_family=\"{f}\"}} 1800000000.0\n"
+            )));
+            // 3 ms: above kube-proxy's 2 ms bucket, within its 4 ms one.
+            assert!(text.contains(&format!(
+                "kubeproxy_sync_proxy_rules_duration_seconds_bucket{{le=\"0.002\",ip_family=\"{f}\"}} 0\n"
+            )));
+            assert!(text.contains(&format!(
+                "kubeproxy_sync_proxy_rules_duration_seconds_bucket{{le=\"0.004\",ip_family=\"{f}\"}} 1\n"
+            )));
+        }
+        // kube-proxy's first programming buckets are 0.25 s and 0.5 s; its last, 300 s.
+        let programming = lines_of(
+            &text,
+            "kubeproxy_network_programming_duration_seconds_bucket",
+        );
+        assert!(programming.contains(
+            &"kubeproxy_network_programming_duration_seconds_bucket{le=\"0.25\",ip_family=\"IPv6\"} 0"
+        ));
+        assert!(programming.contains(
+            &"kubeproxy_network_programming_duration_seconds_bucket{le=\"0.5\",ip_family=\"IPv6\"} 1"
+        ));
+        assert!(programming.contains(
+            &"kubeproxy_network_programming_duration_seconds_bucket{le=\"300.0\",ip_family=\"IPv6\"} 1"
+        ));
+        // 2 + 59 + 12 + 7 buckets and +Inf.
+        assert_eq!(programming.len(), 81, "{programming:#?}");
+    }
+
+    /// `/healthz` and `/livez` count their answers by code, as kube-proxy's
+    /// `proxy_healthz_total` and `proxy_livez_total`.
+    #[test]
+    fn health_answers_are_counted_by_code() {
+        use conventions::http::Status;
+        let m = Metrics::new(std::time::Duration::from_secs(60));
+        assert_eq!(m.health_json(false).map(|(ok, _)| ok), Some(false));
+        assert_eq!(m.health_json(true).map(|(ok, _)| ok), Some(true));
+        m.health.updated();
+        assert_eq!(m.health_json(false).map(|(ok, _)| ok), Some(true));
+        let text = m.render();
+        for line in [
+            "# TYPE kubeproxy_proxy_healthz counter",
+            "kubeproxy_proxy_healthz_total{code=\"503\"} 1",
+            "kubeproxy_proxy_healthz_total{code=\"200\"} 1",
+            "# TYPE kubeproxy_proxy_livez counter",
+            "kubeproxy_proxy_livez_total{code=\"200\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
+        }
+    }
 
     #[test]
     fn flow_series_start_with_their_first_count() {
