@@ -20,6 +20,11 @@ pub trait Status: Send + Sync + 'static {
     fn live(&self) -> Result<(), String> {
         Ok(())
     }
+    /// `/readyz`: `Some(Ok)` when ready (200 `ok`), `Some(Err)` with why not (503);
+    /// `None` (the default) when the binary serves no `/readyz` (404).
+    fn ready(&self) -> Option<Result<(), String>> {
+        None
+    }
     /// `/healthz` (`live`: `/livez`) as a JSON page, for a binary whose health has
     /// one: whether healthy (200, else 503) and the body. `None` (the default):
     /// [`Status::health`] and [`Status::live`] answer, in plain text.
@@ -51,7 +56,7 @@ pub trait Status: Send + Sync + 'static {
 pub enum Paths {
     /// `/metrics`, `/healthz`, `/livez` and the binary's own paths.
     All,
-    /// `/healthz` and `/livez` only: a health port other hosts probe.
+    /// `/healthz`, `/livez` and `/readyz` only: a health port other hosts probe.
     Health,
     /// `/metrics` and the binary's own paths ([`Status::extra`]).
     Metrics,
@@ -158,8 +163,14 @@ async fn response<S: Status + ?Sized>(
                 None => text(status.health().map(|()| "ok\n".into())),
             }
         }
+        "/readyz" if paths.health() => match status.ready() {
+            Some(ready) => text(ready.map(|()| "ok\n".into())),
+            None => not_found,
+        },
         // The binary's own paths go with the metrics.
-        _ if !paths.metrics() || matches!(path, "/metrics" | "/healthz" | "/livez") => not_found,
+        _ if !paths.metrics() || matches!(path, "/metrics" | "/healthz" | "/livez" | "/readyz") => {
+            not_found
+        }
         _ => match status.forbidden(path) {
             Some(why) => ("403 Forbidden", "text/plain", format!("{why}\n")),
             None => match status.extra(path) {
@@ -219,6 +230,10 @@ mod tests {
             assert!(metrics.ends_with("\r\n\r\n# EOF\n"), "{metrics}");
             let livez = get(addr, "/livez").await;
             assert!(livez.starts_with("HTTP/1.1 200 OK\r\n"), "{livez}");
+            // A binary that serves no `/readyz` answers 404 for it.
+            assert!(get(addr, "/readyz")
+                .await
+                .starts_with("HTTP/1.1 404 Not Found"));
             assert!(get(addr, "/other")
                 .await
                 .starts_with("HTTP/1.1 404 Not Found"));

@@ -771,8 +771,9 @@ fn attach_sockets(
         Err(e) => {
             error!(
                 "{e}; the node's own sockets do not reach Services (pods' traffic is \
-                 translated as usual)"
+                 translated as usual); /readyz answers 503 until an agent attaches them"
             );
+            m.health.not_attached(SOCKET_PROGRAMS, &e);
             "failed"
         }
     }
@@ -822,7 +823,10 @@ fn attach_selected(
                 }
                 // Matched by a pattern only: it may have gone since the listing; the
                 // next scan tries again.
-                Err(e) => warn!(interface = %iface, "not attached: {e}"),
+                Err(e) => {
+                    m.health.not_attached(interface_program(iface), &e);
+                    warn!(interface = %iface, "not attached: {e}");
+                }
             }
         }
     }
@@ -886,9 +890,18 @@ fn migrate(dp: &mut Datapath, selection: &Selection, xdp: XdpChoice, m: &Metrics
     }
 }
 
+/// What `/readyz` names while the TC program is not attached to `iface`.
+fn interface_program(iface: &str) -> String {
+    format!("the TC program on interface {iface}")
+}
+
+/// What `/readyz` names while the socket programs are not attached.
+const SOCKET_PROGRAMS: &str = "the socket programs";
+
 /// Says that `iface` was attached, `how`: in the log and in the metrics.
 fn attached(iface: &str, how: Attached, program: Option<&str>, m: &Metrics) {
     m.set_link(iface, how.as_str(), program.unwrap_or("unknown"));
+    m.health.attached(&interface_program(iface));
     if let Err(e) = interfaces::accept_local(iface) {
         warn!(interface = %iface, "cannot set accept_local ({e}): replies of this interface's pods' connections to a NodePort on the node's own address are dropped as martians");
     }
@@ -1052,14 +1065,24 @@ impl Scanner {
                     self.failed.remove(&(iface.clone(), *index));
                 }
                 Err(e) => {
+                    self.metrics
+                        .health
+                        .not_attached(interface_program(iface), &e);
                     if self.failed.insert((iface.clone(), *index)) {
                         warn!(interface = %iface, "not attached (retrying at every scan): {e}");
                     }
                 }
             }
         }
-        self.failed
-            .retain(|(name, index)| present.iter().any(|(i, n)| n == name && i == index));
+        let health = &self.metrics.health;
+        self.failed.retain(|(name, index)| {
+            let here = present.iter().any(|(i, n)| n == name && i == index);
+            if !here {
+                // Gone: no longer a program the agent needs.
+                health.attached(&interface_program(name));
+            }
+            here
+        });
         self.metrics.interfaces.set(dp.attached().len() as i64);
     }
 

@@ -227,7 +227,7 @@ fn the_daemon_set_runs_the_agent_with_arguments_it_accepts() {
         );
     }
 
-    // The liveness probe reaches /livez and the readiness probe /healthz where the
+    // The liveness probe reaches /livez and the readiness probe /readyz where the
     // agent serves them: the kubelet probes from the node's namespace, which is the
     // agent's (hostNetwork). Health is on kube-proxy's address, which load balancers
     // probe from other hosts; metrics and /audit only on loopback (issue 47).
@@ -242,7 +242,7 @@ fn the_daemon_set_runs_the_agent_with_arguments_it_accepts() {
     let ports = container.ports.clone().unwrap_or_default();
     for (probe, path) in [
         (&container.liveness_probe, "/livez"),
-        (&container.readiness_probe, "/healthz"),
+        (&container.readiness_probe, "/readyz"),
     ] {
         let probe = probe
             .as_ref()

@@ -980,11 +980,11 @@ impl Agent {
         self.healthz_addr
     }
 
-    /// `GET path` on the agent's server for it: `/healthz` and `/livez` on its
+    /// `GET path` on the agent's server for it: `/healthz`, `/livez` and `/readyz` on its
     /// health address, the rest on its metrics address. The whole response.
     pub fn http(&self, path: &str) -> Result<String> {
         let addr = match path {
-            "/healthz" | "/livez" => self.healthz_addr,
+            "/healthz" | "/livez" | "/readyz" => self.healthz_addr,
             _ => self.metrics_addr,
         };
         http_get(&self.ns, addr, path)

@@ -25,6 +25,14 @@
 //! start. Both answer with kube-proxy's JSON body ([`Health::page`]); the
 //! healthCheckNodePort servers read [`Health::proxy_healthy_at`], which leaves
 //! the Node out, as kube-proxy's `serviceProxyHealthy` does.
+//!
+//! `/readyz` (sliceway's own; kube-proxy has none) is what the DaemonSet's
+//! readiness probe asks: the proxier's rule of `/healthz` (synced once, syncs
+//! keeping up, the watches working), the Node left out, and every program the agent
+//! needs attached ([`Health::not_attached`]): the socket programs when socket load
+//! balancing is on, and the TC program on every interface selected. An agent that
+//! serves its pods but not the node's own sockets is not ready, rather than ready
+//! and half-working.
 
 use std::{
     collections::BTreeMap,
@@ -91,6 +99,8 @@ struct State {
     last_updated: Option<SystemTime>,
     /// Whether the own Node is eligible for load balancers; `None` without one.
     node_eligible: Option<bool>,
+    /// Programs the agent needs that are not attached: what, and why not.
+    unattached: BTreeMap<String, String>,
 }
 
 /// The agent's health, shared by the agent loop (which reports) and the HTTP
@@ -137,6 +147,33 @@ impl Health {
     /// What the source says of the own Node's eligibility ([`crate::model::NodeInfo::eligible`]).
     pub fn set_node_eligible(&self, eligible: Option<bool>) {
         self.state().node_eligible = eligible;
+    }
+
+    /// A program the agent needs is not attached to `what` (`socket programs`,
+    /// `interface eth0`): `/readyz` fails with `why` until [`Health::attached`].
+    pub fn not_attached(&self, what: impl Into<String>, why: impl std::fmt::Display) {
+        self.state().unattached.insert(what.into(), why.to_string());
+    }
+
+    /// What [`Health::not_attached`] named is attached now, or no longer needed.
+    pub fn attached(&self, what: &str) {
+        self.state().unattached.remove(what);
+    }
+
+    /// `/readyz` at `now`: [`Health::proxy_healthy_at`], and every program the agent
+    /// needs attached.
+    pub fn readyz_at(&self, now: Instant) -> Result<(), String> {
+        self.proxy_healthy_at(now)?;
+        let s = self.state();
+        if s.unattached.is_empty() {
+            return Ok(());
+        }
+        let list: Vec<String> = s
+            .unattached
+            .iter()
+            .map(|(what, why)| format!("{what}: {why}"))
+            .collect();
+        Err(format!("not attached: {}", list.join("; ")))
     }
 
     /// kube-proxy's rule, at `now`: `Err` when a queued change has waited `timeout`.
@@ -347,6 +384,36 @@ mod tests {
         // No Node object: eligible.
         h.set_node_eligible(None);
         assert!(page(false).0);
+    }
+
+    /// Issue 47: `/readyz` waits for the first sync and for every program the agent
+    /// needs, and leaves the Node's eligibility to `/healthz`.
+    #[test]
+    fn readyz_fails_until_synced_and_while_a_needed_program_is_not_attached() {
+        let h = Health::new(T);
+        let now = Instant::now();
+        assert_eq!(h.readyz_at(now), Err("not synced yet".into()));
+        h.updated();
+        assert_eq!(h.readyz_at(now), Ok(()));
+        h.not_attached("socket programs", "attaching to /sys/fs/cgroup: EPERM");
+        h.not_attached("interface veth1", "no such device");
+        assert_eq!(
+            h.readyz_at(now),
+            Err(
+                "not attached: interface veth1: no such device; socket programs: \
+                 attaching to /sys/fs/cgroup: EPERM"
+                    .into()
+            )
+        );
+        assert_eq!(h.healthz_at(now), Ok(()), "/healthz is the proxier's rule");
+        h.attached("socket programs");
+        h.attached("interface veth1");
+        assert_eq!(h.readyz_at(now), Ok(()));
+        h.set_node_eligible(Some(false));
+        assert_eq!(h.readyz_at(now), Ok(()), "the Node is for load balancers");
+        h.queued();
+        let late = now + T + Duration::from_secs(1);
+        assert!(h.readyz_at(late).unwrap_err().contains("waited"));
     }
 
     #[test]

@@ -936,6 +936,9 @@ impl conventions::http::Status for Metrics {
     fn live(&self) -> Result<(), String> {
         self.health.livez_at(Instant::now())
     }
+    fn ready(&self) -> Option<Result<(), String>> {
+        Some(self.health.readyz_at(Instant::now()))
+    }
     fn health_json(&self, live: bool) -> Option<(bool, String)> {
         let (healthy, body) = self
             .health
@@ -1320,11 +1323,13 @@ mod tests {
         for (addr, path, code) in [
             (health_addr, "/healthz", "503"), // not synced yet: kube-proxy's 503
             (health_addr, "/livez", "200"),
+            (health_addr, "/readyz", "503"),
             (health_addr, "/metrics", "404"),
             (health_addr, "/audit", "404"),
             (page_addr, "/metrics", "200"),
             (page_addr, "/healthz", "404"),
             (page_addr, "/livez", "404"),
+            (page_addr, "/readyz", "404"),
         ] {
             let reply = get(addr, path).await;
             assert!(
