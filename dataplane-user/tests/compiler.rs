@@ -718,3 +718,127 @@ endpoints:
         compiled.frontends.keys().collect::<Vec<_>>()
     );
 }
+
+/// Issue 46: every frontend of a Service port with session affinity carries the
+/// port's affinity group in its service entry (ClusterIP, NodePort, external IP,
+/// load-balancer IP, and the external entries of `externalTrafficPolicy: Local`),
+/// as kube-proxy sends all of them through the port's one service chain and its
+/// per-endpoint affinity sets
+/// (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/nftables/proxier.go>);
+/// another port of the Service, and the other family, have groups of their own; a
+/// Service without affinity carries none.
+#[test]
+fn the_frontends_of_a_service_port_share_its_affinity_group() {
+    let yaml = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: sticky, namespace: default}
+spec:
+  type: LoadBalancer
+  externalTrafficPolicy: Local
+  ipFamilyPolicy: RequireDualStack
+  ipFamilies: [IPv4, IPv6]
+  clusterIP: 10.96.0.50
+  clusterIPs: [10.96.0.50, "fd00:96::50"]
+  externalIPs: [203.0.113.5, "2001:db8:5::5"]
+  sessionAffinity: ClientIP
+  ports:
+  - {name: http, port: 80, protocol: TCP, targetPort: 8080, nodePort: 30080}
+  - {name: admin, port: 81, protocol: TCP, targetPort: 8081, nodePort: 30081}
+status: {loadBalancer: {ingress: [{ip: 192.0.2.50}, {ip: "2001:db8:ffff::50"}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: sticky-4, namespace: default, labels: {kubernetes.io/service-name: sticky}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}, {name: admin, port: 8081, protocol: TCP}]
+endpoints: [{addresses: [10.244.1.2], nodeName: node-1}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: sticky-6, namespace: default, labels: {kubernetes.io/service-name: sticky}}
+addressType: IPv6
+ports: [{name: http, port: 8080, protocol: TCP}, {name: admin, port: 8081, protocol: TCP}]
+endpoints: [{addresses: ["fd00:10:244:1::2"], nodeName: node-1}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: plain, namespace: default}
+spec:
+  clusterIP: 10.96.0.51
+  ports: [{name: http, port: 80, protocol: TCP, targetPort: 8080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: plain-1, namespace: default, labels: {kubernetes.io/service-name: plain}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints: [{addresses: [10.244.1.3], nodeName: node-1}]
+"#;
+    let (objects, problems) = parse_file(Path::new("sticky.yaml"), yaml);
+    assert!(problems.is_empty(), "{problems:?}");
+    let objects = objects.unwrap();
+    let opts = Options {
+        node_name: Some("node-1".into()),
+        node_port_ips: vec!["198.51.100.1".parse().unwrap()],
+        node_ip: Some("198.51.100.1".parse().unwrap()),
+        node_port_ips6: vec!["2001:db8:1::1".parse().unwrap()],
+        node_ip6: Some("2001:db8:1::1".parse().unwrap()),
+        ..Options::default()
+    };
+    let compiled = compile(&objects.services, &objects.slices, &opts);
+    assert!(compiled.skipped.is_empty(), "{:?}", compiled.skipped);
+    let mut writer = MapWriter::new(Limits::default());
+    let mut maps = MemoryMaps::default();
+    let report = writer.apply(compiled.desired(), &mut maps);
+    assert!(report.errors.is_empty() && report.rejected.is_empty());
+    // (Service port, is IPv6) → the groups its frontends carry, and how many
+    // frontends (ClusterIP markers, of port 0, left out).
+    let mut groups: BTreeMap<(String, bool), (std::collections::BTreeSet<u32>, usize)> =
+        BTreeMap::new();
+    let values = maps
+        .services
+        .iter()
+        .filter(|(k, _)| k.port_be != 0)
+        .map(|(_, v)| (false, *v))
+        .chain(
+            maps.services6
+                .iter()
+                .filter(|(k, _)| k.port_be != 0)
+                .map(|(_, v)| (true, *v)),
+        );
+    for (v6, v) in values {
+        let name = maps.names[&v.id].clone();
+        let sticky = v.flags & dataplane_common::SVC_F_AFFINITY != 0;
+        assert_eq!(sticky, name.starts_with("default/sticky:"), "{name}");
+        let e = groups.entry((name, v6)).or_default();
+        e.0.insert(v.affinity_group());
+        e.1 += 1;
+    }
+    for ((name, v6), (ids, n)) in &groups {
+        assert_eq!(ids.len(), 1, "{name} (IPv6 {v6}): {ids:?}");
+        if name.starts_with("default/sticky:") {
+            // ClusterIP, NodePort, external IP and load-balancer IP, and the
+            // external entries of the last three.
+            assert_eq!(*n, 7, "{name} (IPv6 {v6})");
+        }
+    }
+    let group = |name: &str, v6: bool| *groups[&(name.to_string(), v6)].0.first().unwrap();
+    let all = [
+        group("default/sticky:http", false),
+        group("default/sticky:admin", false),
+        group("default/sticky:http", true),
+        group("default/sticky:admin", true),
+    ];
+    assert_eq!(
+        all.iter().collect::<std::collections::BTreeSet<_>>().len(),
+        4,
+        "one group per port and family: {all:?}"
+    );
+    assert_eq!(group("default/plain:http", false), 0);
+    // A service entry read back (a restarted agent) says the same.
+    for v in maps.services.values().chain(maps.services6.values()) {
+        let policy = sliceway_agent::compiler::FrontendPolicy::of(v);
+        assert_eq!(policy.service_value(v.id, v.count), *v);
+    }
+}
