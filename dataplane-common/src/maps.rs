@@ -44,6 +44,9 @@ pub mod capacity {
     pub const SOURCE_RANGES: u32 = 16_384;
     /// IPv4 prefixes of ServiceCIDR objects (`SERVICE_CIDRS`): a cluster has a few.
     pub const SERVICE_CIDRS: u32 = 1_024;
+    /// Prefixes of `MASQ_SOURCES` and of `MASQ_SOURCES6`: everything, and the
+    /// cluster's pod CIDRs (one per family, as `--cluster-cidr`).
+    pub const MASQ_SOURCES: u32 = 8;
 }
 
 /// Names of the maps in the object file. The layout version is part of the pinned
@@ -102,9 +105,16 @@ pub mod map_name {
     /// the XDP program and its link are the agent's own and go when it exits, so
     /// nothing attached outlives the map.
     pub const XDP_JUMP6: &str = "XDP_JUMP6";
+    /// Which sources of a pod interface's new connections to a ClusterIP are
+    /// masqueraded (prefix length and address → 1 masquerade, 0 keep; the longest
+    /// prefix decides; empty: none), written by the agent at start from
+    /// `--masquerade-all` and `--cluster-cidr`.
+    pub const MASQ_SOURCES: &str = "MASQ_SOURCES";
+    /// Their IPv6 prefixes.
+    pub const MASQ_SOURCES6: &str = "MASQ_SOURCES6";
 
     /// Every map, in the order the agent pins them.
-    pub const ALL: [&str; 24] = [
+    pub const ALL: [&str; 26] = [
         SERVICES,
         SLOTS,
         BACKENDS,
@@ -129,5 +139,7 @@ pub mod map_name {
         SOCK_REVNAT6,
         SERVICE_CIDRS,
         SERVICE_CIDRS6,
+        MASQ_SOURCES,
+        MASQ_SOURCES6,
     ];
 }

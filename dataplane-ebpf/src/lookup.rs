@@ -59,6 +59,32 @@ pub fn frontend_external(flow: &Flow) -> Option<(ServiceValue, u8)> {
     })
 }
 
+/// How a pod interface's new connection to a frontend is translated: masqueraded to
+/// the node's address when the frontend is a ClusterIP and `MASQ_SOURCES` says so for
+/// its source (kube-proxy's `--masquerade-all`, and a ClusterCIDR detector's "not
+/// local": the nftables proxier's `masquerade all clusterIP traffic` and
+/// `IfNotLocalNFT` rules of the service chain,
+/// https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/nftables/proxier.go);
+/// else the client's address is kept. The trie first: empty, it answers at once.
+#[inline(always)]
+pub fn pod_nat(flow: &Flow) -> u8 {
+    if maps::masquerades(flow.src_be) && is_clusterip(flow) {
+        conntrack::NAT_MASQUERADE
+    } else {
+        conntrack::NAT_KEEP
+    }
+}
+
+/// [`pod_nat`] for IPv6.
+#[inline(always)]
+pub fn pod_nat6(flow: &Flow6) -> u8 {
+    if maps::masquerades6(flow.src_be) && is_clusterip6(flow) {
+        conntrack::NAT_MASQUERADE
+    } else {
+        conntrack::NAT_KEEP
+    }
+}
+
 /// Whether the packet's destination is a ClusterIP (on a port or protocol no
 /// frontend has, since [`frontend`] found none).
 #[inline(always)]

@@ -164,6 +164,21 @@ pub fn in_service_cidr(addr_be: u32) -> bool {
     SERVICE_CIDRS.get(Key::new(32, addr_be)).is_some()
 }
 
+/// Which sources of a pod interface's new connections to a ClusterIP are masqueraded
+/// (prefix → 1 masquerade, 0 keep; `--masquerade-all`, `--cluster-cidr`). Written by
+/// the agent.
+#[map]
+pub static MASQ_SOURCES: LpmTrie<u32, u8> = LpmTrie::with_max_entries(capacity::MASQ_SOURCES, 0);
+
+/// Whether a pod interface's new connection from `addr_be` to a ClusterIP is
+/// masqueraded.
+#[inline(always)]
+pub fn masquerades(addr_be: u32) -> bool {
+    MASQ_SOURCES
+        .get(Key::new(32, addr_be))
+        .is_some_and(|v| *v != 0)
+}
+
 /// The uplink program's masquerade settings (one entry). Written by the agent.
 #[map]
 pub static NAT_CONFIG: Array<NatConfig> = Array::with_max_entries(1, 0);
@@ -386,6 +401,19 @@ pub fn source_allowed6(frontend: ServiceKey6, src_be: [u32; 4]) -> bool {
 #[map]
 pub static SERVICE_CIDRS6: LpmTrie<[u32; 4], u8> =
     LpmTrie::with_max_entries(capacity6::SERVICE_CIDRS6, 0);
+
+/// [`MASQ_SOURCES`] for IPv6 sources. Written by the agent.
+#[map]
+pub static MASQ_SOURCES6: LpmTrie<[u32; 4], u8> =
+    LpmTrie::with_max_entries(capacity::MASQ_SOURCES, 0);
+
+/// [`masquerades`] for an IPv6 source.
+#[inline(always)]
+pub fn masquerades6(addr_be: [u32; 4]) -> bool {
+    MASQ_SOURCES6
+        .get(Key::new(128, addr_be))
+        .is_some_and(|v| *v != 0)
+}
 
 /// Whether IPv6 `addr_be` lies inside one of the cluster's ServiceCIDRs.
 #[inline(always)]

@@ -79,6 +79,12 @@ pub struct Settings {
     pub interfaces: Selection,
     /// Source ports of masqueraded connections (`--snat-ports`).
     pub snat_ports: (u16, u16),
+    /// `--masquerade-all`: pods' new connections to ClusterIPs are masqueraded.
+    pub masquerade_all: bool,
+    /// The pods' addresses (`--cluster-cidr` with `--detect-local-mode
+    /// ClusterCIDR`): a pod interface's new connection to a ClusterIP from outside
+    /// them is masqueraded. Empty: none is.
+    pub local_cidrs: Vec<(std::net::IpAddr, u8)>,
     /// How often the interfaces are listed again, for patterns (and for exact names
     /// whose interface goes away and comes back).
     pub interface_scan: Duration,
@@ -239,6 +245,9 @@ struct Syncer {
     source_skipped: BTreeMap<String, i64>,
     /// The masquerade source ports (`--snat-ports`).
     snat_ports: (u16, u16),
+    /// Whether pods' connections may be masqueraded too (`--masquerade-all`,
+    /// `--cluster-cidr`): the node's address is then written without an uplink.
+    masquerades_pods: bool,
     /// The masquerade settings last written to the datapath.
     nat: Option<dataplane_common::NatConfig>,
     /// IPv6's, last written (`NAT_CONFIG6`).
@@ -326,8 +335,9 @@ impl Syncer {
             .collect();
         // A family with nothing attached to an uplink and nothing written yet has
         // nothing to write.
-        let wants = !uplinks.is_empty() || self.nat.is_some();
-        let wants6 = dp.has_ipv6_maps() && (!uplinks.is_empty() || self.nat6.is_some());
+        let some = !uplinks.is_empty() || self.masquerades_pods;
+        let wants = some || self.nat.is_some();
+        let wants6 = dp.has_ipv6_maps() && (some || self.nat6.is_some());
         let addr = wants
             .then(|| {
                 self.pipeline.compiler.node_ip().or_else(|| {
@@ -684,6 +694,17 @@ fn start_datapath(settings: &Settings, m: &Metrics) -> Result<(Datapath, MapWrit
         .map_err(|e| Error::Load(e.into()))?;
     dp.set_ct_timeouts(&settings.conntrack.timeouts.0)
         .map_err(|e| Error::CtTimeouts(e.into()))?;
+    let (masq, masq6) = masq_sources(settings.masquerade_all, &settings.local_cidrs);
+    if let Err(e) = dp.set_masq_sources(&masq, &masq6) {
+        // Pods' ClusterIP connections then keep their sources; everything else works.
+        warn!("writing which pods' sources are masqueraded (--masquerade-all, --cluster-cidr): {e}; pods' connections to ClusterIPs keep their sources");
+    } else if !masq.is_empty() || !masq6.is_empty() {
+        info!(
+            all = settings.masquerade_all,
+            local = ?settings.local_cidrs,
+            "masquerading pods' connections to ClusterIPs from sources not local"
+        );
+    }
     // Adopt what an earlier run left in pinned maps: the first sync then writes only
     // the difference and flushes nothing (conntrack included).
     let (writer, maps) = match &settings.pins {
@@ -1174,6 +1195,7 @@ pub async fn run(
         rejected: BTreeSet::new(),
         source_skipped: BTreeMap::new(),
         snat_ports: settings.snat_ports,
+        masquerades_pods: settings.masquerade_all || !settings.local_cidrs.is_empty(),
         nat: None,
         nat6: None,
     };
@@ -1254,6 +1276,41 @@ fn usable_node_addr6(a: &std::net::Ipv6Addr) -> bool {
         || a.is_unspecified()
         || a.is_multicast()
         || a.segments()[0] & 0xffc0 == 0xfe80)
+}
+
+/// One `MASQ_SOURCES` entry: prefix length, IPv4 address (network byte order), value.
+pub type MasqSource = (u32, u32, u8);
+/// One `MASQ_SOURCES6` entry.
+pub type MasqSource6 = (u32, [u32; 4], u8);
+
+/// The entries of `MASQ_SOURCES` and `MASQ_SOURCES6` (prefix length, address in
+/// network byte order, 1 masquerade or 0 keep): with `all` (`--masquerade-all`),
+/// every source of both families; else with `local` CIDRs (ClusterCIDR detection),
+/// every source of a family that has one, except those within it, as kube-proxy's
+/// detector of that family; a family without one masquerades nothing (kube-proxy's
+/// no-op detector).
+pub fn masq_sources(
+    all: bool,
+    local: &[(std::net::IpAddr, u8)],
+) -> (Vec<MasqSource>, Vec<MasqSource6>) {
+    use std::net::IpAddr;
+    let (mut v4, mut v6) = (Vec::new(), Vec::new());
+    if all {
+        return (vec![(0, 0, 1)], vec![(0, [0; 4], 1)]);
+    }
+    for (net, len) in local {
+        match net {
+            IpAddr::V4(a) => {
+                v4.push((0, 0, 1));
+                v4.push((u32::from(*len), u32::from(*a).to_be(), 0));
+            }
+            IpAddr::V6(a) => {
+                v6.push((0, [0; 4], 1));
+                v6.push((u32::from(*len), dataplane_common::addr_of(a.octets()), 0));
+            }
+        }
+    }
+    (v4, v6)
 }
 
 /// The masquerade settings [`Syncer::sync_nat`] writes, IPv4's and IPv6's: what is

@@ -66,6 +66,10 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Run(args) => {
             let args = *args;
+            let local = args.local_detection().map_err(anyhow::Error::msg)?;
+            for note in &local.notes {
+                tracing::warn!("{note}");
+            }
             let (healthz_addr, metrics_addr) = (args.healthz_addr(), args.metrics_addr());
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -81,10 +85,16 @@ fn main() -> anyhow::Result<()> {
                         batch: Duration::from_millis(args.batch_delay_ms),
                     },
                 };
+                let pod_interfaces = match &local.interfaces {
+                    Some(pattern) => vec![pattern.clone()],
+                    None => args.interfaces.clone(),
+                };
                 let settings = agent::Settings {
                     source,
-                    interfaces: interfaces::Selection::parse(&args.interfaces)?
+                    interfaces: interfaces::Selection::parse(&pod_interfaces)?
                         .with_external(&args.external_interfaces)?,
+                    masquerade_all: local.masquerade_all,
+                    local_cidrs: local.local_cidrs,
                     snat_ports: args.snat_ports,
                     interface_scan: Duration::from_millis(args.interface_scan_interval_ms),
                     compiler: compiler::Options {

@@ -2855,6 +2855,72 @@ fn with_dsr_option(packet: &[u8], frontend: SocketAddrV4) -> Vec<u8> {
 // run garbles the quote), no live connection (waits out a timeout). The errors'
 // tests and the two families side by side are yet to become rows.
 
+/// Issue 46: pods' new connections to a ClusterIP are masqueraded to the node's
+/// address as `MASQ_SOURCES` says (the agent's `masq_sources`): with a ClusterCIDR
+/// detector, a source outside the cluster CIDR only (kube-proxy's `IfNotLocalNFT`
+/// rule of the service chain); with `--masquerade-all`, every source; with neither,
+/// none (every fixture of the table runs so). The masqueraded connection's reply,
+/// from a backend of this node, is translated back on the backend's interface.
+#[test]
+fn pods_connections_to_a_clusterip_are_masqueraded_as_the_detector_says() {
+    use sliceway_agent::{agent::masq_sources, kernel::Role};
+    let (mut dp, _writer) = datapath(ONE_BACKEND);
+    let node = Node {
+        addr: "10.100.0.1",
+        ports: (61_000, 61_000),
+    };
+    dp.set_nat(nat_of(Some(node))).unwrap();
+    let set = |dp: &mut Datapath, all: bool, local: &[&str]| {
+        let local: Vec<_> = local
+            .iter()
+            .map(|c| {
+                let (a, l) = c.split_once('/').unwrap();
+                (a.parse().unwrap(), l.parse().unwrap())
+            })
+            .collect();
+        let (v4, v6) = masq_sources(all, &local);
+        dp.set_masq_sources(&v4, &v6).unwrap();
+    };
+    let run = |dp: &Datapath, p: &[u8]| {
+        let (out, reason) = run_as(dp, Role::Pods, p);
+        (out.verdict, reason, out.packet)
+    };
+    set(&mut dp, false, &["10.244.0.0/16"]);
+    // A pod of the cluster CIDR keeps its address.
+    let (verdict, reason, out) = run(&dp, &tcp(client(40000), VIP_HTTP, TCP_SYN));
+    assert_eq!((verdict, reason), (PASS, "dnat_new"));
+    assert_eq!(out, tcp(client(40000), BACKEND_HTTP, TCP_SYN));
+    // A source outside it is masqueraded, and its reply translated back.
+    let outside = addr("192.168.7.7:40000");
+    let (verdict, reason, out) = run(&dp, &tcp(outside, VIP_HTTP, TCP_SYN));
+    assert_eq!((verdict, reason), (PASS, "dnat_masqueraded"));
+    assert_eq!(out, tcp(addr("10.100.0.1:61000"), BACKEND_HTTP, TCP_SYN));
+    let reply = tcp(addr(BACKEND_HTTP), "10.100.0.1:61000", TCP_SYN | TCP_ACK);
+    let (verdict, reason, out) = run(&dp, &reply);
+    assert_eq!((verdict, reason), (PASS, "revnat"));
+    assert_eq!(
+        out,
+        tcp(addr(VIP_HTTP), "192.168.7.7:40000", TCP_SYN | TCP_ACK)
+    );
+    // A destination that is not a ClusterIP's frontend is not masqueraded: a pod's
+    // connection elsewhere passes as it was.
+    let (verdict, reason, out) = run(&dp, &tcp(outside, "10.244.11.2:8080", TCP_SYN));
+    assert_eq!((verdict, reason), (PASS, "pass_no_service"));
+    assert_eq!(out, tcp(outside, "10.244.11.2:8080", TCP_SYN));
+    // --masquerade-all: the cluster's pods too.
+    forget(&mut dp);
+    set(&mut dp, true, &[]);
+    let (verdict, reason, out) = run(&dp, &tcp(client(40001), VIP_HTTP, TCP_SYN));
+    assert_eq!((verdict, reason), (PASS, "dnat_masqueraded"));
+    assert_eq!(out, tcp(addr("10.100.0.1:61000"), BACKEND_HTTP, TCP_SYN));
+    // Neither: nobody is (the entries of an earlier setting are removed).
+    forget(&mut dp);
+    set(&mut dp, false, &[]);
+    let (verdict, reason, out) = run(&dp, &tcp(outside, VIP_HTTP, TCP_SYN));
+    assert_eq!((verdict, reason), (PASS, "dnat_new"));
+    assert_eq!(out, tcp(outside, BACKEND_HTTP, TCP_SYN));
+}
+
 mod v6 {
     use std::net::{Ipv6Addr, SocketAddrV6};
 
@@ -3199,6 +3265,43 @@ mod v6 {
         let to_pod = udp6(client, sa(BACKEND, 5353), &payload);
         let (verdict, reason, _) = run(&dp, &fragment6(&to_pod, 0x9999, 16, false));
         assert_eq!((verdict, reason), (DROP, "drop_fragment_orphan"));
+    }
+
+    /// Issue 46: [`super::pods_connections_to_a_clusterip_are_masqueraded_as_the_detector_says`]
+    /// over IPv6: `MASQ_SOURCES6` from an IPv6 cluster CIDR, then `--masquerade-all`.
+    #[test]
+    fn ipv6_pods_connections_to_a_clusterip_are_masqueraded_as_the_detector_says() {
+        use sliceway_agent::agent::masq_sources;
+        let mut dp = v6_datapath();
+        set_nat6(&dp);
+        let (v4, v6) = masq_sources(false, &[("fd00:10:244::".parse().unwrap(), 48)]);
+        assert!(v4.is_empty());
+        dp.set_masq_sources(&v4, &v6).unwrap();
+        let pod = sa(CLIENT, 41000);
+        let (verdict, reason, out) = run(&dp, &tcp6(pod, sa(VIP, 80), TCP_SYN));
+        assert_eq!((verdict, reason), (PASS, "dnat_new"));
+        assert_translated(&out, &tcp6(pod, sa(BACKEND, 8080), TCP_SYN));
+        let outside = sa("2001:db8::7", 41000);
+        let (verdict, reason, out) = run(&dp, &tcp6(outside, sa(VIP, 80), TCP_SYN));
+        assert_eq!((verdict, reason), (PASS, "dnat_masqueraded"));
+        assert_translated(&out, &tcp6(sa(NODE, 61000), sa(BACKEND, 8080), TCP_SYN));
+        let reply = tcp6(sa(BACKEND, 8080), sa(NODE, 61000), TCP_SYN | TCP_ACK);
+        let (verdict, reason, out) = run(&dp, &reply);
+        assert_eq!((verdict, reason), (PASS, "revnat"));
+        assert_translated(&out, &tcp6(sa(VIP, 80), outside, TCP_SYN | TCP_ACK));
+        // The IPv4 cluster CIDR was not given: IPv4 sources are not masqueraded.
+        let (verdict, reason, _) = run(&dp, &tcp(addr4("192.168.7.7:40000"), VIP_HTTP, TCP_SYN));
+        assert_eq!((verdict, reason), (PASS, "dnat_new"));
+        super::forget(&mut dp);
+        let (v4, v6) = masq_sources(true, &[]);
+        dp.set_masq_sources(&v4, &v6).unwrap();
+        let (verdict, reason, out) = run(&dp, &tcp6(pod, sa(VIP, 80), TCP_SYN));
+        assert_eq!((verdict, reason), (PASS, "dnat_masqueraded"));
+        assert_translated(&out, &tcp6(sa(NODE, 61000), sa(BACKEND, 8080), TCP_SYN));
+    }
+
+    fn addr4(s: &str) -> std::net::SocketAddrV4 {
+        s.parse().unwrap()
     }
 
     /// Sets `NAT_CONFIG6` to the node's address and the single port 61000.

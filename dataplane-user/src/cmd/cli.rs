@@ -300,6 +300,36 @@ pub struct RunArgs {
     /// nodes come back through them. An interface named by both is an uplink.
     #[arg(long, value_delimiter = ',', value_parser = interface_entry)]
     pub external_interfaces: Vec<String>,
+    /// kube-proxy's `--masquerade-all`: every new connection of a pod to a ClusterIP
+    /// is masqueraded to the node's address (as the uplinks' clients are), whatever
+    /// --detect-local-mode says. Not with --socket-lb-pods, which translates pods'
+    /// connections at the socket, where no source can be rewritten.
+    #[arg(long, conflicts_with = "socket_lb_pods")]
+    pub masquerade_all: bool,
+    /// kube-proxy's `--cluster-cidr`: the pods' addresses, one CIDR or one of each
+    /// family, comma-separated. With --detect-local-mode ClusterCIDR, a new
+    /// connection to a ClusterIP arriving on a pod interface from a source outside
+    /// them is masqueraded to the node's address.
+    #[arg(long, value_name = "CIDR[,CIDR]", value_parser = cluster_cidrs)]
+    pub cluster_cidr: Option<ClusterCidrs>,
+    /// kube-proxy's `--detect-local-mode`, how traffic from this node's pods is
+    /// told apart: `ClusterCIDR` (by source, --cluster-cidr), `InterfaceNamePrefix`
+    /// (--pod-interface-name-prefix: the pod interfaces are `PREFIX*` unless
+    /// --interfaces names them), `BridgeInterface` (--pod-bridge-interface) and
+    /// `NodeCIDR` (the pods' traffic is told by the interfaces it arrives on,
+    /// --interfaces, as in every mode).
+    #[arg(long, value_enum, default_value_t = LocalMode::ClusterCidr)]
+    pub detect_local_mode: LocalMode,
+    /// kube-proxy's `--pod-bridge-interface`, for --detect-local-mode
+    /// BridgeInterface: the pods' bridge. The programs attach to the pods' own
+    /// interfaces (--interfaces, such as the bridge's veth ports), not to it.
+    #[arg(long, value_name = "NAME")]
+    pub pod_bridge_interface: Option<String>,
+    /// kube-proxy's `--pod-interface-name-prefix`, for --detect-local-mode
+    /// InterfaceNamePrefix: the pod interfaces are `PREFIX*` when --interfaces is
+    /// not given.
+    #[arg(long, value_name = "PREFIX")]
+    pub pod_interface_name_prefix: Option<String>,
     /// Source ports masqueraded connections are given, MIN-MAX: keep them out of
     /// the node's own local port range (`net.ipv4.ip_local_port_range`) and the
     /// NodePort range. Two connections never share a translated tuple; when every
@@ -484,6 +514,104 @@ fn node_name(s: &str) -> Result<String, String> {
         return Err("an empty node name is invalid".into());
     }
     Ok(name.to_lowercase())
+}
+
+/// kube-proxy's `--detect-local-mode` values
+/// (https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/apis/config/types.go).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LocalMode {
+    #[default]
+    #[value(name = "ClusterCIDR")]
+    ClusterCidr,
+    #[value(name = "NodeCIDR")]
+    NodeCidr,
+    #[value(name = "BridgeInterface")]
+    BridgeInterface,
+    #[value(name = "InterfaceNamePrefix")]
+    InterfaceNamePrefix,
+}
+
+/// `--cluster-cidr`: none, one CIDR, or one of each family, as (network address,
+/// prefix length) with the host bits cleared.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterCidrs(pub Vec<(IpAddr, u8)>);
+
+/// `--cluster-cidr`'s value, checked as kube-proxy's validation checks
+/// `clusterCIDR` ([`crate::cmd::config::parse_cluster_cidrs`]).
+fn cluster_cidrs(s: &str) -> Result<ClusterCidrs, String> {
+    crate::cmd::config::parse_cluster_cidrs(s).map(ClusterCidrs)
+}
+
+/// How the agent tells traffic from this node's pods apart, and which of it it
+/// masquerades: the flags `--masquerade-all`, `--cluster-cidr`,
+/// `--detect-local-mode` and its two companions, checked together.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LocalDetection {
+    /// Every pod's connection to a ClusterIP is masqueraded.
+    pub masquerade_all: bool,
+    /// A pod interface's connection to a ClusterIP from outside these is
+    /// masqueraded (ClusterCIDR mode with --cluster-cidr); empty: none is.
+    pub local_cidrs: Vec<(IpAddr, u8)>,
+    /// The pod interfaces InterfaceNamePrefix selects (`PREFIX*`), when
+    /// --interfaces names none.
+    pub interfaces: Option<String>,
+    /// What of the flags is taken differently from kube-proxy, to be said once.
+    pub notes: Vec<String>,
+}
+
+impl RunArgs {
+    /// The flags of local-traffic detection, checked together as kube-proxy's
+    /// `getLocalDetectors` takes them
+    /// (https://github.com/kubernetes/kubernetes/blob/v1.37.2/cmd/kube-proxy/app/server_linux.go):
+    /// a mode that needs its companion flag without it is an error.
+    pub fn local_detection(&self) -> Result<LocalDetection, String> {
+        let mut out = LocalDetection {
+            masquerade_all: self.masquerade_all,
+            ..LocalDetection::default()
+        };
+        match self.detect_local_mode {
+            LocalMode::ClusterCidr => {
+                out.local_cidrs = self.cluster_cidr.clone().unwrap_or_default().0;
+            }
+            LocalMode::NodeCidr => out.notes.push(
+                "--detect-local-mode NodeCIDR: the pods' traffic is told by the interfaces \
+                 it arrives on (--interfaces), not by the node's pod CIDRs"
+                    .into(),
+            ),
+            LocalMode::BridgeInterface => {
+                let bridge = self.pod_bridge_interface.as_deref().unwrap_or("").trim();
+                if bridge.is_empty() {
+                    return Err("--detect-local-mode BridgeInterface needs \
+                                --pod-bridge-interface (the pods' bridge)"
+                        .into());
+                }
+                out.notes.push(format!(
+                    "--detect-local-mode BridgeInterface: the programs attach to the pods' \
+                     own interfaces (--interfaces, such as {bridge}'s veth ports), not to \
+                     the bridge"
+                ));
+            }
+            LocalMode::InterfaceNamePrefix => {
+                let prefix = self
+                    .pod_interface_name_prefix
+                    .as_deref()
+                    .unwrap_or("")
+                    .trim();
+                if prefix.is_empty() {
+                    return Err("--detect-local-mode InterfaceNamePrefix needs \
+                                --pod-interface-name-prefix"
+                        .into());
+                }
+                let pattern = format!("{prefix}*");
+                Selection::parse(&[&pattern])
+                    .map_err(|e| format!("--pod-interface-name-prefix {prefix:?}: {e}"))?;
+                if self.interfaces.is_empty() {
+                    out.interfaces = Some(pattern);
+                }
+            }
+        }
+        Ok(out)
+    }
 }
 
 /// One `--interfaces` entry, checked as [`Selection::parse`] will take it.

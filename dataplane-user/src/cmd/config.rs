@@ -39,7 +39,7 @@ use conventions::logging::{Format, LogArgs};
 use serde::Deserialize;
 
 use crate::{
-    cmd::cli::RunArgs,
+    cmd::cli::{ClusterCidrs, LocalMode, RunArgs},
     compiler::NodePortAddresses,
     kernel::{interfaces::Selection, Capacities},
     serve::bind::{self, BindAddress},
@@ -443,6 +443,16 @@ pub struct FromFile {
     pub nodeport_addresses: Option<NodePortAddresses>,
     /// `detectLocalMode: InterfaceNamePrefix`: `PREFIX*`.
     pub interfaces: Option<Vec<String>>,
+    /// The mode's `masqueradeAll` (`iptables`' also for ipvs).
+    pub masquerade_all: Option<bool>,
+    /// `clusterCIDR`, when set.
+    pub cluster_cidr: Option<ClusterCidrs>,
+    /// `detectLocalMode`, blank as ClusterCIDR.
+    pub detect_local_mode: Option<LocalMode>,
+    /// `detectLocal.bridgeInterface` (BridgeInterface mode).
+    pub pod_bridge_interface: Option<String>,
+    /// `detectLocal.interfaceNamePrefix` (InterfaceNamePrefix mode).
+    pub pod_interface_name_prefix: Option<String>,
     /// `conntrack.maxPerCore` and `min`, two entries per connection.
     pub max_conntrack: Option<u32>,
     /// `conntrack.*Timeout`, as `--conntrack-timeout` entries.
@@ -483,7 +493,7 @@ pub fn translate(
     client_connection(file, &mut out, &mut w)?;
     logging(file, &mut out, &mut w)?;
     node_and_servers(file, &mut out, &mut w)?;
-    let mode = mode(file, &mut w)?;
+    let mode = mode(file, &mut out, &mut w)?;
     windows(file, &mut w)?;
     local_detection(file, &mut out, &mut w)?;
     node_ports(file, mode, &mut out, &mut w)?;
@@ -680,7 +690,11 @@ fn node_and_servers(
 }
 
 /// `mode` (defaulted as on Linux) and the settings of its section.
-fn mode(file: &KubeProxyConfiguration, w: &mut Warnings) -> Result<Mode, Problem> {
+fn mode(
+    file: &KubeProxyConfiguration,
+    out: &mut FromFile,
+    w: &mut Warnings,
+) -> Result<Mode, Problem> {
     let mode = match file.mode.as_deref() {
         None | Some("") => Mode::IpTables,
         Some(m @ ("iptables" | "ipvs" | "nftables")) => {
@@ -747,18 +761,8 @@ fn mode(file: &KubeProxyConfiguration, w: &mut Warnings) -> Result<Mode, Problem
             ipvs.and_then(|t| t.min_sync_period),
         ),
     };
-    if masquerade_all == Some(true) {
-        let field = if mode == Mode::NfTables {
-            "nftables.masqueradeAll"
-        } else {
-            "iptables.masqueradeAll"
-        };
-        w.warn(
-            field,
-            "sliceway has no masquerade-all: pods' connections to ClusterIPs keep their \
-             source address",
-        );
-    }
+    // `--masquerade-all`: the section of the mode in use.
+    out.masquerade_all = masquerade_all.filter(|all| *all);
     let sync_ns = sync.map_or(0, |d| d.0);
     let min_sync_ns = min_sync.map_or(0, |d| d.0);
     if sync_ns < 0 {
@@ -895,32 +899,31 @@ fn windows(file: &KubeProxyConfiguration, w: &mut Warnings) -> Result<(), Proble
     Ok(())
 }
 
-/// `detectLocalMode`, `detectLocal` and `clusterCIDR`.
+/// `detectLocalMode`, `detectLocal` and `clusterCIDR`: the flags
+/// `--detect-local-mode`, `--pod-bridge-interface`, `--pod-interface-name-prefix`
+/// and `--cluster-cidr`, checked as kube-proxy checks them.
 fn local_detection(
     file: &KubeProxyConfiguration,
     out: &mut FromFile,
     w: &mut Warnings,
 ) -> Result<(), Problem> {
-    // Local-traffic detection. sliceway tells a pod's traffic by the interface it
-    // arrives on; InterfaceNamePrefix says just that.
     let local_mode = file.detect_local_mode.as_deref().unwrap_or("");
     let detect = file.detect_local.as_ref();
-    let cluster_cidrs: Vec<&str> = file
+    let cluster_cidrs = file
         .cluster_cidr
         .as_deref()
-        .filter(|c| !c.is_empty())
-        .map(|c| c.split(',').collect())
-        .unwrap_or_default();
-    const BY_INTERFACE: &str = "sliceway tells pods' traffic by the interface it arrives on \
-                                (--interfaces), not by its source address";
-    match local_mode {
-        "" | "ClusterCIDR" => {
-            if !cluster_cidrs.is_empty() {
-                check_cluster_cidrs(&cluster_cidrs)?;
-                w.warn("clusterCIDR", BY_INTERFACE);
-            }
+        .map(|text| parse_cluster_cidrs(text).map_err(|e| invalid("clusterCIDR", e)))
+        .transpose()?;
+    let mode = match local_mode {
+        "" | "ClusterCIDR" => LocalMode::ClusterCidr,
+        "NodeCIDR" => {
+            w.warn(
+                "detectLocalMode",
+                "\"NodeCIDR\": sliceway tells pods' traffic by the interface it arrives on \
+                 (--interfaces), not by the node's pod CIDRs",
+            );
+            LocalMode::NodeCidr
         }
-        "NodeCIDR" => w.warn("detectLocalMode", &format!("\"NodeCIDR\": {BY_INTERFACE}")),
         "BridgeInterface" => {
             let bridge = detect
                 .and_then(|d| d.bridge_interface.as_deref())
@@ -933,6 +936,8 @@ fn local_detection(
                 "\"BridgeInterface\": sliceway attaches to the pods' own interfaces \
                  (--interfaces, such as the bridge's veth ports), not to a bridge",
             );
+            out.pod_bridge_interface = Some(bridge.to_string());
+            LocalMode::BridgeInterface
         }
         "InterfaceNamePrefix" => {
             let prefix = detect
@@ -952,6 +957,8 @@ fn local_detection(
                 )
             })?;
             out.interfaces = Some(vec![pattern]);
+            out.pod_interface_name_prefix = Some(prefix.to_string());
+            LocalMode::InterfaceNamePrefix
         }
         other => {
             return Err(invalid(
@@ -962,7 +969,11 @@ fn local_detection(
                 ),
             ))
         }
+    };
+    if !local_mode.is_empty() {
+        out.detect_local_mode = Some(mode);
     }
+    out.cluster_cidr = cluster_cidrs.filter(|c| !c.is_empty()).map(ClusterCidrs);
     Ok(())
 }
 
@@ -1164,32 +1175,41 @@ fn conntrack_max(per_core: i32, min: i32, cpus: usize) -> i64 {
     }
 }
 
-/// `clusterCIDR`: one CIDR or a dual-stack pair, comma-separated.
-fn check_cluster_cidrs(cidrs: &[&str]) -> Result<(), Problem> {
-    if cidrs.len() > 2 {
-        return Err(invalid(
-            "clusterCIDR",
-            "must be a either a single CIDR or dual-stack pair of CIDRs (e.g. \
-             10.100.0.0/16,fde4:8dba:82e1::/48)",
-        ));
+/// `clusterCIDR` (and `--cluster-cidr`): blank, one CIDR or a dual-stack pair,
+/// comma-separated, as kube-proxy's validation takes it
+/// (https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/apis/config/validation/validation.go);
+/// each as its network address (host bits cleared) and prefix length.
+pub fn parse_cluster_cidrs(text: &str) -> Result<Vec<(IpAddr, u8)>, String> {
+    if text.trim().is_empty() {
+        return Ok(Vec::new());
     }
-    let mut families = Vec::new();
+    let cidrs: Vec<&str> = text.split(',').collect();
+    if cidrs.len() > 2 {
+        return Err(
+            "must be a either a single CIDR or dual-stack pair of CIDRs (e.g. \
+                    10.100.0.0/16,fde4:8dba:82e1::/48)"
+                .into(),
+        );
+    }
+    let mut out = Vec::new();
     for cidr in cidrs {
-        let (ip, _) = parse_cidr(cidr).map_err(|_| {
-            invalid(
-                "clusterCIDR",
-                format!("{cidr:?}: must be a valid CIDR block (e.g. 10.100.0.0/16 or fde4:8dba:82e1::/48)"),
+        let (ip, len) = parse_cidr(cidr).map_err(|_| {
+            format!(
+                "{cidr:?}: must be a valid CIDR block (e.g. 10.100.0.0/16 or fde4:8dba:82e1::/48)"
             )
         })?;
-        families.push(ip.is_ipv6());
+        let net = match ip {
+            IpAddr::V4(a) => IpAddr::V4((u32::from(a) & crate::compiler::prefix_mask(len)).into()),
+            IpAddr::V6(a) => {
+                IpAddr::V6((u128::from(a) & crate::compiler::prefix_mask6(len)).into())
+            }
+        };
+        out.push((net, len));
     }
-    if families.len() == 2 && families[0] == families[1] {
-        return Err(invalid(
-            "clusterCIDR",
-            "a pair of CIDRs must be one of each family",
-        ));
+    if out.len() == 2 && out[0].0.is_ipv6() == out[1].0.is_ipv6() {
+        return Err("a pair of CIDRs must be one of each family".into());
     }
-    Ok(())
+    Ok(out)
 }
 
 /// `ADDRESS/LENGTH` of either family.
@@ -1292,6 +1312,31 @@ pub fn apply(run: &mut RunArgs, log: &mut LogArgs, from: FromFile, given: impl F
         given("nodeport_addresses"),
     );
     set(&mut run.interfaces, from.interfaces, given("interfaces"));
+    set(
+        &mut run.masquerade_all,
+        from.masquerade_all,
+        given("masquerade_all"),
+    );
+    set(
+        &mut run.cluster_cidr,
+        from.cluster_cidr.map(Some),
+        given("cluster_cidr"),
+    );
+    set(
+        &mut run.detect_local_mode,
+        from.detect_local_mode,
+        given("detect_local_mode"),
+    );
+    set(
+        &mut run.pod_bridge_interface,
+        from.pod_bridge_interface.map(Some),
+        given("pod_bridge_interface"),
+    );
+    set(
+        &mut run.pod_interface_name_prefix,
+        from.pod_interface_name_prefix.map(Some),
+        given("pod_interface_name_prefix"),
+    );
     set(
         &mut run.max_conntrack,
         from.max_conntrack,

@@ -279,6 +279,43 @@ impl Datapath {
             .map_err(|source| KernelError::Map { name, source })
     }
 
+    /// Makes `MASQ_SOURCES` and `MASQ_SOURCES6` hold these entries (prefix length,
+    /// address, value; `crate::agent::masq_sources`) and nothing else, so a pinned
+    /// map of an earlier run with other flags is brought in line.
+    pub fn set_masq_sources(
+        &mut self,
+        v4: &[(u32, u32, u8)],
+        v6: &[(u32, [u32; 4], u8)],
+    ) -> Result<(), KernelError> {
+        fn fill<K: aya::Pod + PartialEq>(
+            ebpf: &mut aya::Ebpf,
+            name: &'static str,
+            want: &[(u32, K, u8)],
+        ) -> Result<(), KernelError> {
+            use aya::maps::lpm_trie::{Key, LpmTrie};
+            let map = ebpf.map_mut(name).ok_or(KernelError::MissingMap(name))?;
+            let mut trie: LpmTrie<&mut MapData, K, u8> =
+                LpmTrie::try_from(map).map_err(|source| KernelError::Map { name, source })?;
+            let err = |source| KernelError::Map { name, source };
+            let have: Vec<Key<K>> = trie.keys().collect::<Result<_, _>>().map_err(err)?;
+            for key in have {
+                if !want
+                    .iter()
+                    .any(|(len, data, _)| *len == key.prefix_len() && *data == key.data())
+                {
+                    trie.remove(&key).map_err(err)?;
+                }
+            }
+            for (len, data, value) in want {
+                trie.insert(&Key::new(*len, *data), *value, 0)
+                    .map_err(err)?;
+            }
+            Ok(())
+        }
+        fill(&mut self.ebpf, map_name::MASQ_SOURCES, v4)?;
+        fill(&mut self.ebpf, map_name::MASQ_SOURCES6, v6)
+    }
+
     /// Writes the conntrack idle timeouts the program uses (seconds, by state).
     pub fn set_ct_timeouts(&mut self, seconds: &[u64]) -> Result<(), KernelError> {
         let name = map_name::CT_TIMEOUTS;

@@ -132,6 +132,8 @@ pub(super) fn expected_sizes(name: &str) -> (usize, usize) {
         ),
         map_name::SERVICE_CIDRS => (size_of::<u32>() + size_of::<u32>(), size_of::<u8>()),
         map_name::SERVICE_CIDRS6 => (size_of::<u32>() + size_of::<[u32; 4]>(), size_of::<u8>()),
+        map_name::MASQ_SOURCES => (size_of::<u32>() + size_of::<u32>(), size_of::<u8>()),
+        map_name::MASQ_SOURCES6 => (size_of::<u32>() + size_of::<[u32; 4]>(), size_of::<u8>()),
         _ => (0, 0),
     }
 }

@@ -192,9 +192,9 @@ fn addr(s: &str) -> BindAddress {
 }
 
 /// kubeadm's ConfigMap: its kubeconfig is used; NodePorts on every address, as
-/// kube-proxy's iptables mode (the default) serves them; two fields named as not
-/// honoured (the cluster CIDR and the localhost NodePorts of iptables mode), nothing
-/// else, although every field is there.
+/// kube-proxy's iptables mode (the default) serves them; the cluster CIDR taken;
+/// one field named as not honoured (the localhost NodePorts of iptables mode),
+/// nothing else, although every field is there.
 #[test]
 fn kubeadms_configmap_sets_the_kubeconfig_and_nodeports_on_all_addresses() {
     let (from, warnings) = translated(KUBEADM, 4).unwrap();
@@ -203,16 +203,15 @@ fn kubeadms_configmap_sets_the_kubeconfig_and_nodeports_on_all_addresses() {
         FromFile {
             kubeconfig: Some("/var/lib/kube-proxy/kubeconfig.conf".into()),
             nodeport_addresses: Some(NodePortAddresses::parse("all").unwrap()),
+            cluster_cidr: Some(crate::cmd::cli::ClusterCidrs(vec![(
+                "10.244.0.0".parse().unwrap(),
+                16
+            )])),
             ..FromFile::default()
         }
     );
     let fields: Vec<&str> = warnings.iter().map(|w| w.field.as_str()).collect();
-    assert_eq!(fields, ["clusterCIDR", "iptables.localhostNodePorts"]);
-    assert_eq!(
-        warnings[0].to_string(),
-        "clusterCIDR: not honoured: sliceway tells pods' traffic by the interface it \
-         arrives on (--interfaces), not by its source address"
-    );
+    assert_eq!(fields, ["iptables.localhostNodePorts"]);
 }
 
 /// kind's document: the mode and its minimum sync period are named; `maxPerCore: 0`
@@ -392,7 +391,6 @@ portRange: 30000-32767
             "enableProfiling",
             "showHiddenMetricsForVersion",
             "mode",
-            "iptables.masqueradeAll",
             "ipvs.syncPeriod",
             "ipvs.minSyncPeriod",
             "ipvs.tcpTimeout",
@@ -792,4 +790,174 @@ fn load_reads_the_named_file() {
         "{err}"
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Issue 46: kube-proxy's `--masquerade-all`, `--cluster-cidr` and
+/// `--detect-local-mode` (with its two companions) are taken, checked together.
+#[test]
+fn local_detection_flags_are_taken_as_kube_proxys() {
+    let (run, _) = run_with(
+        &[
+            "sliceway-agent",
+            "run",
+            "--masquerade-all",
+            "--cluster-cidr",
+            "10.244.1.5/16,fd00:244::7/56",
+            "--detect-local-mode",
+            "ClusterCIDR",
+        ],
+        HEAD,
+    );
+    let local = run.local_detection().unwrap();
+    assert!(local.masquerade_all);
+    assert_eq!(
+        local.local_cidrs,
+        [
+            ("10.244.0.0".parse().unwrap(), 16),
+            ("fd00:244::".parse().unwrap(), 56)
+        ]
+    );
+    assert_eq!(local.interfaces, None);
+    // The default mode is ClusterCIDR; without --cluster-cidr nothing is local-
+    // detected, and nothing is masqueraded.
+    let (run, _) = run_with(&["sliceway-agent", "run"], HEAD);
+    assert_eq!(run.local_detection().unwrap(), Default::default());
+    // ClusterCIDR's CIDRs mean nothing in another mode.
+    let (run, _) = run_with(
+        &[
+            "sliceway-agent",
+            "run",
+            "--cluster-cidr",
+            "10.244.0.0/16",
+            "--detect-local-mode",
+            "InterfaceNamePrefix",
+            "--pod-interface-name-prefix",
+            "veth",
+        ],
+        HEAD,
+    );
+    let local = run.local_detection().unwrap();
+    assert!(local.local_cidrs.is_empty());
+    assert_eq!(local.interfaces.as_deref(), Some("veth*"));
+    // --interfaces given wins over the prefix.
+    let (run, _) = run_with(
+        &[
+            "sliceway-agent",
+            "run",
+            "--interfaces",
+            "lxc*",
+            "--detect-local-mode",
+            "InterfaceNamePrefix",
+            "--pod-interface-name-prefix",
+            "veth",
+        ],
+        HEAD,
+    );
+    assert_eq!(run.local_detection().unwrap().interfaces, None);
+    let (run, _) = run_with(
+        &[
+            "sliceway-agent",
+            "run",
+            "--detect-local-mode",
+            "BridgeInterface",
+            "--pod-bridge-interface",
+            "cni0",
+        ],
+        HEAD,
+    );
+    let local = run.local_detection().unwrap();
+    assert!(local.notes[0].contains("cni0"), "{:?}", local.notes);
+}
+
+/// Issue 46: a malformed value of a local-detection flag, or a mode without its
+/// companion flag, is refused with what was wrong.
+#[test]
+fn local_detection_flags_refuse_invalid_values() {
+    for (args, wanted) in [
+        (
+            &["--cluster-cidr", "10.0.0.0/8,10.1.0.0/16"][..],
+            "one of each family",
+        ),
+        (
+            &["--cluster-cidr", "10.0.0.0/8,fd00::/8,fd01::/16"][..],
+            "dual-stack pair",
+        ),
+        (&["--cluster-cidr", "10.0.0.0/33"][..], "valid CIDR block"),
+        (&["--cluster-cidr", "pods"][..], "valid CIDR block"),
+        (&["--detect-local-mode", "clustercidr"][..], "invalid value"),
+        (&["--detect-local-mode", "PodCIDR"][..], "invalid value"),
+        (
+            &["--masquerade-all", "--socket-lb-pods"][..],
+            "cannot be used with",
+        ),
+    ] {
+        let mut argv = vec!["sliceway-agent", "run"];
+        argv.extend_from_slice(args);
+        let err = Cli::try_parse_from(&argv)
+            .err()
+            .unwrap_or_else(|| panic!("{args:?} accepted"))
+            .to_string();
+        assert!(err.contains(wanted), "{args:?}: {err}");
+    }
+    for (args, wanted) in [
+        (
+            &["--detect-local-mode", "BridgeInterface"][..],
+            "needs --pod-bridge-interface",
+        ),
+        (
+            &["--detect-local-mode", "InterfaceNamePrefix"][..],
+            "needs --pod-interface-name-prefix",
+        ),
+        (
+            &[
+                "--detect-local-mode",
+                "InterfaceNamePrefix",
+                "--pod-interface-name-prefix",
+                "ve/th",
+            ][..],
+            "--pod-interface-name-prefix \"ve/th\"",
+        ),
+    ] {
+        let mut argv = vec!["sliceway-agent", "run"];
+        argv.extend_from_slice(args);
+        let (run, _) = run_with(&argv, HEAD);
+        let err = run.local_detection().unwrap_err();
+        assert!(err.contains(wanted), "{args:?}: {err}");
+    }
+}
+
+/// Issue 46: the file's `masqueradeAll`, `clusterCIDR` and `detectLocalMode` set
+/// the flags of the same meaning; flags given win.
+#[test]
+fn the_files_local_detection_sets_the_flags() {
+    let file = format!(
+        "{HEAD}mode: nftables\nnftables: {{masqueradeAll: true}}\nclusterCIDR: 10.244.0.0/16\n\
+         detectLocalMode: ClusterCIDR\n"
+    );
+    let (run, _) = run_with(&["sliceway-agent", "run"], &file);
+    assert!(run.masquerade_all);
+    let local = run.local_detection().unwrap();
+    assert_eq!(local.local_cidrs, [("10.244.0.0".parse().unwrap(), 16)]);
+    let (run, _) = run_with(
+        &[
+            "sliceway-agent",
+            "run",
+            "--cluster-cidr",
+            "10.8.0.0/14",
+            "--detect-local-mode",
+            "NodeCIDR",
+        ],
+        &file,
+    );
+    assert_eq!(
+        run.cluster_cidr.as_ref().unwrap().0,
+        [("10.8.0.0".parse().unwrap(), 14)]
+    );
+    let local = run.local_detection().unwrap();
+    assert!(local.local_cidrs.is_empty() && local.masquerade_all);
+    assert!(local.notes[0].contains("NodeCIDR"), "{:?}", local.notes);
+    // iptables' masqueradeAll is not the nftables mode's.
+    let file = format!("{HEAD}mode: nftables\niptables: {{masqueradeAll: true}}\n");
+    let (run, _) = run_with(&["sliceway-agent", "run"], &file);
+    assert!(!run.masquerade_all);
 }
