@@ -1336,6 +1336,36 @@ mod tests {
 
     use dataplane_common::{NatConfig, NatConfig6};
 
+    /// Issue 46: `--masquerade-all` masquerades every source of both families; a
+    /// cluster CIDR masquerades its family's sources outside it only; neither, none.
+    #[test]
+    fn masq_sources_follow_kube_proxys_detectors() {
+        assert_eq!(
+            masq_sources(true, &[("10.244.0.0".parse().unwrap(), 16)]),
+            (vec![(0, 0, 1)], vec![(0, [0; 4], 1)])
+        );
+        let v6: std::net::Ipv6Addr = "fd00:244::".parse().unwrap();
+        let (v4s, v6s) = masq_sources(
+            false,
+            &[
+                ("10.244.0.0".parse().unwrap(), 16),
+                (std::net::IpAddr::V6(v6), 56),
+            ],
+        );
+        let net = u32::from(std::net::Ipv4Addr::new(10, 244, 0, 0)).to_be();
+        assert_eq!(v4s, [(0, 0, 1), (16, net, 0)]);
+        assert_eq!(
+            v6s,
+            [
+                (0, [0; 4], 1),
+                (56, dataplane_common::addr_of(v6.octets()), 0)
+            ]
+        );
+        let (v4s, v6s) = masq_sources(false, &[(std::net::IpAddr::V6(v6), 56)]);
+        assert!(v4s.is_empty() && v6s.len() == 2);
+        assert_eq!(masq_sources(false, &[]), (vec![], vec![]));
+    }
+
     fn nat(addr: [u8; 4]) -> NatConfig {
         NatConfig {
             node_addr_be: u32::from(std::net::Ipv4Addr::from(addr)).to_be(),
