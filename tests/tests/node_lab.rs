@@ -1970,3 +1970,37 @@ fn a_service_cidr_in_the_directory_drops_traffic_to_its_unallocated_addresses() 
     let _ = connect();
     assert_eq!(agent.packets(reason), dropped, "nothing dropped without it");
 }
+
+/// Issue 47: `/readyz` answers 200 once the agent has synced and attached every
+/// program it needs, and 503 naming the socket programs while they could not be
+/// attached (a cgroup that does not exist), pods' traffic served meanwhile.
+#[test]
+fn readyz_is_200_after_start_and_503_while_the_socket_programs_are_not_attached() {
+    let mut lab = Lab::new(1).unwrap();
+    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0]))
+        .unwrap();
+    let agent = lab.start_agent().unwrap();
+    let ready = agent.http("/readyz").unwrap();
+    assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
+    assert!(ready.ends_with("\r\n\r\nok\n"), "{ready}");
+    drop(agent);
+
+    let missing = lab.bpffs.join("no-such-cgroup");
+    lab.agent_args.extend([
+        "--socket-lb-cgroup".into(),
+        missing.to_string_lossy().into_owned(),
+    ]);
+    let agent = lab.start_agent().unwrap();
+    let ready = agent.http("/readyz").unwrap();
+    assert!(ready.starts_with("HTTP/1.1 503"), "{ready}");
+    assert!(
+        ready.contains("not attached: the socket programs"),
+        "{ready}"
+    );
+    let healthz = agent.http("/healthz").unwrap();
+    assert!(healthz.starts_with("HTTP/1.1 200"), "{healthz}");
+    assert_eq!(
+        lab.tcp_request(vip()).unwrap().backend,
+        lab.backends[0].name
+    );
+}
