@@ -1172,6 +1172,9 @@ pub async fn run(
             }
         });
     }
+    // Signs of kube-proxy, looked for at start and every minute; said, never fatal.
+    let kube_proxy = tokio::spawn(crate::kube_proxy::watch(metrics.clone()));
+    let _stop_looking = AbortOnDrop(kube_proxy);
     let (mut dp, writer) = start_datapath(&settings, &metrics)?;
     metrics.interfaces.set(dp.attached().len() as i64);
     let mut scanner = Scanner::new(&settings, metrics.clone());
@@ -1218,6 +1221,15 @@ pub async fn run(
     }
     info!("shutting down; pinned programs and maps stay for the next agent");
     Ok(())
+}
+
+/// Aborts a task when dropped: the look for kube-proxy ends with [`run`].
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// The agent loop, the same for either source: wait for the source (following the

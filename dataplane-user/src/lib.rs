@@ -9,6 +9,7 @@ pub mod agent;
 pub mod cmd;
 pub mod compiler;
 pub mod kernel;
+pub mod kube_proxy;
 pub mod model;
 pub mod serve;
 pub mod source;

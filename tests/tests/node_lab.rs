@@ -2004,3 +2004,53 @@ fn readyz_is_200_after_start_and_503_while_the_socket_programs_are_not_attached(
         lab.backends[0].name
     );
 }
+
+/// Issue 47: an nftables `ip kube-proxy` table in the node's network namespace (nft
+/// tables are per namespace: this one is the lab's own) is noticed at start: in
+/// `sliceway_kube_proxy_detected`, in a warning pointing to docs/deploy.md, and in
+/// `/healthz`'s body, whose status stays 200; a sign not present reads 0.
+#[test]
+fn a_kube_proxy_nftables_table_on_the_node_is_noticed_at_start() {
+    let lab = Lab::new(1).unwrap();
+    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0]))
+        .unwrap();
+    let nft = |args: &[&str]| {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", &lab.node.name, "nft"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "nft {args:?}: {out:?}");
+    };
+    nft(&["add", "table", "ip", "kube-proxy"]);
+    let agent = lab.start_agent().unwrap();
+    let series = "sliceway_kube_proxy_detected{found=\"nftables_ip\"}";
+    wait_until(&agent, "the nftables table noticed", || {
+        agent
+            .metrics()
+            .is_ok_and(|m| sliceway_lab::metric_value(&m, series) == Some(1.0))
+    });
+    let metrics = agent.metrics().unwrap();
+    assert_eq!(
+        sliceway_lab::metric_value(
+            &metrics,
+            "sliceway_kube_proxy_detected{found=\"nftables_ip6\"}"
+        ),
+        Some(0.0),
+        "{metrics}"
+    );
+    let log = agent.log();
+    assert!(
+        log.iter()
+            .any(|l| l.contains("kube-proxy is at work on this node")
+                && l.contains("nftables table ip kube-proxy")
+                && l.contains("docs/deploy.md")),
+        "{log:#?}"
+    );
+    let healthz = agent.http("/healthz").unwrap();
+    assert!(healthz.starts_with("HTTP/1.1 200"), "{healthz}");
+    assert!(
+        healthz.contains("\"kubeProxy\":[\"nftables table ip kube-proxy\"]"),
+        "{healthz}"
+    );
+}

@@ -26,6 +26,11 @@
 //! healthCheckNodePort servers read [`Health::proxy_healthy_at`], which leaves
 //! the Node out, as kube-proxy's `serviceProxyHealthy` does.
 //!
+//! When kube-proxy is found at work on the node ([`crate::kube_proxy`]),
+//! `/healthz`'s body names what was found (`kubeProxy`) and its status stays the
+//! rule's: while kube-proxy is being replaced every node has both for a while, and a
+//! failing `/healthz` there would take every node out of load balancers at once.
+//!
 //! `/readyz` (sliceway's own; kube-proxy has none) is what the DaemonSet's
 //! readiness probe asks: the proxier's rule of `/healthz` (synced once, syncs
 //! keeping up, the watches working), the Node left out, and every program the agent
@@ -101,6 +106,8 @@ struct State {
     node_eligible: Option<bool>,
     /// Programs the agent needs that are not attached: what, and why not.
     unattached: BTreeMap<String, String>,
+    /// Signs of kube-proxy on the node ([`crate::kube_proxy`]).
+    kube_proxy: Vec<String>,
 }
 
 /// The agent's health, shared by the agent loop (which reports) and the HTTP
@@ -147,6 +154,12 @@ impl Health {
     /// What the source says of the own Node's eligibility ([`crate::model::NodeInfo::eligible`]).
     pub fn set_node_eligible(&self, eligible: Option<bool>) {
         self.state().node_eligible = eligible;
+    }
+
+    /// The signs of kube-proxy last seen on the node: `/healthz`'s body names them
+    /// (`kubeProxy`), its status stays the sync rule's.
+    pub fn set_kube_proxy(&self, signs: Vec<String>) {
+        self.state().kube_proxy = signs;
     }
 
     /// A program the agent needs is not attached to `what` (`socket programs`,
@@ -245,9 +258,13 @@ impl Health {
         } else {
             self.healthz_at(now)
         };
-        let (last_updated, eligible) = {
+        let (last_updated, eligible, kube_proxy) = {
             let s = self.state();
-            (s.last_updated, s.node_eligible.unwrap_or(true))
+            (
+                s.last_updated,
+                s.node_eligible.unwrap_or(true),
+                s.kube_proxy.clone(),
+            )
         };
         let healthy = verdict.is_ok();
         // Go's zero time, as kube-proxy's JSON shows a proxier that never synced.
@@ -271,6 +288,9 @@ impl Health {
         });
         if !live {
             page["nodeEligible"] = eligible.into();
+            if !kube_proxy.is_empty() {
+                page["kubeProxy"] = kube_proxy.into();
+            }
         }
         if let Err(why) = verdict {
             page["reason"] = why.into();
@@ -414,6 +434,27 @@ mod tests {
         h.queued();
         let late = now + T + Duration::from_secs(1);
         assert!(h.readyz_at(late).unwrap_err().contains("waited"));
+    }
+
+    /// Issue 47: signs of kube-proxy are named in `/healthz`'s body, its status
+    /// unchanged; `/livez` leaves them out.
+    #[test]
+    fn kube_proxy_s_signs_are_named_in_healthz_body_only() {
+        let h = Health::new(T);
+        h.updated();
+        let (now, wall) = (Instant::now(), SystemTime::now());
+        let body = |live| -> (bool, serde_json::Value) {
+            let (ok, body) = h.page(live, now, wall);
+            (ok, serde_json::from_str(&body).unwrap())
+        };
+        assert!(body(false).1.get("kubeProxy").is_none());
+        h.set_kube_proxy(vec!["nftables table ip kube-proxy".into()]);
+        let (ok, page) = body(false);
+        assert!(ok, "{page}");
+        assert_eq!(page["kubeProxy"][0], "nftables table ip kube-proxy");
+        assert!(body(true).1.get("kubeProxy").is_none());
+        h.set_kube_proxy(Vec::new());
+        assert!(body(false).1.get("kubeProxy").is_none());
     }
 
     #[test]

@@ -129,6 +129,8 @@ pub struct Metrics {
     pub links_removed: Counter,
     /// A migration from an older pinned layout, by state.
     pub migration: Family<Labels, Gauge>,
+    /// Signs of kube-proxy on the node (value 1 when seen), by what was found.
+    pub kube_proxy_detected: Family<Labels, Gauge>,
     /// Per-frontend and per-backend counters, from the kernel.
     pub flows: Mutex<FlowCounters>,
     /// kube-proxy's names for the figures both have.
@@ -299,6 +301,12 @@ impl Metrics {
             "Messages this process logged, by level (warn, error)",
             LOG_MESSAGES.clone(),
         );
+        let kube_proxy_detected = Family::<Labels, Gauge>::default();
+        registry.register(
+            "kube_proxy_detected",
+            "Signs of kube-proxy at work on this node (1 when seen, 0 when not, looked for at start and every minute), by what was found: nftables_ip and nftables_ip6 (its nftables tables), iptables_legacy, iptables_nft, ip6tables_legacy and ip6tables_nft (its chains, by backend), port_10249 and port_10256 (another process listening on its ports)",
+            kube_proxy_detected.clone(),
+        );
         let flows = FlowCounters::register(&mut registry);
         Self {
             registry,
@@ -325,6 +333,7 @@ impl Metrics {
             health_checks,
             links_removed,
             migration,
+            kube_proxy_detected,
             flows: Mutex::new(flows),
             kubeproxy: KubeProxyMetrics::new(),
             health: Health::new(health_timeout),
@@ -442,6 +451,19 @@ impl Metrics {
             .set(capacity as i64);
     }
 
+    /// What the last look for kube-proxy found ([`crate::kube_proxy::look`]): every
+    /// sign's series, 1 for those in `signs`; `/healthz`'s body names them.
+    pub fn set_kube_proxy(&self, signs: &[crate::kube_proxy::Sign]) {
+        for found in crate::kube_proxy::SIGNS {
+            let seen = signs.iter().any(|s| s.found == found);
+            self.kube_proxy_detected
+                .get_or_create(&labels(&[("found", found)]))
+                .set(i64::from(seen));
+        }
+        self.health
+            .set_kube_proxy(signs.iter().map(|s| s.detail.clone()).collect());
+    }
+
     pub fn set_datapath(&self, name: &str, packets: u64) {
         self.datapath_packets
             .get_or_create(&labels(&[("reason", name)]))
@@ -491,6 +513,7 @@ impl Metrics {
         m.kubeproxy.changes_synced();
         m.kubeproxy.healthz(200);
         m.kubeproxy.livez(200);
+        m.set_kube_proxy(&[]);
         let _ = LOG_MESSAGES.get_or_create(&labels(&[("level", "warn")]));
         let counts = dataplane_common::FrontendCounters {
             new: 1,
