@@ -90,8 +90,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 args.metrics_addr,
                 metrics.clone(),
             ));
-            let stop = async {
-                let _ = tokio::signal::ctrl_c().await;
+            let mut terminate = terminate_signal()?;
+            let stop = async move {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = terminate.recv() => {}
+                }
             };
             let result = match &args.manifests {
                 Some(dir) => controller::local::run(
@@ -111,6 +115,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// SIGTERM, as the kubelet sends it to stop a container.
+fn terminate_signal() -> anyhow::Result<tokio::signal::unix::Signal> {
+    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("listening for SIGTERM")
 }
 
 async fn run_api(
@@ -143,10 +153,28 @@ async fn run_api(
         Duration::from_secs(15),
     )
     .with_health(health);
+    // SIGTERM (a rolling update, a drain) is heard from here on, so the Lease is
+    // released before the process goes, whatever the Controller is doing.
+    let mut terminate = terminate_signal()?;
     tracing::info!(%identity, lease = %args.lease_name, "waiting for leadership");
-    lock.acquire().await?;
+    tokio::select! {
+        r = lock.acquire() => r?,
+        _ = terminate.recv() => {
+            tracing::info!("stopped by SIGTERM before leading");
+            return Ok(());
+        }
+    }
     tracing::info!("leading");
     tokio::select! {
+        _ = terminate.recv() => {
+            // Hand the Lease over at once: the next replica need not wait for it
+            // to expire.
+            match lock.release().await {
+                Ok(()) => tracing::info!("stopped by SIGTERM; released the lease"),
+                Err(e) => tracing::warn!(error = %e, "stopped by SIGTERM; releasing the lease failed, it expires instead"),
+            }
+            Ok(())
+        }
         r = run => {
             // Stopped by a signal (or failed): hand the Lease over at once.
             if let Err(e) = lock.release().await {

@@ -83,3 +83,63 @@ async fn two_replicas_one_leader_a_paused_one_loses_and_a_release_hands_over() -
     );
     Ok(())
 }
+
+/// Issue 47: a leading `sliceway-controller` stopped by SIGTERM (a rolling update or
+/// a drain: the kubelet's stop signal) releases its Lease before it exits, so
+/// another replica takes it at once instead of after the 15 s lease duration.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_releases_the_lease_so_another_replica_takes_it_at_once() -> Result<()> {
+    let cp = cluster::shared_control_plane()?;
+    let client = cp.client().await?;
+    let api = Api::<Lease>::namespaced(client.clone(), "default");
+    let name = format!("leader-sigterm-{}", std::process::id());
+    let mut controller =
+        std::process::Command::new(sliceway_lab::workspace_binary("sliceway-controller")?)
+            .args(["run", "--metrics-addr", "127.0.0.1:0"])
+            .args(["--lease-namespace", "default", "--lease-name", &name])
+            .args(["--identity", "replica-term"])
+            .env("KUBECONFIG", &cp.state.kubeconfig)
+            .env("RUST_LOG", "info")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()?;
+    let holder = |lease: Option<Lease>| lease.and_then(|l| l.spec?.holder_identity);
+    let until = Instant::now() + Duration::from_secs(30);
+    while holder(api.get_opt(&name).await?).as_deref() != Some("replica-term") {
+        if Instant::now() > until || controller.try_wait()?.is_some() {
+            let _ = controller.kill();
+            anyhow::bail!("the controller never took the Lease");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let pid = controller.id().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()?;
+    assert!(killed.success());
+    let until = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = controller.try_wait()? {
+            break status;
+        }
+        if Instant::now() > until {
+            let _ = controller.kill();
+            anyhow::bail!("the controller did not exit on SIGTERM");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(status.success(), "{status}");
+    assert_eq!(
+        holder(api.get_opt(&name).await?),
+        None,
+        "the Lease is released"
+    );
+    let b = LeaseLock::new(api.clone(), &name, "replica-b", Duration::from_secs(15));
+    assert!(
+        b.try_acquire_or_renew(Timestamp::now()).await?,
+        "another replica takes the released Lease at once"
+    );
+    b.release().await?;
+    Ok(())
+}
