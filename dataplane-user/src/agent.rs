@@ -533,6 +533,8 @@ impl Syncer {
         m.sync_duration.observe(took.as_secs_f64());
         m.kubeproxy.synced(took.as_secs_f64(), written);
         m.kubeproxy.changes_synced();
+        m.kubeproxy
+            .no_local_endpoints(self.pipeline.compiler.no_local_endpoints());
         let mut counts: BTreeMap<(String, String), i64> = BTreeMap::new();
         for s in skipped {
             *counts

@@ -9,7 +9,8 @@ use super::claims::{conflict_messages, Claim, ClaimOrder};
 use super::service::{compile_service, GroupKey, ServiceOut};
 use super::slices::{classify_slice, merge_slice, EndpointsKey, PortEndpoints};
 use super::{
-    AnyFrontend, Compiled, Frontend, Frontend6, FrontendKey, HealthCheck, Ignored, Options, Skipped,
+    AnyFrontend, Compiled, Frontend, Frontend6, FrontendKey, HealthCheck, Ignored,
+    NoLocalEndpoints, Options, Skipped,
 };
 use crate::model::{Origin, ServiceCidrInfo, ServiceId, ServiceInfo, SliceId, SliceInfo};
 
@@ -36,6 +37,8 @@ pub struct Incremental {
     groups_skipping: BTreeSet<GroupKey>,
     conflicts: BTreeSet<FrontendKey>,
     ignored: Ignored,
+    /// Service ports whose `Local` policy finds no endpoint here, summed.
+    no_local: NoLocalEndpoints,
     /// Health checks by Service, the first of a group's.
     health_checks: BTreeMap<(String, String), HealthCheck>,
     dirty_endpoints: BTreeSet<EndpointsKey>,
@@ -416,6 +419,7 @@ impl Incremental {
         for group in std::mem::take(&mut self.dirty_groups) {
             if let Some(old) = self.groups.remove(&group) {
                 self.ignored.sub(&old.ignored);
+                self.no_local.sub(&old.no_local);
                 for (key, _) in &old.health_checks {
                     self.health_checks.remove(key);
                 }
@@ -453,6 +457,7 @@ impl Incremental {
             // held room for twice as many (about 8 MB at 10,000 Services).
             out.shrink_to_fit();
             self.ignored.add(&out.ignored);
+            self.no_local.add(&out.no_local);
             for (key, hc) in &out.health_checks {
                 self.health_checks.entry(key.clone()).or_insert(*hc);
             }
@@ -568,6 +573,12 @@ impl Incremental {
         &self.ignored
     }
 
+    /// Service ports with a `Local` traffic policy and no usable endpoint on this
+    /// node while others have some, as of the last [`compile`](Self::compile).
+    pub fn no_local_endpoints(&self) -> &NoLocalEndpoints {
+        &self.no_local
+    }
+
     /// Everything, in the form [`compile`](crate::compiler::compile) gives.
     pub fn compiled(&self) -> Compiled {
         Compiled {
@@ -651,5 +662,79 @@ endpoints: [{addresses: ["fd00::1"]}]
                 endpoints: 2
             }
         );
+    }
+
+    const LOCAL_ONLY: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: local, namespace: default}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.20
+  internalTrafficPolicy: Local
+  externalTrafficPolicy: Local
+  ports: [{name: http, port: 80, nodePort: 30080, protocol: TCP}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: cluster, namespace: default}
+spec:
+  clusterIP: 10.96.0.21
+  ports: [{name: http, port: 80, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: local-4
+  namespace: default
+  labels: {kubernetes.io/service-name: local}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints: [{addresses: ["10.1.0.1"], nodeName: other}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: cluster-4
+  namespace: default
+  labels: {kubernetes.io/service-name: cluster}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints: [{addresses: ["10.1.0.2"], nodeName: other}]
+"#;
+
+    /// A port whose `Local` policies find endpoints only on other nodes counts
+    /// once per policy (kube-proxy's `sync_proxy_rules_no_local_endpoints_total`),
+    /// a `Cluster` one never, and the count falls back when an endpoint comes here.
+    #[test]
+    fn local_policies_without_local_endpoints_are_counted() {
+        let (objects, problems) = parse_file_model(std::path::Path::new("a.yaml"), LOCAL_ONLY);
+        assert!(problems.is_empty(), "{problems:?}");
+        let objects = objects.unwrap();
+        let mut c = Incremental::new(Options {
+            node_name: Some("me".into()),
+            ..Options::default()
+        });
+        let origin = Origin::default();
+        for s in &objects.services {
+            c.put_service(origin.clone(), s.clone());
+        }
+        for s in &objects.slices {
+            c.put_slice(origin.clone(), s.clone());
+        }
+        c.compile();
+        assert_eq!(
+            *c.no_local_endpoints(),
+            NoLocalEndpoints {
+                internal: [1, 0],
+                external: [1, 0]
+            }
+        );
+        let mut here = objects.slices[0].clone();
+        assert_eq!(here.name.as_deref(), Some("local-4"));
+        here.endpoints[0].node_name = Some(std::sync::Arc::from("me"));
+        assert!(c.put_slice(origin.clone(), here));
+        c.compile();
+        assert_eq!(*c.no_local_endpoints(), NoLocalEndpoints::default());
     }
 }

@@ -53,8 +53,8 @@ pub use full::{compile, compile_model};
 pub use incremental::Incremental;
 pub use output::{
     AnyBackend, AnyFrontend, Compiled, Frontend, Frontend6, FrontendKey, FrontendPolicy,
-    HealthCheck, Ignored, ObjectRef, ServicePortName, Skipped, DEFAULT_AFFINITY_TIMEOUT,
-    MAX_AFFINITY_TIMEOUT,
+    HealthCheck, Ignored, NoLocalEndpoints, ObjectRef, ServicePortName, Skipped,
+    DEFAULT_AFFINITY_TIMEOUT, MAX_AFFINITY_TIMEOUT,
 };
 
 /// What the compiler needs to know besides the objects.

@@ -352,6 +352,35 @@ impl Ignored {
     }
 }
 
+/// Service ports with a `Local` traffic policy and no usable endpoint on this node
+/// while other nodes have some (their traffic of that policy is dropped), by
+/// family: kube-proxy's `sync_proxy_rules_no_local_endpoints_total`, counted as its
+/// proxiers count `serviceNoLocalEndpointsTotalInternal`/`External`
+/// (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/nftables/proxier.go>).
+/// Index 0 is IPv4, 1 IPv6.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NoLocalEndpoints {
+    /// `internalTrafficPolicy: Local`.
+    pub internal: [usize; 2],
+    /// `externalTrafficPolicy: Local` of an externally accessible Service.
+    pub external: [usize; 2],
+}
+
+impl NoLocalEndpoints {
+    pub(super) fn add(&mut self, o: &NoLocalEndpoints) {
+        for i in 0..2 {
+            self.internal[i] += o.internal[i];
+            self.external[i] += o.external[i];
+        }
+    }
+    pub(super) fn sub(&mut self, o: &NoLocalEndpoints) {
+        for i in 0..2 {
+            self.internal[i] -= o.internal[i];
+            self.external[i] -= o.external[i];
+        }
+    }
+}
+
 /// A backend of either family: the writer's mirror holds both (backend ids are one
 /// space; an id is in `BACKENDS` or in `BACKENDS6`, never both).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -15,8 +15,8 @@ use super::claims::Claim;
 use super::slices::{port_number, protocol, EndpointsKey, PortEndpoints};
 use super::{
     is_other_proxys, AnyFrontend, Frontend, Frontend6, FrontendKey, FrontendPolicy, HealthCheck,
-    Ignored, ObjectRef, Options, ServicePortName, Skipped, DEFAULT_AFFINITY_TIMEOUT,
-    MAX_AFFINITY_TIMEOUT,
+    Ignored, NoLocalEndpoints, ObjectRef, Options, ServicePortName, Skipped,
+    DEFAULT_AFFINITY_TIMEOUT, MAX_AFFINITY_TIMEOUT,
 };
 use crate::compiler::categorize::{self, EmptyVerdict, EndpointFacts, NodeFacts, PortPolicy};
 use crate::model::{ServiceInfo, ServiceSpecInfo};
@@ -31,6 +31,7 @@ pub(super) struct ServiceOut {
     pub(super) skipped: Vec<Skipped>,
     pub(super) ignored: Ignored,
     pub(super) health_checks: Vec<(GroupKey, HealthCheck)>,
+    pub(super) no_local: NoLocalEndpoints,
 }
 
 impl ServiceOut {
@@ -46,6 +47,7 @@ impl ServiceOut {
             && self.skipped.is_empty()
             && self.ignored == Ignored::default()
             && self.health_checks.is_empty()
+            && self.no_local == NoLocalEndpoints::default()
     }
 }
 
@@ -104,10 +106,10 @@ pub(super) fn compile_service(
             continue;
         };
         if let Some(f) = &families.0 {
-            f.claims(&ctx, &port, &mut out.claims);
+            f.claims(&ctx, &port, &mut out.claims, &mut out.no_local);
         }
         if let Some(f) = &families.1 {
-            f.claims(&ctx, &port, &mut out.claims);
+            f.claims(&ctx, &port, &mut out.claims, &mut out.no_local);
         }
     }
     // Each ClusterIP of a Service with a port is marked, so traffic to it on a port
@@ -529,7 +531,13 @@ impl<A: Ip> Family<A> {
     }
 
     /// The frontends of one port in this family.
-    fn claims(&self, ctx: &Ctx<'_>, port: &PortSpec, claims: &mut Vec<Claim>) {
+    fn claims(
+        &self,
+        ctx: &Ctx<'_>,
+        port: &PortSpec,
+        claims: &mut Vec<Claim>,
+        no_local: &mut NoLocalEndpoints,
+    ) {
         let PortSpec {
             name,
             proto,
@@ -556,6 +564,18 @@ impl<A: Ip> Family<A> {
         let facts: Vec<&EndpointFacts> = candidates.iter().map(|(_, _, e)| *e).collect();
         let policy = &self.policy;
         let sets = categorize::categorize(&facts, policy, &node);
+        // kube-proxy counts a port whose `Local` policy finds no endpoint here
+        // while it has endpoints (`ExternalPolicyLocal` holds only for an
+        // externally accessible Service).
+        if sets.has_any && sets.local.as_ref().is_some_and(|l| l.is_empty()) {
+            let fam = usize::from(A::BITS == 128);
+            if policy.internal_local {
+                no_local.internal[fam] += 1;
+            }
+            if policy.external_local && policy.externally_accessible {
+                no_local.external[fam] += 1;
+            }
+        }
         let to_backends = |idx: &[usize]| -> Vec<A::Backend> {
             idx.iter()
                 .map(|&i| {

@@ -511,6 +511,8 @@ impl Metrics {
         m.kubeproxy.programmed("IPv4", 0.5);
         m.kubeproxy.changes_seen(1, 1);
         m.kubeproxy.changes_synced();
+        m.kubeproxy
+            .no_local_endpoints(&crate::compiler::NoLocalEndpoints::default());
         m.kubeproxy.healthz(200);
         m.kubeproxy.livez(200);
         m.set_kube_proxy(&[]);
@@ -556,6 +558,7 @@ pub struct KubeProxyMetrics {
     endpoint_changes: Counter,
     service_changes_pending: Gauge,
     service_changes: Counter,
+    no_local_endpoints: Family<Labels, Gauge>,
     healthz: Family<Labels, Counter>,
     livez: Family<Labels, Counter>,
 }
@@ -624,6 +627,13 @@ impl KubeProxyMetrics {
             "Cumulative proxy rules Service changes",
             service_changes.clone(),
         );
+        // A gauge despite its `_total`, as upstream.
+        let no_local_endpoints = Family::<Labels, Gauge>::default();
+        registry.register(
+            "sync_proxy_rules_no_local_endpoints_total",
+            "Number of services with a Local traffic policy and no endpoints",
+            no_local_endpoints.clone(),
+        );
         let healthz = Family::<Labels, Counter>::default();
         registry.register(
             "proxy_healthz",
@@ -645,6 +655,7 @@ impl KubeProxyMetrics {
             endpoint_changes,
             service_changes_pending,
             service_changes,
+            no_local_endpoints,
             healthz,
             livez,
         }
@@ -682,6 +693,22 @@ impl KubeProxyMetrics {
     pub fn changes_synced(&self) {
         self.service_changes_pending.set(0);
         self.endpoint_changes_pending.set(0);
+    }
+
+    /// Service ports with a `Local` traffic policy and no endpoint on this node
+    /// while others have some, per family, after a sync: `traffic_policy` is
+    /// `internal` or `external`, as upstream's proxiers set it.
+    pub fn no_local_endpoints(&self, counts: &crate::compiler::NoLocalEndpoints) {
+        for (i, f) in IP_FAMILIES.iter().enumerate() {
+            for (policy, n) in [
+                ("internal", counts.internal[i]),
+                ("external", counts.external[i]),
+            ] {
+                self.no_local_endpoints
+                    .get_or_create(&labels(&[("ip_family", f), ("traffic_policy", policy)]))
+                    .set(n as i64);
+            }
+        }
     }
 
     /// `/healthz` answered with `code`.
@@ -1218,6 +1245,39 @@ mod tests {
 
     /// `/healthz` and `/livez` count their answers by code, as kube-proxy's
     /// `proxy_healthz_total` and `proxy_livez_total`.
+    /// kube-proxy's `sync_proxy_rules_no_local_endpoints_total`: a gauge (despite
+    /// its name) by `ip_family` and `traffic_policy`, set anew at every sync.
+    #[test]
+    fn no_local_endpoints_are_a_gauge_by_family_and_policy() {
+        let m = Metrics::default();
+        m.kubeproxy
+            .no_local_endpoints(&crate::compiler::NoLocalEndpoints {
+                internal: [2, 0],
+                external: [1, 3],
+            });
+        let name = "kubeproxy_sync_proxy_rules_no_local_endpoints_total";
+        let text = m.render();
+        assert!(text.contains(&format!(
+            "# HELP {name} Number of services with a Local traffic policy and no endpoints.\n# TYPE {name} gauge\n"
+        )));
+        let mut got = lines_of(&text, name);
+        got.sort();
+        let want = [
+            ("IPv4", "external", 1),
+            ("IPv4", "internal", 2),
+            ("IPv6", "external", 3),
+            ("IPv6", "internal", 0),
+        ]
+        .map(|(f, p, n)| format!("{name}{{ip_family=\"{f}\",traffic_policy=\"{p}\"}} {n}"));
+        assert_eq!(got, want);
+        m.kubeproxy
+            .no_local_endpoints(&crate::compiler::NoLocalEndpoints::default());
+        let text = m.render();
+        let values = lines_of(&text, name);
+        assert_eq!(values.len(), 4);
+        assert!(values.iter().all(|l| l.ends_with(" 0")), "{values:?}");
+    }
+
     #[test]
     fn health_answers_are_counted_by_code() {
         use conventions::http::Status;
