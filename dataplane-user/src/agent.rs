@@ -569,27 +569,9 @@ impl Syncer {
         );
         m.set_map(map_name::SLOTS, writer.slot_count(), limits.slots);
         publish_counters(dp, m, writer, self.per_backend);
-        // Network programming latency, as kube-proxy reports it: for each slice whose
-        // trigger time changed, from that time to this write. The first sync only
-        // records what it saw (those changes happened before the agent started).
         let first = self.syncs == 1;
-        for (key, t, family) in self.pipeline.compiler.take_trigger_times() {
-            if self.triggers.get(&key) == Some(&t) {
-                continue;
-            }
-            if !first {
-                if let Ok(ts) = t.parse::<k8s_openapi::jiff::Timestamp>() {
-                    let at = SystemTime::from(ts);
-                    if let Ok(latency) = written.duration_since(at) {
-                        debug!(slice = ?key, trigger = %t, millis = latency.as_millis() as u64, "programmed");
-                        m.programming_latency.observe(latency.as_secs_f64());
-                        m.kubeproxy.programmed(family, latency.as_secs_f64());
-                    }
-                }
-            }
-            // Recorded last, so the key and time move in rather than being copied.
-            self.triggers.insert(key, t);
-        }
+        let taken = self.pipeline.compiler.take_trigger_times();
+        observe_programming(m, &mut self.triggers, taken, first, written);
         // Last: a reader that sees the sync counted sees everything above.
         m.syncs.inc();
     }
@@ -629,6 +611,37 @@ impl Syncer {
             m.health.updated();
         }
         Ok(report)
+    }
+}
+
+/// Network programming latency, as kube-proxy reports it: for each slice whose
+/// `endpoints.kubernetes.io/last-change-trigger-time` changed (`taken`, with the
+/// slice's family), from that time to `written`, the map write. The first sync
+/// only records what it saw (those changes happened before the agent started).
+/// `triggers` holds the last time seen per slice.
+fn observe_programming(
+    m: &Metrics,
+    triggers: &mut HashMap<(String, String), String>,
+    taken: Vec<((String, String), String, &'static str)>,
+    first: bool,
+    written: SystemTime,
+) {
+    for (key, t, family) in taken {
+        if triggers.get(&key) == Some(&t) {
+            continue;
+        }
+        if !first {
+            if let Ok(ts) = t.parse::<k8s_openapi::jiff::Timestamp>() {
+                let at = SystemTime::from(ts);
+                if let Ok(latency) = written.duration_since(at) {
+                    debug!(slice = ?key, trigger = %t, millis = latency.as_millis() as u64, "programmed");
+                    m.programming_latency.observe(latency.as_secs_f64());
+                    m.kubeproxy.programmed(family, latency.as_secs_f64());
+                }
+            }
+        }
+        // Recorded last, so the key and time move in rather than being copied.
+        triggers.insert(key, t);
     }
 }
 
@@ -1446,5 +1459,70 @@ mod tests {
             nat_writes::<_, NatConfig6>((Some(a), None), (Some(b), None)),
             (Some(b), None)
         );
+    }
+
+    /// kube-proxy's network programming duration comes from an EndpointSlice's
+    /// `endpoints.kubernetes.io/last-change-trigger-time`: nothing at the first
+    /// sync (the change is older than the agent), nothing for a slice changed again
+    /// under a time seen before, and from a new time to the write, under the
+    /// slice's family.
+    #[test]
+    fn programming_duration_is_observed_from_the_trigger_annotation() {
+        use crate::compiler::Incremental;
+        use crate::source::local::parse_file_model;
+        let slice = |at: &str, addr: &str| {
+            format!(
+                r#"
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-6
+  namespace: default
+  labels: {{kubernetes.io/service-name: web}}
+  annotations: {{endpoints.kubernetes.io/last-change-trigger-time: "{at}"}}
+addressType: IPv6
+ports: [{{name: http, port: 8080, protocol: TCP}}]
+endpoints: [{{addresses: ["{addr}"]}}]
+"#
+            )
+        };
+        let put = |c: &mut Incremental, at: &str, addr: &str| {
+            let (objects, problems) =
+                parse_file_model(std::path::Path::new("a.yaml"), &slice(at, addr));
+            assert!(problems.is_empty(), "{problems:?}");
+            let s = objects.unwrap().slices.remove(0);
+            assert!(c.put_slice(crate::model::Origin::default(), s));
+            c.take_trigger_times()
+        };
+        let name = "kubeproxy_network_programming_duration_seconds";
+        let count = |m: &Metrics| {
+            let text = m.render();
+            let line = format!("{name}_count{{ip_family=\"IPv6\"}} ");
+            text.lines()
+                .find_map(|l| l.strip_prefix(line.as_str()).map(str::to_owned))
+        };
+        let m = Metrics::default();
+        let mut triggers = HashMap::new();
+        let mut c = Incremental::new(crate::compiler::Options::default());
+        let t0 = "2026-01-01T00:00:00Z";
+        let at = |secs: u64| {
+            SystemTime::from(t0.parse::<k8s_openapi::jiff::Timestamp>().unwrap())
+                + Duration::from_secs(secs)
+        };
+        observe_programming(&m, &mut triggers, put(&mut c, t0, "fd00::1"), true, at(1));
+        assert_eq!(count(&m), None);
+        observe_programming(&m, &mut triggers, put(&mut c, t0, "fd00::2"), false, at(2));
+        assert_eq!(count(&m), None);
+        let t1 = "2026-01-01T00:00:10Z";
+        observe_programming(&m, &mut triggers, put(&mut c, t1, "fd00::3"), false, at(13));
+        assert_eq!(count(&m).as_deref(), Some("1"));
+        let text = m.render();
+        assert!(
+            text.contains(&format!("{name}_sum{{ip_family=\"IPv6\"}} 3.0\n")),
+            "{text}"
+        );
+        assert!(text.contains(&format!(
+            "{name}_bucket{{le=\"2.0\",ip_family=\"IPv6\"}} 0\n{name}_bucket{{le=\"3.0\",ip_family=\"IPv6\"}} 1\n"
+        )));
     }
 }
