@@ -25,7 +25,7 @@ pub mod capacity {
     /// Conntrack entries, two per connection; LRU, so when full the least recently
     /// used go first (both entries of a connection are touched by every packet).
     pub const CONNTRACK: u32 = 262_144;
-    /// Clients remembered by session affinity (per client and Service port); LRU.
+    /// Clients remembered by session affinity (per client and frontend); LRU.
     pub const AFFINITY: u32 = 65_536;
     /// Datagrams being fragmented at once; LRU, an entry is only needed until the
     /// last fragment went by.

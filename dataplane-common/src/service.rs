@@ -36,8 +36,7 @@ pub struct ServiceValue {
     pub id: u32,
     /// Number of valid slots, `0..count`. Zero means no backend.
     pub count: u32,
-    /// `SVC_F_*` bits in the low [`SVC_GROUP_SHIFT`] bits; with `SVC_F_AFFINITY`,
-    /// the frontend's affinity group above them ([`ServiceValue::affinity_group`]).
+    /// `SVC_F_*` bits.
     pub flags: u32,
     /// With `SVC_F_AFFINITY`: how long a client keeps its backend, in seconds.
     pub affinity_timeout_s: u32,
@@ -45,22 +44,6 @@ pub struct ServiceValue {
 const _: () = assert!(size_of::<ServiceValue>() == 16);
 
 impl ServiceValue {
-    /// The session-affinity group (`AFFINITY` keys by it): one per Service port and
-    /// family, shared by the port's ClusterIP, NodePorts, external and load-balancer
-    /// IPs, so a client keeps its backend whichever of them it connects to, as
-    /// kube-proxy keeps one affinity set per endpoint of a Service port
-    /// (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/nftables/proxier.go>).
-    #[inline(always)]
-    pub fn affinity_group(&self) -> u32 {
-        self.flags >> SVC_GROUP_SHIFT
-    }
-
-    /// `flags` with affinity group `group` (below `1 << (32 - SVC_GROUP_SHIFT)`).
-    #[inline(always)]
-    pub fn flags_with_group(flags: u32, group: u32) -> u32 {
-        (flags & SVC_F_MASK) | (group << SVC_GROUP_SHIFT)
-    }
-
     /// Whether a pod's connect (`proto`) to this frontend is translated at the socket
     /// with `--socket-lb-pods`: TCP, with backends, and neither session affinity nor
     /// source ranges (both keyed by the pod's address, which TC sees); the rest is
@@ -72,14 +55,6 @@ impl ServiceValue {
             && self.flags & (SVC_F_AFFINITY | SVC_F_SOURCE_RANGES) == 0
     }
 }
-
-/// Bits of `ServiceValue::flags` below the affinity group: the `SVC_F_*` bits.
-pub const SVC_GROUP_SHIFT: u32 = 8;
-/// The `SVC_F_*` bits of `ServiceValue::flags`.
-pub const SVC_F_MASK: u32 = (1 << SVC_GROUP_SHIFT) - 1;
-/// Affinity groups the flags word holds (more than `SERVICES` and `SERVICES6` can
-/// hold frontends, and each group has one at least).
-pub const AFFINITY_GROUPS: u32 = 1 << (32 - SVC_GROUP_SHIFT);
 
 /// A frontend without backends drops new flows silently (the Service has endpoints
 /// on other nodes only and its policy is `Local`); without the bit it rejects them.

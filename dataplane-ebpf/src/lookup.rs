@@ -154,7 +154,7 @@ pub struct Picked<B = Backend> {
 
 /// Picks a backend for a new connection from `client_be` to `service` (which has at
 /// least one slot): the client's backend if session affinity remembers one seen
-/// within the timeout (through any frontend of the Service port) and in its slot here, else slot `hash % count` (the flow's
+/// within the timeout and still in its slot, else slot `hash % count` (the flow's
 /// hash for packets); with affinity, the choice is remembered. A slot or backend the
 /// frontend published but the maps do not hold drops (a packet never reaches a VIP
 /// untranslated).
@@ -208,7 +208,7 @@ fn pick_in<B>(
         // an entry the client's next connection refreshes.
         let key = AffinityKey {
             client,
-            group: service.affinity_group(),
+            service_id: service.id,
         };
         let seen = AffinityValue {
             backend_id,
@@ -224,14 +224,13 @@ fn pick_in<B>(
     })
 }
 
-/// The slot and backend session affinity gave this client through any frontend of
-/// this one's group (the Service port's), if it connected within the timeout and
-/// this frontend holds that backend in that slot.
+/// The slot and backend session affinity gave this client, if it connected within
+/// the timeout and that backend is still in that slot.
 #[inline(always)]
 fn remembered(client: [u32; 4], service: &ServiceValue, now: u64) -> Option<(u32, u32)> {
     let seen = maps::affinity(&AffinityKey {
         client,
-        group: service.affinity_group(),
+        service_id: service.id,
     })?;
     let timeout_ns = service.affinity_timeout_s as u64 * 1_000_000_000;
     if now.saturating_sub(seen.last_ns) >= timeout_ns || seen.slot >= service.count {

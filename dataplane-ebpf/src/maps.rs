@@ -63,8 +63,8 @@ pub static CT_TIMEOUTS: Array<u64> = Array::with_max_entries(ct::state::COUNT, 0
 pub static SERVICE_NAMES: HashMap<u32, ServiceName> =
     HashMap::with_max_entries(capacity::SERVICES, 0);
 
-/// Session affinity: (client, affinity group: the Service port) → the backend it was
-/// given and when it last connected. Written by the program for frontends with `SVC_F_AFFINITY`; LRU, so
+/// Session affinity: (client, frontend) → the backend it was given and when it last
+/// connected. Written by the program for frontends with `SVC_F_AFFINITY`; LRU, so
 /// the longest-idle clients go first when full.
 #[map]
 pub static AFFINITY: LruHashMap<AffinityKey, AffinityValue> =

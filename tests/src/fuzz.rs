@@ -432,7 +432,7 @@ impl Harness {
             let _ = self.dp.conntrack_map().insert(k, e, 0);
         }
         let mut keys: Vec<AffinityKey> = self.tables.affinity.keys().copied().collect();
-        keys.sort_by_key(|k| (k.client, k.group));
+        keys.sort_by_key(|k| (k.client, k.service_id));
         for k in keys {
             if !rng.chance(60) {
                 continue;

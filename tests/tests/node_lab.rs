@@ -192,50 +192,6 @@ fn session_affinity_keeps_a_client_on_one_backend() {
     assert_eq!(backends(SocketAddrV4::new(sticky, PORT)).len(), 1);
 }
 
-/// Issue 46: a client's backend is kept per Service port, across its ClusterIP and
-/// NodePort (kube-proxy's frontends of a port share one chain and its affinity sets,
-/// <https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/nftables/proxier.go>):
-/// connections to either, in turn, all reach one backend. Two such Services, so that
-/// affinity kept per frontend passes by chance in one run of nine at most.
-#[test]
-fn session_affinity_is_kept_across_a_service_ports_cluster_ip_and_node_port() {
-    let lab = Lab::new(3).unwrap();
-    let node_ip = Ipv4Addr::new(10, 244, 1, 1);
-    lab.write_manifest(
-        "node.yaml",
-        &format!("apiVersion: v1\nkind: Node\nmetadata: {{name: node-1}}\nstatus:\n  addresses: [{{type: InternalIP, address: {node_ip}}}]\n"),
-    )
-    .unwrap();
-    let services = [
-        ("sticky-a", Ipv4Addr::new(10, 96, 0, 31), 30081),
-        ("sticky-b", Ipv4Addr::new(10, 96, 0, 32), 30082),
-    ];
-    for (name, vip, node_port) in services {
-        let yaml = lab
-            .service_yaml(name, vip, PORT, &[0, 1, 2])
-            .replace(
-                "  type: ClusterIP\n",
-                "  type: NodePort\n  sessionAffinity: ClientIP\n",
-            )
-            .replace(
-                "protocol: TCP, targetPort: 8080}",
-                &format!("protocol: TCP, targetPort: 8080, nodePort: {node_port}}}"),
-            );
-        assert!(yaml.contains("nodePort:"), "{yaml}");
-        lab.write_manifest(&format!("{name}.yaml"), &yaml).unwrap();
-    }
-    let _agent = lab.start_agent().unwrap();
-    for (name, vip, node_port) in services {
-        let cluster_ip = SocketAddrV4::new(vip, PORT);
-        let node = SocketAddrV4::new(node_ip, node_port);
-        let seen: BTreeSet<String> = (0..20)
-            .flat_map(|_| [cluster_ip, node])
-            .map(|to| lab.tcp_request(to).unwrap().backend)
-            .collect();
-        assert_eq!(seen.len(), 1, "{name}: {seen:?}");
-    }
-}
-
 #[test]
 fn a_broken_manifest_is_reported_and_the_rest_still_works() {
     let lab = Lab::new(3).unwrap();

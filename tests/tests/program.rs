@@ -2229,108 +2229,6 @@ fn session_affinity_keeps_a_client_on_its_backend_until_the_timeout() {
     assert_ne!(syn(fresh), want, "affinity expired");
 }
 
-/// A NodePort Service with ClientIP session affinity and two ports over three
-/// backends, each backend serving both.
-const STICKY_NODE_PORT: &str = r#"
-apiVersion: v1
-kind: Service
-metadata: {name: sticky-np, namespace: default}
-spec:
-  type: NodePort
-  clusterIP: 10.96.0.41
-  sessionAffinity: ClientIP
-  ports:
-  - {name: http, port: 80, targetPort: 8080, nodePort: 30080}
-  - {name: admin, port: 81, targetPort: 8081, nodePort: 30081}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: sticky-np-1, namespace: default, labels: {kubernetes.io/service-name: sticky-np}}
-addressType: IPv4
-ports: [{name: http, port: 8080}, {name: admin, port: 8081}]
-endpoints:
-- {addresses: [10.244.31.2]}
-- {addresses: [10.244.32.2]}
-- {addresses: [10.244.33.2]}
-"#;
-
-/// The node address [`STICKY_NODE_PORT`]'s NodePorts are served on.
-const STICKY_NODE: &str = "192.0.2.1";
-
-/// Issue 46: session affinity is kept per Service port across its frontends, as
-/// kube-proxy keeps one affinity set per endpoint of the port's service chain, which
-/// the ClusterIP and the NodePort both jump to
-/// (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/nftables/proxier.go>):
-/// a client that got a backend through the ClusterIP gets it through the NodePort,
-/// from a client port that hashes elsewhere there; the Service's other port keeps
-/// affinity of its own. Not a fixture: the client ports are searched for in the maps.
-#[test]
-fn session_affinity_is_shared_by_the_frontends_of_a_service_port() {
-    let caps = fixture_capacities();
-    let mut dp = Datapath::load(&caps, None).expect("loading the datapath (needs root)");
-    let mut writer = MapWriter::new(caps.limits).with_limits6(caps.limits6);
-    let opts = Options {
-        node_port_ips: vec![STICKY_NODE.parse().unwrap()],
-        ..Options::default()
-    };
-    apply_with(&mut writer, &mut dp, STICKY_NODE_PORT, &opts);
-    let syn = |src: SocketAddrV4, dst: &str| {
-        let out = dp.test_run(&tcp(src, dst, TCP_SYN)).unwrap();
-        assert_eq!(out.verdict, TC_ACT_OK, "{src} to {dst}");
-        parse(&out.packet).unwrap().dst
-    };
-    // The backend a new flow from `src` to `vip:port` hashes to.
-    let hashed = |src: SocketAddrV4, vip: &str, port: u16| {
-        let slot = dataplane_common::flow_hash(
-            u32::from(*src.ip()).to_be(),
-            u32::from(vip.parse::<std::net::Ipv4Addr>().unwrap()).to_be(),
-            src.port().to_be(),
-            port.to_be(),
-            dataplane_common::PROTO_TCP,
-        ) % 3;
-        backend_of_slot(&dp, vip, port, slot)
-    };
-    let client = std::net::Ipv4Addr::new(10, 244, 1, 7);
-    let first = SocketAddrV4::new(client, 41000);
-    let want = hashed(first, "10.96.0.41", 80);
-    assert_eq!(syn(first, "10.96.0.41:80"), SocketAddrV4::new(want, 8080));
-
-    // Through the NodePort, from a port that hashes to another backend there.
-    let elsewhere = |vip: &str, port: u16, from: u16| {
-        (from..from + 1000)
-            .map(|p| SocketAddrV4::new(client, p))
-            .find(|s| hashed(*s, vip, port) != want)
-            .unwrap()
-    };
-    let via_node_port = elsewhere(STICKY_NODE, 30080, 42000);
-    assert_eq!(
-        syn(via_node_port, "192.0.2.1:30080"),
-        SocketAddrV4::new(want, 8080),
-        "the ClusterIP's backend, not the NodePort's hash"
-    );
-
-    // The other port of the Service: its own affinity, so the hash decides its
-    // first connection, and that backend is kept through its NodePort.
-    let admin = elsewhere("10.96.0.41", 81, 43000);
-    let admin_backend = hashed(admin, "10.96.0.41", 81);
-    assert_eq!(
-        syn(admin, "10.96.0.41:81"),
-        SocketAddrV4::new(admin_backend, 8081),
-        "another port of the Service is not bound by the first's affinity"
-    );
-    let admin_node_port = (44000..45000)
-        .map(|p| SocketAddrV4::new(client, p))
-        .find(|s| hashed(*s, STICKY_NODE, 30081) != admin_backend)
-        .unwrap();
-    assert_eq!(
-        syn(admin_node_port, "192.0.2.1:30081"),
-        SocketAddrV4::new(admin_backend, 8081)
-    );
-    // And the first port still keeps its own, through the ClusterIP again.
-    let again = elsewhere("10.96.0.41", 80, 45000);
-    assert_eq!(syn(again, "10.96.0.41:80"), SocketAddrV4::new(want, 8080));
-}
-
 /// Only ready (or unset) endpoints are candidates.
 const READY: [&str; 2] = ["10.244.11.2", "10.244.12.2"];
 
@@ -3159,7 +3057,7 @@ mod v6 {
             &dp,
             STICKY,
             907,
-            ServiceValue::flags_with_group(dataplane_common::SVC_F_AFFINITY, 77),
+            dataplane_common::SVC_F_AFFINITY,
             &[4010, 4011, 4012],
         );
         let backend_of = |src: SocketAddrV6| {
@@ -3180,7 +3078,7 @@ mod v6 {
         let mut clients: Vec<[u32; 4]> = affinity
             .keys()
             .map(|k| k.unwrap())
-            .filter(|k| k.group == 77)
+            .filter(|k| k.service_id == 907)
             .map(|k| k.client)
             .collect();
         clients.sort();

@@ -144,9 +144,6 @@ pub struct FrontendPolicy {
     pub on_empty: EmptyVerdict,
     /// `sessionAffinity: ClientIP`: the timeout in seconds.
     pub affinity_timeout: Option<u32>,
-    /// With affinity: the Service port's group ([`affinity_group`]), shared by all
-    /// its frontends of one family; zero without.
-    pub affinity_group: u32,
     /// New connections only from `Frontend::source_ranges`.
     pub source_ranges: bool,
     /// The slots are a Maglev table of this size ([`crate::writer::maglev`]): set for the
@@ -162,23 +159,6 @@ pub struct FrontendPolicy {
 pub const DEFAULT_AFFINITY_TIMEOUT: u32 = 10_800;
 /// The API's largest timeout (`v1.MaxClientIPServiceAffinitySeconds`, one day).
 pub const MAX_AFFINITY_TIMEOUT: i32 = 86_400;
-
-/// The session-affinity group of `service`'s frontends of one family: the same for
-/// its ClusterIP, NodePorts, external and load-balancer IPs, so a client keeps its
-/// backend whichever it connects to, as kube-proxy's nftables proxier keeps one
-/// affinity set per endpoint of the Service port's chain, which all of them jump to
-/// (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/nftables/proxier.go>).
-/// A hash of the name and family, so the group survives restarts and upgrades
-/// without an allocator; two Service ports of one hash share entries, which the
-/// program checks against the frontend's own slot before using one.
-pub fn affinity_group(service: &ServicePortName, v6: bool) -> u32 {
-    // FNV-1a, folded to the bits `ServiceValue::flags` holds.
-    let mut h: u32 = 0x811c_9dc5;
-    for b in service.to_string().bytes().chain([u8::from(v6)]) {
-        h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
-    }
-    (h ^ (h >> 24)) % dataplane_common::AFFINITY_GROUPS
-}
 
 impl FrontendPolicy {
     /// The `SERVICES` value of a frontend with this policy.
@@ -199,9 +179,6 @@ impl FrontendPolicy {
         if self.dsr {
             flags |= dataplane_common::SVC_F_DSR;
         }
-        if self.affinity_timeout.is_some() {
-            flags = dataplane_common::ServiceValue::flags_with_group(flags, self.affinity_group);
-        }
         dataplane_common::ServiceValue {
             id,
             count,
@@ -220,11 +197,6 @@ impl FrontendPolicy {
             },
             affinity_timeout: (v.flags & dataplane_common::SVC_F_AFFINITY != 0)
                 .then_some(v.affinity_timeout_s),
-            affinity_group: if v.flags & dataplane_common::SVC_F_AFFINITY != 0 {
-                v.affinity_group()
-            } else {
-                0
-            },
             source_ranges: v.flags & dataplane_common::SVC_F_SOURCE_RANGES != 0,
             maglev: (v.flags & dataplane_common::SVC_F_MAGLEV != 0 && v.count > 0)
                 .then(|| crate::writer::maglev::TableSize::restored(v.count)),

@@ -461,15 +461,6 @@ struct Ctx<'a> {
     affinity_timeout: Option<u32>,
 }
 
-impl Ctx<'_> {
-    /// The affinity group of Service port `name`'s frontends of the family of
-    /// `bits`-bit addresses; zero without affinity.
-    fn affinity_group(&self, name: &ServicePortName, bits: u8) -> u32 {
-        self.affinity_timeout
-            .map_or(0, |_| super::output::affinity_group(name, bits == 128))
-    }
-}
-
 /// A Service as one family's proxier sees it: its ClusterIP of the family, then
 /// its external and load-balancer IPs of the family, in order.
 struct Family<A: Ip> {
@@ -635,7 +626,6 @@ impl<A: Ip> Family<A> {
                     policy: FrontendPolicy {
                         on_empty,
                         affinity_timeout: ctx.affinity_timeout,
-                        affinity_group: ctx.affinity_group(name, A::BITS),
                         source_ranges: !ranges.is_empty(),
                         maglev,
                         // Reached from outside and masqueraded there: direct
@@ -668,7 +658,6 @@ impl<A: Ip> Family<A> {
                         policy: FrontendPolicy {
                             on_empty,
                             affinity_timeout: ctx.affinity_timeout,
-                            affinity_group: ctx.affinity_group(name, A::BITS),
                             source_ranges: !ranges.is_empty(),
                             maglev: opts.maglev.filter(|_| !local.is_empty()),
                             // The client's address is kept anyway.

@@ -501,7 +501,7 @@ impl Machine<'_> {
         let sticky = svc.flags & SVC_F_AFFINITY != 0;
         let akey = AffinityKey {
             client: [flow.src, 0, 0, 0],
-            group: svc.affinity_group(),
+            service_id: svc.id,
         };
         let remembered = if sticky {
             self.view.affinity(&akey).and_then(|a| {
