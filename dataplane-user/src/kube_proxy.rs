@@ -319,7 +319,13 @@ pub async fn look() -> Vec<Sign> {
             }
         }
     }
-    signs.extend(port_signs());
+    // /proc is read with blocking calls, every process's fd table among them: off
+    // the runtime's threads.
+    signs.extend(
+        tokio::task::spawn_blocking(port_signs)
+            .await
+            .unwrap_or_default(),
+    );
     signs.into_iter().collect()
 }
 
