@@ -69,24 +69,7 @@ fn a_real_node_serves_a_cluster_ip_to_its_pods() -> Result<()> {
         ])
         .with_context(|| format!("curl {url} in the client pod"))
     };
-    k(&[
-        "create",
-        "deployment",
-        "web",
-        &format!("--image={agnhost}"),
-        "--replicas=2",
-        "--",
-        "/agnhost",
-        "netexec",
-        "--http-port=8080",
-    ])?;
-    k(&[
-        "expose",
-        "deployment",
-        "web",
-        "--port=80",
-        "--target-port=8080",
-    ])?;
+    create_web(&lab, agnhost)?;
     k(&[
         "run",
         "client",
@@ -115,33 +98,12 @@ fn a_real_node_serves_a_cluster_ip_to_its_pods() -> Result<()> {
         "--timeout=120s",
     ])?;
     // Real containers: the web pods' names, as each container's hostname.
-    let pods: BTreeSet<String> = k(&[
-        "get",
-        "pods",
-        "-l",
-        "app=web",
-        "-o",
-        "jsonpath={.items[*].metadata.name}",
-    ])?
-    .split_whitespace()
-    .map(str::to_string)
-    .collect();
-    assert_eq!(pods.len(), 2, "web pods: {pods:?}");
+    let pods = web_pods(&lab)?;
     let ip = lab.cluster_ip("default", "web")?;
 
     // The ClusterIP and the Service's name, from a pod, through `kubectl exec`: every
     // answer is one of the web pods, and both answer.
-    let mut seen = BTreeSet::new();
-    for target in [ip.to_string(), "web.default.svc.cluster.local".to_string()] {
-        for _ in 0..10 {
-            let answer = curl("-s", &format!("http://{target}/hostname"))?;
-            assert!(
-                pods.contains(answer.trim()),
-                "{target} answered {answer:?}, not a web pod ({pods:?})"
-            );
-            seen.insert(answer.trim().to_string());
-        }
-    }
+    let seen = web_answers(ip, &pods, "the client pod", |url| curl("-s", url))?;
     assert_eq!(seen, pods, "both backends answer through the ClusterIP");
     // The hostNetwork pod answers with its node's hostname: the node's name.
     let answer = curl("-s", "http://hostnet/hostname")?;
@@ -310,24 +272,7 @@ fn deploy_installs_sliceway_on_a_cluster_without_a_proxy() -> Result<()> {
     .with_context(|| format!("holder {holder:?}, controller pods {controllers:?}"))?;
     lab.wait_cluster_dns()?;
 
-    k(&[
-        "create",
-        "deployment",
-        "web",
-        &format!("--image={agnhost}"),
-        "--replicas=2",
-        "--",
-        "/agnhost",
-        "netexec",
-        "--http-port=8080",
-    ])?;
-    k(&[
-        "expose",
-        "deployment",
-        "web",
-        "--port=80",
-        "--target-port=8080",
-    ])?;
+    create_web(&lab, agnhost)?;
     for node in &nodes {
         lab.kubectl_stdin(
             &["apply", "-f", "-"],
@@ -345,34 +290,14 @@ fn deploy_installs_sliceway_on_a_cluster_without_a_proxy() -> Result<()> {
         "--all",
         "--timeout=180s",
     ])?;
-    let pods: BTreeSet<String> = k(&[
-        "get",
-        "pods",
-        "-l",
-        "app=web",
-        "-o",
-        "jsonpath={.items[*].metadata.name}",
-    ])?
-    .split_whitespace()
-    .map(str::to_string)
-    .collect();
-    assert_eq!(pods.len(), 2, "web pods: {pods:?}");
+    let pods = web_pods(&lab)?;
     let ip = lab.cluster_ip("default", "web")?;
     for node in &nodes {
         let client = format!("client-{node}");
-        let mut seen = BTreeSet::new();
-        for target in [ip.to_string(), "web.default.svc.cluster.local".to_string()] {
-            for _ in 0..10 {
-                let url = format!("http://{target}/hostname");
-                let answer = k(&["exec", &client, "--", "curl", "-s", "--max-time", "5", &url])
-                    .with_context(|| format!("curl {url} in {client}"))?;
-                assert!(
-                    pods.contains(answer.trim()),
-                    "{target} answered {answer:?} on {node}, not a web pod ({pods:?})"
-                );
-                seen.insert(answer.trim().to_string());
-            }
-        }
+        let seen = web_answers(ip, &pods, &client, |url| {
+            k(&["exec", &client, "--", "curl", "-s", "--max-time", "5", url])
+                .with_context(|| format!("curl {url} in {client}"))
+        })?;
         assert_eq!(seen, pods, "both backends answer on {node}");
     }
     assert_eq!(
@@ -381,4 +306,68 @@ fn deploy_installs_sliceway_on_a_cluster_without_a_proxy() -> Result<()> {
         "the root namespace sent packets to the lab's networks"
     );
     Ok(())
+}
+
+/// The Service `web` (port 80) over a Deployment of two agnhost `netexec` pods.
+fn create_web(lab: &cluster::Cluster, agnhost: &str) -> Result<()> {
+    lab.kubectl(&[
+        "create",
+        "deployment",
+        "web",
+        &format!("--image={agnhost}"),
+        "--replicas=2",
+        "--",
+        "/agnhost",
+        "netexec",
+        "--http-port=8080",
+    ])?;
+    lab.kubectl(&[
+        "expose",
+        "deployment",
+        "web",
+        "--port=80",
+        "--target-port=8080",
+    ])?;
+    Ok(())
+}
+
+/// The names of `web`'s two pods: real containers answer `/hostname` with them.
+fn web_pods(lab: &cluster::Cluster) -> Result<BTreeSet<String>> {
+    let pods: BTreeSet<String> = lab
+        .kubectl(&[
+            "get",
+            "pods",
+            "-l",
+            "app=web",
+            "-o",
+            "jsonpath={.items[*].metadata.name}",
+        ])?
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(pods.len(), 2, "web pods: {pods:?}");
+    Ok(pods)
+}
+
+/// Ten requests for `/hostname` to `web`'s ClusterIP `ip` and ten to its DNS name,
+/// through `get` (a curl from `client`): every answer one of `pods`; the answers
+/// seen.
+fn web_answers(
+    ip: std::net::Ipv4Addr,
+    pods: &BTreeSet<String>,
+    client: &str,
+    get: impl Fn(&str) -> Result<String>,
+) -> Result<BTreeSet<String>> {
+    let mut seen = BTreeSet::new();
+    for target in [ip.to_string(), "web.default.svc.cluster.local".to_string()] {
+        for _ in 0..10 {
+            let answer = get(&format!("http://{target}/hostname"))?;
+            assert!(
+                pods.contains(answer.trim()),
+                "{target} answered {answer:?} in {client}, not a web pod ({pods:?})"
+            );
+            seen.insert(answer.trim().to_string());
+        }
+    }
+    Ok(seen)
 }
