@@ -165,29 +165,24 @@ async fn run_api(
         }
     }
     tracing::info!("leading");
-    tokio::select! {
+    let stopped = tokio::select! {
         _ = terminate.recv() => {
-            // Hand the Lease over at once: the next replica need not wait for it
-            // to expire.
-            match lock.release().await {
-                Ok(()) => tracing::info!("stopped by SIGTERM; released the lease"),
-                Err(e) => tracing::warn!(error = %e, "stopped by SIGTERM; releasing the lease failed, it expires instead"),
-            }
+            tracing::info!("stopped by SIGTERM");
             Ok(())
         }
-        r = run => {
-            // Stopped by a signal (or failed): hand the Lease over at once.
-            if let Err(e) = lock.release().await {
-                tracing::warn!(error = %e, "releasing the lease failed; it expires instead");
-            } else {
-                tracing::info!("released the lease");
-            }
-            r.map_err(Into::into)
-        }
+        // Stopped by a signal, or failed.
+        r = run => r.map_err(Into::into),
         r = lock.keep() => {
             // Stop at once: another replica may already be writing.
             r?;
             anyhow::bail!("lost the lease")
         }
+    };
+    // Hand the Lease over at once: the next replica need not wait for it to expire.
+    if let Err(e) = lock.release().await {
+        tracing::warn!(error = %e, "releasing the lease failed; it expires instead");
+    } else {
+        tracing::info!("released the lease");
     }
+    stopped
 }
