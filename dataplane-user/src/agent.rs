@@ -61,6 +61,8 @@ pub enum Error {
     UnpinLinks(#[source] Box<KernelError>),
     #[error("choosing how to attach")]
     ChooseAttach(#[source] Box<KernelError>),
+    #[error("{0}")]
+    Requirements(String),
     #[error(transparent)]
     Kubernetes(#[from] source::kube::Error),
 }
@@ -774,6 +776,34 @@ fn start_datapath(settings: &Settings, m: &Metrics) -> Result<(Datapath, MapWrit
     Ok((dp, writer))
 }
 
+/// Probes the kernel and the node for what these settings need, before anything is
+/// loaded: a missing piece the agent cannot run without stops it with one message
+/// naming every such piece; one it runs without is said as a warning with what the
+/// agent does instead (the step that needs it then says so again as it happens).
+fn check_requirements(settings: &Settings) -> Result<(), Error> {
+    use crate::kernel::requirements::{self, Weight};
+    let needs = requirements::Needs {
+        pins: settings.pins.as_ref().map(|p| p.base.clone()),
+        attach: settings.attach,
+        xdp: settings.xdp,
+        socket_lb: settings.socket_lb.clone(),
+    };
+    let found = requirements::probe(&needs);
+    let reqs = requirements::assess(&needs, &found);
+    for r in reqs.iter().filter(|r| !r.present) {
+        match r.weight {
+            Weight::Required => {}
+            Weight::Degrades => warn!(requirement = %r.name, "missing: {}", r.detail),
+            Weight::Note => info!(requirement = %r.name, "absent: {}", r.detail),
+        }
+    }
+    if let Some(msg) = requirements::refusal(&reqs) {
+        return Err(Error::Requirements(msg));
+    }
+    info!(kernel = %found.kernel, "kernel requirements probed: nothing the agent needs is missing");
+    Ok(())
+}
+
 /// Attaches the socket programs to `cgroup` (or removes what an earlier run pinned,
 /// without one). A failure leaves the node's own sockets without Services and is said
 /// as an error; pods' traffic is unaffected. Returns `attached`, `off` or `failed`.
@@ -1169,6 +1199,8 @@ pub async fn run(
     settings: Settings,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), Error> {
+    // Before anything is served, loaded or attached.
+    check_requirements(&settings)?;
     let metrics = Arc::new(Metrics::new(settings.health_timeout));
     if let Some(addr) = settings.healthz_addr {
         let m = metrics.clone();

@@ -298,6 +298,9 @@ fn main() -> anyhow::Result<()> {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&check)?),
                 Output::Yaml => print!("{}", serde_yaml_ng::to_string(&check)?),
             }
+            if let Some(msg) = kernel::requirements::refusal(&check.requirements) {
+                anyhow::bail!("{msg}");
+            }
             if !check.ok() {
                 anyhow::bail!("this kernel refuses a program (its verifier's log above)");
             }

@@ -835,6 +835,93 @@ fn check_reports_every_program_and_the_attach_path() {
     }
 }
 
+/// Issue 47: `check` lists what `run` probes before loading, each piece present or
+/// not, and on this machine nothing required is missing.
+#[test]
+fn check_lists_the_kernel_requirements() {
+    let check = agent_cli(&["check", "-o", "json"]);
+    let reqs = check["requirements"].as_array().expect("requirements");
+    let named = |name: &str| {
+        reqs.iter()
+            .find(|r| r["name"] == name)
+            .unwrap_or_else(|| panic!("{name} not in {check:#}"))
+    };
+    for name in [
+        "the bpf() system call",
+        "TC (sched_cls) programs",
+        "the TC programs' helpers",
+        "bpffs for the pins at /sys/fs/bpf/sliceway",
+        "cgroup sock_addr programs",
+        "the network namespace cookie",
+    ] {
+        assert_eq!(named(name)["present"], true, "{name}: {check:#}");
+    }
+    assert_eq!(
+        named("tcx links")["present"].as_bool(),
+        Some(sliceway_agent::kernel::probe_tcx().is_ok())
+    );
+    assert_eq!(
+        named("kernel BTF")["present"].as_bool(),
+        Some(std::path::Path::new("/sys/kernel/btf/vmlinux").exists())
+    );
+    assert_eq!(named("kernel BTF")["weight"], "note");
+}
+
+/// Issue 47: `run` probes what it needs before anything is served, loaded or
+/// attached. A pin directory that cannot be used stops it with a message that names
+/// it (and what to do), exit code non-zero; a socket-program cgroup that is not a
+/// cgroup v2 hierarchy is only a warning saying what the agent does without.
+#[test]
+fn run_names_a_missing_requirement_before_starting() {
+    let bin = workspace_binary("sliceway-agent").unwrap();
+    let dir = std::env::temp_dir().join(format!("sliceway-cli-req-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // /proc takes no directory: neither a bpffs nor one to make.
+    let out = Command::new(&bin)
+        .args(["run", "--manifests"])
+        .arg(&dir)
+        .args([
+            "--bpffs-dir",
+            "/proc/sliceway-pins",
+            "--socket-lb-cgroup",
+            "/proc",
+            "--healthz-port",
+            "0",
+            "--metrics-port",
+            "0",
+        ])
+        .env("NO_COLOR", "1")
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("this kernel or node lacks one piece the agent needs:"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "bpffs for the pins at /proc/sliceway-pins: /proc is not on a bpffs; mount one there"
+        ),
+        "{stderr}"
+    );
+    // Warned, not fatal, and said with what the agent does without it.
+    let warning = stderr
+        .lines()
+        .find(|l| l.contains("a cgroup v2 hierarchy (/proc)"))
+        .unwrap_or_else(|| panic!("no warning about the cgroup: {stderr}"));
+    assert!(warning.contains("WARN"), "{warning}");
+    assert!(
+        warning
+            .contains("the node's own sockets (kubelet, hostNetwork pods) do not reach Services"),
+        "{warning}"
+    );
+    // Nothing was loaded or pinned.
+    assert!(!stderr.contains("adopted pinned maps"), "{stderr}");
+}
+
 /// The head every KubeProxyConfiguration document starts with.
 const KUBE_PROXY_CONFIG: &str =
     "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n";

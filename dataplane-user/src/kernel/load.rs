@@ -490,7 +490,7 @@ impl Datapath {
 
 /// BPF memory is charged to the memory cgroup on current kernels; older ones count it
 /// against RLIMIT_MEMLOCK. Raising the limit may be refused: that is not fatal.
-fn raise_memlock() {
+pub(super) fn raise_memlock() {
     let rlim = libc::rlimit {
         rlim_cur: libc::RLIM_INFINITY,
         rlim_max: libc::RLIM_INFINITY,
@@ -531,12 +531,19 @@ pub struct KernelCheck {
     #[serde(default)]
     pub socket_errors: bool,
     pub programs: Vec<ProgramCheck>,
+    /// What `run` probes before loading, with every optional piece asked for
+    /// (pins at the default --bpffs-dir, XDP, the socket programs on `auto`).
+    #[serde(default)]
+    pub requirements: Vec<super::requirements::Requirement>,
 }
 
 impl KernelCheck {
-    /// Whether every program loaded.
+    /// Whether every program loaded and no required piece is missing.
     pub fn ok(&self) -> bool {
         self.programs.iter().all(|p| p.error.is_none())
+            && super::requirements::missing(&self.requirements)
+                .next()
+                .is_none()
     }
 }
 
@@ -545,6 +552,13 @@ impl KernelCheck {
 /// verifier's log for one that is refused; the others are still tried.
 pub fn check() -> Result<KernelCheck, KernelError> {
     raise_memlock();
+    let needs = super::requirements::Needs {
+        pins: Some(std::path::PathBuf::from(crate::cmd::cli::DEFAULT_BPFFS_DIR)),
+        attach: super::AttachMode::Auto,
+        xdp: super::XdpChoice::Auto,
+        socket_lb: Some(std::path::PathBuf::from("auto")),
+    };
+    let requirements = super::requirements::assess(&needs, &super::requirements::probe(&needs));
     // The socket programs do nothing outside the agent's namespace (a zero cookie
     // verifies as nothing at all): checked as they run, with this namespace's.
     let host_netns = super::sock::netns_cookie().unwrap_or(1);
@@ -649,6 +663,7 @@ pub fn check() -> Result<KernelCheck, KernelError> {
         tcx: super::probe_tcx().is_ok(),
         socket_errors: set_retval != 0,
         programs,
+        requirements,
     })
 }
 
@@ -687,6 +702,14 @@ pub fn render_check(c: &KernelCheck) -> String {
         if let Some(e) = &p.error {
             let _ = writeln!(out, "\n{} was refused: {e}", p.name);
         }
+    }
+    if !c.requirements.is_empty() {
+        let _ = write!(
+            out,
+            "\n{:<48} status\n{}",
+            "requirement",
+            super::requirements::render(&c.requirements)
+        );
     }
     out
 }
