@@ -706,7 +706,11 @@ fn publish_counters(dp: &Datapath, m: &Metrics, writer: &MapWriter, per_backend:
 /// Loads the datapath (adopting pinned state) and attaches it to the selected
 /// interfaces. An exact name that does not exist is an error; pinned links of
 /// interfaces no longer there (or no longer selected) are removed.
-fn start_datapath(settings: &Settings, m: &Metrics) -> Result<(Datapath, MapWriter), Error> {
+fn start_datapath(
+    settings: &Settings,
+    finder: &mut PodFinder,
+    m: &Metrics,
+) -> Result<(Datapath, MapWriter), Error> {
     let mut dp = Datapath::load(&settings.capacities, settings.pins.as_ref())
         .map_err(|e| Error::Load(e.into()))?;
     dp.set_ct_timeouts(&settings.conntrack.timeouts.0)
@@ -756,7 +760,7 @@ fn start_datapath(settings: &Settings, m: &Metrics) -> Result<(Datapath, MapWrit
         other => other,
     };
     m.set_datapath_info(path.as_str(), maps, sockets);
-    let selection = &settings.interfaces;
+    let selection = &finder.selection(&settings.interfaces);
     if !selection.is_empty() {
         let present = interfaces::list().map_err(Error::ListInterfaces)?;
         for name in selection.exact() {
@@ -891,6 +895,7 @@ fn attach_selected(
                 // next scan tries again.
                 Err(e) => {
                     m.health.not_attached(interface_program(iface), &e);
+                    m.set_not_served(iface, Some(not_served_reason(&e)));
                     warn!(interface = %iface, "not attached: {e}");
                 }
             }
@@ -956,6 +961,76 @@ fn migrate(dp: &mut Datapath, selection: &Selection, xdp: XdpChoice, m: &Metrics
     }
 }
 
+/// Why an interface is not served, as `sliceway_interface_not_served` says it.
+fn not_served_reason(e: &KernelError) -> &'static str {
+    match e {
+        KernelError::NotEthernet { .. } => "not_ethernet",
+        _ => "attach_failed",
+    }
+}
+
+/// `--interfaces auto`: finds the pod interfaces at each look (`kernel/pod_links.rs`)
+/// and says what it found, and what looked like a pod's but was passed over, once
+/// per change.
+pub struct PodFinder {
+    /// `--cluster-cidr`: host routes count only within it, when given.
+    cluster: Vec<(std::net::IpAddr, u8)>,
+    pods: BTreeMap<String, crate::kernel::pod_links::Found>,
+    passed: BTreeMap<String, crate::kernel::pod_links::Passed>,
+}
+
+impl PodFinder {
+    pub fn new(cluster: Vec<(std::net::IpAddr, u8)>) -> Self {
+        Self {
+            cluster,
+            pods: BTreeMap::new(),
+            passed: BTreeMap::new(),
+        }
+    }
+
+    /// `given` with the pod interfaces found now, when it says `auto`; a failed look
+    /// keeps what the last one found.
+    fn selection(&mut self, given: &Selection) -> Selection {
+        use crate::kernel::pod_links::{self, Found, Passed};
+        if !given.is_auto() {
+            return given.clone();
+        }
+        let found = match pod_links::dump() {
+            Ok((links, routes)) => {
+                pod_links::find(&links, &routes, &self.cluster, |n| given.is_external(n))
+            }
+            Err(e) => {
+                warn!("--interfaces auto: reading the interfaces and routes failed ({e}); keeping the pod interfaces found before");
+                return given.with_found(self.pods.keys().cloned());
+            }
+        };
+        for (name, how) in &found.pods {
+            if self.pods.get(name) != Some(how) {
+                let how = match how {
+                    Found::Veth => "a veth whose peer is in another network namespace",
+                    Found::HostRoute => "the node routes a pod's address to it",
+                };
+                info!(interface = %name, "pod interface found (--interfaces auto): {how}");
+            }
+        }
+        for (name, why) in &found.passed {
+            if self.passed.get(name) != Some(why) {
+                let why = match why {
+                    Passed::Uplink => "--external-interfaces names it an uplink",
+                    Passed::DefaultRoute => {
+                        "it carries a default route, so it is taken for an uplink (name it in --external-interfaces for the uplink program)"
+                    }
+                    Passed::Bridge => "a bridge: its ports are the pods' interfaces",
+                };
+                info!(interface = %name, "not a pod interface (--interfaces auto): {why}");
+            }
+        }
+        self.pods = found.pods;
+        self.passed = found.passed;
+        given.with_found(self.pods.keys().cloned())
+    }
+}
+
 /// What `/readyz` names while the TC program is not attached to `iface`.
 fn interface_program(iface: &str) -> String {
     format!("the TC program on interface {iface}")
@@ -1009,7 +1084,9 @@ fn attach_xdp(dp: &mut Datapath, iface: &str, role: interfaces::Role, xdp: XdpCh
 /// conntrack, reads the datapath's counters, audits the maps for drift, and answers
 /// what the HTTP endpoint asks.
 struct Scanner {
+    /// The selection as given; with `auto`, completed at each look by `finder`.
     selection: Selection,
+    finder: PodFinder,
     /// `--xdp`, for uplinks that appear.
     xdp: XdpChoice,
     tick: Option<tokio::time::Interval>,
@@ -1035,7 +1112,7 @@ fn every(period: Duration) -> tokio::time::Interval {
 }
 
 impl Scanner {
-    fn new(settings: &Settings, metrics: Arc<Metrics>) -> Self {
+    fn new(settings: &Settings, finder: PodFinder, metrics: Arc<Metrics>) -> Self {
         let tick = (!settings.interfaces.is_empty()).then(|| {
             let mut tick = tokio::time::interval(settings.interface_scan);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -1046,7 +1123,9 @@ impl Scanner {
         metrics.answer_asks(ask);
         let links = match settings.interfaces.is_empty() {
             true => None,
-            false => interfaces::LinkEvents::open()
+            // `auto` also follows routes: a CNI may route a pod's address to its
+            // interface after making it.
+            false => interfaces::LinkEvents::open(settings.interfaces.is_auto())
                 .inspect_err(|e| {
                     warn!("no link notifications ({e}); new interfaces are found by the scan")
                 })
@@ -1054,6 +1133,7 @@ impl Scanner {
         };
         Self {
             selection: settings.interfaces.clone(),
+            finder,
             xdp: settings.xdp,
             tick,
             links,
@@ -1112,7 +1192,8 @@ impl Scanner {
                 return;
             }
         };
-        let plan = interfaces::plan(&self.selection, &dp.attached(), &present);
+        let selection = self.finder.selection(&self.selection);
+        let plan = interfaces::plan(&selection, &dp.attached(), &present);
         for iface in &plan.detach {
             match dp.detach(iface) {
                 Ok(_) => {
@@ -1129,25 +1210,31 @@ impl Scanner {
                     attached(iface, how, dp.program_on(iface), &self.metrics);
                     attach_xdp(dp, iface, *role, self.xdp, &self.metrics);
                     self.failed.remove(&(iface.clone(), *index));
+                    self.metrics.set_not_served(iface, None);
                 }
                 Err(e) => {
                     self.metrics
                         .health
                         .not_attached(interface_program(iface), &e);
+                    self.metrics
+                        .set_not_served(iface, Some(not_served_reason(&e)));
                     if self.failed.insert((iface.clone(), *index)) {
                         warn!(interface = %iface, "not attached (retrying at every scan): {e}");
                     }
                 }
             }
         }
-        let health = &self.metrics.health;
+        let (metrics, health) = (&self.metrics, &self.metrics.health);
         self.failed.retain(|(name, index)| {
             let here = present.iter().any(|(i, n)| n == name && i == index);
-            if !here {
-                // Gone: no longer a program the agent needs.
+            // Gone, or no longer selected (`auto` finds it no more): no longer a
+            // program the agent needs.
+            let wanted = here && selection.matches(name);
+            if !wanted {
                 health.attached(&interface_program(name));
+                metrics.set_not_served(name, None);
             }
-            here
+            wanted
         });
         self.metrics.interfaces.set(dp.attached().len() as i64);
     }
@@ -1222,9 +1309,10 @@ pub async fn run(
     // Signs of kube-proxy, looked for at start and every minute; said, never fatal.
     let kube_proxy = tokio::spawn(crate::kube_proxy::watch(metrics.clone()));
     let _stop_looking = AbortOnDrop(kube_proxy);
-    let (mut dp, writer) = start_datapath(&settings, &metrics)?;
+    let mut finder = PodFinder::new(settings.local_cidrs.clone());
+    let (mut dp, writer) = start_datapath(&settings, &mut finder, &metrics)?;
     metrics.interfaces.set(dp.attached().len() as i64);
-    let mut scanner = Scanner::new(&settings, metrics.clone());
+    let mut scanner = Scanner::new(&settings, finder, metrics.clone());
     let health_checks = crate::serve::healthcheck::ServiceHealth::new(metrics.clone());
     let mut syncer = Syncer {
         pipeline: Pipeline::new(
@@ -1320,7 +1408,8 @@ async fn follow<S: source::Source>(
                 syncer.sync(dp);
                 source.report(&std::mem::take(&mut syncer.problems));
                 if dp.migration_pending() {
-                    migrate(dp, &scanner.selection, scanner.xdp, &scanner.metrics);
+                    let selection = scanner.finder.selection(&scanner.selection);
+                    migrate(dp, &selection, scanner.xdp, &scanner.metrics);
                     scanner.metrics.interfaces.set(dp.attached().len() as i64);
                 }
             }

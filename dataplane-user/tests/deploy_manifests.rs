@@ -171,7 +171,7 @@ fn the_daemon_set_runs_the_agent_with_arguments_it_accepts() {
     let ds = &m.daemon_sets[0];
     let (argv, run) = agent_args(ds);
 
-    // API source, interface patterns for the usual CNIs.
+    // API source; pod interfaces found without a name (issue 47), whatever the CNI.
     assert!(
         run.manifests.is_none() && run.kubeconfig.is_none(),
         "{argv:?}"
@@ -180,7 +180,17 @@ fn the_daemon_set_runs_the_agent_with_arguments_it_accepts() {
         .unwrap()
         .with_external(&run.external_interfaces)
         .unwrap();
-    for pod_iface in ["veth1a2b3c", "cali0123456789a", "lxc12ab"] {
+    assert!(selection.is_auto(), "{argv:?}");
+    let pod_ifaces = [
+        "veth1a2b3c",
+        "cali0123456789a",
+        "lxc12ab",
+        "eni1a2b3c4d5e6",
+        "azv0123456789a",
+        "gke0123456789a",
+    ];
+    let selection = selection.with_found(pod_ifaces.map(String::from));
+    for pod_iface in pod_ifaces {
         assert_eq!(
             selection.role(pod_iface),
             Some(IfaceRole::Pods),

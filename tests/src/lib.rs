@@ -178,11 +178,17 @@ impl Lab {
     /// A pod namespace linked to the node by a veth pair; pod address 10.244.N.2/24,
     /// node side 10.244.N.1/24, default route via the node.
     fn add_pod(&mut self, name: &str, subnet: u8) -> Result<Pod> {
+        self.add_pod_on(name, subnet, &format!("v{subnet}"))
+    }
+
+    /// [`Lab::add_pod`] with the node's side of the pair named `node_iface`, as a
+    /// CNI names it (`eni…`, `cali…`, `lxc…`); no server runs in it.
+    pub fn add_pod_on(&mut self, name: &str, subnet: u8, node_iface: &str) -> Result<Pod> {
         let ns = Netns::create(&format!("{}-{name}", self.prefix))?;
         if self.dual_stack {
             no_dad(&ns.name)?;
         }
-        let node_iface = format!("v{subnet}");
+        let node_iface = node_iface.to_string();
         let pod_ip = Ipv4Addr::new(10, 244, subnet, 2);
         let node_ip = Ipv4Addr::new(10, 244, subnet, 1);
         // Both ends are created directly inside their namespaces.
@@ -341,6 +347,22 @@ impl Lab {
             cgroup.dir.to_string_lossy().into_owned(),
         ]);
         Ok(cgroup)
+    }
+
+    /// One TCP request from the pod namespace `ns`: the answering backend.
+    pub fn tcp_request_from(&self, ns: &str, vip: impl Into<SocketAddr>) -> Result<Reply> {
+        let vip = vip.into();
+        in_netns(ns, move || {
+            servers::tcp_request(vip, Duration::from_secs(2))
+        })?
+    }
+
+    /// Another pod namespace of this lab (deleted with it), `PREFIX-name`.
+    pub fn extra_netns(&mut self, name: &str) -> Result<String> {
+        let ns = Netns::create(&format!("{}-{name}", self.prefix))?;
+        let n = ns.name.clone();
+        self.pods.push(ns);
+        Ok(n)
     }
 
     /// One TCP request from the client pod: the answering backend.

@@ -2010,3 +2010,147 @@ fn a_kube_proxy_nftables_table_on_the_node_is_noticed_at_start() {
         "{healthz}"
     );
 }
+
+/// Issue 47: `--interfaces auto` finds pod interfaces by what they are, not by their
+/// names: the host sides of pods as AWS VPC CNI (`eni…`), Azure CNI (`azv…`), GKE
+/// (`gke…`), Calico (`cali…`), Cilium (`lxc…`), flannel and bridge (`veth…` on
+/// `cni0`) and ptp (`veth…` with a host route) make them, before the agent starts
+/// and after (followed through netlink), and a pod behind a tun device known only
+/// by its host route. The bridge itself and the node's uplink (a veth too, with the
+/// default route) are left alone. Every pod reaches the VIP through its own
+/// interface's program.
+#[test]
+fn auto_finds_every_cnis_pod_interfaces_without_a_name() {
+    use sliceway_lab::netns;
+    let mut lab = Lab::new(2).unwrap();
+    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0, 1]))
+        .unwrap();
+    let node = lab.node.name.clone();
+    let run = |args: &[&str]| {
+        netns::nsenter(&node, args[0], &args[1..]).unwrap();
+    };
+    let mut clients = Vec::new();
+    for (subnet, iface) in [
+        (31, "eni1a2b3c4d5e6"),
+        (32, "azv0123456789a"),
+        (33, "gke0123456789a"),
+    ] {
+        clients.push((
+            iface,
+            lab.add_pod_on(&iface[..3], subnet, iface).unwrap().ns,
+        ));
+    }
+    // flannel and bridge: the pod's veth is a port of cni0, which holds the gateway.
+    let bridged = lab.extra_netns("bridged").unwrap();
+    run(&["ip", "link", "add", "cni0", "type", "bridge"]);
+    run(&["ip", "addr", "add", "10.244.40.1/24", "dev", "cni0"]);
+    run(&["ip", "link", "set", "cni0", "up"]);
+    netns::veth_pair("veth1a2b3c4d", &node, &bridged).unwrap();
+    run(&["ip", "link", "set", "veth1a2b3c4d", "master", "cni0", "up"]);
+    run(&["ethtool", "-K", "veth1a2b3c4d", "tx", "off"]);
+    for args in [
+        &["ip", "addr", "add", "10.244.40.2/24", "dev", "eth0"][..],
+        &["ip", "link", "set", "eth0", "up"],
+        &["ip", "route", "add", "default", "via", "10.244.40.1"],
+        &["ethtool", "-K", "eth0", "tx", "off"],
+    ] {
+        netns::nsenter(&bridged, args[0], &args[1..]).unwrap();
+    }
+    clients.push(("veth1a2b3c4d", bridged));
+    // ptp: the host side holds the gateway as a /32 and routes the pod's /32 to it.
+    let ptp = lab.extra_netns("ptp").unwrap();
+    netns::veth_pair("veth9f8e7d6c", &node, &ptp).unwrap();
+    run(&["ip", "addr", "add", "10.244.41.1/32", "dev", "veth9f8e7d6c"]);
+    run(&["ip", "link", "set", "veth9f8e7d6c", "up"]);
+    run(&[
+        "ip",
+        "route",
+        "add",
+        "10.244.41.2/32",
+        "dev",
+        "veth9f8e7d6c",
+    ]);
+    run(&["ethtool", "-K", "veth9f8e7d6c", "tx", "off"]);
+    for args in [
+        &["ip", "addr", "add", "10.244.41.2/32", "dev", "eth0"][..],
+        &["ip", "link", "set", "eth0", "up"],
+        &[
+            "ip",
+            "route",
+            "add",
+            "10.244.41.1",
+            "dev",
+            "eth0",
+            "scope",
+            "link",
+        ],
+        &["ip", "route", "add", "default", "via", "10.244.41.1"],
+        &["ethtool", "-K", "eth0", "tx", "off"],
+    ] {
+        netns::nsenter(&ptp, args[0], &args[1..]).unwrap();
+    }
+    clients.push(("veth9f8e7d6c", ptp));
+    // A pod behind a tun device: only its host route says so.
+    let _tun = netns::Tun::create(&node, "tunpod0").unwrap();
+    run(&["ip", "link", "set", "tunpod0", "up"]);
+    run(&["ip", "route", "add", "10.244.42.2/32", "dev", "tunpod0"]);
+    // The node's uplink, to a namespace that stands for the node network: a veth
+    // with the default route.
+    let net = lab.extra_netns("net").unwrap();
+    netns::veth_pair("uplink0", &node, &net).unwrap();
+    run(&["ip", "addr", "add", "192.168.77.1/24", "dev", "uplink0"]);
+    run(&["ip", "link", "set", "uplink0", "up"]);
+    run(&["ip", "route", "add", "default", "via", "192.168.77.2"]);
+
+    let agent = lab.start_agent_with(&["auto"]).unwrap();
+    let lab_pods: Vec<String> = std::iter::once(&lab.client)
+        .chain(&lab.backends)
+        .map(|p| p.node_iface.clone())
+        .collect();
+    for iface in lab_pods
+        .iter()
+        .map(String::as_str)
+        .chain(clients.iter().map(|(i, _)| *i))
+        .chain(["tunpod0"])
+    {
+        assert!(
+            linked(&agent, iface, "new_link"),
+            "{iface}: {}",
+            agent.metrics().unwrap()
+        );
+    }
+    let program = |iface: &str| {
+        agent
+            .metric_label(
+                &format!("sliceway_interface_link{{interface=\"{iface}\","),
+                "program",
+            )
+            .unwrap()
+    };
+    assert_eq!(program("tunpod0").as_deref(), Some("sliceway_l3"));
+    assert_eq!(program("eni1a2b3c4d5e6").as_deref(), Some("sliceway_tc"));
+    for iface in ["cni0", "uplink0", "lo"] {
+        assert_eq!(agent.link(iface).unwrap(), None, "{iface}");
+    }
+
+    // Pods that start after the agent, found as the kernel says they appear.
+    for (subnet, iface) in [(34, "cali12ab34cd56e"), (35, "lxc0a1b2c3d4e5f")] {
+        let pod = lab.add_pod_on(&iface[..4], subnet, iface).unwrap();
+        wait_until(&agent, iface, || linked(&agent, iface, "new_link"));
+        clients.push((iface, pod.ns));
+    }
+    for (iface, ns) in &clients {
+        let r = lab
+            .tcp_request_from(ns, vip())
+            .unwrap_or_else(|e| panic!("from the pod on {iface}: {e:#}"));
+        assert!(
+            lab.backends.iter().any(|b| b.name == r.backend),
+            "{iface}: {r:?}"
+        );
+    }
+    assert_eq!(agent.problems_logged().unwrap(), 0, "{:#?}", agent.log());
+    assert_eq!(
+        agent.metric("sliceway_attached_interfaces").unwrap(),
+        Some((lab_pods.len() + clients.len() + 1) as f64)
+    );
+}

@@ -289,8 +289,12 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 60)]
     pub audit_interval_seconds: u64,
     /// Pod-facing interfaces to attach the TC program to, comma-separated: exact
-    /// names (must exist at start) or glob patterns with `*` and `?` (`veth*`,
-    /// `cali*`, `lxc*`), matched again every --interface-scan-interval-ms.
+    /// names (must exist at start), glob patterns with `*` and `?` (`veth*`,
+    /// `cali*`, `lxc*`), matched again every --interface-scan-interval-ms, or
+    /// `auto`: whatever the CNI names them, every veth whose peer is in another
+    /// network namespace and every interface the node routes a single pod address
+    /// to (within --cluster-cidr when given), never the loopback, a bridge, an
+    /// uplink (--external-interfaces) or an interface with a default route.
     #[arg(long, value_delimiter = ',', value_parser = interface_entry)]
     pub interfaces: Vec<String>,
     /// The node's uplinks, comma-separated, as --interfaces: clients outside the

@@ -1,7 +1,8 @@
-//! Which interfaces the TC program goes on: `--interfaces` entries are exact names or
+//! Which interfaces the TC program goes on: `--interfaces` entries are exact names,
 //! glob patterns (`veth*`, `cali*`, `lxc?`), matched against the interfaces of the
-//! agent's network namespace. Pods come and go, so the agent lists the interfaces
-//! again and again; [`plan`] (pure) says what to attach and what to drop.
+//! agent's network namespace, or `auto`: the pod interfaces found without a name
+//! ([`super::pod_links`]). Pods come and go, so the agent lists the interfaces again
+//! and again; [`plan`] (pure) says what to attach and what to drop.
 
 use std::collections::BTreeMap;
 
@@ -17,6 +18,8 @@ pub enum SelectionError {
     TooLong(String),
     #[error("interface {0:?}: '/', ':', whitespace and NUL cannot appear in an interface name")]
     Invalid(String),
+    #[error("--external-interfaces takes names and patterns, not `auto` (uplinks are named)")]
+    AutoUplinks,
 }
 
 /// One `--interfaces` entry.
@@ -28,12 +31,19 @@ pub enum Selector {
     Pattern(String),
 }
 
+/// The `--interfaces` entry that selects the pod interfaces found without a name.
+pub const AUTO: &str = "auto";
+
 /// The parsed `--interfaces` list, and `--external-interfaces`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Selection {
     selectors: Vec<Selector>,
     /// The node's uplinks: clients outside the node come in there.
     external: Vec<Selector>,
+    /// `--interfaces auto`: pod interfaces are also those [`super::pod_links`] finds.
+    auto: bool,
+    /// What it found at the last look ([`Selection::with_found`]).
+    found: std::collections::BTreeSet<String>,
 }
 
 /// What an interface is to the node, so which program it gets.
@@ -51,10 +61,15 @@ impl Selection {
     /// an exact name.
     pub fn parse<S: AsRef<str>>(entries: &[S]) -> Result<Self, SelectionError> {
         let mut selectors = Vec::new();
+        let mut auto = false;
         for entry in entries {
             let entry = entry.as_ref().trim();
             if entry.is_empty() {
                 return Err(SelectionError::Empty);
+            }
+            if entry == AUTO {
+                auto = true;
+                continue;
             }
             if entry
                 .chars()
@@ -73,7 +88,27 @@ impl Selection {
         Ok(Self {
             selectors,
             external: Vec::new(),
+            auto,
+            found: Default::default(),
         })
+    }
+
+    /// Whether `auto` is among the entries.
+    pub fn is_auto(&self) -> bool {
+        self.auto
+    }
+
+    /// This selection with `found` as the pod interfaces `auto` takes now.
+    pub fn with_found(&self, found: impl IntoIterator<Item = String>) -> Self {
+        Self {
+            found: found.into_iter().collect(),
+            ..self.clone()
+        }
+    }
+
+    /// Whether `--external-interfaces` names `name` (an uplink).
+    pub fn is_external(&self, name: &str) -> bool {
+        self.role(name) == Some(Role::External)
     }
 
     /// This selection with `external` (`--external-interfaces` entries, parsed as
@@ -81,6 +116,9 @@ impl Selection {
     /// uplink.
     pub fn with_external<S: AsRef<str>>(self, external: &[S]) -> Result<Self, SelectionError> {
         let parsed = Self::parse(external)?;
+        if parsed.auto {
+            return Err(SelectionError::AutoUplinks);
+        }
         Ok(Self {
             external: parsed.selectors,
             ..self
@@ -89,7 +127,7 @@ impl Selection {
 
     /// No entry at all: the agent attaches nowhere.
     pub fn is_empty(&self) -> bool {
-        self.selectors.is_empty() && self.external.is_empty()
+        self.selectors.is_empty() && self.external.is_empty() && !self.auto
     }
 
     /// The exact names, which must exist at start.
@@ -118,7 +156,7 @@ impl Selection {
         };
         if hit(&self.external) {
             Some(Role::External)
-        } else if hit(&self.selectors) {
+        } else if hit(&self.selectors) || self.found.contains(name) {
             Some(Role::Pods)
         } else {
             None
@@ -282,8 +320,9 @@ pub struct LinkEvents {
 }
 
 impl LinkEvents {
-    /// Subscribes. Needs a tokio runtime.
-    pub fn open() -> std::io::Result<Self> {
+    /// Subscribes; with `routes`, to route changes too (`RTMGRP_IPV4_ROUTE`,
+    /// `RTMGRP_IPV6_ROUTE`). Needs a tokio runtime.
+    pub fn open(routes: bool) -> std::io::Result<Self> {
         use std::os::fd::FromRawFd as _;
         // SAFETY: a plain socket call; the descriptor is owned at once.
         let fd = unsafe {
@@ -303,6 +342,9 @@ impl LinkEvents {
         addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
         addr.nl_groups =
             (libc::RTMGRP_LINK | libc::RTMGRP_IPV4_IFADDR | libc::RTMGRP_IPV6_IFADDR) as u32;
+        if routes {
+            addr.nl_groups |= (libc::RTMGRP_IPV4_ROUTE | libc::RTMGRP_IPV6_ROUTE) as u32;
+        }
         // SAFETY: `addr` is a sockaddr_nl of the size given.
         let ret = unsafe {
             libc::bind(
@@ -499,6 +541,34 @@ mod tests {
                     ("v4".into(), 10, Role::External)
                 ],
             }
+        );
+    }
+
+    /// Issue 47: `auto` selects what the finder found, beside names and patterns; an
+    /// uplink named by --external-interfaces stays an uplink.
+    #[test]
+    fn auto_selects_the_interfaces_found() {
+        let s = Selection::parse(&["auto", "tun0"])
+            .unwrap()
+            .with_external(&["eth*"])
+            .unwrap();
+        assert!(s.is_auto() && !s.is_empty());
+        assert_eq!(s.exact().collect::<Vec<_>>(), ["tun0"]);
+        assert_eq!(s.role("eni1a2b"), None);
+        let s = s.with_found(["eni1a2b".to_string(), "eth0".to_string()]);
+        assert_eq!(s.role("eni1a2b"), Some(Role::Pods));
+        assert_eq!(s.role("tun0"), Some(Role::Pods));
+        assert_eq!(s.role("eth0"), Some(Role::External));
+        assert_eq!(s.role("azv1"), None);
+        assert!(Selection::parse(&["auto"])
+            .unwrap()
+            .with_found(Vec::new())
+            .is_auto());
+        assert_eq!(
+            Selection::parse::<&str>(&[])
+                .unwrap()
+                .with_external(&["auto"]),
+            Err(SelectionError::AutoUplinks)
         );
     }
 

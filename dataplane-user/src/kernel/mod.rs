@@ -13,6 +13,7 @@ mod maps;
 mod migrate;
 pub mod packet;
 mod pin;
+pub mod pod_links;
 pub mod requirements;
 mod sock;
 mod stats;

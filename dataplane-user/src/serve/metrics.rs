@@ -127,6 +127,8 @@ pub struct Metrics {
     pub health_checks: Gauge,
     /// Links and TC filters removed (interface gone, not selected, other path).
     pub links_removed: Counter,
+    /// Selected interfaces the TC program could not be attached to, with why.
+    pub not_served: Family<Labels, Gauge>,
     /// A migration from an older pinned layout, by state.
     pub migration: Family<Labels, Gauge>,
     /// Signs of kube-proxy on the node (value 1 when seen), by what was found.
@@ -290,6 +292,12 @@ impl Metrics {
             "Links and TC filters removed because their interface went away, is not selected, or uses the other attach path",
             links_removed.clone(),
         );
+        let not_served = Family::<Labels, Gauge>::default();
+        registry.register(
+            "interface_not_served",
+            "Interfaces selected as pods' or uplinks (by name, pattern or --interfaces auto) that no TC program could be attached to (value 1 while so), by interface and reason (not_ethernet: a link type that is neither Ethernet nor plain IP; attach_failed: the kernel refused the attach); retried at every scan",
+            not_served.clone(),
+        );
         let migration = Family::<Labels, Gauge>::default();
         registry.register(
             "layout_migration",
@@ -332,6 +340,7 @@ impl Metrics {
             socket_links,
             health_checks,
             links_removed,
+            not_served,
             migration,
             kube_proxy_detected,
             flows: Mutex::new(flows),
@@ -382,6 +391,23 @@ impl Metrics {
                 self.links
                     .remove(&link_labels(iface, how.as_str(), program));
             }
+        }
+    }
+
+    /// Records that `iface` could not be served, for `reason` (`not_ethernet`,
+    /// `attach_failed`); `None`: it is served, or gone.
+    pub fn set_not_served(&self, iface: &str, reason: Option<&str>) {
+        let labels = |r: &str| -> Labels {
+            vec![
+                ("interface".into(), iface.into()),
+                ("reason".into(), r.into()),
+            ]
+        };
+        for r in ["not_ethernet", "attach_failed"] {
+            self.not_served.remove(&labels(r));
+        }
+        if let Some(r) = reason {
+            self.not_served.get_or_create(&labels(r)).set(1);
         }
     }
 
@@ -506,6 +532,7 @@ impl Metrics {
         m.set_socket_link("sock-connect4", "new_link");
         m.health_checks.set(1);
         m.links_removed.inc();
+        m.set_not_served("lo", Some("not_ethernet"));
         m.set_migration(1, "pending");
         m.kubeproxy.synced(0.01, std::time::SystemTime::now());
         m.kubeproxy.programmed("IPv4", 0.5);
