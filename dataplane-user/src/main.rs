@@ -81,7 +81,7 @@ fn main() -> anyhow::Result<()> {
                         poll: Duration::from_millis(args.poll_interval_ms),
                     },
                     None => agent::Source::Kubernetes {
-                        client: kube_client(args.kubeconfig.as_deref()).await?,
+                        client: kube_client(args.kubeconfig.as_deref(), &args.apiserver).await?,
                         batch: Duration::from_millis(args.batch_delay_ms),
                     },
                 };
@@ -325,8 +325,26 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// A client for the API server: from `--kubeconfig`, or inferred (in-cluster service
-/// account, then KUBECONFIG / ~/.kube/config).
-async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+/// account, then KUBECONFIG / ~/.kube/config); with `--apiserver`, at those
+/// addresses in turn, with the credentials of the kubeconfig or of the service
+/// account.
+async fn kube_client(
+    kubeconfig: Option<&std::path::Path>,
+    apiservers: &[String],
+) -> anyhow::Result<kube::Client> {
+    use sliceway_agent::source::apiserver;
+    let endpoints = apiserver::parse_list(apiservers).map_err(anyhow::Error::msg)?;
+    if !endpoints.is_empty() && kubeconfig.is_none() {
+        // The service account's token and CA; the address is ours.
+        let config = match kube::Config::incluster_dns() {
+            Ok(config) => config,
+            Err(e) => kube::Config::infer().await.map_err(|inferred| {
+                anyhow::anyhow!("--apiserver: no credentials (no service account: {e}; {inferred}); pass --kubeconfig")
+            })?,
+        };
+        tracing::info!(apiservers = %apiservers.join(","), "the API server at these addresses, in turn");
+        return apiserver::client(config, endpoints);
+    }
     let config = match kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
@@ -337,6 +355,10 @@ async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kub
             anyhow::anyhow!("no API server configuration ({e}); pass --manifests DIR for local mode or --kubeconfig")
         })?,
     };
+    if !endpoints.is_empty() {
+        tracing::info!(apiservers = %apiservers.join(","), "the API server at these addresses, in turn (--apiserver overrides the kubeconfig's server)");
+        return apiserver::client(config, endpoints);
+    }
     Ok(kube::Client::try_from(config)?)
 }
 

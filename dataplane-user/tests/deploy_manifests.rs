@@ -227,15 +227,40 @@ fn the_daemon_set_runs_the_agent_with_arguments_it_accepts() {
             .map(|f| f.field_path.as_str()),
         Some("spec.nodeName")
     );
-    for name in ["KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"] {
-        assert!(
-            env.iter().any(|e| e.name == name
-                && e.value_from
-                    .as_ref()
-                    .is_some_and(|v| v.config_map_key_ref.is_some())),
-            "{name}: the API server's real address, from a ConfigMap"
-        );
+    // The API server's real addresses, from the ConfigMap: a list (`servers`, read
+    // as --apiserver), or one host and port; either key may be left out.
+    for (name, key) in [
+        ("SLICEWAY_APISERVER", "servers"),
+        ("KUBERNETES_SERVICE_HOST", "host"),
+        ("KUBERNETES_SERVICE_PORT", "port"),
+    ] {
+        let from = env
+            .iter()
+            .find(|e| e.name == name)
+            .and_then(|e| e.value_from.as_ref())
+            .and_then(|v| v.config_map_key_ref.as_ref())
+            .unwrap_or_else(|| panic!("{name}: from a ConfigMap"));
+        assert_eq!(from.name, "sliceway-agent-apiserver", "{name}");
+        assert_eq!(from.key, key, "{name}");
+        assert_eq!(from.optional, Some(true), "{name}");
     }
+    // The env --apiserver reads, parsed as the agent parses it.
+    let with_list = Cli::try_parse_from([
+        "sliceway-agent",
+        "run",
+        "--apiserver",
+        "10.0.0.1,cp.example:6443",
+    ])
+    .unwrap();
+    match with_list.command {
+        sliceway_agent::cmd::cli::Command::Run(r) => {
+            assert_eq!(r.apiserver, ["10.0.0.1", "cp.example:6443"])
+        }
+        _ => unreachable!(),
+    }
+    // Names of the API server are resolved by the node's own resolver and
+    // /etc/hosts, not by the cluster's DNS, which needs the agent's Services.
+    assert_eq!(pod.dns_policy.as_deref(), Some("Default"));
 
     // The liveness probe reaches /livez and the readiness probe /readyz where the
     // agent serves them: the kubelet probes from the node's namespace, which is the

@@ -256,3 +256,86 @@ fn a_service_the_agent_cannot_program_gets_an_event() {
         "{note}"
     );
 }
+
+/// Issue 47: `--apiserver` is a list of the API server's addresses, tried in turn
+/// when a connection fails, by address or by a name the node resolves itself
+/// (`localhost`, from `/etc/hosts`), each checked by TLS as itself; it overrides the
+/// kubeconfig's server (a dead one here), whose credentials and CA it keeps. The
+/// first address is dead from the start: the agent syncs through the second. Then
+/// the second stops answering (every connection closed, new ones turned away): the
+/// agent follows the API server through the third.
+#[test]
+fn the_agent_fails_over_along_the_api_server_list() {
+    let cp = cluster::shared_control_plane().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let admin = rt.block_on(cp.client()).unwrap();
+    let ns = rt.block_on(cp.namespace("failover")).unwrap();
+    let lab = Lab::new(2).unwrap();
+    // In the node: nothing on 16444, a way to the API server on 16443 and another on
+    // the node's 6443.
+    let second = cp.forwarder(Some(&lab.node.name), 16443).unwrap();
+    let _third = cp
+        .forwarder(Some(&lab.node.name), cluster::kubelet::NODE_APISERVER_PORT)
+        .unwrap();
+    let slices = Api::<EndpointSlice>::namespaced(admin.clone(), &ns);
+    let (svc, slice) = objects(&lab, &ns, &[0]);
+    let pp = PostParams::default();
+    rt.block_on(Api::<Service>::namespaced(admin, &ns).create(&pp, &svc))
+        .unwrap();
+    rt.block_on(slices.create(&pp, &slice)).unwrap();
+
+    let kubeconfig = cp
+        .agent_kubeconfig("https://127.0.0.1:1", &lab.manifests.join("kubeconfig"))
+        .unwrap();
+    let source = ["--kubeconfig".into(), kubeconfig.into_os_string()];
+    let servers = format!(
+        "127.0.0.1:16444,https://127.0.0.1:16443,localhost:{}",
+        cluster::kubelet::NODE_APISERVER_PORT
+    );
+    let agent = Agent::start_with_args(
+        &lab.node.name,
+        &source,
+        &lab.pod_interfaces(),
+        &lab.bpffs,
+        &["--apiserver".into(), servers],
+    )
+    .unwrap();
+    agent.wait_for_sync(1, sliceway_lab::agent_start()).unwrap();
+    assert_eq!(
+        backends_seen(&lab, 10),
+        [lab.backends[0].name.clone()].into()
+    );
+
+    // The second address goes away; a change made meanwhile arrives through the
+    // third.
+    second.hold();
+    let syncs = agent.syncs().unwrap();
+    let (_, moved) = objects(&lab, &ns, &[1]);
+    let patch = json!({ "endpoints": moved.endpoints });
+    rt.block_on(slices.patch(
+        slice.metadata.name.as_deref().unwrap(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    ))
+    .unwrap();
+    // A relist after reconnecting may sync before the change is seen: wait for
+    // the change itself.
+    let want: std::collections::BTreeSet<String> = [lab.backends[1].name.clone()].into();
+    let deadline = Instant::now() + sliceway_lab::agent_start();
+    loop {
+        agent
+            .wait_for_sync(syncs + 1, sliceway_lab::agent_start())
+            .unwrap();
+        if backends_seen(&lab, 10) == want {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the change never arrived through the third address:\n{}",
+            agent.log().join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let health = agent.http("/healthz").unwrap();
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+}

@@ -242,6 +242,15 @@ pub struct RunArgs {
     /// Kubeconfig for the API server (default: in-cluster config, then KUBECONFIG).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
+    /// The API server's addresses, comma-separated or repeated, tried in order
+    /// when a connection fails (kube-proxy's `--master`, as a list): HOST, HOST:PORT
+    /// (6443 when not given), [IPv6]:PORT or https://HOST:PORT. A name is resolved
+    /// by the system's resolver (/etc/hosts, then the resolvers of
+    /// /etc/resolv.conf), never through a Service. Overrides the server of
+    /// --kubeconfig; credentials and CA come from it, or from the pod's service
+    /// account.
+    #[arg(long = "apiserver", visible_alias = "master", env = "SLICEWAY_APISERVER", value_delimiter = ',', value_parser = apiserver_entry)]
+    pub apiserver: Vec<String>,
     /// How long a burst of API changes is collected into one sync, in milliseconds.
     #[arg(long, default_value_t = 100)]
     pub batch_delay_ms: u64,
@@ -616,6 +625,13 @@ impl RunArgs {
         }
         Ok(out)
     }
+}
+
+/// One `--apiserver` entry, checked as [`crate::source::apiserver::parse_endpoint`]
+/// takes it.
+fn apiserver_entry(entry: &str) -> Result<String, String> {
+    crate::source::apiserver::parse_endpoint(entry)?;
+    Ok(entry.trim().to_string())
 }
 
 /// One `--interfaces` entry, checked as [`Selection::parse`] will take it.

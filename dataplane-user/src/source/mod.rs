@@ -7,6 +7,7 @@
 //! - [`kube`]: the API server through kube-rs reflector stores, with kube-proxy's
 //!   selectors.
 
+pub mod apiserver;
 pub mod events;
 pub mod kube;
 pub mod local;
