@@ -885,7 +885,7 @@ fn attach_selected(
         for (iface, _, role) in &plan.attach {
             match dp.attach(iface, *role) {
                 Ok(how) => {
-                    attached(iface, how, dp.program_on(iface), m);
+                    attached(dp, iface, how, m);
                     attach_xdp(dp, iface, *role, xdp, m);
                 }
                 Err(e) if selection.exact().any(|n| n == iface) => {
@@ -1040,10 +1040,14 @@ fn interface_program(iface: &str) -> String {
 const SOCKET_PROGRAMS: &str = "the socket programs";
 
 /// Says that `iface` was attached, `how`: in the log and in the metrics.
-fn attached(iface: &str, how: Attached, program: Option<&str>, m: &Metrics) {
-    m.set_link(iface, how.as_str(), program.unwrap_or("unknown"));
+fn attached(dp: &Datapath, iface: &str, how: Attached, m: &Metrics) {
+    m.set_link(
+        iface,
+        how.as_str(),
+        dp.program_on(iface).unwrap_or("unknown"),
+    );
     m.health.attached(&interface_program(iface));
-    if let Err(e) = interfaces::accept_local(iface) {
+    if let Err(e) = dp.accept_local(iface) {
         warn!(interface = %iface, "cannot set accept_local ({e}): replies of this interface's pods' connections to a NodePort on the node's own address are dropped as martians");
     }
     match how {
@@ -1207,7 +1211,7 @@ impl Scanner {
         for (iface, index, role) in &plan.attach {
             match dp.attach(iface, *role) {
                 Ok(how) => {
-                    attached(iface, how, dp.program_on(iface), &self.metrics);
+                    attached(dp, iface, how, &self.metrics);
                     attach_xdp(dp, iface, *role, self.xdp, &self.metrics);
                     self.failed.remove(&(iface.clone(), *index));
                     self.metrics.set_not_served(iface, None);

@@ -310,14 +310,25 @@ fn main() -> anyhow::Result<()> {
             conventions::clidoc::run(&generate, Cli::command())?;
             Ok(())
         }
-        Command::Cleanup { bpffs_dir } => {
-            let filters = kernel::cleanup(&bpffs_dir)?;
-            println!(
-                "removed pinned maps and links under {}",
-                bpffs_dir.display()
-            );
-            for iface in filters {
-                println!("removed the TC filter on {iface}");
+        Command::Cleanup { bpffs_dir, all } => {
+            let report = match all {
+                true => kernel::cleanup_all(&bpffs_dir),
+                false => kernel::cleanup(&bpffs_dir),
+            }
+            .with_context(|| format!("cleaning up under {}", bpffs_dir.display()))?;
+            for line in &report.removed {
+                println!("{line}");
+            }
+            for line in &report.left {
+                println!("{line}");
+            }
+            if report.nothing() {
+                println!(
+                    "nothing to clean up: no sliceway TC filter on this network namespace's \
+                     interfaces and nothing under {}{}",
+                    bpffs_dir.display(),
+                    if all { " (already clean)" } else { "" }
+                );
             }
             Ok(())
         }

@@ -55,13 +55,18 @@ fn typed<T: DeserializeOwned + Serialize>(value: Value, what: &str) -> T {
 }
 
 fn load() -> Manifests {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(deploy_dir())
-        .expect("deploy/ exists")
+    load_dir(&deploy_dir())
+}
+
+/// Every manifest of `dir` (not of its subdirectories, as `kubectl apply -f DIR`).
+fn load_dir(dir: &std::path::Path) -> Manifests {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
         .collect();
     files.sort();
-    assert!(!files.is_empty(), "no manifests in deploy/");
+    assert!(!files.is_empty(), "no manifests in {}", dir.display());
     let mut m = Manifests::default();
     for file in files {
         let text = std::fs::read_to_string(&file).unwrap();
@@ -154,6 +159,91 @@ fn agent_args(ds: &DaemonSet) -> (Vec<String>, RunArgs) {
         Command::Run(run) => (argv, *run),
         _ => panic!("the DaemonSet does not run `sliceway-agent run`: {argv:?}"),
     }
+}
+
+/// Issue 47: `deploy/uninstall/` (which `kubectl apply -f deploy/` does not read) holds
+/// a DaemonSet that runs `sliceway-agent cleanup --all` on every node the agent ran
+/// on, from the agent's image, on the agent's bpffs directory, with the node's
+/// network namespace and bpffs as the agent has them, and privileged as it is.
+#[test]
+fn the_cleanup_daemon_set_runs_cleanup_all_where_the_agent_ran() {
+    let agent = load();
+    let (_, run) = agent_args(&agent.daemon_sets[0]);
+    let agent_pod = agent.daemon_sets[0]
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .unwrap();
+    let m = load_dir(&deploy_dir().join("uninstall"));
+    assert_eq!(m.daemon_sets.len(), 1, "one DaemonSet in deploy/uninstall/");
+    let ds = &m.daemon_sets[0];
+    assert_eq!(ds.metadata.namespace.as_deref(), Some("kube-system"));
+    let pod = pod_spec(
+        ds.spec.as_ref().and_then(|s| s.template.spec.as_ref()),
+        "the cleanup DaemonSet",
+    );
+    assert_eq!(pod.host_network, Some(true), "the node's network namespace");
+    assert_eq!(
+        pod.tolerations, agent_pod.tolerations,
+        "every node the agent ran on"
+    );
+    assert_eq!(pod.node_selector, agent_pod.node_selector);
+    let inits = pod.init_containers.as_deref().unwrap_or_default();
+    assert_eq!(inits.len(), 1, "one init container, the cleanup");
+    let cleanup = &inits[0];
+    assert_eq!(
+        cleanup.image, agent_pod.containers[0].image,
+        "the agent's image"
+    );
+    assert_eq!(
+        cleanup.security_context.as_ref().and_then(|s| s.privileged),
+        Some(true)
+    );
+    let argv: Vec<String> = cleanup
+        .command
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .chain(cleanup.args.clone().unwrap_or_default())
+        .collect();
+    let cli = Cli::try_parse_from(&argv)
+        .unwrap_or_else(|e| panic!("the cleanup's arguments {argv:?} do not parse: {e}"));
+    match cli.command {
+        Command::Cleanup { bpffs_dir, all } => {
+            assert!(all, "cleanup --all: {argv:?}");
+            assert_eq!(bpffs_dir, run.bpffs_dir, "the agent's --bpffs-dir");
+        }
+        _ => panic!("the init container does not run `sliceway-agent cleanup`: {argv:?}"),
+    }
+    // The node's bpffs, mounted where the agent has it.
+    let mount = |pod: &PodSpec, c: &k8s_openapi::api::core::v1::Container| {
+        let m = c
+            .volume_mounts
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .find(|m| m.mount_path == "/sys/fs/bpf")
+            .cloned()
+            .expect("/sys/fs/bpf mounted");
+        let volume = pod
+            .volumes
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .find(|v| v.name == m.name)
+            .and_then(|v| v.host_path.clone())
+            .expect("a hostPath volume");
+        (volume.path, m.mount_propagation)
+    };
+    assert_eq!(
+        mount(pod, cleanup),
+        mount(agent_pod, &agent_pod.containers[0])
+    );
+    // Nothing of deploy/uninstall/ is in deploy/ itself.
+    assert!(agent
+        .daemon_sets
+        .iter()
+        .all(|d| d.metadata.name != ds.metadata.name));
 }
 
 #[test]

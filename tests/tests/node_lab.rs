@@ -603,7 +603,8 @@ fn tc_filters_follow_interfaces_survive_a_stop_and_are_cleaned_up() {
     assert_eq!(agent.problems_logged().unwrap(), 0, "{:#?}", agent.log());
     agent.stop();
 
-    // cleanup: pins and filters gone.
+    // cleanup: pins and filters gone; only the record of what the agent changed on
+    // the node stays, for `cleanup --all`.
     let out = cleanup(&lab);
     for iface in lab.pod_interfaces() {
         assert!(tc_filters(&lab, &iface).is_empty(), "{iface}");
@@ -612,7 +613,160 @@ fn tc_filters_follow_interfaces_survive_a_stop_and_are_cleaned_up() {
             "{out}"
         );
     }
-    assert!(!lab.bpffs.exists());
+    assert!(!pins.dir().exists());
+    let left: Vec<_> = std::fs::read_dir(&lab.bpffs)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["record"], "{out}");
+}
+
+/// Issue 47: `cleanup --all` leaves the node as before sliceway, as the kernel tells:
+/// no TC filter at ingress or egress of any interface, no XDP program, no socket
+/// program's link (the ids of the pinned links are gone from the kernel), nothing
+/// under the bpffs directory; `accept_local` back to the value each interface had
+/// before the agent first changed it (a restarted agent, which finds it changed,
+/// does not record it again); the clsact qdisc the agent added removed and the one
+/// another component made before it kept; a file system recorded as mounted by the
+/// agent unmounted. A second run finds nothing and says so.
+#[test]
+fn cleanup_all_leaves_the_node_as_before_sliceway() {
+    let mut lab = Lab::new(1).unwrap();
+    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0]))
+        .unwrap();
+    let pins = sliceway_agent::kernel::PinDir::new(&lab.bpffs);
+    let uplink = lab.client.node_iface.clone();
+    let pod = lab.backends[0].node_iface.clone();
+    // Another component's clsact qdisc on the pod's interface, there before sliceway.
+    lab.node
+        .run("tc", &["qdisc", "add", "dev", &pod, "clsact"])
+        .unwrap();
+    let accept_local = |lab: &Lab, iface: &str| {
+        lab.node
+            .run(
+                "cat",
+                &[&format!("/proc/sys/net/ipv4/conf/{iface}/accept_local")],
+            )
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    for iface in lab.pod_interfaces() {
+        assert_eq!(accept_local(&lab, &iface), "0", "{iface} before sliceway");
+    }
+    lab.agent_args = vec![
+        "--attach".into(),
+        "tc".into(),
+        "--external-interfaces".into(),
+        uplink.clone(),
+        "--xdp".into(),
+        "generic".into(),
+    ];
+    let mut agent = lab.start_agent_with(&["v*"]).unwrap();
+    lab.tcp_request(vip()).unwrap();
+    for iface in lab.pod_interfaces() {
+        assert_eq!(accept_local(&lab, &iface), "1", "{iface} under sliceway");
+    }
+    assert!(
+        lab.node
+            .run("ip", &["link", "show", "dev", &uplink])
+            .unwrap()
+            .contains("xdpgeneric"),
+        "the XDP program on the uplink"
+    );
+    // A restart finds accept_local changed: the record keeps the value before.
+    agent.stop();
+    agent = lab.start_agent_with(&["v*"]).unwrap();
+    assert_eq!(agent.problems_logged().unwrap(), 0, "{:#?}", agent.log());
+    agent.stop();
+    let clsact = |lab: &Lab, iface: &str| {
+        lab.node
+            .run("tc", &["qdisc", "show", "dev", iface])
+            .unwrap()
+            .contains("qdisc clsact")
+    };
+    assert!(clsact(&lab, &uplink), "the agent added the uplink's clsact");
+    // What stays attached without an agent: the filters and the socket links.
+    let sock_links: Vec<u64> = sliceway_agent::kernel::SOCK_PROGRAMS
+        .iter()
+        .map(|(_, pin)| pinned_link_id(&pins.dir().join(pin)))
+        .collect();
+    assert!(link_exists(sock_links[0]));
+    assert!(sliceway_attached(&lab), "before cleanup");
+    // A cgroup v2 hierarchy as the agent mounts one where a node has none, and its
+    // record (this machine has one, so the agent mounted none).
+    let mount = std::env::temp_dir().join(format!("{}-cgroupv2", lab.prefix));
+    std::fs::create_dir_all(&mount).unwrap();
+    std::process::Command::new("mount")
+        .args(["-t", "cgroup2", "cgroup2"])
+        .arg(&mount)
+        .status()
+        .unwrap();
+    std::os::unix::fs::symlink(&mount, lab.bpffs.join("record/mount:cgroup2")).unwrap();
+
+    let out = cleanup_all(&lab);
+    assert!(!sliceway_attached(&lab), "after cleanup --all: {out}");
+    for iface in lab.pod_interfaces() {
+        assert!(tc_filters(&lab, &iface).is_empty(), "{iface}");
+        assert_eq!(accept_local(&lab, &iface), "0", "{iface} after: {out}");
+        assert!(
+            out.contains(&format!("restored net.ipv4.conf.{iface}.accept_local to 0")),
+            "{out}"
+        );
+    }
+    assert!(!lab
+        .node
+        .run("ip", &["link", "show", "dev", &uplink])
+        .unwrap()
+        .contains("xdp"));
+    for id in sock_links {
+        assert!(!link_exists(id), "socket link {id} after: {out}");
+    }
+    assert!(!clsact(&lab, &uplink), "{out}");
+    assert!(
+        out.contains(&format!(
+            "removed the clsact qdisc sliceway added on {uplink}"
+        )),
+        "{out}"
+    );
+    assert!(clsact(&lab, &pod), "another's clsact is kept: {out}");
+    assert!(!mount.exists(), "{out}");
+    assert!(!lab.bpffs.exists(), "{out}");
+
+    let again = cleanup_all(&lab);
+    assert!(again.contains("nothing to clean up"), "{again}");
+    assert!(clsact(&lab, &pod));
+}
+
+/// Whether any sliceway program is attached in the lab's node namespace, as
+/// `bpftool net show` lists them (XDP, TC filters and tcx, at both hooks).
+fn sliceway_attached(lab: &Lab) -> bool {
+    lab.node
+        .run("bpftool", &["net", "show"])
+        .unwrap()
+        .contains("sliceway")
+}
+
+/// The kernel's id of the link pinned at `pin`.
+fn pinned_link_id(pin: &std::path::Path) -> u64 {
+    let out = std::process::Command::new("bpftool")
+        .args(["-j", "link", "show", "pinned"])
+        .arg(pin)
+        .output()
+        .unwrap();
+    let info: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{}: {e}", pin.display()));
+    info["id"].as_u64().expect("a link id")
+}
+
+/// Whether the kernel has a link of id `id`.
+fn link_exists(id: u64) -> bool {
+    std::process::Command::new("bpftool")
+        .args(["link", "show", "id", &id.to_string()])
+        .output()
+        .unwrap()
+        .status
+        .success()
 }
 
 /// `cleanup` removes the TC filter of every sliceway program, the uplink program's
@@ -650,6 +804,22 @@ fn cleanup_removes_the_tc_filters_of_every_program() {
     for iface in lab.pod_interfaces() {
         assert!(tc_filters(&lab, &iface).is_empty(), "{iface}");
     }
+}
+
+/// `sliceway-agent cleanup --all` on the lab's node; what it printed.
+fn cleanup_all(lab: &Lab) -> String {
+    let bin = sliceway_lab::workspace_binary("sliceway-agent").unwrap();
+    lab.node
+        .run(
+            bin.to_str().unwrap(),
+            &[
+                "cleanup",
+                "--all",
+                "--bpffs-dir",
+                lab.bpffs.to_str().unwrap(),
+            ],
+        )
+        .unwrap()
 }
 
 /// `sliceway-agent cleanup` on the lab's pins and interfaces; what it printed.

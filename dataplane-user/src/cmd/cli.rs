@@ -95,10 +95,20 @@ pub enum Command {
         #[arg(long, default_value_t = 20)]
         rows: usize,
     },
-    /// Remove all pinned maps and links: programs detach, conntrack is dropped.
+    /// Remove all pinned maps and links and sliceway's TC filters: programs detach,
+    /// conntrack is dropped. With `--all`, for uninstalling: also put back what the
+    /// agent changed on the node.
     Cleanup {
         #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
         bpffs_dir: PathBuf,
+        /// Leave the node as before sliceway: also restore the sysctls the agent
+        /// changed to the values they had before it first changed them, remove the
+        /// clsact qdiscs it added (where no other program's filter is on them) and
+        /// unmount the file systems it mounted (as recorded under
+        /// `<bpffs-dir>/record`), then remove the bpffs directory. Without it the
+        /// record is kept, for an agent that starts again (after a layout change).
+        #[arg(long)]
+        all: bool,
     },
     /// `completions SHELL` and `man`, generated from this definition.
     #[command(flatten)]

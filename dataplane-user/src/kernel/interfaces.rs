@@ -222,13 +222,18 @@ pub fn list() -> std::io::Result<Vec<(u32, String)>> {
 /// drops as a martian (netfilter translates replies after routing and never meets
 /// this).
 pub fn accept_local(iface: &str) -> std::io::Result<()> {
-    if iface.contains('/') || iface == "." || iface == ".." {
+    std::fs::write(sysctl_path(iface, "accept_local")?, b"1")
+}
+
+/// The file of sysctl `net.ipv4.conf.<iface>.<name>` in the calling thread's network
+/// namespace.
+pub fn sysctl_path(iface: &str, name: &str) -> std::io::Result<std::path::PathBuf> {
+    if iface.contains('/') || iface == "." || iface == ".." || iface.is_empty() {
         return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
     }
-    std::fs::write(
-        format!("/proc/sys/net/ipv4/conf/{iface}/accept_local"),
-        b"1",
-    )
+    Ok(std::path::PathBuf::from(format!(
+        "/proc/sys/net/ipv4/conf/{iface}/{name}"
+    )))
 }
 
 /// The IPv4 addresses of the interfaces of the calling thread's network namespace

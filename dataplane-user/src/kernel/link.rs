@@ -26,6 +26,7 @@ use aya::programs::{
 use super::{
     load::{L3_EXT_PROGRAM, L3_OUT_PROGRAM, L3_PROGRAM, OUT_PROGRAM, TC_EXT_PROGRAM, TC_PROGRAM},
     pin::unpin,
+    record::{record_change, Change},
     Datapath, KernelError,
 };
 pub use crate::kernel::interfaces::Role;
@@ -253,8 +254,19 @@ impl Datapath {
             self.load_l3()?;
         }
         if path == TcPath::Netlink {
-            // The filters need the clsact qdisc (EEXIST when it is there already).
-            let _ = tc::qdisc_add_clsact(iface);
+            // The filters need the clsact qdisc (EEXIST when it is there already, and
+            // then it is not this agent's to remove at `cleanup --all`).
+            if tc::qdisc_add_clsact(iface).is_ok() {
+                if let Some(pins) = &self.pins {
+                    record_change(
+                        pins,
+                        &Change::Qdisc {
+                            iface: iface.to_string(),
+                            ifindex,
+                        },
+                    );
+                }
+            }
         }
         let (_, link) = self.attach_at(iface, ifindex, role, l3, path, Hook::Egress)?;
         self.egress.insert(iface.to_string(), link);
@@ -363,6 +375,12 @@ impl Datapath {
             }
             None => false,
         };
+        if let Some(pins) = &self.pins {
+            // A deleted interface took its sysctls and qdiscs with it.
+            if let Ok(present) = crate::kernel::interfaces::list() {
+                super::record::NodeRecord::new(&pins.base).prune(&present);
+            }
+        }
         let Some(link) = self.links.remove(iface) else {
             return Ok(had_egress);
         };
@@ -451,6 +469,8 @@ impl Datapath {
             }
         }
         let present = crate::kernel::interfaces::list().unwrap_or_default();
+        // Interfaces gone took their sysctls and qdiscs with them.
+        super::record::NodeRecord::new(&pins.base).prune(&present);
         for (_, iface) in present {
             if path == TcPath::Netlink && self.links.contains_key(&iface) {
                 continue;
@@ -570,7 +590,7 @@ fn link_type(name: &str) -> std::io::Result<u16> {
     Ok(unsafe { req.ifr_ifru.ifru_hwaddr.sa_family })
 }
 
-fn ifindex(name: &str) -> std::io::Result<u32> {
+pub(super) fn ifindex(name: &str) -> std::io::Result<u32> {
     let c = std::ffi::CString::new(name)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     // SAFETY: NUL-terminated string; the call reads nothing else.

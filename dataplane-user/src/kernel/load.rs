@@ -12,7 +12,8 @@ use dataplane_common::{capacity6, map_name, MAP_LAYOUT_VERSION};
 
 use super::{
     migrate::V1Layout,
-    pin::{expected_sizes, prepare_bpffs},
+    pin::{self, expected_sizes, prepare_bpffs},
+    record::{self, record_change},
     Capacities, Datapath, KernelError, KernelMaps, PinDir,
 };
 
@@ -200,7 +201,15 @@ impl Datapath {
         let mut v1 = None;
         let mut adopted = false;
         if let Some(pins) = pins {
-            prepare_bpffs(&pins.dir())?;
+            if prepare_bpffs(&pins.dir())? {
+                record_change(
+                    pins,
+                    &record::Change::Mount {
+                        fstype: "bpf".into(),
+                        path: pin::BPFFS_ROOT.into(),
+                    },
+                );
+            }
             v1 = migrate.then(|| V1Layout::find(pins)).flatten();
             if let Some(v1) = &v1 {
                 tracing::info!(

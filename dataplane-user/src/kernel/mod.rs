@@ -6,14 +6,17 @@
 //! which interfaces the TC program goes on; [`packet`] crafts and checks the packets
 //! that `trace` and the program tests run through the programs.
 
+mod cleanup;
 pub mod interfaces;
 mod link;
 mod load;
 mod maps;
 mod migrate;
+mod netlink;
 pub mod packet;
 mod pin;
 pub mod pod_links;
+pub mod record;
 pub mod requirements;
 mod sock;
 mod stats;
@@ -30,6 +33,7 @@ use dataplane_common::{CtEntry, CtKey, MAP_LAYOUT_VERSION};
 
 use crate::writer::{Limits, Limits6};
 
+pub use cleanup::{cleanup, cleanup_all, CleanupReport};
 use link::InterfaceLink;
 pub use link::{
     probe_tcx, AttachMode, Attached, Role, TcPath, TC_HANDLE, TC_PRIORITY, TC_PROGRAMS,
@@ -187,17 +191,30 @@ impl Datapath {
     }
 }
 
-/// Removes every pinned map and link under `base` and sliceway's TC filters on the
-/// interfaces of the calling thread's network namespace: programs detach, maps and
-/// conntrack go away. For uninstalling, or after a layout change. Returns the
-/// interfaces whose TC filters were removed.
-pub fn cleanup(base: &std::path::Path) -> std::io::Result<Vec<String>> {
-    pin::remove_pins(base)?;
-    Ok(crate::kernel::interfaces::list()?
-        .into_iter()
-        .map(|(_, name)| name)
-        .filter(|name| link::remove_filters(name))
-        .collect())
+impl Datapath {
+    /// Sets `net.ipv4.conf.<iface>.accept_local` ([`interfaces::accept_local`]) unless
+    /// it is set; with pins, the value it had is recorded first, the first time only,
+    /// so `cleanup --all` puts it back ([`record`]).
+    pub fn accept_local(&self, iface: &str) -> std::io::Result<()> {
+        let path = interfaces::sysctl_path(iface, "accept_local")?;
+        let was = std::fs::read_to_string(&path)?;
+        let was = was.trim();
+        if was == "1" {
+            return Ok(());
+        }
+        if let Some(pins) = &self.pins {
+            record::record_change(
+                pins,
+                &record::Change::Sysctl {
+                    iface: iface.to_string(),
+                    ifindex: link::ifindex(iface)?,
+                    name: "accept_local".into(),
+                    value: was.to_string(),
+                },
+            );
+        }
+        interfaces::accept_local(iface)
+    }
 }
 
 impl Datapath {

@@ -44,7 +44,7 @@ impl PinDir {
     /// Mounts bpffs at `/sys/fs/bpf` if this directory lies there and none is mounted,
     /// and makes the directory, as loading with pins does first.
     pub fn prepare(&self) -> Result<(), KernelError> {
-        prepare_bpffs(&self.dir())
+        prepare_bpffs(&self.dir()).map(drop)
     }
     /// Interfaces that have a pinned link in this layout directory.
     pub fn linked_interfaces(&self) -> Vec<String> {
@@ -160,21 +160,27 @@ fn with_prefix_in(dir: &Path, prefix: &str) -> Vec<String> {
     out
 }
 
+/// Where bpffs is mounted when the host has none.
+pub(super) const BPFFS_ROOT: &str = "/sys/fs/bpf";
+
 /// Makes sure a bpffs is mounted at `dir`'s mount point (`/sys/fs/bpf` is not mounted
-/// on every host) and that `dir` exists.
-pub(super) fn prepare_bpffs(dir: &Path) -> Result<(), KernelError> {
+/// on every host) and that `dir` exists. Returns whether it mounted one.
+pub(super) fn prepare_bpffs(dir: &Path) -> Result<bool, KernelError> {
     let pin_err = |reason: String| KernelError::Pin {
         path: dir.to_path_buf(),
         reason,
     };
-    let root = Path::new("/sys/fs/bpf");
+    let root = Path::new(BPFFS_ROOT);
+    let mut mounted = false;
     if dir.starts_with(root) && !is_fs(root, BPF_FS_MAGIC) {
         if let Err(e) = mount_fs(c"bpf", c"/sys/fs/bpf") {
             return Err(pin_err(format!("mounting bpffs at /sys/fs/bpf: {e}")));
         }
         tracing::info!("mounted bpffs at /sys/fs/bpf");
+        mounted = true;
     }
-    std::fs::create_dir_all(dir).map_err(|e| pin_err(e.to_string()))
+    std::fs::create_dir_all(dir).map_err(|e| pin_err(e.to_string()))?;
+    Ok(mounted)
 }
 
 /// `statfs`'s magic number of a bpffs.
@@ -220,6 +226,34 @@ pub(super) fn remove_pins(base: &Path) -> std::io::Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         other => other,
     }
+}
+
+/// [`remove_pins`] of every layout under `base`, keeping the record of what the agent
+/// changed on the node (`record/`, for `cleanup --all`); `base` itself goes once
+/// nothing is left in it. Returns whether there was anything to remove.
+pub(super) fn remove_pins_keeping_record(base: &Path) -> std::io::Result<bool> {
+    let entries = match std::fs::read_dir(base) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let mut any = false;
+    for entry in entries {
+        let entry = entry?;
+        if entry.file_name() == super::record::RECORD_DIR {
+            continue;
+        }
+        let path = entry.path();
+        if entry.file_type()?.is_dir() {
+            remove_pins(&path)?;
+        } else {
+            unpin(&path)?;
+        }
+        any = true;
+    }
+    // Not empty (the record is there): left.
+    let _ = std::fs::remove_dir(base);
+    Ok(any)
 }
 
 /// Removes a pin file; one already gone is fine.

@@ -15,6 +15,7 @@ use aya::programs::{links::FdLink, CgroupAttachMode, CgroupSockAddr};
 
 use super::{
     pin::{is_fs, mount_fs, unpin, CGROUP2_SUPER_MAGIC},
+    record::{record_change, Change},
     Attached, Datapath, KernelError,
 };
 
@@ -119,6 +120,11 @@ const OWN_CGROUP2: &str = "/run/sliceway/cgroupv2";
 /// A path given that is not a cgroup v2 hierarchy but holds one at `unified` (a hybrid
 /// host's `/sys/fs/cgroup`, mounted into the DaemonSet's container) means that one.
 pub fn resolve_cgroup(given: &Path) -> Result<PathBuf, KernelError> {
+    resolve_cgroup_mounting(given).map(|(path, _)| path)
+}
+
+/// [`resolve_cgroup`], and whether it mounted the hierarchy it returns.
+fn resolve_cgroup_mounting(given: &Path) -> Result<(PathBuf, bool), KernelError> {
     if given != Path::new("auto") {
         let unified = given.join("unified");
         if !is_fs(given, CGROUP2_SUPER_MAGIC) && is_fs(&unified, CGROUP2_SUPER_MAGIC) {
@@ -127,13 +133,13 @@ pub fn resolve_cgroup(given: &Path) -> Result<PathBuf, KernelError> {
                 path = %unified.display(),
                 "the cgroup given is a hybrid host's: the socket programs go on its cgroup v2 hierarchy"
             );
-            return Ok(unified);
+            return Ok((unified, false));
         }
-        return Ok(given.to_path_buf());
+        return Ok((given.to_path_buf(), false));
     }
     for candidate in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified", OWN_CGROUP2] {
         if is_fs(Path::new(candidate), CGROUP2_SUPER_MAGIC) {
-            return Ok(PathBuf::from(candidate));
+            return Ok((PathBuf::from(candidate), false));
         }
     }
     let err = |reason: String| KernelError::Sock {
@@ -151,7 +157,7 @@ pub fn resolve_cgroup(given: &Path) -> Result<PathBuf, KernelError> {
         path = OWN_CGROUP2,
         "mounted the cgroup v2 hierarchy for the socket programs"
     );
-    Ok(PathBuf::from(OWN_CGROUP2))
+    Ok((PathBuf::from(OWN_CGROUP2), true))
 }
 
 /// How the socket programs are attached, per hook.
@@ -175,7 +181,17 @@ impl Datapath {
                     .into(),
             });
         }
-        let cgroup = &resolve_cgroup(cgroup)?;
+        let (cgroup, mounted) = resolve_cgroup_mounting(cgroup)?;
+        if let (true, Some(pins)) = (mounted, &self.pins) {
+            record_change(
+                pins,
+                &Change::Mount {
+                    fstype: "cgroup2".into(),
+                    path: cgroup.clone(),
+                },
+            );
+        }
+        let cgroup = &cgroup;
         let sock_err = |reason: String| KernelError::Sock {
             cgroup: cgroup.to_path_buf(),
             reason,
