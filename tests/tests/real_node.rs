@@ -156,17 +156,22 @@ fn a_real_node_serves_a_cluster_ip_to_its_pods() -> Result<()> {
     Ok(())
 }
 
-/// deploy/ as an operator applies it (issue 47): a cluster of two real nodes with no
-/// proxy and no EndpointSlice controller, sliceway's images (`cargo xtask image`)
-/// loaded into every node's containerd, the API server's address in the ConfigMap the
-/// DaemonSet reads, then `kubectl apply` of deploy/sliceway-agent.yaml and
-/// deploy/sliceway-controller.yaml unchanged: every agent pod becomes Ready, the
-/// controller holds its Lease, CoreDNS (waiting until then) becomes ready, and a
-/// ClusterIP and its DNS name answer from a pod on every node, only from the
-/// Service's pods.
+/// deploy/ as an operator applies it and takes it out again (issue 47): a cluster of
+/// two real nodes with no proxy and no EndpointSlice controller, sliceway's images
+/// (`cargo xtask image`) loaded into every node's containerd, the API server's address
+/// in the ConfigMap the DaemonSet reads, then `kubectl apply` of
+/// deploy/sliceway-agent.yaml and deploy/sliceway-controller.yaml unchanged: every
+/// agent pod becomes Ready, the controller holds its Lease, CoreDNS (waiting until
+/// then) becomes ready, and a ClusterIP and its DNS name answer from a pod on every
+/// node, only from the Service's pods. Then the uninstall of docs/deploy.md: the
+/// manifests deleted (the programs stay attached), deploy/uninstall/ applied, rolled
+/// out and deleted; on every node no sliceway program is attached (the kernel's ids of
+/// the links the agent pinned are gone, `bpftool net show` lists no sliceway program),
+/// nothing is under /sys/fs/bpf/sliceway, every interface's `accept_local` is what it
+/// was before the install, and the ClusterIP is no longer translated.
 #[test]
 #[ignore = "needs the node kit and sliceway's images: cargo xtask test-real"]
-fn deploy_installs_sliceway_on_a_cluster_without_a_proxy() -> Result<()> {
+fn deploy_installs_and_uninstalls_sliceway_on_a_cluster_without_a_proxy() -> Result<()> {
     let kit = real::Kit::find()?;
     let (_, agnhost) = kit.image(AGNHOST)?;
     let images = std::path::PathBuf::from(std::env::var_os("SLICEWAY_IMAGE_DIR").context(
@@ -192,6 +197,12 @@ fn deploy_installs_sliceway_on_a_cluster_without_a_proxy() -> Result<()> {
         ],
     )?;
     let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    let accept_local_before: Vec<_> = lab
+        .state
+        .nodes
+        .iter()
+        .map(|node| accept_local(&lab, node))
+        .collect::<Result<_>>()?;
     // Step 2 of docs/deploy.md: the API server's address, as the nodes reach it.
     k(&[
         "-n",
@@ -300,12 +311,222 @@ fn deploy_installs_sliceway_on_a_cluster_without_a_proxy() -> Result<()> {
         })?;
         assert_eq!(seen, pods, "both backends answer on {node}");
     }
+
+    // Uninstalling, as docs/deploy.md says. The links the agents pinned, by the
+    // kernel's ids: they must stay attached when the agents go, and go at cleanup.
+    let links: Vec<Vec<u64>> = lab
+        .state
+        .nodes
+        .iter()
+        .map(|node| pinned_links(&lab, node))
+        .collect::<Result<_>>()?;
+    for (node, ids) in lab.state.nodes.iter().zip(&links) {
+        assert!(!ids.is_empty(), "no pinned link on {}", node.name);
+    }
+    for manifest in ["sliceway-controller.yaml", "sliceway-agent.yaml"] {
+        k(&["delete", "-f", &deploy.join(manifest).to_string_lossy()])?;
+    }
+    k(&[
+        "-n",
+        "kube-system",
+        "delete",
+        "configmap",
+        "sliceway-agent-apiserver",
+    ])?;
+    k(&[
+        "-n",
+        "kube-system",
+        "wait",
+        "--for=delete",
+        "pod",
+        "-l",
+        "app.kubernetes.io/name=sliceway-agent",
+        "--timeout=120s",
+    ])?;
+    for (node, ids) in lab.state.nodes.iter().zip(&links) {
+        assert!(
+            ids.iter().all(|id| link_exists(*id)),
+            "the agent's links stay attached after the agent on {} went",
+            node.name
+        );
+        assert!(sliceway_attached(&lab, node)?, "{}", node.name);
+    }
+    let cleanup = deploy.join("uninstall/sliceway-cleanup.yaml");
+    let cleanup = cleanup.to_string_lossy();
+    k(&["apply", "-f", &cleanup])?;
+    k(&[
+        "-n",
+        "kube-system",
+        "rollout",
+        "status",
+        "daemonset/sliceway-cleanup",
+        "--timeout=180s",
+    ])
+    .with_context(|| {
+        format!(
+            "the cleanup did not roll out: {}",
+            k(&["-n", "kube-system", "get", "pods", "-o", "wide"]).unwrap_or_default()
+        )
+    })?;
+    let cleaners = k(&[
+        "-n",
+        "kube-system",
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/name=sliceway-cleanup",
+        "-o",
+        "jsonpath={range .items[*]}{.spec.nodeName} {.metadata.name}{\"\\n\"}{end}",
+    ])?;
+    let mut cleaned = BTreeSet::new();
+    for line in cleaners.lines() {
+        let Some((node, pod)) = line.split_once(' ') else {
+            continue;
+        };
+        let log = k(&["-n", "kube-system", "logs", pod, "-c", "cleanup"])?;
+        assert!(
+            log.contains("removed pinned maps and links under /sys/fs/bpf/sliceway"),
+            "the cleanup on {node}: {log}"
+        );
+        cleaned.insert(node.to_string());
+    }
+    assert_eq!(
+        cleaned.iter().map(String::as_str).collect::<BTreeSet<_>>(),
+        nodes,
+        "a cleanup pod on every node: {cleaners}"
+    );
+    k(&["delete", "-f", &cleanup, "--wait"])?;
+    for ((node, ids), before) in lab.state.nodes.iter().zip(&links).zip(&accept_local_before) {
+        for id in ids {
+            assert!(!link_exists(*id), "link {id} is left on {}", node.name);
+        }
+        assert!(
+            !sliceway_attached(&lab, node)?,
+            "a sliceway program is left on {}",
+            node.name
+        );
+        let pins = on_node(&lab, node, "ls", &["-A", "/sys/fs/bpf"])?;
+        assert!(
+            !pins.lines().any(|l| l == "sliceway"),
+            "/sys/fs/bpf/sliceway is left on {}",
+            node.name
+        );
+        // Each interface as it was, or (a pod's, made since) as the default was.
+        let default = before.get("default").cloned().unwrap_or_default();
+        for (iface, value) in accept_local(&lab, node)? {
+            let want = before.get(&iface).unwrap_or(&default);
+            assert_eq!(
+                &value, want,
+                "net.ipv4.conf.{iface}.accept_local on {}",
+                node.name
+            );
+        }
+    }
+    // No proxy is left: the ClusterIP is not translated any more.
+    let client = format!("client-{}", lab.state.nodes[0].name);
+    let url = format!("http://{ip}/hostname");
+    assert!(
+        k(&["exec", &client, "--", "curl", "-s", "--max-time", "3", &url]).is_err(),
+        "{url} still answers after the uninstall"
+    );
     assert_eq!(
         guard::escaped(&prefix)?,
         0,
         "the root namespace sent packets to the lab's networks"
     );
     Ok(())
+}
+
+/// Runs `program` on `node` (its network and mount namespaces, where kubelet and
+/// containerd run); its output.
+fn on_node(
+    lab: &cluster::Cluster,
+    node: &cluster::NodeInfo,
+    program: &str,
+    args: &[&str],
+) -> Result<String> {
+    let pid = lab.daemon_pid(&format!("containerd-{}", node.name))?;
+    let out = std::process::Command::new("nsenter")
+        .arg(format!("--net=/var/run/netns/{}", node.netns))
+        .arg(format!("--mount=/proc/{pid}/ns/mnt"))
+        .arg(program)
+        .args(args)
+        .output()
+        .with_context(|| format!("running {program} on {}", node.name))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "{program} {args:?} on {}: {}",
+        node.name,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `net.ipv4.conf.*.accept_local` of `node`, by interface (and `all`, `default`).
+fn accept_local(
+    lab: &cluster::Cluster,
+    node: &cluster::NodeInfo,
+) -> Result<std::collections::BTreeMap<String, String>> {
+    let out = on_node(
+        lab,
+        node,
+        "sh",
+        &[
+            "-c",
+            "for f in /proc/sys/net/ipv4/conf/*/accept_local; do \
+             d=${f%/accept_local}; echo \"${d##*/} $(cat $f)\"; done",
+        ],
+    )?;
+    Ok(out
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(i, v)| (i.to_string(), v.to_string()))
+        .collect())
+}
+
+/// The kernel's ids of the links pinned under `node`'s /sys/fs/bpf/sliceway (tcx
+/// links of every interface, the socket programs').
+fn pinned_links(lab: &cluster::Cluster, node: &cluster::NodeInfo) -> Result<Vec<u64>> {
+    let pins = on_node(
+        lab,
+        node,
+        "find",
+        &[
+            "/sys/fs/bpf/sliceway",
+            "(",
+            "-name",
+            "link-*",
+            "-o",
+            "-name",
+            "egress-*",
+            "-o",
+            "-name",
+            "sock-*",
+            ")",
+        ],
+    )?;
+    let mut ids = Vec::new();
+    for pin in pins.lines() {
+        let info = on_node(lab, node, "bpftool", &["-j", "link", "show", "pinned", pin])?;
+        let info: serde_json::Value =
+            serde_json::from_str(&info).with_context(|| format!("bpftool on {pin}: {info}"))?;
+        ids.push(info["id"].as_u64().context("a link id")?);
+    }
+    Ok(ids)
+}
+
+/// Whether the kernel has a link of id `id` (ids are the whole machine's).
+fn link_exists(id: u64) -> bool {
+    std::process::Command::new("bpftool")
+        .args(["link", "show", "id", &id.to_string()])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Whether `bpftool net show` lists a sliceway program (TC filter, tcx or XDP) in
+/// `node`'s network namespace.
+fn sliceway_attached(lab: &cluster::Cluster, node: &cluster::NodeInfo) -> Result<bool> {
+    Ok(on_node(lab, node, "bpftool", &["net", "show"])?.contains("sliceway"))
 }
 
 /// The Service `web` (port 80) over a Deployment of two agnhost `netexec` pods.
