@@ -323,8 +323,14 @@ fn deploy_installs_and_uninstalls_sliceway_on_a_cluster_without_a_proxy() -> Res
     for (node, ids) in lab.state.nodes.iter().zip(&links) {
         assert!(!ids.is_empty(), "no pinned link on {}", node.name);
     }
+    // Foreground deletion: kubectl returns once the pods are gone too.
     for manifest in ["sliceway-controller.yaml", "sliceway-agent.yaml"] {
-        k(&["delete", "-f", &deploy.join(manifest).to_string_lossy()])?;
+        k(&[
+            "delete",
+            "--cascade=foreground",
+            "-f",
+            &deploy.join(manifest).to_string_lossy(),
+        ])?;
     }
     k(&[
         "-n",
@@ -333,16 +339,17 @@ fn deploy_installs_and_uninstalls_sliceway_on_a_cluster_without_a_proxy() -> Res
         "configmap",
         "sliceway-agent-apiserver",
     ])?;
-    k(&[
+    let agent_pods = k(&[
         "-n",
         "kube-system",
-        "wait",
-        "--for=delete",
-        "pod",
+        "get",
+        "pods",
         "-l",
         "app.kubernetes.io/name=sliceway-agent",
-        "--timeout=120s",
+        "-o",
+        "name",
     ])?;
+    assert_eq!(agent_pods.trim(), "", "agent pods left after the delete");
     for (node, ids) in lab.state.nodes.iter().zip(&links) {
         assert!(
             ids.iter().all(|id| link_exists(*id)),
@@ -395,7 +402,7 @@ fn deploy_installs_and_uninstalls_sliceway_on_a_cluster_without_a_proxy() -> Res
         nodes,
         "a cleanup pod on every node: {cleaners}"
     );
-    k(&["delete", "-f", &cleanup, "--wait"])?;
+    k(&["delete", "--cascade=foreground", "-f", &cleanup])?;
     for ((node, ids), before) in lab.state.nodes.iter().zip(&links).zip(&accept_local_before) {
         for id in ids {
             assert!(!link_exists(*id), "link {id} is left on {}", node.name);
