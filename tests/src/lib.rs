@@ -680,6 +680,31 @@ pub fn output_with_input(cmd: &mut Command, input: &str, what: &str) -> Result<S
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// Mounts bpffs at `/sys/fs/bpf` from the test itself when the host has none there, so
+/// that no agent of a test mounts it and records the mount as its own: `cleanup --all`
+/// of that agent would unmount it under the agents of tests running beside it.
+pub fn ensure_host_bpffs() -> Result<()> {
+    let mounts =
+        std::fs::read_to_string("/proc/self/mounts").context("reading /proc/self/mounts")?;
+    let mounted = mounts.lines().any(|l| {
+        let mut fields = l.split_whitespace().skip(1);
+        fields.next() == Some("/sys/fs/bpf") && fields.next() == Some("bpf")
+    });
+    if !mounted {
+        let out = Command::new("mount")
+            .args(["-t", "bpf", "bpf", "/sys/fs/bpf"])
+            .output()
+            .context("running mount")?;
+        if !out.status.success() {
+            bail!(
+                "mounting bpffs at /sys/fs/bpf failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Path of a binary of this workspace, built by `cargo build --bins`.
 pub fn workspace_binary(name: &str) -> Result<PathBuf> {
     let exe = std::env::current_exe()?;

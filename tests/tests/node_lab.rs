@@ -631,6 +631,8 @@ fn tc_filters_follow_interfaces_survive_a_stop_and_are_cleaned_up() {
 /// agent unmounted. A second run finds nothing and says so.
 #[test]
 fn cleanup_all_leaves_the_node_as_before_sliceway() {
+    // The host's bpffs is the tests' own, not a mount this agent records and removes.
+    sliceway_lab::ensure_host_bpffs().unwrap();
     let mut lab = Lab::new(1).unwrap();
     lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0]))
         .unwrap();
