@@ -218,5 +218,36 @@ pub mod stat {
         /// ClusterIP: dropped, as kube-proxy's nftables mode drops it ("Drop traffic
         /// to unallocated ClusterIPs"). Never counted without a ServiceCIDR.
         DROP_UNALLOCATED_CLUSTERIP = 39 => "drop_unallocated_clusterip",
+        /// XDP forwarding (`--xdp-forward`), counted besides the translation that
+        /// came first (`dnat_*`, `revnat`): the translated frame sent back out of the
+        /// uplink it came in on (`XDP_TX`; on a veth, `XDP_REDIRECT` to itself), with
+        /// the next hop's MAC addresses from the kernel's FIB and its TTL or hop
+        /// limit lowered, as the kernel forwards it.
+        XDP_TX = 40 => "xdp_tx",
+        /// As `xdp_tx`, out of another uplink the XDP program forwards to
+        /// (`XDP_REDIRECT` through `XDP_FORWARD`).
+        XDP_REDIRECT = 41 => "xdp_redirect",
+        /// XDP forwarding found the route but no neighbour entry for its next hop:
+        /// the translated frame passed to the kernel's stack, which resolves the
+        /// neighbour and forwards it (later frames go by XDP).
+        XDP_PASS_NO_NEIGH = 42 => "xdp_pass_no_neigh",
+        /// XDP forwarding's FIB lookup answered other than "forward" (no route,
+        /// blackhole, unreachable, prohibit, a local address, forwarding disabled on
+        /// the interface, a tunnel route): the translated frame passed to the stack,
+        /// which decides it as it would have.
+        XDP_PASS_FIB = 43 => "xdp_pass_fib",
+        /// XDP forwarding's frame is longer than the route's MTU: passed to the stack,
+        /// which fragments it or answers "fragmentation needed".
+        XDP_PASS_MTU = 44 => "xdp_pass_mtu",
+        /// XDP forwarding's frame has a TTL or hop limit of 1 or less: passed to the
+        /// stack, which answers "time exceeded".
+        XDP_PASS_TTL = 45 => "xdp_pass_ttl",
+        /// XDP forwarding's frame needs the stack: a fragment, IPv4 options, or IPv6
+        /// extension headers. Passed.
+        XDP_PASS_STACK = 46 => "xdp_pass_stack",
+        /// XDP forwarding's route leaves through an interface the XDP program does not
+        /// forward to (a pod's interface, an uplink without the XDP program): passed
+        /// to the stack.
+        XDP_PASS_EGRESS = 47 => "xdp_pass_egress",
     }
 }

@@ -44,6 +44,10 @@ pub mod capacity {
     pub const SOURCE_RANGES: u32 = 16_384;
     /// IPv4 prefixes of ServiceCIDR objects (`SERVICE_CIDRS`): a cluster has a few.
     pub const SERVICE_CIDRS: u32 = 1_024;
+    /// Entries of `XDP_FORWARD`: two per uplink the XDP program forwards between
+    /// (its index, and with [`crate::XDP_FORWARD_TX`] where it sends `XDP_TX`), a
+    /// handful of uplinks.
+    pub const XDP_FORWARD: u32 = 64;
     /// Prefixes of `MASQ_SOURCES` and of `MASQ_SOURCES6`: everything, and the
     /// cluster's pod CIDRs (one per family, as `--cluster-cidr`).
     pub const MASQ_SOURCES: u32 = 8;
@@ -105,6 +109,15 @@ pub mod map_name {
     /// the XDP program and its link are the agent's own and go when it exits, so
     /// nothing attached outlives the map.
     pub const XDP_JUMP6: &str = "XDP_JUMP6";
+    /// The interfaces the XDP program forwards between (`--xdp-forward`): a device
+    /// map, interface index → that interface, and index | `XDP_FORWARD_TX` → the
+    /// same for an uplink whose driver sends `XDP_TX` frames itself. Written by the
+    /// agent for every uplink the XDP program is attached to; not pinned, as
+    /// `XDP_JUMP6` is not.
+    pub const XDP_FORWARD: &str = "XDP_FORWARD";
+    /// The XDP program's scratch space for `bpf_fib_lookup`'s parameters (one per
+    /// CPU), kept off the stack. Not pinned.
+    pub const FIB_PARAMS: &str = "FIB_PARAMS";
     /// Which sources of a pod interface's new connections to a ClusterIP are
     /// masqueraded (prefix length and address → 1 masquerade, 0 keep; the longest
     /// prefix decides; empty: none), written by the agent at start from
@@ -143,3 +156,10 @@ pub mod map_name {
         MASQ_SOURCES6,
     ];
 }
+
+/// Marks a key of `XDP_FORWARD` (interface index | this): the interface sends a
+/// frame its XDP program returns `XDP_TX` for. Absent (a veth, which hands `XDP_TX`
+/// frames on only to a peer with an XDP program of its own), a frame forwarded
+/// out of the interface it came in on goes by `XDP_REDIRECT` to that interface,
+/// which a veth peer with NAPI (GRO on, or an XDP program) takes.
+pub const XDP_FORWARD_TX: u32 = 1 << 31;

@@ -24,6 +24,8 @@ mod counters;
 #[cfg(target_arch = "bpf")]
 mod dsr;
 #[cfg(target_arch = "bpf")]
+mod forward;
+#[cfg(target_arch = "bpf")]
 mod icmp;
 #[cfg(target_arch = "bpf")]
 mod lookup;

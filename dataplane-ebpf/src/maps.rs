@@ -6,8 +6,11 @@
 //! defaults, the agent resizes the maps at load time.
 
 use aya_ebpf::{
+    bindings::bpf_fib_lookup,
     macros::map,
-    maps::{lpm_trie::Key, Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, ProgramArray},
+    maps::{
+        lpm_trie::Key, Array, DevMapHash, HashMap, LpmTrie, LruHashMap, PerCpuArray, ProgramArray,
+    },
 };
 use dataplane_common::{
     capacity, ct, stat, AffinityKey, AffinityValue, Backend, BackendCounters, CtEntry, CtKey,
@@ -107,6 +110,18 @@ pub static JUMP6: ProgramArray = ProgramArray::with_max_entries(dataplane_common
 #[map]
 pub static XDP_JUMP6: ProgramArray =
     ProgramArray::with_max_entries(dataplane_common::XDP_JUMP6_SLOTS, 0);
+
+/// The interfaces the XDP program forwards between (`--xdp-forward`): interface
+/// index → that interface (`XDP_REDIRECT` goes through it). An uplink the agent
+/// put here forwards from XDP; one it did not passes every frame to the stack as
+/// without forwarding. Written by the agent; not pinned (the XDP program is not).
+#[map]
+pub static XDP_FORWARD: DevMapHash = DevMapHash::with_max_entries(capacity::XDP_FORWARD, 0);
+
+/// `bpf_fib_lookup`'s parameters and answer (one per CPU), off the XDP program's
+/// stack, which has no 64 bytes to spare (`forward.rs`). Written by the program.
+#[map]
+pub static FIB_PARAMS: PerCpuArray<bpf_fib_lookup> = PerCpuArray::with_max_entries(1, 0);
 
 /// Scratch space of the IPv6 programs (one per CPU): the packet's flow, conntrack
 /// key and entry, kept off the stack.

@@ -33,7 +33,7 @@ use dataplane_common::{stat, XDP_JUMP6_EXT};
 
 use crate::{
     counters::{count, Exit},
-    maps,
+    forward, maps,
     packet::Flow,
     tc::{self, Program, DROP, PASS, TO_TC},
     v6::{self, Flow6, Program6},
@@ -68,12 +68,18 @@ pub fn sliceway_xdp(ctx: XdpContext) -> u32 {
         Err(exit) => exit,
     };
     count(reason);
+    if verdict == PASS && forward::translated(reason) {
+        if let Some(sent) = forward(forward::forward4(&ctx)) {
+            return sent;
+        }
+    }
     action(&ctx, verdict)
 }
 
 /// `sliceway_xdp`'s IPv6 program (`XDP_JUMP6_EXT`): `sliceway_ext6`'s body on the
 /// frame.
 #[xdp]
+#[inline(always)]
 pub fn sliceway_xdp6(ctx: XdpContext) -> u32 {
     if v6::dsr::carries_option(&ctx, <XdpContext as crate::packet::Frame>::L2) {
         // Direct server return's record is made by TC's `sliceway_dsr6`.
@@ -91,7 +97,22 @@ pub fn sliceway_xdp6(ctx: XdpContext) -> u32 {
         return XDP_PASS;
     }
     count(reason);
+    if verdict == PASS && forward::translated(reason) {
+        if let Some(sent) = forward(forward::forward6(&ctx)) {
+            return sent;
+        }
+    }
     action(&ctx, verdict)
+}
+
+/// Counts what forwarding did with a translated frame (`forward.rs`); the action if
+/// it sent or dropped it, `None` if the frame goes to the stack as without
+/// forwarding (then marked as decided, as always).
+#[inline(always)]
+fn forward(exit: Option<Exit>) -> Option<u32> {
+    let (action, reason) = exit?;
+    count(reason);
+    (action != XDP_PASS as i32).then_some(action as u32)
 }
 
 /// XDP's action for the body's verdict: a packet passed is marked as decided.

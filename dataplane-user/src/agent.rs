@@ -99,6 +99,9 @@ pub struct Settings {
     pub attach: AttachMode,
     /// Whether, and how, the XDP program goes on the uplinks (`--xdp`).
     pub xdp: XdpChoice,
+    /// Whether the XDP program forwards what it translated between the uplinks it
+    /// is on (`--xdp-forward`), instead of passing it to the stack.
+    pub xdp_forward: bool,
     /// The cgroup the socket programs go on, for the node's own sockets; `None`: no
     /// socket load balancing.
     pub socket_lb: Option<std::path::PathBuf>,
@@ -713,6 +716,7 @@ fn start_datapath(
 ) -> Result<(Datapath, MapWriter), Error> {
     let mut dp = Datapath::load(&settings.capacities, settings.pins.as_ref())
         .map_err(|e| Error::Load(e.into()))?;
+    dp.set_xdp_forward(settings.xdp_forward);
     dp.set_ct_timeouts(&settings.conntrack.timeouts.0)
         .map_err(|e| Error::CtTimeouts(e.into()))?;
     let (masq, masq6) = masq_sources(settings.masquerade_all, &settings.local_cidrs);

@@ -126,6 +126,7 @@ fn main() -> anyhow::Result<()> {
                     pins: (!args.no_pin).then(|| PinDir::new(args.bpffs_dir)),
                     attach: args.attach,
                     xdp: args.xdp,
+                    xdp_forward: args.xdp_forward,
                     socket_lb: (!args.no_socket_lb).then_some(args.socket_lb_cgroup),
                     healthz_addr,
                     metrics_addr,

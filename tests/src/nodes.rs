@@ -263,6 +263,18 @@ impl TwoNodes {
         Ok(())
     }
 
+    /// Turns GRO on at the bridge's side of every node's uplink. A veth hands a
+    /// frame its XDP program sends (`XDP_TX`, or `XDP_REDIRECT` into it) only to a
+    /// peer whose receive queue runs NAPI, which GRO (or an XDP program of its own)
+    /// turns on; without it native XDP forwarding's frames are dropped at the peer.
+    pub fn napi_on_uplink_peers(&self) -> Result<()> {
+        for k in 1..=self.nodes.len() {
+            self.net
+                .run("ethtool", &["-K", &format!("b-n{k}"), "gro", "on"])?;
+        }
+        Ok(())
+    }
+
     /// The node named `node-K`.
     pub fn node(&self, k: usize) -> &Node {
         &self.nodes[k - 1]

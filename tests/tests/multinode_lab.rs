@@ -697,6 +697,87 @@ in_both_modes!(
     ipv6_direct_server_return_keeps_a_connection_that_moves_to_another_node
 );
 
+/// Issue 48: with `--xdp-forward`, node 1's XDP program sends the NodePort
+/// connections of a client outside whose backend runs on node 2 on by itself: the
+/// masqueraded packets to node 2 and the replies back to the client both leave
+/// node 1's uplink with `XDP_TX`, and every connection works. With the neighbour
+/// entries gone (flushed), the first packets find no neighbour and go to the stack
+/// (`xdp_pass_no_neigh`), which resolves them and forwards as without XDP; the
+/// connection works all the same, and the packets after it go by XDP again.
+fn xdp_forwarding_sends_node_port_traffic_to_the_other_node(mode: &'static str) {
+    let mut lab = TwoNodes::new(1).unwrap();
+    lab.xdp = Some(mode);
+    lab.napi_on_uplink_peers().unwrap();
+    lab.write_manifest("nodes.yaml", &lab.node_objects())
+        .unwrap();
+    lab.write_manifest("web.yaml", &web(&lab, "NodePort", "Cluster", &[(2, 0)]))
+        .unwrap();
+    let (a1, a2) = lab.start_agents(&["--xdp-forward"]).unwrap();
+    let client = &lab.clients[0];
+    let backend = lab.node(2).pods[0].name.clone();
+    let to = SocketAddrV4::new(lab.node(1).ip, NODE_PORT);
+    let flush = || {
+        lab.node(1)
+            .ns
+            .run("ip", &["neigh", "flush", "dev", "eth0"])
+            .unwrap();
+    };
+    let connect = |n: usize| {
+        for _ in 0..n {
+            let t = client.tcp(to).unwrap();
+            assert_eq!(t.backend, backend);
+            assert_eq!(peer_ip(t.peer), Some(lab.node(1).ip.into()));
+            let u = client.udp(to).unwrap();
+            assert_eq!(u.backend, backend);
+        }
+    };
+    let exits = |a: &sliceway_lab::Agent| {
+        (
+            a.packets("xdp_tx"),
+            a.packets("xdp_pass_no_neigh"),
+            a.packets("pass_xdp_decided"),
+        )
+    };
+    flush();
+    connect(1);
+    let (tx0, no_neigh0, _) = exits(&a1);
+    assert!(no_neigh0 >= 1.0, "{no_neigh0}: {:#?}", a1.metrics());
+    connect(20);
+    let (tx1, no_neigh1, decided1) = exits(&a1);
+    // 20 TCP connections of at least a SYN, an ACK, a request and their replies
+    // each, and 20 UDP requests and answers, through node 1 both ways.
+    assert!(tx1 - tx0 >= 100.0, "{tx0} then {tx1}: {:#?}", a1.metrics());
+    assert_eq!(no_neigh1, no_neigh0, "the neighbours are known now");
+    // Neighbours gone again: the stack's path, and the connection works.
+    flush();
+    connect(1);
+    let (tx2, no_neigh2, decided2) = exits(&a1);
+    assert!(no_neigh2 > no_neigh1, "{no_neigh1} then {no_neigh2}");
+    assert!(
+        decided2 > decided1,
+        "passed to the stack, marked as decided"
+    );
+    assert!(tx2 > tx1, "later packets by XDP again: {tx1} then {tx2}");
+    let series = format!(
+        "sliceway_interface_link{{interface=\"eth0\",how=\"{mode}\",program=\"sliceway_xdp\"}}"
+    );
+    assert_eq!(a1.metric(&series).unwrap(), Some(1.0));
+    assert_eq!(a1.problems_logged().unwrap(), 0, "{:#?}", a1.log());
+    assert_eq!(a2.problems_logged().unwrap(), 0, "{:#?}", a2.log());
+}
+
+mod xdp_forward {
+    #[test]
+    fn native() {
+        super::xdp_forwarding_sends_node_port_traffic_to_the_other_node("native")
+    }
+
+    #[test]
+    fn generic() {
+        super::xdp_forwarding_sends_node_port_traffic_to_the_other_node("generic")
+    }
+}
+
 /// Issue 11: an uplink without an Ethernet header (a tun device here; ipip and
 /// WireGuard are alike) gets the program that reads the IP header first
 /// (`sliceway_l3_ext`), never one that would take the IP header for an Ethernet one.

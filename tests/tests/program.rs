@@ -2687,6 +2687,279 @@ fn the_xdp_program_decides_every_fixture_packet_as_the_uplink_tc_program_does() 
     );
 }
 
+/// Issue 48: XDP forwarding (`--xdp-forward`, `forward.rs`) over a lab namespace's
+/// routes and neighbours, the one thing a fixture row cannot give (the FIB lookup
+/// reads the namespace the test run's ingress interface is in). Two uplinks, `up0`
+/// (the node's 10.100.0.1, the backends' node at 10.100.0.2 behind it) and `up1`
+/// (the clients' router at 10.100.9.2), permanent neighbour entries; `up0` first
+/// with its `XDP_FORWARD_TX` key, then without (a veth's case). Every frame goes
+/// through the XDP program as if it came in on `up0`, and the same frame through the
+/// uplink's TC program of a second datapath with the same maps: a translated frame
+/// XDP sends is the TC program's output with the next hop's MAC addresses, TTL one
+/// less and the IPv4 checksum made in full (what the stack's forwarding would send);
+/// a frame XDP cannot finish passes with exactly the TC program's bytes. Each step
+/// also counts the translation and the forwarding exit.
+#[test]
+fn xdp_forwarding_sends_translated_frames_by_the_fib_and_passes_the_rest_untouched() {
+    use sliceway_agent::kernel::{Role, XDP_PASS, XDP_REDIRECT, XDP_TX};
+    let ns = sliceway_lab::Netns::create(&format!(
+        "{}-{}-xdpfwd",
+        sliceway_lab::NS_PREFIX,
+        std::process::id()
+    ))
+    .unwrap();
+    let sh = |args: &str| {
+        ns.run("sh", &["-c", args])
+            .unwrap_or_else(|e| panic!("{args}: {e}"))
+    };
+    let six = |v4: &str| ipv6_twins::addr(v4.parse().unwrap()).to_string();
+    sh(&format!(
+        "sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1 \
+         && ip link add up0 address 02:00:00:00:00:01 type veth peer name up0p address 02:00:00:00:00:02 \
+         && ip link add up1 address 02:00:00:00:09:01 type veth peer name up1p address 02:00:00:00:09:02 \
+         && for i in up0 up0p up1 up1p; do ip link set $i up; done \
+         && ip addr add 10.100.0.1/24 dev up0 && ip addr add 10.100.9.1/24 dev up1 \
+         && ip -6 addr add {}/120 dev up0 nodad && ip -6 addr add {}/120 dev up1 nodad \
+         && ip neigh add 10.100.0.2 lladdr 0a:00:00:00:00:02 dev up0 nud permanent \
+         && ip neigh add 10.100.9.2 lladdr 0a:00:00:00:09:02 dev up1 nud permanent \
+         && ip -6 neigh add {} lladdr 0a:00:00:00:00:02 dev up0 nud permanent \
+         && ip -6 neigh add {} lladdr 0a:00:00:00:09:02 dev up1 nud permanent \
+         && ip route add 10.244.11.0/24 via 10.100.0.2 dev up0 \
+         && ip route add 10.244.1.0/24 via 10.100.9.2 dev up1 \
+         && ip -6 route add {}/120 via {} dev up0 \
+         && ip -6 route add {}/120 via {} dev up1",
+        six("10.100.0.1"),
+        six("10.100.9.1"),
+        six("10.100.0.2"),
+        six("10.100.9.2"),
+        six("10.244.11.0"),
+        six("10.100.0.2"),
+        six("10.244.1.0"),
+        six("10.100.9.2"),
+    ));
+    let index = |name: &str| -> u32 {
+        // `/sys` is the host's under nsenter: the index from `ip -o link` ("N: name...").
+        let line = sh(&format!("ip -o link show dev {name}"));
+        line.split(':').next().unwrap().trim().parse().unwrap()
+    };
+    let (up0, up1) = (index("up0"), index("up1"));
+    let ns_path = format!("/var/run/netns/{}", ns.name);
+    // The whole test in a thread of the lab's namespace: test runs, FIB lookups and
+    // the device map's interfaces are resolved there.
+    let failures = std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let file = std::fs::File::open(&ns_path).unwrap();
+                // SAFETY: setns on a valid namespace fd; affects only this thread.
+                let rc = unsafe {
+                    libc::setns(std::os::fd::AsRawFd::as_raw_fd(&file), libc::CLONE_NEWNET)
+                };
+                assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+                let mut failures = forwarding_steps(&sh, up0, up1, 0);
+                ipv6_twins::set_running(true);
+                failures.extend(forwarding_steps(&sh, up0, up1, 1));
+                ipv6_twins::set_running(false);
+                failures
+            })
+            .join()
+            .unwrap()
+    });
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+
+    /// The steps over family `family` (0: IPv4; 1: the IPv6 twins of the same
+    /// manifests, frames and routes).
+    fn forwarding_steps(
+        sh: &dyn Fn(&str) -> String,
+        up0: u32,
+        up1: u32,
+        family: usize,
+    ) -> Vec<String> {
+        let (maps, packet) = (ipv6_twins::maps_of(family), ipv6_twins::packet_of(family));
+        let (mut xdp, _) = datapath(&maps(ONE_BACKEND));
+        let (mut tc, _) = datapath(&maps(ONE_BACKEND));
+        for dp in [&mut xdp, &mut tc] {
+            dp.set_nat(nat_of(Some(NODE))).unwrap();
+            dp.set_nat6(ipv6_twins::nat6_of(Some(NODE))).unwrap();
+        }
+        // A route command over the family's addresses (an IPv4 network's /24 is its
+        // twin's /120).
+        let route = |cmd: &str| -> String {
+            if family == 0 {
+                return cmd.to_string();
+            }
+            let words: Vec<String> = cmd
+                .split(' ')
+                .map(|w| match w.split_once('/') {
+                    Some((ip, "24")) => format!("{}/120", ipv6_twins::addr(ip.parse().unwrap())),
+                    _ => match w.parse::<std::net::Ipv4Addr>() {
+                        Ok(ip) => ipv6_twins::addr(ip).to_string(),
+                        Err(_) => w.to_string(),
+                    },
+                })
+                .collect();
+            format!("ip -6 {}", words[1..].join(" "))
+        };
+        xdp.forward_index(up0, true).unwrap();
+        let mut failures = Vec::new();
+        // What forwarding from `up0` sends when the next hop is `dmac` out of an
+        // interface whose address is `smac`: the TC program's bytes, forwarded.
+        let forwarded = |tc_out: &[u8], dmac: [u8; 6], smac: [u8; 6]| {
+            let mut p = tc_out.to_vec();
+            p[..6].copy_from_slice(&dmac);
+            p[6..12].copy_from_slice(&smac);
+            if family == 0 {
+                p[ETH + 8] -= 1;
+                fix_ip_csum(p)
+            } else {
+                // The hop limit; IPv6 has no header checksum.
+                p[ETH + 7] -= 1;
+                p
+            }
+        };
+        // TTL or hop limit 1.
+        let last_hop = |p: Vec<u8>| {
+            if family == 0 {
+                fix_ip_csum(poke(p, ETH + 8, 1))
+            } else {
+                poke(packet(p), ETH + 7, 1)
+            }
+        };
+        let to_backends = ([0x0a, 0, 0, 0, 0, 2], [2, 0, 0, 0, 0, 1]);
+        let to_clients = ([0x0a, 0, 0, 0, 9, 2], [2, 0, 0, 0, 9, 1]);
+        let first = outside_first();
+        let syn = packet(tcp(client(41001), VIP_HTTP, TCP_SYN));
+        let reply = packet(tcp_to(BACKEND_HTTP, first, TCP_SYN | TCP_ACK));
+        let ack = packet(tcp(client(41001), VIP_HTTP, TCP_ACK));
+        let ttl_one = last_hop(tcp(client(41001), VIP_HTTP, TCP_ACK));
+        let first_fragment = packet(fragment(udp(client(41002), VIP_DNS, &[7; 64]), 9, 0, true));
+        let big = packet(udp(client(41003), VIP_DNS, &[7; 1400]));
+        // (what, route changes before it, input, XDP's verdict, exits counted, bytes
+        // sent if forwarded)
+        type Step<'a> = (
+            &'a str,
+            &'a str,
+            Vec<u8>,
+            i32,
+            [&'a str; 2],
+            Option<([u8; 6], [u8; 6])>,
+        );
+        let steps: Vec<Step> = vec![
+            (
+                "a new connection to a backend behind up0: XDP_TX",
+                "",
+                syn.clone(),
+                XDP_TX,
+                ["dnat_masqueraded", "xdp_tx"],
+                Some(to_backends),
+            ),
+            (
+                "its reply, to a client behind up1, which XDP does not forward to yet",
+                "",
+                reply.clone(),
+                XDP_PASS,
+                ["revnat", "xdp_pass_egress"],
+                None,
+            ),
+            (
+                "the reply again with up1 forwarded to: XDP_REDIRECT",
+                "up1",
+                reply.clone(),
+                XDP_REDIRECT,
+                ["revnat", "xdp_redirect"],
+                Some(to_clients),
+            ),
+            (
+                "the connection's next packet",
+                "",
+                ack.clone(),
+                XDP_TX,
+                ["dnat_established", "xdp_tx"],
+                Some(to_backends),
+            ),
+            (
+                "back out of up0 where XDP_TX does not work (a veth): XDP_REDIRECT to it",
+                "up0 without XDP_TX",
+                ack.clone(),
+                XDP_REDIRECT,
+                ["dnat_established", "xdp_tx"],
+                Some(to_backends),
+            ),
+            (
+                "TTL 1: the stack answers time exceeded",
+                "",
+                ttl_one,
+                XDP_PASS,
+                ["dnat_established", "xdp_pass_ttl"],
+                None,
+            ),
+            (
+                "a first fragment: the stack's",
+                "",
+                first_fragment,
+                XDP_PASS,
+                ["dnat_masqueraded", "xdp_pass_stack"],
+                None,
+            ),
+            (
+                "no neighbour entry for the next hop: the stack resolves it",
+                "ip route replace 10.244.11.0/24 via 10.100.0.3 dev up0",
+                ack.clone(),
+                XDP_PASS,
+                ["dnat_established", "xdp_pass_no_neigh"],
+                None,
+            ),
+            (
+                "no route at all",
+                "ip route del 10.244.11.0/24",
+                ack.clone(),
+                XDP_PASS,
+                ["dnat_established", "xdp_pass_fib"],
+                None,
+            ),
+            (
+                "over the route's MTU: the stack fragments or answers",
+                "ip route add 10.244.11.0/24 via 10.100.0.2 dev up0 mtu lock 200",
+                big,
+                XDP_PASS,
+                ["dnat_masqueraded", "xdp_pass_mtu"],
+                None,
+            ),
+        ];
+        for (what, change, input, verdict, exits, sent) in steps {
+            if change == "up1" {
+                xdp.forward_index(up1, true).unwrap();
+            } else if change == "up0 without XDP_TX" {
+                xdp.forward_index(up0, false).unwrap();
+            } else if !change.is_empty() {
+                sh(&route(change));
+            }
+            let want = tc.test_run_as(Role::External, &input).unwrap();
+            let before = xdp.stats().unwrap();
+            let got = xdp.test_run_xdp_on(&input, up0).unwrap();
+            let counted = counted_between(&before, &xdp.stats().unwrap());
+            let want_packet = match sent {
+                Some((dmac, smac)) => forwarded(&want.packet, dmac, smac),
+                None => want.packet.clone(),
+            };
+            let want_counted: Vec<_> = exits.iter().map(|e| (*e, 1)).collect();
+            let mut counted_sorted = counted.clone();
+            counted_sorted.sort();
+            let mut want_sorted = want_counted.clone();
+            want_sorted.sort();
+            if want.verdict != PASS
+                || (got.verdict, &counted_sorted, &got.packet)
+                    != (verdict, &want_sorted, &want_packet)
+            {
+                failures.push(format!(
+                    "IPv{}: {what}: XDP gave {} {counted:?}\n {:02x?}\nwanted {verdict} {want_counted:?}\n {want_packet:02x?} (TC: {})",
+                    [4, 6][family], got.verdict, got.packet, want.verdict
+                ));
+            }
+        }
+        failures
+    }
+}
+
 /// A load-balancer Service (and its NodePort) with one backend, for direct server
 /// return.
 const DSR_LB: &str = r#"

@@ -22,8 +22,8 @@ pub const KERNELS: &[&str] = &["debian-6.1", "debian-bpo"];
 /// program's verdicts on this kernel), the pinned-layout refusal, traffic on TC
 /// filters (no tcx on 6.1) with checksum offload, SCTP (the host has none), a hitless
 /// restart, the attach bookkeeping, the node's sockets (socket programs), the egress
-/// program, dual stack, and the uplink programs (TC, native XDP, direct server return,
-/// an uplink without an Ethernet header). Left to the host: user-space logic, the
+/// program, dual stack, and the uplink programs (TC, native XDP and its forwarding,
+/// direct server return, an uplink without an Ethernet header). Left to the host: user-space logic, the
 /// Rust-only program tests whose kernel paths the table covers, and the node-lab
 /// tests that repeat a path kept here.
 const VM_TESTS: &[(&str, &[&str])] = &[
@@ -34,6 +34,7 @@ const VM_TESTS: &[(&str, &[&str])] = &[
             "ipv6_twins::packet_fixtures_over_ipv6",
             "v6::ipv6_only_fixtures",
             "the_xdp_program_decides_every_fixture_packet_as_the_uplink_tc_program_does",
+            "xdp_forwarding_sends_translated_frames_by_the_fib_and_passes_the_rest_untouched",
             "a_pinned_map_of_another_layout_is_refused",
         ],
     ),
@@ -62,6 +63,7 @@ const VM_TESTS: &[(&str, &[&str])] = &[
         &[
             "tc::an_external_client_reaches_a_node_port_whose_backend_is_on_another_node",
             "xdp::an_external_client_reaches_a_node_port_whose_backend_is_on_another_node",
+            "xdp_forward::native",
             "tc::direct_server_return_keeps_a_connection_that_moves_to_another_node",
             "an_uplink_without_an_ethernet_header_is_read_from_its_ip_header",
         ],

@@ -428,6 +428,16 @@ pub struct RunArgs {
     /// Assumes complete checksums, as packets from the wire carry.
     #[arg(long, value_enum, default_value_t = XdpChoice::Off)]
     pub xdp: XdpChoice,
+    /// With --xdp: the XDP program forwards what it translated (NodePort,
+    /// external-IP and load-balancer connections to backends on other nodes, and
+    /// their replies) out of the uplinks it is on, from the kernel's FIB, with
+    /// XDP_TX or XDP_REDIRECT, instead of passing it to the stack; what it cannot
+    /// finish (no neighbour entry yet, fragments, TTL 1, over the MTU, a route out
+    /// of another interface) still goes to the stack. Off by default: forwarded
+    /// frames skip netfilter's forward and postrouting hooks, qdiscs and packet
+    /// captures on the node.
+    #[arg(long, requires = "xdp")]
+    pub xdp_forward: bool,
     /// The cgroup (v2) whose processes' sockets reach Services through the socket
     /// programs (connect, sendmsg, recvmsg, getpeername), for the node's own traffic:
     /// node processes, the kubelet, hostNetwork pods. Only sockets of the agent's

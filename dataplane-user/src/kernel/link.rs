@@ -547,6 +547,64 @@ pub(super) fn remove_filters(iface: &str) -> bool {
     any
 }
 
+/// `ETHTOOL_GDRVINFO`'s answer (include/uapi/linux/ethtool.h `ethtool_drvinfo`).
+#[repr(C)]
+struct DrvInfo {
+    cmd: u32,
+    driver: [u8; 32],
+    version: [u8; 32],
+    fw_version: [u8; 32],
+    bus_info: [u8; 32],
+    erom_version: [u8; 32],
+    reserved2: [u8; 12],
+    n_priv_flags: u32,
+    n_stats: u32,
+    testinfo_len: u32,
+    eedump_len: u32,
+    regdump_len: u32,
+}
+const _: () = assert!(std::mem::size_of::<DrvInfo>() == 196);
+const ETHTOOL_GDRVINFO: u32 = 0x0000_0003;
+
+/// The driver of interface `name` ("veth", "mlx5_core", ...), from
+/// `ETHTOOL_GDRVINFO`, in the calling thread's network namespace.
+pub(super) fn driver(name: &str) -> std::io::Result<String> {
+    if name.len() >= libc::IFNAMSIZ {
+        return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
+    }
+    // SAFETY: a plain socket call; the descriptor is owned at once.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is new and nothing else owns it.
+    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    // SAFETY: all-zero bytes are a valid `DrvInfo` (integers and byte arrays).
+    let mut info: DrvInfo = unsafe { std::mem::zeroed() };
+    info.cmd = ETHTOOL_GDRVINFO;
+    // SAFETY: an all-zero ifreq is valid; the name is copied in below (shorter than
+    // IFNAMSIZ, so NUL-terminated).
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in req.ifr_name.iter_mut().zip(name.bytes()) {
+        *d = s as libc::c_char;
+    }
+    req.ifr_ifru.ifru_data = (&mut info as *mut DrvInfo).cast();
+    // SAFETY: SIOCETHTOOL reads the name and the command, and writes `info`, which
+    // lives until the call returns.
+    let ret = unsafe {
+        libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            libc::SIOCETHTOOL,
+            &mut req as *mut libc::ifreq,
+        )
+    };
+    if ret != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let end = info.driver.iter().position(|&b| b == 0).unwrap_or(32);
+    Ok(String::from_utf8_lossy(&info.driver[..end]).into_owned())
+}
+
 /// The index of interface `name` in the calling thread's network namespace.
 /// `ARPHRD_ETHER`: an Ethernet header on every packet (veth, bridges, NICs).
 const ARPHRD_ETHER: u16 = 1;

@@ -359,6 +359,8 @@ impl Datapath {
             links: BTreeMap::new(),
             egress: BTreeMap::new(),
             xdp_links: BTreeMap::new(),
+            xdp_forward: false,
+            forwarding: BTreeMap::new(),
             path: None,
             v1,
             adopted,

@@ -50,7 +50,7 @@ pub use migrate::{plan_copy, CopyCounts, Migration, BRIDGE_PROGRAM, UNKNOWN_ID};
 pub use pin::PinDir;
 pub use sock::{netns_cookie, probe_set_retval, resolve_cgroup, SockAttached, SOCK_PROGRAMS};
 pub use stats::{enable_run_stats, program_runs};
-pub use xdp::{XdpAttached, XdpChoice, XDP_DROP, XDP_PASS};
+pub use xdp::{XdpAttached, XdpChoice, XDP_DROP, XDP_PASS, XDP_REDIRECT, XDP_TX};
 
 /// A one-to-one SCTP socket (IPv4), or why this kernel opens none
 /// (`EPROTONOSUPPORT` where SCTP is not built or its module is missing).
@@ -106,6 +106,8 @@ pub enum KernelError {
     NotEthernet { iface: String, link_type: u16 },
     #[error("XDP on interface {iface} refused ({reason}); its TC program decides every packet")]
     Xdp { iface: String, reason: String },
+    #[error("XDP forwarding from interface index {index}: {reason}")]
+    XdpForward { index: u32, reason: String },
     #[error("socket programs on cgroup {cgroup}: {reason}")]
     Sock { cgroup: PathBuf, reason: String },
     #[error("pinning under {path}: {reason}")]
@@ -171,6 +173,11 @@ pub struct Datapath {
     egress: BTreeMap<String, InterfaceLink>,
     /// Uplinks with the XDP program, attached by this agent (not pinned).
     xdp_links: BTreeMap<String, (aya::programs::xdp::XdpLinkId, XdpAttached)>,
+    /// Whether the XDP program forwards between the uplinks it is on
+    /// (`--xdp-forward`): each gets its entry in `XDP_FORWARD` as it is attached.
+    xdp_forward: bool,
+    /// The uplinks in `XDP_FORWARD`, by name: their interface index.
+    forwarding: BTreeMap<String, u32>,
     /// The attach path, chosen before the first attach.
     path: Option<TcPath>,
     /// A v1 layout beside this one, to migrate after the first sync.

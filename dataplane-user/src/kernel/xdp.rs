@@ -9,7 +9,7 @@
 //! kernel (EBUSY): another owner's XDP program is never replaced.
 
 use aya::{
-    maps::ProgramArray,
+    maps::{DevMapHash, MapData, ProgramArray},
     programs::{TestRun, TestRunOptions, Xdp, XdpMode},
 };
 use dataplane_common::map_name;
@@ -157,6 +157,9 @@ impl Datapath {
             match self.xdp_program()?.attach(iface, mode) {
                 Ok(id) => {
                     self.xdp_links.insert(iface.to_string(), (id, how));
+                    if self.xdp_forward {
+                        self.forward_from(iface);
+                    }
                     return Ok(Some(how));
                 }
                 Err(e) => refused.push(format!("{}: {}", how.as_str(), chain(&e))),
@@ -171,6 +174,7 @@ impl Datapath {
     /// Detaches this agent's XDP program from `iface`, if it is there. Returns
     /// whether it was.
     pub fn detach_xdp(&mut self, iface: &str) -> bool {
+        self.stop_forwarding(iface);
         let Some((id, _)) = self.xdp_links.remove(iface) else {
             return false;
         };
@@ -180,6 +184,101 @@ impl Datapath {
             let _ = program.detach(id);
         }
         true
+    }
+
+    /// Makes the XDP program forward between the uplinks it is attached to from now
+    /// on (`--xdp-forward`): each gets its entry in `XDP_FORWARD` as it is attached.
+    /// Off (the default), the program passes every frame it translated to the stack.
+    pub fn set_xdp_forward(&mut self, on: bool) {
+        self.xdp_forward = on;
+    }
+
+    /// The XDP program's device map of the interfaces it forwards between.
+    fn forward_map(&mut self) -> Result<DevMapHash<&mut MapData>, KernelError> {
+        let map = self
+            .ebpf
+            .map_mut(map_name::XDP_FORWARD)
+            .ok_or(KernelError::MissingMap(map_name::XDP_FORWARD))?;
+        DevMapHash::try_from(map).map_err(|source| KernelError::Map {
+            name: map_name::XDP_FORWARD,
+            source,
+        })
+    }
+
+    /// Puts uplink `iface` (the XDP program just attached to it) in `XDP_FORWARD`:
+    /// its frames are forwarded from XDP, and frames from the other uplinks may be
+    /// sent out of it. A failure is logged; the uplink then passes what XDP
+    /// translated to the stack, as without forwarding.
+    fn forward_from(&mut self, iface: &str) {
+        // A veth hands `XDP_TX` frames on only to a peer with an XDP program of its
+        // own: there frames go back out by `XDP_REDIRECT`, which a peer with NAPI
+        // (GRO on) takes too. Any other driver, or one that does not say: `XDP_TX`.
+        let tx = super::link::driver(iface).map_or(true, |d| d != "veth");
+        let result = super::link::ifindex(iface)
+            .map_err(|source| KernelError::Interface {
+                iface: iface.to_string(),
+                source,
+            })
+            .and_then(|index| self.forward_index(index, tx).map(|()| index));
+        match result {
+            Ok(index) => {
+                self.forwarding.insert(iface.to_string(), index);
+                tracing::info!(
+                    interface = %iface,
+                    ifindex = index,
+                    back_out = if tx { "XDP_TX" } else { "XDP_REDIRECT" },
+                    "XDP forwards from and to this uplink"
+                );
+            }
+            Err(e) => tracing::warn!(
+                interface = %iface,
+                error = %e,
+                "XDP forwarding could not take this uplink: what XDP translates here goes to the kernel's stack"
+            ),
+        }
+    }
+
+    /// Puts interface `index` in `XDP_FORWARD` (the kernel resolves it in the
+    /// calling thread's network namespace), with `tx` also its `XDP_FORWARD_TX`
+    /// key: frames forwarded back out of it go by `XDP_TX`, not `XDP_REDIRECT`.
+    /// [`Datapath::attach_xdp`] does it for each uplink with `--xdp-forward`; the
+    /// program tests call it themselves.
+    pub fn forward_index(&mut self, index: u32, tx: bool) -> Result<(), KernelError> {
+        let error = |e: aya::maps::xdp::XdpMapError| KernelError::XdpForward {
+            index,
+            reason: chain(&e),
+        };
+        let mut map = self.forward_map()?;
+        map.insert(index, index, None, 0).map_err(error)?;
+        let tx_key = index | dataplane_common::XDP_FORWARD_TX;
+        if tx {
+            map.insert(tx_key, index, None, 0).map_err(error)?;
+        } else {
+            // Not there, or gone: either way not `XDP_TX`.
+            let _ = map.remove(tx_key);
+        }
+        Ok(())
+    }
+
+    /// Takes uplink `iface` out of `XDP_FORWARD`, if it is there.
+    fn stop_forwarding(&mut self, iface: &str) {
+        let Some(index) = self.forwarding.remove(iface) else {
+            return;
+        };
+        if let Ok(mut map) = self.forward_map() {
+            // With the interface gone the kernel has removed its entries already.
+            let _ = map.remove(index | dataplane_common::XDP_FORWARD_TX);
+            let _ = map.remove(index);
+        }
+    }
+
+    /// Uplinks the XDP program forwards between, by name, with their interface
+    /// index.
+    pub fn xdp_forwarding(&self) -> Vec<(String, u32)> {
+        self.forwarding
+            .iter()
+            .map(|(name, index)| (name.clone(), *index))
+            .collect()
     }
 
     /// Uplinks with the XDP program, and how.
@@ -194,9 +293,21 @@ impl Datapath {
     /// BPF_PROG_TEST_RUN. The verdict is XDP's (`XDP_DROP`, `XDP_PASS`); the packet
     /// as the program left it, without the metadata it put in front.
     pub fn test_run_xdp(&mut self, packet: &[u8]) -> Result<TestRunOutput, KernelError> {
+        self.test_run_xdp_on(packet, 0)
+    }
+
+    /// [`Datapath::test_run_xdp`] as if the frame came in on interface `ifindex`
+    /// of the calling thread's network namespace (0: none, the namespace's
+    /// loopback), for its routes and neighbours in XDP forwarding's FIB lookup.
+    pub fn test_run_xdp_on(
+        &mut self,
+        packet: &[u8],
+        ifindex: u32,
+    ) -> Result<TestRunOutput, KernelError> {
         self.load_xdp()?;
         let ctx_in = XdpMd {
             data_end: packet.len() as u32,
+            ingress_ifindex: ifindex,
             ..XdpMd::default()
         };
         let mut ctx_out = XdpMd::default();
@@ -258,3 +369,5 @@ fn chain(e: &dyn std::error::Error) -> String {
 /// XDP verdicts as the program returns them.
 pub const XDP_DROP: i32 = 1;
 pub const XDP_PASS: i32 = 2;
+pub const XDP_TX: i32 = 3;
+pub const XDP_REDIRECT: i32 = 4;
