@@ -2,7 +2,8 @@
 //! sockets at `connect`/`sendmsg` (`sock.rs`).
 //!
 //! `sliceway_xdp` runs the uplink TC program's body in XDP, where `--xdp` asks for it
-//! (`xdp.rs`).
+//! (`xdp.rs`), and with `--xdp-forward` sends what it translated on itself
+//! (`forward.rs`).
 //!
 //! `sliceway_tc` runs at TC ingress of the pod-facing interfaces of a node. For a
 //! packet to a frontend (VIP:port:proto) it picks a backend, remembers the choice in

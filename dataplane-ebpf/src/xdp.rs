@@ -16,6 +16,10 @@
 //! loaded, or refused by the kernel) the tail call fails and IPv6 goes to TC
 //! untouched, as everything IPv6 did before.
 //!
+//! With `--xdp-forward` (`XDP_FORWARD` holds the ingress interface), a frame the
+//! body translated is sent on from here (`forward.rs`: `XDP_TX` or `XDP_REDIRECT`
+//! by the kernel's FIB); what forwarding cannot finish passes as below, untouched.
+//!
 //! A packet the XDP program decided carries a mark in its metadata (4 bytes before
 //! the frame, kept in the skb's metadata), the interface's index under a constant, so
 //! the TC program passes it at once instead of looking it up again (`decided`). The
