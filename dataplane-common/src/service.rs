@@ -46,13 +46,13 @@ const _: () = assert!(size_of::<ServiceValue>() == 16);
 impl ServiceValue {
     /// Whether a pod's connect (`proto`) to this frontend is translated at the socket
     /// with `--socket-lb-pods`: TCP, with backends, and neither session affinity nor
-    /// source ranges (both keyed by the pod's address, which TC sees); the rest is
-    /// TC's. The socket programs and `trace --from pod-socket` both ask this.
+    /// source ranges (both keyed by the pod's address, which TC sees) nor a pods'
+    /// masquerade (`SVC_F_MASQ_PODS`, which TC does); the rest is TC's. The socket programs and `trace --from pod-socket` both ask this.
     #[inline(always)]
     pub fn pod_socket_translates(&self, proto: u8) -> bool {
         proto == PROTO_TCP
             && self.count > 0
-            && self.flags & (SVC_F_AFFINITY | SVC_F_SOURCE_RANGES) == 0
+            && self.flags & (SVC_F_AFFINITY | SVC_F_SOURCE_RANGES | SVC_F_MASQ_PODS) == 0
     }
 }
 
@@ -76,6 +76,15 @@ pub const SVC_F_MAGLEV: u32 = 1 << 3;
 /// straight to the client from the frontend's address. Read by the uplink programs
 /// only.
 pub const SVC_F_DSR: u32 = 1 << 4;
+/// An external address (a NodePort, an external IP, a load-balancer IP) of a Service
+/// with `externalTrafficPolicy: Cluster`: a pod's new connection to it is
+/// masqueraded to the node's address, as kube-proxy's external chain (`ext-*`)
+/// marks every connection it sees for masquerade
+/// (https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/nftables/proxier.go).
+/// With `Local` the bit is unset: pods are short-circuited to every endpoint with
+/// their address kept. Read by the pods' programs only (clients outside the node
+/// are masqueraded without an external entry anyway).
+pub const SVC_F_MASQ_PODS: u32 = 1 << 5;
 
 /// What the `SOURCE_RANGES` longest-prefix-match map matches on (after the key's
 /// prefix length): a frontend (always its `SCOPE_ANY` key) and a source address. An

@@ -4,7 +4,7 @@
 use dataplane_common::{
     clusterip_marker, clusterip_marker6, stat, AffinityKey, AffinityValue, Backend, Backend6,
     ServiceKey, ServiceKey6, ServiceValue, SlotKey, PROTO_SCTP, SCOPE_ANY, SCOPE_EXTERNAL,
-    SVC_F_AFFINITY, SVC_F_DSR,
+    SVC_F_AFFINITY, SVC_F_DSR, SVC_F_MASQ_PODS,
 };
 
 use crate::{conntrack, counters::Exit, maps, packet::Flow, tc::DROP, v6::Flow6};
@@ -59,16 +59,21 @@ pub fn frontend_external(flow: &Flow) -> Option<(ServiceValue, u8)> {
     })
 }
 
-/// How a pod interface's new connection to a frontend is translated: masqueraded to
-/// the node's address when the frontend is a ClusterIP and `MASQ_SOURCES` says so for
-/// its source (kube-proxy's `--masquerade-all`, and a ClusterCIDR detector's "not
-/// local": the nftables proxier's `masquerade all clusterIP traffic` and
-/// `IfNotLocalNFT` rules of the service chain,
+/// How a pod interface's new connection to `service` is translated: masqueraded to
+/// the node's address when the frontend is an external address of a Service with
+/// `externalTrafficPolicy: Cluster` (`SVC_F_MASQ_PODS`: kube-proxy's external chain
+/// masquerades every connection, pods' too), or when it is a ClusterIP and
+/// `MASQ_SOURCES` says so for its source (kube-proxy's `--masquerade-all`, and a
+/// local detector's "not local": the nftables proxier's `masquerade all clusterIP
+/// traffic` and `IfNotLocalNFT` rules of the service chain,
 /// https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/nftables/proxier.go);
-/// else the client's address is kept. The trie first: empty, it answers at once.
+/// else the client's address is kept. The flag first, then the trie: empty, it
+/// answers at once.
 #[inline(always)]
-pub fn pod_nat(flow: &Flow) -> u8 {
-    if maps::masquerades(flow.src_be) && is_clusterip(flow) {
+pub fn pod_nat(flow: &Flow, service: &ServiceValue) -> u8 {
+    if service.flags & SVC_F_MASQ_PODS != 0
+        || (maps::masquerades(flow.src_be) && is_clusterip(flow))
+    {
         conntrack::NAT_MASQUERADE
     } else {
         conntrack::NAT_KEEP
@@ -77,8 +82,10 @@ pub fn pod_nat(flow: &Flow) -> u8 {
 
 /// [`pod_nat`] for IPv6.
 #[inline(always)]
-pub fn pod_nat6(flow: &Flow6) -> u8 {
-    if maps::masquerades6(flow.src_be) && is_clusterip6(flow) {
+pub fn pod_nat6(flow: &Flow6, service: &ServiceValue) -> u8 {
+    if service.flags & SVC_F_MASQ_PODS != 0
+        || (maps::masquerades6(flow.src_be) && is_clusterip6(flow))
+    {
         conntrack::NAT_MASQUERADE
     } else {
         conntrack::NAT_KEEP

@@ -344,7 +344,7 @@ fn connection_or_frontend<const BRIDGE: bool, const EXTERNAL: bool, C: Program>(
             let found = if EXTERNAL {
                 lookup::frontend_external(flow)
             } else {
-                lookup::frontend(flow).map(|s| (s, lookup::pod_nat(flow)))
+                lookup::frontend(flow).map(|s| (s, lookup::pod_nat(flow, &s)))
             };
             let Some((service, nat)) = found else {
                 return Ok(None);

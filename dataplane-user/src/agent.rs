@@ -250,9 +250,6 @@ struct Syncer {
     source_skipped: BTreeMap<String, i64>,
     /// The masquerade source ports (`--snat-ports`).
     snat_ports: (u16, u16),
-    /// Whether pods' connections may be masqueraded too (`--masquerade-all`,
-    /// `--cluster-cidr`): the node's address is then written without an uplink.
-    masquerades_pods: bool,
     /// The masquerade settings last written to the datapath.
     nat: Option<dataplane_common::NatConfig>,
     /// IPv6's, last written (`NAT_CONFIG6`).
@@ -326,7 +323,8 @@ impl Syncer {
             .set(self.health_checks.open_count() as i64);
     }
 
-    /// Writes what the uplink program masquerades with when it changed: the node's
+    /// Writes what the programs masquerade with when it changed (clients from
+    /// outside the node, and pods as kube-proxy masquerades them): the node's
     /// primary address (its Node object), else the first address of an uplink the
     /// agent attached to; none while neither is known (such connections are then
     /// dropped and counted, `drop_no_node_addr`). IPv4 (`NAT_CONFIG`) and IPv6
@@ -338,23 +336,18 @@ impl Syncer {
             .filter(|(_, (_, role))| *role == interfaces::Role::External)
             .map(|(name, _)| name)
             .collect();
-        // A family with nothing attached to an uplink and nothing written yet has
-        // nothing to write.
-        let some = !uplinks.is_empty() || self.masquerades_pods;
-        let wants = some || self.nat.is_some();
-        let wants6 = dp.has_ipv6_maps() && (some || self.nat6.is_some());
-        let addr = wants
-            .then(|| {
-                self.pipeline.compiler.node_ip().or_else(|| {
-                    interfaces::ipv4_addresses_by_interface()
-                        .ok()?
-                        .into_iter()
-                        .find(|(name, _)| uplinks.contains(name))
-                        .map(|(_, a)| a)
-                })
-            })
-            .flatten();
-        let nat = wants.then(|| dataplane_common::NatConfig {
+        // Pods' connections to a NodePort, an external or a load-balancer IP of a
+        // `Cluster` policy are masqueraded on every node, uplinks or none: IPv4's
+        // settings are always written, IPv6's wherever its maps are loaded.
+        let wants6 = dp.has_ipv6_maps();
+        let addr = self.pipeline.compiler.node_ip().or_else(|| {
+            interfaces::ipv4_addresses_by_interface()
+                .ok()?
+                .into_iter()
+                .find(|(name, _)| uplinks.contains(name))
+                .map(|(_, a)| a)
+        });
+        let nat = Some(dataplane_common::NatConfig {
             node_addr_be: addr.map_or(0, |a| u32::from(a).to_be()),
             port_min: self.snat_ports.0,
             port_max: self.snat_ports.1,
@@ -373,8 +366,11 @@ impl Syncer {
             match dp.set_nat(nat) {
                 Ok(()) => {
                     match addr {
-                        Some(a) => info!(address = %a, ports = ?self.snat_ports, "masquerading clients from outside the node to this address"),
-                        None => warn!("no address of the node is known (no Node object with one, no address on an uplink): connections from outside the node that need masquerading are dropped"),
+                        Some(a) => info!(address = %a, ports = ?self.snat_ports, "masquerading to this address"),
+                        // Without an uplink only pods' connections to external
+                        // frontends of a `Cluster` policy need it: said, not warned.
+                        None if uplinks.is_empty() => info!("no address of the node is known (no Node object with one, no uplink): pods' connections to NodePorts, external and load-balancer IPs of a Cluster policy are dropped until one is (drop_no_node_addr)"),
+                        None => warn!("no address of the node is known (no Node object with one, no address on an uplink): connections that need masquerading (from outside the node, and pods' to NodePorts, external and load-balancer IPs of a Cluster policy) are dropped"),
                     }
                     self.nat = Some(nat);
                 }
@@ -387,9 +383,9 @@ impl Syncer {
             match dp.set_nat6(nat6) {
                 Ok(()) => {
                     match addr6 {
-                        Some(a) => info!(address = %a, ports = ?self.snat_ports, "masquerading IPv6 clients from outside the node to this address"),
+                        Some(a) => info!(address = %a, ports = ?self.snat_ports, "masquerading IPv6 connections to this address"),
                         // An IPv4-only node, as most are: said once, not a problem.
-                        None => info!("no IPv6 address of the node is known (no Node object with one, no global IPv6 address on an uplink): IPv6 connections from outside the node that need masquerading are dropped"),
+                        None => info!("no IPv6 address of the node is known (no Node object with one, no global IPv6 address on an uplink): IPv6 connections that need masquerading are dropped"),
                     }
                     self.nat6 = Some(nat6);
                 }
@@ -1341,7 +1337,6 @@ pub async fn run(
         rejected: BTreeSet::new(),
         source_skipped: BTreeMap::new(),
         snat_ports: settings.snat_ports,
-        masquerades_pods: settings.masquerade_all || !settings.local_cidrs.is_empty(),
         nat: None,
         nat6: None,
     };

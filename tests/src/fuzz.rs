@@ -135,6 +135,15 @@ pub fn replay(fixture: &Fixture) -> Result<()> {
     Ok(())
 }
 
+/// The node's address and masquerade ports (`NAT_CONFIG`), for pods' connections
+/// to external IPs: four ports, so a backend's ports run out now and then
+/// (`drop_snat_exhausted`).
+const NODE_NAT: dataplane_common::NatConfig = dataplane_common::NatConfig {
+    node_addr_be: u32::from_be_bytes([10, 100, 0, 1]).to_be(),
+    port_min: 61_000,
+    port_max: 61_003,
+};
+
 /// The kernel side: a datapath pinned in a directory of its own (so the fuzzer can
 /// open the maps `Datapath` does not hand out), the map writer, and the model.
 struct Harness {
@@ -205,6 +214,7 @@ impl Harness {
             return Err(anyhow!("map writer: {:?}", report.errors));
         }
         self.dp.set_ct_timeouts(&timeouts)?;
+        self.dp.set_nat(NODE_NAT)?;
         let keys: Vec<CtKey> = self.dp.conntrack().into_iter().map(|(k, _)| k).collect();
         for k in keys {
             let _ = self.dp.conntrack_map().remove(&k);
@@ -223,6 +233,7 @@ impl Harness {
             slots: state.slots.into_iter().collect(),
             backends: state.backends.into_iter().collect(),
             timeouts,
+            nat: Some(NODE_NAT),
         };
         self.tables = Tables::default();
         Ok(())

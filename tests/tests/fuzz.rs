@@ -18,9 +18,12 @@ fn a_fixed_seed_run_of_100_000_packets_matches_the_model() {
     println!("{report}");
     assert_eq!(report.mismatches, 0, "{report}");
     // The run reached the paths it is meant to: new and tracked flows, replies,
-    // fragments, ICMP errors, rejects, malformed packets.
+    // fragments, ICMP errors, rejects, malformed packets, pods masqueraded to
+    // external IPs and their ports running out.
     for reason in [
         "dnat_new",
+        "dnat_masqueraded",
+        "drop_snat_exhausted",
         "dnat_established",
         "revnat",
         "nat_fragment",

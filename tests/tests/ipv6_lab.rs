@@ -468,3 +468,51 @@ fn a_dual_stack_local_load_balancer_is_health_checked_in_each_family() {
         assert_eq!(body["localEndpoints"], local, "{at}: {body}");
     }
 }
+
+/// Issue 46: over both families, a pod's connection to a NodePort or an external IP
+/// of a Service with `externalTrafficPolicy: Cluster` reaches the backend from the
+/// node's address of that family (its Node object's InternalIPs), as kube-proxy's
+/// external chain masquerades it
+/// (https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/nftables/proxier.go);
+/// its ClusterIPs keep the pod's address.
+#[test]
+fn a_pods_connection_to_a_dual_stack_node_port_or_external_ip_comes_from_the_node() {
+    let lab = Lab::dual_stack(1, false).unwrap();
+    let node4 = Ipv4Addr::new(10, 244, 1, 1);
+    let client6 = lab.client.ip6.unwrap();
+    let mut segments = client6.segments();
+    segments[7] = 1;
+    let node6 = Ipv6Addr::from(segments);
+    lab.write_manifest(
+        "node.yaml",
+        &format!("apiVersion: v1\nkind: Node\nmetadata: {{name: node-1}}\nstatus:\n  addresses: [{{type: InternalIP, address: {node4}}}, {{type: InternalIP, address: \"{node6}\"}}]\n"),
+    )
+    .unwrap();
+    let ext6 = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x70);
+    let yaml = lab
+        .service_yaml_families("web", &[VIP4.into(), VIP6.into()], PORT, &[0])
+        .unwrap()
+        .replace(
+            "  type: ClusterIP\n",
+            &format!("  type: NodePort\n  externalIPs: [192.0.2.70, \"{ext6}\"]\n"),
+        )
+        .replace(
+            "protocol: TCP, targetPort: 8080}",
+            "protocol: TCP, targetPort: 8080, nodePort: 30080}",
+        );
+    assert!(yaml.contains("nodePort: 30080"), "{yaml}");
+    lab.write_manifest("web.yaml", &yaml).unwrap();
+    let agent = lab.start_agent().unwrap();
+    let seen_as = |to: SocketAddr| lab.tcp_request(to).unwrap().peer.map(|p| p.ip());
+    assert_eq!(seen_as(at(VIP4, PORT)), Some(lab.client.ip.into()));
+    assert_eq!(seen_as(at(VIP6, PORT)), Some(client6.into()));
+    for (to, node) in [
+        (at(node4, 30080), IpAddr::from(node4)),
+        (at(Ipv4Addr::new(192, 0, 2, 70), PORT), node4.into()),
+        (at(node6, 30080), node6.into()),
+        (at(ext6, PORT), node6.into()),
+    ] {
+        assert_eq!(seen_as(to), Some(node), "{to}");
+    }
+    assert_eq!(agent.problems_logged().unwrap(), 0, "{:#?}", agent.log());
+}

@@ -2326,3 +2326,53 @@ fn auto_finds_every_cnis_pod_interfaces_without_a_name() {
         Some((lab_pods.len() + clients.len() + 1) as f64)
     );
 }
+
+/// Issue 46: a pod's connection to a NodePort or an external IP of a Service with
+/// `externalTrafficPolicy: Cluster` reaches the backend from the node's address
+/// (its Node object's InternalIP), as kube-proxy's external chain masquerades it
+/// (https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/nftables/proxier.go);
+/// to the Service's ClusterIP, and to the same frontends once the policy is `Local`,
+/// the backend sees the pod's own address.
+#[test]
+fn a_pods_connection_to_a_node_port_or_external_ip_comes_from_the_nodes_address() {
+    let lab = Lab::new(1).unwrap();
+    let node_ip = Ipv4Addr::new(10, 244, 1, 1);
+    lab.write_manifest(
+        "node.yaml",
+        &format!("apiVersion: v1\nkind: Node\nmetadata: {{name: node-1}}\nstatus:\n  addresses: [{{type: InternalIP, address: {node_ip}}}]\n"),
+    )
+    .unwrap();
+    let web = |policy: &str| {
+        lab.service_yaml("web", VIP, PORT, &[0])
+            .replace(
+                "  type: ClusterIP\n",
+                &format!("  type: NodePort\n  externalIPs: [192.0.2.70]\n  externalTrafficPolicy: {policy}\n"),
+            )
+            .replace(
+                "protocol: TCP, targetPort: 8080}",
+                "protocol: TCP, targetPort: 8080, nodePort: 30080}",
+            )
+    };
+    assert!(web("Cluster").contains("nodePort: 30080"));
+    lab.write_manifest("web.yaml", &web("Cluster")).unwrap();
+    let agent = lab.start_agent().unwrap();
+    let node_port = SocketAddrV4::new(node_ip, 30080);
+    let external = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 70), PORT);
+    let seen_as = |to: SocketAddrV4| {
+        let reply = lab.tcp_request(to).unwrap();
+        reply.peer.map(|p| p.ip())
+    };
+    let pod = Some(lab.client.ip.into());
+    let node = Some(node_ip.into());
+    assert_eq!(seen_as(vip()), pod, "the ClusterIP keeps the pod's address");
+    for _ in 0..3 {
+        assert_eq!(seen_as(node_port), node, "the NodePort, Cluster policy");
+        assert_eq!(seen_as(external), node, "the external IP, Cluster policy");
+    }
+    agent
+        .applies(|| lab.write_manifest("web.yaml", &web("Local")))
+        .unwrap();
+    assert_eq!(seen_as(node_port), pod, "the NodePort, Local policy");
+    assert_eq!(seen_as(external), pod, "the external IP, Local policy");
+    assert_eq!(agent.problems_logged().unwrap(), 0, "{:#?}", agent.log());
+}

@@ -165,6 +165,76 @@ endpoints:
   conditions: {ready: true}
 "#;
 
+/// Two Services reached from outside, one backend each (10.244.11.2, on another
+/// node): `ext` with `externalTrafficPolicy: Cluster` (a load-balancer IP, an
+/// external IP and a NodePort) and `ext-local` with `Local` (an external IP and a
+/// NodePort); NodePorts are served on the fixture's node address.
+const EXTERNAL_POLICIES: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: ext, namespace: default}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.70
+  externalIPs: [192.0.2.70]
+  ports: [{name: http, port: 80, targetPort: 8080, nodePort: 30080}]
+status: {loadBalancer: {ingress: [{ip: 198.51.100.70}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: ext-1, namespace: default, labels: {kubernetes.io/service-name: ext}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: [10.244.11.2], nodeName: node-2}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: ext-local, namespace: default}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.71
+  externalIPs: [192.0.2.71]
+  externalTrafficPolicy: Local
+  ports: [{name: http, port: 80, targetPort: 8080, nodePort: 30081}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: ext-local-1, namespace: default, labels: {kubernetes.io/service-name: ext-local}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: [10.244.11.2], nodeName: node-2}]
+"#;
+
+/// The node of [`EXTERNAL_POLICIES`]' fixture: sixteen masquerade ports, so a few
+/// connections to one backend each get one.
+const NODE_WIDE: Node = Node {
+    addr: "10.100.0.1",
+    ports: (61_000, 61_015),
+};
+
+/// What the `n`-th of the pods' connections of that fixture to `dst` is
+/// masqueraded to, the earlier ones' ports held (they share the backend).
+fn pod_masqueraded(n: usize) -> SocketAddrV4 {
+    let mut taken = Vec::new();
+    let mut last = None;
+    for (src, dst) in POD_TO_EXTERNAL.iter().take(n + 1) {
+        let m = masqueraded(addr(src), dst, NODE_WIDE, &taken);
+        taken.push(m.port());
+        last = Some(m);
+    }
+    last.expect("a connection of the list")
+}
+
+/// The pods' connections of that fixture that are masqueraded, in order: to the
+/// external IP, the load-balancer IP and the NodePort of `ext`, and a pod reaching
+/// itself through the external IP.
+const POD_TO_EXTERNAL: [(&str, &str); 4] = [
+    ("10.244.1.2:41010", "192.0.2.70:80"),
+    ("10.244.1.2:41011", "198.51.100.70:80"),
+    ("10.244.1.2:41012", "10.100.0.1:30080"),
+    ("10.244.11.2:41013", "192.0.2.70:80"),
+];
+
 /// A Service whose endpoint is in the host network of this node (its address is the
 /// node's, as a hostNetwork pod's or the API server's on a control-plane node), over
 /// TCP, UDP and SCTP; beside it a Service with a backend in a pod.
@@ -1743,6 +1813,82 @@ static FIXTURES: &[Fixture] = &[
         ..PLAIN
     },
     Fixture {
+        // Issue 46: kube-proxy's external chain (`ext-*`) masquerades every
+        // connection of a `Cluster` policy, pods' too; with `Local` a pod's is
+        // short-circuited to the cluster's endpoints with its address kept.
+        description: "from a pod, a NodePort, external or load-balancer IP of a Cluster policy is masqueraded to the node; of a Local policy, and a ClusterIP, keep the pod's address",
+        maps: EXTERNAL_POLICIES,
+        node: Some(NODE_WIDE),
+        uplink: &[8],
+        steps: &[
+            Step {
+                input: || tcp(addr(POD_TO_EXTERNAL[0].0), POD_TO_EXTERNAL[0].1, TCP_SYN),
+                verdict: PASS,
+                reason: stat::DNAT_MASQUERADED,
+                output: Out::Packet(|| tcp(pod_masqueraded(0), BACKEND_HTTP, TCP_SYN)),
+            },
+            // The backend answers the node's address: the pod gets it from the
+            // external IP.
+            Step {
+                input: || tcp_to(BACKEND_HTTP, pod_masqueraded(0), TCP_SYN | TCP_ACK),
+                verdict: PASS,
+                reason: stat::REVNAT,
+                output: Out::Packet(|| {
+                    tcp_to("192.0.2.70:80", addr(POD_TO_EXTERNAL[0].0), TCP_SYN | TCP_ACK)
+                }),
+            },
+            Step {
+                input: || tcp(addr(POD_TO_EXTERNAL[1].0), POD_TO_EXTERNAL[1].1, TCP_SYN),
+                verdict: PASS,
+                reason: stat::DNAT_MASQUERADED,
+                output: Out::Packet(|| tcp(pod_masqueraded(1), BACKEND_HTTP, TCP_SYN)),
+            },
+            Step {
+                input: || tcp(addr(POD_TO_EXTERNAL[2].0), POD_TO_EXTERNAL[2].1, TCP_SYN),
+                verdict: PASS,
+                reason: stat::DNAT_MASQUERADED,
+                output: Out::Packet(|| tcp(pod_masqueraded(2), BACKEND_HTTP, TCP_SYN)),
+            },
+            // The backend reaching itself: from the node's address, not the hairpin
+            // address.
+            Step {
+                input: || tcp(addr(POD_TO_EXTERNAL[3].0), POD_TO_EXTERNAL[3].1, TCP_SYN),
+                verdict: PASS,
+                reason: stat::DNAT_MASQUERADED,
+                output: Out::Packet(|| tcp(pod_masqueraded(3), BACKEND_HTTP, TCP_SYN)),
+            },
+            // The ClusterIP of the same Service: the pod's address is kept.
+            Step {
+                input: || tcp(client(41014), "10.96.0.70:80", TCP_SYN),
+                verdict: PASS,
+                reason: stat::DNAT_NEW,
+                output: Out::Packet(|| tcp(client(41014), BACKEND_HTTP, TCP_SYN)),
+            },
+            // `Local`: the external IP and the NodePort reach the remote endpoint
+            // with the pod's address kept.
+            Step {
+                input: || tcp(client(41015), "192.0.2.71:80", TCP_SYN),
+                verdict: PASS,
+                reason: stat::DNAT_NEW,
+                output: Out::Packet(|| tcp(client(41015), BACKEND_HTTP, TCP_SYN)),
+            },
+            Step {
+                input: || tcp(client(41016), "10.100.0.1:30081", TCP_SYN),
+                verdict: PASS,
+                reason: stat::DNAT_NEW,
+                output: Out::Packet(|| tcp(client(41016), BACKEND_HTTP, TCP_SYN)),
+            },
+            // From outside, `Local` has no endpoint on this node: dropped.
+            Step {
+                input: || tcp(addr(OUTSIDE), "192.0.2.71:80", TCP_SYN),
+                verdict: DROP,
+                reason: stat::DROP_NO_BACKEND,
+                output: Out::Dropped,
+            },
+        ],
+        ..PLAIN
+    },
+    Fixture {
         // Issue 46: netfilter's masquerade at `POSTROUTING` never meets a packet
         // delivered to the node's stack, and a source that is the node's own address
         // would be a martian there.
@@ -1975,8 +2121,12 @@ trait Family {
 
 /// The compiler's options a fixture asks for.
 fn options_of(fixture: &Fixture) -> Options {
+    // NodePorts are served on the node's address, where the fixture gives one.
+    let node: Option<std::net::Ipv4Addr> = fixture.node.map(|n| n.addr.parse().unwrap());
     Options {
         dsr: fixture.dsr,
+        node_port_ips: node.into_iter().collect(),
+        node_port_ips6: node.map(ipv6_twins::addr).into_iter().collect(),
         ..Options::default()
     }
 }
@@ -2455,8 +2605,10 @@ fn source_ranges_case(case: &RangesCase) {
         (out.verdict, reason)
     };
     let (inside, outside, lb) = (case.inside, case.outside, case.lb);
+    // A load-balancer IP of a `Cluster` policy: pods are masqueraded too (issue
+    // 46), after the ranges have seen their own address.
     for (role, translated) in [
-        (Role::Pods, "dnat_new"),
+        (Role::Pods, "dnat_masqueraded"),
         (Role::External, "dnat_masqueraded"),
     ] {
         assert_eq!(
@@ -2479,7 +2631,7 @@ fn source_ranges_case(case: &RangesCase) {
     put(&mut pipeline, &mut dp, case.ranges[1]);
     assert_eq!(
         verdict(&dp, Role::Pods, outside, 40001, lb),
-        (PASS, "dnat_new")
+        (PASS, "dnat_masqueraded")
     );
     assert_eq!(
         verdict(&dp, Role::Pods, inside, 40001, lb),
@@ -2489,7 +2641,7 @@ fn source_ranges_case(case: &RangesCase) {
     put(&mut pipeline, &mut dp, "[]");
     assert_eq!(
         verdict(&dp, Role::Pods, inside, 40002, lb),
-        (PASS, "dnat_new")
+        (PASS, "dnat_masqueraded")
     );
     assert!(pipeline.ranges.is_empty());
 }

@@ -465,7 +465,8 @@ fn connection_or_frontend<const EXTERNAL: bool, C: Program6>(
             let found = if EXTERNAL {
                 lookup::frontend_external6(flow)
             } else {
-                maps::service6(&lookup::frontend_key6(flow)).map(|s| (s, lookup::pod_nat6(flow)))
+                maps::service6(&lookup::frontend_key6(flow))
+                    .map(|s| (s, lookup::pod_nat6(flow, &s)))
             };
             let Some((service, nat)) = found else {
                 return Ok(None);

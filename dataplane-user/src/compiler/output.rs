@@ -152,6 +152,9 @@ pub struct FrontendPolicy {
     /// Direct server return for connections from outside the node that would be
     /// masqueraded (`SVC_F_DSR`).
     pub dsr: bool,
+    /// Pods' new connections masqueraded to the node's address (`SVC_F_MASQ_PODS`):
+    /// an external address of a Service with `externalTrafficPolicy: Cluster`.
+    pub masq_pods: bool,
 }
 
 /// kube-proxy's default `sessionAffinityConfig.clientIP.timeoutSeconds`
@@ -179,6 +182,9 @@ impl FrontendPolicy {
         if self.dsr {
             flags |= dataplane_common::SVC_F_DSR;
         }
+        if self.masq_pods {
+            flags |= dataplane_common::SVC_F_MASQ_PODS;
+        }
         dataplane_common::ServiceValue {
             id,
             count,
@@ -201,6 +207,7 @@ impl FrontendPolicy {
             maglev: (v.flags & dataplane_common::SVC_F_MAGLEV != 0 && v.count > 0)
                 .then(|| crate::writer::maglev::TableSize::restored(v.count)),
             dsr: v.flags & dataplane_common::SVC_F_DSR != 0,
+            masq_pods: v.flags & dataplane_common::SVC_F_MASQ_PODS != 0,
         }
     }
 }

@@ -631,6 +631,11 @@ impl<A: Ip> Family<A> {
                         // Reached from outside and masqueraded there: direct
                         // server return instead, where asked for.
                         dsr: opts.dsr && !is_cluster_ip,
+                        // A pod reaching an external address of a `Cluster`
+                        // policy is masqueraded, as kube-proxy's external chain
+                        // masquerades it; with `Local` it is short-circuited with
+                        // its address kept (the nftables proxier's EXT chain).
+                        masq_pods: !is_cluster_ip && !policy.external_local,
                     },
                     source_ranges: ranges.clone(),
                 }),
@@ -662,6 +667,7 @@ impl<A: Ip> Family<A> {
                             maglev: opts.maglev.filter(|_| !local.is_empty()),
                             // The client's address is kept anyway.
                             dsr: false,
+                            masq_pods: false,
                         },
                         backends: to_backends(local),
                         // The ranges are kept under the frontend's entry for all.

@@ -329,5 +329,8 @@ fn policy_text(value: &ServiceValue) -> String {
     if value.flags & dataplane_common::SVC_F_MAGLEV != 0 {
         policy.push_str(" maglev");
     }
+    if value.flags & dataplane_common::SVC_F_MASQ_PODS != 0 {
+        policy.push_str(" masq-pods");
+    }
     policy
 }

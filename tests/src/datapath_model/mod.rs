@@ -35,7 +35,11 @@
 //!   UDP) inside both the datagram and the frame, or it is malformed;
 //! - then conntrack (a live connection's packets, either way: DNAT or reverse NAT,
 //!   before any frontend, as netfilter's conntrack comes before its NAT), the
-//!   frontend lookup and the backend pick, REJECT, as `step` spells out.
+//!   frontend lookup and the backend pick, REJECT, as `step` spells out;
+//! - a new connection to an external address of a Service with
+//!   `externalTrafficPolicy: Cluster` (`SVC_F_MASQ_PODS`) is masqueraded to the
+//!   node's address and a free port of its range (kube-proxy's external chain
+//!   masquerades pods too), dropped when none of its tries is free.
 //!
 //! SCTP (RFC 9260): an INIT starts an association, ABORT and SHUTDOWN COMPLETE end
 //! it; addresses are translated as for TCP and UDP (SCTP's CRC32c covers no
@@ -52,8 +56,8 @@ use std::collections::HashMap;
 use dataplane_common::{
     ct::{self, flag, state},
     flow_hash, stat, AffinityKey, AffinityValue, Backend, CtEntry, CtKey, FragKey, FragPorts,
-    ServiceKey, ServiceValue, SlotKey, CT_FORWARD, CT_REVERSE, PROTO_ICMP, PROTO_SCTP, PROTO_TCP,
-    PROTO_UDP, SVC_F_AFFINITY, SVC_F_DROP_EMPTY,
+    NatConfig, ServiceKey, ServiceValue, SlotKey, CT_FORWARD, CT_REVERSE, PROTO_ICMP, PROTO_SCTP,
+    PROTO_TCP, PROTO_UDP, SVC_F_AFFINITY, SVC_F_DROP_EMPTY, SVC_F_MASQ_PODS,
 };
 
 use checksum::Checksum;
@@ -78,6 +82,11 @@ const REMAP_TRIES: u32 = 8;
 const REMAP_PORT_MIN: u32 = 1024;
 /// An ICMP error quotes at most what fits in 576 bytes (RFC 1812 4.3.2.3).
 const REJECT_QUOTE_MAX: usize = 576 - 20 - 8;
+/// A masqueraded connection's source port: the i-th of 16 tries is
+/// `min + (hash + i * 0x9e3779b1) % (max - min + 1)` of `NAT_CONFIG`'s range, the
+/// first no live connection holds; none free drops (`drop_snat_exhausted`).
+const SNAT_TRIES: u32 = 16;
+const SNAT_STEP: u32 = 0x9e37_79b1;
 
 /// The service maps as the agent wrote them, and the idle timeouts.
 #[derive(Clone, Debug, Default)]
@@ -87,6 +96,8 @@ pub struct Maps {
     pub backends: HashMap<u32, Backend>,
     /// `CT_TIMEOUTS`: seconds by state, zero for the default.
     pub timeouts: [u64; state::COUNT as usize],
+    /// `NAT_CONFIG`: the node's address and masquerade ports; `None`, none known.
+    pub nat: Option<NatConfig>,
 }
 
 impl Maps {
@@ -463,14 +474,12 @@ impl Machine<'_> {
                     Ok(b) => b,
                     Err(exit) => return Some(exit),
                 };
-                match self.track(flow, &key, svc.id, backend_id, &backend) {
-                    Ok(remapped) => {
+                // An external address of a `Cluster` policy: the pod is
+                // masqueraded to the node's address.
+                let masquerade = svc.flags & SVC_F_MASQ_PODS != 0;
+                match self.track(flow, &key, svc.id, backend_id, &backend, masquerade) {
+                    Ok(reason) => {
                         let e = self.view.ct(&key).expect("just written");
-                        let reason = if remapped {
-                            stat::DNAT_PORT_REMAPPED
-                        } else {
-                            stat::DNAT_NEW
-                        };
                         (e, reason)
                     }
                     Err(exit) => return Some(exit),
@@ -577,7 +586,10 @@ impl Machine<'_> {
     }
 
     /// A new connection: two entries that name each other; the reply tuple gets a
-    /// source port of its own when a live connection holds it. `Ok(remapped)`.
+    /// source port of its own when a live connection holds it, or, with
+    /// `masquerade`, the node's address and a port of its range (a backend at the
+    /// node's own address keeps the client's tuple, and a live holder of it drops).
+    /// `Ok(reason)`: `dnat_new`, `dnat_port_remapped` or `dnat_masqueraded`.
     fn track(
         &mut self,
         flow: &Flow,
@@ -585,7 +597,8 @@ impl Machine<'_> {
         service_id: u32,
         backend_id: u32,
         backend: &Backend,
-    ) -> Result<bool, Exit> {
+        masquerade: bool,
+    ) -> Result<u32, Exit> {
         let previous = self
             .view
             .ct(key)
@@ -605,26 +618,59 @@ impl Machine<'_> {
             flow.sport,
             flow.proto,
         );
-        let mut remapped = false;
-        let take_closing = flow.proto == PROTO_TCP && flow.syn_only();
-        if self.reply_taken(&reply, key, take_closing) {
-            let span = 65_536 - REMAP_PORT_MIN;
-            let hash = flow.hash();
-            let mut free = None;
-            for i in 0..REMAP_TRIES {
-                let port = (REMAP_PORT_MIN + hash.wrapping_add(i.wrapping_mul(7919)) % span) as u16;
-                let candidate = CtKey {
-                    dport_be: port.to_be(),
-                    ..reply
-                };
-                // Only the client's own tuple is taken over, not a candidate's.
-                if !self.reply_taken(&candidate, key, false) {
-                    free = Some(candidate);
-                    break;
+        let mut reason = stat::DNAT_NEW;
+        if masquerade {
+            let nat = self
+                .maps
+                .nat
+                .filter(|n| n.node_addr_be != 0)
+                .ok_or((DROP, stat::DROP_NO_NODE_ADDR))?;
+            if backend.addr_be == nat.node_addr_be {
+                if self.reply_taken(&reply, key, false) {
+                    return Err((DROP, stat::DROP_CT_CLASH));
                 }
+            } else {
+                reply.dst_be[0] = nat.node_addr_be;
+                let (min, max) = (nat.port_min as u32, nat.port_max as u32);
+                let span = if max >= min { max - min + 1 } else { 1 };
+                let hash = flow.hash();
+                let mut free = None;
+                for i in 0..SNAT_TRIES {
+                    let port = (min + hash.wrapping_add(i.wrapping_mul(SNAT_STEP)) % span) as u16;
+                    let candidate = CtKey {
+                        dport_be: port.to_be(),
+                        ..reply
+                    };
+                    if !self.reply_taken(&candidate, key, false) {
+                        free = Some(candidate);
+                        break;
+                    }
+                }
+                reply = free.ok_or((DROP, stat::DROP_SNAT_EXHAUSTED))?;
+                reason = stat::DNAT_MASQUERADED;
             }
-            reply = free.ok_or((DROP, stat::DROP_CT_CLASH))?;
-            remapped = true;
+        } else {
+            let take_closing = flow.proto == PROTO_TCP && flow.syn_only();
+            if self.reply_taken(&reply, key, take_closing) {
+                let span = 65_536 - REMAP_PORT_MIN;
+                let hash = flow.hash();
+                let mut free = None;
+                for i in 0..REMAP_TRIES {
+                    let port =
+                        (REMAP_PORT_MIN + hash.wrapping_add(i.wrapping_mul(7919)) % span) as u16;
+                    let candidate = CtKey {
+                        dport_be: port.to_be(),
+                        ..reply
+                    };
+                    // Only the client's own tuple is taken over, not a candidate's.
+                    if !self.reply_taken(&candidate, key, false) {
+                        free = Some(candidate);
+                        break;
+                    }
+                }
+                reply = free.ok_or((DROP, stat::DROP_CT_CLASH))?;
+                reason = stat::DNAT_PORT_REMAPPED;
+            }
         }
         let (s, seen) = next_state(flow.proto, 0, flow.tcp_flags, true);
         let forward = CtEntry {
@@ -653,7 +699,7 @@ impl Machine<'_> {
                 self.view.remove(old);
             }
         }
-        Ok(remapped)
+        Ok(reason)
     }
 
     /// A reply of a live connection is reverse-NATed; a stale reverse entry at the
