@@ -87,6 +87,10 @@ pub struct Settings {
     /// ClusterCIDR`): a pod interface's new connection to a ClusterIP from outside
     /// them is masqueraded. Empty: none is.
     pub local_cidrs: Vec<(std::net::IpAddr, u8)>,
+    /// `--detect-local-mode NodeCIDR`: the local CIDRs are this node's pod CIDRs
+    /// (its Node object's `spec.podCIDRs`), written as they change; `local_cidrs`
+    /// is then empty.
+    pub local_from_node: bool,
     /// How often the interfaces are listed again, for patterns (and for exact names
     /// whose interface goes away and comes back).
     pub interface_scan: Duration,
@@ -250,6 +254,11 @@ struct Syncer {
     source_skipped: BTreeMap<String, i64>,
     /// The masquerade source ports (`--snat-ports`).
     snat_ports: (u16, u16),
+    /// `--masquerade-all`.
+    masquerade_all: bool,
+    /// NodeCIDR detection: the node's pod CIDRs last written to `MASQ_SOURCES`
+    /// (`None`: not written yet); without it, `None` for good.
+    node_cidrs: Option<Option<crate::model::PodCidrs>>,
     /// The masquerade settings last written to the datapath.
     nat: Option<dataplane_common::NatConfig>,
     /// IPv6's, last written (`NAT_CONFIG6`).
@@ -398,6 +407,40 @@ impl Syncer {
         }
     }
 
+    /// With `--detect-local-mode NodeCIDR`: writes this node's pod CIDRs (its Node
+    /// object's `spec.podCIDRs`, each family's first) as the local-traffic CIDRs of
+    /// `MASQ_SOURCES` when they changed, as kube-proxy's `NodeCIDR` detector takes
+    /// them (`getLocalDetectors`,
+    /// https://github.com/kubernetes/kubernetes/blob/v1.37.2/cmd/kube-proxy/app/server_linux.go).
+    /// kube-proxy waits up to five minutes for them at start and exits when they
+    /// change; here a node without them masquerades none of its pods' ClusterIP
+    /// connections (kube-proxy's no-op detector) until they come, and a change is
+    /// written at the next sync.
+    fn sync_node_cidrs(&mut self, dp: &mut Datapath) {
+        let Some(written) = &self.node_cidrs else {
+            return;
+        };
+        let now = self.pipeline.compiler.pod_cidrs();
+        if written.as_ref() == Some(now) {
+            return;
+        }
+        for bad in &now.bad {
+            warn!(cidr = %bad, "this node's spec.podCIDRs has an entry that is no CIDR; it is left out (--detect-local-mode NodeCIDR)");
+        }
+        let (masq, masq6) = masq_sources(self.masquerade_all, &now.cidrs);
+        if let Err(e) = dp.set_masq_sources(&masq, &masq6) {
+            warn!("writing this node's pod CIDRs as the local traffic (--detect-local-mode NodeCIDR): {e}; tried again at the next sync");
+            return;
+        }
+        if now.cidrs.is_empty() {
+            warn!("--detect-local-mode NodeCIDR: this node has no pod CIDRs (spec.podCIDRs of its Node) yet; pods' connections to ClusterIPs are not masqueraded until it has");
+        } else {
+            let cidrs: Vec<String> = now.cidrs.iter().map(|(a, l)| format!("{a}/{l}")).collect();
+            info!(pod_cidrs = ?cidrs, "--detect-local-mode NodeCIDR: pods' connections to ClusterIPs from sources outside this node's pod CIDRs are masqueraded");
+        }
+        self.node_cidrs = Some(Some(now.clone()));
+    }
+
     /// IPv6's masquerade source for [`sync_nat`](Self::sync_nat): the node's primary
     /// IPv6 address, else the first global IPv6 address of an uplink (a link-local
     /// one is never a masquerade source: replies from other links could not reach
@@ -454,6 +497,7 @@ impl Syncer {
             }
         }
         self.sync_nat(dp);
+        self.sync_node_cidrs(dp);
         let report = &synced.report;
         let written = SystemTime::now();
         let skipped = self.pipeline.compiler.skipped();
@@ -1337,6 +1381,8 @@ pub async fn run(
         rejected: BTreeSet::new(),
         source_skipped: BTreeMap::new(),
         snat_ports: settings.snat_ports,
+        masquerade_all: settings.masquerade_all,
+        node_cidrs: settings.local_from_node.then_some(None),
         nat: None,
         nat6: None,
     };

@@ -95,6 +95,7 @@ fn main() -> anyhow::Result<()> {
                         .with_external(&args.external_interfaces)?,
                     masquerade_all: local.masquerade_all,
                     local_cidrs: local.local_cidrs,
+                    local_from_node: local.from_node,
                     snat_ports: args.snat_ports,
                     interface_scan: Duration::from_millis(args.interface_scan_interval_ms),
                     compiler: compiler::Options {

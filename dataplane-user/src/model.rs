@@ -43,6 +43,18 @@ pub struct NodeInfo {
     /// (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/healthcheck/proxy_health.go>,
     /// KEP-3836); `/healthz` fails while it is false.
     pub eligible: bool,
+    /// `spec.podCIDRs` as kube-proxy's `NodeCIDR` detector takes them
+    /// ([`pod_cidrs`]).
+    pub pod_cidrs: PodCidrs,
+}
+
+/// A Node's pod CIDRs: the first valid CIDR of each family of `spec.podCIDRs`,
+/// masked to its network, and the entries that are no CIDR (left out, said in the
+/// log).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodCidrs {
+    pub cidrs: Vec<(std::net::IpAddr, u8)>,
+    pub bad: Vec<String>,
 }
 
 /// The taint the cluster autoscaler puts on a node it is about to delete
@@ -83,6 +95,7 @@ impl From<&k8s_openapi::api::core::v1::Node> for NodeInfo {
                 .cloned(),
             primary_ipv4: primary_ip(node),
             primary_ipv6: primary_ip(node),
+            pod_cidrs: pod_cidrs(node),
             eligible: node.metadata.deletion_timestamp.is_none()
                 && !node
                     .spec
@@ -90,6 +103,54 @@ impl From<&k8s_openapi::api::core::v1::Node> for NodeInfo {
                     .and_then(|s| s.taints.as_ref())
                     .is_some_and(|t| t.iter().any(|t| t.key == TO_BE_DELETED_TAINT)),
         }
+    }
+}
+
+/// A Node's `spec.podCIDRs` as kube-proxy reads them for `--detect-local-mode
+/// NodeCIDR`: each entry trimmed and parsed as `ParseCIDRSloppy` parses it (leading
+/// zeros in IPv4 allowed), masked to its network; an entry that is no CIDR is left
+/// out (and named), an empty one silently; the first CIDR of each family
+/// is the detector's (`MapCIDRsByIPFamily`, then `cidrs[0]` in `getLocalDetectors`:
+/// <https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/util/utils.go>,
+/// <https://github.com/kubernetes/kubernetes/blob/v1.37.2/cmd/kube-proxy/app/server_linux.go>).
+pub fn pod_cidrs(node: &k8s_openapi::api::core::v1::Node) -> PodCidrs {
+    use std::net::IpAddr;
+    let (mut v4, mut v6, mut bad) = (None, None, Vec::new());
+    let entries = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.pod_cidrs.as_deref())
+        .unwrap_or_default();
+    for raw in entries {
+        let text = raw.trim();
+        if text.is_empty() {
+            continue;
+        }
+        let parsed = text.split_once('/').and_then(|(addr, len)| {
+            let addr = conventions::validate::parse_ip_sloppy(addr)?;
+            let len: u8 = len.parse().ok()?;
+            let max = if addr.is_ipv4() { 32 } else { 128 };
+            (len <= max).then_some((addr, len))
+        });
+        match parsed {
+            Some((IpAddr::V4(a), len)) => {
+                let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
+                v4.get_or_insert((IpAddr::V4((u32::from(a) & mask).into()), len));
+            }
+            Some((IpAddr::V6(a), len)) => {
+                let mask = if len == 0 {
+                    0
+                } else {
+                    u128::MAX << (128 - len)
+                };
+                v6.get_or_insert((IpAddr::V6((u128::from(a) & mask).into()), len));
+            }
+            None => bad.push(raw.clone()),
+        }
+    }
+    PodCidrs {
+        cidrs: v4.into_iter().chain(v6).collect(),
+        bad,
     }
 }
 
@@ -489,6 +550,69 @@ mod tests {
             !node(serde_json::json!({"metadata":
                 {"name": "node-1", "deletionTimestamp": "2026-12-02T01:00:00Z"}}))
             .eligible
+        );
+    }
+
+    /// `--detect-local-mode NodeCIDR`: the node pod CIDRs of upstream's
+    /// `TestGetLocalDetectors` cases
+    /// (https://github.com/kubernetes/kubernetes/blob/v1.37.2/cmd/kube-proxy/app/server_linux_test.go)
+    /// give each family's first CIDR, whichever family comes first; none gives
+    /// none. Beside them, as `MapCIDRsByIPFamily` reads entries: trimmed, leading
+    /// zeros read as decimal, host bits masked, an invalid entry left out and named,
+    /// an empty one ignored.
+    #[test]
+    fn pod_cidrs_are_read_as_kube_proxys_node_cidr_detector_reads_them() {
+        let cidrs = |list: serde_json::Value| {
+            let n = node(serde_json::json!({"metadata": {"name": "node-1"},
+                "spec": {"podCIDRs": list}}));
+            let text: Vec<String> = n
+                .pod_cidrs
+                .cidrs
+                .iter()
+                .map(|(a, l)| format!("{a}/{l}"))
+                .collect();
+            (text, n.pod_cidrs.bad)
+        };
+        let ok = |v: &[&str]| (v.iter().map(|s| s.to_string()).collect::<Vec<_>>(), vec![]);
+        let v6 = "2002::1234:abcd:ffff:0:0/96";
+        assert_eq!(
+            cidrs(serde_json::json!(["10.0.0.0/24"])),
+            ok(&["10.0.0.0/24"])
+        );
+        assert_eq!(cidrs(serde_json::json!([v6])), ok(&[v6]));
+        assert_eq!(
+            cidrs(serde_json::json!(["10.0.0.0/24", v6])),
+            ok(&["10.0.0.0/24", v6])
+        );
+        assert_eq!(
+            cidrs(serde_json::json!([v6, "10.0.0.0/24"])),
+            ok(&["10.0.0.0/24", v6])
+        );
+        assert_eq!(cidrs(serde_json::json!([])), ok(&[]));
+        assert_eq!(
+            node(serde_json::json!({"metadata": {"name": "node-1"}})).pod_cidrs,
+            PodCidrs::default()
+        );
+        assert_eq!(
+            cidrs(serde_json::json!([" 010.000.001.007/24 ", "10.9.0.0/16"])),
+            ok(&["10.0.1.0/24"])
+        );
+        assert_eq!(
+            cidrs(serde_json::json!([
+                "",
+                "10.0.0.0/33",
+                "not-a-cidr",
+                "fd00::/200",
+                "fd00:1::5/64"
+            ])),
+            (
+                vec!["fd00:1::/64".to_string()],
+                vec![
+                    "10.0.0.0/33".into(),
+                    "not-a-cidr".into(),
+                    "fd00::/200".into()
+                ]
+            )
         );
     }
 }

@@ -2376,3 +2376,45 @@ fn a_pods_connection_to_a_node_port_or_external_ip_comes_from_the_nodes_address(
     assert_eq!(seen_as(external), pod, "the external IP, Local policy");
     assert_eq!(agent.problems_logged().unwrap(), 0, "{:#?}", agent.log());
 }
+
+/// Issue 46: `--detect-local-mode NodeCIDR` takes this node's pod CIDRs from its Node
+/// object (`spec.podCIDRs`) as kube-proxy's `NodeCIDR` detector does
+/// (https://github.com/kubernetes/kubernetes/blob/v1.37.2/cmd/kube-proxy/app/server_linux.go
+/// `getLocalDetectors`): a pod connection to a ClusterIP from inside them keeps its
+/// address, one from outside them is masqueraded to the node's, and a change of the
+/// Node's pod CIDRs is followed without a restart; a Node without them masquerades
+/// nothing (kube-proxy's no-op detector).
+#[test]
+fn node_cidr_detection_follows_the_nodes_pod_cidrs() {
+    let mut lab = Lab::new(1).unwrap();
+    let node_ip = Ipv4Addr::new(10, 244, 1, 1);
+    let node = |pod_cidrs: &str| {
+        format!("apiVersion: v1\nkind: Node\nmetadata: {{name: node-1}}\nspec: {{podCIDRs: {pod_cidrs}}}\nstatus:\n  addresses: [{{type: InternalIP, address: {node_ip}}}]\n")
+    };
+    lab.write_manifest("node.yaml", &node("[10.244.1.0/24]"))
+        .unwrap();
+    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0]))
+        .unwrap();
+    lab.agent_args = vec!["--detect-local-mode".into(), "NodeCIDR".into()];
+    let agent = lab.start_agent().unwrap();
+    let seen_as = || lab.tcp_request(vip()).unwrap().peer.map(|p| p.ip());
+    let (pod, node_addr) = (Some(lab.client.ip.into()), Some(node_ip.into()));
+    assert_eq!(seen_as(), pod, "the client is inside the node's pod CIDR");
+    agent
+        .applies(|| lab.write_manifest("node.yaml", &node("[10.244.200.0/24, \"fd00:200::/64\"]")))
+        .unwrap();
+    assert_eq!(
+        seen_as(),
+        node_addr,
+        "the client is outside the new pod CIDR"
+    );
+    agent
+        .applies(|| lab.write_manifest("node.yaml", &node("[]")))
+        .unwrap();
+    assert_eq!(seen_as(), pod, "no pod CIDR: nothing is masqueraded");
+    assert!(
+        agent.logged("this node has no pod CIDRs"),
+        "{:#?}",
+        agent.log()
+    );
+}

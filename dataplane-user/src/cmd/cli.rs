@@ -339,8 +339,8 @@ pub struct RunArgs {
     /// told apart: `ClusterCIDR` (by source, --cluster-cidr), `InterfaceNamePrefix`
     /// (--pod-interface-name-prefix: the pod interfaces are `PREFIX*` unless
     /// --interfaces names them), `BridgeInterface` (--pod-bridge-interface) and
-    /// `NodeCIDR` (the pods' traffic is told by the interfaces it arrives on,
-    /// --interfaces, as in every mode).
+    /// `NodeCIDR` (by source, this node's pod CIDRs: its Node object's
+    /// `spec.podCIDRs`, followed as they change).
     #[arg(long, value_enum, default_value_t = LocalMode::ClusterCidr)]
     pub detect_local_mode: LocalMode,
     /// kube-proxy's `--pod-bridge-interface`, for --detect-local-mode
@@ -585,6 +585,9 @@ pub struct LocalDetection {
     /// A pod interface's connection to a ClusterIP from outside these is
     /// masqueraded (ClusterCIDR mode with --cluster-cidr); empty: none is.
     pub local_cidrs: Vec<(IpAddr, u8)>,
+    /// NodeCIDR mode: the local CIDRs are this node's pod CIDRs, read from its Node
+    /// object (`spec.podCIDRs`) as they change; `local_cidrs` is empty.
+    pub from_node: bool,
     /// The pod interfaces InterfaceNamePrefix selects (`PREFIX*`), when
     /// --interfaces names none.
     pub interfaces: Option<String>,
@@ -606,11 +609,8 @@ impl RunArgs {
             LocalMode::ClusterCidr => {
                 out.local_cidrs = self.cluster_cidr.clone().unwrap_or_default().0;
             }
-            LocalMode::NodeCidr => out.notes.push(
-                "--detect-local-mode NodeCIDR: the pods' traffic is told by the interfaces \
-                 it arrives on (--interfaces), not by the node's pod CIDRs"
-                    .into(),
-            ),
+            // The node's pod CIDRs come with its Node object, and follow it.
+            LocalMode::NodeCidr => out.from_node = true,
             LocalMode::BridgeInterface => {
                 let bridge = self.pod_bridge_interface.as_deref().unwrap_or("").trim();
                 if bridge.is_empty() {

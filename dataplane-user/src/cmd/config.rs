@@ -916,14 +916,7 @@ fn local_detection(
         .transpose()?;
     let mode = match local_mode {
         "" | "ClusterCIDR" => LocalMode::ClusterCidr,
-        "NodeCIDR" => {
-            w.warn(
-                "detectLocalMode",
-                "\"NodeCIDR\": sliceway tells pods' traffic by the interface it arrives on \
-                 (--interfaces), not by the node's pod CIDRs",
-            );
-            LocalMode::NodeCidr
-        }
+        "NodeCIDR" => LocalMode::NodeCidr,
         "BridgeInterface" => {
             let bridge = detect
                 .and_then(|d| d.bridge_interface.as_deref())

@@ -52,6 +52,8 @@ pub struct Incremental {
     service_cidr_objects: Vec<ServiceCidrInfo>,
     service_cidrs: ServiceCidrs,
     service_cidrs_skipped: Vec<Skipped>,
+    /// This node's pod CIDRs as its Node object says (`set_pod_cidrs`).
+    pod_cidrs: crate::model::PodCidrs,
 }
 
 /// Changes put into the compiler, counted as kube-proxy counts them.
@@ -139,6 +141,23 @@ impl Incremental {
             super::NodePortAddresses::Primary => self.set_node_port_ips(ip.into_iter().collect()),
             super::NodePortAddresses::Cidrs(..) => false,
         }
+    }
+
+    /// Sets this node's pod CIDRs (its Node object's `spec.podCIDRs`). No frontend
+    /// reads them: the agent writes them as the local-traffic CIDRs of
+    /// `--detect-local-mode NodeCIDR` ([`pod_cidrs`](Self::pod_cidrs)). Whether they
+    /// changed.
+    pub fn set_pod_cidrs(&mut self, cidrs: crate::model::PodCidrs) -> bool {
+        if self.pod_cidrs == cidrs {
+            return false;
+        }
+        self.pod_cidrs = cidrs;
+        true
+    }
+
+    /// This node's pod CIDRs as last set.
+    pub fn pod_cidrs(&self) -> &crate::model::PodCidrs {
+        &self.pod_cidrs
     }
 
     /// This node's primary IPv6 address as its Node object says, if known.

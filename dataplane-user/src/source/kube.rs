@@ -417,7 +417,8 @@ impl KubeSource {
             .map(|n| crate::model::NodeInfo::from(&**n));
         compiler.set_zone(node.as_ref().and_then(|n| n.zone.clone()));
         compiler.set_node_ip(node.as_ref().and_then(|n| n.primary_ipv4));
-        compiler.set_node_ip6(node.and_then(|n| n.primary_ipv6));
+        compiler.set_node_ip6(node.as_ref().and_then(|n| n.primary_ipv6));
+        compiler.set_pod_cidrs(node.map(|n| n.pod_cidrs).unwrap_or_default());
         compiler.set_service_cidrs(
             self.service_cidrs
                 .state()

@@ -136,6 +136,7 @@ impl ManifestDir {
         sink.set_zone(node.and_then(|n| n.zone.clone()));
         sink.set_node_ip(node.and_then(|n| n.primary_ipv4));
         sink.set_node_ip6(node.and_then(|n| n.primary_ipv6));
+        sink.set_pod_cidrs(node.map(|n| n.pod_cidrs.clone()).unwrap_or_default());
         sink.set_service_cidrs(self.service_cidrs());
         Ok(scan)
     }
@@ -256,6 +257,7 @@ enum Op {
     Zone(Option<String>),
     NodeIp(Option<std::net::Ipv4Addr>),
     NodeIp6(Option<std::net::Ipv6Addr>),
+    PodCidrs(crate::model::PodCidrs),
     ServiceCidrs(Vec<ServiceCidrInfo>),
 }
 
@@ -288,6 +290,10 @@ impl Sink for Recorded {
         self.0.push(Op::NodeIp6(ip));
         true
     }
+    fn set_pod_cidrs(&mut self, cidrs: crate::model::PodCidrs) -> bool {
+        self.0.push(Op::PodCidrs(cidrs));
+        true
+    }
     fn set_service_cidrs(&mut self, cidrs: Vec<ServiceCidrInfo>) -> bool {
         self.0.push(Op::ServiceCidrs(cidrs));
         true
@@ -312,6 +318,7 @@ impl Recorded {
                 Op::Zone(zone) => sink.set_zone(zone),
                 Op::NodeIp(ip) => sink.set_node_ip(ip),
                 Op::NodeIp6(ip) => sink.set_node_ip6(ip),
+                Op::PodCidrs(cidrs) => sink.set_pod_cidrs(cidrs),
                 Op::ServiceCidrs(cidrs) => sink.set_service_cidrs(cidrs),
             };
         }

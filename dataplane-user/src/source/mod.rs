@@ -34,6 +34,9 @@ pub trait Sink {
     /// Sets this node's primary IPv6 address (from its Node object; `None` without
     /// one).
     fn set_node_ip6(&mut self, ip: Option<std::net::Ipv6Addr>) -> bool;
+    /// Sets this node's pod CIDRs (its Node object's `spec.podCIDRs`, each family's
+    /// first; empty without one), for `--detect-local-mode NodeCIDR`.
+    fn set_pod_cidrs(&mut self, cidrs: crate::model::PodCidrs) -> bool;
     /// Sets the cluster's ServiceCIDRs, every object of the kind at once. Whether
     /// they changed.
     fn set_service_cidrs(&mut self, cidrs: Vec<ServiceCidrInfo>) -> bool;
@@ -64,6 +67,9 @@ impl Sink for Incremental {
     }
     fn set_node_ip6(&mut self, ip: Option<std::net::Ipv6Addr>) -> bool {
         Incremental::set_node_ip6(self, ip)
+    }
+    fn set_pod_cidrs(&mut self, cidrs: crate::model::PodCidrs) -> bool {
+        Incremental::set_pod_cidrs(self, cidrs)
     }
     fn set_service_cidrs(&mut self, cidrs: Vec<ServiceCidrInfo>) -> bool {
         Incremental::set_service_cidrs(self, cidrs)

@@ -345,11 +345,12 @@ fn an_interface_name_prefix_selects_the_pod_interfaces() {
             .collect::<Vec<_>>(),
         ["mode"]
     );
-    for mode in ["NodeCIDR", "BridgeInterface"] {
-        let text =
-            format!("{HEAD}detectLocalMode: {mode}\ndetectLocal: {{bridgeInterface: cni0}}\n");
-        assert!(warned(&text).contains(&"detectLocalMode".into()), "{mode}");
-    }
+    let text =
+        format!("{HEAD}detectLocalMode: BridgeInterface\ndetectLocal: {{bridgeInterface: cni0}}\n");
+    assert!(warned(&text).contains(&"detectLocalMode".into()));
+    // NodeCIDR is honoured: the node's pod CIDRs are read from its Node.
+    let text = format!("{HEAD}detectLocalMode: NodeCIDR\n");
+    assert!(!warned(&text).contains(&"detectLocalMode".into()));
 }
 
 /// Every field sliceway reads but does not honour, set: one warning each, naming it.
@@ -954,8 +955,8 @@ fn the_files_local_detection_sets_the_flags() {
         [("10.8.0.0".parse().unwrap(), 14)]
     );
     let local = run.local_detection().unwrap();
-    assert!(local.local_cidrs.is_empty() && local.masquerade_all);
-    assert!(local.notes[0].contains("NodeCIDR"), "{:?}", local.notes);
+    assert!(local.local_cidrs.is_empty() && local.masquerade_all && local.from_node);
+    assert!(local.notes.is_empty(), "{:?}", local.notes);
     // iptables' masqueradeAll is not the nftables mode's.
     let file = format!("{HEAD}mode: nftables\niptables: {{masqueradeAll: true}}\n");
     let (run, _) = run_with(&["sliceway-agent", "run"], &file);
