@@ -171,12 +171,22 @@ fn alive(entry: &CtEntry, now: u64) -> bool {
     ct::alive(entry.last_seen_ns, now, maps::timeout(entry.state))
 }
 
-/// The state a connection is in after a packet with `flags` (TCP flags, zero for
-/// other protocols) went `from_client` or back; and the flags seen.
+/// Who sent a packet of a connection, for [`next_state`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Sender {
+    /// The client: the packet goes the way the connection was opened.
+    Client,
+    /// The backend: a reply.
+    Backend,
+}
+
+/// The state a connection is in after `sender` sent a packet with `tcp_flags` (TCP
+/// flags, zero for other protocols); and the flags seen.
 #[inline(always)]
-fn next_state(proto: u8, seen: u8, tcp_flags: u8, from_client: bool) -> (u8, u8) {
+fn next_state(proto: u8, seen: u8, tcp_flags: u8, sender: Sender) -> (u8, u8) {
     let mut seen = seen;
-    if !from_client {
+    if sender == Sender::Backend {
         seen |= flag::REPLIED;
     }
     if proto == PROTO_SCTP {
@@ -206,7 +216,7 @@ fn next_state(proto: u8, seen: u8, tcp_flags: u8, from_client: bool) -> (u8, u8)
         seen |= flag::RST;
     }
     if tcp_flags & tcp::FLAG_FIN != 0 {
-        seen |= if from_client {
+        seen |= if sender == Sender::Client {
             flag::FIN_ORIG
         } else {
             flag::FIN_REPLY
@@ -271,7 +281,7 @@ pub fn forward<F: Tuple>(flow: &F, key: &CtKey, now: u64) -> Forward {
     if flow.proto() == PROTO_UDP && !F::backend_holds(&entry) {
         return Forward::New;
     }
-    let (s, seen) = next_state(flow.proto(), entry.flags, flow.tcp_flags(), true);
+    let (s, seen) = next_state(flow.proto(), entry.flags, flow.tcp_flags(), Sender::Client);
     slot.touch(s, seen, now);
     // Refresh the reverse entry's LRU recency with the forward one (a lookup sets
     // its referenced bit), about once a second (`LRU_REFRESH_SHIFT`): the LRU clears
@@ -284,27 +294,33 @@ pub fn forward<F: Tuple>(flow: &F, key: &CtKey, now: u64) -> Forward {
     Forward::Tracked(entry)
 }
 
-/// Looks up a packet that may come from a backend: the forward key of its connection
-/// if the packet belongs to a live one. A reverse entry that belongs to no live
-/// connection is removed and reported as `Err`.
+/// What [`reverse`] found of a packet that may come from a backend.
+pub enum Reply {
+    /// No reverse entry at the packet's key: it is no reply.
+    None,
+    /// The reply of a live connection, whose forward entry is at this key: the
+    /// reply gets that connection's frontend back as its source.
+    Live(CtKey),
+    /// A reverse entry whose connection is gone (dead, or its forward entry no longer
+    /// names it): removed now.
+    Stale,
+}
+
+/// Looks up a packet that may come from a backend: the reply of a live connection,
+/// none, or a stale reverse entry (removed).
 #[inline(always)]
-pub fn reverse<F: Tuple>(flow: &F, key: &CtKey, now: u64) -> Result<Option<CtKey>, ()> {
+pub fn reverse<F: Tuple>(flow: &F, key: &CtKey, now: u64) -> Reply {
     match maps::conntrack_slot(key) {
         Some(rev) => reply_at(&rev, flow, key, now),
-        None => Ok(None),
+        None => Reply::None,
     }
 }
 
 /// [`reverse`] with the entry at `key` already looked up (`rev`, from [`forward`]).
 #[inline(always)]
-pub fn reply_at<F: Tuple>(
-    rev: &CtSlot,
-    flow: &F,
-    key: &CtKey,
-    now: u64,
-) -> Result<Option<CtKey>, ()> {
+pub fn reply_at<F: Tuple>(rev: &CtSlot, flow: &F, key: &CtKey, now: u64) -> Reply {
     let Some(fwd_key) = rev.with(|rev| (rev.dir == CT_REVERSE).then_some(rev.pair)) else {
-        return Ok(None);
+        return Reply::None;
     };
     // One lookup of the forward entry serves the check and the update in place.
     let slot = maps::conntrack_slot(&fwd_key);
@@ -315,11 +331,11 @@ pub fn reply_at<F: Tuple>(
     });
     let (Some(slot), Some(fwd_flags)) = (slot, fwd_flags) else {
         let _ = CONNTRACK.remove(key);
-        return Err(());
+        return Reply::Stale;
     };
-    let (s, seen) = next_state(flow.proto(), fwd_flags, flow.tcp_flags(), false);
+    let (s, seen) = next_state(flow.proto(), fwd_flags, flow.tcp_flags(), Sender::Backend);
     slot.touch(s, seen, now);
-    Ok(Some(fwd_key))
+    Reply::Live(fwd_key)
 }
 
 /// The forward key of the live connection whose reverse key is `reply`, for packets
@@ -363,17 +379,17 @@ pub fn direct<F: Tuple>(flow: &F, key: &CtKey) {
     }
 }
 
-/// Records a new connection to `backend`: `TRACKED`, or `TRACKED_REMAPPED` if a live
-/// connection holds the reply tuple (two frontends sharing a backend, one client
-/// port) and the new connection got another source port, as netfilter's NAT does on
-/// a tuple clash (`get_unique_tuple`,
+/// Records a new connection to `backend`: [`Tracked::Kept`], or
+/// [`Tracked::Remapped`] if a live connection holds the reply tuple (two frontends
+/// sharing a backend, one client port) and the new connection got another source
+/// port, as netfilter's NAT does on a tuple clash (`get_unique_tuple`,
 /// https://github.com/torvalds/linux/blob/v6.18/net/netfilter/nf_nat_core.c);
-/// otherwise the `stat` reason of the drop. The forward entry is then in the map at
-/// `key`.
+/// otherwise the drop and its `stat` reason. The forward entry is then in the map
+/// at `key`.
 ///
-/// With `masquerade` (a client outside the node, kube-proxy's masquerade), the
+/// With `NAT_MASQUERADE` (a client outside the node, kube-proxy's masquerade), the
 /// backend sees the connection come from the node's address and a source port
-/// from the range of `NAT_CONFIG`: `TRACKED_MASQUERADED`, or `DROP_SNAT_EXHAUSTED`
+/// from the range of `NAT_CONFIG`: [`Tracked::Masqueraded`], or `DROP_SNAT_EXHAUSTED`
 /// when none of [`SNAT_TRIES`] candidates is free, `DROP_NO_NODE_ADDR` when the
 /// agent wrote no address.
 ///
@@ -388,18 +404,13 @@ pub fn track<F: Tuple>(
     backend_id: u32,
     backend: &F::Backend,
     nat: u8,
-) -> u32 {
+) -> Result<Tracked, Exit> {
     let now = now();
     // Checked here, before the body, whose frame has no room for one more value.
     if nat == NAT_DSR && reply_taken(&flow.reply_key(backend), key, now) {
-        return stat::DROP_CT_CLASH;
+        return Err((DROP, stat::DROP_CT_CLASH));
     }
-    match track_inner(flow, key, service_id, backend_id, backend, nat, now) {
-        Ok(TRACKED_MASQUERADED) => TRACKED_MASQUERADED,
-        Ok(TRACKED_REMAPPED) => TRACKED_REMAPPED,
-        Ok(_) => TRACKED,
-        Err((_, reason)) => reason,
-    }
+    track_inner(flow, key, service_id, backend_id, backend, nat, now)
 }
 
 /// How [`track`] translates the client: its address kept (a port remapped on a
@@ -408,10 +419,33 @@ pub const NAT_KEEP: u8 = 0;
 pub const NAT_MASQUERADE: u8 = 1;
 pub const NAT_DSR: u8 = 2;
 
-/// Results of [`track`] that are not drop reasons (those are below `stat::COUNT`).
-pub const TRACKED: u32 = u32::MAX;
-pub const TRACKED_REMAPPED: u32 = u32::MAX - 1;
-pub const TRACKED_MASQUERADED: u32 = u32::MAX - 2;
+/// How [`track`] recorded a new connection: the client as the backend sees it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Tracked {
+    /// The client's own address and port (or, with direct server return, the
+    /// client's as it sent them).
+    Kept,
+    /// The client's address, another source port: a live connection held the reply
+    /// tuple.
+    Remapped,
+    /// The node's address and a port of the masquerade range.
+    Masqueraded,
+}
+
+impl Tracked {
+    /// The `stat` reason the connection's first packet is counted under; `nat` as
+    /// given to [`track`].
+    #[inline(always)]
+    pub fn reason(self, nat: u8) -> u32 {
+        match self {
+            Tracked::Kept if nat == NAT_DSR => stat::DNAT_DSR,
+            Tracked::Kept => stat::DNAT_NEW,
+            Tracked::Remapped => stat::DNAT_PORT_REMAPPED,
+            Tracked::Masqueraded => stat::DNAT_MASQUERADED,
+        }
+    }
+}
 
 /// How many source ports a masqueraded connection tries. Candidates are spread over
 /// the range from the flow's hash (a retransmitted first packet finds its own port
@@ -454,12 +488,12 @@ fn track_inner<F: Tuple>(
     backend: &F::Backend,
     nat: u8,
     now: u64,
-) -> Result<u32, Exit> {
+) -> Result<Tracked, Exit> {
     // The previous connection on this tuple, if any: its reverse entry goes unless it
     // is the one this connection will use.
     let previous = maps::with_conntrack(key, |e| (e.dir == CT_FORWARD).then_some(e.pair)).flatten();
     let mut reply = flow.reply_key(backend);
-    let mut how = TRACKED;
+    let mut how = Tracked::Kept;
     if nat == NAT_KEEP && flow.proto() == PROTO_TCP && flow.syn_only() {
         release_closing(&reply, key, now);
     }
@@ -468,7 +502,7 @@ fn track_inner<F: Tuple>(
         // took Debian 6.1's verifier past its million instructions (the uplink
         // program without an Ethernet header).
         if flow.masquerade(&mut reply, key, now)? {
-            how = TRACKED_MASQUERADED;
+            how = Tracked::Masqueraded;
         }
     } else if reply_taken(&reply, key, now) {
         let hash = flow.hash();
@@ -488,9 +522,9 @@ fn track_inner<F: Tuple>(
         if !found {
             return Err((DROP, stat::DROP_CT_CLASH));
         }
-        how = TRACKED_REMAPPED;
+        how = Tracked::Remapped;
     }
-    let (s, seen) = next_state(flow.proto(), 0, flow.tcp_flags(), true);
+    let (s, seen) = next_state(flow.proto(), 0, flow.tcp_flags(), Sender::Client);
     // One entry on the stack, written as the reverse and then turned into the
     // forward: the uplink programs' frames have no room for two on older verifiers.
     let mut entry = CtEntry {
@@ -571,13 +605,13 @@ pub fn adopt_dsr_keys(
             (f.dir == CT_FORWARD && same(&f.pair, reply) && alive(f, now)).then_some(f.flags)
         });
         if let Some(seen) = live {
-            let (s, seen) = next_state(proto, seen, tcp_flags, true);
+            let (s, seen) = next_state(proto, seen, tcp_flags, Sender::Client);
             slot.touch(s, seen, now);
             maps::mark_conntrack_used(reply);
             return true;
         }
     }
-    let (s, seen) = next_state(proto, 0, tcp_flags, true);
+    let (s, seen) = next_state(proto, 0, tcp_flags, Sender::Client);
     let forward = CtEntry {
         pair: *reply,
         last_seen_ns: now,

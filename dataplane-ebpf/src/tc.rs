@@ -25,7 +25,7 @@ use dataplane_common::{
 
 use crate::{
     bridge,
-    conntrack::{self, Forward},
+    conntrack::{self, Forward, Reply},
     counters::{self, count, Exit},
     dsr, icmp, lookup, maps,
     nat::{rewrite, End},
@@ -244,7 +244,7 @@ fn reply_out<C: Program>(ctx: &C) -> Result<Exit, Exit> {
     let Forward::Reply(rev) = conntrack::forward(&flow, &key, now) else {
         return Ok(not_a_reply_out(&flow));
     };
-    let Ok(Some(orig)) = conntrack::reply_at(&rev, &flow, &key, now) else {
+    let Reply::Live(orig) = conntrack::reply_at(&rev, &flow, &key, now) else {
         return Ok(not_a_reply_out(&flow));
     };
     match revnat(ctx, &flow, &orig)? {
@@ -305,12 +305,9 @@ pub fn decide<const BRIDGE: bool, const EXTERNAL: bool, C: Program>(ctx: &C) -> 
     }
     let key = conntrack::key_of(&flow);
     let now = conntrack::now();
-    // Whether the forward lookup found a reverse entry at the key whose connection
-    // is gone (now removed): with no frontend either, the packet passes as stale.
-    let mut stale = false;
-    match connection_or_frontend::<BRIDGE, EXTERNAL, C>(ctx, &flow, &key, now, &mut stale)? {
-        Some(exit) => Ok(exit),
-        None => untracked::<BRIDGE, C>(ctx, &flow, &key, now, stale),
+    match connection_or_frontend::<BRIDGE, EXTERNAL, C>(ctx, &flow, &key, now)? {
+        Claim::Exit(exit) => Ok(exit),
+        Claim::Unclaimed(met) => untracked::<BRIDGE, C>(ctx, &flow, &key, now, met),
     }
 }
 
@@ -377,10 +374,34 @@ fn not_l4<C: Program>(ctx: &C) -> Exit {
     ctx.reject(l4_off, stat::REJECT_NO_PORT)
 }
 
+/// What the first half of a body (`connection_or_frontend`, and IPv6's) made of a
+/// packet.
+pub enum Claim {
+    /// Its exit: translated on its connection or to a frontend's backend, refused,
+    /// or, over IPv4, a reply given its frontend back.
+    Exit(Exit),
+    /// Neither a tracked connection's nor a frontend's: for the second half
+    /// (`untracked`), with what the forward lookup met at its key.
+    Unclaimed(Met),
+}
+
+/// What the forward lookup met at a packet's key besides a forward entry.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Met {
+    /// No reverse entry at the key.
+    Nothing,
+    /// A live connection's reverse entry: the packet is its reply. IPv6 only; IPv4
+    /// translates the reply at once.
+    LiveReply,
+    /// A reverse entry whose connection is gone (now removed): with no frontend
+    /// either, the packet passes as stale.
+    Stale,
+}
+
 /// A packet of a tracked connection keeps its backend, also when its Service is gone;
 /// a reply of a live connection gets its frontend back (`revnat`); a new packet to a
 /// frontend picks a backend and is tracked. Then DNAT (and a source port rewrite if
-/// the connection's reply tuple needed one). `None`: none of these.
+/// the connection's reply tuple needed one). [`Claim::Unclaimed`]: none of these.
 ///
 /// Conntrack comes before the frontends, as in netfilter, where a packet on a live
 /// connection's reply tuple is that connection's reply and NAT rules see only new
@@ -394,8 +415,7 @@ fn connection_or_frontend<const BRIDGE: bool, const EXTERNAL: bool, C: Program>(
     flow: &Flow,
     key: &CtKey,
     now: u64,
-    stale: &mut bool,
-) -> Result<Option<Exit>, Exit> {
+) -> Result<Claim, Exit> {
     if BRIDGE {
         // Before the lookup, which then finds what it adopted.
         bridge::adopt_forward(flow, now);
@@ -404,20 +424,21 @@ fn connection_or_frontend<const BRIDGE: bool, const EXTERNAL: bool, C: Program>(
         Forward::Tracked(entry) if flow.later_fragment => (entry, stat::NAT_FRAGMENT),
         Forward::Tracked(entry) => (entry, stat::DNAT_ESTABLISHED),
         new => {
-            if let Forward::Reply(rev) = new {
-                match conntrack::reply_at(&rev, flow, key, now) {
-                    Ok(Some(orig)) => return revnat(ctx, flow, &orig).map(Some),
-                    Ok(None) => {}
-                    Err(()) => *stale = true,
-                }
-            }
+            let met = match new {
+                Forward::Reply(rev) => match conntrack::reply_at(&rev, flow, key, now) {
+                    Reply::Live(orig) => return revnat(ctx, flow, &orig).map(Claim::Exit),
+                    Reply::None => Met::Nothing,
+                    Reply::Stale => Met::Stale,
+                },
+                _ => Met::Nothing,
+            };
             let found = if EXTERNAL {
                 lookup::frontend_external(flow)
             } else {
                 lookup::frontend(flow).map(|s| (s, lookup::pod_nat(flow, &s)))
             };
             let Some((service, nat)) = found else {
-                return Ok(None);
+                return Ok(Claim::Unclaimed(met));
             };
             if flow.later_fragment {
                 // The first fragment made no connection (it was dropped, or the
@@ -437,42 +458,38 @@ fn connection_or_frontend<const BRIDGE: bool, const EXTERNAL: bool, C: Program>(
                 // with none anywhere, reject.
                 if service.flags & SVC_F_DROP_EMPTY != 0 {
                     counters::refused(service.id, true);
-                    return Ok(Some((DROP, stat::DROP_NO_BACKEND)));
+                    return Ok(Claim::Exit((DROP, stat::DROP_NO_BACKEND)));
                 }
                 if !C::TAIL_CALLS {
-                    return Ok(Some((TO_TC, stat::XDP_TO_TC)));
+                    return Ok(Claim::Exit((TO_TC, stat::XDP_TO_TC)));
                 }
                 counters::refused(service.id, false);
-                return Ok(Some(ctx.reject(flow.l4_off, stat::REJECT_NO_BACKEND)));
+                return Ok(Claim::Exit(
+                    ctx.reject(flow.l4_off, stat::REJECT_NO_BACKEND),
+                ));
             }
             // Direct server return's option needs the skb: TC's.
             if nat == conntrack::NAT_DSR {
                 if !C::TAIL_CALLS {
-                    return Ok(Some((TO_TC, stat::XDP_TO_TC)));
+                    return Ok(Claim::Exit((TO_TC, stat::XDP_TO_TC)));
                 }
                 // For the option, added once the packet is translated (`run`).
                 ctx.dsr_frontend(flow);
             }
             let picked = lookup::pick(flow.src_be, flow.hash(), &service, now)?;
-            let reason = match conntrack::track(
+            let tracked = conntrack::track(
                 flow,
                 key,
                 service.id,
                 picked.backend_id,
                 &picked.backend,
                 nat,
-            ) {
-                conntrack::TRACKED if nat == conntrack::NAT_DSR => stat::DNAT_DSR,
-                conntrack::TRACKED => stat::DNAT_NEW,
-                conntrack::TRACKED_REMAPPED => stat::DNAT_PORT_REMAPPED,
-                conntrack::TRACKED_MASQUERADED => stat::DNAT_MASQUERADED,
-                reason => return Err((DROP, reason)),
-            };
+            )?;
             let entry = maps::conntrack(key).ok_or((DROP, stat::DROP_CONNTRACK))?;
             if BRIDGE {
                 bridge::mirror(flow, &entry);
             }
-            (entry, reason)
+            (entry, tracked.reason(nat))
         }
     };
     counters::translated(
@@ -493,9 +510,14 @@ fn connection_or_frontend<const BRIDGE: bool, const EXTERNAL: bool, C: Program>(
             .map_err(|_| (DROP, stat::DROP_REWRITE))?;
     }
     if flow.proto == PROTO_SCTP && !flow.later_fragment {
-        return Ok(Some(ctx.sctp_ports(flow, to.dport_be, to.sport_be, reason)));
+        return Ok(Claim::Exit(ctx.sctp_ports(
+            flow,
+            to.dport_be,
+            to.sport_be,
+            reason,
+        )));
     }
-    Ok(Some((PASS, reason)))
+    Ok(Claim::Exit((PASS, reason)))
 }
 
 /// A reply of a live connection gets its frontend back as the source (and its
@@ -521,7 +543,8 @@ fn revnat<C: Program>(ctx: &C, flow: &Flow, orig: &CtKey) -> Result<Exit, Exit> 
 }
 
 /// A packet neither from a client of a tracked connection, nor a reply of one, nor
-/// to a frontend: a stale reverse entry's passes; the rest of a datagram whose
+/// to a frontend (`met`: what the forward lookup met at its key): a stale reverse
+/// entry's passes; the rest of a datagram whose
 /// first fragment made no connection is dropped if to a ClusterIP; a ClusterIP's
 /// undeclared port is rejected; an unallocated address of a ServiceCIDR is dropped;
 /// anything else passes untouched.
@@ -531,33 +554,34 @@ fn untracked<const BRIDGE: bool, C: Program>(
     flow: &Flow,
     key: &CtKey,
     now: u64,
-    stale: bool,
+    met: Met,
 ) -> Result<Exit, Exit> {
     if BRIDGE {
         bridge::adopt_reply(flow, now);
     }
     // The forward lookup answered replies already (`connection_or_frontend`); bridging may
     // have just adopted a reply entry: it looks again.
+    let stale = met == Met::Stale;
     let reply = if BRIDGE {
         match conntrack::reverse(flow, key, now) {
-            Ok(None) if stale => Err(()),
+            Reply::None if stale => Reply::Stale,
             found => found,
         }
     } else if stale {
-        Err(())
+        Reply::Stale
     } else {
-        Ok(None)
+        Reply::None
     };
     match reply {
-        Ok(Some(orig)) => revnat(ctx, flow, &orig),
+        Reply::Live(orig) => revnat(ctx, flow, &orig),
         // The rest of a datagram whose first fragment made no connection: to a
         // ClusterIP (the first was rejected) it is dropped, never passed to the VIP
         // untranslated; anything else passes.
-        Ok(None) if flow.later_fragment && lookup::is_clusterip(flow) => {
+        Reply::None if flow.later_fragment && lookup::is_clusterip(flow) => {
             Ok((DROP, stat::DROP_FRAGMENT_ORPHAN))
         }
-        Ok(None) if flow.later_fragment => Ok((PASS, stat::PASS_FRAGMENT)),
-        Ok(None) => {
+        Reply::None if flow.later_fragment => Ok((PASS, stat::PASS_FRAGMENT)),
+        Reply::None => {
             conntrack::direct(flow, key);
             // A ClusterIP on a port or protocol its Service does not declare: rejected,
             // as kube-proxy's nftables `cluster-ips` set does, never passed on.
@@ -576,6 +600,6 @@ fn untracked<const BRIDGE: bool, C: Program>(
             }
             Ok((PASS, stat::PASS_NO_SERVICE))
         }
-        Err(()) => Ok((PASS, stat::PASS_STALE_CONNTRACK)),
+        Reply::Stale => Ok((PASS, stat::PASS_STALE_CONNTRACK)),
     }
 }

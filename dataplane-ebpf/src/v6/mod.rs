@@ -36,14 +36,13 @@ use dataplane_common::{
 };
 
 use crate::{
-    conntrack::{self, Forward, Tuple},
+    conntrack::{self, Forward, Reply, Tuple},
     counters::{self, count, Exit},
-    lookup,
-    maps::{self, CtSlot},
+    lookup, maps,
     nat::End,
     packet::{icmpv6, ipv6, load, Frame, L3},
     sctp,
-    tc::{DROP, PASS, TO_TC},
+    tc::{Claim, Met, DROP, PASS, TO_TC},
 };
 
 pub use nat::rewrite6;
@@ -342,18 +341,21 @@ fn reply_out<C: Program6>(ctx: &C) -> Result<Exit, Exit> {
     }
     s.key = s.flow.key();
     let now = conntrack::now();
-    let mut met = Met::Nothing;
-    if let Forward::Reply(rev) = conntrack::forward(&s.flow, &s.key, now) {
-        take_reply(&rev, &s.flow, &s.key, now, &mut met);
-    }
-    if met != Met::LiveReply {
+    let live = match conntrack::forward(&s.flow, &s.key, now) {
+        Forward::Reply(rev) => matches!(
+            conntrack::reply_at(&rev, &s.flow, &s.key, now),
+            Reply::Live(_)
+        ),
+        _ => false,
+    };
+    if !live {
         // No reply: dropped if to an unallocated ClusterIP, as over IPv4.
         if lookup::is_unallocated6(&s.flow) {
             return Ok((DROP, stat::DROP_UNALLOCATED_CLUSTERIP));
         }
         return Ok((PASS, stat::PASS_EGRESS));
     }
-    match untracked(ctx, &s.flow, &s.key, now, met)? {
+    match untracked(ctx, &s.flow, &s.key, now, Met::LiveReply)? {
         (PASS, stat::REVNAT) => Ok((PASS, stat::REVNAT_EGRESS)),
         exit => Ok(exit),
     }
@@ -428,11 +430,9 @@ pub fn decide<const EXTERNAL: bool, C: Program6>(ctx: &C) -> Result<Exit, Exit> 
     }
     s.key = s.flow.key();
     let now = conntrack::now();
-    let mut met = Met::Nothing;
-    match connection_or_frontend::<EXTERNAL, C>(ctx, &s.flow, &s.key, &mut s.entry, now, &mut met)?
-    {
-        Some(exit) => Ok(exit),
-        None => untracked(ctx, &s.flow, &s.key, now, met),
+    match connection_or_frontend::<EXTERNAL, C>(ctx, &s.flow, &s.key, &mut s.entry, now)? {
+        Claim::Exit(exit) => Ok(exit),
+        Claim::Unclaimed(met) => untracked(ctx, &s.flow, &s.key, now, met),
     }
 }
 
@@ -490,22 +490,11 @@ fn reject_not_l4<C: Program6>(ctx: &C) -> Exit {
     ctx.reject(stat::REJECT_NO_PORT)
 }
 
-/// What the forward lookup met at the packet's key besides a forward entry, for
-/// `untracked`.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Met {
-    /// No reverse entry: the packet is no reply, and the reply path needs no lookup.
-    Nothing,
-    /// A live connection's reverse entry: the packet is its reply.
-    LiveReply,
-    /// A reverse entry whose connection is gone (now removed).
-    Stale,
-}
-
 /// As `tc::connection_or_frontend`: a tracked connection keeps its backend; a reply of a live
 /// connection is left to `untracked`, before any frontend (conntrack before NAT,
 /// as in netfilter); a new packet to a frontend picks one and is tracked; then DNAT.
-/// `None`: neither.
+/// [`Claim::Unclaimed`]: neither, or a reply. `entry` is where the connection's
+/// entry is kept while the packet is translated (`Scratch6`).
 #[inline(always)]
 fn connection_or_frontend<const EXTERNAL: bool, C: Program6>(
     ctx: &C,
@@ -513,8 +502,7 @@ fn connection_or_frontend<const EXTERNAL: bool, C: Program6>(
     key: &CtKey,
     entry: &mut CtEntry,
     now: u64,
-    met: &mut Met,
-) -> Result<Option<Exit>, Exit> {
+) -> Result<Claim, Exit> {
     let reason = match conntrack::forward(flow, key, now) {
         Forward::Tracked(tracked) => {
             *entry = tracked;
@@ -524,11 +512,19 @@ fn connection_or_frontend<const EXTERNAL: bool, C: Program6>(
                 stat::DNAT_ESTABLISHED
             }
         }
-        // A reply: `untracked` looks it up again and translates it (translating
-        // it here, as `tc::connection_or_frontend` does, would hold the connection's 40-byte
-        // key on this frame, near 6.1's limit; not tried).
-        Forward::Reply(rev) if !take_reply(&rev, flow, key, now, met) => return Ok(None),
-        Forward::New | Forward::Reply(_) => {
+        new => {
+            let met = match new {
+                // A reply: `untracked` looks it up again and translates it
+                // (translating it here, as `tc::connection_or_frontend` does, would
+                // hold the connection's 40-byte key on this frame, near 6.1's limit;
+                // not tried).
+                Forward::Reply(rev) => match conntrack::reply_at(&rev, flow, key, now) {
+                    Reply::Live(_) => return Ok(Claim::Unclaimed(Met::LiveReply)),
+                    Reply::None => Met::Nothing,
+                    Reply::Stale => Met::Stale,
+                },
+                _ => Met::Nothing,
+            };
             let found = if EXTERNAL {
                 lookup::frontend_external6(flow)
             } else {
@@ -536,7 +532,7 @@ fn connection_or_frontend<const EXTERNAL: bool, C: Program6>(
                     .map(|s| (s, lookup::pod_nat6(flow, &s)))
             };
             let Some((service, nat)) = found else {
-                return Ok(None);
+                return Ok(Claim::Unclaimed(met));
             };
             if flow.later_fragment {
                 return Err((DROP, stat::DROP_FRAGMENT_ORPHAN));
@@ -549,39 +545,33 @@ fn connection_or_frontend<const EXTERNAL: bool, C: Program6>(
             if service.count == 0 {
                 if service.flags & SVC_F_DROP_EMPTY != 0 {
                     counters::refused(service.id, true);
-                    return Ok(Some((DROP, stat::DROP_NO_BACKEND)));
+                    return Ok(Claim::Exit((DROP, stat::DROP_NO_BACKEND)));
                 }
                 if !C::TAIL_CALLS {
-                    return Ok(Some((TO_TC, stat::XDP_TO_TC)));
+                    return Ok(Claim::Exit((TO_TC, stat::XDP_TO_TC)));
                 }
                 counters::refused(service.id, false);
-                return Ok(Some(ctx.reject(stat::REJECT_NO_BACKEND)));
+                return Ok(Claim::Exit(ctx.reject(stat::REJECT_NO_BACKEND)));
             }
             // Direct server return's header needs the skb: TC's.
             if nat == conntrack::NAT_DSR {
                 if !C::TAIL_CALLS {
-                    return Ok(Some((TO_TC, stat::XDP_TO_TC)));
+                    return Ok(Claim::Exit((TO_TC, stat::XDP_TO_TC)));
                 }
                 // For the header, added once the packet is translated (`run`).
                 ctx.dsr_frontend(flow);
             }
             let picked = lookup::pick6(flow.src_be, flow.hash(), &service, now)?;
-            let reason = match conntrack::track(
+            let tracked = conntrack::track(
                 flow,
                 key,
                 service.id,
                 picked.backend_id,
                 &picked.backend,
                 nat,
-            ) {
-                conntrack::TRACKED if nat == conntrack::NAT_DSR => stat::DNAT_DSR,
-                conntrack::TRACKED => stat::DNAT_NEW,
-                conntrack::TRACKED_REMAPPED => stat::DNAT_PORT_REMAPPED,
-                conntrack::TRACKED_MASQUERADED => stat::DNAT_MASQUERADED,
-                reason => return Err((DROP, reason)),
-            };
+            )?;
             *entry = maps::conntrack(key).ok_or((DROP, stat::DROP_CONNTRACK))?;
-            reason
+            tracked.reason(nat)
         }
     };
     counters::translated(
@@ -599,27 +589,14 @@ fn connection_or_frontend<const EXTERNAL: bool, C: Program6>(
             .map_err(|_| (DROP, stat::DROP_REWRITE))?;
     }
     if flow.proto == PROTO_SCTP && !flow.later_fragment {
-        return Ok(Some(ctx.sctp_ports(flow, to.dport_be, to.sport_be, reason)));
+        return Ok(Claim::Exit(ctx.sctp_ports(
+            flow,
+            to.dport_be,
+            to.sport_be,
+            reason,
+        )));
     }
-    Ok(Some((PASS, reason)))
-}
-
-/// Whether a packet with a reverse entry at its key goes on to the frontends: not if
-/// it is a reply of a live connection (`met` says so); if the entry was stale
-/// (removed, `met` says so), it does.
-#[inline(always)]
-fn take_reply(rev: &CtSlot, flow: &Flow6, key: &CtKey, now: u64, met: &mut Met) -> bool {
-    match conntrack::reply_at(rev, flow, key, now) {
-        Ok(Some(_)) => {
-            *met = Met::LiveReply;
-            false
-        }
-        Ok(None) => true,
-        Err(()) => {
-            *met = Met::Stale;
-            true
-        }
-    }
+    Ok(Claim::Exit((PASS, reason)))
 }
 
 /// As `tc::untracked`: a reply of a live connection gets its frontend back as
@@ -636,11 +613,11 @@ fn untracked<C: Program6>(
 ) -> Result<Exit, Exit> {
     let reply = match met {
         Met::LiveReply => conntrack::reverse(flow, key, now),
-        Met::Stale => Err(()),
-        Met::Nothing => Ok(None),
+        Met::Stale => Reply::Stale,
+        Met::Nothing => Reply::None,
     };
     match reply {
-        Ok(Some(orig)) => {
+        Reply::Live(orig) => {
             rewrite6(ctx, flow, End::Source, &orig.dst_be, orig.dport_be)
                 .map_err(|_| (DROP, stat::DROP_REWRITE))?;
             let ports_here = flow.proto != PROTO_SCTP && !flow.later_fragment;
@@ -658,11 +635,11 @@ fn untracked<C: Program6>(
             }
             Ok((PASS, stat::REVNAT))
         }
-        Ok(None) if flow.later_fragment && lookup::is_clusterip6(flow) => {
+        Reply::None if flow.later_fragment && lookup::is_clusterip6(flow) => {
             Ok((DROP, stat::DROP_FRAGMENT_ORPHAN))
         }
-        Ok(None) if flow.later_fragment => Ok((PASS, stat::PASS_FRAGMENT)),
-        Ok(None) => {
+        Reply::None if flow.later_fragment => Ok((PASS, stat::PASS_FRAGMENT)),
+        Reply::None => {
             conntrack::direct(flow, key);
             // A ClusterIP on a port or protocol its Service does not declare:
             // rejected, as kube-proxy's nftables `cluster-ips` set does.
@@ -678,6 +655,6 @@ fn untracked<C: Program6>(
             }
             Ok((PASS, stat::PASS_NO_SERVICE))
         }
-        Err(()) => Ok((PASS, stat::PASS_STALE_CONNTRACK)),
+        Reply::Stale => Ok((PASS, stat::PASS_STALE_CONNTRACK)),
     }
 }
