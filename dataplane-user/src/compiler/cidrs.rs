@@ -94,6 +94,53 @@ fn parse_cidr(text: &str) -> Result<(IpAddr, u8), String> {
 mod tests {
     use super::*;
 
+    /// Issue 44: what a ServiceCIDR's `spec.cidrs` accepts and refuses, with its
+    /// messages.
+    #[test]
+    fn service_cidrs_read_each_cidr_case_as_before() {
+        let got: Vec<String> = crate::compiler::CIDR_CASES
+            .iter()
+            .map(|s| match parse_cidr(s) {
+                Ok((ip, len)) => format!("{s:?} ok {ip}/{len}"),
+                Err(e) => format!("{s:?} err {e}"),
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "\"10.0.0.0/8\" ok 10.0.0.0/8",
+                "\"10.1.2.3/8\" err is not in canonical form (10.0.0.0/8)",
+                "\"10.0.0.0/+8\" err is not a CIDR (prefix length \"+8\")",
+                "\"10.0.0.0/08\" err is not a CIDR (prefix length \"08\")",
+                "\"10.0.0.0/0\" err is not in canonical form (0.0.0.0/0)",
+                "\"10.0.0.0/00\" err is not a CIDR (prefix length \"00\")",
+                "\"10.0.0.0/32\" ok 10.0.0.0/32",
+                "\"10.0.0.0/33\" err is not a CIDR (prefix length \"33\")",
+                "\"10.0.0.0/256\" err is not a CIDR (prefix length \"256\")",
+                "\"10.0.0.0/-1\" err is not a CIDR (prefix length \"-1\")",
+                "\"10.0.0.0\" err is not a CIDR (no prefix length)",
+                "\"10.0.0.0/\" err is not a CIDR (prefix length \"\")",
+                "\"/8\" err is not a CIDR (\"\" is not an IP address)",
+                "\"010.0.0.0/8\" err is not a CIDR (\"010.0.0.0\" is not an IP address)",
+                "\"10.0.0/8\" err is not a CIDR (\"10.0.0\" is not an IP address)",
+                "\"x/8\" err is not a CIDR (\"x\" is not an IP address)",
+                "\"10.0.0.0/8/9\" err is not a CIDR (prefix length \"8/9\")",
+                "\" 10.0.0.0/8 \" err is not a CIDR (\" 10.0.0.0\" is not an IP address)",
+                "\"10.0.0.0 /8\" err is not a CIDR (\"10.0.0.0 \" is not an IP address)",
+                "\"10.0.0.0/ 8\" err is not a CIDR (prefix length \" 8\")",
+                "\"fd00::/8\" ok fd00::/8",
+                "\"fd00::1/8\" err is not in canonical form (fd00::/8)",
+                "\"fd00::/128\" ok fd00::/128",
+                "\"fd00::/129\" err is not a CIDR (prefix length \"129\")",
+                "\"fd00::/+8\" err is not a CIDR (prefix length \"+8\")",
+                "\"fd00::/008\" err is not a CIDR (prefix length \"008\")",
+                "\"::/0\" ok ::/0",
+                "\"::ffff:10.0.0.0/104\" ok ::ffff:10.0.0.0/104",
+                "\"fd00::/ 8\" err is not a CIDR (prefix length \" 8\")",
+            ]
+        );
+    }
+
     fn cidr(name: &str, cidrs: &[&str]) -> ServiceCidrInfo {
         ServiceCidrInfo {
             name: name.into(),

@@ -238,9 +238,92 @@ fn is_other_proxys(label: Option<&String>, opts: &Options) -> bool {
     }
 }
 
+/// Address/length texts that the CIDR readers' tests put to each reader (issue 44:
+/// each reader accepts and refuses exactly these as it did before they shared one
+/// core): signs, leading zeros, host bits, lengths past the family, spaces.
+#[cfg(test)]
+pub(crate) const CIDR_CASES: &[&str] = &[
+    "10.0.0.0/8",
+    "10.1.2.3/8",
+    "10.0.0.0/+8",
+    "10.0.0.0/08",
+    "10.0.0.0/0",
+    "10.0.0.0/00",
+    "10.0.0.0/32",
+    "10.0.0.0/33",
+    "10.0.0.0/256",
+    "10.0.0.0/-1",
+    "10.0.0.0",
+    "10.0.0.0/",
+    "/8",
+    "010.0.0.0/8",
+    "10.0.0/8",
+    "x/8",
+    "10.0.0.0/8/9",
+    " 10.0.0.0/8 ",
+    "10.0.0.0 /8",
+    "10.0.0.0/ 8",
+    "fd00::/8",
+    "fd00::1/8",
+    "fd00::/128",
+    "fd00::/129",
+    "fd00::/+8",
+    "fd00::/008",
+    "::/0",
+    "::ffff:10.0.0.0/104",
+    "fd00::/ 8",
+];
+
 #[cfg(test)]
 mod tests {
-    use super::NodePortAddresses;
+    use super::{NodePortAddresses, CIDR_CASES};
+
+    /// Issue 44: what `--nodeport-addresses` accepts and refuses, with its messages.
+    #[test]
+    fn nodeport_addresses_read_each_cidr_case_as_before() {
+        let got: Vec<String> = CIDR_CASES
+            .iter()
+            .map(|s| match NodePortAddresses::parse(s) {
+                Ok(NodePortAddresses::Cidrs(v4, v6)) => format!("{s:?} ok {v4:?} {v6:?}"),
+                Ok(NodePortAddresses::Primary) => format!("{s:?} primary"),
+                Err(e) => format!("{s:?} err {e}"),
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "\"10.0.0.0/8\" ok [(10.0.0.0, 8)] [(::, 0)]",
+                "\"10.1.2.3/8\" ok [(10.1.2.3, 8)] [(::, 0)]",
+                "\"10.0.0.0/+8\" ok [(10.0.0.0, 8)] [(::, 0)]",
+                "\"10.0.0.0/08\" ok [(10.0.0.0, 8)] [(::, 0)]",
+                "\"10.0.0.0/0\" ok [(10.0.0.0, 0)] [(::, 0)]",
+                "\"10.0.0.0/00\" ok [(10.0.0.0, 0)] [(::, 0)]",
+                "\"10.0.0.0/32\" ok [(10.0.0.0, 32)] [(::, 0)]",
+                "\"10.0.0.0/33\" err \"10.0.0.0/33\": the prefix length must be 0 to 32",
+                "\"10.0.0.0/256\" err \"10.0.0.0/256\": the prefix length must be 0 to 32",
+                "\"10.0.0.0/-1\" err \"10.0.0.0/-1\": the prefix length must be 0 to 32",
+                "\"10.0.0.0\" err \"10.0.0.0\" is not a CIDR (address/length)",
+                "\"10.0.0.0/\" err \"10.0.0.0/\": the prefix length must be 0 to 32",
+                "\"/8\" err \"/8\": \"\" is not an IP address",
+                "\"010.0.0.0/8\" err \"010.0.0.0/8\": \"010.0.0.0\" is not an IP address",
+                "\"10.0.0/8\" err \"10.0.0/8\": \"10.0.0\" is not an IP address",
+                "\"x/8\" err \"x/8\": \"x\" is not an IP address",
+                "\"10.0.0.0/8/9\" err \"10.0.0.0/8/9\": the prefix length must be 0 to 32",
+                "\" 10.0.0.0/8 \" ok [(10.0.0.0, 8)] [(::, 0)]",
+                "\"10.0.0.0 /8\" err \"10.0.0.0 /8\": \"10.0.0.0 \" is not an IP address",
+                "\"10.0.0.0/ 8\" err \"10.0.0.0/ 8\": the prefix length must be 0 to 32",
+                "\"fd00::/8\" ok [(0.0.0.0, 0)] [(fd00::, 8)]",
+                "\"fd00::1/8\" ok [(0.0.0.0, 0)] [(fd00::1, 8)]",
+                "\"fd00::/128\" ok [(0.0.0.0, 0)] [(fd00::, 128)]",
+                "\"fd00::/129\" err \"fd00::/129\": the prefix length must be 0 to 128",
+                "\"fd00::/+8\" ok [(0.0.0.0, 0)] [(fd00::, 8)]",
+                "\"fd00::/008\" ok [(0.0.0.0, 0)] [(fd00::, 8)]",
+                "\"::/0\" ok [(0.0.0.0, 0)] [(::, 0)]",
+                "\"::ffff:10.0.0.0/104\" ok [(0.0.0.0, 0)] [(::ffff:10.0.0.0, 104)]",
+                "\"fd00::/ 8\" err \"fd00::/ 8\": the prefix length must be 0 to 128",
+            ]
+        );
+    }
 
     /// `--nodeport-addresses` picks, per family, the interface addresses within its
     /// CIDRs of that family (kube-proxy's pkg/proxy/util/nodeport_addresses.go):

@@ -836,3 +836,80 @@ fn session_affinity(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 44: what `loadBalancerSourceRanges` accepts (by family, as networks)
+    /// and refuses, with its message.
+    #[test]
+    fn source_ranges_read_each_cidr_case_as_before() {
+        let me = ObjectRef {
+            kind: "Service",
+            namespace: "default".into(),
+            name: "web".into(),
+        };
+        let got: Vec<String> = crate::compiler::CIDR_CASES
+            .iter()
+            .map(|s| {
+                let spec = ServiceSpecInfo {
+                    external_name: false,
+                    cluster_ips: Vec::new(),
+                    ip_families: Vec::new(),
+                    ip_family_policy: None,
+                    external_ips: Vec::new(),
+                    load_balancer_ips: Vec::new(),
+                    load_balancer_source_ranges: vec![s.to_string()],
+                    internal_local: false,
+                    external_local: false,
+                    session_affinity: None,
+                    affinity_timeout: None,
+                    ports: Vec::new(),
+                    health_check_node_port: None,
+                };
+                let mut skipped = Vec::new();
+                let (v4, v6) = parse_source_ranges(&spec, &me, &mut skipped);
+                match skipped.as_slice() {
+                    [] => format!("{s:?} ok {v4:?} {v6:?}"),
+                    [one] => format!("{s:?} err {}: {}", one.code, one.reason),
+                    more => panic!("{more:?}"),
+                }
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "\"10.0.0.0/8\" ok Some([(10.0.0.0, 8)]) Some([])",
+                "\"10.1.2.3/8\" ok Some([(10.0.0.0, 8)]) Some([])",
+                "\"10.0.0.0/+8\" ok Some([(10.0.0.0, 8)]) Some([])",
+                "\"10.0.0.0/08\" ok Some([(10.0.0.0, 8)]) Some([])",
+                "\"10.0.0.0/0\" ok None Some([])",
+                "\"10.0.0.0/00\" ok None Some([])",
+                "\"10.0.0.0/32\" ok Some([(10.0.0.0, 32)]) Some([])",
+                "\"10.0.0.0/33\" err bad_source_range: loadBalancerSourceRanges entry \"10.0.0.0/33\" is not a CIDR; it is left out (the others still apply)",
+                "\"10.0.0.0/256\" err bad_source_range: loadBalancerSourceRanges entry \"10.0.0.0/256\" is not a CIDR; it is left out (the others still apply)",
+                "\"10.0.0.0/-1\" err bad_source_range: loadBalancerSourceRanges entry \"10.0.0.0/-1\" is not a CIDR; it is left out (the others still apply)",
+                "\"10.0.0.0\" err bad_source_range: loadBalancerSourceRanges entry \"10.0.0.0\" is not a CIDR; it is left out (the others still apply)",
+                "\"10.0.0.0/\" err bad_source_range: loadBalancerSourceRanges entry \"10.0.0.0/\" is not a CIDR; it is left out (the others still apply)",
+                "\"/8\" err bad_source_range: loadBalancerSourceRanges entry \"/8\" is not a CIDR; it is left out (the others still apply)",
+                "\"010.0.0.0/8\" ok Some([(10.0.0.0, 8)]) Some([])",
+                "\"10.0.0/8\" err bad_source_range: loadBalancerSourceRanges entry \"10.0.0/8\" is not a CIDR; it is left out (the others still apply)",
+                "\"x/8\" err bad_source_range: loadBalancerSourceRanges entry \"x/8\" is not a CIDR; it is left out (the others still apply)",
+                "\"10.0.0.0/8/9\" err bad_source_range: loadBalancerSourceRanges entry \"10.0.0.0/8/9\" is not a CIDR; it is left out (the others still apply)",
+                "\" 10.0.0.0/8 \" ok Some([(10.0.0.0, 8)]) Some([])",
+                "\"10.0.0.0 /8\" err bad_source_range: loadBalancerSourceRanges entry \"10.0.0.0 /8\" is not a CIDR; it is left out (the others still apply)",
+                "\"10.0.0.0/ 8\" err bad_source_range: loadBalancerSourceRanges entry \"10.0.0.0/ 8\" is not a CIDR; it is left out (the others still apply)",
+                "\"fd00::/8\" ok Some([]) Some([(fd00::, 8)])",
+                "\"fd00::1/8\" ok Some([]) Some([(fd00::, 8)])",
+                "\"fd00::/128\" ok Some([]) Some([(fd00::, 128)])",
+                "\"fd00::/129\" err bad_source_range: loadBalancerSourceRanges entry \"fd00::/129\" is not a CIDR; it is left out (the others still apply)",
+                "\"fd00::/+8\" ok Some([]) Some([(fd00::, 8)])",
+                "\"fd00::/008\" ok Some([]) Some([(fd00::, 8)])",
+                "\"::/0\" ok Some([]) None",
+                "\"::ffff:10.0.0.0/104\" ok Some([]) Some([(::ffff:10.0.0.0, 104)])",
+                "\"fd00::/ 8\" err bad_source_range: loadBalancerSourceRanges entry \"fd00::/ 8\" is not a CIDR; it is left out (the others still apply)",
+            ]
+        );
+    }
+}

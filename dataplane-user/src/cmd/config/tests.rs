@@ -962,3 +962,57 @@ fn the_files_local_detection_sets_the_flags() {
     let (run, _) = run_with(&["sliceway-agent", "run"], &file);
     assert!(!run.masquerade_all);
 }
+
+/// Issue 44: what `clusterCIDR`, `nodePortAddresses` and `ipvs.excludeCIDRs` accept
+/// and refuse as CIDRs, with `clusterCIDR`'s messages.
+#[test]
+fn config_cidrs_read_each_cidr_case_as_before() {
+    let got: Vec<String> = crate::compiler::CIDR_CASES
+        .iter()
+        .map(|s| {
+            let plain = match parse_cidr(s) {
+                Ok((ip, len)) => format!("ok {ip}/{len}"),
+                Err(()) => "err".to_string(),
+            };
+            let cluster = match parse_cluster_cidrs(s) {
+                Ok(v) => format!("ok {v:?}"),
+                Err(e) => format!("err {e}"),
+            };
+            format!("{s:?} {plain}; cluster {cluster}")
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            "\"10.0.0.0/8\" ok 10.0.0.0/8; cluster ok [(10.0.0.0, 8)]",
+            "\"10.1.2.3/8\" ok 10.1.2.3/8; cluster ok [(10.0.0.0, 8)]",
+            "\"10.0.0.0/+8\" ok 10.0.0.0/8; cluster ok [(10.0.0.0, 8)]",
+            "\"10.0.0.0/08\" ok 10.0.0.0/8; cluster ok [(10.0.0.0, 8)]",
+            "\"10.0.0.0/0\" ok 10.0.0.0/0; cluster ok [(0.0.0.0, 0)]",
+            "\"10.0.0.0/00\" ok 10.0.0.0/0; cluster ok [(0.0.0.0, 0)]",
+            "\"10.0.0.0/32\" ok 10.0.0.0/32; cluster ok [(10.0.0.0, 32)]",
+            "\"10.0.0.0/33\" err; cluster err \"10.0.0.0/33\": must be a valid CIDR block (e.g. 10.100.0.0/16 or fde4:8dba:82e1::/48)",
+            "\"10.0.0.0/256\" err; cluster err \"10.0.0.0/256\": must be a valid CIDR block (e.g. 10.100.0.0/16 or fde4:8dba:82e1::/48)",
+            "\"10.0.0.0/-1\" err; cluster err \"10.0.0.0/-1\": must be a valid CIDR block (e.g. 10.100.0.0/16 or fde4:8dba:82e1::/48)",
+            "\"10.0.0.0\" err; cluster err \"10.0.0.0\": must be a valid CIDR block (e.g. 10.100.0.0/16 or fde4:8dba:82e1::/48)",
+            "\"10.0.0.0/\" err; cluster err \"10.0.0.0/\": must be a valid CIDR block (e.g. 10.100.0.0/16 or fde4:8dba:82e1::/48)",
+            "\"/8\" err; cluster err \"/8\": must be a valid CIDR block (e.g. 10.100.0.0/16 or fde4:8dba:82e1::/48)",
+            "\"010.0.0.0/8\" err; cluster err \"010.0.0.0/8\": must be a valid CIDR block (e.g. 10.100.0.0/16 or fde4:8dba:82e1::/48)",
+            "\"10.0.0/8\" err; cluster err \"10.0.0/8\": must be a valid CIDR block (e.g. 10.100.0.0/16 or fde4:8dba:82e1::/48)",
+            "\"x/8\" err; cluster err \"x/8\": must be a valid CIDR block (e.g. 10.100.0.0/16 or fde4:8dba:82e1::/48)",
+            "\"10.0.0.0/8/9\" err; cluster err \"10.0.0.0/8/9\": must be a valid CIDR block (e.g. 10.100.0.0/16 or fde4:8dba:82e1::/48)",
+            "\" 10.0.0.0/8 \" ok 10.0.0.0/8; cluster ok [(10.0.0.0, 8)]",
+            "\"10.0.0.0 /8\" err; cluster err \"10.0.0.0 /8\": must be a valid CIDR block (e.g. 10.100.0.0/16 or fde4:8dba:82e1::/48)",
+            "\"10.0.0.0/ 8\" err; cluster err \"10.0.0.0/ 8\": must be a valid CIDR block (e.g. 10.100.0.0/16 or fde4:8dba:82e1::/48)",
+            "\"fd00::/8\" ok fd00::/8; cluster ok [(fd00::, 8)]",
+            "\"fd00::1/8\" ok fd00::1/8; cluster ok [(fd00::, 8)]",
+            "\"fd00::/128\" ok fd00::/128; cluster ok [(fd00::, 128)]",
+            "\"fd00::/129\" err; cluster err \"fd00::/129\": must be a valid CIDR block (e.g. 10.100.0.0/16 or fde4:8dba:82e1::/48)",
+            "\"fd00::/+8\" ok fd00::/8; cluster ok [(fd00::, 8)]",
+            "\"fd00::/008\" ok fd00::/8; cluster ok [(fd00::, 8)]",
+            "\"::/0\" ok ::/0; cluster ok [(::, 0)]",
+            "\"::ffff:10.0.0.0/104\" ok ::ffff:10.0.0.0/104; cluster ok [(::ffff:10.0.0.0, 104)]",
+            "\"fd00::/ 8\" err; cluster err \"fd00::/ 8\": must be a valid CIDR block (e.g. 10.100.0.0/16 or fde4:8dba:82e1::/48)",
+        ]
+    );
+}
