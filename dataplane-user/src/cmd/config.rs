@@ -40,7 +40,7 @@ use serde::Deserialize;
 
 use crate::{
     cmd::cli::{ClusterCidrs, LocalMode, RunArgs},
-    compiler::NodePortAddresses,
+    compiler::{prefix, NodePortAddresses},
     kernel::{interfaces::Selection, Capacities},
     serve::bind::{self, BindAddress},
 };
@@ -1205,16 +1205,13 @@ pub fn parse_cluster_cidrs(text: &str) -> Result<Vec<(IpAddr, u8)>, String> {
     Ok(out)
 }
 
-/// `ADDRESS/LENGTH` of either family.
+/// `ADDRESS/LENGTH` of either family, spaces around it allowed.
 fn parse_cidr(s: &str) -> Result<(IpAddr, u8), ()> {
-    let (addr, len) = s.trim().split_once('/').ok_or(())?;
-    let ip: IpAddr = addr.parse().map_err(|_| ())?;
-    let len: u8 = len.parse().map_err(|_| ())?;
-    let max = if ip.is_ipv6() { 128 } else { 32 };
-    if len > max {
-        return Err(());
-    }
-    Ok((ip, len))
+    let syntax = prefix::Syntax {
+        address: prefix::exact,
+        canonical_length: false,
+    };
+    prefix::parse(s.trim(), syntax).map_err(|_| ())
 }
 
 /// Whether `ip/len` holds `addr`.

@@ -15,6 +15,7 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
+use super::prefix::{self, BadPrefix};
 use super::{ObjectRef, Skipped};
 use crate::model::ServiceCidrInfo;
 
@@ -69,17 +70,15 @@ pub fn service_cidrs(objects: &[ServiceCidrInfo]) -> (ServiceCidrs, Vec<Skipped>
 /// `a.b.c.d/n` or an IPv6 address and `/n`, canonical: the address is the network's
 /// (the API server's `IsValidCIDR` rule).
 fn parse_cidr(text: &str) -> Result<(IpAddr, u8), String> {
-    let (addr, len) = text
-        .split_once('/')
-        .ok_or_else(|| "is not a CIDR (no prefix length)".to_string())?;
-    let addr: IpAddr = addr
-        .parse()
-        .map_err(|_| format!("is not a CIDR ({addr:?} is not an IP address)"))?;
-    let max = if addr.is_ipv4() { 32 } else { 128 };
-    let len: u8 = match len.parse() {
-        Ok(n) if n <= max && !len.starts_with('+') && (len == "0" || !len.starts_with('0')) => n,
-        _ => return Err(format!("is not a CIDR (prefix length {len:?})")),
+    let syntax = prefix::Syntax {
+        address: prefix::exact,
+        canonical_length: true,
     };
+    let (addr, len) = prefix::parse(text, syntax).map_err(|e| match e {
+        BadPrefix::NoLength => "is not a CIDR (no prefix length)".to_string(),
+        BadPrefix::Address(addr) => format!("is not a CIDR ({addr:?} is not an IP address)"),
+        BadPrefix::Length { text, .. } => format!("is not a CIDR (prefix length {text:?})"),
+    })?;
     let network = match addr {
         IpAddr::V4(a) => IpAddr::V4(Ipv4Addr::from(u32::from(a) & super::prefix_mask(len))),
         IpAddr::V6(a) => IpAddr::V6(Ipv6Addr::from(u128::from(a) & super::prefix_mask6(len))),

@@ -42,6 +42,7 @@ pub mod format;
 mod full;
 mod incremental;
 pub mod output;
+pub mod prefix;
 mod service;
 mod slices;
 
@@ -56,6 +57,7 @@ pub use output::{
     HealthCheck, Ignored, NoLocalEndpoints, ObjectRef, ServicePortName, Skipped,
     DEFAULT_AFFINITY_TIMEOUT, MAX_AFFINITY_TIMEOUT,
 };
+use prefix::BadPrefix;
 
 /// What the compiler needs to know besides the objects.
 #[derive(Clone, Debug, Default)]
@@ -145,28 +147,24 @@ impl NodePortAddresses {
         }
         let mut cidrs = Vec::new();
         let mut cidrs6 = Vec::new();
+        let syntax = prefix::Syntax {
+            address: prefix::exact,
+            canonical_length: false,
+        };
         for part in literal {
-            let (addr, len) = part
-                .split_once('/')
-                .ok_or_else(|| format!("{part:?} is not a CIDR (address/length)"))?;
-            if let Ok(addr) = addr.parse::<std::net::Ipv6Addr>() {
-                let len: u8 = len
-                    .parse()
-                    .ok()
-                    .filter(|l| *l <= 128)
-                    .ok_or_else(|| format!("{part:?}: the prefix length must be 0 to 128"))?;
-                cidrs6.push((addr, len));
-                continue;
+            match prefix::parse(part, syntax) {
+                Ok((std::net::IpAddr::V4(addr), len)) => cidrs.push((addr, len)),
+                Ok((std::net::IpAddr::V6(addr), len)) => cidrs6.push((addr, len)),
+                Err(BadPrefix::NoLength) => {
+                    return Err(format!("{part:?} is not a CIDR (address/length)"))
+                }
+                Err(BadPrefix::Address(addr)) => {
+                    return Err(format!("{part:?}: {addr:?} is not an IP address"))
+                }
+                Err(BadPrefix::Length { max, .. }) => {
+                    return Err(format!("{part:?}: the prefix length must be 0 to {max}"))
+                }
             }
-            let addr: std::net::Ipv4Addr = addr
-                .parse()
-                .map_err(|_| format!("{part:?}: {addr:?} is not an IP address"))?;
-            let len: u8 = len
-                .parse()
-                .ok()
-                .filter(|l| *l <= 32)
-                .ok_or_else(|| format!("{part:?}: the prefix length must be 0 to 32"))?;
-            cidrs.push((addr, len));
         }
         if cidrs.is_empty() {
             cidrs.push((std::net::Ipv4Addr::UNSPECIFIED, 0));

@@ -12,6 +12,7 @@ use conventions::validate;
 use dataplane_common::{Backend, Backend6, ServiceKey, ServiceKey6};
 
 use super::claims::Claim;
+use super::prefix;
 use super::slices::{port_number, protocol, EndpointsKey, PortEndpoints};
 use super::{
     is_other_proxys, AnyFrontend, Frontend, Frontend6, FrontendKey, FrontendPolicy, HealthCheck,
@@ -704,15 +705,14 @@ fn parse_source_ranges(
     }
     for raw in &spec.load_balancer_source_ranges {
         let text = raw.trim();
-        let parsed = text.split_once('/').and_then(|(addr, len)| {
-            let addr = validate::parse_ip_sloppy(addr)?;
-            let len: u8 = len.parse().ok()?;
-            Some((addr, len))
-        });
-        match parsed {
-            Some((IpAddr::V4(addr), len)) if len <= <Ipv4Addr as Ip>::BITS => add(&mut v4, addr, len),
-            Some((IpAddr::V6(addr), len)) if len <= <Ipv6Addr as Ip>::BITS => add(&mut v6, addr, len),
-            _ => skipped.push(Skipped {
+        let syntax = prefix::Syntax {
+            address: validate::parse_ip_sloppy,
+            canonical_length: false,
+        };
+        match prefix::parse(text, syntax) {
+            Ok((IpAddr::V4(addr), len)) => add(&mut v4, addr, len),
+            Ok((IpAddr::V6(addr), len)) => add(&mut v6, addr, len),
+            Err(_) => skipped.push(Skipped {
                 object: me.clone(),
                 code: "bad_source_range",
                 reason: format!(
