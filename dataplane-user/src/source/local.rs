@@ -551,6 +551,33 @@ mod tests {
     use super::*;
     use crate::compiler::Incremental;
 
+    /// A directory of one test's own, emptied first (a killed run's leftovers) and
+    /// removed when dropped, also when the test fails.
+    struct TempDir(std::path::PathBuf);
+
+    impl TempDir {
+        fn new(name: &str) -> Self {
+            let dir =
+                std::env::temp_dir().join(format!("sliceway-local-{name}-{}", std::process::id()));
+            let _ = fs::remove_dir_all(&dir);
+            fs::create_dir_all(&dir).unwrap();
+            Self(dir)
+        }
+    }
+
+    impl std::ops::Deref for TempDir {
+        type Target = Path;
+        fn deref(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
     #[test]
     fn multi_document_file_yields_each_kind() {
         let text = r#"
@@ -616,15 +643,14 @@ spec: {clusterIP: 10.96.0.11}
 
     #[test]
     fn broken_yaml_keeps_last_good_objects() {
-        let dir = std::env::temp_dir().join(format!("sliceway-local-{}", std::process::id()));
-        fs::create_dir_all(&dir).unwrap();
+        let dir = TempDir::new("yaml");
         let file = dir.join("svc.yaml");
         fs::write(
             &file,
             "apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec: {clusterIP: 10.96.0.1}\n",
         )
         .unwrap();
-        let mut m = ManifestDir::new(&dir, None);
+        let mut m = ManifestDir::new(dir.to_path_buf(), None);
         let mut c = Incremental::default();
         assert!(m.rescan(&mut c).unwrap().changed);
         assert_eq!(c.service_count(), 1);
@@ -645,15 +671,13 @@ spec: {clusterIP: 10.96.0.11}
         fs::remove_file(&file).unwrap();
         assert!(m.rescan(&mut c).unwrap().changed);
         assert_eq!(c.service_count(), 0);
-        fs::remove_dir_all(&dir).unwrap();
     }
 
     /// The own Node's zone comes from the directory: topology hints are read against
     /// it, and a relabelled or removed Node recompiles the Services.
     #[test]
     fn the_own_nodes_zone_filters_hinted_endpoints() {
-        let dir = std::env::temp_dir().join(format!("sliceway-local-zone-{}", std::process::id()));
-        fs::create_dir_all(&dir).unwrap();
+        let dir = TempDir::new("zone");
         fs::write(
             dir.join("svc.yaml"),
             "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default}\nspec: {clusterIP: 10.96.0.1, ports: [{name: http, port: 80}]}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{name: http, port: 8080}]\nendpoints:\n- {addresses: [10.244.0.1], hints: {forZones: [{name: zone-a}]}}\n- {addresses: [10.244.0.2], hints: {forZones: [{name: zone-b}]}}\n",
@@ -663,7 +687,7 @@ spec: {clusterIP: 10.96.0.11}
             format!("apiVersion: v1\nkind: Node\nmetadata: {{name: node-1, labels: {{topology.kubernetes.io/zone: {zone}}}}}\n---\napiVersion: v1\nkind: Node\nmetadata: {{name: node-2, labels: {{topology.kubernetes.io/zone: zone-b}}}}\n")
         };
         fs::write(dir.join("node.yaml"), node("zone-a")).unwrap();
-        let mut m = ManifestDir::new(&dir, Some("node-1".into()));
+        let mut m = ManifestDir::new(dir.to_path_buf(), Some("node-1".into()));
         let mut c = Incremental::new(crate::compiler::Options {
             node_name: Some("node-1".into()),
             ..Default::default()
@@ -692,16 +716,13 @@ spec: {clusterIP: 10.96.0.11}
             [1, 2],
             "no Node: no zone, no filtering"
         );
-        fs::remove_dir_all(&dir).unwrap();
     }
 
     /// ServiceCIDRs of every file reach the compiler together, follow their files,
     /// and one under another API version is reported.
     #[test]
     fn service_cidrs_of_every_file_reach_the_compiler() {
-        let dir = std::env::temp_dir().join(format!("sliceway-local-cidr-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
+        let dir = TempDir::new("cidr");
         let cidr = |name: &str, cidrs: &str| {
             format!("apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {{name: {name}}}\nspec: {{cidrs: [{cidrs}]}}\n")
         };
@@ -715,7 +736,7 @@ spec: {clusterIP: 10.96.0.11}
             cidr("extra", "10.200.0.0/24") + "---\napiVersion: networking.k8s.io/v1beta1\nkind: ServiceCIDR\nmetadata: {name: old}\nspec: {cidrs: [10.201.0.0/24]}\n",
         )
         .unwrap();
-        let mut m = ManifestDir::new(&dir, None);
+        let mut m = ManifestDir::new(dir.to_path_buf(), None);
         let mut c = Incremental::default();
         let scan = m.rescan(&mut c).unwrap();
         let v4 = |c: &Incremental| -> Vec<String> {
@@ -735,19 +756,17 @@ spec: {clusterIP: 10.96.0.11}
         m.rescan(&mut c).unwrap();
         assert_eq!(v4(&c), ["10.200.0.0/24"]);
         assert!(c.service_cidrs().v6.is_empty());
-        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn a_rewritten_file_changes_only_what_differs() {
-        let dir = std::env::temp_dir().join(format!("sliceway-local-diff-{}", std::process::id()));
-        fs::create_dir_all(&dir).unwrap();
+        let dir = TempDir::new("diff");
         let file = dir.join("svc.yaml");
         let doc = |name: &str, ip: &str| {
             format!("---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\nspec: {{clusterIP: {ip}, ports: [{{port: 80}}]}}\n")
         };
         fs::write(&file, doc("a", "10.96.0.1") + &doc("b", "10.96.0.2")).unwrap();
-        let mut m = ManifestDir::new(&dir, None);
+        let mut m = ManifestDir::new(dir.to_path_buf(), None);
         let mut c = Incremental::default();
         m.rescan(&mut c).unwrap();
         // A frontend and a ClusterIP marker each.
@@ -765,7 +784,6 @@ spec: {clusterIP: 10.96.0.11}
             "b's old and new frontends and markers, c's"
         );
         assert_eq!(c.service_count(), 3);
-        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -801,9 +819,7 @@ kind: Service
     /// again, even from a file that no longer parses (its last good version).
     #[test]
     fn the_last_definition_of_an_object_is_used() {
-        let dir = std::env::temp_dir().join(format!("sliceway-local-dup-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
+        let dir = TempDir::new("dup");
         let svc = |name: &str, ip: &str| {
             format!("---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\nspec: {{clusterIP: {ip}, ports: [{{name: http, port: 80}}]}}\n")
         };
@@ -820,7 +836,7 @@ kind: Service
             svc("web", "10.96.0.3") + &slice("web-1", "10.244.0.2"),
         )
         .unwrap();
-        let mut m = ManifestDir::new(&dir, None);
+        let mut m = ManifestDir::new(dir.to_path_buf(), None);
         let mut c = Incremental::default();
         // (ClusterIP, backends) of each frontend.
         let frontends = |m: &mut ManifestDir, c: &mut Incremental| {
@@ -879,6 +895,5 @@ kind: Service
         fs::remove_file(dir.join("c.yaml")).unwrap();
         let (got, _) = frontends(&mut m, &mut c);
         assert_eq!(got, [(3, vec![1])]);
-        fs::remove_dir_all(&dir).unwrap();
     }
 }
