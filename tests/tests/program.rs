@@ -6,10 +6,27 @@
 //! fill and a sequence of packets, each with its expected verdict, exit reason and
 //! output packet, and where it matters the program each packet enters (pods',
 //! uplink, egress), the node's address, direct server return and a second node
-//! ([`Fixture`]). What stays a Rust test beside the table says why. The fixtures share one loaded datapath, emptied of conntrack,
+//! ([`Fixture`]). The fixtures share one loaded datapath, emptied of conntrack,
 //! fragments and affinity before each, so state carries from one step to the next
 //! and never between fixtures (they pass in the reverse order too). The same table
-//! runs again over IPv6, each fixture translated to its twin (`ipv6_twins`).
+//! runs again over IPv6, each fixture translated to its twin (`ipv6_twins`); what
+//! IPv6 has and IPv4 has not is a table of its own (`v6::FIXTURES6`).
+//!
+//! What stays a Rust test beside the tables, and why:
+//! - more than a packet in and a verdict and packet out: session affinity (its
+//!   timeout waited out; over IPv6, the `AFFINITY` map read), every client port over a ready backend (a property
+//!   of many flows), a pinned map of another layout (no packet: the load is
+//!   refused), the flow counters (read from their maps), the source ranges written
+//!   by the agent's pipeline (`RangeWriter`, not the table's map writer), the
+//!   masquerade sources each detector writes (the agent's own `masq_sources`, both
+//!   families), XDP against TC over every fixture (two datapaths side by side), and
+//!   an error about a connection after its entries expire (a timeout waited out);
+//! - the rest of `v6`, on IPv6 maps written by hand (`v6_datapath`: ids, slots and
+//!   backends no manifest gives, two frontends on one backend, SCTP, a DSR flag): a
+//!   connection's IPv4 twin beside it, direct server return between two nodes,
+//!   XDP beside TC, an interface without an Ethernet header (a program the table
+//!   does not enter), errors from a backend and its path, and IPv4 beside IPv6.
+//!
 //! Needs root (loading BPF programs); no traffic is sent anywhere.
 
 use std::net::SocketAddrV4;
@@ -3325,9 +3342,9 @@ mod v6 {
     };
 
     use super::{
-        datapath, fixture_capacities, ipv6_twins, run_as, run_fixture, stat, tcp, Fixture, Out,
-        Step, BACKEND_HTTP, CLIENT as CLIENT4, DROP, ETH, ONE_BACKEND, PASS, PLAIN, REJECT,
-        VIP_DNS, VIP_HTTP,
+        datapath, fixture_capacities, ipv6_twins, run_as, run_fixture, stat, tcp, Fixture, Node,
+        Out, Step, BACKEND_DNS, BACKEND_HTTP, CLIENT as CLIENT4, DROP, ETH, ONE_BACKEND, OUTSIDE,
+        PASS, PLAIN, REJECT, VIP_DNS, VIP_HTTP,
     };
 
     const CLIENT: &str = "fd00:10:244:1::5";
@@ -3628,30 +3645,6 @@ mod v6 {
         out.extend_from_slice(&id.to_be_bytes());
         out.extend_from_slice(data);
         out
-    }
-
-    #[test]
-    fn ipv6_fragments_follow_their_first_and_orphans_are_dropped() {
-        let dp = v6_datapath();
-        let client = sa(CLIENT, 43000);
-        let payload: Vec<u8> = (0..64u8).collect();
-        let sent = udp6(client, sa(VIP, 53), &payload);
-        let want = udp6(client, sa(BACKEND, 5353), &payload);
-        // The expected fragments are cut from the translated datagram built whole,
-        // checksum included.
-        let (verdict, reason, out) = run(&dp, &fragment6(&sent, 0x1234, 16, true));
-        assert_eq!((verdict, reason), (PASS, "dnat_new"));
-        assert_eq!(out, fragment6(&want, 0x1234, 16, true));
-        let (verdict, reason, out) = run(&dp, &fragment6(&sent, 0x1234, 16, false));
-        assert_eq!((verdict, reason), (PASS, "nat_fragment"));
-        assert_eq!(out, fragment6(&want, 0x1234, 16, false));
-        // A later fragment whose first was never seen: dropped, to a ClusterIP and
-        // (its ports, so its Service, unknown) to anything else alike, as IPv4's.
-        let (verdict, reason, _) = run(&dp, &fragment6(&sent, 0x9999, 16, false));
-        assert_eq!((verdict, reason), (DROP, "drop_fragment_orphan"));
-        let to_pod = udp6(client, sa(BACKEND, 5353), &payload);
-        let (verdict, reason, _) = run(&dp, &fragment6(&to_pod, 0x9999, 16, false));
-        assert_eq!((verdict, reason), (DROP, "drop_fragment_orphan"));
     }
 
     /// Issue 46: [`super::pods_connections_to_a_clusterip_are_masqueraded_as_the_detector_says`]
@@ -4098,34 +4091,6 @@ mod v6 {
         assert_translated(got, want);
     }
 
-    /// Path-MTU discovery through an IPv6 ClusterIP: a router on the backend's path
-    /// says a segment the client sent is too big. The error reaches the client with
-    /// the quoted segment as the client sent it (to the frontend), every checksum
-    /// right, the MTU as the router wrote it; quoted whole, and quoted as much as an
-    /// error holds (RFC 4443, 2.4 (c): 1,280 bytes in all) of a segment of 1,400.
-    #[test]
-    fn ipv6_packet_too_big_about_a_clusterip_connection_reaches_the_client_translated() {
-        let dp = v6_datapath();
-        let client = sa(CLIENT, 41000);
-        let (_, reason, _) = run(&dp, &tcp6(client, sa(VIP, 80), TCP_SYN));
-        assert_eq!(reason, "dnat_new");
-        for (len, quote) in [(100, None), (1400, Some(1280 - 48))] {
-            let sent = tcp6_data(client, sa(BACKEND, 8080), len);
-            let asked = tcp6_data(client, sa(VIP, 80), len);
-            let quote = quote.unwrap_or(whole(&sent));
-            let error = error6(ROUTER, CLIENT, [2, 0], MTU, &sent, quote);
-            let (verdict, reason, out) = run(&dp, &error);
-            assert_eq!((verdict, reason), (PASS, "nat_icmp_error"), "{len} bytes");
-            assert_error_translated(&out, &error6(ROUTER, CLIENT, [2, 0], MTU, &asked, quote));
-            assert_eq!(
-                out[ETH + 44..ETH + 48],
-                MTU.to_be_bytes(),
-                "the MTU untouched"
-            );
-            assert_eq!(out.len(), error.len());
-        }
-    }
-
     /// ECONNREFUSED through an IPv6 ClusterIP: the backend itself answers a UDP
     /// datagram with port unreachable. The error comes from the frontend and quotes
     /// what the client sent. Time exceeded and parameter problem (its pointer kept)
@@ -4168,36 +4133,6 @@ mod v6 {
             &out,
             &error6(ROUTER, CLIENT, [3, 0], 0, &asked, whole(&asked)),
         );
-    }
-
-    /// A client outside, masqueraded on the uplink to the node's address: an error
-    /// about its connection, sent to the node's address, goes to the client and
-    /// quotes the client's own address and port; from a router on the backend's
-    /// path (Packet Too Big) and from the backend itself (from the frontend then,
-    /// both of the error's addresses changed).
-    #[test]
-    fn ipv6_errors_about_a_masqueraded_connection_go_back_to_the_client_outside() {
-        let dp = v6_datapath();
-        set_nat6(&dp);
-        let outside = "2001:db8::7";
-        let client = sa(outside, 41000);
-        let (out, reason) = run_as(&dp, Role::External, &tcp6(client, sa(VIP, 80), TCP_SYN));
-        assert_eq!(reason, "dnat_masqueraded");
-        assert_eq!(parse6(&out.packet).unwrap().src, sa(NODE, 61_000));
-        let sent = tcp6_data(sa(NODE, 61_000), sa(BACKEND, 8080), 200);
-        let asked = tcp6_data(client, sa(VIP, 80), 200);
-        let (from, to) = ([ROUTER, BACKEND], [ROUTER, VIP]);
-        for ((from, to), kind) in from.into_iter().zip(to).zip([[2, 0], [1, 4]]) {
-            let error = error6(from, NODE, kind, MTU, &sent, whole(&sent));
-            let (out, reason) = run_as(&dp, Role::External, &error);
-            assert_eq!(
-                (out.verdict, reason),
-                (PASS, "nat_icmp_error"),
-                "from {from}"
-            );
-            let want = error6(to, outside, kind, MTU, &asked, whole(&asked));
-            assert_error_translated(&out.packet, &want);
-        }
     }
 
     /// An ICMPv6 echo request (RFC 4443, 4.1) from `from` to `to`.
@@ -4307,6 +4242,71 @@ mod v6 {
     /// A router on the backend's path, by its IPv4 twin's address.
     fn router6() -> String {
         ipv6_twins::addr(super::ROUTER.parse().unwrap()).to_string()
+    }
+
+    /// The node of the masquerade fixture, with one masquerade port: its connection's
+    /// port is known without the flow's hash.
+    const NODE_ONE_PORT: Node = Node {
+        addr: "10.100.0.1",
+        ports: (61_000, 61_000),
+    };
+
+    /// The twin of the node's address and its one masquerade port.
+    fn masq_node() -> SocketAddrV6 {
+        twin("10.100.0.1:61000")
+    }
+
+    /// An error of `kind` from `from` about the masqueraded connection's segment:
+    /// as sent to the node about what the backend got, or (`translated`) as the
+    /// client outside is to get it, about what it sent.
+    fn masq_error(from: &str, translated: bool, kind: [u8; 2]) -> Vec<u8> {
+        let (to, quoted) = if translated {
+            (twin(OUTSIDE), tcp6_data(twin(OUTSIDE), twin(VIP_HTTP), 200))
+        } else {
+            (masq_node(), tcp6_data(masq_node(), twin(BACKEND_HTTP), 200))
+        };
+        error6(
+            from,
+            &to.ip().to_string(),
+            kind,
+            MTU,
+            &quoted,
+            whole(&quoted),
+        )
+    }
+
+    /// The datagram of the orphan fragments fixture, to the frontend and straight
+    /// to the pod.
+    fn frag_sent() -> Vec<u8> {
+        udp6(
+            client6(43000),
+            twin(VIP_DNS),
+            &(0..64u8).collect::<Vec<u8>>(),
+        )
+    }
+
+    fn frag_to_pod() -> Vec<u8> {
+        udp6(
+            client6(43000),
+            twin(BACKEND_DNS),
+            &(0..64u8).collect::<Vec<u8>>(),
+        )
+    }
+
+    /// A router's packet too big to the client about a segment of `len` bytes it
+    /// sent to `to` (the backend, or the frontend as the client sent it), quoting
+    /// `quote` bytes of it (the whole segment if `None`).
+    fn too_big(to: SocketAddrV6, len: usize, quote: Option<usize>) -> Vec<u8> {
+        let sent = tcp6_data(client6(41000), to, len);
+        let quote = quote.unwrap_or(whole(&sent));
+        error6(
+            &router6(),
+            &client6(0).ip().to_string(),
+            [2, 0],
+            MTU,
+            &sent,
+            quote,
+        )
     }
 
     /// Fixtures of what IPv6 has and IPv4 has not, so no IPv4 fixture's twin can say
@@ -4443,6 +4443,85 @@ mod v6 {
                     verdict: DROP,
                     reason: stat::DROP_MALFORMED,
                     output: Out::Dropped,
+                },
+            ],
+            ..PLAIN
+        },
+        Fixture {
+            // A first fragment and the rest through a ClusterIP are the twins' (of
+            // "a fragmented datagram through a VIP both ways"). A later fragment
+            // whose first was never seen: its ports, so its Service, are unknown.
+            description: "an IPv6 later fragment whose first was never seen is dropped, to a ClusterIP and to a pod alike",
+            maps: ONE_BACKEND,
+            steps: &[
+                Step {
+                    input: || fragment6(&frag_sent(), 0x9999, 16, false),
+                    verdict: DROP,
+                    reason: stat::DROP_FRAGMENT_ORPHAN,
+                    output: Out::Dropped,
+                },
+                Step {
+                    input: || fragment6(&frag_to_pod(), 0x9999, 16, false),
+                    verdict: DROP,
+                    reason: stat::DROP_FRAGMENT_ORPHAN,
+                    output: Out::Dropped,
+                },
+            ],
+            ..PLAIN
+        },
+        Fixture {
+            // Over IPv4 an error about a masqueraded connection is its twin's; this
+            // one adds the error from the backend itself, which speaks as the
+            // frontend: both of the error's addresses change.
+            description: "IPv6 errors about a masqueraded connection go back to the client outside, from a router and from the backend",
+            maps: ONE_BACKEND,
+            uplink: &[0, 1, 2],
+            node: Some(NODE_ONE_PORT),
+            steps: &[
+                Step {
+                    input: || tcp6(twin(OUTSIDE), twin(VIP_HTTP), TCP_SYN),
+                    verdict: PASS,
+                    reason: stat::DNAT_MASQUERADED,
+                    output: Out::Packet(|| tcp6(masq_node(), twin(BACKEND_HTTP), TCP_SYN)),
+                },
+                Step {
+                    input: || masq_error(&router6(), false, [2, 0]),
+                    verdict: PASS,
+                    reason: stat::NAT_ICMP_ERROR,
+                    output: Out::Packet(|| masq_error(&router6(), true, [2, 0])),
+                },
+                Step {
+                    input: || masq_error(&twin(BACKEND_HTTP).ip().to_string(), false, [1, 4]),
+                    verdict: PASS,
+                    reason: stat::NAT_ICMP_ERROR,
+                    output: Out::Packet(|| masq_error(&twin(VIP_HTTP).ip().to_string(), true, [1, 4])),
+                },
+            ],
+            ..PLAIN
+        },
+        Fixture {
+            // Path-MTU discovery, and a quote cut as ICMPv6 cuts it (RFC 4443, 2.4
+            // (c): 1,280 bytes in all), which an IPv4 quote never is.
+            description: "IPv6 packet too big about a ClusterIP connection reaches the client translated, quoted whole or cut at 1,280 bytes",
+            maps: ONE_BACKEND,
+            steps: &[
+                Step {
+                    input: || tcp6(client6(41000), twin(VIP_HTTP), TCP_SYN),
+                    verdict: PASS,
+                    reason: stat::DNAT_NEW,
+                    output: Out::Packet(|| tcp6(client6(41000), twin(BACKEND_HTTP), TCP_SYN)),
+                },
+                Step {
+                    input: || too_big(twin(BACKEND_HTTP), 100, None),
+                    verdict: PASS,
+                    reason: stat::NAT_ICMP_ERROR,
+                    output: Out::Packet(|| too_big(twin(VIP_HTTP), 100, None)),
+                },
+                Step {
+                    input: || too_big(twin(BACKEND_HTTP), 1400, Some(1280 - 48)),
+                    verdict: PASS,
+                    reason: stat::NAT_ICMP_ERROR,
+                    output: Out::Packet(|| too_big(twin(VIP_HTTP), 1400, Some(1280 - 48))),
                 },
             ],
             ..PLAIN
