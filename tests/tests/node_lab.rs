@@ -1926,6 +1926,13 @@ fn node_ports_follow_the_nodes_addresses_as_they_come_and_go() {
             "protocol: TCP, targetPort: 8080, nodePort: 30080}",
         );
     lab.write_manifest("web.yaml", &web).unwrap();
+    // The node's address, which a pod's connection to a NodePort of a Cluster policy
+    // is masqueraded to (without one it is dropped, `drop_no_node_addr`).
+    lab.write_manifest(
+        "node.yaml",
+        "apiVersion: v1\nkind: Node\nmetadata: {name: node-1}\nstatus:\n  addresses: [{type: InternalIP, address: 10.244.1.1}]\n",
+    )
+    .unwrap();
     lab.agent_args = vec![
         "--nodeport-addresses".into(),
         "10.244.0.0/16,127.0.0.0/8".into(),
