@@ -96,13 +96,7 @@ pub fn pod_nat6(flow: &Flow6, service: &ServiceValue) -> u8 {
 /// frontend has, since [`frontend`] found none).
 #[inline(always)]
 pub fn is_clusterip(flow: &Flow) -> bool {
-    is_clusterip_addr(flow.dst_be)
-}
-
-/// Whether `addr_be` is a ClusterIP.
-#[inline(always)]
-pub fn is_clusterip_addr(addr_be: u32) -> bool {
-    maps::service(&clusterip_marker(addr_be)).is_some()
+    maps::service(&clusterip_marker(flow.dst_be)).is_some()
 }
 
 /// Whether the packet's destination is an unallocated ClusterIP: inside one of the

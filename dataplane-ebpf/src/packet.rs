@@ -185,12 +185,6 @@ pub mod icmp {
     pub const CSUM: usize = 2;
     pub const DEST_UNREACH: u8 = 3;
     pub const TIME_EXCEEDED: u8 = 11;
-    /// The queries, which start a connection in netfilter's conntrack (RFC 792,
-    /// RFC 950).
-    pub const ECHO_REQUEST: u8 = 8;
-    pub const TIMESTAMP: u8 = 13;
-    pub const INFO_REQUEST: u8 = 15;
-    pub const ADDRESS_MASK_REQUEST: u8 = 17;
 }
 
 /// ICMPv6 header fields (RFC 4443, 2.1): ICMP's, type, code, checksum and a word of
@@ -204,10 +198,6 @@ pub mod icmpv6 {
     pub const PARAM_PROBLEM: u8 = 4;
     /// Destination unreachable's code for port unreachable.
     pub const PORT_UNREACH: u8 = 4;
-    /// The queries, which start a connection in netfilter's conntrack: echo request
-    /// (RFC 4443) and node information query (RFC 4620).
-    pub const ECHO_REQUEST: u8 = 128;
-    pub const NI_QUERY: u8 = 139;
 }
 
 /// SCTP common header fields and chunk types (RFC 9260). The ports lie where TCP's

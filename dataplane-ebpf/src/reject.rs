@@ -33,7 +33,7 @@ use network_types::{
 use crate::{
     counters::count,
     maps::{JUMP, SCRATCH},
-    packet::{load, ETH_LEN},
+    packet::{load, Flow, ETH_LEN},
 };
 
 const IP_HDR: usize = 20;
@@ -57,17 +57,17 @@ const ICMP_PORT_UNREACH: u8 = 3;
 /// IPTOS_PREC_INTERNETCONTROL, as the kernel's own ICMP errors carry.
 const TOS_INTERNETCONTROL: u8 = 0xc0;
 
-/// Hands the packet (its L4 header at `l4_off`) to `sliceway_reject` (`sliceway_rej_l3` where `l3`: no
+/// Hands the packet of `flow` to `sliceway_reject` (`sliceway_rej_l3` where `l3`: no
 /// Ethernet header) by tail call (a program of its own, with a stack of its own),
 /// which turns it into an ICMP port unreachable to its source and redirects it,
 /// counting `reason`. Returns only if the handover failed (the caller drops the
 /// packet).
 #[inline(always)]
-pub fn port_unreachable(ctx: &TcContext, l4_off: usize, reason: u32, l3: bool) {
+pub fn port_unreachable(ctx: &TcContext, flow: &Flow, reason: u32, l3: bool) {
     // SAFETY: the context's own skb; `cb` is scratch space that travels with it.
     unsafe {
         (*ctx.skb.skb).cb[CB_REASON] = reason;
-        (*ctx.skb.skb).cb[CB_L4_OFF] = l4_off as u32;
+        (*ctx.skb.skb).cb[CB_L4_OFF] = flow.l4_off as u32;
         JUMP.tail_call(ctx, if l3 { JUMP_REJECT_L3 } else { JUMP_REJECT });
     }
 }

@@ -19,8 +19,8 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use dataplane_common::{
-    stat, CtKey, JUMP6_EXT, JUMP6_L3, JUMP6_L3_EXT, JUMP6_L3_OUT, JUMP6_OUT, JUMP6_TC, PROTO_ICMP,
-    PROTO_SCTP, SVC_F_DROP_EMPTY, SVC_F_SOURCE_RANGES,
+    stat, CtKey, JUMP6_EXT, JUMP6_L3, JUMP6_L3_EXT, JUMP6_L3_OUT, JUMP6_OUT, JUMP6_TC, PROTO_SCTP,
+    SVC_F_DROP_EMPTY, SVC_F_SOURCE_RANGES,
 };
 
 use crate::{
@@ -29,7 +29,7 @@ use crate::{
     counters::{self, count, Exit},
     dsr, icmp, lookup, maps,
     nat::{rewrite, End},
-    packet::{icmp as icmp_hdr, ipv4, load, Flow, Frame, Packet, L3},
+    packet::{Flow, Frame, Packet, L3},
     parse::{self, parse},
     reject, sctp, v6, xdp,
 };
@@ -55,9 +55,9 @@ pub trait Program: Frame {
     {
         icmp::error(self, src_be, l4_off, ip_end, now)
     }
-    /// Answers the packet (its L4 header at `l4_off`) with ICMP port unreachable
-    /// (`sliceway_reject` counts `reason`); drops it if the handover fails.
-    fn reject(&self, l4_off: usize, reason: u32) -> Exit;
+    /// Answers `flow` with ICMP port unreachable (`sliceway_reject` counts `reason`);
+    /// drops it if the handover fails.
+    fn reject(&self, flow: &Flow, reason: u32) -> Exit;
     /// Sets the ports of an SCTP packet whose addresses are translated (in
     /// `sliceway_sctp_nat`, which counts `reason` and passes it); unchanged ports
     /// need no handover.
@@ -75,8 +75,8 @@ impl Program for TcContext {
     const TAIL_CALLS: bool = true;
 
     #[inline(always)]
-    fn reject(&self, l4_off: usize, reason: u32) -> Exit {
-        reject::port_unreachable(self, l4_off, reason, false);
+    fn reject(&self, flow: &Flow, reason: u32) -> Exit {
+        reject::port_unreachable(self, flow, reason, false);
         (DROP, stat::DROP_REJECT)
     }
 
@@ -107,8 +107,8 @@ impl Program for L3<'_> {
     const TAIL_CALLS: bool = true;
 
     #[inline(always)]
-    fn reject(&self, l4_off: usize, reason: u32) -> Exit {
-        reject::port_unreachable(self.0, l4_off, reason, true);
+    fn reject(&self, flow: &Flow, reason: u32) -> Exit {
+        reject::port_unreachable(self.0, flow, reason, true);
         (DROP, stat::DROP_REJECT)
     }
 
@@ -284,20 +284,13 @@ pub fn run<const BRIDGE: bool, const EXTERNAL: bool, C: Program>(ctx: &C) -> i32
 /// What to do with the packet, and the `stat` slot that says why.
 #[inline(always)]
 pub fn decide<const BRIDGE: bool, const EXTERNAL: bool, C: Program>(ctx: &C) -> Result<Exit, Exit> {
-    let flow = match parse(ctx) {
-        Ok(Packet::L4(flow)) => flow,
-        Ok(Packet::Icmp {
+    let flow = match parse(ctx)? {
+        Packet::L4(flow) => flow,
+        Packet::Icmp {
             src_be,
             l4_off,
             ip_end,
-        }) => {
-            return match ctx.icmp_error(src_be, l4_off, ip_end, conntrack::now()) {
-                Ok((PASS, stat::PASS_NOT_L4)) => Ok(not_l4(ctx)),
-                exit => exit,
-            };
-        }
-        Err((PASS, stat::PASS_NOT_L4)) => return Ok(not_l4(ctx)),
-        Err(exit) => return Err(exit),
+        } => return ctx.icmp_error(src_be, l4_off, ip_end, conntrack::now()),
     };
     if !C::TAIL_CALLS && flow.proto == PROTO_SCTP {
         // Its ports are set by a tail call, after its addresses: all of it is TC's.
@@ -309,69 +302,6 @@ pub fn decide<const BRIDGE: bool, const EXTERNAL: bool, C: Program>(ctx: &C) -> 
         Claim::Exit(exit) => Ok(exit),
         Claim::Unclaimed(met) => untracked::<BRIDGE, C>(ctx, &flow, &key, now, met),
     }
-}
-
-/// A packet that is neither TCP, UDP nor SCTP, nor an ICMP error about a translated
-/// connection (`pass_not_l4`), read again from its IP header: to a ClusterIP, it is
-/// rejected with ICMP port unreachable where netfilter would see a new connection
-/// (any protocol but ICMP; of ICMP the queries, echo, timestamp, information and
-/// address mask requests: `nf_conntrack_proto_icmp.c`'s `valid_new`,
-/// https://github.com/torvalds/linux/blob/v6.18/net/netfilter/nf_conntrack_proto_icmp.c),
-/// as kube-proxy's nftables `cluster-ips-check` chain rejects `ct state new` packets
-/// to a ClusterIP that no rule translated
-/// (https://github.com/kubernetes/kubernetes/blob/v1.37.2/pkg/proxy/nftables/proxier.go);
-/// a later fragment of such a datagram is dropped (its first was rejected). To an
-/// unallocated address of a ServiceCIDR the same packets are dropped, as the chain's
-/// "Drop traffic to unallocated ClusterIPs" rule drops them. Anything else passes
-/// untouched. Not from the node's own stack (the egress
-/// program): its reply would have to go back in, not out.
-#[inline(always)]
-fn not_l4<C: Program>(ctx: &C) -> Exit {
-    let untouched = (PASS, stat::PASS_NOT_L4);
-    let Some(ip) = load::<[u8; ipv4::MIN_LEN]>(ctx, C::L2) else {
-        return untouched;
-    };
-    let d = ipv4::DST;
-    let dst_be = u32::from_ne_bytes([ip[d], ip[d + 1], ip[d + 2], ip[d + 3]]);
-    let clusterip = lookup::is_clusterip_addr(dst_be);
-    if !clusterip && !maps::in_service_cidr(dst_be) {
-        return untouched;
-    }
-    let frag = u16::from_be_bytes([ip[ipv4::FLAGS_FRAG], ip[ipv4::FLAGS_FRAG + 1]]);
-    if frag & ipv4::FRAG_OFFSET_MASK != 0 {
-        // To an unallocated address, as TCP's and UDP's later fragments: passed.
-        return if clusterip {
-            (DROP, stat::DROP_FRAGMENT_ORPHAN)
-        } else {
-            untouched
-        };
-    }
-    let l4_off = C::L2 + ((ip[ipv4::VERSION_IHL] & 0x0f) as usize) * 4;
-    if ip[ipv4::PROTO] == PROTO_ICMP {
-        // Type and code: a one-byte load's bound compiles to a check the verifier
-        // does not follow (`>=` for `+ 1 >`).
-        let Some([kind, _code]) = load::<[u8; 2]>(ctx, l4_off) else {
-            return untouched;
-        };
-        if !matches!(
-            kind,
-            icmp_hdr::ECHO_REQUEST
-                | icmp_hdr::TIMESTAMP
-                | icmp_hdr::INFO_REQUEST
-                | icmp_hdr::ADDRESS_MASK_REQUEST
-        ) {
-            return untouched;
-        }
-    }
-    if !clusterip {
-        // Inside a ServiceCIDR, no Service's ClusterIP: dropped, as `untracked` drops
-        // TCP, UDP and SCTP there.
-        return (DROP, stat::DROP_UNALLOCATED_CLUSTERIP);
-    }
-    if !C::TAIL_CALLS {
-        return (TO_TC, stat::XDP_TO_TC);
-    }
-    ctx.reject(l4_off, stat::REJECT_NO_PORT)
 }
 
 /// What the first half of a body (`connection_or_frontend`, and IPv6's) made of a
@@ -464,9 +394,7 @@ fn connection_or_frontend<const BRIDGE: bool, const EXTERNAL: bool, C: Program>(
                     return Ok(Claim::Exit((TO_TC, stat::XDP_TO_TC)));
                 }
                 counters::refused(service.id, false);
-                return Ok(Claim::Exit(
-                    ctx.reject(flow.l4_off, stat::REJECT_NO_BACKEND),
-                ));
+                return Ok(Claim::Exit(ctx.reject(flow, stat::REJECT_NO_BACKEND)));
             }
             // Direct server return's option needs the skb: TC's.
             if nat == conntrack::NAT_DSR {
@@ -589,7 +517,7 @@ fn untracked<const BRIDGE: bool, C: Program>(
                 if !C::TAIL_CALLS {
                     return Ok((TO_TC, stat::XDP_TO_TC));
                 }
-                return Ok(ctx.reject(flow.l4_off, stat::REJECT_NO_PORT));
+                return Ok(ctx.reject(flow, stat::REJECT_NO_PORT));
             }
             // Inside a ServiceCIDR, and no Service's ClusterIP: dropped, as kube-proxy's
             // nftables `cluster-ips-check` chain drops it ("Drop traffic to unallocated

@@ -148,7 +148,7 @@ impl Program for XdpContext {
     }
 
     #[inline(always)]
-    fn reject(&self, _l4_off: usize, _reason: u32) -> Exit {
+    fn reject(&self, _flow: &Flow, _reason: u32) -> Exit {
         (TO_TC, stat::XDP_TO_TC)
     }
 

@@ -1193,15 +1193,6 @@ impl Gen {
 
     /// Not TCP or UDP over IPv4: ARP, IPv6, a VLAN tag, other IP protocols, ICMP
     /// that is not an error, garbage.
-    /// Half the time, addresses `p` (IPv4) to one of the VIPs instead (other
-    /// protocols to a ClusterIP are rejected); the IP checksum is the caller's.
-    fn maybe_to_a_vip(&mut self, p: &mut [u8]) {
-        if self.rng.chance(50) {
-            let vip = self.pick_addr(&VIPS);
-            p[ETH + 16..ETH + 20].copy_from_slice(&vip.octets());
-        }
-    }
-
     fn other(&mut self) -> Vec<u8> {
         let mut p = self.direct();
         match self.rng.below(6) {
@@ -1213,13 +1204,11 @@ impl Gen {
             }
             3 => {
                 p[ETH + 9] = *self.rng.pick(&[47u8, 132, 50, 0]);
-                self.maybe_to_a_vip(&mut p);
                 fix_ip_csum(&mut p);
             }
             4 => {
                 p[ETH + 9] = PROTO_ICMP;
-                p[ETH + 20] = *self.rng.pick(&[0u8, 8, 3, 11, 13]);
-                self.maybe_to_a_vip(&mut p);
+                p[ETH + 20] = *self.rng.pick(&[0u8, 8, 3, 11]);
                 fix_ip_csum(&mut p);
             }
             _ => {

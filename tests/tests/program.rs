@@ -556,24 +556,6 @@ fn fragment(mut p: Vec<u8>, id: u16, offset: u16, more: bool) -> Vec<u8> {
     fix_ip_csum(p)
 }
 
-/// A GRE packet (IP protocol 47) from `src` to `dst`: a UDP datagram's bytes
-/// under that protocol number.
-fn gre(src: SocketAddrV4, dst: &str) -> Vec<u8> {
-    let p = udp(src, &format!("{dst}:0"), b"0123456789abcdef");
-    fix_ip_csum(poke(p, ETH + 9, 47))
-}
-
-/// An ICMP message of type `kind` (8: echo request), code 0, from `src`'s address to
-/// `dst`, with a checksum.
-fn icmp_echo(src: SocketAddrV4, dst: &str, kind: u8) -> Vec<u8> {
-    let mut p = udp(src, &format!("{dst}:0"), b"0123456789abcdef");
-    p[ETH + 9] = 1;
-    p[ETH + 20..ETH + 28].copy_from_slice(&[kind, 0, 0, 0, 0x12, 0x34, 0, 1]);
-    let c = sliceway_agent::kernel::packet::checksum(&p[ETH + 20..], 0);
-    p[ETH + 22..ETH + 24].copy_from_slice(&c.to_be_bytes());
-    fix_ip_csum(p)
-}
-
 /// `p` with its destination (source) address replaced, IP checksum recomputed.
 fn with_dst(mut p: Vec<u8>, to: &str) -> Vec<u8> {
     p[ETH + 16..ETH + 20].copy_from_slice(&addr(to).ip().octets());
@@ -1179,59 +1161,13 @@ static FIXTURES: &[Fixture] = &[
         ..PLAIN
     },
     Fixture {
-        description: "an IP protocol other than TCP and UDP to no ClusterIP passes unchanged",
+        description: "an IP protocol other than TCP and UDP passes unchanged",
         maps: ONE_BACKEND,
         steps: &[Step {
-            input: || poke(tcp(client(40004), BACKEND_HTTP, TCP_SYN), ETH + 9, 1),
+            input: || poke(tcp(client(40004), VIP_HTTP, TCP_SYN), ETH + 9, 1),
             verdict: PASS,
             reason: stat::PASS_NOT_L4,
             output: Out::Unchanged,
-        }],
-        ..PLAIN
-    },
-    Fixture {
-        // Issue 46: kube-proxy's `cluster-ips-check` chain rejects `ct state new`
-        // packets to a ClusterIP that nothing translated, whatever their protocol.
-        description: "other protocols to a ClusterIP are rejected, from pods and from outside; an ICMP echo too; to a pod they pass",
-        maps: ONE_BACKEND,
-        uplink: &[2],
-        steps: &[
-            Step {
-                input: || gre(client(40005), "10.96.0.10"),
-                verdict: REJECT,
-                reason: stat::REJECT_NO_PORT,
-                output: Out::Rejected,
-            },
-            Step {
-                input: || icmp_echo(client(40006), "10.96.0.10", 8),
-                verdict: REJECT,
-                reason: stat::REJECT_NO_PORT,
-                output: Out::Rejected,
-            },
-            Step {
-                input: || gre(addr(OUTSIDE), "10.96.0.10"),
-                verdict: REJECT,
-                reason: stat::REJECT_NO_PORT,
-                output: Out::Rejected,
-            },
-            Step {
-                input: || gre(client(40008), "10.244.11.2"),
-                verdict: PASS,
-                reason: stat::PASS_NOT_L4,
-                output: Out::Unchanged,
-            },
-        ],
-        ..PLAIN
-    },
-    Fixture {
-        // Issue 46: the datagram's first fragment was rejected.
-        description: "a later fragment of another protocol to a ClusterIP drops",
-        maps: ONE_BACKEND,
-        steps: &[Step {
-            input: || fragment(gre(client(40007), "10.96.0.10"), 91, 3, false),
-            verdict: DROP,
-            reason: stat::DROP_FRAGMENT_ORPHAN,
-            output: Out::Dropped,
         }],
         ..PLAIN
     },
@@ -3344,7 +3280,7 @@ mod v6 {
     use super::{
         datapath, fixture_capacities, ipv6_twins, run_as, run_fixture, stat, tcp, Fixture, Node,
         Out, Step, BACKEND_DNS, BACKEND_HTTP, CLIENT as CLIENT4, DROP, ETH, ONE_BACKEND, OUTSIDE,
-        PASS, PLAIN, REJECT, VIP_DNS, VIP_HTTP,
+        PASS, PLAIN, VIP_DNS, VIP_HTTP,
     };
 
     const CLIENT: &str = "fd00:10:244:1::5";
@@ -4155,7 +4091,7 @@ mod v6 {
     /// What is not an error about a live translated connection passes byte for byte:
     /// an error about a flow nobody translated, one about a connection that ended,
     /// one a client sends about a backend's reply (only errors towards the client are
-    /// translated), echo to a pod; echo to a ClusterIP is rejected.
+    /// translated), echo to a frontend and to a pod.
     #[test]
     fn ipv6_errors_about_no_live_connection_and_echo_pass_untouched() {
         let mut dp = v6_datapath();
@@ -4168,6 +4104,7 @@ mod v6 {
             error6(ROUTER, CLIENT, [2, 0], MTU, &untracked, whole(&untracked)),
             error6(BACKEND, CLIENT, [1, 4], 0, &untracked, whole(&untracked)),
             error6(CLIENT, BACKEND, [1, 4], 0, &reply, whole(&reply)),
+            echo_request(CLIENT, VIP),
             echo_request(CLIENT, BACKEND),
         ];
         for p in &untouched {
@@ -4175,10 +4112,6 @@ mod v6 {
             assert_eq!((verdict, reason), (PASS, "pass_not_l4"));
             assert_eq!(&out, p);
         }
-        // An echo request to a ClusterIP is a new connection to netfilter, which
-        // kube-proxy's `cluster-ips-check` chain rejects (issue 46).
-        let (verdict, reason, _) = run(&dp, &echo_request(CLIENT, VIP));
-        assert_eq!((verdict, reason), (REJECT, "reject_no_port"));
         // The connection ends (RST) and its entries expire (after 1 s here): an
         // error about it then passes untouched.
         let sent = tcp6(client, sa(BACKEND, 8080), TCP_ACK);

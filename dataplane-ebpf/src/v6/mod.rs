@@ -30,9 +30,9 @@ mod reject;
 
 use aya_ebpf::{macros::classifier, programs::TcContext};
 use dataplane_common::{
-    flow_hash6, reply_client6, stat, Backend6, CtEntry, CtKey, FAMILY_V6, IPV6_DEST_OPTS,
-    IPV6_FRAGMENT, IPV6_HOP_BY_HOP, IPV6_ROUTING, JUMP6_ICMP, JUMP6_ICMP_L3, JUMP6_REJECT,
-    JUMP6_REJECT_L3, PROTO_ICMPV6, PROTO_SCTP, SVC_F_DROP_EMPTY, SVC_F_SOURCE_RANGES,
+    flow_hash6, reply_client6, stat, Backend6, CtEntry, CtKey, FAMILY_V6, JUMP6_ICMP,
+    JUMP6_ICMP_L3, JUMP6_REJECT, JUMP6_REJECT_L3, PROTO_SCTP, SVC_F_DROP_EMPTY,
+    SVC_F_SOURCE_RANGES,
 };
 
 use crate::{
@@ -40,7 +40,7 @@ use crate::{
     counters::{self, count, Exit},
     lookup, maps,
     nat::End,
-    packet::{icmpv6, ipv6, load, Frame, L3},
+    packet::{Frame, L3},
     sctp,
     tc::{Claim, Met, DROP, PASS, TO_TC},
 };
@@ -407,22 +407,9 @@ pub fn decide<const EXTERNAL: bool, C: Program6>(ctx: &C) -> Result<Exit, Exit> 
     // SAFETY: a per-CPU map value, used only by this program on this CPU while it
     // runs (TC and XDP programs are not preempted); no reference outlives the run.
     let s = unsafe { &mut *s };
-    match parse::parse(ctx, &mut s.flow) {
-        Ok(parse::Packet6::L4) => {}
-        Ok(parse::Packet6::Icmp { l4_off, ip_end }) => {
-            if icmp_query(ctx, l4_off) {
-                if lookup::is_clusterip6(&s.flow) {
-                    return Ok(reject_not_l4(ctx));
-                }
-                if maps::in_service_cidr6(s.flow.dst_be) {
-                    return Ok((DROP, stat::DROP_UNALLOCATED_CLUSTERIP));
-                }
-            }
-            // To the ICMPv6 error program (TC), or left to TC untouched (XDP).
-            return Ok(ctx.icmp(l4_off, ip_end));
-        }
-        Err((PASS, stat::PASS_NOT_L4)) => return Ok(not_l4(ctx, &s.flow)),
-        Err(exit) => return Err(exit),
+    if let parse::Packet6::Icmp { l4_off, ip_end } = parse::parse(ctx, &mut s.flow)? {
+        // To the ICMPv6 error program (TC), or left to TC untouched (XDP).
+        return Ok(ctx.icmp(l4_off, ip_end));
     }
     if !C::TAIL_CALLS && s.flow.proto == PROTO_SCTP {
         // Its ports are set by a tail call, after its addresses: all of it is TC's.
@@ -434,60 +421,6 @@ pub fn decide<const EXTERNAL: bool, C: Program6>(ctx: &C) -> Result<Exit, Exit> 
         Claim::Exit(exit) => Ok(exit),
         Claim::Unclaimed(met) => untracked(ctx, &s.flow, &s.key, now, met),
     }
-}
-
-/// Whether the ICMPv6 message at `l4_off` is a query netfilter's conntrack starts a
-/// connection with (`nf_conntrack_proto_icmpv6.c`'s `valid_new`,
-/// https://github.com/torvalds/linux/blob/v6.18/net/netfilter/nf_conntrack_proto_icmpv6.c):
-/// echo request, node information query.
-#[inline(always)]
-fn icmp_query<C: Program6>(ctx: &C, l4_off: usize) -> bool {
-    // Type and code, as IPv4's `tc::not_l4` reads them.
-    matches!(
-        load::<[u8; 2]>(ctx, l4_off),
-        Some([icmpv6::ECHO_REQUEST | icmpv6::NI_QUERY, _])
-    )
-}
-
-/// IPv4's `tc::not_l4` for IPv6: a packet of another protocol right after the fixed
-/// header (one behind extension headers or fragmented passes: parsing does not say
-/// which it is) to a ClusterIP is rejected with ICMPv6 port unreachable where
-/// netfilter would see a new connection (of ICMPv6, the queries), as kube-proxy's
-/// `cluster-ips-check` chain rejects it; to an unallocated address of a ServiceCIDR
-/// it is dropped; anything else passes untouched. Read from the fixed header, not
-/// kept by `parse::parse`, whose stores for it pushed `sliceway_dsr6` (which parses
-/// too) past the verifier.
-#[inline(always)]
-fn not_l4<C: Program6>(ctx: &C, flow: &Flow6) -> Exit {
-    let untouched = (PASS, stat::PASS_NOT_L4);
-    let Some(head) = load::<[u8; 8]>(ctx, C::L2) else {
-        return untouched;
-    };
-    let p = head[ipv6::NEXT];
-    if p == IPV6_HOP_BY_HOP || p == IPV6_ROUTING || p == IPV6_DEST_OPTS || p == IPV6_FRAGMENT {
-        return untouched;
-    }
-    let clusterip = lookup::is_clusterip6(flow);
-    if !clusterip && !maps::in_service_cidr6(flow.dst_be) {
-        return untouched;
-    }
-    if p == PROTO_ICMPV6 && !icmp_query(ctx, C::L2 + ipv6::LEN) {
-        return untouched;
-    }
-    if !clusterip {
-        return (DROP, stat::DROP_UNALLOCATED_CLUSTERIP);
-    }
-    reject_not_l4(ctx)
-}
-
-/// Rejects a packet [`not_l4`] (or an ICMPv6 query) found for a ClusterIP: TC
-/// answers it, XDP leaves it to TC.
-#[inline(always)]
-fn reject_not_l4<C: Program6>(ctx: &C) -> Exit {
-    if !C::TAIL_CALLS {
-        return (TO_TC, stat::XDP_TO_TC);
-    }
-    ctx.reject(stat::REJECT_NO_PORT)
 }
 
 /// As `tc::connection_or_frontend`: a tracked connection keeps its backend; a reply of a live

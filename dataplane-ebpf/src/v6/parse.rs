@@ -7,8 +7,7 @@
 //! - ICMPv6 goes to `super::icmp` (errors about translated connections are
 //!   translated back, everything else, neighbour discovery and echo included, passes
 //!   untouched), unless it is a fragment: passed untouched, as IPv4's fragmented ICMP;
-//! - AH, ESP, no next header and any other protocol pass untouched (`pass_not_l4`),
-//!   except right after the fixed header to a ClusterIP (`super::not_l4`);
+//! - AH, ESP, no next header and any other protocol pass untouched (`pass_not_l4`);
 //! - UDP with checksum zero is invalid over IPv6 (RFC 8200, 8.1): dropped as
 //!   malformed; truncated headers, or headers beyond the payload length, too;
 //! - fragments as IPv4's: the first fragment's ports are remembered in `FRAGMENTS6`

@@ -24,9 +24,7 @@
 //!   Ethernet header or the fixed IPv4 header cut short, a version other than 4, an
 //!   IHL under 5 words or an IP total length shorter than the header: malformed,
 //!   dropped;
-//! - other IP protocols than TCP, UDP and ICMP: passed untouched (`pass_not_l4`),
-//!   except to a ClusterIP: rejected, a later fragment dropped; so are ICMP queries
-//!   (echo, timestamp, information, address mask requests) to a ClusterIP;
+//! - other IP protocols than TCP, UDP and ICMP: passed untouched (`pass_not_l4`);
 //! - ICMP: only unfragmented destination-unreachable and time-exceeded errors that
 //!   quote (with a plain 20-byte header and at least 8 bytes of L4 header inside the
 //!   datagram) a packet of a live connection are translated back; all other ICMP
@@ -331,7 +329,7 @@ impl Machine<'_> {
         }
         let proto = ip[9];
         if ![PROTO_TCP, PROTO_UDP, PROTO_SCTP, PROTO_ICMP].contains(&proto) {
-            return self.not_l4(p);
+            return (PASS, stat::PASS_NOT_L4);
         }
         let total = be16(ip, 2) as usize;
         if total < ihl {
@@ -343,12 +341,9 @@ impl Machine<'_> {
         let l4 = ETH + ihl;
         if proto == PROTO_ICMP {
             if offset != 0 || more {
-                return self.not_l4(p);
+                return (PASS, stat::PASS_NOT_L4);
             }
-            return match self.icmp(p, l4, ETH + total) {
-                (PASS, stat::PASS_NOT_L4) => self.not_l4(p),
-                exit => exit,
-            };
+            return self.icmp(p, l4, ETH + total);
         }
         let frag_key = FragKey {
             src_be: ne32(p, ETH + 12),
@@ -427,36 +422,6 @@ impl Machine<'_> {
         self.other_side(p, &flow, stale)
     }
 
-    /// A packet that is neither TCP, UDP nor SCTP, nor an ICMP error about a live
-    /// connection: to a ClusterIP, rejected if it would start a connection in
-    /// netfilter (any protocol but ICMP; of ICMP the echo, timestamp, information
-    /// and address mask requests), as kube-proxy's `cluster-ips-check` chain rejects
-    /// it; a later fragment of it dropped; anything else passed untouched. (The
-    /// fuzzer makes no ServiceCIDR, so no address is unallocated here.)
-    fn not_l4(&mut self, p: &[u8]) -> Exit {
-        let untouched = (PASS, stat::PASS_NOT_L4);
-        let dst = ne32(p, ETH + 16);
-        if !self
-            .maps
-            .services
-            .contains_key(&dataplane_common::clusterip_marker(dst))
-        {
-            return untouched;
-        }
-        if be16(p, ETH + 6) & 0x1fff != 0 {
-            return (DROP, stat::DROP_FRAGMENT_ORPHAN);
-        }
-        let l4 = ETH + (p[ETH] & 0x0f) as usize * 4;
-        if p[ETH + 9] == PROTO_ICMP {
-            // The kernel reads type and code: both must be in the frame.
-            match p.get(l4..l4 + 2) {
-                Some([8 | 13 | 15 | 17, _]) => {}
-                _ => return untouched,
-            }
-        }
-        self.reject(p, l4, stat::REJECT_NO_PORT)
-    }
-
     fn alive(&self, e: &CtEntry) -> bool {
         ct::alive(e.last_seen_ns, self.now, self.maps.timeout(e.state))
     }
@@ -503,7 +468,7 @@ impl Machine<'_> {
                     if svc.flags & SVC_F_DROP_EMPTY != 0 {
                         return Some((DROP, stat::DROP_NO_BACKEND));
                     }
-                    return Some(self.reject(p, flow.l4, stat::REJECT_NO_BACKEND));
+                    return Some(self.reject(p, flow, stat::REJECT_NO_BACKEND));
                 }
                 let (backend_id, backend) = match self.pick(flow, &svc) {
                     Ok(b) => b,
@@ -831,7 +796,7 @@ impl Machine<'_> {
             }
         }
         if clusterip {
-            return self.reject(p, flow.l4, stat::REJECT_NO_PORT);
+            return self.reject(p, flow, stat::REJECT_NO_PORT);
         }
         (PASS, stat::PASS_NO_SERVICE)
     }
@@ -840,8 +805,8 @@ impl Machine<'_> {
     /// as much of the datagram as arrived and fits in 576 bytes, in whole words, sent
     /// back. A
     /// datagram with IP options is dropped instead (`drop_reject`).
-    fn reject(&mut self, p: &[u8], l4: usize, reason: u32) -> Exit {
-        if l4 != ETH + 20 {
+    fn reject(&mut self, p: &[u8], flow: &Flow, reason: u32) -> Exit {
+        if flow.l4 != ETH + 20 {
             return (DROP, stat::DROP_REJECT);
         }
         // Only the bytes that arrived are quoted: a header that claims more than the

@@ -56,11 +56,6 @@ use super::{fixture_capacities, run_fixture, Family, Fixture, Node, ETH, FIXTURE
 /// difference between the families that leaves each out.
 pub const NOT_TWINNED: &[(&str, &str)] = &[
     (
-        "a later fragment of another protocol to a ClusterIP drops",
-        "IPv6's programs read another protocol only right after the fixed header: \
-         behind a fragment header it passes untouched",
-    ),
-    (
         "UDP without a checksum stays without one",
         "RFC 8200, 8.1: IPv6 UDP must carry a checksum; one of zero is dropped as \
          malformed (an IPv6 fixture, v6::FIXTURES6)",
