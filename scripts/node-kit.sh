@@ -245,7 +245,7 @@ rm -rf "$cache/layers/pause.d" "$cache/layers/coredns.d"
 : > "$images/names.txt.tmp"
 image() {
   local file=$1 ref=$2 name=$3 entry=$4 cmd=$5 diff want
-  diff=$(cat "$cache/layers/$name.sha256")
+  diff=$(cat "$cache/layers/$name.tar.sha256")
   echo "$file.tar $ref" >> "$images/names.txt.tmp"
   want=$(stamp "$ref" "$diff" "$entry" "$cmd")
   if fresh "$images/$file.tar" "$images/.$file.ok" "$want"; then
