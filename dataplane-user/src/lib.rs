@@ -14,3 +14,46 @@ pub mod model;
 pub mod serve;
 pub mod source;
 pub mod writer;
+
+/// An error and its sources on one line, `outer: inner: ...`; a source whose message
+/// the line already holds (many errors repeat their source's) is not said twice.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let s_msg = s.to_string();
+        if !msg.contains(&s_msg) {
+            msg.push_str(&format!(": {s_msg}"));
+        }
+        source = s.source();
+    }
+    msg
+}
+
+#[cfg(test)]
+mod tests {
+    #[derive(Debug)]
+    struct E(&'static str, Option<Box<E>>);
+    impl std::fmt::Display for E {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+    impl std::error::Error for E {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|e| e as _)
+        }
+    }
+
+    #[test]
+    fn an_error_chain_names_each_source_once() {
+        let inner = E("connection refused", None);
+        let mid = E("connecting: connection refused", Some(Box::new(inner)));
+        let outer = E("loading the program", Some(Box::new(mid)));
+        assert_eq!(
+            super::error_chain(&outer),
+            "loading the program: connecting: connection refused"
+        );
+        assert_eq!(super::error_chain(&E("alone", None)), "alone");
+    }
+}

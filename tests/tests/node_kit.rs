@@ -21,7 +21,8 @@ use std::{
 use anyhow::{bail, Context, Result};
 use sliceway_lab::{
     cluster::real::{
-        cgroup_processes, containerd_config, mounts_under, processes_mentioning, remove_cgroup, Kit,
+        containerd_config, import_image, kill_node_processes, mounts_under, processes_mentioning,
+        remove_cgroup, Kit,
     },
     netns::{self, Netns},
 };
@@ -197,20 +198,7 @@ impl Node {
         // Shims and what runs in the pod's cgroups: found by this node's directory and
         // cgroup, so nothing else is touched.
         let marker = self.dir.to_string_lossy().into_owned();
-        for _ in 0..50 {
-            let mut pids = processes_mentioning(&marker);
-            pids.extend(cgroup_processes(&self.cgroup));
-            pids.sort_unstable();
-            pids.dedup();
-            if pids.is_empty() {
-                break;
-            }
-            for pid in pids {
-                // SAFETY: kill(2) on a process id found in this node's shims or cgroups.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        kill_node_processes(&marker, &self.cgroup);
         for pid in processes_mentioning(&marker) {
             left.push(format!("process {pid}"));
         }
@@ -334,14 +322,8 @@ fn node_kit_runs_agnhost_in_a_pod() -> Result<()> {
     let d = dir.display();
     let result = (|| -> Result<()> {
         for tar in [&pause_tar, &agnhost_tar] {
-            node.ctr(&[
-                "images",
-                "import",
-                "--digests",
-                "--snapshotter=overlayfs",
-                tar.to_str().unwrap(),
-            ])
-            .with_context(|| format!("importing {}", tar.display()))?;
+            import_image(&node.bin, &node.socket(), tar)
+                .with_context(|| format!("importing {}", tar.display()))?;
         }
         let listed = node.ctr(&["images", "list", "-q"])?;
         for want in [&pause, &agnhost] {
@@ -454,13 +436,7 @@ fn sliceways_images_run_their_binaries_in_a_pod() -> Result<()> {
     let mut node = Node::start(&kit.bin, &pause, "images")?;
     let dir = node.dir.clone();
     let result = (|| -> Result<()> {
-        node.ctr(&[
-            "images",
-            "import",
-            "--digests",
-            "--snapshotter=overlayfs",
-            pause_tar.to_str().unwrap(),
-        ])?;
+        import_image(&node.bin, &node.socket(), &pause_tar)?;
         let pod = serde_json::json!({
             "metadata": {"name": "images", "namespace": "default",
                          "uid": format!("slkit-{}-images", std::process::id()), "attempt": 0},
@@ -473,14 +449,8 @@ fn sliceways_images_run_their_binaries_in_a_pod() -> Result<()> {
         let sandbox = node.crictl(&["runp", pod_json])?.trim().to_string();
         for name in ["sliceway-agent", "sliceway-controller"] {
             let tar = images.join(format!("{name}.tar"));
-            node.ctr(&[
-                "images",
-                "import",
-                "--digests",
-                "--snapshotter=overlayfs",
-                tar.to_str().unwrap(),
-            ])
-            .with_context(|| format!("importing {}", tar.display()))?;
+            import_image(&node.bin, &node.socket(), &tar)
+                .with_context(|| format!("importing {}", tar.display()))?;
             // A docker-archive's `name:tag` is Docker Hub's library name to containerd,
             // the name kubelet looks for when a pod asks for `name:tag`.
             let reference = format!("docker.io/library/{name}:dev");

@@ -566,9 +566,14 @@ struct DrvInfo {
 const _: () = assert!(std::mem::size_of::<DrvInfo>() == 196);
 const ETHTOOL_GDRVINFO: u32 = 0x0000_0003;
 
-/// The driver of interface `name` ("veth", "mlx5_core", ...), from
-/// `ETHTOOL_GDRVINFO`, in the calling thread's network namespace.
-pub(super) fn driver(name: &str) -> std::io::Result<String> {
+/// An interface ioctl (`SIOC*`) for interface `name` on a new datagram socket, in the
+/// calling thread's network namespace: `prepare` fills the request's union beyond the
+/// name; the request as the kernel left it is returned.
+fn ifreq_ioctl(
+    name: &str,
+    request: libc::c_ulong,
+    prepare: impl FnOnce(&mut libc::ifreq),
+) -> std::io::Result<libc::ifreq> {
     if name.len() >= libc::IFNAMSIZ {
         return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
     }
@@ -579,33 +584,41 @@ pub(super) fn driver(name: &str) -> std::io::Result<String> {
     }
     // SAFETY: `fd` is new and nothing else owns it.
     let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    // SAFETY: all-zero bytes are a valid `DrvInfo` (integers and byte arrays).
-    let mut info: DrvInfo = unsafe { std::mem::zeroed() };
-    info.cmd = ETHTOOL_GDRVINFO;
     // SAFETY: an all-zero ifreq is valid; the name is copied in below (shorter than
     // IFNAMSIZ, so NUL-terminated).
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
     for (d, s) in req.ifr_name.iter_mut().zip(name.bytes()) {
         *d = s as libc::c_char;
     }
-    req.ifr_ifru.ifru_data = (&mut info as *mut DrvInfo).cast();
-    // SAFETY: SIOCETHTOOL reads the name and the command, and writes `info`, which
-    // lives until the call returns.
+    prepare(&mut req);
+    // SAFETY: the request reads the name and writes the ifreq's union (or, for
+    // SIOCETHTOOL, the buffer `prepare` pointed it at, which outlives this call).
     let ret = unsafe {
         libc::ioctl(
             std::os::fd::AsRawFd::as_raw_fd(&fd),
-            libc::SIOCETHTOOL,
+            request,
             &mut req as *mut libc::ifreq,
         )
     };
     if ret != 0 {
         return Err(std::io::Error::last_os_error());
     }
+    Ok(req)
+}
+
+/// The driver of interface `name` ("veth", "mlx5_core", ...), from
+/// `ETHTOOL_GDRVINFO`, in the calling thread's network namespace.
+pub(super) fn driver(name: &str) -> std::io::Result<String> {
+    // SAFETY: all-zero bytes are a valid `DrvInfo` (integers and byte arrays).
+    let mut info: DrvInfo = unsafe { std::mem::zeroed() };
+    info.cmd = ETHTOOL_GDRVINFO;
+    ifreq_ioctl(name, libc::SIOCETHTOOL, |req| {
+        req.ifr_ifru.ifru_data = (&mut info as *mut DrvInfo).cast();
+    })?;
     let end = info.driver.iter().position(|&b| b == 0).unwrap_or(32);
     Ok(String::from_utf8_lossy(&info.driver[..end]).into_owned())
 }
 
-/// The index of interface `name` in the calling thread's network namespace.
 /// `ARPHRD_ETHER`: an Ethernet header on every packet (veth, bridges, NICs).
 const ARPHRD_ETHER: u16 = 1;
 /// Link types whose packets reach TC ingress at their IP header
@@ -617,37 +630,12 @@ const L3_LINK_TYPES: [u16; 7] = [0xfffe, 768, 769, 776, 778, 519, 512];
 /// The link-layer type of interface `name` (`ARPHRD_*`: 1 for Ethernet, 65534 for a
 /// tun device or WireGuard, 768 for ipip), from `SIOCGIFHWADDR`.
 fn link_type(name: &str) -> std::io::Result<u16> {
-    if name.len() >= libc::IFNAMSIZ {
-        return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
-    }
-    // SAFETY: a plain socket call; the descriptor is owned at once.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is new and nothing else owns it.
-    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    // SAFETY: an all-zero ifreq is valid; the name is copied in below (shorter than
-    // IFNAMSIZ, so NUL-terminated).
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (d, s) in req.ifr_name.iter_mut().zip(name.bytes()) {
-        *d = s as libc::c_char;
-    }
-    // SAFETY: SIOCGIFHWADDR reads the name and writes the ifreq's union.
-    let ret = unsafe {
-        libc::ioctl(
-            std::os::fd::AsRawFd::as_raw_fd(&fd),
-            libc::SIOCGIFHWADDR,
-            &mut req as *mut libc::ifreq,
-        )
-    };
-    if ret != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    let req = ifreq_ioctl(name, libc::SIOCGIFHWADDR, |_| {})?;
     // SAFETY: SIOCGIFHWADDR filled `ifru_hwaddr`.
     Ok(unsafe { req.ifr_ifru.ifru_hwaddr.sa_family })
 }
 
+/// The index of interface `name` in the calling thread's network namespace.
 pub(super) fn ifindex(name: &str) -> std::io::Result<u32> {
     let c = std::ffi::CString::new(name)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;

@@ -21,6 +21,8 @@ use std::{
     net::IpAddr,
 };
 
+use super::netlink;
+
 /// One interface as rtnetlink describes it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LinkInfo {
@@ -157,16 +159,21 @@ fn within(addr: IpAddr, (net, len): (IpAddr, u8)) -> bool {
 /// The interfaces and main-table unicast routes of the calling thread's network
 /// namespace, from rtnetlink dumps (`RTM_GETLINK`, `RTM_GETROUTE`).
 pub fn dump() -> std::io::Result<(Vec<LinkInfo>, Vec<RouteInfo>)> {
-    let sock = Netlink::open()?;
+    // The dump requests' bodies: an ifinfomsg or an rtmsg, zeroed but for the family.
+    let dump = |kind: u16, family: i32, body_len: usize| {
+        let mut body = vec![0u8; body_len];
+        body[0] = family as u8;
+        netlink::exchange(&netlink::request(kind, netlink::NLM_F_DUMP, &body))
+    };
     let mut links = Vec::new();
-    for msg in sock.dump(libc::RTM_GETLINK, libc::AF_UNSPEC as u8)? {
+    for (_, msg) in dump(libc::RTM_GETLINK, libc::AF_UNSPEC, IFINFOMSG_LEN)? {
         if let Some(l) = parse_link(&msg) {
             links.push(l);
         }
     }
     let mut routes = Vec::new();
     for family in [libc::AF_INET, libc::AF_INET6] {
-        for msg in sock.dump(libc::RTM_GETROUTE, family as u8)? {
+        for (_, msg) in dump(libc::RTM_GETROUTE, family, RTMSG_LEN)? {
             if let Some(r) = parse_route(&msg) {
                 routes.push(r);
             }
@@ -175,7 +182,6 @@ pub fn dump() -> std::io::Result<(Vec<LinkInfo>, Vec<RouteInfo>)> {
     Ok((links, routes))
 }
 
-const NLMSG_HDRLEN: usize = 16;
 const IFINFOMSG_LEN: usize = 16;
 const RTMSG_LEN: usize = 12;
 const IFLA_IFNAME: u16 = 3;
@@ -190,29 +196,13 @@ const RTA_VIA: u16 = 18;
 const RT_TABLE_MAIN: u32 = 254;
 const RTN_UNICAST: u8 = 1;
 
-/// The attributes (type, payload) of a netlink message body from `at`.
-fn attrs(buf: &[u8], mut at: usize) -> Vec<(u16, &[u8])> {
-    let mut out = Vec::new();
-    while at + 4 <= buf.len() {
-        let len = u16::from_ne_bytes([buf[at], buf[at + 1]]) as usize;
-        let kind = u16::from_ne_bytes([buf[at + 2], buf[at + 3]]) & 0x3fff;
-        if len < 4 || at + len > buf.len() {
-            break;
-        }
-        out.push((kind, &buf[at + 4..at + len]));
-        at += (len + 3) & !3;
-    }
-    out
-}
-
 fn c_string(b: &[u8]) -> String {
     let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
     String::from_utf8_lossy(&b[..end]).into_owned()
 }
 
-/// An `RTM_NEWLINK` message (header included) as a [`LinkInfo`].
-fn parse_link(msg: &[u8]) -> Option<LinkInfo> {
-    let body = msg.get(NLMSG_HDRLEN..)?;
+/// An `RTM_NEWLINK` message's body (after its header) as a [`LinkInfo`].
+fn parse_link(body: &[u8]) -> Option<LinkInfo> {
     if body.len() < IFINFOMSG_LEN {
         return None;
     }
@@ -223,12 +213,12 @@ fn parse_link(msg: &[u8]) -> Option<LinkInfo> {
         loopback: flags & libc::IFF_LOOPBACK as u32 != 0,
         ..LinkInfo::default()
     };
-    for (kind, data) in attrs(body, IFINFOMSG_LEN) {
+    for (kind, data) in netlink::attrs(&body[IFINFOMSG_LEN..]) {
         match kind {
             IFLA_IFNAME => l.name = c_string(data),
             IFLA_LINK_NETNSID => l.peer_elsewhere = true,
             IFLA_LINKINFO => {
-                for (k, d) in attrs(data, 0) {
+                for (k, d) in netlink::attrs(data) {
                     if k == IFLA_INFO_KIND {
                         l.kind = Some(c_string(d));
                     }
@@ -240,9 +230,9 @@ fn parse_link(msg: &[u8]) -> Option<LinkInfo> {
     (!l.name.is_empty()).then_some(l)
 }
 
-/// An `RTM_NEWROUTE` message as a [`RouteInfo`], if a unicast route of the main table.
-fn parse_route(msg: &[u8]) -> Option<RouteInfo> {
-    let body = msg.get(NLMSG_HDRLEN..)?;
+/// An `RTM_NEWROUTE` message's body as a [`RouteInfo`], if a unicast route of the main
+/// table.
+fn parse_route(body: &[u8]) -> Option<RouteInfo> {
     if body.len() < RTMSG_LEN {
         return None;
     }
@@ -261,7 +251,7 @@ fn parse_route(msg: &[u8]) -> Option<RouteInfo> {
         oif: None,
         gateway: false,
     };
-    for (kind, data) in attrs(body, RTMSG_LEN) {
+    for (kind, data) in netlink::attrs(&body[RTMSG_LEN..]) {
         match kind {
             RTA_DST => {
                 r.dst = match data.len() {
@@ -277,91 +267,6 @@ fn parse_route(msg: &[u8]) -> Option<RouteInfo> {
         }
     }
     (table == RT_TABLE_MAIN).then_some(r)
-}
-
-/// A blocking rtnetlink socket for dumps.
-struct Netlink {
-    fd: std::os::fd::OwnedFd,
-}
-
-impl Netlink {
-    fn open() -> std::io::Result<Self> {
-        use std::os::fd::FromRawFd as _;
-        // SAFETY: a plain socket call; the descriptor is owned at once.
-        let fd = unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                libc::NETLINK_ROUTE,
-            )
-        };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: `fd` is new and nothing else owns it.
-        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
-        Ok(Self { fd })
-    }
-
-    /// Sends a dump request of `kind` for `family` and collects every message of the
-    /// answer (headers included) until `NLMSG_DONE`.
-    fn dump(&self, kind: u16, family: u8) -> std::io::Result<Vec<Vec<u8>>> {
-        use std::os::fd::AsRawFd as _;
-        let fd = self.fd.as_raw_fd();
-        // nlmsghdr, then an ifinfomsg or rtmsg (both start with the family; the
-        // larger, ifinfomsg, is sent zeroed for either).
-        let mut req = [0u8; NLMSG_HDRLEN + IFINFOMSG_LEN];
-        req[4..6].copy_from_slice(&kind.to_ne_bytes());
-        let flags = (libc::NLM_F_REQUEST | libc::NLM_F_DUMP) as u16;
-        req[6..8].copy_from_slice(&flags.to_ne_bytes());
-        req[8..12].copy_from_slice(&1u32.to_ne_bytes());
-        req[NLMSG_HDRLEN] = family;
-        let len = if kind == libc::RTM_GETROUTE {
-            NLMSG_HDRLEN + RTMSG_LEN
-        } else {
-            req.len()
-        };
-        req[0..4].copy_from_slice(&(len as u32).to_ne_bytes());
-        // SAFETY: `req` is live and at least `len` bytes long.
-        if unsafe { libc::send(fd, req.as_ptr() as *const libc::c_void, len, 0) } < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let mut out = Vec::new();
-        let mut buf = vec![0u8; 32 * 1024];
-        loop {
-            // SAFETY: `buf` is live and as long as said.
-            let n = unsafe { libc::recv(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len(), 0) };
-            if n < 0 {
-                let e = std::io::Error::last_os_error();
-                if e.raw_os_error() == Some(libc::EINTR) {
-                    continue;
-                }
-                return Err(e);
-            }
-            let data = &buf[..n as usize];
-            let mut at = 0;
-            while at + NLMSG_HDRLEN <= data.len() {
-                let len = u32::from_ne_bytes(data[at..at + 4].try_into().unwrap()) as usize;
-                let kind = u16::from_ne_bytes([data[at + 4], data[at + 5]]);
-                if len < NLMSG_HDRLEN || at + len > data.len() {
-                    return Err(std::io::Error::other("a truncated netlink message"));
-                }
-                match i32::from(kind) {
-                    libc::NLMSG_DONE => return Ok(out),
-                    libc::NLMSG_ERROR => {
-                        let errno = i32::from_ne_bytes(
-                            data[at + NLMSG_HDRLEN..at + NLMSG_HDRLEN + 4]
-                                .try_into()
-                                .unwrap(),
-                        );
-                        return Err(std::io::Error::from_raw_os_error(-errno));
-                    }
-                    _ => out.push(data[at..at + len].to_vec()),
-                }
-                at += (len + 3) & !3;
-            }
-        }
-    }
 }
 
 #[cfg(test)]

@@ -269,7 +269,10 @@ pub fn probe(needs: &Needs) -> Found {
     let kind = |t: ProgramType, what: &str| match is_program_supported(t) {
         Ok(true) => Ok(()),
         Ok(false) => Err(format!("this kernel does not load {what} programs")),
-        Err(e) => Err(format!("probing {what} programs: {}", chain(&e))),
+        Err(e) => Err(format!(
+            "probing {what} programs: {}",
+            crate::error_chain(&e)
+        )),
     };
     let lacking = |t: ProgramType, list: &[(H, &'static str)]| -> Vec<&'static str> {
         list.iter()
@@ -280,7 +283,7 @@ pub fn probe(needs: &Needs) -> Found {
     let bpf = match is_program_supported(ProgramType::SocketFilter) {
         Ok(true) => Ok(()),
         Ok(false) => Err("the kernel loads no BPF program at all".to_string()),
-        Err(e) => Err(chain(&e)),
+        Err(e) => Err(crate::error_chain(&e)),
     };
     let tc = kind(ProgramType::SchedClassifier, "TC");
     // What the TC programs call (dataplane-ebpf): conntrack's clocks (coarse ns is
@@ -350,16 +353,6 @@ pub fn probe(needs: &Needs) -> Found {
         set_retval: super::probe_set_retval(),
         btf: Path::new("/sys/kernel/btf/vmlinux").exists(),
     }
-}
-
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut msg = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        msg.push_str(&format!(": {s}"));
-        source = s.source();
-    }
-    msg
 }
 
 /// `uname -r`.

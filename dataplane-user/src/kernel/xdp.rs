@@ -162,7 +162,7 @@ impl Datapath {
                     }
                     return Ok(Some(how));
                 }
-                Err(e) => refused.push(format!("{}: {}", how.as_str(), chain(&e))),
+                Err(e) => refused.push(format!("{}: {}", how.as_str(), crate::error_chain(&e))),
             }
         }
         Err(KernelError::Xdp {
@@ -246,7 +246,7 @@ impl Datapath {
     pub fn forward_index(&mut self, index: u32, tx: bool) -> Result<(), KernelError> {
         let error = |e: aya::maps::xdp::XdpMapError| KernelError::XdpForward {
             index,
-            reason: chain(&e),
+            reason: crate::error_chain(&e),
         };
         let mut map = self.forward_map()?;
         map.insert(index, index, None, 0).map_err(error)?;
@@ -353,17 +353,6 @@ impl Datapath {
         })?;
         Ok(result.duration)
     }
-}
-
-/// An error and its sources, on one line.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut msg = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        msg.push_str(&format!(": {s}"));
-        source = s.source();
-    }
-    msg
 }
 
 /// XDP verdicts as the program returns them.

@@ -199,7 +199,7 @@ where
                     }
                     Ok(Err(e)) => {
                         let e: BoxError = e.into();
-                        failures.push(format!("{ep}: {}", chain(&*e)));
+                        failures.push(format!("{ep}: {}", crate::error_chain(&*e)));
                     }
                     Err(_) => {
                         failures.push(format!("{ep}: no connection within {}s", attempt.as_secs()))
@@ -209,19 +209,6 @@ where
             Err(format!("no API server address answered: {}", failures.join("; ")).into())
         })
     }
-}
-
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut msg = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let s_msg = s.to_string();
-        if !msg.contains(&s_msg) {
-            msg.push_str(&format!(": {s_msg}"));
-        }
-        source = s.source();
-    }
-    msg
 }
 
 /// A client for `config`'s credentials and CA that reaches the API server at

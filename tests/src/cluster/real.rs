@@ -269,6 +269,25 @@ fn mount_script(d: &Path, node: &str, containerd: &Path, config: &Path) -> Strin
 }
 
 /// Runs the kit's `ctr` against the containerd at `socket`, in Kubernetes' namespace.
+/// Imports the image archive `tar` (docker-archive, as the node kit and `cargo xtask
+/// image` write them) into the `k8s.io` namespace of the containerd at `socket`, where
+/// a kubelet's CRI finds it, unpacked for the overlayfs snapshotter.
+pub fn import_image(bin: &Path, socket: &Path, tar: &Path) -> Result<()> {
+    let tar = tar.to_string_lossy();
+    ctr(
+        bin,
+        socket,
+        &[
+            "images",
+            "import",
+            "--digests",
+            "--snapshotter=overlayfs",
+            &tar,
+        ],
+    )
+    .map(drop)
+}
+
 fn ctr(bin: &Path, socket: &Path, args: &[&str]) -> Result<String> {
     let out = Command::new(bin.join("ctr"))
         .arg("--address")
@@ -296,18 +315,8 @@ fn import_images(
 ) -> Result<()> {
     let start = std::time::Instant::now();
     for (tar, name) in archives {
-        ctr(
-            bin,
-            socket,
-            &[
-                "images",
-                "import",
-                "--digests",
-                "--snapshotter=overlayfs",
-                &tar.to_string_lossy(),
-            ],
-        )
-        .with_context(|| format!("importing {name} from {} into {node}", tar.display()))?;
+        import_image(bin, socket, tar)
+            .with_context(|| format!("importing {name} from {} into {node}", tar.display()))?;
     }
     say(&format!(
         "imported {} images into {node} in {:.1} s",
@@ -509,20 +518,7 @@ pub fn stop_node(state: &State, node: &NodeInfo, kit_bin: Option<&Path>) -> Vec<
     stop_daemon(&state.dir, &format!("containerd-{}", node.name));
     let cgroup = node_cgroup(state, node);
     let marker = d.to_string_lossy().into_owned();
-    for _ in 0..50 {
-        let mut pids = processes_mentioning(&marker);
-        pids.extend(cgroup_processes(&cgroup));
-        pids.sort_unstable();
-        pids.dedup();
-        if pids.is_empty() {
-            break;
-        }
-        for pid in pids {
-            // SAFETY: kill(2) on a process of this node (its directory or cgroup).
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    kill_node_processes(&marker, &cgroup);
     let mut left: Vec<String> = processes_mentioning(&marker)
         .into_iter()
         .map(|p| format!("process {p} of {}", node.name))
@@ -573,6 +569,26 @@ pub fn make_cgroup(cgroup: &str) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Kills (SIGKILL) every process whose command line mentions `marker` (a node's
+/// directory: its shims) or that runs in `cgroup` (the node's pods), until none is left
+/// or five seconds have passed; what is left the caller reports.
+pub fn kill_node_processes(marker: &str, cgroup: &str) {
+    for _ in 0..50 {
+        let mut pids = processes_mentioning(marker);
+        pids.extend(cgroup_processes(cgroup));
+        pids.sort_unstable();
+        pids.dedup();
+        if pids.is_empty() {
+            return;
+        }
+        for pid in pids {
+            // SAFETY: kill(2) on a process of this node (found by its directory or cgroup).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// Process ids whose command line mentions `marker`, this process excepted.

@@ -559,6 +559,31 @@ impl Machine<'_> {
         Ok((id, backend))
     }
 
+    /// The first of `tries` ports `first + (hash + i * step) % span` that makes `reply`
+    /// (with that port as its destination port) a tuple no other connection holds; only
+    /// the client's own tuple (`key`) is taken over, never a candidate's. The kernel's
+    /// masquerade and remap probe in this order.
+    #[allow(clippy::too_many_arguments)]
+    fn free_port(
+        &mut self,
+        reply: &CtKey,
+        key: &CtKey,
+        hash: u32,
+        first: u32,
+        span: u32,
+        tries: u32,
+        step: u32,
+    ) -> Option<CtKey> {
+        (0..tries).find_map(|i| {
+            let port = (first + hash.wrapping_add(i.wrapping_mul(step)) % span) as u16;
+            let candidate = CtKey {
+                dport_be: port.to_be(),
+                ..*reply
+            };
+            (!self.reply_taken(&candidate, key, false)).then_some(candidate)
+        })
+    }
+
     /// Whether `reply` is the reverse key of a live connection other than `key`'s.
     /// With `take_closing` (a new connection's TCP SYN, on its own tuple), a holder in
     /// TIME_WAIT or CLOSE gives the tuple up: its forward entry goes and the tuple is
@@ -633,42 +658,26 @@ impl Machine<'_> {
                 reply.dst_be[0] = nat.node_addr_be;
                 let (min, max) = (nat.port_min as u32, nat.port_max as u32);
                 let span = if max >= min { max - min + 1 } else { 1 };
-                let hash = flow.hash();
-                let mut free = None;
-                for i in 0..SNAT_TRIES {
-                    let port = (min + hash.wrapping_add(i.wrapping_mul(SNAT_STEP)) % span) as u16;
-                    let candidate = CtKey {
-                        dport_be: port.to_be(),
-                        ..reply
-                    };
-                    if !self.reply_taken(&candidate, key, false) {
-                        free = Some(candidate);
-                        break;
-                    }
-                }
-                reply = free.ok_or((DROP, stat::DROP_SNAT_EXHAUSTED))?;
+                reply = self
+                    .free_port(&reply, key, flow.hash(), min, span, SNAT_TRIES, SNAT_STEP)
+                    .ok_or((DROP, stat::DROP_SNAT_EXHAUSTED))?;
                 reason = stat::DNAT_MASQUERADED;
             }
         } else {
             let take_closing = flow.proto == PROTO_TCP && flow.syn_only();
             if self.reply_taken(&reply, key, take_closing) {
                 let span = 65_536 - REMAP_PORT_MIN;
-                let hash = flow.hash();
-                let mut free = None;
-                for i in 0..REMAP_TRIES {
-                    let port =
-                        (REMAP_PORT_MIN + hash.wrapping_add(i.wrapping_mul(7919)) % span) as u16;
-                    let candidate = CtKey {
-                        dport_be: port.to_be(),
-                        ..reply
-                    };
-                    // Only the client's own tuple is taken over, not a candidate's.
-                    if !self.reply_taken(&candidate, key, false) {
-                        free = Some(candidate);
-                        break;
-                    }
-                }
-                reply = free.ok_or((DROP, stat::DROP_CT_CLASH))?;
+                reply = self
+                    .free_port(
+                        &reply,
+                        key,
+                        flow.hash(),
+                        REMAP_PORT_MIN,
+                        span,
+                        REMAP_TRIES,
+                        7919,
+                    )
+                    .ok_or((DROP, stat::DROP_CT_CLASH))?;
                 reason = stat::DNAT_PORT_REMAPPED;
             }
         }
