@@ -299,6 +299,52 @@ fn deploy_installs_and_uninstalls_sliceway_on_a_cluster_without_a_proxy() -> Res
         assert_eq!(seen, pods, "both backends answer on {node}");
     }
 
+    // A node whose maps are empty (new, or rebooted) comes up again from nothing: its
+    // agent reaches the API server at the ConfigMap's address, as no Service (cluster
+    // DNS among them) is translated on the node yet. The pins of node-1 are removed
+    // (plain `cleanup`, from the agent's own pod), the pod deleted, and the
+    // DaemonSet's next pod must make the node serve again.
+    let first = &lab.state.nodes[0];
+    let old_agent = agent_pod_on(&lab, &first.name)?;
+    k(&[
+        "-n",
+        "kube-system",
+        "exec",
+        &old_agent,
+        "--",
+        "sliceway-agent",
+        "cleanup",
+        "--bpffs-dir=/sys/fs/bpf/sliceway",
+    ])?;
+    let left = pinned_links(&lab, first)?;
+    assert!(left.is_empty(), "pins left after cleanup: {left:?}");
+    k(&[
+        "-n",
+        "kube-system",
+        "delete",
+        "pod",
+        &old_agent,
+        "--wait=true",
+    ])?;
+    rolled_out(&lab, "daemonset/sliceway-agent", 180)?;
+    let new_agent = agent_pod_on(&lab, &first.name)?;
+    assert_ne!(new_agent, old_agent, "the DaemonSet made no new pod");
+    assert!(
+        !settled_links(&lab, first)?.is_empty(),
+        "the new agent on {} pinned no link",
+        first.name
+    );
+    let client = format!("client-{}", first.name);
+    let seen = web_answers(ip, &pods, &client, |url| {
+        k(&["exec", &client, "--", "curl", "-s", "--max-time", "5", url])
+            .with_context(|| format!("curl {url} in {client} after the restart"))
+    })?;
+    assert_eq!(
+        seen, pods,
+        "both backends answer on {} after its agent started from empty maps",
+        first.name
+    );
+
     // Uninstalling, as docs/deploy.md says (foreground deletion: kubectl returns once
     // the pods are gone too). The controller first: its pods' interfaces go with them,
     // and the agents, still running, let go of the links they had there.
@@ -633,4 +679,24 @@ fn rolled_out(lab: &cluster::Cluster, what: &str, seconds: u32) -> Result<()> {
                     .unwrap_or_default()
             )
         })
+}
+
+/// The name of the sliceway-agent pod on node `node`.
+fn agent_pod_on(lab: &cluster::Cluster, node: &str) -> Result<String> {
+    let selector = format!("spec.nodeName={node}");
+    let name = lab.kubectl(&[
+        "-n",
+        "kube-system",
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/name=sliceway-agent",
+        "--field-selector",
+        &selector,
+        "-o",
+        "jsonpath={.items[*].metadata.name}",
+    ])?;
+    let names: Vec<&str> = name.split_whitespace().collect();
+    anyhow::ensure!(names.len() == 1, "agent pods on {node}: {names:?}");
+    Ok(names[0].to_string())
 }
