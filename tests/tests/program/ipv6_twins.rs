@@ -77,7 +77,8 @@ pub const NOT_TWINNED: &[(&str, &str)] = &[
     (
         "direct server return: the first node sends a new connection on with the frontend in an IPv4 option, the backend's node records it from there",
         "IPv6 carries the frontend in a destination options header, not in a twin of \
-         IPv4's option (v6::ipv6_direct_server_return_carries_the_frontend_to_the_backends_node)",
+         IPv4's option (v6_hand::HAND6, \"IPv6 direct server return carries the frontend \
+         to the backend's node\")",
     ),
 ];
 
