@@ -7,7 +7,7 @@ use std::{
     time::Duration,
 };
 
-use sliceway_lab::Lab;
+use sliceway_lab::{Agent, Lab};
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 const PORT: u16 = 80;
@@ -229,6 +229,43 @@ fn a_killed_and_restarted_agent_drops_no_connection() {
 #[test]
 fn a_killed_and_restarted_agent_drops_no_connection_with_tc_filters() {
     killed_and_restarted_under_load(&["--attach", "tc"]);
+}
+
+/// A restarted agent asked for another conntrack size than its pinned map has keeps
+/// the map (and its connections) and says so, with what to do to resize it.
+#[test]
+fn a_pinned_map_of_another_size_is_kept_and_said_so() {
+    let mut lab = Lab::new(1).unwrap();
+    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0]))
+        .unwrap();
+    let capacity = |agent: &Agent| {
+        agent
+            .metric("sliceway_map_capacity{map=\"CONNTRACK\"}")
+            .unwrap()
+            .expect("the conntrack map's capacity in /metrics")
+    };
+    let mut agent = lab.start_agent().unwrap();
+    let pinned = capacity(&agent);
+    lab.tcp_request(vip()).unwrap();
+    agent.stop();
+    let asked = pinned as u32 / 2;
+    lab.agent_args
+        .extend(["--max-conntrack".into(), asked.to_string()]);
+    let agent = lab.start_agent().unwrap();
+    let maps = agent
+        .metric_label("sliceway_datapath_info{", "pinned_maps")
+        .unwrap();
+    assert_eq!(maps.as_deref(), Some("adopted"));
+    assert_eq!(capacity(&agent), pinned, "the pinned map's size is kept");
+    let said = format!(
+        "--max-conntrack asks for {asked} entries but the pinned map has {pinned}: it keeps \
+         them; to resize it, run `sliceway-agent cleanup`"
+    );
+    assert!(
+        agent.logs_within(&said, Duration::from_secs(5)),
+        "no warning: {said}"
+    );
+    lab.tcp_request(vip()).unwrap();
 }
 
 /// sliceway's TC filters (`tc filter show`) at ingress of `iface` in the node: their

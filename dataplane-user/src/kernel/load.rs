@@ -274,6 +274,30 @@ impl Datapath {
                         entries = info.max_entries(),
                         "adopting pinned map"
                     );
+                    // A pinned map keeps its size: the running programs use it, and
+                    // a copy into a map of the new size would lose what they write
+                    // meanwhile (conntrack). Said, with what to do, rather than
+                    // silently taken.
+                    let asked = match *name {
+                        map_name::SERVICES => Some(("--max-services", caps.limits.services)),
+                        map_name::SLOTS => Some(("--max-slots", caps.limits.slots)),
+                        map_name::BACKENDS => Some(("--max-backends", caps.limits.backends)),
+                        map_name::CONNTRACK => Some(("--max-conntrack", caps.conntrack)),
+                        map_name::SERVICES6 => Some(("--max-services6", caps.limits6.services)),
+                        map_name::BACKENDS6 => Some(("--max-backends6", caps.limits6.backends)),
+                        _ => None,
+                    };
+                    if let Some((flag, asked)) = asked.filter(|(_, a)| *a != info.max_entries()) {
+                        tracing::warn!(
+                            map = name,
+                            pinned = info.max_entries(),
+                            asked,
+                            "{flag} asks for {asked} entries but the pinned map has {}: it keeps \
+                             them; to resize it, run `sliceway-agent cleanup` (this drops \
+                             conntrack) and start the agent again",
+                            info.max_entries()
+                        );
+                    }
                     adopted |= *name == map_name::SERVICES;
                     match *name {
                         map_name::SERVICES => limits.services = info.max_entries(),
