@@ -481,6 +481,144 @@ fn deploy_installs_and_uninstalls_sliceway_on_a_cluster_without_a_proxy() -> Res
     Ok(())
 }
 
+/// kubeadm's `kube-proxy` ConfigMap, as kubeadm writes it
+/// (https://github.com/kubernetes/kubernetes/blob/v1.37.2/cmd/kubeadm/app/phases/addons/proxy/manifests.go):
+/// `config.conf` (a KubeProxyConfiguration naming the kubeconfig) and
+/// `kubeconfig.conf` (the control plane's address, the pod's service account token and
+/// CA). deploy/kubeadm/'s patch mounts it where kubeadm mounts it for kube-proxy and
+/// gives the agent `--config`: the agents reach the API server through it, with no
+/// `sliceway-agent-apiserver` ConfigMap, and Services answer from a pod on each node.
+#[test]
+#[ignore = "needs the node kit and sliceway's images: cargo xtask test-real"]
+fn deploy_reads_kubeadms_kube_proxy_configmap() -> Result<()> {
+    let kit = real::Kit::find()?;
+    let (_, agnhost) = kit.image(AGNHOST)?;
+    let images = std::path::PathBuf::from(std::env::var_os("SLICEWAY_IMAGE_DIR").context(
+        "SLICEWAY_IMAGE_DIR names no directory of images: cargo xtask test-real builds \
+         them (cargo xtask image) and sets it",
+    )?);
+    let spec = Spec {
+        nodes: 2,
+        proxy: Proxy::None,
+        controller: Controllers::None,
+        kubelet: Kubelet::Real,
+        ..Spec::default()
+    };
+    let lab = cluster::for_test_named(&spec, "kubeadm")?;
+    let prefix = lab.state.prefix.clone();
+    let k = |args: &[&str]| lab.kubectl(args);
+    real::load_images(
+        &lab.state,
+        &kit,
+        &[
+            images.join("sliceway-agent.tar"),
+            images.join("sliceway-controller.tar"),
+        ],
+    )?;
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    let config = format!(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
+         bindAddress: 0.0.0.0\nclientConnection:\n  kubeconfig: \
+         /var/lib/kube-proxy/kubeconfig.conf\nclusterCIDR: {}\nmode: \"\"\n",
+        cluster::CLUSTER_CIDR
+    );
+    let kubeconfig = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- cluster:\n    certificate-authority: \
+         /var/run/secrets/kubernetes.io/serviceaccount/ca.crt\n    server: \
+         https://{}:{}\n  name: default\ncontexts:\n- context:\n    cluster: default\n    \
+         namespace: default\n    user: default\n  name: default\ncurrent-context: default\n\
+         users:\n- name: default\n  user:\n    tokenFile: \
+         /var/run/secrets/kubernetes.io/serviceaccount/token\n",
+        cluster::ADVERTISE_ADDRESS,
+        lab.state.apiserver_port
+    );
+    k(&[
+        "-n",
+        "kube-system",
+        "create",
+        "configmap",
+        "kube-proxy",
+        &format!("--from-literal=config.conf={config}"),
+        &format!("--from-literal=kubeconfig.conf={kubeconfig}"),
+    ])?;
+    k(&[
+        "apply",
+        "-f",
+        &deploy.join("sliceway-agent.yaml").to_string_lossy(),
+    ])?;
+    k(&[
+        "-n",
+        "kube-system",
+        "patch",
+        "daemonset",
+        "sliceway-agent",
+        "--type=json",
+        "--patch-file",
+        &deploy
+            .join("kubeadm/agent-reads-kube-proxy-configmap.json")
+            .to_string_lossy(),
+    ])?;
+    k(&[
+        "apply",
+        "-f",
+        &deploy.join("sliceway-controller.yaml").to_string_lossy(),
+    ])?;
+    rolled_out(&lab, "daemonset/sliceway-agent", 300)?;
+    rolled_out(&lab, "deployment/sliceway-controller", 300)?;
+    let nodes: BTreeSet<&str> = lab.state.nodes.iter().map(|n| n.name.as_str()).collect();
+    for node in &nodes {
+        let agent = agent_pod_on(&lab, node)?;
+        let args = k(&[
+            "-n",
+            "kube-system",
+            "get",
+            "pod",
+            &agent,
+            "-o",
+            "jsonpath={.spec.containers[0].args}",
+        ])?;
+        assert!(
+            args.contains("--config=/var/lib/kube-proxy/config.conf"),
+            "{agent}: {args}"
+        );
+    }
+    lab.wait_cluster_dns()?;
+    create_web(&lab, agnhost)?;
+    for node in &nodes {
+        lab.kubectl_stdin(
+            &["apply", "-f", "-"],
+            &format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: client-{node}}}\nspec:\n  \
+                 nodeName: {node}\n  containers:\n  - {{name: a, image: \"{agnhost}\", \
+                 args: [pause]}}\n"
+            ),
+        )?;
+    }
+    k(&[
+        "wait",
+        "--for=condition=Ready",
+        "pod",
+        "--all",
+        "--timeout=180s",
+    ])?;
+    let pods = web_pods(&lab)?;
+    let ip = lab.cluster_ip("default", "web")?;
+    for node in &nodes {
+        let client = format!("client-{node}");
+        let seen = web_answers(ip, &pods, &client, |url| {
+            k(&["exec", &client, "--", "curl", "-s", "--max-time", "5", url])
+                .with_context(|| format!("curl {url} in {client}"))
+        })?;
+        assert_eq!(seen, pods, "both backends answer on {node}");
+    }
+    assert_eq!(
+        guard::escaped(&prefix)?,
+        0,
+        "the root namespace sent packets to the lab's networks"
+    );
+    Ok(())
+}
+
 /// Runs `program` on `node` (its network and mount namespaces, where kubelet and
 /// containerd run); its output.
 fn on_node(
