@@ -172,30 +172,10 @@ fn a_real_node_serves_a_cluster_ip_to_its_pods() -> Result<()> {
 #[test]
 #[ignore = "needs the node kit and sliceway's images: cargo xtask test-real"]
 fn deploy_installs_and_uninstalls_sliceway_on_a_cluster_without_a_proxy() -> Result<()> {
-    let kit = real::Kit::find()?;
-    let (_, agnhost) = kit.image(AGNHOST)?;
-    let images = std::path::PathBuf::from(std::env::var_os("SLICEWAY_IMAGE_DIR").context(
-        "SLICEWAY_IMAGE_DIR names no directory of images: cargo xtask test-real builds \
-         them (cargo xtask image) and sets it",
-    )?);
-    let spec = Spec {
-        nodes: 2,
-        proxy: Proxy::None,
-        controller: Controllers::None,
-        kubelet: Kubelet::Real,
-        ..Spec::default()
-    };
-    let lab = cluster::for_test_named(&spec, "deploy")?;
+    let (lab, agnhost) = lab_for_sliceways_images("deploy")?;
+    let agnhost = agnhost.as_str();
     let prefix = lab.state.prefix.clone();
     let k = |args: &[&str]| lab.kubectl(args);
-    real::load_images(
-        &lab.state,
-        &kit,
-        &[
-            images.join("sliceway-agent.tar"),
-            images.join("sliceway-controller.tar"),
-        ],
-    )?;
     let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
     let accept_local_before: Vec<_> = lab
         .state
@@ -270,34 +250,7 @@ fn deploy_installs_and_uninstalls_sliceway_on_a_cluster_without_a_proxy() -> Res
     .with_context(|| format!("holder {holder:?}, controller pods {controllers:?}"))?;
     lab.wait_cluster_dns()?;
 
-    create_web(&lab, agnhost)?;
-    for node in &nodes {
-        lab.kubectl_stdin(
-            &["apply", "-f", "-"],
-            &format!(
-                "apiVersion: v1\nkind: Pod\nmetadata: {{name: client-{node}}}\nspec:\n  \
-                 nodeName: {node}\n  containers:\n  - {{name: a, image: \"{agnhost}\", \
-                 args: [pause]}}\n"
-            ),
-        )?;
-    }
-    k(&[
-        "wait",
-        "--for=condition=Ready",
-        "pod",
-        "--all",
-        "--timeout=180s",
-    ])?;
-    let pods = web_pods(&lab)?;
-    let ip = lab.cluster_ip("default", "web")?;
-    for node in &nodes {
-        let client = format!("client-{node}");
-        let seen = web_answers(ip, &pods, &client, |url| {
-            k(&["exec", &client, "--", "curl", "-s", "--max-time", "5", url])
-                .with_context(|| format!("curl {url} in {client}"))
-        })?;
-        assert_eq!(seen, pods, "both backends answer on {node}");
-    }
+    let (pods, ip) = web_from_every_node(&lab, &nodes, agnhost)?;
 
     // A node whose maps are empty (new, or rebooted) comes up again from nothing: its
     // agent reaches the API server at the ConfigMap's address, as no Service (cluster
@@ -491,30 +444,10 @@ fn deploy_installs_and_uninstalls_sliceway_on_a_cluster_without_a_proxy() -> Res
 #[test]
 #[ignore = "needs the node kit and sliceway's images: cargo xtask test-real"]
 fn deploy_reads_kubeadms_kube_proxy_configmap() -> Result<()> {
-    let kit = real::Kit::find()?;
-    let (_, agnhost) = kit.image(AGNHOST)?;
-    let images = std::path::PathBuf::from(std::env::var_os("SLICEWAY_IMAGE_DIR").context(
-        "SLICEWAY_IMAGE_DIR names no directory of images: cargo xtask test-real builds \
-         them (cargo xtask image) and sets it",
-    )?);
-    let spec = Spec {
-        nodes: 2,
-        proxy: Proxy::None,
-        controller: Controllers::None,
-        kubelet: Kubelet::Real,
-        ..Spec::default()
-    };
-    let lab = cluster::for_test_named(&spec, "kubeadm")?;
+    let (lab, agnhost) = lab_for_sliceways_images("kubeadm")?;
+    let agnhost = agnhost.as_str();
     let prefix = lab.state.prefix.clone();
     let k = |args: &[&str]| lab.kubectl(args);
-    real::load_images(
-        &lab.state,
-        &kit,
-        &[
-            images.join("sliceway-agent.tar"),
-            images.join("sliceway-controller.tar"),
-        ],
-    )?;
     let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
     let config = format!(
         "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
@@ -583,34 +516,7 @@ fn deploy_reads_kubeadms_kube_proxy_configmap() -> Result<()> {
         );
     }
     lab.wait_cluster_dns()?;
-    create_web(&lab, agnhost)?;
-    for node in &nodes {
-        lab.kubectl_stdin(
-            &["apply", "-f", "-"],
-            &format!(
-                "apiVersion: v1\nkind: Pod\nmetadata: {{name: client-{node}}}\nspec:\n  \
-                 nodeName: {node}\n  containers:\n  - {{name: a, image: \"{agnhost}\", \
-                 args: [pause]}}\n"
-            ),
-        )?;
-    }
-    k(&[
-        "wait",
-        "--for=condition=Ready",
-        "pod",
-        "--all",
-        "--timeout=180s",
-    ])?;
-    let pods = web_pods(&lab)?;
-    let ip = lab.cluster_ip("default", "web")?;
-    for node in &nodes {
-        let client = format!("client-{node}");
-        let seen = web_answers(ip, &pods, &client, |url| {
-            k(&["exec", &client, "--", "curl", "-s", "--max-time", "5", url])
-                .with_context(|| format!("curl {url} in {client}"))
-        })?;
-        assert_eq!(seen, pods, "both backends answer on {node}");
-    }
+    web_from_every_node(&lab, &nodes, agnhost)?;
     assert_eq!(
         guard::escaped(&prefix)?,
         0,
@@ -837,4 +743,73 @@ fn agent_pod_on(lab: &cluster::Cluster, node: &str) -> Result<String> {
     let names: Vec<&str> = name.split_whitespace().collect();
     anyhow::ensure!(names.len() == 1, "agent pods on {node}: {names:?}");
     Ok(names[0].to_string())
+}
+
+/// A cluster of two real nodes without a proxy or controllers, named `name`, with
+/// sliceway's images (from `SLICEWAY_IMAGE_DIR`) loaded into every node, and the name
+/// of the kit's agnhost image: where the deploy tests install sliceway.
+fn lab_for_sliceways_images(name: &str) -> Result<(cluster::Cluster, String)> {
+    let kit = real::Kit::find()?;
+    let (_, agnhost) = kit.image(AGNHOST)?;
+    let agnhost = agnhost.clone();
+    let images = std::path::PathBuf::from(std::env::var_os("SLICEWAY_IMAGE_DIR").context(
+        "SLICEWAY_IMAGE_DIR names no directory of images: cargo xtask test-real builds \
+         them (cargo xtask image) and sets it",
+    )?);
+    let spec = Spec {
+        nodes: 2,
+        proxy: Proxy::None,
+        controller: Controllers::None,
+        kubelet: Kubelet::Real,
+        ..Spec::default()
+    };
+    let lab = cluster::for_test_named(&spec, name)?;
+    real::load_images(
+        &lab.state,
+        &kit,
+        &[
+            images.join("sliceway-agent.tar"),
+            images.join("sliceway-controller.tar"),
+        ],
+    )?;
+    Ok((lab, agnhost))
+}
+
+/// The Service `web` ([`create_web`]) and a client pod on each of `nodes`; both web
+/// pods must answer the ClusterIP and the Service's name from every client. The web
+/// pods' names and the ClusterIP.
+fn web_from_every_node(
+    lab: &cluster::Cluster,
+    nodes: &BTreeSet<&str>,
+    agnhost: &str,
+) -> Result<(BTreeSet<String>, std::net::Ipv4Addr)> {
+    create_web(lab, agnhost)?;
+    for node in nodes {
+        lab.kubectl_stdin(
+            &["apply", "-f", "-"],
+            &format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: client-{node}}}\nspec:\n  \
+                 nodeName: {node}\n  containers:\n  - {{name: a, image: \"{agnhost}\", \
+                 args: [pause]}}\n"
+            ),
+        )?;
+    }
+    lab.kubectl(&[
+        "wait",
+        "--for=condition=Ready",
+        "pod",
+        "--all",
+        "--timeout=180s",
+    ])?;
+    let pods = web_pods(lab)?;
+    let ip = lab.cluster_ip("default", "web")?;
+    for node in nodes {
+        let client = format!("client-{node}");
+        let seen = web_answers(ip, &pods, &client, |url| {
+            lab.kubectl(&["exec", &client, "--", "curl", "-s", "--max-time", "5", url])
+                .with_context(|| format!("curl {url} in {client}"))
+        })?;
+        assert_eq!(seen, pods, "both backends answer on {node}");
+    }
+    Ok((pods, ip))
 }

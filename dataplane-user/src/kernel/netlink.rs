@@ -28,7 +28,7 @@ const CLSACT_HANDLE: u32 = 0xffff_0000;
 /// `TC_H_MAKE(TC_H_CLSACT, TC_H_MIN_INGRESS)` and `..._EGRESS`: where filters sit.
 pub(super) const CLSACT_INGRESS: u32 = 0xffff_fff2;
 pub(super) const CLSACT_EGRESS: u32 = 0xffff_fff3;
-pub(super) const NLMSG_HDR: usize = 16;
+const NLMSG_HDR: usize = 16;
 const TCMSG: usize = 20;
 
 /// A request of `kind`: an `nlmsghdr` (`NLM_F_REQUEST` and `flags`, sequence 1, the
