@@ -203,6 +203,26 @@ pub fn run(
         fs::remove_dir_all(out).with_context(|| format!("clearing {}", out.display()))?;
     }
     fs::create_dir_all(out)?;
+    // The commit and date of the tree the run starts from (the binaries under test were
+    // built from it), not of whatever the tree is when the suite ends.
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default()
+    };
+    let mut commit = git(&["rev-parse", "--short=12", "HEAD"]);
+    if !git(&["status", "--porcelain", "--untracked-files=no"]).is_empty() {
+        commit.push_str("-dirty");
+    }
+    let date = Command::new("date")
+        .args(["-u", "+%Y-%m-%d"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
     let kc = kubeconfig(cluster)?;
     let log = fs::File::create(out.join("e2e.log"))?;
     eprintln!(
@@ -255,24 +275,6 @@ pub fn run(
             out.join(format!("component-{}", entry.file_name().to_string_lossy())),
         );
     }
-    let git = |args: &[&str]| {
-        Command::new("git")
-            .args(args)
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-            .unwrap_or_default()
-    };
-    let mut commit = git(&["rev-parse", "--short=12", "HEAD"]);
-    if !git(&["status", "--porcelain", "--untracked-files=no"]).is_empty() {
-        commit.push_str("-dirty");
-    }
-    let date = Command::new("date")
-        .args(["-u", "+%Y-%m-%d"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
     let run = Run {
         proxy: format!("{:?}", s.proxy).to_lowercase(),
         controller: format!("{:?}", s.controller).to_lowercase(),
