@@ -40,7 +40,9 @@ use sliceway_agent::{
         build, icmp_port_unreachable, parse, PacketSpec, SCTP_ABORT, SCTP_DATA, SCTP_INIT, TCP_ACK,
         TCP_SYN,
     },
-    kernel::{Capacities, Datapath, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT},
+    kernel::{
+        Capacities, Datapath, KernelError, TestRunOutput, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT,
+    },
     source::local::parse_file,
     writer::MapWriter,
 };
@@ -2209,6 +2211,32 @@ impl Family for V4 {
     }
 }
 
+/// Runs one step (`run`) on `dp` and checks its verdict and that exit `reason` is the
+/// one exit it counted; its output. Errors start with `at` (the fixture's step).
+fn checked_run(
+    at: &str,
+    dp: &mut Datapath,
+    verdict: i32,
+    reason: u32,
+    run: impl FnOnce(&mut Datapath) -> Result<TestRunOutput, KernelError>,
+) -> Result<TestRunOutput, String> {
+    let before = dp.stats().map_err(|e| e.to_string())?;
+    let out = run(dp).map_err(|e| format!("{at}: {e}"))?;
+    let after = dp.stats().map_err(|e| e.to_string())?;
+    if out.verdict != verdict {
+        return Err(format!(
+            "{at}: verdict {} instead of {verdict}",
+            out.verdict
+        ));
+    }
+    let counted = counted_between(&before, &after);
+    let reason = stat::NAMES[reason as usize];
+    if counted != [(reason, 1)] {
+        return Err(format!("{at}: counted {counted:?} instead of one {reason}"));
+    }
+    Ok(out)
+}
+
 /// Runs one fixture on `dp` in `family` (emptied of what earlier ones left, its maps
 /// replaced by the fixture's `manifests` through `writer`, and before step `n` by its
 /// remaps); the first step that does not match, described.
@@ -2234,29 +2262,15 @@ fn run_fixture(
         let input = family
             .packet((step.input)())
             .map_err(|e| format!("{at}: input: {e}"))?;
-        let before = dp.stats().map_err(|e| e.to_string())?;
-        let out = if fixture.egress.contains(&i) {
-            dp.test_run_egress(&input)
-        } else if fixture.uplink.contains(&i) {
-            dp.test_run_as(sliceway_agent::kernel::Role::External, &input)
-        } else {
-            dp.test_run(&input)
-        }
-        .map_err(|e| format!("{at}: {e}"))?;
-        let after = dp.stats().map_err(|e| e.to_string())?;
-        if out.verdict != step.verdict {
-            return Err(format!(
-                "{at}: verdict {} instead of {}",
-                out.verdict, step.verdict
-            ));
-        }
-        let counted = counted_between(&before, &after);
-        if counted != [(stat::NAMES[step.reason as usize], 1)] {
-            return Err(format!(
-                "{at}: counted {counted:?} instead of one {}",
-                stat::NAMES[step.reason as usize]
-            ));
-        }
+        let out = checked_run(&at, dp, step.verdict, step.reason, |dp| {
+            if fixture.egress.contains(&i) {
+                dp.test_run_egress(&input)
+            } else if fixture.uplink.contains(&i) {
+                dp.test_run_as(sliceway_agent::kernel::Role::External, &input)
+            } else {
+                dp.test_run(&input)
+            }
+        })?;
         let (want, rewritten) = match &step.output {
             Out::Dropped => continue,
             Out::Unchanged => (input.clone(), false),
@@ -2533,7 +2547,7 @@ fn run_as(
     dp: &Datapath,
     role: sliceway_agent::kernel::Role,
     p: &[u8],
-) -> (sliceway_agent::kernel::TestRunOutput, &'static str) {
+) -> (TestRunOutput, &'static str) {
     let before = dp.stats().unwrap();
     let out = dp.test_run_as(role, p).unwrap();
     let after = dp.stats().unwrap();

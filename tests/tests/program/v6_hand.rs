@@ -40,9 +40,7 @@ use super::v6::{
     with_dsr_header, write_v6_frontends, BACKEND, CLIENT, DSR_ID, DSR_LB, EMPTY, MTU, NODE, ROUTER,
     VIP,
 };
-use super::{
-    counted_between, forget, stat, tcp, BACKEND_HTTP, DROP, ETH, PASS, TCP_ACK, TCP_SYN, VIP_HTTP,
-};
+use super::{forget, stat, tcp, BACKEND_HTTP, DROP, ETH, PASS, TCP_ACK, TCP_SYN, VIP_HTTP};
 
 /// Direct server return's option is skipped where unrecognised (RFC 8200, 4.2: the
 /// two high bits of its type zero), so a pod's kernel keeps the packet.
@@ -828,26 +826,14 @@ fn run_hand(dp: &mut Datapath, fixture: &HandFixture) -> Result<(), String> {
             forget(dp);
         }
         let at = format!("step {} ({})", i + 1, step.what);
-        let before = dp.stats().map_err(|e| e.to_string())?;
-        let out = match step.program {
-            Program::Pods => dp.test_run(&step.input),
-            Program::Uplink => dp.test_run_as(Role::External, &step.input),
-            Program::Xdp => dp.test_run_xdp(&step.input),
-            Program::L3(role) => dp.test_run_l3(role, &step.input),
-        }
-        .map_err(|e| format!("{at}: {e}"))?;
-        let after = dp.stats().map_err(|e| e.to_string())?;
-        if out.verdict != step.verdict {
-            return Err(format!(
-                "{at}: verdict {} instead of {}",
-                out.verdict, step.verdict
-            ));
-        }
-        let counted = counted_between(&before, &after);
-        let reason = stat::NAMES[step.reason as usize];
-        if counted != [(reason, 1)] {
-            return Err(format!("{at}: counted {counted:?} instead of one {reason}"));
-        }
+        let out = super::checked_run(&at, dp, step.verdict, step.reason, |dp| {
+            match step.program {
+                Program::Pods => dp.test_run(&step.input),
+                Program::Uplink => dp.test_run_as(Role::External, &step.input),
+                Program::Xdp => dp.test_run_xdp(&step.input),
+                Program::L3(role) => dp.test_run_l3(role, &step.input),
+            }
+        })?;
         let checked = match &step.output {
             Expect::Dropped => Ok(()),
             Expect::Unchanged => same(&out.packet, &step.input),
