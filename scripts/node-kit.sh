@@ -5,7 +5,7 @@
 # Commands, from the Go module proxy with the ordinary `go` client, each pinned by the
 # go.mod and go.sum of its own directory under upstream/node/ (so the control-plane build
 # of scripts/upstream.sh and its cache stay as they are):
-#   kubelet, agnhost, e2e.test (only with --e2e)   upstream/node/kubernetes (the same
+#   kubelet, kube-proxy, agnhost, e2e.test        upstream/node/kubernetes (the same
 #                                                  k8s.io/kubernetes as upstream/go.mod)
 #   containerd, containerd-shim-runc-v2, ctr       upstream/node/containerd
 #   runc (with seccomp)                            upstream/node/runc
@@ -129,6 +129,9 @@ build kubelet kubernetes k8s.io/kubernetes/cmd/kubelet 15 0 "" "$k8s_ldflags"
 # agnhost as upstream's image build makes it (test/images/image-util.sh): static, with
 # its VERSION file as main.Version.
 build agnhost kubernetes k8s.io/kubernetes/test/images/agnhost 1 0 "" "-s -w -X main.Version=$agnhost_version"
+# kube-proxy for its image (a DaemonSet, as kubeadm and kind run it): the cluster a test
+# replaces kube-proxy on.
+build kube-proxy kubernetes k8s.io/kubernetes/cmd/kube-proxy 4 0 "" "$k8s_ldflags"
 if [ "$e2e" = 1 ]; then
   # As hack/lib/golang.sh builds it for upstream's own e2e runs (go test -c).
   build e2e.test kubernetes k8s.io/kubernetes/test/e2e 25 0 "" "$k8s_ldflags" test
@@ -183,10 +186,11 @@ fi
 
 # One Debian root filesystem serves agnhost, busybox, nginx and glibc-dns-testing: the
 # tools of agnhost's Dockerfile (Debian's names for Alpine's), nginx-light for nginx,
-# bind9-dnsutils for glibc-dns-testing, busybox-static for busybox. One layer for all
-# four keeps the disk down: each containerd stores it once.
+# bind9-dnsutils for glibc-dns-testing, busybox-static for busybox, and iptables,
+# nftables and conntrack for kube-proxy (what upstream's distroless-iptables base
+# holds). One layer for all five keeps the disk down: each containerd stores it once.
 suite=bookworm
-debs=bash,bind9-dnsutils,busybox-static,ca-certificates,curl,iperf,iproute2,netcat-openbsd,nginx-light,procps,socat,util-linux,wget
+debs=bash,bind9-dnsutils,busybox-static,ca-certificates,conntrack,curl,iperf,iproute2,iptables,netcat-openbsd,nftables,nginx-light,procps,socat,util-linux,wget
 rootfs="$cache/rootfs"
 want=$(stamp "$suite" "$debs" "$(sha256sum "$bin/agnhost")" "$(sha256sum "$k8s_dir/test/images/agnhost/porter/localhost.crt")")
 if ! fresh "$rootfs" "$cache/.rootfs.ok" "$want"; then
@@ -228,24 +232,30 @@ layer() {
   echo "$want" > "$cache/layers/.$name.ok"
 }
 
-# Layers of one command each: pause and CoreDNS (static binaries, nothing else).
-single_command_dir() { # NAME BINARY: a directory holding BINARY at /NAME
+# Layers of one command each: pause and CoreDNS (static binaries, nothing else), and
+# kube-proxy at /usr/local/bin, where kubeadm's DaemonSet runs it, over the Debian layer.
+single_command_dir() { # NAME BINARY [DIR]: a directory holding BINARY at DIR/NAME
   local d="$cache/layers/$1.d"
-  rm -rf "$d" && mkdir -p "$d"
-  install -m 0755 "$2" "$d/$1"
+  rm -rf "$d" && mkdir -p "$d${3:-}"
+  install -m 0755 "$2" "$d${3:-}/$1"
   echo "$d"
 }
 layer debian "$rootfs" "$cache/.rootfs.ok"
 layer pause "$(single_command_dir pause "$bin/pause")" "$bin/.pause.ok"
 layer coredns "$(single_command_dir coredns "$bin/coredns")" "$bin/.coredns.ok"
-rm -rf "$cache/layers/pause.d" "$cache/layers/coredns.d"
+layer kube-proxy "$(single_command_dir kube-proxy "$bin/kube-proxy" /usr/local/bin)" "$bin/.kube-proxy.ok"
+rm -rf "$cache/layers/pause.d" "$cache/layers/coredns.d" "$cache/layers/kube-proxy.d"
 
-# image FILE REF LAYER ENTRYPOINT CMD: a docker-archive of one layer at
-# images/FILE.tar. ENTRYPOINT and CMD are JSON (null for none).
+# image FILE REF LAYERS ENTRYPOINT CMD: a docker-archive of LAYERS (names, bottom
+# first, separated by spaces) at images/FILE.tar. ENTRYPOINT and CMD are JSON (null for
+# none).
 : > "$images/names.txt.tmp"
 image() {
-  local file=$1 ref=$2 name=$3 entry=$4 cmd=$5 diff want
-  diff=$(cat "$cache/layers/$name.tar.sha256")
+  local file=$1 ref=$2 names=$3 entry=$4 cmd=$5 diff="" want name tars=()
+  for name in $names; do
+    diff="$diff $(cat "$cache/layers/$name.tar.sha256")"
+    tars+=("$cache/layers/$name.tar")
+  done
   echo "$file.tar $ref" >> "$images/names.txt.tmp"
   want=$(stamp "$ref" "$diff" "$entry" "$cmd")
   if fresh "$images/$file.tar" "$images/.$file.ok" "$want"; then
@@ -254,7 +264,7 @@ image() {
   say "writing the image $ref"
   rm -f "$images/.$file.ok"
   docker_archive "$images/$file.tar" "$ref" "$entry" "$cmd" "sliceway scripts/node-kit.sh" \
-    "$cache/layers/$name.tar"
+    "${tars[@]}"
   echo "$want" > "$images/.$file.ok"
 }
 image "agnhost-$(tag_of Agnhost)" "$e2e_registry/agnhost:$(tag_of Agnhost)" debian '["/agnhost"]' '["pause"]'
@@ -263,6 +273,7 @@ image "nginx-$(tag_of Nginx)" "$e2e_registry/nginx:$(tag_of Nginx)" debian null 
 image "glibc-dns-testing-$(tag_of GlibcDnsTesting)" "$e2e_registry/glibc-dns-testing:$(tag_of GlibcDnsTesting)" debian null '["/bin/sh"]'
 image "pause-$pause_version" "registry.k8s.io/pause:$pause_version" pause '["/pause"]' null
 image "coredns-$coredns_version" "registry.k8s.io/coredns/coredns:$coredns_version" coredns '["/coredns"]' null
+image "kube-proxy-$version" "registry.k8s.io/kube-proxy:$version" "debian kube-proxy" null null
 mv "$images/names.txt.tmp" "$images/names.txt"
 
 say "node kit for Kubernetes $version ready: commands in $bin, images in $images"

@@ -1,12 +1,14 @@
 //go:build tools
 
 // Package node pins what a real node of the cluster lab runs from Kubernetes itself: the
-// kubelet, agnhost (the e2e suite's test image) and the e2e suite, all from the same
-// k8s.io/kubernetes as ../../go.mod, whose staging modules are replaced by their published
-// twins here too. scripts/node-kit.sh builds them; nothing here is compiled into sliceway.
+// kubelet, kube-proxy (the image of a cluster that runs it), agnhost (the e2e suite's
+// test image) and the e2e suite, all from the same k8s.io/kubernetes as ../../go.mod,
+// whose staging modules are replaced by their published twins here too.
+// scripts/node-kit.sh builds them; nothing here is compiled into sliceway.
 package node
 
 import (
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
 	_ "k8s.io/kubernetes/cmd/kubelet"
 	_ "k8s.io/kubernetes/test/e2e"
 	_ "k8s.io/kubernetes/test/images/agnhost"
