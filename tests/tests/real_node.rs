@@ -6,7 +6,8 @@
 //! had before kubelet started; the root namespace sent nothing to the lab; and taking
 //! the lab down leaves no process, namespace, cgroup, mount or file of it.
 //!
-//! A second test installs deploy/ on two real nodes from sliceway's images.
+//! Others install deploy/ on two real nodes from sliceway's images, and run kube-proxy
+//! as kubeadm runs it and remove it with deploy/kube-proxy/'s cleanup.
 //!
 //! Needs root and the node kit: `cargo xtask test-real` builds it and the images,
 //! passes their directories in `SLICEWAY_NODE_KIT_BIN` and `SLICEWAY_IMAGE_DIR` and
@@ -812,4 +813,84 @@ fn web_from_every_node(
         assert_eq!(seen, pods, "both backends answer on {node}");
     }
     Ok((pods, ip))
+}
+
+/// kube-proxy as kubeadm runs it (the DaemonSet of [`real::kube_proxy_manifest`] with
+/// the kit's kube-proxy image, iptables mode) serves a ClusterIP from a pod on each of
+/// two real nodes; once its DaemonSet is deleted, deploy/kube-proxy/'s cleanup
+/// DaemonSet removes its rules from every node and the ClusterIP answers no more: the
+/// cluster that sliceway replaces kube-proxy on, and the step that removes kube-proxy.
+#[test]
+#[ignore = "needs the node kit: cargo xtask test-real"]
+fn kube_proxy_runs_as_kubeadm_runs_it_and_its_cleanup_removes_its_rules() -> Result<()> {
+    let kit = real::Kit::find()?;
+    let agnhost = kit.image(AGNHOST)?.1.clone();
+    let kube_proxy = kit.image("registry.k8s.io/kube-proxy:")?.1.clone();
+    let spec = Spec {
+        nodes: 2,
+        proxy: Proxy::None,
+        controller: Controllers::Upstream,
+        kubelet: Kubelet::Real,
+        ..Spec::default()
+    };
+    let lab = cluster::for_test_named(&spec, "kproxy")?;
+    let prefix = lab.state.prefix.clone();
+    let k = |args: &[&str]| lab.kubectl(args);
+    let server = format!(
+        "https://{}:{}",
+        cluster::ADVERTISE_ADDRESS,
+        lab.state.apiserver_port
+    );
+    lab.kubectl_stdin(
+        &["apply", "-f", "-"],
+        &real::kube_proxy_manifest(&kube_proxy, &server, cluster::CLUSTER_CIDR, "iptables"),
+    )?;
+    rolled_out(&lab, "daemonset/kube-proxy", 300)?;
+    lab.wait_cluster_dns()?;
+    let nodes: BTreeSet<&str> = lab.state.nodes.iter().map(|n| n.name.as_str()).collect();
+    let (_, ip) = web_from_every_node(&lab, &nodes, &agnhost)?;
+    for node in &lab.state.nodes {
+        let rules = on_node(&lab, node, "nft", &["list", "ruleset"])?;
+        assert!(
+            rules.contains("KUBE-SERVICES") && rules.contains("KUBE-SVC-"),
+            "kube-proxy's chains on {}: {rules}",
+            node.name
+        );
+    }
+    k(&[
+        "-n",
+        "kube-system",
+        "delete",
+        "--cascade=foreground",
+        "daemonset",
+        "kube-proxy",
+    ])?;
+    let cleanup =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kube-proxy/kube-proxy-cleanup.yaml");
+    let cleanup = cleanup.to_string_lossy();
+    k(&["apply", "-f", &cleanup])?;
+    rolled_out(&lab, "daemonset/kube-proxy-cleanup", 180)?;
+    for node in &lab.state.nodes {
+        let rules = on_node(&lab, node, "nft", &["list", "ruleset"])?;
+        assert!(
+            !rules.contains("KUBE-SERVICES") && !rules.contains("KUBE-SVC-"),
+            "kube-proxy's chains left on {}: {rules}",
+            node.name
+        );
+    }
+    k(&["delete", "--cascade=foreground", "-f", &cleanup])?;
+    for node in &nodes {
+        let client = format!("client-{node}");
+        let url = format!("http://{ip}/hostname");
+        assert!(
+            k(&["exec", &client, "--", "curl", "-s", "--max-time", "3", &url]).is_err(),
+            "{url} still answers in {client} after kube-proxy's cleanup"
+        );
+    }
+    assert_eq!(
+        guard::escaped(&prefix)?,
+        0,
+        "the root namespace sent packets to the lab's networks"
+    );
+    Ok(())
 }

@@ -789,6 +789,118 @@ spec:
     )
 }
 
+/// kube-proxy as kubeadm installs it
+/// (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/cmd/kubeadm/app/phases/addons/proxy/manifests.go>
+/// and `proxy.go` beside it): the `kube-proxy` ServiceAccount bound to the
+/// `system:node-proxier` ClusterRole, the `kube-proxy` ConfigMap (`kubeconfig.conf`
+/// naming the control plane at `server` with the pod's service account token and CA,
+/// `config.conf` a KubeProxyConfiguration in `mode` for `cluster_cidr`), and the
+/// `kube-proxy` DaemonSet running `image` with kubeadm's command, mounts and
+/// tolerations. The configuration leaves netfilter's conntrack sysctls as they are
+/// (`maxPerCore: 0` and the zero timeouts): a lab node's network namespace cannot set
+/// the machine-wide ones.
+pub fn kube_proxy_manifest(image: &str, server: &str, cluster_cidr: &str, mode: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: kube-proxy, namespace: kube-system}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{name: "kubeadm:node-proxier"}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "system:node-proxier"}}
+subjects:
+- {{kind: ServiceAccount, name: kube-proxy, namespace: kube-system}}
+---
+kind: ConfigMap
+apiVersion: v1
+metadata:
+  name: kube-proxy
+  namespace: kube-system
+  labels: {{app: kube-proxy}}
+data:
+  kubeconfig.conf: |-
+    apiVersion: v1
+    kind: Config
+    clusters:
+    - cluster:
+        certificate-authority: /var/run/secrets/kubernetes.io/serviceaccount/ca.crt
+        server: {server}
+      name: default
+    contexts:
+    - context:
+        cluster: default
+        namespace: default
+        user: default
+      name: default
+    current-context: default
+    users:
+    - name: default
+      user:
+        tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token
+  config.conf: |-
+    apiVersion: kubeproxy.config.k8s.io/v1alpha1
+    kind: KubeProxyConfiguration
+    bindAddress: 0.0.0.0
+    clientConnection:
+      kubeconfig: /var/lib/kube-proxy/kubeconfig.conf
+    clusterCIDR: {cluster_cidr}
+    conntrack:
+      maxPerCore: 0
+      tcpEstablishedTimeout: 0s
+      tcpCloseWaitTimeout: 0s
+    mode: "{mode}"
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  labels: {{k8s-app: kube-proxy}}
+  name: kube-proxy
+  namespace: kube-system
+spec:
+  selector:
+    matchLabels: {{k8s-app: kube-proxy}}
+  updateStrategy: {{type: RollingUpdate}}
+  template:
+    metadata:
+      labels: {{k8s-app: kube-proxy}}
+    spec:
+      priorityClassName: system-node-critical
+      containers:
+      - name: kube-proxy
+        image: {image}
+        imagePullPolicy: IfNotPresent
+        command:
+        - /usr/local/bin/kube-proxy
+        - --config=/var/lib/kube-proxy/config.conf
+        - --hostname-override=$(NODE_NAME)
+        securityContext:
+          privileged: true
+        volumeMounts:
+        - {{mountPath: /var/lib/kube-proxy, name: kube-proxy}}
+        - {{mountPath: /run/xtables.lock, name: xtables-lock, readOnly: false}}
+        - {{mountPath: /lib/modules, name: lib-modules, readOnly: true}}
+        env:
+        - name: NODE_NAME
+          valueFrom:
+            fieldRef: {{fieldPath: spec.nodeName}}
+      hostNetwork: true
+      serviceAccountName: kube-proxy
+      volumes:
+      - name: kube-proxy
+        configMap: {{name: kube-proxy}}
+      - name: xtables-lock
+        hostPath: {{path: /run/xtables.lock, type: FileOrCreate}}
+      - name: lib-modules
+        hostPath: {{path: /lib/modules}}
+      tolerations:
+      - operator: Exists
+      nodeSelector:
+        kubernetes.io/os: linux
+"#
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
