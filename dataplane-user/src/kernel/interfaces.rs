@@ -451,6 +451,14 @@ pub fn plan(
             plan.attach.push((name.to_string(), index, role));
         }
     }
+    // Uplinks first (a stable sort: by name within a role). The reply of a flow that a
+    // pod interface's program translates to another node's backend is translated back
+    // by the uplink's program; with the uplinks' programs in place before any pod's,
+    // an agent starting on a node that serves traffic (beside kube-proxy) starts no
+    // flow whose reply nothing translates back. Until then the uplinks' programs find
+    // no flow of theirs and pass everything.
+    plan.attach
+        .sort_by_key(|(_, _, role)| *role != Role::External);
     plan
 }
 
@@ -546,6 +554,29 @@ mod tests {
                     ("v4".into(), 10, Role::External)
                 ],
             }
+        );
+    }
+
+    /// Uplinks are attached before pod interfaces, whatever the names: Calico's
+    /// `cali*` sort before `eth0`.
+    #[test]
+    fn a_scan_attaches_uplinks_before_pod_interfaces() {
+        let s = Selection::parse(&["cali*"])
+            .unwrap()
+            .with_external(&["eth0"])
+            .unwrap();
+        let present = vec![
+            (2, "cali2b".to_string()),
+            (3, "eth0".to_string()),
+            (4, "cali1a".to_string()),
+        ];
+        assert_eq!(
+            plan(&s, &BTreeMap::new(), &present).attach,
+            vec![
+                ("eth0".into(), 3, Role::External),
+                ("cali1a".into(), 4, Role::Pods),
+                ("cali2b".into(), 2, Role::Pods),
+            ]
         );
     }
 
