@@ -15,6 +15,7 @@
 pub mod cluster;
 pub mod datapath_model;
 pub mod fuzz;
+pub mod http_load;
 pub mod netns;
 pub mod nodes;
 pub mod servers;

@@ -750,6 +750,14 @@ fn agent_pod_on(lab: &cluster::Cluster, node: &str) -> Result<String> {
 /// sliceway's images (from `SLICEWAY_IMAGE_DIR`) loaded into every node, and the name
 /// of the kit's agnhost image: where the deploy tests install sliceway.
 fn lab_for_sliceways_images(name: &str) -> Result<(cluster::Cluster, String)> {
+    lab_with_sliceways_images(name, Controllers::None)
+}
+
+/// [`lab_for_sliceways_images`] with `controller` writing the EndpointSlices.
+fn lab_with_sliceways_images(
+    name: &str,
+    controller: Controllers,
+) -> Result<(cluster::Cluster, String)> {
     let kit = real::Kit::find()?;
     let (_, agnhost) = kit.image(AGNHOST)?;
     let agnhost = agnhost.clone();
@@ -760,7 +768,7 @@ fn lab_for_sliceways_images(name: &str) -> Result<(cluster::Cluster, String)> {
     let spec = Spec {
         nodes: 2,
         proxy: Proxy::None,
-        controller: Controllers::None,
+        controller,
         kubelet: Kubelet::Real,
         ..Spec::default()
     };
@@ -886,6 +894,256 @@ fn kube_proxy_runs_as_kubeadm_runs_it_and_its_cleanup_removes_its_rules() -> Res
             k(&["exec", &client, "--", "curl", "-s", "--max-time", "3", &url]).is_err(),
             "{url} still answers in {client} after kube-proxy's cleanup"
         );
+    }
+    assert_eq!(
+        guard::escaped(&prefix)?,
+        0,
+        "the root namespace sent packets to the lab's networks"
+    );
+    Ok(())
+}
+
+/// The steps of docs/deploy.md's "Replacing a running kube-proxy", and its way back,
+/// on two real nodes under load: kube-proxy as kubeadm runs it (iptables mode) serves
+/// the Service `web`; from a pod on each node, a new connection every 25 ms and three
+/// connections kept open (a request every 100 ms each) ask `web`'s ClusterIP; then
+/// sliceway is installed beside kube-proxy (with kubeadm's ConfigMap), kube-proxy is
+/// deleted and its rules removed by deploy/kube-proxy/'s cleanup, and the way back:
+/// kube-proxy applied again beside sliceway, sliceway deleted and deploy/uninstall/'s
+/// cleanup run. First kube-proxy is made liberal (`conntrack.tcpBeLiberal`): without
+/// it, kube-proxy drops what netfilter finds INVALID, and that is every reply sliceway
+/// translated before netfilter saw it: every new connection fails while both run.
+/// Each phase's failed requests are counted (the table goes to stderr and
+/// `target/real-node/kube-proxy-replacement.md`): none may fail while one proxy runs,
+/// or both; at a switch no client's new connections fail twice in a row and an open
+/// connection breaks at most once.
+#[test]
+#[ignore = "needs the node kit and sliceway's images: cargo xtask test-real"]
+fn sliceway_replaces_a_running_kube_proxy_under_load_and_back() -> Result<()> {
+    use sliceway_lab::http_load::{self, Load};
+    use std::time::Duration;
+
+    let (lab, agnhost) = lab_with_sliceways_images("replace", Controllers::Upstream)?;
+    let kit = real::Kit::find()?;
+    let kube_proxy_image = kit.image("registry.k8s.io/kube-proxy:")?.1.clone();
+    let prefix = lab.state.prefix.clone();
+    let k = |args: &[&str]| lab.kubectl(args);
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    let file = |f: &str| deploy.join(f).to_string_lossy().into_owned();
+    let server = format!(
+        "https://{}:{}",
+        cluster::ADVERTISE_ADDRESS,
+        lab.state.apiserver_port
+    );
+    let kube_proxy = real::kube_proxy_manifest(
+        &kube_proxy_image,
+        &server,
+        cluster::CLUSTER_CIDR,
+        "iptables",
+    );
+    lab.kubectl_stdin(&["apply", "-f", "-"], &kube_proxy)?;
+    rolled_out(&lab, "daemonset/kube-proxy", 300)?;
+    lab.wait_cluster_dns()?;
+    let nodes: BTreeSet<&str> = lab.state.nodes.iter().map(|n| n.name.as_str()).collect();
+    let (pods, ip) = web_from_every_node(&lab, &nodes, &agnhost)?;
+    let pods: Vec<String> = pods.into_iter().collect();
+    let kube_proxy_rules = |want: bool| -> Result<()> {
+        for node in &lab.state.nodes {
+            for _ in 0..60 {
+                let rules = on_node(&lab, node, "nft", &["list", "ruleset"])?;
+                if rules.contains("KUBE-SVC-") == want {
+                    break;
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            let rules = on_node(&lab, node, "nft", &["list", "ruleset"])?;
+            anyhow::ensure!(
+                rules.contains("KUBE-SVC-") == want,
+                "kube-proxy's Service chains on {} (wanted: {want}): {rules}",
+                node.name
+            );
+        }
+        Ok(())
+    };
+
+    let mut load = Load::new();
+    for node in &lab.state.nodes {
+        let client = format!("client-{}", node.name);
+        let netns = real::pod_netns(&lab.state, node, &kit, "default", &client)?;
+        load.client(
+            &client,
+            &netns,
+            std::net::SocketAddr::from((ip, 80)),
+            Duration::from_millis(25),
+            3,
+            &pods,
+        )?;
+    }
+    let steady = || std::thread::sleep(Duration::from_secs(5));
+    load.phase("kube-proxy");
+    steady();
+
+    // kube-proxy's iptables mode drops INVALID packets unless netfilter is liberal
+    // (`syncProxyRules`, pkg/proxy/iptables/proxier.go); the replies sliceway
+    // translates before netfilter sees them are INVALID to netfilter, so the two
+    // can run side by side only once kube-proxy runs with `conntrack.tcpBeLiberal`.
+    for node in &lab.state.nodes {
+        let rules = on_node(&lab, node, "nft", &["list", "ruleset"])?;
+        anyhow::ensure!(
+            rules.contains("ct state invalid"),
+            "kube-proxy drops no INVALID packets on {}: {rules}",
+            node.name
+        );
+    }
+    load.phase("kube-proxy made liberal");
+    let liberal = kube_proxy.replace(
+        "    conntrack:\n",
+        "    conntrack:\n      tcpBeLiberal: true\n",
+    );
+    anyhow::ensure!(
+        liberal != kube_proxy,
+        "no conntrack section in {kube_proxy}"
+    );
+    let kube_proxy = liberal;
+    lab.kubectl_stdin(&["apply", "-f", "-"], &kube_proxy)?;
+    k(&[
+        "-n",
+        "kube-system",
+        "rollout",
+        "restart",
+        "daemonset/kube-proxy",
+    ])?;
+    rolled_out(&lab, "daemonset/kube-proxy", 300)?;
+    for node in &lab.state.nodes {
+        let mut rules = String::new();
+        for _ in 0..60 {
+            rules = on_node(&lab, node, "nft", &["list", "ruleset"])?;
+            if !rules.contains("ct state invalid") {
+                break;
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        anyhow::ensure!(
+            !rules.contains("ct state invalid") && rules.contains("KUBE-SVC-"),
+            "kube-proxy still drops INVALID packets on {}: {rules}",
+            node.name
+        );
+    }
+    load.phase("kube-proxy, liberal");
+    steady();
+
+    load.phase("sliceway installed beside kube-proxy");
+    k(&["apply", "-f", &file("sliceway-agent.yaml")])?;
+    k(&[
+        "-n",
+        "kube-system",
+        "patch",
+        "daemonset",
+        "sliceway-agent",
+        "--type=json",
+        "--patch-file",
+        &file("kubeadm/agent-reads-kube-proxy-configmap.json"),
+    ])?;
+    // While kube-proxy holds port 10256 the agents cannot serve /readyz there: they
+    // roll out once kube-proxy is gone. Attached is what this phase waits for.
+    for node in &lab.state.nodes {
+        for _ in 0..90 {
+            let pinned = on_node(&lab, node, "test", &["-d", "/sys/fs/bpf/sliceway"]).is_ok();
+            if pinned && !pinned_links(&lab, node)?.is_empty() {
+                break;
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        let links = settled_links(&lab, node)?;
+        anyhow::ensure!(!links.is_empty(), "no sliceway link on {}", node.name);
+    }
+    load.phase("kube-proxy and sliceway");
+    steady();
+
+    load.phase("kube-proxy removed");
+    k(&[
+        "-n",
+        "kube-system",
+        "delete",
+        "--cascade=foreground",
+        "daemonset",
+        "kube-proxy",
+    ])?;
+    let kube_proxy_cleanup = file("kube-proxy/kube-proxy-cleanup.yaml");
+    k(&["apply", "-f", &kube_proxy_cleanup])?;
+    rolled_out(&lab, "daemonset/kube-proxy-cleanup", 180)?;
+    k(&["delete", "--cascade=foreground", "-f", &kube_proxy_cleanup])?;
+    kube_proxy_rules(false)?;
+    rolled_out(&lab, "daemonset/sliceway-agent", 300)?;
+    load.phase("sliceway");
+    steady();
+
+    load.phase("kube-proxy installed beside sliceway");
+    lab.kubectl_stdin(&["apply", "-f", "-"], &kube_proxy)?;
+    rolled_out(&lab, "daemonset/kube-proxy", 300)?;
+    kube_proxy_rules(true)?;
+    load.phase("sliceway and kube-proxy");
+    steady();
+
+    load.phase("sliceway removed");
+    k(&[
+        "delete",
+        "--cascade=foreground",
+        "-f",
+        &file("sliceway-agent.yaml"),
+    ])?;
+    let sliceway_cleanup = file("uninstall/sliceway-cleanup.yaml");
+    k(&["apply", "-f", &sliceway_cleanup])?;
+    rolled_out(&lab, "daemonset/sliceway-cleanup", 180)?;
+    k(&["delete", "--cascade=foreground", "-f", &sliceway_cleanup])?;
+    for node in &lab.state.nodes {
+        anyhow::ensure!(
+            !sliceway_attached(&lab, node)?,
+            "a sliceway program is left on {}",
+            node.name
+        );
+    }
+    load.phase("kube-proxy again");
+    steady();
+
+    let outcome = load.stop();
+    let figures = outcome.figures();
+    let table = http_load::table(&figures);
+    let mut report = format!(
+        "# Replacing kube-proxy under load, and back\n\n{} requests from {} clients.\n\n\
+         {table}\nFailed requests:\n\n```\n{}```\n",
+        outcome.requests.len(),
+        lab.state.nodes.len(),
+        outcome.failures(20)
+    );
+    report.push('\n');
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/real-node");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("kube-proxy-replacement.md"), &report)?;
+    eprintln!("{report}");
+    // Steady phases (even) lose nothing. A switch (odd) may break a new connection
+    // whose handshake it meets, never two of a client in a row (an outage), and each
+    // open connection at most once: one opened again after a failure goes through
+    // the proxy now in charge.
+    let open_connections = 3 * lab.state.nodes.len();
+    for (i, (phase, f)) in figures.iter().enumerate() {
+        assert!(f.new > 0 && f.open > 0, "no requests in phase {phase:?}");
+        if i % 2 == 0 {
+            assert_eq!(
+                (f.new_failed, f.open_failed),
+                (0, 0),
+                "requests failed in {phase:?}:\n{table}"
+            );
+        } else {
+            assert!(
+                f.new_failed_in_a_row <= 1,
+                "new connections failed in a row in {phase:?}:\n{table}"
+            );
+            assert!(
+                f.open_failed <= open_connections,
+                "open connections failed more than once in {phase:?}:\n{table}"
+            );
+        }
     }
     assert_eq!(
         guard::escaped(&prefix)?,

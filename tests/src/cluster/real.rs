@@ -326,6 +326,60 @@ fn import_images(
     Ok(())
 }
 
+/// The network namespace of the pod `namespace/name` on `node`, as a path the test
+/// can `setns` into (`/proc/PID/ns/net` of its sandbox's pause process, which
+/// containerd's CRI reports); the pod must be running.
+pub fn pod_netns(
+    state: &State,
+    node: &NodeInfo,
+    kit: &Kit,
+    namespace: &str,
+    name: &str,
+) -> Result<PathBuf> {
+    let endpoint = format!(
+        "unix://{}",
+        node_dir(state, node).join("containerd.sock").display()
+    );
+    let crictl = |args: &[&str]| -> Result<String> {
+        let out = Command::new(kit.bin.join("crictl"))
+            .args(["--runtime-endpoint", &endpoint, "--timeout", "20s"])
+            .args(args)
+            .output()
+            .context("running crictl")?;
+        if !out.status.success() {
+            bail!(
+                "crictl {args:?} on {}: {}",
+                node.name,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let ids = crictl(&[
+        "pods",
+        "--namespace",
+        namespace,
+        "--name",
+        name,
+        "--state",
+        "ready",
+        "-q",
+    ])?;
+    // --name is a pattern: keep the sandbox whose name is exactly `name`.
+    for id in ids.split_whitespace() {
+        let info: serde_json::Value = serde_json::from_str(&crictl(&["inspectp", id])?)
+            .with_context(|| format!("crictl inspectp {id} on {}", node.name))?;
+        if info["status"]["metadata"]["name"] != name {
+            continue;
+        }
+        let pid = info["info"]["pid"]
+            .as_u64()
+            .with_context(|| format!("crictl inspectp {id} on {} gives no pid", node.name))?;
+        return Ok(PathBuf::from(format!("/proc/{pid}/ns/net")));
+    }
+    bail!("no ready pod sandbox {namespace}/{name} on {}", node.name)
+}
+
 /// Imports image archives into the containerd of every node of a running lab of real
 /// nodes (`cargo xtask cluster load-image`), so pods find them without a registry.
 pub fn load_images(state: &State, kit: &Kit, archives: &[PathBuf]) -> Result<()> {
