@@ -118,6 +118,9 @@ pub struct Settings {
     pub audit_on_non_loopback: bool,
     /// Conntrack timeouts and sweeping.
     pub conntrack: crate::writer::conntrack::Settings,
+    /// netfilter's conntrack, set as kube-proxy sets it (`--conntrack-max-per-core`,
+    /// ...).
+    pub netfilter: crate::kernel::netfilter::Conntrack,
     /// How long a change may wait for its sync, and a watch of the API server fail,
     /// before `/healthz` answers 503 (kube-proxy's rule; see [`crate::serve::health`]).
     pub health_timeout: Duration,
@@ -759,6 +762,17 @@ fn start_datapath(
     dp.set_xdp_forward(settings.xdp_forward);
     dp.set_ct_timeouts(&settings.conntrack.timeouts.0)
         .map_err(|e| Error::CtTimeouts(e.into()))?;
+    let cpus = crate::cmd::config::online_cpus() as u64;
+    let netfilter = dp.set_netfilter_conntrack(&settings.netfilter, cpus);
+    for line in &netfilter.set {
+        info!("netfilter's conntrack set as kube-proxy sets it: {line}");
+    }
+    for line in &netfilter.left {
+        warn!("netfilter's conntrack: {line}");
+    }
+    if !netfilter.absent.is_empty() {
+        info!(settings = ?netfilter.absent, "netfilter's conntrack is not loaded: nothing of it to set");
+    }
     let (masq, masq6) = masq_sources(settings.masquerade_all, &settings.local_cidrs);
     if let Err(e) = dp.set_masq_sources(&masq, &masq6) {
         // Pods' ClusterIP connections then keep their sources; everything else works.

@@ -132,6 +132,15 @@ fn main() -> anyhow::Result<()> {
                     healthz_addr,
                     metrics_addr,
                     audit_on_non_loopback: args.audit_on_non_loopback,
+                    netfilter: sliceway_agent::kernel::netfilter::Conntrack {
+                        max_per_core: args.conntrack_max_per_core,
+                        min: args.conntrack_min,
+                        tcp_established: args.conntrack_tcp_timeout_established,
+                        tcp_close_wait: args.conntrack_tcp_timeout_close_wait,
+                        tcp_be_liberal: args.conntrack_tcp_be_liberal,
+                        udp: args.conntrack_udp_timeout,
+                        udp_stream: args.conntrack_udp_timeout_stream,
+                    },
                     conntrack: sliceway_agent::writer::conntrack::Settings {
                         timeouts: sliceway_agent::writer::conntrack::Timeouts::parse(
                             &args.conntrack_timeout,

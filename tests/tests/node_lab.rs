@@ -665,7 +665,8 @@ fn tc_filters_follow_interfaces_survive_a_stop_and_are_cleaned_up() {
 /// before the agent first changed it (a restarted agent, which finds it changed,
 /// does not record it again); the clsact qdisc the agent added removed and the one
 /// another component made before it kept; a file system recorded as mounted by the
-/// agent unmounted. A second run finds nothing and says so.
+/// agent unmounted; netfilter's conntrack settings the agent set as kube-proxy
+/// does back to the node's own. A second run finds nothing and says so.
 #[test]
 fn cleanup_all_leaves_the_node_as_before_sliceway() {
     // The host's bpffs is the tests' own, not a mount this agent records and removes.
@@ -693,6 +694,21 @@ fn cleanup_all_leaves_the_node_as_before_sliceway() {
     for iface in lab.pod_interfaces() {
         assert_eq!(accept_local(&lab, &iface), "0", "{iface} before sliceway");
     }
+    // kube-proxy's defaults for the TCP timeouts, and two settings given.
+    let netfilter_wanted = [
+        ("nf_conntrack_tcp_timeout_established", "86400"),
+        ("nf_conntrack_tcp_timeout_close_wait", "3600"),
+        ("nf_conntrack_tcp_be_liberal", "1"),
+        ("nf_conntrack_udp_timeout", "45"),
+    ];
+    let netfilter_before: Vec<String> = netfilter_wanted
+        .iter()
+        .map(|(name, wanted)| {
+            let v = netfilter(&lab, name);
+            assert_ne!(&v, wanted, "{name} before sliceway");
+            v
+        })
+        .collect();
     lab.agent_args = vec![
         "--attach".into(),
         "tc".into(),
@@ -700,11 +716,17 @@ fn cleanup_all_leaves_the_node_as_before_sliceway() {
         uplink.clone(),
         "--xdp".into(),
         "generic".into(),
+        "--conntrack-tcp-be-liberal".into(),
+        "--conntrack-udp-timeout".into(),
+        "45s".into(),
     ];
     let mut agent = lab.start_agent_with(&["v*"]).unwrap();
     lab.tcp_request(vip()).unwrap();
     for iface in lab.pod_interfaces() {
         assert_eq!(accept_local(&lab, &iface), "1", "{iface} under sliceway");
+    }
+    for (name, wanted) in netfilter_wanted {
+        assert_eq!(netfilter(&lab, name), wanted, "{name} under sliceway");
     }
     assert!(
         lab.node
@@ -771,10 +793,60 @@ fn cleanup_all_leaves_the_node_as_before_sliceway() {
     assert!(clsact(&lab, &pod), "another's clsact is kept: {out}");
     assert!(!mount.exists(), "{out}");
     assert!(!lab.bpffs.exists(), "{out}");
+    for ((name, _), before) in netfilter_wanted.iter().zip(&netfilter_before) {
+        assert_eq!(&netfilter(&lab, name), before, "{name} after: {out}");
+        assert!(
+            out.contains(&format!("restored netfilter's {name} to {before}")),
+            "{out}"
+        );
+    }
 
     let again = cleanup_all(&lab);
     assert!(again.contains("nothing to clean up"), "{again}");
     assert!(clsact(&lab, &pod));
+}
+
+/// netfilter's conntrack setting `name` (`net.netfilter.<name>`) in the lab's node
+/// namespace.
+fn netfilter(lab: &Lab, name: &str) -> String {
+    lab.node
+        .run("cat", &[&format!("/proc/sys/net/netfilter/{name}")])
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+/// The machine's conntrack table is the first namespace's: an agent in another
+/// asked by `--conntrack-min` for a bigger table than the machine has says that it
+/// may not size it, and leaves `nf_conntrack_max` and the module's `hashsize` as they
+/// are, where kube-proxy would stop; it serves the Service all the same.
+#[test]
+fn an_agent_in_a_namespace_never_sizes_the_machines_conntrack_table() {
+    let read = |path: &str| std::fs::read_to_string(path).unwrap().trim().to_string();
+    let max = "/proc/sys/net/netfilter/nf_conntrack_max";
+    let hashsize = "/sys/module/nf_conntrack/parameters/hashsize";
+    let mut lab = Lab::new(1).unwrap();
+    let (max_before, hash_before) = (read(max), read(hashsize));
+    // Over both: a table bigger than nf_conntrack_max, a quarter of it over hashsize.
+    let wanted: u64 = max_before
+        .parse::<u64>()
+        .unwrap()
+        .max(hash_before.parse().unwrap())
+        * 8;
+    lab.write_manifest("web.yaml", &lab.service_yaml("web", VIP, PORT, &[0]))
+        .unwrap();
+    lab.agent_args = vec!["--conntrack-min".into(), wanted.to_string()];
+    let agent = lab.start_agent_with(&["v*"]).unwrap();
+    lab.tcp_request(vip()).unwrap();
+    assert_eq!((read(max), read(hashsize)), (max_before, hash_before));
+    let log = agent.log().join("\n");
+    for name in ["nf_conntrack_max", "hashsize"] {
+        assert!(
+            log.contains(&format!("{name} wants"))
+                && log.contains("may not size the machine's conntrack table"),
+            "{name}: {log}"
+        );
+    }
 }
 
 /// Whether any sliceway program is attached in the lab's node namespace, as

@@ -404,6 +404,32 @@ pub struct RunArgs {
     /// udp_replied, other. Defaults in the README.
     #[arg(long)]
     pub conntrack_timeout: Vec<String>,
+    /// netfilter's conntrack table, sized as kube-proxy sizes it for the traffic
+    /// sliceway does not translate: `nf_conntrack_max` raised to this times the node's
+    /// CPUs (at least --conntrack-min, at most 1,048,576), and the module's hashsize
+    /// to a quarter of it; 0 leaves both as they are. Not the Services' connections:
+    /// those are in sliceway's own table (--max-conntrack).
+    #[arg(long, default_value_t = crate::kernel::netfilter::Conntrack::default().max_per_core)]
+    pub conntrack_max_per_core: u32,
+    /// The least `nf_conntrack_max` (see --conntrack-max-per-core).
+    #[arg(long, default_value_t = crate::kernel::netfilter::Conntrack::default().min)]
+    pub conntrack_min: u32,
+    /// netfilter's `nf_conntrack_tcp_timeout_established`, as kube-proxy sets it (a
+    /// duration, whole seconds); 0 leaves it as it is.
+    #[arg(long, default_value = "24h", value_parser = go_seconds)]
+    pub conntrack_tcp_timeout_established: u64,
+    /// netfilter's `nf_conntrack_tcp_timeout_close_wait`; 0 leaves it as it is.
+    #[arg(long, default_value = "1h", value_parser = go_seconds)]
+    pub conntrack_tcp_timeout_close_wait: u64,
+    /// Sets netfilter's `nf_conntrack_tcp_be_liberal` to 1, as kube-proxy does with it.
+    #[arg(long)]
+    pub conntrack_tcp_be_liberal: bool,
+    /// netfilter's `nf_conntrack_udp_timeout`; 0 leaves it as it is.
+    #[arg(long, default_value = "0", value_parser = go_seconds)]
+    pub conntrack_udp_timeout: u64,
+    /// netfilter's `nf_conntrack_udp_timeout_stream`; 0 leaves it as it is.
+    #[arg(long, default_value = "0", value_parser = go_seconds)]
+    pub conntrack_udp_timeout_stream: u64,
     /// Time between rounds of the conntrack sweeper, in milliseconds.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..))]
     pub conntrack_sweep_interval_ms: u64,
@@ -507,6 +533,16 @@ fn trace_source(s: &str) -> Result<TraceSource, String> {
              10.244.1.2:40000, fd00:244::2 or [fd00:244::2]:40000"
         )),
     }
+}
+
+/// A Go duration (`24h`, `1h30m`, `0`) in whole seconds, truncated as kube-proxy
+/// truncates it (`int(d / time.Second)`); never negative.
+fn go_seconds(s: &str) -> Result<u64, String> {
+    let ns = super::config::parse_go_duration(s)?;
+    if ns < 0 {
+        return Err(format!("{s:?}: must be greater than or equal to 0"));
+    }
+    u64::try_from(ns / 1_000_000_000).map_err(|_| format!("{s:?}: too long"))
 }
 
 /// `IP:PORT` or `[IPv6]:PORT`.

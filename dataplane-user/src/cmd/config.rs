@@ -41,7 +41,7 @@ use serde::Deserialize;
 use crate::{
     cmd::cli::{ClusterCidrs, LocalMode, RunArgs},
     compiler::{prefix, NodePortAddresses},
-    kernel::{interfaces::Selection, Capacities},
+    kernel::{interfaces::Selection, netfilter, Capacities},
     serve::bind::{self, BindAddress},
 };
 
@@ -457,10 +457,26 @@ pub struct FromFile {
     pub max_conntrack: Option<u32>,
     /// `conntrack.*Timeout`, as `--conntrack-timeout` entries.
     pub conntrack_timeouts: Vec<String>,
+    /// `conntrack.*` for netfilter's own table, as kube-proxy sets it
+    /// (`--conntrack-max-per-core`, ...).
+    pub netfilter: NetfilterFromFile,
     /// `logging.format`.
     pub logging_format: Option<Format>,
     /// `logging.verbosity`, when above 0.
     pub verbosity: Option<u8>,
+}
+
+/// The `conntrack` fields a file gives, for netfilter's table (the `--conntrack-*`
+/// flags of kube-proxy's names); durations in whole seconds.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NetfilterFromFile {
+    pub max_per_core: Option<u32>,
+    pub min: Option<u32>,
+    pub tcp_established: Option<u64>,
+    pub tcp_close_wait: Option<u64>,
+    pub tcp_be_liberal: Option<bool>,
+    pub udp: Option<u64>,
+    pub udp_stream: Option<u64>,
 }
 
 /// kube-proxy's `mode`, defaulted as on Linux (`""` is iptables).
@@ -470,10 +486,6 @@ enum Mode {
     Ipvs,
     NfTables,
 }
-
-/// kube-proxy's conntrack ceiling (`getConntrackMax`): a scaled `maxPerCore` is
-/// capped at 1,048,576 connections on machines with many cores.
-const CONNTRACK_MAX_LIMIT: i64 = 1_048_576;
 
 /// Checks `file` as kube-proxy's validation does and maps it onto the agent's
 /// settings. `cpus` is the node's online CPU count ([`online_cpus`]), for
@@ -1039,8 +1051,9 @@ fn conntrack_and_the_rest(
         );
     }
 
-    // conntrack: kube-proxy sizes and times netfilter's table for the whole node;
-    // sliceway its own, which holds the Services' connections.
+    // conntrack: kube-proxy sizes and times netfilter's table for the whole node. The
+    // agent sets netfilter's as kube-proxy does, and sizes and times its own, which
+    // holds the Services' connections, to match.
     let ct = file.conntrack.as_ref();
     let per_core = ct.and_then(|c| c.max_per_core);
     let min = ct.and_then(|c| c.min);
@@ -1056,25 +1069,30 @@ fn conntrack_and_the_rest(
             "must be greater than or equal to 0",
         ));
     }
+    out.netfilter.max_per_core = per_core.map(|n| n as u32);
+    out.netfilter.min = min.map(|n| n as u32);
     if per_core.is_some() || min.is_some() {
         // kube-proxy's defaults for the one not given.
-        let connections = conntrack_max(
-            per_core.unwrap_or(32 * 1024),
-            min.unwrap_or(128 * 1024),
-            cpus,
+        let defaults = netfilter::Conntrack::default();
+        let connections = netfilter::conntrack_max(
+            per_core.map_or(defaults.max_per_core.into(), |n| n as u64),
+            min.map_or(defaults.min.into(), |n| n as u64),
+            cpus as u64,
         );
         // Two entries per connection; and, as kube-proxy never lowers
         // nf_conntrack_max, never below the agent's own default.
-        let entries = (connections * 2).min(u32::MAX as i64) as u32;
+        let entries = (connections * 2).min(u32::MAX as u64) as u32;
         if entries > Capacities::default().conntrack {
             out.max_conntrack = Some(entries);
         }
     }
-    for (field, state, value) in [
+    let nf = &mut out.netfilter;
+    for (field, state, value, netfilter) in [
         (
             "conntrack.tcpEstablishedTimeout",
             "tcp_established",
             ct.and_then(|c| c.tcp_established_timeout),
+            &mut nf.tcp_established,
         ),
         // sliceway has one state for a FIN seen in one direction, netfilter's
         // FIN_WAIT and CLOSE_WAIT both.
@@ -1082,22 +1100,27 @@ fn conntrack_and_the_rest(
             "conntrack.tcpCloseWaitTimeout",
             "tcp_fin_wait",
             ct.and_then(|c| c.tcp_close_wait_timeout),
+            &mut nf.tcp_close_wait,
         ),
         (
             "conntrack.udpTimeout",
             "udp_unreplied",
             ct.and_then(|c| c.udp_timeout),
+            &mut nf.udp,
         ),
         (
             "conntrack.udpStreamTimeout",
             "udp_replied",
             ct.and_then(|c| c.udp_stream_timeout),
+            &mut nf.udp_stream,
         ),
     ] {
         let ns = value.map_or(0, |d| d.0);
         if ns < 0 {
             return Err(invalid(field, "must be greater than or equal to 0"));
         }
+        // netfilter's: truncated to seconds, as kube-proxy's `setSysctls`.
+        *netfilter = value.map(|d| (d.0 / 1_000_000_000).min(u64::MAX as i128) as u64);
         // 0: leave as it is, as kube-proxy does. Whole seconds, rounded up.
         if ns > 0 {
             let secs = (ns + 999_999_999) / 1_000_000_000;
@@ -1107,13 +1130,8 @@ fn conntrack_and_the_rest(
             out.conntrack_timeouts.push(format!("{state}={secs}"));
         }
     }
-    if ct.and_then(|c| c.tcp_be_liberal) == Some(true) {
-        w.warn(
-            "conntrack.tcpBeLiberal",
-            "sliceway leaves netfilter's nf_conntrack_tcp_be_liberal as it is; its own \
-             conntrack does not check TCP windows",
-        );
-    }
+    // sliceway's own conntrack does not check TCP windows; netfilter's is set.
+    out.netfilter.tcp_be_liberal = ct.and_then(|c| c.tcp_be_liberal);
 
     match file.config_sync_period.map_or(0, |d| d.0) {
         n if n < 0 => return Err(invalid("configSyncPeriod", "must be greater than 0")),
@@ -1151,21 +1169,6 @@ fn server_address(
         BindAddress::Ip(ip) => BindAddress::IpPort(std::net::SocketAddr::new(ip, port)),
         with_port => with_port,
     }))
-}
-
-/// kube-proxy's `getConntrackMax`: `maxPerCore` times the CPUs, capped at
-/// [`CONNTRACK_MAX_LIMIT`], at least `min`; 0 (`maxPerCore: 0`) leaves the limit as
-/// it is.
-fn conntrack_max(per_core: i32, min: i32, cpus: usize) -> i64 {
-    if per_core <= 0 {
-        return 0;
-    }
-    let scaled = per_core as i64 * cpus as i64;
-    if scaled > CONNTRACK_MAX_LIMIT {
-        CONNTRACK_MAX_LIMIT
-    } else {
-        scaled.max(min as i64)
-    }
 }
 
 /// `clusterCIDR` (and `--cluster-cidr`): blank, one CIDR or a dual-stack pair,
@@ -1331,6 +1334,38 @@ pub fn apply(run: &mut RunArgs, log: &mut LogArgs, from: FromFile, given: impl F
         &mut run.max_conntrack,
         from.max_conntrack,
         given("max_conntrack"),
+    );
+    let nf = from.netfilter;
+    set(
+        &mut run.conntrack_max_per_core,
+        nf.max_per_core,
+        given("conntrack_max_per_core"),
+    );
+    set(&mut run.conntrack_min, nf.min, given("conntrack_min"));
+    set(
+        &mut run.conntrack_tcp_timeout_established,
+        nf.tcp_established,
+        given("conntrack_tcp_timeout_established"),
+    );
+    set(
+        &mut run.conntrack_tcp_timeout_close_wait,
+        nf.tcp_close_wait,
+        given("conntrack_tcp_timeout_close_wait"),
+    );
+    set(
+        &mut run.conntrack_tcp_be_liberal,
+        nf.tcp_be_liberal,
+        given("conntrack_tcp_be_liberal"),
+    );
+    set(
+        &mut run.conntrack_udp_timeout,
+        nf.udp,
+        given("conntrack_udp_timeout"),
+    );
+    set(
+        &mut run.conntrack_udp_timeout_stream,
+        nf.udp_stream,
+        given("conntrack_udp_timeout_stream"),
     );
     if !from.conntrack_timeouts.is_empty() {
         let flags = std::mem::take(&mut run.conntrack_timeout);

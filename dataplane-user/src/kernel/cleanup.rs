@@ -94,6 +94,16 @@ pub fn cleanup_all(base: &Path) -> std::io::Result<CleanupReport> {
                 }
             }
             Change::Mount { fstype, path } => unmount(fstype, path, &mut report),
+            Change::Netfilter { name, value } => {
+                match std::fs::write(super::netfilter::path(name), value.to_string()) {
+                    Ok(()) => report.removed.push(format!(
+                        "restored netfilter's {name} to {value}, its value before sliceway"
+                    )),
+                    Err(e) => report.left.push(format!(
+                        "netfilter's {name}: restoring it to {value} failed ({e}); left as it is"
+                    )),
+                }
+            }
         }
         record.forget(change)?;
     }

@@ -12,6 +12,7 @@ mod link;
 mod load;
 mod maps;
 mod migrate;
+pub mod netfilter;
 mod netlink;
 pub mod packet;
 mod pin;
@@ -221,6 +222,30 @@ impl Datapath {
             );
         }
         interfaces::accept_local(iface)
+    }
+}
+
+impl Datapath {
+    /// Sets netfilter's conntrack as kube-proxy would on this node of `cpus` CPUs
+    /// ([`netfilter`]); with pins, each value it replaces is recorded first, the first
+    /// time only, so `cleanup --all` puts it back.
+    pub fn set_netfilter_conntrack(
+        &self,
+        settings: &netfilter::Conntrack,
+        cpus: u64,
+    ) -> netfilter::Applied {
+        let plan = netfilter::plan(settings, cpus, netfilter::read);
+        netfilter::apply(&plan, |name, value| {
+            if let Some(pins) = &self.pins {
+                record::record_change(
+                    pins,
+                    &record::Change::Netfilter {
+                        name: name.to_string(),
+                        value,
+                    },
+                );
+            }
+        })
     }
 }
 

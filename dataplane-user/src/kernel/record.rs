@@ -14,6 +14,9 @@
 //!   `<value>` on the interface of index `<ifindex>` before the agent changed it.
 //! - `qdisc:<iface>` → `<ifindex>`: the agent added the clsact qdisc of that interface.
 //! - `mount:<fstype>` → `<path>`: the agent mounted a file system of that type there.
+//! - `netfilter:<name>` → `<value>`: netfilter's conntrack setting `<name>` (one of
+//!   [`super::netfilter::NAMES`]) was `<value>` before the agent set it as kube-proxy
+//!   does.
 //!
 //! An interface deleted and created again under the same name has another index: a
 //! record of the old one is no record of the new one, and is dropped.
@@ -49,6 +52,9 @@ pub enum Change {
     Qdisc { iface: String, ifindex: u32 },
     /// The agent mounted a file system of type `fstype` at `path`.
     Mount { fstype: String, path: PathBuf },
+    /// netfilter's conntrack setting `name` (of [`super::netfilter::NAMES`]) was
+    /// `value`.
+    Netfilter { name: String, value: u64 },
 }
 
 impl Change {
@@ -58,7 +64,7 @@ impl Change {
             Change::Sysctl { iface, ifindex, .. } | Change::Qdisc { iface, ifindex } => {
                 Some((iface, *ifindex))
             }
-            Change::Mount { .. } => None,
+            Change::Mount { .. } | Change::Netfilter { .. } => None,
         }
     }
 
@@ -68,6 +74,7 @@ impl Change {
             Change::Sysctl { iface, name, .. } => format!("sysctl:{}:{name}", escape(iface)),
             Change::Qdisc { iface, .. } => format!("qdisc:{}", escape(iface)),
             Change::Mount { fstype, .. } => format!("mount:{fstype}"),
+            Change::Netfilter { name, .. } => format!("netfilter:{name}"),
         }
     }
 
@@ -77,6 +84,7 @@ impl Change {
             Change::Sysctl { ifindex, value, .. } => format!("{ifindex} {value}"),
             Change::Qdisc { ifindex, .. } => ifindex.to_string(),
             Change::Mount { path, .. } => path.to_string_lossy().into_owned(),
+            Change::Netfilter { value, .. } => value.to_string(),
         }
     }
 
@@ -102,6 +110,13 @@ impl Change {
                 fstype: fstype.to_string(),
                 path: PathBuf::from(value),
             },
+            // Only a name this build sets: the record never names a file to write.
+            ("netfilter", Some(name), None) if super::netfilter::NAMES.contains(&name) => {
+                Change::Netfilter {
+                    name: name.to_string(),
+                    value: value.parse().ok()?,
+                }
+            }
             _ => return None,
         };
         parts.next().is_none().then_some(change)
@@ -256,6 +271,10 @@ mod tests {
                 fstype: "cgroup2".into(),
                 path: "/run/sliceway/cgroupv2".into(),
             },
+            Change::Netfilter {
+                name: "nf_conntrack_tcp_timeout_established".into(),
+                value: 432000,
+            },
         ] {
             let name = change.file_name();
             assert!(!name.contains('.'), "{name}");
@@ -265,6 +284,9 @@ mod tests {
         assert_eq!(Change::parse("qdisc:eth0", "x"), None);
         assert_eq!(Change::parse("qdisc:eth0:extra", "7"), None);
         assert_eq!(Change::parse("later:thing", "7"), None);
+        // Never a name the agent does not set: a record names no other file to write.
+        assert_eq!(Change::parse("netfilter:ip_forward", "1"), None);
+        assert_eq!(Change::parse("netfilter:nf_conntrack_max", "x"), None);
         assert_eq!(Change::parse("sysctl:eth%2x:accept_local", "7 0"), None);
     }
 

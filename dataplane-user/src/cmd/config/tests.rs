@@ -207,6 +207,13 @@ fn kubeadms_configmap_sets_the_kubeconfig_and_nodeports_on_all_addresses() {
                 "10.244.0.0".parse().unwrap(),
                 16
             )])),
+            // What kubeadm writes as null keeps the flags' defaults, kube-proxy's.
+            netfilter: NetfilterFromFile {
+                tcp_be_liberal: Some(false),
+                udp: Some(0),
+                udp_stream: Some(0),
+                ..NetfilterFromFile::default()
+            },
             ..FromFile::default()
         }
     );
@@ -255,6 +262,20 @@ fn the_defaulted_object_maps_kube_proxys_defaults() {
     );
     assert_eq!(from.logging_format, Some(Format::Text));
     assert_eq!(from.verbosity, None);
+    // netfilter's table, as the flags' defaults (kube-proxy's) set it.
+    let defaults = crate::kernel::netfilter::Conntrack::default();
+    assert_eq!(
+        from.netfilter,
+        NetfilterFromFile {
+            max_per_core: Some(defaults.max_per_core),
+            min: Some(defaults.min),
+            tcp_established: Some(defaults.tcp_established),
+            tcp_close_wait: Some(defaults.tcp_close_wait),
+            tcp_be_liberal: Some(false),
+            udp: Some(0),
+            udp_stream: Some(0),
+        }
+    );
     // 2 CPUs: 65,536 connections, below `min` (131,072): the agent's default already.
     assert_eq!(from.max_conntrack, None);
     // 8 CPUs: 262,144 connections, two entries each.
@@ -307,6 +328,13 @@ fn json_and_the_honoured_fields() {
             // maxPerCore's default (32,768 on one CPU) under min: min's 400,000.
             max_conntrack: Some(800_000),
             conntrack_timeouts: vec!["udp_unreplied=45".into(), "udp_replied=151".into()],
+            // netfilter's whole seconds are truncated, as kube-proxy's.
+            netfilter: NetfilterFromFile {
+                min: Some(400_000),
+                udp: Some(45),
+                udp_stream: Some(150),
+                ..NetfilterFromFile::default()
+            },
             logging_format: Some(Format::Json),
             verbosity: Some(4),
             ..FromFile::default()
@@ -401,7 +429,6 @@ portRange: 30000-32767
             "winkernel.enableDSR",
             "windowsRunAsService",
             "oomScoreAdj",
-            "conntrack.tcpBeLiberal",
             "configSyncPeriod",
             "portRange",
         ]
@@ -649,13 +676,10 @@ fn durations_are_read_as_go_reads_them() {
     }
 }
 
-/// kube-proxy's `getConntrackMax`, and the kernel's CPU lists.
+/// The kernel's CPU lists (kube-proxy's `getConntrackMax` is tested in
+/// `kernel::netfilter`).
 #[test]
-fn conntrack_is_sized_as_kube_proxy_sizes_it() {
-    assert_eq!(conntrack_max(32_768, 131_072, 2), 131_072);
-    assert_eq!(conntrack_max(32_768, 131_072, 8), 262_144);
-    assert_eq!(conntrack_max(32_768, 131_072, 64), 1_048_576);
-    assert_eq!(conntrack_max(0, 131_072, 8), 0);
+fn cpus_are_counted_as_kube_proxy_counts_them() {
     assert_eq!(count_cpu_list("0-3,6,8-9"), Some(7));
     assert_eq!(count_cpu_list("0"), Some(1));
     assert_eq!(count_cpu_list("3-1"), None);
@@ -687,9 +711,20 @@ fn flags_given_win_over_the_file() {
         "{HEAD}healthzBindAddress: 127.0.0.1:30256\nmetricsBindAddress: 127.0.0.1:30249\n\
          hostnameOverride: from-file\nclientConnection: {{kubeconfig: /file/kubeconfig}}\n\
          nodePortAddresses: [10.0.0.0/8]\nlogging: {{format: json, verbosity: 5}}\n\
-         conntrack: {{tcpEstablishedTimeout: 1h, udpTimeout: 10s}}\n"
+         conntrack: {{tcpEstablishedTimeout: 1h, udpTimeout: 10s, tcpBeLiberal: true, \
+         maxPerCore: 0}}\n"
     );
     let (run, log) = run_with(&["sliceway-agent", "run"], &file);
+    assert_eq!(
+        (
+            run.conntrack_tcp_timeout_established,
+            run.conntrack_udp_timeout,
+            run.conntrack_tcp_be_liberal,
+            run.conntrack_max_per_core,
+            run.conntrack_tcp_timeout_close_wait,
+        ),
+        (3600, 10, true, 0, 3600)
+    );
     assert_eq!(run.healthz_addr(), Some("127.0.0.1:30256".parse().unwrap()));
     assert_eq!(run.metrics_addr(), Some("127.0.0.1:30249".parse().unwrap()));
     assert_eq!(run.node.as_deref(), Some("from-file"));
@@ -712,10 +747,22 @@ fn flags_given_win_over_the_file() {
             "Node-1",
             "--conntrack-timeout",
             "tcp_established=60",
+            "--conntrack-tcp-timeout-established",
+            "2h30m",
+            "--conntrack-max-per-core",
+            "1000",
             "--logging-format",
             "text",
         ],
         &file,
+    );
+    assert_eq!(
+        (
+            run.conntrack_tcp_timeout_established,
+            run.conntrack_max_per_core,
+            run.conntrack_udp_timeout
+        ),
+        (9000, 1000, 10)
     );
     assert_eq!(run.healthz_addr(), Some("10.0.0.1:8080".parse().unwrap()));
     assert_eq!(run.metrics_addr(), Some("127.0.0.1:30249".parse().unwrap()));
