@@ -374,6 +374,17 @@ impl Lab {
         })?
     }
 
+    /// SYNs the client pod's kernel has retransmitted so far (`TCPSynRetrans` of its
+    /// network namespace). The datapath tracks a retransmitted SYN as a new
+    /// connection on its tuple, so counts of new connections allow one more for each.
+    pub fn syn_retransmits(&self) -> Result<u64> {
+        in_netns(&self.client.ns, || -> Result<u64> {
+            // thread-self: /proc/net follows the process's first thread, not this one.
+            let text = std::fs::read_to_string("/proc/thread-self/net/netstat")?;
+            nodes::tcp_ext(&text, "TCPSynRetrans")
+        })?
+    }
+
     /// One UDP request from the client pod: the answering backend.
     pub fn udp_request(&self, vip: impl Into<SocketAddr>) -> Result<Reply> {
         let vip = vip.into();

@@ -452,7 +452,7 @@ impl Drop for TwoNodes {
 
 /// Counter `name` of the `TcpExt:` lines of a `/proc/net/netstat` text (a line of
 /// names, then a line of values).
-fn tcp_ext(text: &str, name: &str) -> Result<u64> {
+pub(crate) fn tcp_ext(text: &str, name: &str) -> Result<u64> {
     let mut rows = text
         .lines()
         .filter_map(|l| l.strip_prefix("TcpExt:"))
