@@ -5,8 +5,8 @@
 # Commands, from the Go module proxy with the ordinary `go` client, each pinned by the
 # go.mod and go.sum of its own directory under upstream/node/ (so the control-plane build
 # of scripts/upstream.sh and its cache stay as they are):
-#   kubelet, kube-proxy, agnhost, e2e.test        upstream/node/kubernetes (the same
-#                                                  k8s.io/kubernetes as upstream/go.mod)
+#   kubelet, kube-proxy, agnhost, e2e.test,       upstream/node/kubernetes (the same
+#   ginkgo (the command that runs e2e.test)        k8s.io/kubernetes as upstream/go.mod)
 #   containerd, containerd-shim-runc-v2, ctr       upstream/node/containerd
 #   runc (with seccomp)                            upstream/node/runc
 #   crictl                                         upstream/node/cri-tools
@@ -135,6 +135,9 @@ build kube-proxy kubernetes k8s.io/kubernetes/cmd/kube-proxy 4 0 "" "$k8s_ldflag
 if [ "$e2e" = 1 ]; then
   # As hack/lib/golang.sh builds it for upstream's own e2e runs (go test -c).
   build e2e.test kubernetes k8s.io/kubernetes/test/e2e 25 0 "" "$k8s_ldflags" test
+  # ginkgo's command, of the ginkgo module e2e.test is built with: it runs the suite as
+  # several processes, as hack/ginkgo-e2e.sh does.
+  build ginkgo kubernetes github.com/onsi/ginkgo/v2/ginkgo 1 0 "" "-s -w"
 fi
 build containerd containerd github.com/containerd/containerd/v2/cmd/containerd 3 0 "" \
   "-s -w -X github.com/containerd/containerd/v2/version.Version=$containerd_version"

@@ -55,7 +55,7 @@ enum Task {
     },
     /// Upstream's e2e suite on a 3-node cluster of real nodes in the lab: `[ARGS]`
     /// are `sliceway-cluster e2e`'s (`--proxy`, `--controller`, `--focus`, `--skip`,
-    /// `--nodes`). Writes target/e2e/<proxy>-<controller>/ and docs/conformance.md and
+    /// `--nodes`, `--procs`). Writes target/e2e/<proxy>-<controller>/ and docs/conformance.md and
     /// prints `N passed, N failed, N skipped` last. Not part of `test` (hours).
     E2e {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -234,7 +234,8 @@ fn main() -> Result<()> {
                 .arg("e2e")
                 .args(args)
                 .env("SLICEWAY_NODE_KIT_BIN", &kit)
-                .env("SLICEWAY_E2E_TEST", Path::new(&kit).join("e2e.test")))
+                .env("SLICEWAY_E2E_TEST", Path::new(&kit).join("e2e.test"))
+                .env("SLICEWAY_GINKGO", Path::new(&kit).join("ginkgo")))
         }
         Task::NodeKit { e2e, check } => {
             if check {

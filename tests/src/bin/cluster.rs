@@ -58,6 +58,14 @@ enum Cmd {
         /// upstream's e2e.test (`cargo xtask node-kit --e2e` builds it).
         #[arg(long, env = "SLICEWAY_E2E_TEST")]
         e2e_test: PathBuf,
+        /// How many processes of e2e.test run the specs side by side (ginkgo's
+        /// --procs; the selection has no [Serial] spec); 1 runs e2e.test alone.
+        #[arg(long, default_value_t = 4)]
+        procs: usize,
+        /// ginkgo's command, needed when --procs is over 1 (`cargo xtask node-kit
+        /// --e2e` builds it beside e2e.test).
+        #[arg(long, env = "SLICEWAY_GINKGO")]
+        ginkgo: Option<PathBuf>,
         /// Where the runs' reports go.
         #[arg(long, default_value = "target/e2e")]
         out: PathBuf,
@@ -148,9 +156,19 @@ fn main() -> Result<()> {
             skip,
             timeout,
             e2e_test,
+            procs,
+            ginkgo,
             out,
             page,
         } => {
+            let runner = match (procs, &ginkgo) {
+                (0 | 1, _) => e2e::Runner::Serial,
+                (procs, Some(ginkgo)) => e2e::Runner::Parallel { ginkgo, procs },
+                (_, None) => anyhow::bail!(
+                    "--procs {procs} needs ginkgo's command (--ginkgo or SLICEWAY_GINKGO); \
+                     nothing was started"
+                ),
+            };
             let focus = focus.unwrap_or_else(|| e2e::DEFAULT_FOCUS.to_string());
             let skip = skip.unwrap_or_else(e2e::default_skip);
             let spec = Spec {
@@ -166,6 +184,7 @@ fn main() -> Result<()> {
             let run = e2e::run(
                 &cluster,
                 &e2e_test,
+                runner,
                 &focus,
                 &skip,
                 &timeout,

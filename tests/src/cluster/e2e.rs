@@ -186,6 +186,15 @@ fn kubeconfig(cluster: &Cluster) -> Result<PathBuf> {
     )
 }
 
+/// How `e2e.test` runs: alone, or as `procs` processes that ginkgo's own command
+/// (`ginkgo`, built from the ginkgo module e2e.test is built with) starts and whose
+/// specs it shares out, as upstream's hack/ginkgo-e2e.sh runs the suite
+/// (<https://github.com/kubernetes/kubernetes/blob/v1.37.2/hack/ginkgo-e2e.sh>).
+pub enum Runner<'a> {
+    Serial,
+    Parallel { ginkgo: &'a Path, procs: usize },
+}
+
 /// Runs `e2e_test` (upstream's `e2e.test`) on `cluster` from inside its client
 /// namespace, with ginkgo's `focus`, `skip` and `timeout` (the suite's whole run:
 /// specs not reached by then are reported as not run); its report, log and the components'
@@ -193,12 +202,15 @@ fn kubeconfig(cluster: &Cluster) -> Result<PathBuf> {
 pub fn run(
     cluster: &Cluster,
     e2e_test: &Path,
+    runner: Runner,
     focus: &str,
     skip: &str,
     timeout: &str,
     out: &Path,
 ) -> Result<Run> {
     let s = &cluster.state;
+    // Absolute: ginkgo's command runs e2e.test in the binary's own directory.
+    let out = &std::path::absolute(out)?;
     if out.exists() {
         fs::remove_dir_all(out).with_context(|| format!("clearing {}", out.display()))?;
     }
@@ -231,21 +243,42 @@ pub fn run(
         s.client_ns,
         out.join("e2e.log").display()
     );
-    let status = Command::new("nsenter")
-        .arg(format!("--net=/var/run/netns/{}", s.client_ns))
-        .arg(e2e_test)
+    let mut cmd = Command::new("nsenter");
+    cmd.arg(format!("--net=/var/run/netns/{}", s.client_ns));
+    // ginkgo's flags: e2e.test's own (`--ginkgo.X`) when it runs alone, the ginkgo
+    // command's (`--X`, then e2e.test and its arguments after `--`) when that runs it.
+    let ginkgo_flags = [
+        format!("focus={focus}"),
+        format!("skip={skip}"),
+        "no-color".to_string(),
+        format!("timeout={timeout}"),
+        "v".to_string(),
+    ];
+    match runner {
+        Runner::Serial => {
+            cmd.arg(e2e_test)
+                .args(ginkgo_flags.iter().map(|f| format!("--ginkgo.{f}")));
+        }
+        Runner::Parallel { ginkgo, procs } => {
+            eprintln!("e2e: {procs} processes of e2e.test, shared out by ginkgo");
+            cmd.arg(ginkgo)
+                .arg(format!("--procs={procs}"))
+                .args(ginkgo_flags.iter().map(|f| format!("--{f}")))
+                .arg(e2e_test)
+                .arg("--");
+        }
+    }
+    let status = cmd
         .arg("--provider=skeleton")
+        // Only ginkgo's first process counts the nodes itself: the others would skip
+        // every spec that needs two (hack/ginkgo-e2e.sh passes it too).
+        .arg(format!("--num-nodes={}", s.nodes.len()))
         .arg(format!("--kubeconfig={}", kc.display()))
         .arg(format!(
             "--kubectl-path={}",
             s.bin.join("kubectl").display()
         ))
         .arg(format!("--report-dir={}", out.display()))
-        .arg(format!("--ginkgo.focus={focus}"))
-        .arg(format!("--ginkgo.skip={skip}"))
-        .arg("--ginkgo.no-color")
-        .arg(format!("--ginkgo.timeout={timeout}"))
-        .arg("--ginkgo.v")
         .arg("--dump-logs-on-failure=false")
         .arg("--disable-log-dump")
         .env("KUBECONFIG", &kc)
