@@ -18,7 +18,7 @@
 //!
 //! [`record`]: super::record
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// kube-proxy's `getConntrackMax` ceiling on many-core machines.
 pub const MAX_LIMIT: u64 = 1_048_576;
@@ -81,10 +81,15 @@ pub const NAMES: [&str; 7] = [
 
 /// Where `name` (one of [`NAMES`]) is read and written.
 pub fn path(name: &str) -> PathBuf {
+    path_in(Path::new("/"), name)
+}
+
+/// [`path`] under `root` (`/` on a node; a directory of its own in tests).
+fn path_in(root: &Path, name: &str) -> PathBuf {
     if name == "hashsize" {
-        PathBuf::from("/sys/module/nf_conntrack/parameters/hashsize")
+        root.join("sys/module/nf_conntrack/parameters/hashsize")
     } else {
-        PathBuf::from("/proc/sys/net/netfilter").join(name)
+        root.join("proc/sys/net/netfilter").join(name)
     }
 }
 
@@ -146,7 +151,11 @@ pub fn plan(c: &Conntrack, cpus: u64, now: impl Fn(&str) -> Option<u64>) -> Vec<
 
 /// The value of `name` on this node, if it can be read.
 pub fn read(name: &str) -> Option<u64> {
-    std::fs::read_to_string(path(name))
+    read_in(Path::new("/"), name)
+}
+
+fn read_in(root: &Path, name: &str) -> Option<u64> {
+    std::fs::read_to_string(path_in(root, name))
         .ok()?
         .trim()
         .parse()
@@ -167,18 +176,30 @@ pub struct Applied {
 
 /// Whether this network namespace may set the machine's table size: only the first
 /// one may (others see `nf_conntrack_max` read-only).
-fn may_size_the_table() -> bool {
+fn may_size_the_table(root: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(path("nf_conntrack_max")).is_ok_and(|m| m.permissions().mode() & 0o200 != 0)
+    std::fs::metadata(path_in(root, "nf_conntrack_max"))
+        .is_ok_and(|m| m.permissions().mode() & 0o200 != 0)
 }
 
 /// Writes `plan` (see [`plan`]); before each write, `record` is given the name and
 /// the value it replaces. The table's size is left alone where this namespace may
-/// not set it.
+/// not set it; a value that is not there (netfilter's conntrack not loaded) is
+/// reported absent, not left.
 pub fn apply(plan: &[Write], record: impl Fn(&'static str, u64)) -> Applied {
+    apply_in(Path::new("/"), plan, record)
+}
+
+fn apply_in(root: &Path, plan: &[Write], record: impl Fn(&'static str, u64)) -> Applied {
     let mut done = Applied::default();
-    let sizing = may_size_the_table();
+    let sizing = may_size_the_table(root);
+    let path = |name| path_in(root, name);
+    let read = |name| read_in(root, name);
     for w in plan {
+        if !path(w.name).exists() {
+            done.absent.push(w.name);
+            continue;
+        }
         if matches!(w.name, "nf_conntrack_max" | "hashsize") && !sizing {
             done.left.push(format!(
                 "{} wants {} as kube-proxy sizes it, but this network namespace may not size \
@@ -187,10 +208,6 @@ pub fn apply(plan: &[Write], record: impl Fn(&'static str, u64)) -> Applied {
                 w.value,
                 read(w.name).map_or("?".to_string(), |v| v.to_string())
             ));
-            continue;
-        }
-        if !path(w.name).exists() {
-            done.absent.push(w.name);
             continue;
         }
         let Some(was) = read(w.name) else {
@@ -351,5 +368,114 @@ mod tests {
                 "nf_conntrack_tcp_timeout_close_wait=3600"
             ]
         );
+    }
+
+    /// A directory of its own standing for `/`, with `files` written into it.
+    fn root_with(test: &str, files: &[(&str, &str, u32)]) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let root =
+            std::env::temp_dir().join(format!("sliceway-netfilter-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
+        for (name, value, mode) in files {
+            let p = path_in(&root, name);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, value).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(*mode)).unwrap();
+        }
+        root
+    }
+
+    fn applied(root: &Path, c: &Conntrack) -> (Applied, Vec<String>) {
+        let plan = plan(c, 2, |n| read_in(root, n));
+        let recorded = std::cell::RefCell::new(Vec::new());
+        let done = apply_in(root, &plan, |name, was| {
+            recorded.borrow_mut().push(format!("{name}={was}"))
+        });
+        (done, recorded.into_inner())
+    }
+
+    /// A node whose netfilter tracks nothing (the module not loaded): every
+    /// setting is absent, none is a problem, nothing is recorded.
+    #[test]
+    fn a_node_without_netfilters_conntrack_has_nothing_to_set() {
+        let root = root_with("absent", &[]);
+        let (done, recorded) = applied(&root, &Conntrack::default());
+        assert!(done.set.is_empty() && done.left.is_empty(), "{done:?}");
+        assert_eq!(
+            done.absent,
+            [
+                "nf_conntrack_max",
+                "hashsize",
+                "nf_conntrack_tcp_timeout_established",
+                "nf_conntrack_tcp_timeout_close_wait"
+            ]
+        );
+        assert!(recorded.is_empty());
+        std::fs::remove_dir_all(root).unwrap();
+    }
+
+    /// The first network namespace: each value is recorded, then written.
+    #[test]
+    fn values_are_recorded_then_written() {
+        let root = root_with(
+            "first",
+            &[
+                ("nf_conntrack_max", "65536\n", 0o644),
+                ("hashsize", "16384\n", 0o600),
+                ("nf_conntrack_tcp_timeout_established", "432000\n", 0o644),
+                ("nf_conntrack_tcp_timeout_close_wait", "3600\n", 0o644),
+            ],
+        );
+        let (done, recorded) = applied(&root, &Conntrack::default());
+        assert_eq!(
+            done.set,
+            [
+                "nf_conntrack_max: 65536 -> 131072",
+                "hashsize: 16384 -> 32768",
+                "nf_conntrack_tcp_timeout_established: 432000 -> 86400"
+            ]
+        );
+        assert!(done.left.is_empty() && done.absent.is_empty(), "{done:?}");
+        assert_eq!(
+            recorded,
+            [
+                "nf_conntrack_max=65536",
+                "hashsize=16384",
+                "nf_conntrack_tcp_timeout_established=432000"
+            ]
+        );
+        assert_eq!(read_in(&root, "nf_conntrack_max"), Some(131072));
+        assert_eq!(read_in(&root, "hashsize"), Some(32768));
+        std::fs::remove_dir_all(root).unwrap();
+    }
+
+    /// Another network namespace sees `nf_conntrack_max` read-only: the table's
+    /// size is left, with its value; the timeouts are still set.
+    #[test]
+    fn another_namespace_leaves_the_tables_size() {
+        let root = root_with(
+            "other",
+            &[
+                ("nf_conntrack_max", "65536\n", 0o444),
+                ("hashsize", "16384\n", 0o600),
+                ("nf_conntrack_tcp_timeout_established", "432000\n", 0o644),
+                ("nf_conntrack_tcp_timeout_close_wait", "60\n", 0o644),
+            ],
+        );
+        let (done, recorded) = applied(&root, &Conntrack::default());
+        assert_eq!(done.left.len(), 2, "{done:?}");
+        assert!(done.left[0].starts_with("nf_conntrack_max wants 131072"));
+        assert!(done.left[0].ends_with("left at 65536"), "{}", done.left[0]);
+        assert!(done.left[1].ends_with("left at 16384"), "{}", done.left[1]);
+        assert_eq!(
+            recorded,
+            [
+                "nf_conntrack_tcp_timeout_established=432000",
+                "nf_conntrack_tcp_timeout_close_wait=60"
+            ]
+        );
+        assert_eq!(read_in(&root, "nf_conntrack_max"), Some(65536));
+        std::fs::remove_dir_all(root).unwrap();
     }
 }
